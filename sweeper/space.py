@@ -1,0 +1,693 @@
+"""``space.yaml`` to typed, frozen objects: the study, the model, the data, fixed settings and the search dimensions.
+
+Pure: imports neither torch nor optuna, so it loads and validates in milliseconds. The file's shape is the contract in
+``SPEC.md``::
+
+    study:    {name, n_trials, timeout, sampler, seed, storage}
+    model:    {name_or_path, attn_implementation, trust_remote_code}
+    dataset:  {path, format, max_samples, seed, split}
+    training: {<key>: value}            # fixed for every trial
+    search:   {<key>: [a, b] | {low, high, log, step} | value}
+
+A list is categorical, a mapping is a range, a scalar is fixed. ``lora_alpha = lora_alpha_ratio * r``. Every problem
+in a file is collected and raised together as one :class:`~sweeper.errors.SpaceError`, one line each naming the file,
+the key and the fix; unknown keys suggest the nearest valid key (``difflib.get_close_matches``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+import yaml
+
+from sweeper.errors import SpaceError
+
+ComputeDtype = Literal["bfloat16", "float16", "float32"]
+QuantType = Literal["nf4", "fp4"]
+
+#: Optimizers a trial may use: names of ``transformers.TrainingArguments.optim`` that make sense for QLoRA.
+#: ``tests/test_space.py`` checks each is still a valid ``transformers.training_args.OptimizerNames`` value.
+OPTIMIZERS = (
+    "adamw_torch",
+    "adamw_torch_fused",
+    "adamw_8bit",
+    "adamw_bnb_8bit",
+    "paged_adamw_8bit",
+    "paged_adamw_32bit",
+    "paged_adamw",
+    "adafactor",
+    "sgd",
+    "lion_8bit",
+    "lion_32bit",
+    "paged_lion_8bit",
+    "paged_lion_32bit",
+)
+
+SAMPLERS = ("tpe", "random", "nsgaii")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+DATA_FORMATS = ("auto", "text", "prompt_completion", "alpaca", "chat")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _KeySpec:
+    """How one key is checked. ``low``/``high`` are inclusive bounds unless ``low_open``/``high_open``."""
+
+    kind: Literal["int", "float", "bool", "choice", "str", "str_list", "duration"]
+    default: Any
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple = ()
+    searchable: bool = True
+    optional: bool = False
+
+
+# Per-trial keys: each may be set in `training` (fixed) or, when searchable, in `search`.
+# Defaults are the QLoRA paper's recipe (Dettmers et al. 2023, "QLoRA", sec. 3/appendix B): nf4, double quant,
+# bf16 compute, paged AdamW 8-bit, max_grad_norm 0.3 there; we keep transformers' 1.0 default for clipping.
+TRIAL_KEYS: Mapping[str, _KeySpec] = MappingProxyType(
+    {
+        "r": _KeySpec(kind="int", default=16, low=1),
+        "lora_alpha_ratio": _KeySpec(kind="float", default=2.0, low=0, low_open=True),
+        "bnb_4bit_compute_dtype": _KeySpec(kind="choice", default="bfloat16", choices=("bfloat16", "float16", "float32")),
+        "bnb_4bit_use_double_quant": _KeySpec(kind="bool", default=True),
+        "bnb_4bit_quant_type": _KeySpec(kind="choice", default="nf4", choices=("nf4", "fp4")),
+        "per_device_train_batch_size": _KeySpec(kind="int", default=1, low=1),
+        "gradient_accumulation_steps": _KeySpec(kind="int", default=1, low=1),
+        "max_seq_length": _KeySpec(kind="int", default=512, low=8),
+        "learning_rate": _KeySpec(kind="float", default=2.0e-4, low=0, low_open=True),
+        "max_steps": _KeySpec(kind="int", default=30, low=1),
+        "warmup_steps": _KeySpec(kind="int", default=0, low=0),
+        "weight_decay": _KeySpec(kind="float", default=0.0, low=0),
+        "optim": _KeySpec(kind="choice", default="paged_adamw_8bit", choices=OPTIMIZERS),
+        "gradient_checkpointing": _KeySpec(kind="bool", default=True),
+        "max_grad_norm": _KeySpec(kind="float", default=1.0, low=0),
+        "lora_dropout": _KeySpec(kind="float", default=0.05, low=0, high=1, high_open=True),
+        "seed": _KeySpec(kind="int", default=0, low=0),
+        "target_modules": _KeySpec(
+            kind="str_list", default=("q_proj", "k_proj", "v_proj", "o_proj"), searchable=False
+        ),
+        "memory_limit_gib": _KeySpec(kind="float", default=24.0, low=0, low_open=True, searchable=False),
+        "trial_timeout": _KeySpec(kind="duration", default=20 * 60.0, searchable=False),
+        "target_effective_batch_size": _KeySpec(kind="int", default=16, low=1, searchable=False),
+    }
+)
+
+_SECTION_KEYS: Mapping[str, Mapping[str, _KeySpec]] = MappingProxyType(
+    {
+        "study": {
+            "name": _KeySpec(kind="str", default="sweep"),
+            "n_trials": _KeySpec(kind="int", default=12, low=1),
+            "timeout": _KeySpec(kind="duration", default=None, optional=True),
+            "sampler": _KeySpec(kind="choice", default="tpe", choices=SAMPLERS),
+            "seed": _KeySpec(kind="int", default=0, low=0, optional=True),
+            "storage": _KeySpec(kind="str", default=None, optional=True),
+        },
+        "model": {
+            "name_or_path": _KeySpec(kind="str", default="builtin:smollm2-135m-instruct"),
+            "attn_implementation": _KeySpec(kind="choice", default="sdpa", choices=ATTN_IMPLEMENTATIONS),
+            "trust_remote_code": _KeySpec(kind="bool", default=False),
+        },
+        "dataset": {
+            "path": _KeySpec(kind="str", default="builtin:pydoc-topics"),
+            "format": _KeySpec(kind="choice", default="auto", choices=DATA_FORMATS),
+            "max_samples": _KeySpec(kind="int", default=512, low=1),
+            "seed": _KeySpec(kind="int", default=0, low=0),
+            "split": _KeySpec(kind="str", default="train"),
+        },
+    }
+)
+
+_TOP_KEYS = ("study", "model", "dataset", "training", "search")
+_RANGE_KEYS = ("low", "high", "log", "step")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudySpec:
+    """The ``study`` section.
+
+    Attributes:
+        name: Study name; also the default storage ``sqlite:///studies/<name>.db`` and artifact folder.
+        n_trials: Trials the study should hold when done, counted over the whole study (resumes count what exists).
+        timeout_s: Wall-clock budget of one ``sweep run`` in seconds, or None for no limit.
+        sampler: ``tpe`` (default; learns from PRUNED trials), ``random``, or ``nsgaii``.
+        seed: Sampler seed, so that a study is reproducible; None for a random seed.
+        storage: Optuna storage URL; None means ``sqlite:///studies/<name>.db``.
+    """
+
+    name: str = "sweep"
+    n_trials: int = 12
+    timeout_s: float | None = None
+    sampler: Literal["tpe", "random", "nsgaii"] = "tpe"
+    seed: int | None = 0
+    storage: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """The ``model`` section.
+
+    Attributes:
+        name_or_path: ``builtin:smollm2-135m-instruct``, a local checkpoint directory, a ``.gguf`` file, or a hub id.
+        attn_implementation: ``sdpa`` (default), ``eager`` or ``flash_attention_2`` (the last needs CUDA).
+        trust_remote_code: Run the checkpoint's own Python code; off unless asked for.
+    """
+
+    name_or_path: str = "builtin:smollm2-135m-instruct"
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSpec:
+    """The ``dataset`` section.
+
+    Attributes:
+        path: ``builtin:pydoc-topics``, a local ``.jsonl``/``.json``/``.csv``/``.parquet`` file, or a hub id.
+        format: ``auto`` (detected from the columns), ``text``, ``prompt_completion``, ``alpaca`` or ``chat``.
+        max_samples: At most this many samples, taken after a seeded shuffle.
+        seed: Shuffle seed; every trial of a study sees the same samples in the same order.
+        split: Split of a hub dataset or of a local file loaded through ``datasets``.
+    """
+
+    path: str = "builtin:pydoc-topics"
+    format: Literal["auto", "text", "prompt_completion", "alpaca", "chat"] = "auto"
+    max_samples: int = 512
+    seed: int = 0
+    split: str = "train"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Categorical:
+    """A categorical search dimension (a YAML list). ``choices`` keep the file's order; the first is the default."""
+
+    choices: tuple
+
+
+@dataclass(frozen=True, kw_only=True)
+class Range:
+    """A numeric range ``{low, high, log, step}``; ``log`` and ``step`` exclude each other, as in optuna.
+
+    Attributes:
+        low: Inclusive lower bound; ``> 0`` when ``log``.
+        high: Inclusive upper bound, ``>= low``.
+        log: Sample on a log scale.
+        step: Grid step, or None for continuous (float) / 1 (int).
+        is_int: The key takes integers (``r``, batch size, ...).
+    """
+
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+    is_int: bool = False
+
+
+Dimension = Categorical | Range
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialConfig:
+    """Everything one trial needs, after the sampler chose its searched values. Sent to the worker as JSON.
+
+    Attributes:
+        r: LoRA rank, ``>= 1``.
+        lora_alpha_ratio: ``lora_alpha / r``; peft scales the adapter's output by ``lora_alpha / r``.
+        bnb_4bit_compute_dtype: dtype of the 4-bit layers' matmuls; also selects Trainer mixed precision
+            (bfloat16 -> ``bf16``, float16 -> ``fp16``, float32 -> none).
+        bnb_4bit_use_double_quant: Quantize the quantization constants too (QLoRA: 0.37 bits/param saved).
+        bnb_4bit_quant_type: ``nf4`` or ``fp4``.
+        per_device_train_batch_size: Rows per micro-batch.
+        gradient_accumulation_steps: Micro-batches per optimizer step.
+        max_seq_length: Every row is padded or truncated to this many tokens, so each step is the worst case.
+        learning_rate: Peak learning rate.
+        max_steps: Optimizer steps of the short run.
+        warmup_steps: Linear warmup steps.
+        weight_decay: AdamW weight decay.
+        optim: ``TrainingArguments.optim`` name.
+        gradient_checkpointing: Recompute activations in backward (non-reentrant).
+        max_grad_norm: Clip threshold; 0 disables clipping (the pre-clip norm is recorded either way).
+        lora_dropout: Dropout on the adapter's input, in ``[0, 1)``.
+        seed: Seed of the Trainer and of LoRA's initialisation.
+        target_modules: Module names that get adapters.
+        memory_limit_gib: The card to fit, in GiB: a real cap in the worker.
+        trial_timeout_s: Seconds before the worker is killed (status ``timeout``).
+        target_effective_batch_size: Kept by export through ``gradient_accumulation_steps``.
+        model: The model section.
+        dataset: The dataset section.
+    """
+
+    r: int = 16
+    lora_alpha_ratio: float = 2.0
+    bnb_4bit_compute_dtype: ComputeDtype = "bfloat16"
+    bnb_4bit_use_double_quant: bool = True
+    bnb_4bit_quant_type: QuantType = "nf4"
+    per_device_train_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    max_seq_length: int = 512
+    learning_rate: float = 2.0e-4
+    max_steps: int = 30
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    optim: str = "paged_adamw_8bit"
+    gradient_checkpointing: bool = True
+    max_grad_norm: float = 1.0
+    lora_dropout: float = 0.05
+    seed: int = 0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    memory_limit_gib: float = 24.0
+    trial_timeout_s: float = 1200.0
+    target_effective_batch_size: int = 16
+    model: ModelSpec = field(default_factory=ModelSpec)
+    dataset: DatasetSpec = field(default_factory=DatasetSpec)
+
+    @property
+    def lora_alpha(self) -> float:
+        """``lora_alpha_ratio * r``, as an int when it is whole (peft types it as int)."""
+        alpha = self.lora_alpha_ratio * self.r
+        return int(alpha) if float(alpha).is_integer() else alpha
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Rows per optimizer step on one device: ``per_device_train_batch_size * gradient_accumulation_steps``."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists, nested specs become dicts)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialConfig:
+        """Inverse of :meth:`to_dict`."""
+        data = dict(data)
+        data["model"] = ModelSpec(**data.get("model", {}))
+        data["dataset"] = DatasetSpec(**data.get("dataset", {}))
+        data["target_modules"] = tuple(data.get("target_modules", ()))
+        return cls(**data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """A validated space file.
+
+    Attributes:
+        path: The file it came from (for messages).
+        study: The ``study`` section.
+        model: The ``model`` section.
+        dataset: The ``dataset`` section.
+        fixed: Every per-trial key not searched, with its value (the file's ``training`` section plus defaults and
+            scalars of ``search``).
+        search: The searched keys, in file order: ``Categorical`` or ``Range``.
+    """
+
+    path: str
+    study: StudySpec
+    model: ModelSpec
+    dataset: DatasetSpec
+    fixed: Mapping[str, Any]
+    search: Mapping[str, Dimension]
+
+    def trial_config(self, params: Mapping[str, Any]) -> TrialConfig:
+        """The config of one trial: the fixed values, overridden by ``params`` (one value per searched key).
+
+        Raises:
+            KeyError: ``params`` misses a searched key or names a key that is not per-trial.
+        """
+        missing = [k for k in self.search if k not in params]
+        if missing:
+            raise KeyError(f"params miss searched keys {missing}")
+        values = {**self.fixed, **params}
+        unknown = [k for k in values if k not in TRIAL_KEYS]
+        if unknown:
+            raise KeyError(f"not per-trial keys: {unknown}")
+        values["trial_timeout_s"] = values.pop("trial_timeout")
+        values["target_modules"] = tuple(values["target_modules"])
+        return TrialConfig(model=self.model, dataset=self.dataset, **values)
+
+    def first_choices(self) -> dict[str, Any]:
+        """One value per searched key: a list's first element, a range's ``low``."""
+        out: dict[str, Any] = {}
+        for key, dim in self.search.items():
+            if isinstance(dim, Categorical):
+                out[key] = dim.choices[0]
+            else:
+                out[key] = int(dim.low) if dim.is_int else dim.low
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parsing
+
+
+def parse_duration_s(value: Any) -> float:
+    """Seconds from ``90``, ``"90s"``, ``"20m"``, ``"8h"``, ``"1h30m"`` or ``"2d"``.
+
+    Raises:
+        ValueError: Not a positive number of seconds nor such a string.
+    """
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, (int, float)):
+        if value <= 0 or not math.isfinite(value):
+            raise ValueError(value)
+        return float(value)
+    text = str(value).strip().lower()
+    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text)
+    if not text or parts is None or not any(parts.groups()):
+        raise ValueError(value)
+    d, h, m, s = (float(g) if g else 0.0 for g in parts.groups())
+    total = d * 86400 + h * 3600 + m * 60 + s
+    if total <= 0:
+        raise ValueError(value)
+    return total
+
+
+def _describe(spec: _KeySpec) -> str:
+    if spec.kind == "int" or spec.kind == "float":
+        lo = "" if spec.low is None else f"{'>' if spec.low_open else '>='} {spec.low:g}"
+        hi = "" if spec.high is None else f"{'<' if spec.high_open else '<='} {spec.high:g}"
+        bounds = " and ".join(b for b in (lo, hi) if b)
+        return f"{'an integer' if spec.kind == 'int' else 'a number'}{' ' + bounds if bounds else ''}"
+    if spec.kind == "bool":
+        return "true or false"
+    if spec.kind == "choice":
+        return "one of " + ", ".join(spec.choices)
+    if spec.kind == "str_list":
+        return "a list of module names, e.g. [q_proj, v_proj]"
+    if spec.kind == "duration":
+        return "a duration such as 90s, 20m or 8h"
+    return "a string"
+
+
+def _check_value(spec: _KeySpec, value: Any) -> Any:
+    """The value, normalised, or raise ValueError with what was expected."""
+    if value is None and spec.optional:
+        return None
+    kind = spec.kind
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise ValueError
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+            raise ValueError
+        value = int(value)
+    elif kind == "float":
+        if isinstance(value, str):
+            try:  # YAML reads 2e-4 (no dot) as a string
+                value = float(value)
+            except ValueError:
+                raise ValueError from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError
+        value = float(value)
+    elif kind == "choice":
+        if value not in spec.choices:
+            raise ValueError
+        return value
+    elif kind == "str":
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError
+        return value
+    elif kind == "str_list":
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise ValueError
+        return tuple(value)
+    elif kind == "duration":
+        return parse_duration_s(value)
+    if spec.low is not None and (value <= spec.low if spec.low_open else value < spec.low):
+        raise ValueError
+    if spec.high is not None and (value >= spec.high if spec.high_open else value > spec.high):
+        raise ValueError
+    return value
+
+
+def _suggest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    return "valid keys are " + ", ".join(valid)
+
+
+class _Problems:
+    def __init__(self, file: str):
+        self.file = file
+        self.lines: list[str] = []
+
+    def add(self, key: str, what: str, fix: str) -> None:
+        self.lines.append(f"{self.file}: {key}: {what}; {fix}")
+
+
+def _parse_dimension(key: str, raw: Any, spec: _KeySpec, problems: _Problems) -> Dimension | Any | None:
+    where = f"search.{key}"
+    if isinstance(raw, list):
+        if not raw:
+            problems.add(where, "empty list", "give at least one value, or remove the key")
+            return None
+        values, bad = [], False
+        for v in raw:
+            try:
+                values.append(_check_value(spec, v))
+            except ValueError:
+                problems.add(where, f"{v!r} is not valid", f"each value must be {_describe(spec)}")
+                bad = True
+        if bad:
+            return None
+        if len(set(map(repr, values))) != len(values):
+            problems.add(where, f"repeated values in {raw!r}", "list each value once")
+            return None
+        return Categorical(choices=tuple(values))
+    if isinstance(raw, dict):
+        if spec.kind not in ("int", "float"):
+            problems.add(where, "a range {low, high} needs a numeric key", f"give a list of values, each {_describe(spec)}")
+            return None
+        unknown = [k for k in raw if k not in _RANGE_KEYS]
+        for k in unknown:
+            problems.add(f"{where}.{k}", "unknown range key", _suggest(str(k), list(_RANGE_KEYS)))
+        if "low" not in raw or "high" not in raw:
+            problems.add(where, "a range needs both low and high", f"write {{low: ..., high: ...}} with values {_describe(spec)}")
+            return None
+        if unknown:
+            return None
+        try:
+            low, high = _check_value(spec, raw["low"]), _check_value(spec, raw["high"])
+        except ValueError:
+            problems.add(where, f"low={raw['low']!r}, high={raw['high']!r} out of bounds", f"both must be {_describe(spec)}")
+            return None
+        log, step = raw.get("log", False), raw.get("step")
+        ok = True
+        if not isinstance(log, bool):
+            problems.add(f"{where}.log", f"{log!r} is not true/false", "write log: true or log: false")
+            ok = False
+        if low > high:
+            problems.add(where, f"low <= high must hold, but got low={low}, high={high}", "swap them")
+            ok = False
+        if log is True and low <= 0:
+            problems.add(where, f"a log range needs low > 0, but got low={low}", "raise low or drop log")
+            ok = False
+        if step is not None:
+            if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0:
+                problems.add(f"{where}.step", f"{step!r} is not a positive number", "give a positive step or drop it")
+                ok = False
+            elif spec.kind == "int" and not float(step).is_integer():
+                problems.add(f"{where}.step", f"{step!r} is not an integer", "an integer key needs an integer step")
+                ok = False
+            elif log is True:
+                problems.add(where, "log and step cannot be combined (optuna)", "drop one of them")
+                ok = False
+        if not ok:
+            return None
+        return Range(low=low, high=high, log=log, step=step, is_int=spec.kind == "int")
+    try:
+        return ("fixed", _check_value(spec, raw))
+    except ValueError:
+        problems.add(where, f"{raw!r} is not valid", f"give {_describe(spec)}, a list of such values, or a range")
+        return None
+
+
+def _parse_section(name: str, raw: Any, problems: _Problems) -> dict[str, Any]:
+    keys = _SECTION_KEYS[name]
+    out = {k: s.default for k, s in keys.items()}
+    if raw is None:
+        return out
+    if not isinstance(raw, dict):
+        problems.add(name, f"expected a mapping, got {type(raw).__name__}", f"write it as '{name}: {{key: value}}'")
+        return out
+    for key, value in raw.items():
+        spec = keys.get(key)
+        if spec is None:
+            problems.add(f"{name}.{key}", "unknown key", _suggest(str(key), list(keys)))
+            continue
+        try:
+            out[key] = _check_value(spec, value)
+        except ValueError:
+            problems.add(f"{name}.{key}", f"{value!r} is not valid", f"give {_describe(spec)}")
+    return out
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str = "--set") -> dict[str, Any]:
+    """Apply ``--set key=value`` overrides to a raw space mapping (before validation).
+
+    A bare key is a per-trial key (it replaces ``search.<key>`` or ``training.<key>``, so a searched key becomes
+    fixed); ``study.``/``model.``/``dataset.`` keys are dotted. Values are parsed as YAML (``true``, ``1e-4``, ``[a, b]``).
+
+    Raises:
+        SpaceError: A malformed override or an unknown key (with the nearest valid key).
+    """
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    problems = _Problems(file)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.add(item, "not of the form key=value", "write --set r=16")
+            continue
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        section, dot, leaf = key.partition(".")
+        if dot and section in _SECTION_KEYS:
+            if leaf not in _SECTION_KEYS[section]:
+                problems.add(key, "unknown key", _suggest(leaf, list(_SECTION_KEYS[section])))
+                continue
+            sec = raw.get(section)
+            raw[section] = dict(sec) if isinstance(sec, dict) else {}
+            raw[section][leaf] = value
+            continue
+        if dot and section in ("training", "search"):
+            key = leaf
+        if key not in TRIAL_KEYS:
+            valid = list(TRIAL_KEYS) + [f"{s}.{k}" for s, ks in _SECTION_KEYS.items() for k in ks]
+            problems.add(key, "unknown key", _suggest(key, valid))
+            continue
+        for name in ("search", "training"):
+            if not isinstance(raw.get(name), dict):
+                raw[name] = {}
+        raw["search"].pop(key, None)
+        raw["training"][key] = value
+    if problems.lines:
+        raise SpaceError(problems.lines)
+    return raw
+
+
+def parse_space(raw: Any, path: str = "<space>") -> SearchSpace:
+    """Validate a raw mapping (as read from YAML) into a :class:`SearchSpace`.
+
+    Raises:
+        SpaceError: With every problem found, one line each (file, key, what is wrong, the fix).
+    """
+    problems = _Problems(path)
+    if not isinstance(raw, dict):
+        problems.add("(top level)", f"expected a mapping of sections, got {type(raw).__name__}",
+                     "start from search_spaces/demo.yaml")
+        raise SpaceError(problems.lines)
+    for key in raw:
+        if key not in _TOP_KEYS:
+            problems.add(str(key), "unknown section", _suggest(str(key), list(_TOP_KEYS)))
+    sections = {name: _parse_section(name, raw.get(name), problems) for name in _SECTION_KEYS}
+
+    fixed: dict[str, Any] = {k: s.default for k, s in TRIAL_KEYS.items()}
+    training = raw.get("training")
+    if training is not None and not isinstance(training, dict):
+        problems.add("training", f"expected a mapping, got {type(training).__name__}", "write 'training: {key: value}'")
+        training = {}
+    for key, value in (training or {}).items():
+        spec = TRIAL_KEYS.get(key)
+        if spec is None:
+            problems.add(f"training.{key}", "unknown key", _suggest(str(key), list(TRIAL_KEYS)))
+            continue
+        if isinstance(value, (list, dict)) and spec.kind != "str_list":
+            problems.add(f"training.{key}", "training values are fixed", f"move '{key}' to the search section to search it")
+            continue
+        try:
+            fixed[key] = _check_value(spec, value)
+        except ValueError:
+            problems.add(f"training.{key}", f"{value!r} is not valid", f"give {_describe(spec)}")
+
+    search_raw = raw.get("search")
+    search: dict[str, Dimension] = {}
+    if search_raw is not None and not isinstance(search_raw, dict):
+        problems.add("search", f"expected a mapping, got {type(search_raw).__name__}", "write 'search: {key: [values]}'")
+        search_raw = {}
+    for key, value in (search_raw or {}).items():
+        spec = TRIAL_KEYS.get(key)
+        searchable = [k for k, s in TRIAL_KEYS.items() if s.searchable]
+        if spec is None:
+            problems.add(f"search.{key}", "unknown key", _suggest(str(key), searchable))
+            continue
+        if not spec.searchable:
+            problems.add(f"search.{key}", "cannot be searched", f"move '{key}' to the training section")
+            continue
+        if isinstance(training, dict) and key in training:
+            problems.add(f"search.{key}", "set in both training and search", "keep it in one of the two")
+            continue
+        dim = _parse_dimension(key, value, spec, problems)
+        if isinstance(dim, tuple):
+            fixed[key] = dim[1]
+        elif isinstance(dim, Categorical) and len(dim.choices) == 1:
+            fixed[key] = dim.choices[0]
+        elif dim is not None:
+            search[key] = dim
+    if problems.lines:
+        raise SpaceError(problems.lines)
+
+    study = sections["study"]
+    return SearchSpace(
+        path=path,
+        study=StudySpec(
+            name=study["name"],
+            n_trials=study["n_trials"],
+            timeout_s=study["timeout"],
+            sampler=study["sampler"],
+            seed=study["seed"],
+            storage=study["storage"],
+        ),
+        model=ModelSpec(**sections["model"]),
+        dataset=DatasetSpec(**sections["dataset"]),
+        fixed=MappingProxyType(fixed),
+        search=MappingProxyType(search),
+    )
+
+
+def load_space(path: str | Path, overrides: list[str] | None = None) -> SearchSpace:
+    """Read and validate a space file, then apply ``--set`` overrides.
+
+    Args:
+        path: A YAML file shaped as in ``SPEC.md``.
+        overrides: ``key=value`` strings, see :func:`apply_overrides`.
+
+    Raises:
+        SpaceError: The file is missing, not YAML, or has any invalid key or value (all listed at once).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SpaceError(f"{path}: (file): no such file; give the path of a space file, e.g. search_spaces/demo.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "(file)"
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise SpaceError(f"{path}: {where}: {problem}; fix the YAML syntax there") from None
+    except UnicodeDecodeError:
+        raise SpaceError(f"{path}: (file): not UTF-8 text; save the space file as UTF-8") from None
+    if raw is None:
+        raise SpaceError(f"{path}: (file): empty; start from search_spaces/demo.yaml")
+    if overrides:
+        if not isinstance(raw, dict):
+            parse_space(raw, str(path))
+        raw = apply_overrides(raw, overrides)
+    return parse_space(raw, str(path))

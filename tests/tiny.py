@@ -1,0 +1,37 @@
+"""A tiny Llama (2 layers, hidden 64) and a tiny BPE tokenizer, built in-process: no hub, a few seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: Vocabulary of the tiny tokenizer; the model's embedding has exactly this many rows.
+TINY_VOCAB = 512
+
+
+def build_tiny_model(target: Path, *, vocab_size: int = TINY_VOCAB) -> Path:
+    """Save a 2-layer Llama (hidden 64, 4 heads, 2 KV heads) and a BPE tokenizer trained on pydoc's topics."""
+    from pydoc_data.topics import topics
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    import torch
+
+    target.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(list(topics.values()), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>", eos_token="<|im_end|>",
+                                        pad_token="<|im_end|>", bos_token="<|im_start|>")
+    tokenizer.save_pretrained(target)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(target)
+    return target
