@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from sweeper.memory import GIB, oom_cause_chain, peak_memory_gib, set_cpu_memory_cap
+from sweeper.memory import oom_cause_chain, peak_memory_gib, set_cpu_memory_cap
 from sweeper.space import TrialConfig
 from sweeper.stability import compute_instability
 from sweeper.trial import TrialResult

@@ -11,9 +11,10 @@ TINY_VOCAB = 512
 def build_tiny_model(target: Path, *, vocab_size: int = TINY_VOCAB) -> Path:
     """Save a 2-layer Llama (hidden 64, 4 heads, 2 KV heads) and a BPE tokenizer trained on pydoc's topics."""
     from pydoc_data.topics import topics
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
     import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     target.mkdir(parents=True, exist_ok=True)
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))

@@ -1,0 +1,99 @@
+"""Text for the terminal: a line per finished trial, the trace of one trial, the Pareto front table, status counts.
+
+Pure formatting: every function returns a string; the CLI prints it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from optuna.trial import FrozenTrial
+
+from sweeper.trial import TrialResult
+
+#: Short column names of per-trial keys in the console (the full names are in the study and the reports).
+SHORT_NAMES = {
+    "r": "r",
+    "lora_alpha_ratio": "alpha/r",
+    "bnb_4bit_compute_dtype": "compute",
+    "bnb_4bit_use_double_quant": "dq",
+    "bnb_4bit_quant_type": "quant",
+    "per_device_train_batch_size": "batch",
+    "max_seq_length": "seq",
+    "learning_rate": "lr",
+    "gradient_accumulation_steps": "ga",
+}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def _num(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def format_params(params: Mapping[str, Any]) -> str:
+    """``r=16 alpha/r=2 compute=bfloat16 ...`` in the given order."""
+    return " ".join(f"{SHORT_NAMES.get(k, k)}={_fmt(v)}" for k, v in params.items())
+
+
+def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResult, finished: int, n_trials: int) -> str:
+    """One line per finished trial: progress, number, searched values, status, peak GiB, instability, seconds;
+    non-complete trials add their reason."""
+    line = (f"[{finished:>{len(str(n_trials))}}/{n_trials}] #{number:<3} {format_params(params)}  "
+            f"{result.status:<8} {_num(result.peak_memory_gib, '6.2f')} GiB  "
+            f"instability {_num(result.instability, '7.3f')}  {_num(result.wall_time_s, '6.1f')} s")
+    if result.status != "complete":
+        line += f"  ({result.reason})"
+    return line
+
+
+def format_trace(result: TrialResult) -> str:
+    """The per-step trace of one trial as a table: step, loss, grad norm, max activation, skipped."""
+    rows = [("step", "loss", "grad_norm", "max_activation", "skipped")]
+    skipped = set(result.skipped_steps)
+    n = max(len(result.loss_trace), len(result.grad_norm_trace))
+    for i in range(n):
+        def at(seq: Sequence[Any]) -> Any:
+            return seq[i] if i < len(seq) else None
+
+        loss, grad, act = at(result.loss_trace), at(result.grad_norm_trace), at(result.max_activation_trace)
+        rows.append((str(i + 1), _num(loss, ".4f") if loss is not None else "non-finite",
+                     _num(grad, ".4g") if grad is not None else "non-finite",
+                     _num(act, ".4g"), "yes" if i + 1 in skipped else ""))
+    return _table(rows)
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_front(front: Sequence[FrozenTrial]) -> str:
+    """The Pareto front as a table: trial, r, lora_alpha, compute dtype, double quant, quant type, batch,
+    max_seq_length, peak GiB, instability (the values come from each trial's stored config)."""
+    rows = [("trial", "r", "lora_alpha", "compute", "double_quant", "quant", "batch", "max_seq_length",
+             "peak_GiB", "instability")]
+    for t in front:
+        c = t.user_attrs.get("config", {})
+        rows.append((str(t.number), _fmt(c.get("r")), _fmt(t.user_attrs.get("lora_alpha")),
+                     _fmt(c.get("bnb_4bit_compute_dtype")), _fmt(c.get("bnb_4bit_use_double_quant")),
+                     _fmt(c.get("bnb_4bit_quant_type")), _fmt(c.get("per_device_train_batch_size")),
+                     _fmt(c.get("max_seq_length")), f"{t.values[0]:.3f}", f"{t.values[1]:.3f}"))
+    return _table(rows)
+
+
+def format_counts(counts: Mapping[str, int]) -> str:
+    """``complete 7 · nan 1 · oom 2`` in a fixed order, then any other status."""
+    order = ["complete", "nan", "oom", "predicted_oom", "dominated_oom", "timeout", "crash", "error", "running",
+             "waiting"]
+    keys = [k for k in order if k in counts] + sorted(k for k in counts if k not in order)
+    return " · ".join(f"{k} {counts[k]}" for k in keys)

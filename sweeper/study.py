@@ -1,0 +1,296 @@
+"""The study: an Optuna study of two minimized objectives, ``peak_memory_gib`` and ``instability``, driven by
+ask/tell, one worker process per trial.
+
+Trials that go NaN or run out of memory are told as PRUNED (with their cause in the user attributes) and are marked
+infeasible with ``Trial.set_constraint``; TPE sorts infeasible trials behind every feasible one, so the sampler
+learns to avoid their region. Timeouts, crashes and errors are FAIL. Running the same command again resumes: the
+study is loaded, trials left RUNNING by a sweep that died are marked failed and their configuration retried once,
+and the loop stops when the study holds ``n_trials`` finished trials.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.errors import StudyError
+from sweeper.space import Categorical, SearchSpace, StudySpec
+from sweeper.trial import PRUNED_STATUSES, TrialResult, run_trial
+
+#: The two objectives, both minimized, in this order.
+OBJECTIVES = ("peak_memory_gib", "instability")
+
+#: Root of studies and their artifacts, relative to the working directory (``SPEC.md``).
+STUDIES_DIR = Path("studies")
+
+
+def default_storage(name: str) -> str:
+    """``sqlite:///studies/<name>.db`` (relative to the working directory)."""
+    return f"sqlite:///{STUDIES_DIR / (name + '.db')}"
+
+
+def trial_dir(study_name: str, number: int) -> Path:
+    """``studies/<study>/trials/<number>/``: the trial's config, result, worker log and artifacts."""
+    return STUDIES_DIR / study_name / "trials" / str(number)
+
+
+def to_distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
+    """Optuna distributions of the searched keys (fixed keys are not parameters)."""
+    out: dict[str, BaseDistribution] = {}
+    for key, dim in space.search.items():
+        if isinstance(dim, Categorical):
+            out[key] = CategoricalDistribution(list(dim.choices))
+        elif dim.is_int:
+            out[key] = IntDistribution(int(dim.low), int(dim.high), log=dim.log, step=int(dim.step or 1))
+        else:
+            out[key] = FloatDistribution(dim.low, dim.high, log=dim.log, step=dim.step)
+    return out
+
+
+#: Name of the constraint a NaN/OOM trial violates (optuna ``Trial.set_constraint``).
+FAILURE_CONSTRAINT = "not_nan_or_oom"
+
+
+def failure_constraint(status: str) -> float:
+    """Constraint value of a trial: 1.0 (infeasible) when PRUNED as nan/oom/predicted_oom/dominated_oom, else -1.0.
+
+    Optuna's TPE sorts infeasible trials behind every feasible one when it splits trials into good and bad
+    (``optuna/samplers/_tpe/sampler.py``, ``_split_trials``), and NSGA-II ranks them last, so the sampler learns to
+    avoid the region of a NaN or an OOM even though such a trial has no objective values.
+    """
+    return 1.0 if status in PRUNED_STATUSES else -1.0
+
+
+def n_startup_trials(n_trials: int) -> int:
+    """Random trials before TPE models the space: a quarter of the study, between 3 and 10 (optuna's default).
+
+    A short study (the demo's 10 trials) should still spend most trials learning; a long one keeps optuna's 10.
+    """
+    return max(3, min(10, n_trials // 4))
+
+
+def make_sampler(spec: StudySpec, n_trials: int) -> optuna.samplers.BaseSampler:
+    """The study's sampler: TPE (multivariate, constant liar for parallel asks), random, or NSGA-II, seeded.
+
+    TPE learns from PRUNED trials (their :func:`failure_constraint`), which is why it is the default; NSGA-II selects
+    parents from COMPLETE trials only, so NaN/OOM trials teach it nothing; random sampling learns nothing at all.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if spec.sampler == "random":
+            return optuna.samplers.RandomSampler(seed=spec.seed)
+        if spec.sampler == "nsgaii":
+            return optuna.samplers.NSGAIISampler(seed=spec.seed)
+        return optuna.samplers.TPESampler(
+            seed=spec.seed,
+            multivariate=True,
+            constant_liar=True,
+            n_startup_trials=n_startup_trials(n_trials),
+        )
+
+
+def _storage(url: str) -> optuna.storages.BaseStorage:
+    if url.startswith("sqlite:///"):
+        db = Path(url.removeprefix("sqlite:///"))
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StudyError(f"{url}: study.storage: cannot create {db.parent} ({exc.strerror}); choose a writable "
+                             "folder with --storage") from None
+        if not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
+            raise StudyError(f"{url}: study.storage: {db} is not writable; fix its permissions or choose another "
+                             "--storage")
+        # A long busy timeout: several processes may write one SQLite file (one machine only).
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+    return optuna.storages.RDBStorage(url)
+
+
+def open_study(space: SearchSpace, storage: str | None = None, study_name: str | None = None,
+               n_trials: int | None = None) -> optuna.Study:
+    """Create the study, or load it when it exists (``load_if_exists``).
+
+    Raises:
+        StudyError: The storage cannot be created or written, or an existing study of that name has other directions.
+    """
+    name = study_name or space.study.name
+    url = storage or space.study.storage or default_storage(name)
+    sampler = make_sampler(space.study, n_trials or space.study.n_trials)
+    try:
+        study = optuna.create_study(
+            study_name=name,
+            storage=_storage(url),
+            sampler=sampler,
+            directions=["minimize", "minimize"],
+            load_if_exists=True,
+        )
+    except ValueError as exc:
+        raise StudyError(f"{url}: study.name: a study '{name}' exists with other directions ({exc}); choose "
+                         "another --study name") from None
+    if list(study.directions) != [optuna.study.StudyDirection.MINIMIZE] * 2:
+        raise StudyError(f"{url}: study.name: study '{name}' is not a sweeper study (directions "
+                         f"{study.directions}); choose another --study name")
+    if not study.metric_names:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(list(OBJECTIVES))
+    return study
+
+
+def record_result(trial: optuna.Trial | Any, result: TrialResult, config: dict[str, Any]) -> None:
+    """Store a result as the trial's user attributes (``SPEC.md``): every field, instability components flattened."""
+    data = result.to_dict()
+    components = data.pop("instability_components") or {}
+    for key, value in {**data, **components, "config": config}.items():
+        trial.set_user_attr(key, value)
+
+
+def is_finished(trial: FrozenTrial) -> bool:
+    """Counts toward ``n_trials``: ended, and not interrupted (an interrupted trial's configuration is retried)."""
+    return trial.state.is_finished() and not trial.user_attrs.get("interrupted", False)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover_orphans(study: optuna.Study) -> list[int]:
+    """Fail the RUNNING trials whose sweep process on this host is gone, kill their worker, retry their params once.
+
+    Returns:
+        The numbers of the trials marked failed.
+    """
+    host = socket.gethostname()
+    recovered = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pid = t.user_attrs.get("sweep_pid")
+        if t.user_attrs.get("sweep_host") != host or pid is None or _pid_alive(int(pid)):
+            continue
+        worker = t.user_attrs.get("worker_pid")
+        if worker and _pid_alive(int(worker)):
+            try:
+                os.killpg(int(worker), 9)
+            except OSError:
+                pass
+        storage = study._storage
+        storage.set_trial_user_attr(t._trial_id, "status", "crash")
+        storage.set_trial_user_attr(t._trial_id, "reason",
+                                    f"interrupted: the sweep process (pid {pid}) stopped while this trial ran")
+        storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        if "retry_of" not in t.user_attrs:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+        recovered.append(t.number)
+    return recovered
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepEvent:
+    """What the run loop reports after each trial.
+
+    Attributes:
+        trial: The trial as stored (state, params, user attributes).
+        result: The worker's result.
+        finished: Finished trials in the study now.
+        n_trials: The target.
+    """
+
+    trial: FrozenTrial
+    result: TrialResult
+    finished: int
+    n_trials: int
+
+
+def run_study(
+    space: SearchSpace,
+    *,
+    model_path: str,
+    storage: str | None = None,
+    study_name: str | None = None,
+    n_trials: int | None = None,
+    timeout_s: float | None = None,
+    on_trial: Callable[[SweepEvent], None] | None = None,
+) -> optuna.Study:
+    """Run trials until the study holds ``n_trials`` finished ones, or ``timeout_s`` has passed.
+
+    Args:
+        space: The validated space.
+        model_path: From :func:`sweeper.model.resolve_model`.
+        storage: Optuna storage URL; default ``space.study.storage`` or ``sqlite:///studies/<name>.db``.
+        study_name: Default ``space.study.name``.
+        n_trials: Default ``space.study.n_trials``; counted over the whole study.
+        timeout_s: Default ``space.study.timeout_s``; checked between trials (a trial has its own timeout).
+        on_trial: Called after each trial.
+
+    Raises:
+        StudyError: The storage cannot be opened or written.
+        KeyboardInterrupt: After the running trial was killed and recorded as interrupted.
+    """
+    name = study_name or space.study.name
+    target = n_trials or space.study.n_trials
+    budget = timeout_s if timeout_s is not None else space.study.timeout_s
+    study = open_study(space, storage, name, target)
+    recover_orphans(study)
+    distributions = to_distributions(space)
+    start = time.monotonic()
+    while True:
+        finished = sum(1 for t in study.get_trials(deepcopy=False) if is_finished(t))
+        if finished >= target or (budget is not None and time.monotonic() - start >= budget):
+            return study
+        trial = study.ask(distributions)
+        trial.set_user_attr("sweep_host", socket.gethostname())
+        trial.set_user_attr("sweep_pid", os.getpid())
+        config = space.trial_config(trial.params)
+        try:
+            result = run_trial(config, trial_dir(name, trial.number), model_path=model_path,
+                               on_start=lambda pid: trial.set_user_attr("worker_pid", pid))
+        except KeyboardInterrupt:
+            trial.set_user_attr("status", "crash")
+            trial.set_user_attr("reason", "interrupted: Ctrl-C")
+            trial.set_user_attr("interrupted", True)
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        record_result(trial, result, config.to_dict())
+        trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
+        if result.status == "complete":
+            frozen = study.tell(trial, [result.peak_memory_gib, result.instability])
+        elif result.status in PRUNED_STATUSES:
+            frozen = study.tell(trial, state=TrialState.PRUNED)
+        else:
+            frozen = study.tell(trial, state=TrialState.FAIL)
+        if on_trial is not None:
+            on_trial(SweepEvent(trial=frozen, result=result, finished=finished + 1, n_trials=target))
+
+
+def pareto_front(study: optuna.Study) -> list[FrozenTrial]:
+    """The COMPLETE trials no other trial beats on both objectives (``study.best_trials``), by peak memory."""
+    return sorted(study.best_trials, key=lambda t: (t.values[0], t.values[1]))
+
+
+def status_counts(study: optuna.Study) -> dict[str, int]:
+    """Trials by ``status`` user attribute (``running`` for trials still RUNNING, ``waiting`` for queued ones)."""
+    counts: Counter[str] = Counter()
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.RUNNING:
+            counts["running"] += 1
+        elif t.state == TrialState.WAITING:
+            counts["waiting"] += 1
+        else:
+            counts[t.user_attrs.get("status", t.state.name.lower())] += 1
+    return dict(counts)

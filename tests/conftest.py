@@ -1,0 +1,57 @@
+"""Shared fixtures: a tiny Llama built once per session, space files written into a temporary folder, and a way
+to run the ``sweep`` command there as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny import build_tiny_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 2-layer Llama (hidden 64) and its BPE tokenizer, saved as a checkpoint directory."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    """An empty working directory (studies/ is written here) with a private model cache."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SWEEPER_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def tiny_space(model: Path, *, name: str = "t", search: dict | None = None, training: dict | None = None,
+               n_trials: int = 2, max_samples: int = 32) -> dict:
+    """A space on the tiny model that trains in about a second per trial."""
+    return {
+        "study": {"name": name, "n_trials": n_trials, "seed": 0},
+        "model": {"name_or_path": str(model)},
+        "dataset": {"path": "builtin:pydoc-topics", "max_samples": max_samples},
+        "training": {"max_steps": 3, "memory_limit_gib": 4, "trial_timeout": "3m", "max_seq_length": 64,
+                     "optim": "adamw_torch", **(training or {})},
+        "search": search if search is not None else {"r": [4, 8]},
+    }
+
+
+def write_space(folder: Path, space: dict, name: str = "space.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path
+
+
+def sweep(*args: str, cwd: Path, timeout: float = 600, **popen) -> subprocess.CompletedProcess:
+    """Run ``sweep ARGS`` in ``cwd`` as a subprocess (``python -m sweeper.cli``) and capture its output."""
+    return subprocess.run([sys.executable, "-m", "sweeper.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ}, **popen)

@@ -1,0 +1,92 @@
+"""The ``sweep`` command as a user runs it: exit codes, one-line errors that leave studies untouched, ``sweep trial``,
+and a study that optuna-dashboard serves with every trial's status, reason, memory and traces."""
+
+import json
+import threading
+import urllib.request
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import optuna
+import pytest
+from conftest import sweep, tiny_space, write_space
+
+
+def test_bad_space_is_exit_2_with_one_line_and_no_study(workdir):
+    path = workdir / "bad.yaml"
+    path.write_text("search:\n  lerning_rate: [1e-4]\n")
+    out = sweep("run", str(path), cwd=workdir)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [f"{path}: search.lerning_rate: unknown key; did you mean 'learning_rate'?"]
+    assert not (workdir / "studies").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"search": {}}, "search: nothing to search"),
+        ({"model": {"name_or_path": "./no/such/model"}}, "model.name_or_path: no such directory"),
+        ({"dataset": {"path": "missing.jsonl"}}, "dataset.path: no such file"),
+    ],
+)
+def test_bad_input_before_any_trial(tiny_model, workdir, change, needle):
+    space = {**tiny_space(tiny_model), **change}
+    out = sweep("run", str(write_space(workdir, space)), cwd=workdir)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], lines
+    assert not (workdir / "studies").exists()
+
+
+def test_bad_timeout_and_set(tiny_model, workdir):
+    path = write_space(workdir, tiny_space(tiny_model))
+    out = sweep("run", str(path), "--timeout", "soon", cwd=workdir)
+    assert out.returncode == 2 and "--timeout" in out.stderr
+    out = sweep("run", str(path), "--set", "rr=4", cwd=workdir)
+    assert out.returncode == 2 and "did you mean 'r'" in out.stderr
+
+
+@pytest.mark.slow
+def test_trial_json_with_set(tiny_model, workdir):
+    path = write_space(workdir, tiny_space(tiny_model, search={"r": [4, 8], "bnb_4bit_quant_type": ["nf4", "fp4"]}))
+    out = sweep("trial", str(path), "--set", "r=8", "--set", "bnb_4bit_use_double_quant=false", "--json", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["status"] == "complete" and result["config"]["r"] == 8
+    assert result["config"]["bnb_4bit_quant_type"] == "nf4" and result["config"]["bnb_4bit_use_double_quant"] is False
+    assert len(result["loss_trace"]) == 3 and result["lora_alpha"] == 16
+    text = sweep("trial", str(path), cwd=workdir)
+    assert text.returncode == 0 and "grad_norm" in text.stdout and "status  complete" in text.stdout
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.slow
+def test_run_prints_front_and_dashboard_serves_the_study(tiny_model, workdir):
+    path = write_space(workdir, tiny_space(tiny_model, name="cli", n_trials=2,
+                                           search={"r": [4, 8], "bnb_4bit_compute_dtype": ["bfloat16", "float32"]}))
+    out = sweep("run", str(path), cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    assert "[1/2] #0" in out.stdout and "[2/2] #1" in out.stdout
+    assert "Pareto front" in out.stdout and "peak_GiB" in out.stdout and "complete 2" in out.stdout
+
+    from optuna_dashboard import wsgi
+
+    storage = optuna.storages.RDBStorage("sqlite:///studies/cli.db")
+    server = make_server("127.0.0.1", 0, wsgi(storage), handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}"
+        studies = json.load(urllib.request.urlopen(f"{base}/api/studies"))["study_summaries"]
+        [study] = [s for s in studies if s["study_name"] == "cli"]
+        detail = json.load(urllib.request.urlopen(f"{base}/api/studies/{study['study_id']}"))
+    finally:
+        server.shutdown()
+    assert len(detail["trials"]) == 2 and detail["objective_names"] == ["peak_memory_gib", "instability"]
+    assert len(detail["best_trials"]) >= 1
+    for trial in detail["trials"]:
+        attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}
+        assert {"status", "reason", "peak_memory_gib", "loss_trace", "grad_norm_trace"} <= set(attrs)

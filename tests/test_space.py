@@ -1,0 +1,179 @@
+"""space.yaml: every key of SPEC.md's example loads into typed frozen objects; each kind of mistake is one line
+naming the file, the key and the fix; all problems are reported at once; every shipped space loads."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sweeper.errors import SpaceError
+from sweeper.space import (
+    OPTIMIZERS,
+    TRIAL_KEYS,
+    Categorical,
+    Range,
+    TrialConfig,
+    apply_overrides,
+    load_space,
+    parse_duration_s,
+    parse_space,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+SPEC_EXAMPLE = """
+study:   {name: demo, n_trials: 12, timeout: 8h, sampler: tpe, seed: 0}
+model:   {name_or_path: builtin:smollm2-135m-instruct, attn_implementation: sdpa, trust_remote_code: false}
+dataset: {path: builtin:pydoc-topics, format: auto, max_samples: 512, seed: 0}
+training:
+  max_steps: 30
+  learning_rate: 2.0e-4
+  optim: paged_adamw_8bit
+  gradient_checkpointing: true
+  max_grad_norm: 1.0
+  target_modules: [q_proj, k_proj, v_proj, o_proj]
+  lora_dropout: 0.05
+  memory_limit_gib: 24
+  trial_timeout: 20m
+  target_effective_batch_size: 16
+search:
+  r: [8, 16, 32, 64]
+  lora_alpha_ratio: [0.5, 1, 2, 4]
+  bnb_4bit_compute_dtype: [bfloat16, float16, float32]
+  bnb_4bit_use_double_quant: [true, false]
+  bnb_4bit_quant_type: [nf4, fp4]
+  per_device_train_batch_size: [1, 2, 4, 8]
+  max_seq_length: [512, 1024, 2048, 4096]
+  weight_decay: {low: 0.0, high: 0.1}
+"""
+
+
+def test_spec_example_loads_typed_and_frozen():
+    space = parse_space(yaml.safe_load(SPEC_EXAMPLE), "spec.yaml")
+    assert space.study.timeout_s == 8 * 3600 and space.study.n_trials == 12
+    assert space.search["r"] == Categorical(choices=(8, 16, 32, 64))
+    assert space.search["weight_decay"] == Range(low=0.0, high=0.1)
+    assert space.fixed["trial_timeout"] == 1200.0 and space.fixed["learning_rate"] == 2e-4
+    config = space.trial_config({**space.first_choices(), "lora_alpha_ratio": 4})
+    assert config.lora_alpha == 32 and config.r == 8 and config.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.r = 4
+    assert TrialConfig.from_dict(config.to_dict()) == config
+
+
+def test_learning_rate_range_and_scalar_in_search():
+    space = parse_space({"search": {"learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}, "r": 16,
+                                    "max_seq_length": {"low": 64, "high": 256, "step": 64}}})
+    assert space.search["learning_rate"] == Range(low=1e-5, high=1e-3, log=True)
+    assert space.search["max_seq_length"].is_int and space.fixed["r"] == 16 and "r" not in space.search
+    assert space.first_choices() == {"learning_rate": 1e-5, "max_seq_length": 64}
+
+
+def test_trial_keys_match_trial_config_fields():
+    fields = {f.name for f in dataclasses.fields(TrialConfig)} - {"model", "dataset"}
+    assert fields == (set(TRIAL_KEYS) - {"trial_timeout"}) | {"trial_timeout_s"}
+
+
+def test_defaults_of_trial_keys_match_trial_config():
+    config = TrialConfig()
+    for key, spec in TRIAL_KEYS.items():
+        attr = "trial_timeout_s" if key == "trial_timeout" else key
+        assert getattr(config, attr) == spec.default, key
+
+
+def test_optimizers_are_valid_transformers_names():
+    from transformers.training_args import OptimizerNames
+
+    valid = {o.value for o in OptimizerNames}
+    assert set(OPTIMIZERS) <= valid, set(OPTIMIZERS) - valid
+
+
+# Each kind of mistake: (yaml text, substrings the single line must contain).
+BAD = [
+    ("search:\n  lerning_rate: [1e-4]\n", ["search.lerning_rate", "unknown key", "did you mean 'learning_rate'"]),
+    ("training:\n  max_step: 3\n", ["training.max_step", "did you mean 'max_steps'"]),
+    ("studdy: {name: x}\n", ["studdy", "unknown section", "did you mean 'study'"]),
+    ("study: {n_trials: 0}\n", ["study.n_trials", "0", "an integer >= 1"]),
+    ("study: {sampler: cmaes}\n", ["study.sampler", "one of tpe, random, nsgaii"]),
+    ("study: {timeout: soon}\n", ["study.timeout", "duration"]),
+    ("search:\n  r: []\n", ["search.r", "empty list"]),
+    ("search:\n  r: [8, 0]\n", ["search.r", "0 is not valid", ">= 1"]),
+    ("search:\n  r: [8, 8]\n", ["search.r", "repeated"]),
+    ("search:\n  bnb_4bit_compute_dtype: [bf16]\n", ["search.bnb_4bit_compute_dtype", "'bf16'", "bfloat16"]),
+    ("search:\n  bnb_4bit_quant_type: {low: 1, high: 2}\n", ["search.bnb_4bit_quant_type", "numeric key"]),
+    ("search:\n  learning_rate: {low: 1e-3, high: 1e-5}\n", ["search.learning_rate", "low <= high", "swap"]),
+    ("search:\n  weight_decay: {low: 0.0, high: 0.1, log: true}\n", ["search.weight_decay", "low > 0"]),
+    ("search:\n  learning_rate: {high: 1e-3}\n", ["search.learning_rate", "both low and high"]),
+    ("search:\n  learning_rate: {low: 1e-5, hihg: 1e-3}\n", ["search.learning_rate.hihg", "did you mean 'high'"]),
+    ("search:\n  r: {low: 4, high: 64, step: 2.5}\n", ["search.r.step", "integer step"]),
+    ("search:\n  memory_limit_gib: [8, 16]\n", ["search.memory_limit_gib", "cannot be searched", "training"]),
+    ("training:\n  r: [8, 16]\n", ["training.r", "move 'r' to the search section"]),
+    ("training:\n  r: 8\nsearch:\n  r: [8, 16]\n", ["search.r", "both training and search"]),
+    ("training:\n  optim: adam\n", ["training.optim", "one of adamw_torch"]),
+    ("training:\n  lora_dropout: 1.0\n", ["training.lora_dropout", "< 1"]),
+    ("training:\n  trial_timeout: -5\n", ["training.trial_timeout", "duration"]),
+    ("model: {attn_implementation: flash}\n", ["model.attn_implementation", "sdpa"]),
+    ("dataset: {format: sharegpt}\n", ["dataset.format", "chat"]),
+    ("search: [r, 8]\n", ["search", "expected a mapping"]),
+    ("- a\n- b\n", ["(top level)", "expected a mapping"]),
+    ("search:\n  r: [8\n", ["line", "YAML"]),
+    ("", ["empty"]),
+]
+
+
+@pytest.mark.parametrize(("text", "needles"), BAD, ids=[b[1][0] for b in BAD])
+def test_each_mistake_is_one_clear_line(tmp_path, text, needles):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SpaceError) as info:
+        load_space(path)
+    lines = info.value.problems
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{path}: ")
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def test_all_problems_reported_at_once(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("study: {n_trials: -1}\ntraining: {max_step: 3}\nsearch:\n  r: []\n  lerning_rate: [1]\n")
+    with pytest.raises(SpaceError) as info:
+        load_space(path)
+    assert len(info.value.problems) == 4
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(SpaceError, match="no such file"):
+        load_space(tmp_path / "nope.yaml")
+
+
+def test_overrides_fix_searched_keys_and_set_dotted_ones():
+    raw = yaml.safe_load(SPEC_EXAMPLE)
+    out = apply_overrides(raw, ["r=4", "learning_rate=1e-3", "study.n_trials=3", "dataset.max_samples=8",
+                                "target_modules=[q_proj]"])
+    space = parse_space(out)
+    assert "r" not in space.search and space.fixed["r"] == 4 and space.fixed["learning_rate"] == 1e-3
+    assert space.study.n_trials == 3 and space.dataset.max_samples == 8 and space.fixed["target_modules"] == ("q_proj",)
+    assert raw["search"]["r"] == [8, 16, 32, 64]  # the input is not modified
+
+
+@pytest.mark.parametrize(("item", "needle"), [("rr=4", "did you mean 'r'"), ("r", "key=value"),
+                                              ("model.name=x", "did you mean 'name_or_path'")])
+def test_bad_overrides(item, needle):
+    with pytest.raises(SpaceError, match=needle):
+        apply_overrides({}, [item])
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), (90, 90), ("90s", 90), ("20m", 1200), ("8h", 28800),
+                                               ("1h30m", 5400), ("2d", 172800)])
+def test_durations(text, seconds):
+    assert parse_duration_s(text) == seconds
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "search_spaces").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_spaces_load_and_open_with_their_command(path):
+    space = load_space(path)
+    assert space.search, "a shipped space searches something"
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# sweep run ") and path.name in first

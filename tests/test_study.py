@@ -1,0 +1,144 @@
+"""The study: two objectives, NaN/OOM told as PRUNED and infeasible, the sampler learning from them, every SPEC
+attribute stored, resume after the sweep process is killed, and a killed worker not stopping the sweep."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from conftest import tiny_space, write_space
+from optuna.trial import TrialState
+
+from sweeper.space import load_space, parse_space
+from sweeper.study import (
+    FAILURE_CONSTRAINT,
+    failure_constraint,
+    make_sampler,
+    open_study,
+    run_study,
+    to_distributions,
+)
+
+SPEC_ATTRS = {"status", "reason", "fail_step", "fail_phase", "peak_memory_gib", "memory_kind", "instability",
+              "loss_spike", "grad_norm_growth", "skipped_step_fraction", "activation_pressure", "loss_trace",
+              "grad_norm_trace", "steps_done", "wall_time_s", "load_time_s", "tokens_per_s", "lora_alpha",
+              "effective_batch_size", "device", "versions"}
+
+
+def _oom_share(sampler_name: str) -> float:
+    """Share of the last 25 of 40 trials a sampler puts in a region where every trial is PRUNED as oom."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = parse_space({"study": {"seed": 3, "sampler": sampler_name},
+                         "search": {"per_device_train_batch_size": [1, 2, 4, 8], "r": [4, 8, 16, 32]}})
+    study = optuna.create_study(directions=["minimize", "minimize"], sampler=make_sampler(space.study, 40))
+    for _ in range(40):
+        trial = study.ask(to_distributions(space))
+        batch, r = trial.params["per_device_train_batch_size"], trial.params["r"]
+        status = "oom" if batch >= 4 else "complete"
+        trial.set_user_attr("status", status)
+        trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(status))
+        if status == "oom":
+            study.tell(trial, state=TrialState.PRUNED)
+        else:
+            study.tell(trial, [batch * 0.5 + r * 0.01, 1.0 / batch + 0.1 / r])
+    late = study.trials[15:]
+    return sum(t.params["per_device_train_batch_size"] >= 4 for t in late) / len(late)
+
+
+def test_tpe_learns_to_avoid_the_oom_region_random_does_not():
+    tpe, rnd = _oom_share("tpe"), _oom_share("random")
+    assert tpe <= 0.25 and rnd >= 0.35, (tpe, rnd)
+
+
+@pytest.mark.slow
+def test_states_attributes_and_constraints(tiny_model, workdir):
+    space = load_space(write_space(workdir, tiny_space(
+        tiny_model, name="states", n_trials=3,
+        training={"bnb_4bit_compute_dtype": "float16", "max_seq_length": 1024, "memory_limit_gib": 0.75,
+                  "max_steps": 8},
+        search={"learning_rate": [1e-4, 1.0], "lora_alpha_ratio": [1, 1000], "per_device_train_batch_size": [1, 16]},
+    )))
+    study = open_study(space)
+    for params in ({"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 1},
+                   {"learning_rate": 1.0, "lora_alpha_ratio": 1000, "per_device_train_batch_size": 1},
+                   {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 16}):
+        study.enqueue_trial(params)
+    events = []
+    study = run_study(space, model_path=str(tiny_model), on_trial=events.append)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.PRUNED]
+    assert [t.user_attrs["status"] for t in trials] == ["complete", "nan", "oom"], [t.user_attrs["reason"] for t in trials]
+    assert [t.constraints[FAILURE_CONSTRAINT] for t in trials] == [-1.0, 1.0, 1.0]
+    for t in trials:
+        assert SPEC_ATTRS <= set(t.user_attrs), SPEC_ATTRS - set(t.user_attrs)
+        assert (workdir / "studies" / "states" / "trials" / str(t.number) / "worker.log").is_file()
+    done = trials[0]
+    assert done.values == [done.user_attrs["peak_memory_gib"], done.user_attrs["instability"]]
+    assert trials[1].user_attrs["fail_step"] >= 1 and trials[2].user_attrs["peak_memory_gib"] > 0
+    assert study.metric_names == ["peak_memory_gib", "instability"]
+    assert [e.finished for e in events] == [1, 2, 3]
+    # The same call again resumes and starts nothing: the study already holds n_trials finished trials.
+    assert len(run_study(space, model_path=str(tiny_model)).trials) == 3
+
+
+def _wait_for(path, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_killed_worker_is_a_crash_and_the_sweep_goes_on(tiny_model, workdir):
+    path = write_space(workdir, tiny_space(tiny_model, name="crash", n_trials=2))
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=workdir,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pid_file = workdir / "studies" / "crash" / "trials" / "0" / "worker.pid"
+    _wait_for(pid_file)
+    time.sleep(1.0)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    study = optuna.load_study(study_name="crash", storage="sqlite:///studies/crash.db")
+    first, second = study.trials
+    assert first.state == TrialState.FAIL and first.user_attrs["status"] == "crash"
+    assert "SIGKILL" in first.user_attrs["reason"] and "crash" in out
+    assert second.state == TrialState.COMPLETE
+
+
+@pytest.mark.slow
+def test_resume_after_the_sweep_process_is_killed(tiny_model, workdir):
+    path = write_space(workdir, tiny_space(tiny_model, name="resume", n_trials=3, search={"r": [4, 8, 16]}))
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=workdir,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    second_pid = workdir / "studies" / "resume" / "trials" / "1" / "worker.pid"
+    _wait_for(second_pid)  # trial 0 is finished and stored, trial 1 is running
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    worker = int(second_pid.read_text())
+    deadline = time.monotonic() + 10  # the worker dies with its parent (PR_SET_PDEATHSIG)
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+            time.sleep(0.1)
+        except ProcessLookupError:
+            break
+    else:
+        pytest.fail("the worker outlived the killed sweep")
+    storage = "sqlite:///studies/resume.db"
+    before = optuna.load_study(study_name="resume", storage=storage).trials
+    assert before[0].state == TrialState.COMPLETE and before[1].state == TrialState.RUNNING
+
+    again = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=workdir,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    after = optuna.load_study(study_name="resume", storage=storage).trials
+    assert after[0].values == before[0].values and after[0].user_attrs == before[0].user_attrs
+    assert after[1].state == TrialState.FAIL and after[1].user_attrs["interrupted"] is True
+    assert after[2].params == after[1].params and after[2].user_attrs["retry_of"] == 1
+    finished = [t for t in after if t.state.is_finished() and not t.user_attrs.get("interrupted")]
+    assert len(finished) == 3 and all(t.state == TrialState.COMPLETE for t in finished)

@@ -1,0 +1,113 @@
+"""Real trials on the tiny Llama, each in its own worker process: complete, NaN, OOM under a real cap, timeout,
+crash, and the 4-bit check. No mocks: the NaN is fp16 overflow, the OOM a real allocation failure."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
+from sweeper.trial import run_trial
+
+pytestmark = pytest.mark.slow
+
+
+def _config(model, **kw) -> TrialConfig:
+    base = dict(max_steps=3, max_seq_length=64, per_device_train_batch_size=2, r=4, optim="adamw_torch",
+                memory_limit_gib=4.0, trial_timeout_s=180.0, model=ModelSpec(name_or_path=str(model)),
+                dataset=DatasetSpec(max_samples=32))
+    return TrialConfig(**{**base, **kw})
+
+
+def test_trial_completes_with_finite_values(tiny_model, tmp_path):
+    result = run_trial(_config(tiny_model, bnb_4bit_compute_dtype="bfloat16"), tmp_path, model_path=str(tiny_model))
+    assert result.status == "complete", result.reason
+    assert result.steps_done == 3 and len(result.loss_trace) == len(result.grad_norm_trace) == 3
+    assert all(x is not None and x > 0 for x in result.loss_trace + result.grad_norm_trace)
+    assert 0.2 < result.peak_memory_gib < 4.0 and result.memory_kind == "cpu_peak_rss"
+    assert result.quantized_linear_count == 14  # 2 layers x (q, k, v, o, gate, up, down)
+    assert result.instability is not None and set(result.instability_components) == {
+        "loss_spike", "grad_norm_growth", "skipped_step_fraction", "activation_pressure"}
+    assert result.max_activation_trace and all(a > 0 for a in result.max_activation_trace)
+    assert result.lora_alpha == 8 and result.effective_batch_size == 2 and result.versions["bitsandbytes"]
+    assert (tmp_path / "result.json").is_file() and (tmp_path / "worker.log").is_file()
+
+
+def test_fp16_overflow_goes_nan_and_fp32_does_not(tiny_model, tmp_path):
+    # An adapter scale of 1000 and a learning rate of 1 push the 4-bit layers' inputs past fp16's 65504 by step 3.
+    hot = dict(lora_alpha_ratio=1000.0, learning_rate=1.0, max_steps=8)
+    fp16 = run_trial(_config(tiny_model, bnb_4bit_compute_dtype="float16", **hot), tmp_path / "a",
+                     model_path=str(tiny_model))
+    assert fp16.status == "nan", fp16.reason
+    assert fp16.fail_phase in ("forward", "backward") and 1 <= fp16.fail_step < 8
+    assert fp16.loss_trace[-1] is None or fp16.grad_norm_trace[-1] is None
+    assert fp16.instability_components["activation_pressure"] > 0.5
+    fp32 = run_trial(_config(tiny_model, bnb_4bit_compute_dtype="float32", **hot), tmp_path / "b",
+                     model_path=str(tiny_model))
+    assert fp32.status == "complete", fp32.reason
+    assert fp32.instability > 3  # the gradient norm runs away instead
+
+
+def test_real_memory_cap_gives_oom_with_phase(tiny_model, tmp_path):
+    big = _config(tiny_model, per_device_train_batch_size=16, max_seq_length=1024, memory_limit_gib=0.75)
+    result = run_trial(big, tmp_path, model_path=str(tiny_model))
+    assert result.status == "oom", result.reason
+    assert result.fail_phase in ("forward", "backward", "optimizer") and result.fail_step == 1
+    assert "max_seq_length=1024" in result.reason and result.peak_memory_gib <= 0.75
+
+
+def test_oom_while_loading(tiny_model, tmp_path):
+    result = run_trial(_config(tiny_model, memory_limit_gib=0.3), tmp_path, model_path=str(tiny_model))
+    assert result.status == "oom" and result.fail_phase == "load" and result.fail_step == 0
+
+
+def test_timeout_kills_the_worker(tiny_model, tmp_path):
+    start = time.monotonic()
+    result = run_trial(_config(tiny_model, trial_timeout_s=1.5), tmp_path, model_path=str(tiny_model))
+    assert result.status == "timeout" and "trial_timeout=1.5" in result.reason
+    assert time.monotonic() - start < 10
+    pid = int((tmp_path / "worker.pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_killed_worker_is_a_crash(tiny_model, tmp_path):
+    def kill_when_started():
+        pid_file = tmp_path / "worker.pid"
+        while not pid_file.exists():
+            time.sleep(0.05)
+        time.sleep(1.0)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_started)
+    killer.start()
+    result = run_trial(_config(tiny_model), tmp_path, model_path=str(tiny_model))
+    killer.join()
+    assert result.status == "crash" and "SIGKILL" in result.reason
+
+
+def test_error_is_reported_not_raised(tiny_model, tmp_path):
+    result = run_trial(_config(tiny_model, target_modules=("no_such_proj",)), tmp_path, model_path=str(tiny_model))
+    assert result.status == "error" and "no_such_proj" in result.reason and result.fail_phase == "load"
+
+
+def test_quantization_check_catches_a_mismatch(tiny_model):
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from sweeper._worker import QuantizationCheckError, check_quantization
+
+    asked = _config(tiny_model, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, quantization_config=BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16))
+    assert check_quantization(model, asked) == 14
+    for field, value in [("bnb_4bit_quant_type", "fp4"), ("bnb_4bit_use_double_quant", False),
+                         ("bnb_4bit_compute_dtype", "float16")]:
+        with pytest.raises(QuantizationCheckError, match=field):
+            check_quantization(model, _config(tiny_model, **{field: value}))
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model)
+    with pytest.raises(QuantizationCheckError, match="no bitsandbytes 4-bit"):
+        check_quantization(plain, asked)
