@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from sweeper.memory import oom_cause_chain, peak_memory_gib, set_cpu_memory_cap
+from sweeper.memory import oom_cause_chain, peak_memory_gib, reset_cpu_peak, set_cpu_memory_cap
 from sweeper.space import TrialConfig
 from sweeper.stability import compute_instability
 from sweeper.trial import TrialResult
@@ -209,7 +209,7 @@ def _track_activations(model: Any, progress: _Progress) -> None:
             module.register_forward_hook(hook)
 
 
-def train(config: TrialConfig, model_path: str, progress: _Progress, timings: dict[str, float]) -> dict[str, Any]:
+def train(config: TrialConfig, model_path: str, progress: _Progress, measured: dict[str, float]) -> dict[str, Any]:
     """Load, check, adapt and train; returns measurements. Exceptions propagate to :func:`run`."""
     t_import = time.monotonic()
     import torch
@@ -221,7 +221,7 @@ def train(config: TrialConfig, model_path: str, progress: _Progress, timings: di
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    timings["import_time_s"] = time.monotonic() - t_import
+    measured["import_time_s"] = time.monotonic() - t_import
 
     t_load = time.monotonic()
     cuda = torch.cuda.is_available()
@@ -298,14 +298,17 @@ def train(config: TrialConfig, model_path: str, progress: _Progress, timings: di
         dataloader_num_workers=0,
     )
     trainer = _make_trainer(model, args, rows, _collator(tokenizer.pad_token_id, config.max_seq_length), progress)
-    timings["load_time_s"] = time.monotonic() - t_load
+    measured["load_time_s"] = time.monotonic() - t_load
+    measured["load_peak_memory_gib"] = peak_memory_gib("cuda" if cuda else "cpu")
+    if not cuda:
+        reset_cpu_peak()  # see sweeper.memory: on the CPU the training-phase peak stands for the card
 
     t_train = time.monotonic()
     progress.phase = "forward"
     try:
         trainer.train()
     finally:
-        timings["train_time_s"] = time.monotonic() - t_train
+        measured["train_time_s"] = time.monotonic() - t_train
     return {"device": device, "quantized_linear_count": quantized, "cuda": cuda}
 
 
@@ -315,12 +318,12 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
     if not _cuda_visible():
         set_cpu_memory_cap(config.memory_limit_gib)
     progress = _Progress()
-    timings: dict[str, float] = {}
+    measured: dict[str, float] = {}
     info: dict[str, Any] = {}
     result = TrialResult(status="complete", lora_alpha=config.lora_alpha,
                          effective_batch_size=config.effective_batch_size)
     try:
-        info = train(config, model_path, progress, timings)
+        info = train(config, model_path, progress, measured)
         result.reason = f"{progress.step} steps finished"
     except NonFiniteError as exc:
         result.status, result.fail_phase = "nan", exc.phase
@@ -364,10 +367,10 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
     if result.status == "nan":  # the failing step's values, for the curves
         result.loss_trace = progress.loss + [_finite_or_none(progress.step_loss)]
         result.grad_norm_trace = progress.grad_norm + [_finite_or_none(progress.step_grad_norm)]
-    for key, value in timings.items():
+    for key, value in measured.items():
         setattr(result, key, value)
-    if timings.get("train_time_s"):
-        result.tokens_per_s = progress.tokens / timings["train_time_s"]
+    if measured.get("train_time_s"):
+        result.tokens_per_s = progress.tokens / measured["train_time_s"]
     components = compute_instability(
         loss=result.loss_trace,
         grad_norm=result.grad_norm_trace,

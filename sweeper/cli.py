@@ -106,7 +106,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
         _print(format_trace(result))
     _print(f"status  {result.status}: {result.reason}")
     if result.peak_memory_gib is not None:
-        _print(f"memory  {result.peak_memory_gib:.3f} GiB ({result.memory_kind})")
+        load = f", {result.load_peak_memory_gib:.3f} GiB while loading" if result.load_peak_memory_gib else ""
+        _print(f"memory  {result.peak_memory_gib:.3f} GiB ({result.memory_kind}{load})")
     if result.instability is not None:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in result.instability_components.items())
         _print(f"instability {result.instability:.3f} ({parts})")

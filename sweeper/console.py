@@ -49,7 +49,7 @@ def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResul
     line = (f"[{finished:>{len(str(n_trials))}}/{n_trials}] #{number:<3} {format_params(params)}  "
             f"{result.status:<8} {_num(result.peak_memory_gib, '6.2f')} GiB  "
             f"instability {_num(result.instability, '7.3f')}  {_num(result.wall_time_s, '6.1f')} s")
-    if result.status != "complete":
+    if result.status != "complete" or result.reason.startswith("same configuration"):
         line += f"  ({result.reason})"
     return line
 

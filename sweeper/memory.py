@@ -2,9 +2,12 @@
 
 On CUDA the cap is ``torch.cuda.set_per_process_memory_fraction`` and the peak is
 ``torch.cuda.max_memory_reserved()`` (what the caching allocator held from the driver: the figure that decides OOM).
-On the CPU the cap is ``RLIMIT_DATA`` (the process's private writable memory: heap and anonymous mappings, which is
-where tensors live) and the peak is the process's peak resident set (``ru_maxrss``). Both include the baseline of
-the interpreter and its libraries (about 0.4 GiB for torch + transformers on the CPU), as a real run's would.
+On the CPU the cap is ``RLIMIT_DATA`` (the process's private writable memory, heap and anonymous mappings, where
+tensors live; it counts reserved virtual memory too, so it binds somewhat before the resident set reaches it) and the
+peak is the process's peak resident set (``VmHWM``). On the CPU the worker resets that peak once the model is loaded
+(``/proc/self/clear_refs``), because loading dequantizes a full-precision checkpoint in host memory, which on a GPU
+machine happens in host RAM, not on the card: the training-phase peak is what stands for the card. Both include the
+baseline of the interpreter and its libraries (about 0.4 GiB for torch + transformers), as a real run's would.
 """
 
 from __future__ import annotations
@@ -43,13 +46,32 @@ def set_cuda_memory_cap(limit_gib: float, device: int = 0) -> None:
 
 
 def peak_memory_gib(device_type: str) -> float:
-    """The process's peak so far in GiB: CUDA max reserved, or CPU peak resident set (``ru_maxrss``, KiB on Linux)."""
+    """The process's peak so far in GiB: CUDA max reserved, or the CPU peak resident set since the last
+    :func:`reset_cpu_peak` (``VmHWM`` of ``/proc/self/status``; ``ru_maxrss`` where there is no procfs)."""
     if device_type == "cuda":
         import torch
 
         return torch.cuda.max_memory_reserved() / GIB
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / GIB
+    except OSError:
+        pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / GIB if sys.platform == "darwin" else rss * 1024 / GIB
+
+
+def reset_cpu_peak() -> bool:
+    """Reset the process's peak resident set to its current resident set (Linux >= 4.0: ``echo 5 >
+    /proc/self/clear_refs``). Returns whether it could."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def is_oom(exc: BaseException) -> bool:

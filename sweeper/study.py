@@ -200,6 +200,23 @@ def recover_orphans(study: optuna.Study) -> list[int]:
     return recovered
 
 
+#: User attributes that describe one run of a trial rather than its configuration's result (not copied to duplicates).
+_BOOKKEEPING_ATTRS = ("sweep_host", "sweep_pid", "worker_pid", "retry_of", "interrupted", "duplicate_of")
+
+
+def find_duplicate(study: optuna.Study, params: dict[str, Any]) -> FrozenTrial | None:
+    """A COMPLETE or PRUNED trial with exactly these params, or None.
+
+    TPE re-proposes configurations it already measured, often in small categorical spaces; a trial's outcome is
+    deterministic up to measurement noise (fixed seed, same samples), so a repeat costs GPU time and teaches nothing.
+    FAIL trials (timeout, crash, error) are not reused: they may go differently another time.
+    """
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if t.params == params and "status" in t.user_attrs:
+            return t
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class SweepEvent:
     """What the run loop reports after each trial.
@@ -257,6 +274,20 @@ def run_study(
         trial.set_user_attr("sweep_host", socket.gethostname())
         trial.set_user_attr("sweep_pid", os.getpid())
         config = space.trial_config(trial.params)
+        same = find_duplicate(study, trial.params)
+        if same is not None:
+            for key, value in same.user_attrs.items():
+                if key not in _BOOKKEEPING_ATTRS:
+                    trial.set_user_attr(key, value)
+            trial.set_user_attr("duplicate_of", same.number)
+            trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(same.user_attrs["status"]))
+            frozen = study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)
+            if on_trial is not None:
+                result = TrialResult.from_dict(same.user_attrs)
+                result.reason = f"same configuration as trial {same.number}: its result is reused"
+                result.wall_time_s = 0.0
+                on_trial(SweepEvent(trial=frozen, result=result, finished=finished + 1, n_trials=target))
+            continue
         try:
             result = run_trial(config, trial_dir(name, trial.number), model_path=model_path,
                                on_start=lambda pid: trial.set_user_attr("worker_pid", pid))

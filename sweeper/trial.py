@@ -44,6 +44,8 @@ class TrialResult:
         fail_step: 1-based optimizer step being run when it failed (0 during load), else None.
         fail_phase: ``load``, ``forward``, ``backward`` or ``optimizer`` for failures inside the worker, else None.
         peak_memory_gib: Peak memory of the trial process in GiB (see ``memory_kind``); known for OOM trials too.
+            On the CPU, the peak after the model was loaded (see :mod:`sweeper.memory`).
+        load_peak_memory_gib: Peak memory in GiB while loading, quantizing and attaching LoRA.
         memory_kind: ``cuda_max_reserved`` or ``cpu_peak_rss``.
         instability: :func:`sweeper.stability.compute_instability` of the trace, higher = closer to divergence.
         instability_components: Its terms, by name.
@@ -69,6 +71,7 @@ class TrialResult:
     fail_step: int | None = None
     fail_phase: Phase | None = None
     peak_memory_gib: float | None = None
+    load_peak_memory_gib: float | None = None
     memory_kind: str | None = None
     instability: float | None = None
     instability_components: dict[str, float] = field(default_factory=dict)

@@ -56,7 +56,7 @@ def test_tpe_learns_to_avoid_the_oom_region_random_does_not():
 @pytest.mark.slow
 def test_states_attributes_and_constraints(tiny_model, workdir):
     space = load_space(write_space(workdir, tiny_space(
-        tiny_model, name="states", n_trials=3,
+        tiny_model, name="states", n_trials=4,
         training={"bnb_4bit_compute_dtype": "float16", "max_seq_length": 1024, "memory_limit_gib": 0.75,
                   "max_steps": 8},
         search={"learning_rate": [1e-4, 1.0], "lora_alpha_ratio": [1, 1000], "per_device_train_batch_size": [1, 16]},
@@ -64,24 +64,29 @@ def test_states_attributes_and_constraints(tiny_model, workdir):
     study = open_study(space)
     for params in ({"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 1},
                    {"learning_rate": 1.0, "lora_alpha_ratio": 1000, "per_device_train_batch_size": 1},
-                   {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 16}):
+                   {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 16},
+                   {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 1}):
         study.enqueue_trial(params)
     events = []
     study = run_study(space, model_path=str(tiny_model), on_trial=events.append)
-    trials = study.get_trials()
+    *trials, repeat = study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.PRUNED]
     assert [t.user_attrs["status"] for t in trials] == ["complete", "nan", "oom"], [t.user_attrs["reason"] for t in trials]
     assert [t.constraints[FAILURE_CONSTRAINT] for t in trials] == [-1.0, 1.0, 1.0]
     for t in trials:
+        assert t.user_attrs["load_peak_memory_gib"] > 0
         assert SPEC_ATTRS <= set(t.user_attrs), SPEC_ATTRS - set(t.user_attrs)
         assert (workdir / "studies" / "states" / "trials" / str(t.number) / "worker.log").is_file()
     done = trials[0]
     assert done.values == [done.user_attrs["peak_memory_gib"], done.user_attrs["instability"]]
     assert trials[1].user_attrs["fail_step"] >= 1 and trials[2].user_attrs["peak_memory_gib"] > 0
     assert study.metric_names == ["peak_memory_gib", "instability"]
-    assert [e.finished for e in events] == [1, 2, 3]
+    # A configuration already measured is not run again: its result is reused, marked, and costs no worker.
+    assert repeat.user_attrs["duplicate_of"] == 0 and repeat.values == done.values
+    assert not (workdir / "studies" / "states" / "trials" / "3").exists()
+    assert [e.finished for e in events] == [1, 2, 3, 4]
     # The same call again resumes and starts nothing: the study already holds n_trials finished trials.
-    assert len(run_study(space, model_path=str(tiny_model)).trials) == 3
+    assert len(run_study(space, model_path=str(tiny_model)).trials) == 4
 
 
 def _wait_for(path, timeout=120):
