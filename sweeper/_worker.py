@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import math
 import os
 import sys
@@ -19,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from sweeper.memory import oom_cause_chain, peak_memory_gib, reset_cpu_peak, set_cpu_memory_cap
+from sweeper.memory import mentions_oom, oom_cause_chain, peak_memory_gib, reset_cpu_peak, set_cpu_memory_cap
 from sweeper.space import TrialConfig
 from sweeper.stability import compute_instability
 from sweeper.trial import TrialResult
@@ -38,6 +39,24 @@ class NonFiniteError(Exception):
 
 class QuantizationCheckError(Exception):
     """The loaded model is not quantized as the trial asked."""
+
+
+class _LoadReport(logging.Handler):
+    """Keeps what transformers reports while loading weights: an allocation failure inside its weight conversion
+    reaches us only as text in that report, behind a generic RuntimeError."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def mentions_oom(self) -> bool:
+        return any(mentions_oom(m) for m in self.messages)
+
+
+_LOAD_REPORT = _LoadReport()
 
 
 class _Progress:
@@ -221,6 +240,9 @@ def train(config: TrialConfig, model_path: str, progress: _Progress, measured: d
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    report_logger = logging.getLogger("transformers.utils.loading_report")
+    report_logger.setLevel(logging.WARNING)
+    report_logger.addHandler(_LOAD_REPORT)
     measured["import_time_s"] = time.monotonic() - t_import
 
     t_load = time.monotonic()
@@ -333,7 +355,7 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
         result.status, result.reason = "error", f"4-bit quantization check failed: {exc}"
         result.fail_phase, result.fail_step = "load", 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a result; the parent decides
-        oom = oom_cause_chain(exc)
+        oom = oom_cause_chain(exc) or (exc if progress.phase == "load" and _LOAD_REPORT.mentions_oom() else None)
         del reserve
         gc.collect()
         reserve = None

@@ -44,10 +44,17 @@ def _describe_setup(space: SearchSpace, model_path: str, n_samples: int) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``sweep run SPACE.yaml``: create or resume the study and run trials until n_trials or the timeout."""
-    from sweeper.console import format_counts, format_front, format_trial_line
     import optuna
 
-    from sweeper.study import default_storage, pareto_front, run_study, status_counts
+    from sweeper.console import format_counts, format_front, format_trial_line
+    from sweeper.study import (
+        MAX_CONSECUTIVE_DUPLICATES,
+        default_storage,
+        is_finished,
+        pareto_front,
+        run_study,
+        status_counts,
+    )
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -71,6 +78,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     study = run_study(space, model_path=model_path, storage=storage, study_name=name, n_trials=n_trials,
                       timeout_s=timeout_s, on_trial=on_trial)
     front = pareto_front(study)
+    finished = sum(1 for t in study.get_trials(deepcopy=False) if is_finished(t))
+    if finished < n_trials and (timeout_s is None or time.monotonic() - start < timeout_s):
+        _print(f"stopped at {finished} of {n_trials} trials: the sampler proposed only configurations already "
+               f"measured {MAX_CONSECUTIVE_DUPLICATES} times in a row; widen the search to measure more")
     _print()
     _print(f"Pareto front (peak memory vs instability), {len(front)} of {len(study.trials)} trials:")
     _print(format_front(front) if front else "  (no complete trial yet)")

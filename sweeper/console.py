@@ -46,10 +46,12 @@ def format_params(params: Mapping[str, Any]) -> str:
 def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResult, finished: int, n_trials: int) -> str:
     """One line per finished trial: progress, number, searched values, status, peak GiB, instability, seconds;
     non-complete trials add their reason."""
-    line = (f"[{finished:>{len(str(n_trials))}}/{n_trials}] #{number:<3} {format_params(params)}  "
+    duplicate = result.reason.startswith("same configuration")
+    progress = " " * (len(str(n_trials)) * 2 + 3) if duplicate else f"[{finished:>{len(str(n_trials))}}/{n_trials}]"
+    line = (f"{progress} #{number:<3} {format_params(params)}  "
             f"{result.status:<8} {_num(result.peak_memory_gib, '6.2f')} GiB  "
             f"instability {_num(result.instability, '7.3f')}  {_num(result.wall_time_s, '6.1f')} s")
-    if result.status != "complete" or result.reason.startswith("same configuration"):
+    if result.status != "complete" or duplicate:
         line += f"  ({result.reason})"
     return line
 

@@ -80,8 +80,14 @@ def is_oom(exc: BaseException) -> bool:
         return True
     if type(exc).__name__ == "OutOfMemoryError":
         return True
-    text = str(exc).lower()
-    return isinstance(exc, (RuntimeError, OSError)) and any(m in text for m in _OOM_MARKERS)
+    return isinstance(exc, (RuntimeError, OSError)) and mentions_oom(str(exc))
+
+
+def mentions_oom(text: str) -> bool:
+    """Whether a message reports an allocation failure (for errors that only carry their cause as text, such as
+    transformers' weight-conversion report at load time)."""
+    text = text.lower()
+    return any(m in text for m in _OOM_MARKERS)
 
 
 def oom_cause_chain(exc: BaseException) -> Any:

@@ -156,8 +156,14 @@ def record_result(trial: optuna.Trial | Any, result: TrialResult, config: dict[s
 
 
 def is_finished(trial: FrozenTrial) -> bool:
-    """Counts toward ``n_trials``: ended, and not interrupted (an interrupted trial's configuration is retried)."""
-    return trial.state.is_finished() and not trial.user_attrs.get("interrupted", False)
+    """Counts toward ``n_trials``: ended, not interrupted (its configuration is retried) and not a repeat of a
+    configuration already measured (its result was reused, see :func:`find_duplicate`)."""
+    return (trial.state.is_finished() and not trial.user_attrs.get("interrupted", False)
+            and "duplicate_of" not in trial.user_attrs)
+
+
+#: Consecutive repeats of measured configurations after which the sweep stops: the sampler has nothing new to offer.
+MAX_CONSECUTIVE_DUPLICATES = 25
 
 
 def _pid_alive(pid: int) -> bool:
@@ -244,7 +250,8 @@ def run_study(
     timeout_s: float | None = None,
     on_trial: Callable[[SweepEvent], None] | None = None,
 ) -> optuna.Study:
-    """Run trials until the study holds ``n_trials`` finished ones, or ``timeout_s`` has passed.
+    """Run trials until the study holds ``n_trials`` finished ones, or ``timeout_s`` has passed, or the sampler
+    proposed only configurations already measured ``MAX_CONSECUTIVE_DUPLICATES`` times in a row.
 
     Args:
         space: The validated space.
@@ -263,18 +270,25 @@ def run_study(
     target = n_trials or space.study.n_trials
     budget = timeout_s if timeout_s is not None else space.study.timeout_s
     study = open_study(space, storage, name, target)
+    if "space_path" not in study.user_attrs:
+        study.set_user_attr("space_path", space.path)
+        study.set_user_attr("searched", list(space.search))
     recover_orphans(study)
     distributions = to_distributions(space)
     start = time.monotonic()
+    repeats = 0
     while True:
         finished = sum(1 for t in study.get_trials(deepcopy=False) if is_finished(t))
         if finished >= target or (budget is not None and time.monotonic() - start >= budget):
+            return study
+        if repeats >= MAX_CONSECUTIVE_DUPLICATES:
             return study
         trial = study.ask(distributions)
         trial.set_user_attr("sweep_host", socket.gethostname())
         trial.set_user_attr("sweep_pid", os.getpid())
         config = space.trial_config(trial.params)
         same = find_duplicate(study, trial.params)
+        repeats = repeats + 1 if same is not None else 0
         if same is not None:
             for key, value in same.user_attrs.items():
                 if key not in _BOOKKEEPING_ATTRS:
@@ -286,7 +300,7 @@ def run_study(
                 result = TrialResult.from_dict(same.user_attrs)
                 result.reason = f"same configuration as trial {same.number}: its result is reused"
                 result.wall_time_s = 0.0
-                on_trial(SweepEvent(trial=frozen, result=result, finished=finished + 1, n_trials=target))
+                on_trial(SweepEvent(trial=frozen, result=result, finished=finished, n_trials=target))
             continue
         try:
             result = run_trial(config, trial_dir(name, trial.number), model_path=model_path,

@@ -69,7 +69,7 @@ def test_states_attributes_and_constraints(tiny_model, workdir):
         study.enqueue_trial(params)
     events = []
     study = run_study(space, model_path=str(tiny_model), on_trial=events.append)
-    *trials, repeat = study.get_trials()
+    trials, repeat = study.get_trials()[:3], study.get_trials()[3]
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.PRUNED]
     assert [t.user_attrs["status"] for t in trials] == ["complete", "nan", "oom"], [t.user_attrs["reason"] for t in trials]
     assert [t.constraints[FAILURE_CONSTRAINT] for t in trials] == [-1.0, 1.0, 1.0]
@@ -81,12 +81,15 @@ def test_states_attributes_and_constraints(tiny_model, workdir):
     assert done.values == [done.user_attrs["peak_memory_gib"], done.user_attrs["instability"]]
     assert trials[1].user_attrs["fail_step"] >= 1 and trials[2].user_attrs["peak_memory_gib"] > 0
     assert study.metric_names == ["peak_memory_gib", "instability"]
-    # A configuration already measured is not run again: its result is reused, marked, and costs no worker.
+    # A configuration already measured is not run again: its result is reused, marked, costs no worker and does
+    # not count toward n_trials (the 4th finished trial is one more new configuration).
     assert repeat.user_attrs["duplicate_of"] == 0 and repeat.values == done.values
     assert not (workdir / "studies" / "states" / "trials" / "3").exists()
-    assert [e.finished for e in events] == [1, 2, 3, 4]
+    assert [e.finished for e in events][:4] == [1, 2, 3, 3]
+    measured = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
+    assert len(measured) == 4 and len({tuple(sorted(t.params.items())) for t in measured}) == 4
     # The same call again resumes and starts nothing: the study already holds n_trials finished trials.
-    assert len(run_study(space, model_path=str(tiny_model)).trials) == 4
+    assert len(run_study(space, model_path=str(tiny_model)).trials) == len(study.trials)
 
 
 def _wait_for(path, timeout=120):
