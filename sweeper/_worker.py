@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import time
+import traceback
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -355,33 +356,30 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
         result.status, result.reason = "error", f"4-bit quantization check failed: {exc}"
         result.fail_phase, result.fail_step = "load", 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a result; the parent decides
-        oom = oom_cause_chain(exc) or (exc if progress.phase == "load" and _LOAD_REPORT.mentions_oom() else None)
-        del reserve
+        reserve = None  # after an OOM, room to build and write the result under the cap
         gc.collect()
-        reserve = None
-        if oom is not None:
+        result.fail_phase = progress.phase
+        result.fail_step = 0 if progress.phase == "load" else progress.step + 1
+        where = "while loading" if progress.phase == "load" else f"at step {result.fail_step} ({progress.phase})"
+        if oom_cause_chain(exc) is not None or (progress.phase == "load" and _LOAD_REPORT.mentions_oom()):
             result.status = "oom"
-            result.fail_phase = progress.phase
-            result.fail_step = 0 if progress.phase == "load" else progress.step + 1
-            where = "while loading" if progress.phase == "load" else f"at step {result.fail_step} ({progress.phase})"
             result.reason = (f"out of memory {where} under memory_limit_gib={config.memory_limit_gib:g}, "
                              f"max_seq_length={config.max_seq_length}, "
                              f"per_device_train_batch_size={config.per_device_train_batch_size}")
         else:
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             result.status = "error"
-            result.fail_phase = progress.phase
-            result.fail_step = 0 if progress.phase == "load" else progress.step + 1
-            result.reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-            import traceback
-
+            result.reason = f"{type(exc).__name__} {where}" + (f": {first}" if first else "")
             traceback.print_exc()
     del reserve
     gc.collect()
-    device_type = "cuda" if info.get("cuda") or (_cuda_visible() and "torch" in sys.modules) else "cpu"
+    torch = sys.modules.get("torch")
+    device_type = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
     result.peak_memory_gib = peak_memory_gib(device_type)
     result.memory_kind = "cuda_max_reserved" if device_type == "cuda" else "cpu_peak_rss"
     result.device = info.get("device", device_type)
+    if torch is not None:
+        result.versions = _versions()
     result.quantized_linear_count = info.get("quantized_linear_count")
     result.steps_done = progress.step
     result.loss_trace, result.grad_norm_trace = progress.loss, progress.grad_norm
@@ -393,6 +391,8 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
         setattr(result, key, value)
     if measured.get("train_time_s"):
         result.tokens_per_s = progress.tokens / measured["train_time_s"]
+    if result.status not in ("complete", "nan"):
+        return result  # too few steps for the instability terms to mean anything
     components = compute_instability(
         loss=result.loss_trace,
         grad_norm=result.grad_norm_trace,
@@ -402,8 +402,6 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
     )
     result.instability = components.instability
     result.instability_components = {k: v for k, v in components.to_dict().items() if k != "instability"}
-    if "torch" in sys.modules:
-        result.versions = _versions()
     return result
 
 
@@ -418,6 +416,10 @@ def main(argv: list[str]) -> int:
     """``python -m sweeper._worker CONFIG.json RESULT.json``; writes the result atomically, exit 0 unless it
     could not."""
     config_path, result_path = Path(argv[0]), Path(argv[1])
+    # pyarrow (imported by datasets and the Trainer) reserves 1 GiB of virtual memory for mimalloc at import; under
+    # RLIMIT_DATA that reservation would count as used. The system allocator reserves nothing (measured: VmData
+    # 1.43 -> 0.46 GiB after importing transformers' Trainer).
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     payload = json.loads(config_path.read_text())
     os.environ.setdefault("SWEEPER_TRIAL_DIR", str(config_path.parent))
     result = run(TrialConfig.from_dict(payload["config"]), payload["model_path"])
