@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import traceback
@@ -21,13 +22,47 @@ def _print(text: str = "") -> None:
 
 
 def _prepare(space: SearchSpace) -> tuple[str, int]:
-    """Resolve the model (converting the built-in GGUF once) and read the data, before any trial starts, so a bad
-    model or dataset is one clear error instead of a study of failed trials."""
+    """Read the data and resolve the model (converting the built-in GGUF once) before any trial starts, so a bad
+    model or dataset is one clear error instead of a study of failed trials; both are checked, all problems reported.
+    """
     from sweeper.data import load_samples
     from sweeper.model import resolve_model
 
-    samples = load_samples(space.dataset)
-    return resolve_model(space.model), len(samples)
+    problems: list[str] = []
+    n_samples, model_path = 0, ""
+    try:
+        n_samples = len(load_samples(space.dataset))
+    except SweeperError as exc:
+        problems += exc.problems
+    try:
+        model_path = resolve_model(space.model)
+    except SweeperError as exc:
+        problems += exc.problems
+    if problems:
+        raise SweeperError(problems)
+    return model_path, n_samples
+
+
+def _load(args: argparse.Namespace) -> SearchSpace:
+    """The space file with its overrides, and the command-line values checked with it: all problems at once."""
+    problems: list[str] = []
+    space = None
+    try:
+        space = load_space(args.space, args.set)
+    except SpaceError as exc:
+        problems += exc.problems
+    if getattr(args, "timeout", None) is not None:
+        try:
+            parse_duration_s(args.timeout)
+        except ValueError:
+            problems.append(f"--timeout: {args.timeout!r} is not a duration; write e.g. 90s, 20m or 8h")
+    if getattr(args, "study", None) is not None and not _STUDY_NAME.fullmatch(args.study):
+        problems.append(f"--study: {args.study!r} is not a valid study name; use letters, digits, '.', '_' or '-'")
+    if getattr(args, "n_trials", None) is not None and args.n_trials < 1:
+        problems.append(f"--n-trials: {args.n_trials} is not a positive number of trials; give 1 or more")
+    if problems:
+        raise SpaceError(problems)
+    return space
 
 
 def _describe_setup(space: SearchSpace, model_path: str, n_samples: int) -> str:
@@ -51,23 +86,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         MAX_CONSECUTIVE_DUPLICATES,
         default_storage,
         is_finished,
+        open_study,
         pareto_front,
+        redact_url,
         run_study,
         status_counts,
     )
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-    space = load_space(args.space, args.set)
+    space = _load(args)
     if not space.search:
         raise SpaceError(f"{args.space}: search: nothing to search (every key is fixed); give at least one key a "
                          "list or a range, or use 'sweep trial' for one configuration")
-    timeout_s = parse_duration_s(args.timeout) if args.timeout else None
+    timeout_s = parse_duration_s(args.timeout) if args.timeout is not None else None
     name = args.study or space.study.name
     storage = args.storage or space.study.storage or default_storage(name)
     n_trials = args.n_trials or space.study.n_trials
     model_path, n_samples = _prepare(space)
-    _print(f"sweep: study '{name}' in {storage}, {n_trials} trials, searching {', '.join(space.search)}")
+    open_study(space, storage, name, n_trials)  # a storage problem is one line before anything is printed
+    _print(f"sweep: study '{name}' in {redact_url(storage)}, {n_trials} trials, searching {', '.join(space.search)}")
     _print(_describe_setup(space, model_path, n_samples))
     start = time.monotonic()
 
@@ -87,8 +125,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _print(format_front(front) if front else "  (no complete trial yet)")
     _print()
     _print("trials: " + format_counts(status_counts(study)))
-    _print(f"done in {time.monotonic() - start:.0f} s; study in {storage}; "
-           f"optuna-dashboard {storage}")
+    _print(f"done in {time.monotonic() - start:.0f} s; study in {redact_url(storage)}; "
+           f"optuna-dashboard {redact_url(storage)}")
     return 0
 
 
@@ -98,7 +136,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from sweeper.study import STUDIES_DIR
     from sweeper.trial import run_trial
 
-    space = load_space(args.space, args.set)
+    space = _load(args)
     config = space.trial_config(space.first_choices())
     model_path, n_samples = _prepare(space)
     folder = STUDIES_DIR / space.study.name / "manual" / time.strftime("%Y%m%d-%H%M%S")
@@ -130,12 +168,23 @@ def cmd_trial(args: argparse.Namespace) -> int:
     return 0
 
 
+_STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors as one line (what is wrong, where to look) and exit code 2."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: {message}; see '{self.prog} --help'", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``sweep`` (exposed for tests and docs)."""
-    parser = argparse.ArgumentParser(prog="sweep", description="QLoRA stability sweeper: a Pareto front of peak "
+    parser = _Parser(prog="sweep", description="QLoRA stability sweeper: a Pareto front of peak "
                                      "memory against instability, from short real runs.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="create or resume a study and run trials until n_trials")
     run.add_argument("space", help="space file, e.g. search_spaces/demo.yaml")
@@ -156,16 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``sweep``; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "n_trials", None) is not None and args.n_trials < 1:
-        parser.error("--n-trials must be >= 1")
+    args = build_parser().parse_args(argv)
     try:
-        if getattr(args, "timeout", None):
-            try:
-                parse_duration_s(args.timeout)
-            except ValueError:
-                raise SpaceError(f"--timeout: {args.timeout!r} is not a duration; write e.g. 90s, 20m or 8h") from None
         return args.func(args)
     except SweeperError as exc:
         if args.debug:

@@ -49,8 +49,8 @@ def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResul
     duplicate = result.reason.startswith("same configuration")
     progress = " " * (len(str(n_trials)) * 2 + 3) if duplicate else f"[{finished:>{len(str(n_trials))}}/{n_trials}]"
     line = (f"{progress} #{number:<3} {format_params(params)}  "
-            f"{result.status:<8} {_num(result.peak_memory_gib, '6.2f')} GiB  "
-            f"instability {_num(result.instability, '7.3f')}  {_num(result.wall_time_s, '6.1f')} s")
+            f"{result.status:<8} {_num(result.peak_memory_gib, '6.2f'):>6} GiB  "
+            f"instability {_num(result.instability, '7.3f'):>7}  {_num(result.wall_time_s, '6.1f'):>6} s")
     if result.status != "complete" or duplicate:
         line += f"  ({result.reason})"
     return line

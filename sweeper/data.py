@@ -149,8 +149,12 @@ def _load_rows(spec: DatasetSpec) -> Any:
     """The rows of a local file or hub dataset, through ``datasets``."""
     import datasets
 
+    datasets.utils.logging.set_verbosity_error()  # its warnings would add lines to our one-line errors
+    datasets.disable_progress_bars()
     path = Path(spec.path).expanduser()
-    if path.suffix.lower() in _LOCAL_BUILDERS or path.exists():
+    if path.suffix or path.exists() or spec.path.startswith((".", "/", "~")):
+        if path.is_dir():
+            raise DataError(f"{spec.path}: dataset.path: is a directory; give a .jsonl, .json, .csv or .parquet file")
         if not path.is_file():
             raise DataError(f"{spec.path}: dataset.path: no such file; give an existing .jsonl, .json, .csv or "
                             ".parquet file, a hub id, or builtin:pydoc-topics")
@@ -161,14 +165,22 @@ def _load_rows(spec: DatasetSpec) -> Any:
         try:
             return datasets.load_dataset(builder, data_files=str(path), split="train")
         except Exception as exc:  # datasets raises many types for unreadable files
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DataError(f"{spec.path}: dataset.path: cannot read it as {builder} ({first}); check the file") from None
+            raise DataError(f"{spec.path}: dataset.path: cannot read it as {builder} ({_root_cause(exc)}); check "
+                            "the file") from None
     try:
         return datasets.load_dataset(spec.path, split=spec.split)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"{spec.path}: dataset.path: not a local file and not loadable from the hub ({first}); give "
-                        "a local file, or a hub id already in the local datasets cache when offline") from None
+        raise DataError(f"{spec.path}: dataset.path: not a local file and not loadable from the hub "
+                        f"({_root_cause(exc)}); give a local file, or a hub id already in the local datasets cache "
+                        "when offline") from None
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost cause's first line (``datasets`` wraps the parser's error in a generic one)."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    first = (str(exc).strip().splitlines() or [""])[0][:160]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def load_samples(spec: DatasetSpec) -> list[Sample]:

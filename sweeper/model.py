@@ -108,6 +108,9 @@ def resolve_model(spec: ModelSpec) -> str:
     else:
         path = Path(ref).expanduser()
         if path.exists() or ref.startswith((".", "/", "~")) or ref.count("/") > 1:
+            if path.is_file():
+                raise ModelError(f"{ref}: model.name_or_path: is a file, not a checkpoint directory; give the folder "
+                                 "that save_pretrained wrote, or a .gguf file")
             if not path.is_dir():
                 raise ModelError(f"{ref}: model.name_or_path: no such directory; give a checkpoint directory, a "
                                  ".gguf file, a hub id, or builtin:smollm2-135m-instruct")
@@ -115,7 +118,35 @@ def resolve_model(spec: ModelSpec) -> str:
                 raise ModelError(f"{ref}: model.name_or_path: no config.json in this directory; give the folder "
                                  "that save_pretrained wrote")
             return str(path.resolve())
+        _check_hub_id(ref)
         return ref
     if not (target / "config.json").is_file():
-        _convert_gguf(gguf, target)
+        try:
+            _convert_gguf(gguf, target)
+        except ModelError:
+            raise
+        except Exception as exc:  # gguf/transformers raise many types for a file they cannot read
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise ModelError(f"{ref}: model.name_or_path: cannot read this GGUF file ({type(exc).__name__}: "
+                             f"{first}); give a valid .gguf file or a checkpoint directory") from None
     return str(target)
+
+
+def _check_hub_id(ref: str) -> None:
+    """A hub id must be in the local Hugging Face cache, or the hub must answer for it (one request, no retries).
+
+    Raises:
+        ModelError: Neither: every trial would fail to load it.
+    """
+    from huggingface_hub import HfApi, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(ref, "config.json")
+    if isinstance(cached, str):
+        return
+    try:
+        HfApi().model_info(ref, timeout=10)
+    except Exception as exc:  # offline, unknown repo, gated, ...: all mean the trials cannot load it
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise ModelError(f"{ref}: model.name_or_path: not a local directory, not in the Hugging Face cache, and the "
+                         f"hub did not answer for it ({first}); give a local checkpoint directory, a .gguf file, or "
+                         "download the model first") from None

@@ -52,7 +52,7 @@ __all__ = [
 class _KeySpec:
     """How one key is checked. ``low``/``high`` are inclusive bounds unless ``low_open``/``high_open``."""
 
-    kind: Literal["int", "float", "bool", "choice", "str", "str_list", "duration"]
+    kind: Literal["int", "float", "bool", "choice", "str", "name", "str_list", "duration"]
     default: Any
     low: float | None = None
     high: float | None = None
@@ -68,40 +68,40 @@ class _KeySpec:
 # bf16 compute, paged AdamW 8-bit, max_grad_norm 0.3 there; we keep transformers' 1.0 default for clipping.
 TRIAL_KEYS: Mapping[str, _KeySpec] = MappingProxyType(
     {
-        "r": _KeySpec(kind="int", default=16, low=1),
-        "lora_alpha_ratio": _KeySpec(kind="float", default=2.0, low=0, low_open=True),
+        "r": _KeySpec(kind="int", default=16, low=1, high=4096),
+        "lora_alpha_ratio": _KeySpec(kind="float", default=2.0, low=0, low_open=True, high=1e6),
         "bnb_4bit_compute_dtype": _KeySpec(kind="choice", default="bfloat16", choices=("bfloat16", "float16", "float32")),
         "bnb_4bit_use_double_quant": _KeySpec(kind="bool", default=True),
         "bnb_4bit_quant_type": _KeySpec(kind="choice", default="nf4", choices=("nf4", "fp4")),
-        "per_device_train_batch_size": _KeySpec(kind="int", default=1, low=1),
-        "gradient_accumulation_steps": _KeySpec(kind="int", default=1, low=1),
-        "max_seq_length": _KeySpec(kind="int", default=512, low=8),
-        "learning_rate": _KeySpec(kind="float", default=2.0e-4, low=0, low_open=True),
-        "max_steps": _KeySpec(kind="int", default=30, low=1),
-        "warmup_steps": _KeySpec(kind="int", default=0, low=0),
-        "weight_decay": _KeySpec(kind="float", default=0.0, low=0),
+        "per_device_train_batch_size": _KeySpec(kind="int", default=1, low=1, high=65536),
+        "gradient_accumulation_steps": _KeySpec(kind="int", default=1, low=1, high=65536),
+        "max_seq_length": _KeySpec(kind="int", default=512, low=8, high=2**20),
+        "learning_rate": _KeySpec(kind="float", default=2.0e-4, low=0, low_open=True, high=1e3),
+        "max_steps": _KeySpec(kind="int", default=30, low=1, high=10**7),
+        "warmup_steps": _KeySpec(kind="int", default=0, low=0, high=10**7),
+        "weight_decay": _KeySpec(kind="float", default=0.0, low=0, high=1e3),
         "optim": _KeySpec(kind="choice", default="paged_adamw_8bit", choices=OPTIMIZERS),
         "gradient_checkpointing": _KeySpec(kind="bool", default=True),
-        "max_grad_norm": _KeySpec(kind="float", default=1.0, low=0),
+        "max_grad_norm": _KeySpec(kind="float", default=1.0, low=0, high=1e9),
         "lora_dropout": _KeySpec(kind="float", default=0.05, low=0, high=1, high_open=True),
-        "seed": _KeySpec(kind="int", default=0, low=0),
+        "seed": _KeySpec(kind="int", default=0, low=0, high=2**32 - 1),
         "target_modules": _KeySpec(
             kind="str_list", default=("q_proj", "k_proj", "v_proj", "o_proj"), searchable=False
         ),
-        "memory_limit_gib": _KeySpec(kind="float", default=24.0, low=0, low_open=True, searchable=False),
+        "memory_limit_gib": _KeySpec(kind="float", default=24.0, low=0, low_open=True, high=65536, searchable=False),
         "trial_timeout": _KeySpec(kind="duration", default=20 * 60.0, searchable=False),
-        "target_effective_batch_size": _KeySpec(kind="int", default=16, low=1, searchable=False),
+        "target_effective_batch_size": _KeySpec(kind="int", default=16, low=1, high=10**7, searchable=False),
     }
 )
 
 _SECTION_KEYS: Mapping[str, Mapping[str, _KeySpec]] = MappingProxyType(
     {
         "study": {
-            "name": _KeySpec(kind="str", default="sweep"),
-            "n_trials": _KeySpec(kind="int", default=12, low=1),
+            "name": _KeySpec(kind="name", default="sweep"),
+            "n_trials": _KeySpec(kind="int", default=12, low=1, high=10**6),
             "timeout": _KeySpec(kind="duration", default=None, optional=True),
             "sampler": _KeySpec(kind="choice", default="tpe", choices=SAMPLERS),
-            "seed": _KeySpec(kind="int", default=0, low=0, optional=True),
+            "seed": _KeySpec(kind="int", default=0, low=0, high=2**32 - 1, optional=True),
             "storage": _KeySpec(kind="str", default=None, optional=True),
         },
         "model": {
@@ -112,14 +112,29 @@ _SECTION_KEYS: Mapping[str, Mapping[str, _KeySpec]] = MappingProxyType(
         "dataset": {
             "path": _KeySpec(kind="str", default="builtin:pydoc-topics"),
             "format": _KeySpec(kind="choice", default="auto", choices=DATA_FORMATS),
-            "max_samples": _KeySpec(kind="int", default=512, low=1),
-            "seed": _KeySpec(kind="int", default=0, low=0),
+            "max_samples": _KeySpec(kind="int", default=512, low=1, high=10**9),
+            "seed": _KeySpec(kind="int", default=0, low=0, high=2**32 - 1),
             "split": _KeySpec(kind="str", default="train"),
         },
     }
 )
 
 _TOP_KEYS = ("study", "model", "dataset", "training", "search")
+#: Study names become file names (studies/<name>.db, studies/<name>/): no path separators, spaces or control characters.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+#: Names people type for a key that sweeper spells differently, with the fix.
+_ALIASES = {
+    "lr": "did you mean 'learning_rate'?",
+    "lora_alpha": "lora_alpha is derived: set lora_alpha_ratio (lora_alpha = lora_alpha_ratio * r)",
+    "lora_r": "did you mean 'r'?",
+    "rank": "did you mean 'r'?",
+    "batch_size": "did you mean 'per_device_train_batch_size'?",
+    "micro_batch_size": "did you mean 'per_device_train_batch_size'?",
+    "seq_len": "did you mean 'max_seq_length'?",
+    "max_length": "did you mean 'max_seq_length'?",
+    "cutoff_len": "did you mean 'max_seq_length'?",
+    "sequence_len": "did you mean 'max_seq_length'?",
+}
 _RANGE_KEYS = ("low", "high", "log", "step")
 
 
@@ -185,7 +200,7 @@ def parse_duration_s(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError(value)
     if isinstance(value, (int, float)):
-        if value <= 0 or not math.isfinite(value):
+        if value <= 0 or not math.isfinite(value) or value > 366 * 86400:
             raise ValueError(value)
         return float(value)
     text = str(value).strip().lower()
@@ -194,12 +209,14 @@ def parse_duration_s(value: Any) -> float:
         raise ValueError(value)
     d, h, m, s = (float(g) if g else 0.0 for g in parts.groups())
     total = d * 86400 + h * 3600 + m * 60 + s
-    if total <= 0:
+    if total <= 0 or not math.isfinite(total) or total > 366 * 86400:
         raise ValueError(value)
     return total
 
 
 def _describe(spec: _KeySpec) -> str:
+    if spec.kind == "name":
+        return "a name of letters, digits, '.', '_' or '-' (it becomes a file name)"
     if spec.kind == "int" or spec.kind == "float":
         lo = "" if spec.low is None else f"{'>' if spec.low_open else '>='} {spec.low:g}"
         hi = "" if spec.high is None else f"{'<' if spec.high_open else '<='} {spec.high:g}"
@@ -212,7 +229,7 @@ def _describe(spec: _KeySpec) -> str:
     if spec.kind == "str_list":
         return "a list of module names, e.g. [q_proj, v_proj]"
     if spec.kind == "duration":
-        return "a duration such as 90s, 20m or 8h"
+        return "a duration such as 90s, 20m or 8h (at most a year)"
     return "a string"
 
 
@@ -246,6 +263,10 @@ def _check_value(spec: _KeySpec, value: Any) -> Any:
         if not isinstance(value, str) or not value.strip():
             raise ValueError
         return value
+    elif kind == "name":
+        if not isinstance(value, str) or not _NAME.fullmatch(value):
+            raise ValueError
+        return value
     elif kind == "str_list":
         if isinstance(value, str):
             value = [value]
@@ -262,6 +283,8 @@ def _check_value(spec: _KeySpec, value: Any) -> Any:
 
 
 def _suggest(key: str, valid: list[str]) -> str:
+    if key in _ALIASES and (key != "lora_alpha" or "lora_alpha_ratio" in valid):
+        return _ALIASES[key]
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     if close:
         return f"did you mean '{close[0]}'?"
@@ -269,12 +292,16 @@ def _suggest(key: str, valid: list[str]) -> str:
 
 
 class _Problems:
-    def __init__(self, file: str):
+    """Collects one line per problem; a key that came from ``--set`` is blamed on ``--set``, not on the file."""
+
+    def __init__(self, file: str, overridden: frozenset[str] = frozenset()):
         self.file = file
+        self.overridden = overridden
         self.lines: list[str] = []
 
     def add(self, key: str, what: str, fix: str) -> None:
-        self.lines.append(f"{self.file}: {key}: {what}; {fix}")
+        origin = "--set" if key in self.overridden else self.file
+        self.lines.append(f"{origin}: {key}: {what}; {fix}")
 
 
 def _parse_dimension(key: str, raw: Any, spec: _KeySpec, problems: _Problems) -> Dimension | Any | None:
@@ -308,6 +335,9 @@ def _parse_dimension(key: str, raw: Any, spec: _KeySpec, problems: _Problems) ->
         if "low" not in raw or "high" not in raw:
             problems.add(where, "a range needs both low and high", f"write {{low: ..., high: ...}} with values {_describe(spec)}")
             return None
+        if any(isinstance(raw[k], bool) or not isinstance(raw[k], (int, float, str)) for k in ("low", "high")):
+            problems.add(where, f"low={raw['low']!r}, high={raw['high']!r} are not numbers", f"both must be {_describe(spec)}")
+            return None
         try:
             low, high = _check_value(spec, raw["low"]), _check_value(spec, raw["high"])
         except ValueError:
@@ -325,7 +355,7 @@ def _parse_dimension(key: str, raw: Any, spec: _KeySpec, problems: _Problems) ->
             problems.add(where, f"a log range needs low > 0, but got low={low}", "raise low or drop log")
             ok = False
         if step is not None:
-            if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0:
+            if isinstance(step, bool) or not isinstance(step, (int, float)) or not 0 < step < math.inf:
                 problems.add(f"{where}.step", f"{step!r} is not a positive number", "give a positive step or drop it")
                 ok = False
             elif spec.kind == "int" and not float(step).is_integer():
@@ -333,6 +363,10 @@ def _parse_dimension(key: str, raw: Any, spec: _KeySpec, problems: _Problems) ->
                 ok = False
             elif log is True:
                 problems.add(where, "log and step cannot be combined (optuna)", "drop one of them")
+                ok = False
+            elif step > high - low and high > low:
+                problems.add(f"{where}.step", f"step={step} is larger than high - low = {high - low}",
+                             "use a smaller step, or a list of values")
                 ok = False
         if not ok:
             return None
@@ -364,25 +398,33 @@ def _parse_section(name: str, raw: Any, problems: _Problems) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str = "--set") -> dict[str, Any]:
+def apply_overrides(raw: dict[str, Any], overrides: list[str],
+                    file: str = "--set") -> tuple[dict[str, Any], frozenset[str]]:
     """Apply ``--set key=value`` overrides to a raw space mapping (before validation).
 
     A bare key is a per-trial key (it replaces ``search.<key>`` or ``training.<key>``, so a searched key becomes
     fixed); ``study.``/``model.``/``dataset.`` keys are dotted. Values are parsed as YAML (``true``, ``1e-4``, ``[a, b]``).
 
+    Returns:
+        The new mapping (the input is not modified) and the dotted keys that were set (``training.r``).
+
     Raises:
-        SpaceError: A malformed override or an unknown key (with the nearest valid key).
+        SpaceError: A malformed override, an empty value, or an unknown key (with the nearest valid key).
     """
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     problems = _Problems(file)
+    overridden: set[str] = set()
     for item in overrides:
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key:
             problems.add(item, "not of the form key=value", "write --set r=16")
             continue
+        if not text.strip():
+            problems.add(key, "empty value", f"write {key}=VALUE")
+            continue
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = yaml.safe_load(text)
         except yaml.YAMLError:
             value = text
         section, dot, leaf = key.partition(".")
@@ -393,6 +435,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str = "--se
             sec = raw.get(section)
             raw[section] = dict(sec) if isinstance(sec, dict) else {}
             raw[section][leaf] = value
+            overridden.add(f"{section}.{leaf}")
             continue
         if dot and section in ("training", "search"):
             key = leaf
@@ -405,18 +448,24 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str = "--se
                 raw[name] = {}
         raw["search"].pop(key, None)
         raw["training"][key] = value
+        overridden.add(f"training.{key}")
     if problems.lines:
         raise SpaceError(problems.lines)
-    return raw
+    return raw, frozenset(overridden)
 
 
-def parse_space(raw: Any, path: str = "<space>") -> SearchSpace:
+def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = frozenset()) -> SearchSpace:
     """Validate a raw mapping (as read from YAML) into a :class:`SearchSpace`.
+
+    Args:
+        raw: The YAML document.
+        path: Named in every message.
+        overridden: Dotted keys (``training.r``) set by ``--set``, blamed on ``--set`` in messages.
 
     Raises:
         SpaceError: With every problem found, one line each (file, key, what is wrong, the fix).
     """
-    problems = _Problems(path)
+    problems = _Problems(path, overridden)
     if not isinstance(raw, dict):
         problems.add("(top level)", f"expected a mapping of sections, got {type(raw).__name__}",
                      "start from search_spaces/demo.yaml")
@@ -437,7 +486,9 @@ def parse_space(raw: Any, path: str = "<space>") -> SearchSpace:
             problems.add(f"training.{key}", "unknown key", _suggest(str(key), list(TRIAL_KEYS)))
             continue
         if isinstance(value, (list, dict)) and spec.kind != "str_list":
-            problems.add(f"training.{key}", "training values are fixed", f"move '{key}' to the search section to search it")
+            fix = (f"--set fixes one value; to search several, list them under search.{key} in the file"
+                   if f"training.{key}" in problems.overridden else f"move '{key}' to the search section to search it")
+            problems.add(f"training.{key}", "training values are fixed", fix)
             continue
         try:
             fixed[key] = _check_value(spec, value)
@@ -500,10 +551,19 @@ def load_space(path: str | Path, overrides: list[str] | None = None) -> SearchSp
         SpaceError: The file is missing, not YAML, or has any invalid key or value (all listed at once).
     """
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise SpaceError(f"{path}: (file): is a directory; give a space file, e.g. search_spaces/demo.yaml")
+    if not path.exists():
         raise SpaceError(f"{path}: (file): no such file; give the path of a space file, e.g. search_spaces/demo.yaml")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except _DuplicateKeyError as exc:
+        raise SpaceError(f"{path}: line {exc.line}: key '{exc.key}' appears twice in one mapping; keep one") from None
+    except RecursionError:
+        raise SpaceError(f"{path}: (file): nested too deeply to be a space file; start from "
+                         "search_spaces/demo.yaml") from None
+    except OSError as exc:
+        raise SpaceError(f"{path}: (file): cannot be read ({exc.strerror}); check the path and permissions") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "(file)"
@@ -513,8 +573,28 @@ def load_space(path: str | Path, overrides: list[str] | None = None) -> SearchSp
         raise SpaceError(f"{path}: (file): not UTF-8 text; save the space file as UTF-8") from None
     if raw is None:
         raise SpaceError(f"{path}: (file): empty; start from search_spaces/demo.yaml")
+    overridden: frozenset[str] = frozenset()
     if overrides:
         if not isinstance(raw, dict):
             parse_space(raw, str(path))
-        raw = apply_overrides(raw, overrides)
-    return parse_space(raw, str(path))
+        raw, overridden = apply_overrides(raw, overrides)
+    return parse_space(raw, str(path), overridden)
+
+
+class _DuplicateKeyError(yaml.YAMLError):
+    def __init__(self, key: Any, line: int):
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.line = key, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that rejects a key repeated in one mapping (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _DuplicateKeyError(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)

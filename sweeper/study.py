@@ -11,6 +11,7 @@ and the loop stops when the study holds ``n_trials`` finished trials.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 import warnings
@@ -113,7 +114,27 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
                              "--storage")
         # A long busy timeout: several processes may write one SQLite file (one machine only).
         return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-    return optuna.storages.RDBStorage(url)
+    try:
+        return optuna.storages.RDBStorage(url)
+    except ModuleNotFoundError as exc:
+        driver = {"psycopg2": "psycopg2-binary", "psycopg": "psycopg[binary]", "pymysql": "pymysql"}.get(
+            exc.name or "", exc.name)
+        raise StudyError(f"{redact_url(url)}: --storage: the database driver '{exc.name}' is not installed; run "
+                         f"'pip install {driver}'") from None
+    except ImportError as exc:  # optuna's wrapper around a missing driver
+        scheme = url.split(":", 1)[0].split("+")[0]
+        driver = {"postgresql": "psycopg2-binary", "mysql": "pymysql"}.get(scheme, "the driver of " + scheme)
+        raise StudyError(f"{redact_url(url)}: --storage: no database driver for '{scheme}' is installed ({exc}); "
+                         f"run 'pip install {driver}'") from None
+    except Exception as exc:  # sqlalchemy raises ArgumentError, OperationalError, ... for a bad URL or server
+        first = redact_url((str(exc).strip().splitlines() or [type(exc).__name__])[0][:160])
+        raise StudyError(f"{redact_url(url)}: --storage: cannot open this storage ({type(exc).__name__}: {first}); "
+                         "give sqlite:///PATH.db or a reachable postgresql:// or mysql:// URL") from None
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ``***`` (``postgresql://user:***@host/db``)."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
 
 
 def open_study(space: SearchSpace, storage: str | None = None, study_name: str | None = None,
@@ -177,7 +198,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def recover_orphans(study: optuna.Study) -> list[int]:
-    """Fail the RUNNING trials whose sweep process on this host is gone, kill their worker, retry their params once.
+    """Fail the RUNNING trials whose sweep process on this host is gone, and retry their params once.
 
     Returns:
         The numbers of the trials marked failed.
@@ -188,13 +209,8 @@ def recover_orphans(study: optuna.Study) -> list[int]:
         pid = t.user_attrs.get("sweep_pid")
         if t.user_attrs.get("sweep_host") != host or pid is None or _pid_alive(int(pid)):
             continue
-        worker = t.user_attrs.get("worker_pid")
-        if worker and _pid_alive(int(worker)):
-            try:
-                os.killpg(int(worker), 9)
-            except OSError:
-                pass
-        storage = study._storage
+        # Its worker died with it (PR_SET_PDEATHSIG, see sweeper.trial); its pid may belong to another process now.
+        storage = study._storage  # optuna has no public API to end another process's trial
         storage.set_trial_user_attr(t._trial_id, "status", "crash")
         storage.set_trial_user_attr(t._trial_id, "reason",
                                     f"interrupted: the sweep process (pid {pid}) stopped while this trial ran")

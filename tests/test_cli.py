@@ -37,12 +37,40 @@ def test_bad_input_before_any_trial(tiny_model, workdir, change, needle):
     assert not (workdir / "studies").exists()
 
 
-def test_bad_timeout_and_set(tiny_model, workdir):
-    path = write_space(workdir, tiny_space(tiny_model))
-    out = sweep("run", str(path), "--timeout", "soon", cwd=workdir)
-    assert out.returncode == 2 and "--timeout" in out.stderr
+def test_bad_flags_are_reported_with_the_file_problems(tiny_model, workdir):
+    space = tiny_space(tiny_model)
+    space["training"]["max_stepz"] = 3
+    path = write_space(workdir, space)
+    out = sweep("run", str(path), "--timeout", "soon", "--n-trials", "0", "--study", "a/b", cwd=workdir)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 4, lines
+    assert any("--timeout: 'soon'" in ln for ln in lines) and any("training.max_stepz" in ln for ln in lines)
+    assert any(ln.startswith("--n-trials: 0") for ln in lines) and any(ln.startswith("--study: 'a/b'") for ln in lines)
     out = sweep("run", str(path), "--set", "rr=4", cwd=workdir)
     assert out.returncode == 2 and "did you mean 'r'" in out.stderr
+    assert not (workdir / "studies").exists()
+
+
+@pytest.mark.parametrize("argv", [["run"], ["run", "x.yaml", "--bogus"], [], ["run", "x.yaml", "--n-trials", "abc"]])
+def test_usage_errors_are_one_line(workdir, argv):
+    out = sweep(*argv, cwd=workdir)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "--help" in out.stderr
+
+
+def test_model_and_data_problems_reported_together(tiny_model, workdir):
+    space = {**tiny_space(tiny_model), "model": {"name_or_path": str(workdir)}, "dataset": {"path": str(workdir)}}
+    out = sweep("run", str(write_space(workdir, space)), cwd=workdir)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 2, lines
+    assert "dataset.path: is a directory" in lines[0] and "model.name_or_path: no config.json" in lines[1]
+
+
+@pytest.mark.parametrize(("url", "needle"), [("notaurl", "cannot open this storage"),
+                                             ("postgresql://me:s3cret@127.0.0.1:1/x", "pip install psycopg2-binary")])
+def test_bad_storage_is_one_line_without_password(tiny_model, workdir, url, needle):
+    out = sweep("run", str(write_space(workdir, tiny_space(tiny_model))), "--storage", url, cwd=workdir)
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    assert len(out.stderr.strip().splitlines()) == 1 and needle in out.stderr and "s3cret" not in out.stderr
 
 
 @pytest.mark.slow

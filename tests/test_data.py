@@ -84,3 +84,17 @@ def test_loss_only_on_replies(tiny_model):
     assert "Explain the Python" not in supervised
     [cut] = tokenize_samples([sample], tokenizer, max_seq_length=16)
     assert len(cut.input_ids) == 16 and cut.n_tokens == tok.n_tokens > 16
+
+
+def test_unreadable_files_name_the_cause(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{not json\n')
+    with pytest.raises(DataError) as info:
+        load_samples(DatasetSpec(path=str(bad)))
+    [line] = info.value.problems
+    assert line.startswith(f"{bad}: dataset.path: cannot read it as json") and "Error" in line
+    with pytest.raises(DataError, match="is a directory"):
+        load_samples(DatasetSpec(path=str(tmp_path)))
+    with pytest.raises(DataError, match="unsupported file type '.txt'"):
+        (tmp_path / "notes.txt").write_text("hi")
+        load_samples(DatasetSpec(path=str(tmp_path / "notes.txt")))

@@ -118,6 +118,17 @@ BAD = [
     ("search: [r, 8]\n", ["search", "expected a mapping"]),
     ("- a\n- b\n", ["(top level)", "expected a mapping"]),
     ("search:\n  r: [8\n", ["line", "YAML"]),
+    ("search:\n  r: [8]\n  r: [16]\n", ["line 3", "'r' appears twice"]),
+    ("[" * 5000 + "]" * 5000 + "\n", ["nested too deeply"]),
+    ("search:\n  r: [1.0e+30]\n", ["search.r", "<= 4096"]),
+    ("training:\n  memory_limit_gib: 1.0e+308\n", ["training.memory_limit_gib", "<= 65536"]),
+    ("search:\n  learning_rate: {low: 1e-5, high: 1e-3, step: .inf}\n", ["search.learning_rate.step", "positive"]),
+    ("search:\n  learning_rate: {low: 1e-5, high: 1e-3, step: .nan}\n", ["search.learning_rate.step", "positive"]),
+    ("search:\n  r: {low: true, high: 8}\n", ["search.r", "not numbers"]),
+    ("study: {timeout: 9999999999d}\n", ["study.timeout", "at most a year"]),
+    ("study: {name: ../../escape}\n", ["study.name", "file name"]),
+    ("training:\n  lr: 1e-4\n", ["training.lr", "did you mean 'learning_rate'"]),
+    ("training:\n  lora_alpha: 32\n", ["training.lora_alpha", "lora_alpha = lora_alpha_ratio * r"]),
     ("", ["empty"]),
 ]
 
@@ -143,16 +154,33 @@ def test_all_problems_reported_at_once(tmp_path):
     assert len(info.value.problems) == 4
 
 
-def test_missing_file(tmp_path):
+def test_missing_file_and_directory(tmp_path):
     with pytest.raises(SpaceError, match="no such file"):
         load_space(tmp_path / "nope.yaml")
+    with pytest.raises(SpaceError, match="is a directory"):
+        load_space(tmp_path)
+
+
+@pytest.mark.parametrize(("item", "needle"), [
+    ("r==3", "--set: training.r: '=3' is not valid"),
+    ("study.name=", "--set: study.name: empty value"),
+    ("r=[4, 8]", "--set: training.r: training values are fixed; --set fixes one value"),
+    ("lr=1e-3", "did you mean 'learning_rate'"),
+])
+def test_override_problems_are_blamed_on_set(tmp_path, item, needle):
+    path = tmp_path / "space.yaml"
+    path.write_text("search:\n  r: [8, 16]\n")
+    with pytest.raises(SpaceError) as info:
+        load_space(path, [item])
+    assert len(info.value.problems) == 1 and needle in info.value.problems[0], info.value.problems
 
 
 def test_overrides_fix_searched_keys_and_set_dotted_ones():
     raw = yaml.safe_load(SPEC_EXAMPLE)
-    out = apply_overrides(raw, ["r=4", "learning_rate=1e-3", "study.n_trials=3", "dataset.max_samples=8",
+    out, overridden = apply_overrides(raw, ["r=4", "learning_rate=1e-3", "study.n_trials=3", "dataset.max_samples=8",
                                 "target_modules=[q_proj]"])
     space = parse_space(out)
+    assert {"training.r", "study.n_trials", "dataset.max_samples"} <= overridden
     assert "r" not in space.search and space.fixed["r"] == 4 and space.fixed["learning_rate"] == 1e-3
     assert space.study.n_trials == 3 and space.dataset.max_samples == 8 and space.fixed["target_modules"] == ("q_proj",)
     assert raw["search"]["r"] == [8, 16, 32, 64]  # the input is not modified
