@@ -121,7 +121,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print(f"stopped at {finished} of {n_trials} trials: the sampler proposed only configurations already "
                f"measured {MAX_CONSECUTIVE_DUPLICATES} times in a row; widen the search to measure more")
     _print()
-    _print(f"Pareto front (peak memory vs instability), {len(front)} of {len(study.trials)} trials:")
+    measured = sum(1 for t in study.get_trials(deepcopy=False) if "duplicate_of" not in t.user_attrs)
+    _print(f"Pareto front (peak memory vs instability), {len(front)} of {measured} trials:")
     _print(format_front(front) if front else "  (no complete trial yet)")
     _print()
     _print("trials: " + format_counts(status_counts(study)))

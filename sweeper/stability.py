@@ -11,6 +11,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+#: Names of the terms of :func:`compute_instability`, in order; each is stored on every trial (None when not measured).
+COMPONENTS = ("loss_spike", "grad_norm_growth", "skipped_step_fraction", "activation_pressure")
+
 #: Largest finite value of each compute dtype (``torch.finfo(dtype).max``; IEEE 754 binary16/binary32, bfloat16).
 DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
 

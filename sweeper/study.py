@@ -27,6 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.errors import StudyError
 from sweeper.space import Categorical, SearchSpace, StudySpec
+from sweeper.stability import COMPONENTS
 from sweeper.trial import PRUNED_STATUSES, TrialResult, run_trial
 
 #: The two objectives, both minimized, in this order.
@@ -171,7 +172,8 @@ def open_study(space: SearchSpace, storage: str | None = None, study_name: str |
 def record_result(trial: optuna.Trial | Any, result: TrialResult, config: dict[str, Any]) -> None:
     """Store a result as the trial's user attributes (``SPEC.md``): every field, instability components flattened."""
     data = result.to_dict()
-    components = data.pop("instability_components") or {}
+    measured = data.pop("instability_components") or {}
+    components = {name: measured.get(name) for name in COMPONENTS}
     for key, value in {**data, **components, "config": config}.items():
         trial.set_user_attr(key, value)
 
@@ -340,15 +342,20 @@ def run_study(
 
 
 def pareto_front(study: optuna.Study) -> list[FrozenTrial]:
-    """The COMPLETE trials no other trial beats on both objectives (``study.best_trials``), by peak memory."""
-    return sorted(study.best_trials, key=lambda t: (t.values[0], t.values[1]))
+    """The COMPLETE trials no other trial beats on both objectives (``study.best_trials``), by peak memory; a trial
+    that reused an earlier one's result (``duplicate_of``) is listed once, as the original."""
+    front = [t for t in study.best_trials if "duplicate_of" not in t.user_attrs]
+    return sorted(front, key=lambda t: (t.values[0], t.values[1]))
 
 
 def status_counts(study: optuna.Study) -> dict[str, int]:
-    """Trials by ``status`` user attribute (``running`` for trials still RUNNING, ``waiting`` for queued ones)."""
+    """Trials by ``status`` user attribute (``running`` for trials still RUNNING, ``waiting`` for queued ones,
+    ``repeated`` for proposals of an already measured configuration)."""
     counts: Counter[str] = Counter()
     for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.RUNNING:
+        if "duplicate_of" in t.user_attrs:
+            counts["repeated"] += 1
+        elif t.state == TrialState.RUNNING:
             counts["running"] += 1
         elif t.state == TrialState.WAITING:
             counts["waiting"] += 1

@@ -16,9 +16,12 @@ from sweeper.space import load_space, parse_space
 from sweeper.study import (
     FAILURE_CONSTRAINT,
     failure_constraint,
+    is_finished,
     make_sampler,
     open_study,
+    pareto_front,
     run_study,
+    status_counts,
     to_distributions,
 )
 
@@ -88,6 +91,8 @@ def test_states_attributes_and_constraints(tiny_model, workdir):
     assert [e.finished for e in events][:4] == [1, 2, 3, 3]
     measured = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
     assert len(measured) == 4 and len({tuple(sorted(t.params.items())) for t in measured}) == 4
+    assert repeat.number not in [t.number for t in pareto_front(study)]
+    assert status_counts(study)["repeated"] >= 1
     # The same call again resumes and starts nothing: the study already holds n_trials finished trials.
     assert len(run_study(space, model_path=str(tiny_model)).trials) == len(study.trials)
 
@@ -148,5 +153,5 @@ def test_resume_after_the_sweep_process_is_killed(tiny_model, workdir):
     assert after[0].values == before[0].values and after[0].user_attrs == before[0].user_attrs
     assert after[1].state == TrialState.FAIL and after[1].user_attrs["interrupted"] is True
     assert after[2].params == after[1].params and after[2].user_attrs["retry_of"] == 1
-    finished = [t for t in after if t.state.is_finished() and not t.user_attrs.get("interrupted")]
+    finished = [t for t in after if is_finished(t)]
     assert len(finished) == 3 and all(t.state == TrialState.COMPLETE for t in finished)

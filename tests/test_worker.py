@@ -55,7 +55,9 @@ def test_real_memory_cap_gives_oom_with_phase(tiny_model, tmp_path):
     result = run_trial(big, tmp_path, model_path=str(tiny_model))
     assert result.status == "oom", result.reason
     assert result.fail_phase in ("forward", "backward", "optimizer") and result.fail_step == 1
-    assert "max_seq_length=1024" in result.reason and result.peak_memory_gib <= 0.75
+    # The resident set at the failure is near the cap; it may pass it by the shared-library pages that RLIMIT_DATA
+    # does not count.
+    assert "max_seq_length=1024" in result.reason and abs(result.peak_memory_gib - 0.75) < 0.2
 
 
 def test_oom_while_loading(tiny_model, tmp_path):
