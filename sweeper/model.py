@@ -54,10 +54,20 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     copied into a fresh model of the same config without that key. Written to a temporary folder and renamed, so an
     interrupted conversion leaves no half checkpoint.
     """
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    transformers.utils.logging.disable_progress_bar()  # the CLI's output stays one line per event
+    previous = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"  # the GGUF reader uses tqdm directly
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    finally:
+        if previous is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = previous
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config

@@ -241,6 +241,20 @@ def find_duplicate(study: optuna.Study, params: dict[str, Any]) -> FrozenTrial |
     return None
 
 
+def _reuse(study: optuna.Study, trial: optuna.Trial, same: FrozenTrial) -> tuple[FrozenTrial, TrialResult]:
+    """Tell ``trial`` with the state, values and attributes of ``same`` (same params), marked ``duplicate_of``."""
+    reason = f"same configuration as trial {same.number}: its result is reused"
+    for key, value in same.user_attrs.items():
+        if key not in _BOOKKEEPING_ATTRS:
+            trial.set_user_attr(key, value)
+    trial.set_user_attr("duplicate_of", same.number)
+    trial.set_user_attr("reason", reason)
+    trial.set_user_attr("wall_time_s", 0.0)
+    trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(same.user_attrs["status"]))
+    frozen = study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)
+    return frozen, TrialResult.from_dict(frozen.user_attrs)
+
+
 @dataclass(frozen=True, kw_only=True)
 class SweepEvent:
     """What the run loop reports after each trial.
@@ -308,16 +322,8 @@ def run_study(
         same = find_duplicate(study, trial.params)
         repeats = repeats + 1 if same is not None else 0
         if same is not None:
-            for key, value in same.user_attrs.items():
-                if key not in _BOOKKEEPING_ATTRS:
-                    trial.set_user_attr(key, value)
-            trial.set_user_attr("duplicate_of", same.number)
-            trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(same.user_attrs["status"]))
-            frozen = study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)
+            frozen, result = _reuse(study, trial, same)
             if on_trial is not None:
-                result = TrialResult.from_dict(same.user_attrs)
-                result.reason = f"same configuration as trial {same.number}: its result is reused"
-                result.wall_time_s = 0.0
                 on_trial(SweepEvent(trial=frozen, result=result, finished=finished, n_trials=target))
             continue
         try:
