@@ -433,6 +433,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str],
                 problems.add(key, "unknown key", _suggest(leaf, list(_SECTION_KEYS[section])))
                 continue
             sec = raw.get(section)
+            if sec is not None and not isinstance(sec, dict):
+                continue  # a section of the wrong type: parse_space reports it
             raw[section] = dict(sec) if isinstance(sec, dict) else {}
             raw[section][leaf] = value
             overridden.add(f"{section}.{leaf}")
@@ -444,8 +446,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str],
             problems.add(key, "unknown key", _suggest(key, valid))
             continue
         for name in ("search", "training"):
-            if not isinstance(raw.get(name), dict):
+            if raw.get(name) is None:
                 raw[name] = {}
+        if not isinstance(raw["search"], dict) or not isinstance(raw["training"], dict):
+            continue  # a section of the wrong type: parse_space reports it, the override cannot apply
         raw["search"].pop(key, None)
         raw["training"][key] = value
         overridden.add(f"training.{key}")

@@ -161,6 +161,14 @@ def test_missing_file_and_directory(tmp_path):
         load_space(tmp_path)
 
 
+def test_sections_of_the_wrong_type_are_reported_with_overrides(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text("study: 5\ntraining: [1]\nsearch: r\n")
+    with pytest.raises(SpaceError) as info:
+        load_space(path, ["r=8", "study.n_trials=2"])
+    assert [p.split(": ")[1] for p in info.value.problems] == ["study", "training", "search"]
+
+
 @pytest.mark.parametrize(("item", "needle"), [
     ("r==3", "--set: training.r: '=3' is not valid"),
     ("study.name=", "--set: study.name: empty value"),
