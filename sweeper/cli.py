@@ -70,8 +70,13 @@ def _describe_setup(space: SearchSpace, model_path: str, n_samples: int) -> str:
     lines = [
         f"model   {space.model.name_or_path}" + (f" ({model_path})" if model_path != space.model.name_or_path else ""),
         f"data    {space.dataset.path}: {n_samples} samples",
-        f"memory  cap {cap:g} GiB per trial (CUDA: allocator fraction; CPU: RLIMIT_DATA, peak resident set measured)",
+        f"memory  cap {cap:g} GiB per trial. CUDA: allocator cap, peak = max reserved. CPU: cap on private memory "
+        "(RLIMIT_DATA), peak = resident set after loading, which also counts shared libraries (+-0.1 GiB between runs)",
     ]
+    steps = space.fixed.get("max_steps")
+    if "max_steps" not in space.search and steps is not None and steps < MIN_INFORMATIVE_STEPS:
+        lines.append(f"note    max_steps={steps}: loss_spike and grad_norm_growth need about {MIN_INFORMATIVE_STEPS}+ "
+                     "steps to separate configurations; NaN and OOM are measured at any length")
     if space.model.trust_remote_code:
         lines.append("WARNING trust_remote_code is on: the checkpoint's own Python code will run")
     return "\n".join(lines)
@@ -104,15 +109,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     storage = args.storage or space.study.storage or default_storage(name)
     n_trials = args.n_trials or space.study.n_trials
     model_path, n_samples = _prepare(space)
-    open_study(space, storage, name, n_trials)  # a storage problem is one line before anything is printed
+    existing = open_study(space, storage, name, n_trials)  # a storage problem is one line before any output
+    already = sum(1 for t in existing.get_trials(deepcopy=False) if is_finished(t))
     _print(f"sweep: study '{name}' in {redact_url(storage)}, {n_trials} trials, searching {', '.join(space.search)}")
     _print(_describe_setup(space, model_path, n_samples))
     start = time.monotonic()
 
     def on_trial(event) -> None:
         params = {k: event.trial.params.get(k) for k in space.search}
-        _print(format_trial_line(event.trial.number, params, event.result, event.finished, event.n_trials))
+        line = format_trial_line(event.trial.number, params, event.result, event.finished, event.n_trials)
+        if "retry_of" in event.trial.user_attrs:
+            line += f"  (retry of #{event.trial.user_attrs['retry_of']}, interrupted)"
+        _print(line)
 
+    if already >= n_trials:
+        _print(f"the study already holds {already} finished trials (n_trials={n_trials}): nothing to run; "
+               "raise --n-trials to measure more")
     study = run_study(space, model_path=model_path, storage=storage, study_name=name, n_trials=n_trials,
                       timeout_s=timeout_s, on_trial=on_trial)
     front = pareto_front(study)
@@ -168,6 +180,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
     _print("time    " + ", ".join(times))
     return 0
 
+
+#: Below this many steps the trend terms of instability are mostly batch-to-batch noise (see sweeper.stability).
+MIN_INFORMATIVE_STEPS = 6
 
 _STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 

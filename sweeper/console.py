@@ -96,6 +96,6 @@ def format_front(front: Sequence[FrozenTrial]) -> str:
 def format_counts(counts: Mapping[str, int]) -> str:
     """``complete 7 · nan 1 · oom 2`` in a fixed order, then any other status."""
     order = ["complete", "nan", "oom", "predicted_oom", "dominated_oom", "timeout", "crash", "error", "running",
-             "waiting", "repeated"]
+             "waiting", "interrupted", "repeated"]
     keys = [k for k in order if k in counts] + sorted(k for k in counts if k not in order)
     return " · ".join(f"{k} {counts[k]}" for k in keys)

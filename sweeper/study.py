@@ -356,11 +356,14 @@ def pareto_front(study: optuna.Study) -> list[FrozenTrial]:
 
 def status_counts(study: optuna.Study) -> dict[str, int]:
     """Trials by ``status`` user attribute (``running`` for trials still RUNNING, ``waiting`` for queued ones,
-    ``repeated`` for proposals of an already measured configuration)."""
+    ``repeated`` for proposals of an already measured configuration, ``interrupted`` for trials a dead sweep or
+    Ctrl-C left unfinished)."""
     counts: Counter[str] = Counter()
     for t in study.get_trials(deepcopy=False):
         if "duplicate_of" in t.user_attrs:
             counts["repeated"] += 1
+        elif t.user_attrs.get("interrupted"):
+            counts["interrupted"] += 1
         elif t.state == TrialState.RUNNING:
             counts["running"] += 1
         elif t.state == TrialState.WAITING:

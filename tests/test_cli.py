@@ -99,6 +99,9 @@ def test_run_prints_front_and_dashboard_serves_the_study(tiny_model, workdir):
     assert out.returncode == 0, out.stderr
     assert "[1/2] #0" in out.stdout and "[2/2] #1" in out.stdout
     assert "Pareto front" in out.stdout and "peak_GiB" in out.stdout and "complete 2" in out.stdout
+    assert "note    max_steps=3" in out.stdout  # too short for the trend terms, and the console says so
+    again = sweep("run", str(path), cwd=workdir)
+    assert again.returncode == 0 and "nothing to run; raise --n-trials" in again.stdout
 
     from optuna_dashboard import wsgi
 

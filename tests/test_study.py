@@ -149,6 +149,7 @@ def test_resume_after_the_sweep_process_is_killed(tiny_model, workdir):
     again = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=workdir,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
+    assert "(retry of #1, interrupted)" in again.stdout and "interrupted 1" in again.stdout
     after = optuna.load_study(study_name="resume", storage=storage).trials
     assert after[0].values == before[0].values and after[0].user_attrs == before[0].user_attrs
     assert after[1].state == TrialState.FAIL and after[1].user_attrs["interrupted"] is True
