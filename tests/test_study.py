@@ -62,12 +62,12 @@ def test_states_attributes_and_constraints(tiny_model, workdir):
         tiny_model, name="states", n_trials=4,
         training={"bnb_4bit_compute_dtype": "float16", "max_seq_length": 1024, "memory_limit_gib": 0.75,
                   "max_steps": 8},
-        search={"learning_rate": [1e-4, 1.0], "lora_alpha_ratio": [1, 1000], "per_device_train_batch_size": [1, 16]},
+        search={"learning_rate": [1e-4, 1.0], "lora_alpha_ratio": [1, 1000], "per_device_train_batch_size": [1, 64]},
     )))
     study = open_study(space)
     for params in ({"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 1},
                    {"learning_rate": 1.0, "lora_alpha_ratio": 1000, "per_device_train_batch_size": 1},
-                   {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 16},
+                   {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 64},
                    {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 1}):
         study.enqueue_trial(params)
     events = []
