@@ -8,8 +8,10 @@ bitsandbytes quantizes them to 4 bits as it would a hub model. Heavy imports hap
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import io
 import os
 import shutil
 import tempfile
@@ -58,16 +60,9 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     transformers.utils.logging.disable_progress_bar()  # the CLI's output stays one line per event
-    previous = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"  # the GGUF reader uses tqdm directly
-    try:
+    with contextlib.redirect_stderr(io.StringIO()):  # the GGUF reader draws a tqdm bar on stderr directly
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    finally:
-        if previous is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = previous
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
