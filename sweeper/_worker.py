@@ -229,8 +229,9 @@ def _track_activations(model: Any, progress: _Progress) -> None:
             module.register_forward_hook(hook)
 
 
-def train(config: TrialConfig, model_path: str, progress: _Progress, measured: dict[str, float]) -> dict[str, Any]:
-    """Load, check, adapt and train; returns measurements. Exceptions propagate to :func:`run`."""
+def train(config: TrialConfig, model_path: str, progress: _Progress, measured: dict[str, Any]) -> None:
+    """Load, check, adapt and train, writing measurements (named as :class:`TrialResult` fields) into ``measured``
+    as they become known. Exceptions propagate to :func:`run`."""
     t_import = time.monotonic()
     import torch
     import transformers
@@ -252,7 +253,7 @@ def train(config: TrialConfig, model_path: str, progress: _Progress, measured: d
         from sweeper.memory import set_cuda_memory_cap
 
         set_cuda_memory_cap(config.memory_limit_gib)
-    device = f"cuda:0 ({torch.cuda.get_device_name(0)})" if cuda else "cpu"
+    measured["device"] = f"cuda:0 ({torch.cuda.get_device_name(0)})" if cuda else "cpu"
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
     if tokenizer.pad_token_id is None:
@@ -276,7 +277,7 @@ def train(config: TrialConfig, model_path: str, progress: _Progress, measured: d
         trust_remote_code=config.model.trust_remote_code,
         device_map={"": 0} if cuda else None,
     )
-    quantized = check_quantization(model, config)
+    measured["quantized_linear_count"] = check_quantization(model, config)
     model = prepare_model_for_kbit_training(
         model,
         use_gradient_checkpointing=config.gradient_checkpointing,
@@ -332,7 +333,6 @@ def train(config: TrialConfig, model_path: str, progress: _Progress, measured: d
         trainer.train()
     finally:
         measured["train_time_s"] = time.monotonic() - t_train
-    return {"device": device, "quantized_linear_count": quantized, "cuda": cuda}
 
 
 def run(config: TrialConfig, model_path: str) -> TrialResult:
@@ -341,12 +341,11 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
     if not _cuda_visible():
         set_cpu_memory_cap(config.memory_limit_gib)
     progress = _Progress()
-    measured: dict[str, float] = {}
-    info: dict[str, Any] = {}
+    measured: dict[str, Any] = {}
     result = TrialResult(status="complete", lora_alpha=config.lora_alpha,
                          effective_batch_size=config.effective_batch_size)
     try:
-        info = train(config, model_path, progress, measured)
+        train(config, model_path, progress, measured)
         result.reason = f"{progress.step} steps finished"
     except NonFiniteError as exc:
         result.status, result.fail_phase = "nan", exc.phase
@@ -377,10 +376,9 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
     device_type = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
     result.peak_memory_gib = peak_memory_gib(device_type)
     result.memory_kind = "cuda_max_reserved" if device_type == "cuda" else "cpu_peak_rss"
-    result.device = info.get("device", device_type)
+    result.device = device_type
     if torch is not None:
         result.versions = _versions()
-    result.quantized_linear_count = info.get("quantized_linear_count")
     result.steps_done = progress.step
     result.loss_trace, result.grad_norm_trace = progress.loss, progress.grad_norm
     result.max_activation_trace, result.skipped_steps = progress.max_activation, progress.skipped
