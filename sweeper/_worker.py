@@ -35,7 +35,7 @@ class NonFiniteError(Exception):
 
     def __init__(self, what: str, value: float, phase: str):
         self.what, self.value, self.phase = what, value, phase
-        super().__init__(f"{what} is {value} ")
+        super().__init__(f"{what} is {value}")
 
 
 class QuantizationCheckError(Exception):

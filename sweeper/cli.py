@@ -89,8 +89,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sweeper.console import format_counts, format_front, format_trial_line
     from sweeper.study import (
         MAX_CONSECUTIVE_DUPLICATES,
+        count_finished,
         default_storage,
-        is_finished,
         open_study,
         pareto_front,
         redact_url,
@@ -109,8 +109,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     storage = args.storage or space.study.storage or default_storage(name)
     n_trials = args.n_trials or space.study.n_trials
     model_path, n_samples = _prepare(space)
-    existing = open_study(space, storage, name, n_trials)  # a storage problem is one line before any output
-    already = sum(1 for t in existing.get_trials(deepcopy=False) if is_finished(t))
+    study = open_study(space, storage, name, n_trials)  # a storage problem is one line before any output
+    already = count_finished(study)
     _print(f"sweep: study '{name}' in {redact_url(storage)}, {n_trials} trials, searching {', '.join(space.search)}")
     _print(_describe_setup(space, model_path, n_samples))
     start = time.monotonic()
@@ -125,10 +125,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if already >= n_trials:
         _print(f"the study already holds {already} finished trials (n_trials={n_trials}): nothing to run; "
                "raise --n-trials to measure more")
-    study = run_study(space, model_path=model_path, storage=storage, study_name=name, n_trials=n_trials,
-                      timeout_s=timeout_s, on_trial=on_trial)
+    run_study(space, model_path=model_path, storage=storage, study_name=name, n_trials=n_trials,
+              timeout_s=timeout_s, on_trial=on_trial, study=study)
     front = pareto_front(study)
-    finished = sum(1 for t in study.get_trials(deepcopy=False) if is_finished(t))
+    finished = count_finished(study)
     if finished < n_trials and (timeout_s is None or time.monotonic() - start < timeout_s):
         _print(f"stopped at {finished} of {n_trials} trials: the sampler proposed only configurations already "
                f"measured {MAX_CONSECUTIVE_DUPLICATES} times in a row; widen the search to measure more")

@@ -185,6 +185,11 @@ def is_finished(trial: FrozenTrial) -> bool:
             and "duplicate_of" not in trial.user_attrs)
 
 
+def count_finished(study: optuna.Study) -> int:
+    """Trials that count toward ``n_trials`` (:func:`is_finished`)."""
+    return sum(1 for t in study.get_trials(deepcopy=False) if is_finished(t))
+
+
 #: Consecutive repeats of measured configurations after which the sweep stops: the sampler has nothing new to offer.
 MAX_CONSECUTIVE_DUPLICATES = 25
 
@@ -281,6 +286,7 @@ def run_study(
     n_trials: int | None = None,
     timeout_s: float | None = None,
     on_trial: Callable[[SweepEvent], None] | None = None,
+    study: optuna.Study | None = None,
 ) -> optuna.Study:
     """Run trials until the study holds ``n_trials`` finished ones, or ``timeout_s`` has passed, or the sampler
     proposed only configurations already measured ``MAX_CONSECUTIVE_DUPLICATES`` times in a row.
@@ -293,6 +299,7 @@ def run_study(
         n_trials: Default ``space.study.n_trials``; counted over the whole study.
         timeout_s: Default ``space.study.timeout_s``; checked between trials (a trial has its own timeout).
         on_trial: Called after each trial.
+        study: The study, when the caller already opened it with :func:`open_study`; else it is opened here.
 
     Raises:
         StudyError: The storage cannot be opened or written.
@@ -301,7 +308,8 @@ def run_study(
     name = study_name or space.study.name
     target = n_trials or space.study.n_trials
     budget = timeout_s if timeout_s is not None else space.study.timeout_s
-    study = open_study(space, storage, name, target)
+    if study is None:
+        study = open_study(space, storage, name, target)
     if "space_path" not in study.user_attrs:
         study.set_user_attr("space_path", space.path)
         study.set_user_attr("searched", list(space.search))
@@ -310,7 +318,7 @@ def run_study(
     start = time.monotonic()
     repeats = 0
     while True:
-        finished = sum(1 for t in study.get_trials(deepcopy=False) if is_finished(t))
+        finished = count_finished(study)
         if finished >= target or (budget is not None and time.monotonic() - start >= budget):
             return study
         if repeats >= MAX_CONSECUTIVE_DUPLICATES:
