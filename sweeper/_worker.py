@@ -31,11 +31,26 @@ _RESERVE_BYTES = 32 * 2**20
 
 
 class NonFiniteError(Exception):
-    """The loss or gradient norm of a step is NaN or infinite."""
+    """The loss or gradient norm of a step is NaN or infinite, or an input id has no embedding row (which would be
+    an index error on the CPU and a device-side assert on CUDA, so it is stopped before the forward).
+
+    Attributes:
+        what: ``loss``, ``gradient norm`` or ``input id``.
+        value: The offending value.
+        phase: ``forward`` or ``backward``.
+        diagnosis: Set by :func:`train` once :func:`sweeper.diagnosis.diagnose_nan` has run.
+    """
 
     def __init__(self, what: str, value: float, phase: str):
         self.what, self.value, self.phase = what, value, phase
+        self.diagnosis: Any = None
         super().__init__(f"{what} is {value}")
+
+    def describe(self, step: int) -> str:
+        """``loss is nan at step 3 (forward)``."""
+        if self.what == "input id":
+            return f"input id {self.value:g} has no embedding row at step {step} ({self.phase})"
+        return f"{self.what} is {self.value} at step {step} ({self.phase})"
 
 
 class QuantizationCheckError(Exception):
@@ -74,6 +89,13 @@ class _Progress:
         self.step_loss = 0.0
         self.step_grad_norm = float("nan")
         self.step_max_activation: Any = None
+        # For NaN diagnosis and the data attributes: the current and the last finished step's micro-batches (CPU
+        # copies, with their dataset indices), supervised tokens per step, and every sample index trained on.
+        self.step_batches: list[dict[str, Any]] = []
+        self.last_batches: list[dict[str, Any]] = []
+        self.supervised: list[int] = []
+        self.step_supervised: int | None = None
+        self.seen: set[int] = set()
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -130,7 +152,8 @@ def check_quantization(model: Any, config: TrialConfig) -> int:
 
 
 def _collator(pad_id: int, max_seq_length: int):
-    """Pad every row to ``max_seq_length`` (right), so each step runs at the worst-case shape ``[b, max_seq_length]``."""
+    """Pad every row to ``max_seq_length`` (right), so each step runs at the worst-case shape ``[b, max_seq_length]``;
+    ``sample_index`` (``[b]``) carries the rows' dataset indices to the trainer, which removes it before the model."""
     import torch
 
     def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -143,16 +166,21 @@ def _collator(pad_id: int, max_seq_length: int):
             input_ids[i, :n] = torch.tensor(row["input_ids"])
             attention_mask[i, :n] = 1
             labels[i, :n] = torch.tensor(row["labels"])
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        sample_index = torch.tensor([row["index"] for row in rows], dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
+                "sample_index": sample_index}
 
     return collate
 
 
 def _make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, progress: _Progress) -> Any:
-    """A ``Trainer`` that records every optimizer step's raw loss and pre-clip gradient norm, and raises
-    :class:`NonFiniteError` at the first non-finite one."""
+    """A ``Trainer`` that records every optimizer step's raw loss, pre-clip gradient norm and supervised tokens, keeps
+    the step's rows, and raises :class:`NonFiniteError` at the first non-finite value, before the optimizer applies
+    it (so the weights stay those the step failed on; with an fp16 loss scaler, a skipped step is not a failure)."""
     import torch
     from transformers import Trainer, TrainerCallback
+
+    vocab_size = model.get_input_embeddings().num_embeddings
 
     class TracingTrainer(Trainer):
         def _get_train_sampler(self, train_dataset=None):
@@ -167,6 +195,18 @@ def _make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, progres
             return out
 
         def training_step(self, model, inputs, num_items_in_batch=None):
+            index = inputs.pop("sample_index").tolist()
+            kept = {k: v.detach().cpu() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+            progress.step_batches.append({**kept, "sample_index": index})
+            progress.seen.update(index)
+            # Trainer's num_items_in_batch is the step's count of labels[..., 1:] != -100 over all micro-batches.
+            supervised = int((kept["labels"][:, 1:] != -100).sum())
+            progress.step_supervised = (int(num_items_in_batch) if num_items_in_batch is not None
+                                        else (progress.step_supervised or 0) + supervised)
+            ids = kept["input_ids"]
+            if bool(((ids < 0) | (ids >= vocab_size)).any()):
+                raise NonFiniteError("input id", int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min()),
+                                     "forward")
             progress.tokens += int(inputs["attention_mask"].sum())
             loss = super().training_step(model, inputs, num_items_in_batch)
             # The returned loss is this micro-batch's share of the step's mean loss; their sum is the step's loss.
@@ -180,6 +220,8 @@ def _make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, progres
             grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
             progress.phase = "optimizer"
             progress.step_grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+            if not math.isfinite(progress.step_grad_norm) and self.accelerator.scaler is None:
+                raise NonFiniteError("gradient norm", progress.step_grad_norm, "backward")
             return grad_norm
 
     class TraceCallback(TrainerCallback):
@@ -187,6 +229,8 @@ def _make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, progres
             progress.step_loss = 0.0
             progress.step_grad_norm = float("nan")
             progress.step_max_activation = None
+            progress.step_batches = []
+            progress.step_supervised = None
 
         def on_step_end(self, args, state, control, **kwargs):
             scaler = trainer.accelerator.scaler
@@ -199,6 +243,8 @@ def _make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, progres
             if skipped:
                 progress.skipped.append(step)
             progress.step = step
+            progress.supervised.append(progress.step_supervised or 0)
+            progress.last_batches = progress.step_batches
             if not math.isfinite(progress.step_grad_norm) and not skipped:
                 raise NonFiniteError("gradient norm", progress.step_grad_norm, "backward")
 
@@ -236,9 +282,9 @@ def train(config: TrialConfig, model_path: str, progress: _Progress, measured: d
     import torch
     import transformers
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, TrainingArguments
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, TrainingArguments
 
-    from sweeper.data import load_samples, tokenize_samples
+    from sweeper.data import load_samples, load_tokenizer, tokenize_samples
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -255,9 +301,7 @@ def train(config: TrialConfig, model_path: str, progress: _Progress, measured: d
         set_cuda_memory_cap(config.memory_limit_gib)
     measured["device"] = f"cuda:0 ({torch.cuda.get_device_name(0)})" if cuda else "cpu"
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
     samples = load_samples(config.dataset)
     tokenized = tokenize_samples(samples, tokenizer, config.max_seq_length)
     rows = [{"input_ids": t.input_ids, "labels": t.labels, "index": t.index} for t in tokenized]
@@ -329,10 +373,72 @@ def train(config: TrialConfig, model_path: str, progress: _Progress, measured: d
 
     t_train = time.monotonic()
     progress.phase = "forward"
+    n_tokens = {t.index: t.n_tokens for t in tokenized}
     try:
         trainer.train()
-    finally:
+    except NonFiniteError as exc:
         measured["train_time_s"] = time.monotonic() - t_train
+        exc.diagnosis = _diagnose(exc, trainer, config, progress)
+        try:
+            _write_nan_batch(exc.diagnosis, tokenizer, n_tokens, progress.step + 1)
+        except OSError as err:  # a full disk loses the artifact, not the trial's result
+            print(f"sweeper: could not write nan_batch.jsonl: {err}", file=sys.stderr)
+        raise
+    finally:
+        measured.setdefault("train_time_s", time.monotonic() - t_train)
+        measured.update(_seen_lengths(progress, n_tokens, config.max_seq_length))
+
+
+def _diagnose(exc: NonFiniteError, trainer: Any, config: TrialConfig, progress: _Progress) -> Any:
+    """Why the step failed (:func:`sweeper.diagnosis.diagnose_nan`), on the weights it failed on."""
+    from sweeper.diagnosis import diagnose_nan
+
+    model = trainer.model
+    model.zero_grad(set_to_none=True)  # the failed step's gradients: memory the replay may need
+    gc.collect()
+    return diagnose_nan(
+        model,
+        step_batches=progress.step_batches,
+        control_batches=progress.last_batches,
+        vocab_size=model.get_input_embeddings().num_embeddings,
+        failed_in=exc.what,
+        compute_dtype=config.bnb_4bit_compute_dtype,
+        grad_norm_trace=progress.grad_norm,
+        learning_rate=config.learning_rate,
+        lora_alpha_ratio=config.lora_alpha_ratio,
+        precision=trainer.compute_loss_context_manager,
+    )
+
+
+def _write_nan_batch(diagnosis: Any, tokenizer: Any, n_tokens: dict[int, int], step: int) -> None:
+    """The failing step's rows as ``nan_batch.jsonl`` in the trial's folder: one JSON object per row with its dataset
+    index, decoded text as trained, tokens before and after truncation, supervised tokens, fp32 replay and blame."""
+    folder = Path(os.environ.get("SWEEPER_TRIAL_DIR", "."))
+    lines = []
+    for row in diagnosis.rows:
+        record = {"step": step, **row.to_dict(), "n_tokens": n_tokens.get(row.index),
+                  "text": tokenizer.decode(row.input_ids, skip_special_tokens=False)}
+        record["truncated"] = record["n_tokens"] is not None and record["n_tokens"] > record["tokens"]
+        lines.append(json.dumps(record, ensure_ascii=False))
+    tmp = folder / "nan_batch.jsonl.tmp"
+    tmp.write_text("".join(line + "\n" for line in lines))
+    os.replace(tmp, folder / "nan_batch.jsonl")
+
+
+def _seen_lengths(progress: _Progress, n_tokens: dict[int, int], max_seq_length: int) -> dict[str, Any]:
+    """``longest_sample_tokens``, ``longest_sample_index`` and ``truncated_sample_fraction`` over the samples the
+    trial trained on (tokens before truncation), and the supervised-token counts per step."""
+    supervised = list(progress.supervised)
+    if progress.step_supervised is not None and len(progress.step_batches) > 0:
+        supervised.append(progress.step_supervised)  # the failing step, when it failed
+    out: dict[str, Any] = {"supervised_tokens_trace": supervised,
+                           "min_supervised_tokens": min(supervised) if supervised else None}
+    seen = [(n_tokens[i], i) for i in progress.seen if i in n_tokens]
+    if seen:
+        longest, index = max(seen)
+        out.update(longest_sample_tokens=longest, longest_sample_index=index,
+                   truncated_sample_fraction=sum(1 for n, _ in seen if n > max_seq_length) / len(seen))
+    return out
 
 
 def run(config: TrialConfig, model_path: str) -> TrialResult:
@@ -350,7 +456,12 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
     except NonFiniteError as exc:
         result.status, result.fail_phase = "nan", exc.phase
         result.fail_step = progress.step + 1
-        result.reason = f"{exc.what} is {exc.value} at step {result.fail_step} ({exc.phase})"
+        result.reason = exc.describe(result.fail_step)
+        diagnosis = exc.diagnosis
+        if diagnosis is not None:
+            result.reason += f"; {diagnosis.reason}"
+            result.nan_cause, result.nan_samples, result.nan_module = (
+                diagnosis.cause, diagnosis.samples, diagnosis.module)
     except QuantizationCheckError as exc:
         result.status, result.reason = "error", f"4-bit quantization check failed: {exc}"
         result.fail_phase, result.fail_step = "load", 0
@@ -362,9 +473,11 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
         where = "while loading" if progress.phase == "load" else f"at step {result.fail_step} ({progress.phase})"
         if oom_cause_chain(exc) is not None or (progress.phase == "load" and _LOAD_REPORT.mentions_oom()):
             result.status = "oom"
-            result.reason = (f"out of memory {where} under memory_limit_gib={config.memory_limit_gib:g}, "
-                             f"max_seq_length={config.max_seq_length}, "
-                             f"per_device_train_batch_size={config.per_device_train_batch_size}")
+            result.reason = f"out of memory {where} under memory_limit_gib={config.memory_limit_gib:g}"
+            if progress.phase != "load":  # every row is padded to max_seq_length: that is the step's length
+                result.reason += (f" on a step of {config.per_device_train_batch_size} x {config.max_seq_length} "
+                                  f"tokens (per_device_train_batch_size={config.per_device_train_batch_size}, "
+                                  f"max_seq_length={config.max_seq_length})")
         else:
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             result.status = "error"

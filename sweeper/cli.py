@@ -12,7 +12,9 @@ import re
 import sys
 import time
 import traceback
+from pathlib import Path
 
+from sweeper.config import Categorical, DatasetSpec, ModelSpec
 from sweeper.errors import SpaceError, SweeperError
 from sweeper.space import SearchSpace, load_space, parse_duration_s
 
@@ -65,6 +67,68 @@ def _load(args: argparse.Namespace) -> SearchSpace:
     return space
 
 
+def _searched_values(space: SearchSpace, key: str) -> list:
+    """The values a key takes in the sweep: a list's choices, a range's ends, or the fixed value."""
+    dim = space.search.get(key)
+    if dim is None:
+        return [space.fixed[key]]
+    if isinstance(dim, Categorical):
+        return sorted(set(dim.choices))
+    return sorted({int(dim.low), int(dim.high)} if dim.is_int else {dim.low, dim.high})
+
+
+def _audit(dataset: DatasetSpec, model: ModelSpec, model_path: str, max_seq_lengths: list[int]):
+    """The dataset tokenized as the trials tokenize it, audited at each length: ``(report, tokenized)``."""
+    from sweeper.audit import audit_samples
+    from sweeper.data import load_samples, load_tokenizer, tokenize_samples
+    from sweeper.model import model_vocab_size
+
+    samples = load_samples(dataset)
+    tokenizer = load_tokenizer(model_path, model.trust_remote_code)
+    tokenized = tokenize_samples(samples, tokenizer, sys.maxsize)  # full length; the audit cuts per limit
+    report = audit_samples(samples, tokenized, max_seq_lengths, model_vocab_size(model_path, model.trust_remote_code))
+    return report, tokenized
+
+
+def _data_warnings(space: SearchSpace, model_path: str) -> list[str]:
+    """Before the first trial: one line per finding that would make trials NaN at the searched ``max_seq_length``
+    values (naming the batch sizes and the step where it strikes within ``max_steps``), or one line saying there is
+    none, so that a data fault is never read as a hyperparameter result."""
+    from sweeper.audit import first_nan_step
+
+    lengths = _searched_values(space, "max_seq_length")
+    report, tokenized = _audit(space.dataset, space.model, model_path, lengths)
+    batches = _searched_values(space, "per_device_train_batch_size")
+    accumulation = _searched_values(space, "gradient_accumulation_steps")
+    max_steps = max(_searched_values(space, "max_steps"))
+    doctor = f"sweep doctor {space.path}"
+    lines = []
+    for finding in report.nan_findings:
+        hits = {}
+        for b in batches:
+            for ga in accumulation:
+                hit = first_nan_step(tokenized, finding.max_seq_length, b, ga, max_steps, report.vocab_size)
+                if hit is not None and hit.kind == finding.kind:
+                    hits[(b, ga)] = hit
+        if hits:
+            (b, ga), hit = min(hits.items(), key=lambda kv: kv[1].step)
+            strikes = (f"trials with per_device_train_batch_size {', '.join(str(k[0]) for k in sorted(hits))} go NaN "
+                       f"within max_steps={max_steps} (batch {b}"
+                       + (f", gradient_accumulation_steps {ga}" if len(accumulation) > 1 else "")
+                       + f": step {hit.step}, samples {', '.join(map(str, hit.samples[:6]))})")
+        else:
+            strikes = f"no step of the first {max_steps} is made only of such samples, a longer run would meet them"
+        lines.append(f"WARNING data: at max_seq_length={finding.max_seq_length}, {finding.detail}; {strikes}: "
+                     f"a data fault, not a hyperparameter result ({doctor})")
+    others = sorted({f.kind for f in report.findings if not f.nan_risk})
+    if not lines:
+        lines.append(f"data    audited at max_seq_length {', '.join(map(str, report.max_seq_lengths))}: nothing that "
+                     "would make a trial NaN" + (f"; also found: {', '.join(others)} ({doctor})" if others else ""))
+    elif others:
+        lines.append(f"data    also found: {', '.join(others)} ({doctor})")
+    return lines
+
+
 def _describe_setup(space: SearchSpace, model_path: str, n_samples: int) -> str:
     cap = space.fixed["memory_limit_gib"]
     lines = [
@@ -86,11 +150,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``sweep run SPACE.yaml``: create or resume the study and run trials until n_trials or the timeout."""
     import optuna
 
-    from sweeper.console import format_counts, format_front, format_trial_line
+    from sweeper.console import format_counts, format_data_nan_summary, format_front, format_trial_line
     from sweeper.study import (
         MAX_CONSECUTIVE_DUPLICATES,
         count_finished,
         default_storage,
+        nan_causes,
         open_study,
         pareto_front,
         redact_url,
@@ -113,6 +178,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     already = count_finished(study)
     _print(f"sweep: study '{name}' in {redact_url(storage)}, {n_trials} trials, searching {', '.join(space.search)}")
     _print(_describe_setup(space, model_path, n_samples))
+    for line in _data_warnings(space, model_path):
+        _print(line)
     start = time.monotonic()
 
     def on_trial(event) -> None:
@@ -137,10 +204,55 @@ def cmd_run(args: argparse.Namespace) -> int:
     _print(f"Pareto front (peak memory vs instability), {len(front)} of {measured} trials:")
     _print(format_front(front) if front else "  (no complete trial yet)")
     _print()
-    _print("trials: " + format_counts(status_counts(study)))
+    causes = nan_causes(study)
+    _print("trials: " + format_counts(status_counts(study), causes))
+    if "data" in causes:
+        samples = {t.number: t.user_attrs.get("nan_samples") or [] for t in study.get_trials(deepcopy=False)
+                   if t.number in causes["data"]}
+        _print(format_data_nan_summary(causes, samples) + f"; see 'sweep doctor {space.path}'")
     _print(f"done in {time.monotonic() - start:.0f} s; study in {redact_url(storage)}; "
            f"optuna-dashboard {redact_url(storage)}")
     return 0
+
+
+#: ``max_seq_length`` values ``sweep doctor`` audits a bare dataset at when none is given: the usual range of QLoRA
+#: fine-tuning of 7-8B models on one card.
+DOCTOR_DEFAULT_LENGTHS = (512, 1024, 2048, 4096)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """``sweep doctor SPACE.yaml | DATA``: audit the dataset as the trials would tokenize it; exit 1 with
+    ``--strict`` when a finding would make a trial NaN."""
+    from sweeper.console import format_audit
+    from sweeper.model import resolve_model
+
+    bad = [n for n in args.max_seq_length or [] if n < 2]
+    if bad:
+        raise SpaceError(f"--max-seq-length: {bad[0]} is too short to hold a prompt and a reply; give 2 or more, "
+                         "e.g. --max-seq-length 512")
+    if Path(args.target).suffix.lower() in (".yaml", ".yml"):
+        space = load_space(args.target, args.set)
+        dataset = space.dataset
+        model = space.model if args.model is None else ModelSpec(name_or_path=args.model,
+                                                                 trust_remote_code=space.model.trust_remote_code)
+        lengths = args.max_seq_length or _searched_values(space, "max_seq_length")
+    else:
+        if args.set:
+            raise SpaceError(f"--set: only a space file takes overrides, {args.target} is a dataset; give the "
+                             "space file, or leave --set out")
+        dataset = DatasetSpec(path=args.target, max_samples=10**9)  # a bare dataset: every row
+        model = ModelSpec(name_or_path=args.model or ModelSpec().name_or_path)
+        lengths = args.max_seq_length or list(DOCTOR_DEFAULT_LENGTHS)
+    model_path = resolve_model(model)
+    report, _ = _audit(dataset, model, model_path, lengths)
+    if args.json:
+        _print(json.dumps(report.to_dict(), indent=2))
+    else:
+        _print(f"sweep doctor: {dataset.path}, {report.samples} samples, tokenized as the trials do with "
+               f"{model.name_or_path}'s tokenizer" + (f" (vocabulary {report.vocab_size})" if report.vocab_size
+                                                      else ""))
+        _print(format_audit(report))
+    return 1 if args.strict and report.nan_findings else 0
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
@@ -216,6 +328,19 @@ def build_parser() -> argparse.ArgumentParser:
     trial.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set r=64")
     trial.add_argument("--json", action="store_true", help="print the result and its attributes as JSON")
     trial.set_defaults(func=cmd_trial)
+
+    doctor = sub.add_parser("doctor", help="audit a dataset as the trials would tokenize it")
+    doctor.add_argument("target", help="a space file (its dataset, model and max_seq_length values), or a dataset: "
+                                       ".jsonl/.json/.csv/.parquet file, hub id or builtin:pydoc-topics")
+    doctor.add_argument("--model", help="whose tokenizer and vocabulary to use (default: the space's model, or "
+                                        "builtin:smollm2-135m-instruct for a bare dataset)")
+    doctor.add_argument("--max-seq-length", type=int, action="append", metavar="N",
+                        help="a limit to audit at (repeatable; default: the space's max_seq_length values, or "
+                             + ", ".join(map(str, DOCTOR_DEFAULT_LENGTHS)) + ")")
+    doctor.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument("--strict", action="store_true", help="exit 1 when a finding would make a trial NaN")
+    doctor.set_defaults(func=cmd_doctor)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""Text for the terminal: a line per finished trial, the trace of one trial, the Pareto front table, status counts.
+"""Text for the terminal: a line per finished trial, the trace of one trial, the Pareto front table, status counts,
+the data audit.
 
 Pure formatting: every function returns a string; the CLI prints it.
 """
@@ -10,6 +11,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
+from sweeper.audit import AuditReport
 from sweeper.trial import TrialResult
 
 #: Short column names of per-trial keys in the console (the full names are in the study and the reports).
@@ -43,13 +45,18 @@ def format_params(params: Mapping[str, Any]) -> str:
     return " ".join(f"{SHORT_NAMES.get(k, k)}={_fmt(v)}" for k, v in params.items())
 
 
+def status_label(status: str, nan_cause: str | None) -> str:
+    """``nan/data``, ``nan/precision``, ``nan/optimization`` for diagnosed NaN trials, else the status."""
+    return f"{status}/{nan_cause}" if status == "nan" and nan_cause else status
+
+
 def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResult, finished: int, n_trials: int) -> str:
-    """One line per finished trial: progress, number, searched values, status, peak GiB, instability, seconds;
-    non-complete trials add their reason."""
+    """One line per finished trial: progress, number, searched values, status (with the NaN cause), peak GiB,
+    instability, seconds; non-complete trials add their reason."""
     duplicate = result.reason.startswith("same configuration")
     progress = " " * (len(str(n_trials)) * 2 + 3) if duplicate else f"[{finished:>{len(str(n_trials))}}/{n_trials}]"
     line = (f"{progress} #{number:<3} {format_params(params)}  "
-            f"{result.status:<8} {_num(result.peak_memory_gib, '6.2f'):>6} GiB  "
+            f"{status_label(result.status, result.nan_cause):<8} {_num(result.peak_memory_gib, '6.2f'):>6} GiB  "
             f"instability {_num(result.instability, '7.3f'):>7}  {_num(result.wall_time_s, '6.1f'):>6} s")
     if result.status != "complete" or duplicate:
         line += f"  ({result.reason})"
@@ -93,9 +100,69 @@ def format_front(front: Sequence[FrozenTrial]) -> str:
     return _table(rows)
 
 
-def format_counts(counts: Mapping[str, int]) -> str:
-    """``complete 7 · nan 1 · oom 2`` in a fixed order, then any other status."""
+def format_counts(counts: Mapping[str, int], nan_causes: Mapping[str, Sequence[int]] | None = None) -> str:
+    """``complete 7 · nan 2 (data 1, precision 1) · oom 2`` in a fixed order, then any other status.
+
+    Args:
+        counts: Trials by status (:func:`sweeper.study.status_counts`).
+        nan_causes: NaN trial numbers by cause (:func:`sweeper.study.nan_causes`), shown after the NaN count.
+    """
     order = ["complete", "nan", "oom", "predicted_oom", "dominated_oom", "timeout", "crash", "error", "running",
              "waiting", "interrupted", "repeated"]
     keys = [k for k in order if k in counts] + sorted(k for k in counts if k not in order)
-    return " · ".join(f"{k} {counts[k]}" for k in keys)
+    parts = []
+    for k in keys:
+        part = f"{k} {counts[k]}"
+        if k == "nan" and nan_causes:
+            part += " (" + ", ".join(f"{cause} {len(nums)}" for cause, nums in nan_causes.items()) + ")"
+        parts.append(part)
+    return " · ".join(parts)
+
+
+def format_data_nan_summary(nan_causes: Mapping[str, Sequence[int]], samples: Mapping[int, Sequence[int]]) -> str:
+    """One line naming the NaN trials the data caused (empty when none): so that they are not read as a result about
+    the hyperparameters.
+
+    Args:
+        nan_causes: NaN trial numbers by cause.
+        samples: ``nan_samples`` of each trial, by trial number.
+    """
+    data = list(nan_causes.get("data", ()))
+    if not data:
+        return ""
+    total = sum(len(v) for v in nan_causes.values())
+    blamed = sorted({i for n in data for i in samples.get(n, ())})
+    head = (f"all {total} NaN trials were" if total == len(data) and total > 1 else
+            "the NaN trial was" if total == 1 else f"{len(data)} of {total} NaN trials were")
+    shown = ", ".join(str(i) for i in blamed[:8]) + (" ..." if len(blamed) > 8 else "")
+    return (f"{head} caused by the data, not the hyperparameters: trial{'s' if len(data) > 1 else ''} "
+            f"{', '.join('#' + str(n) for n in data)}, sample{'s' if len(blamed) != 1 else ''} {shown}; "
+            "their rows are in nan_batch.jsonl in each trial's folder")
+
+
+def format_audit(report: AuditReport) -> str:
+    """``sweep doctor``'s table: token-length percentiles, then one row per finding (kind, max_seq_length, number of
+    samples, detail), then whether anything would make a trial NaN."""
+    p = report.length_percentiles
+    lines = ["tokens per sample (chat template included, before truncation): "
+             + "  ".join(f"{k} {v:g}" for k, v in p.items())]
+    lengths = ", ".join(str(n) for n in report.max_seq_lengths)
+    if report.findings:
+        rows = [("kind", "max_seq_length", "samples", "detail")]
+        rows += [(f.kind, "-" if f.max_seq_length is None else str(f.max_seq_length), str(len(f.samples)), f.detail)
+                 for f in report.findings]
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        table = ["  ".join([c.ljust(w) for c, w in zip(r[:3], widths)] + [r[3]]) for r in rows]
+        table.insert(1, "  ".join("-" * w for w in widths) + "  ------")
+        lines += ["", *table]
+    else:
+        lines += ["", "no findings"]
+    nan = report.nan_findings
+    lines.append("")
+    if nan:
+        where = sorted({f.max_seq_length for f in nan if f.max_seq_length is not None})
+        lines.append(f"NaN risk at max_seq_length {', '.join(map(str, where))}: "
+                     + "; ".join(f"{f.kind} ({len(f.samples)} samples)" for f in nan))
+    else:
+        lines.append(f"no finding would make a trial NaN at max_seq_length {lengths}")
+    return "\n".join(lines)

@@ -207,6 +207,19 @@ def load_samples(spec: DatasetSpec) -> list[Sample]:
     return [samples[i] for i in order[: spec.max_samples]]
 
 
+def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
+    """The tokenizer the trials use: the model's own, with its end-of-sequence token as padding when it has none.
+
+    Shared by the worker and the data audit, so that ``sweep doctor`` sees exactly the tokens a trial trains on.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def _chat_template(tokenizer: Any) -> str:
     return tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE
 

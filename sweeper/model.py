@@ -155,3 +155,20 @@ def _check_hub_id(ref: str) -> None:
         raise ModelError(f"{ref}: model.name_or_path: not a local directory, not in the Hugging Face cache, and the "
                          f"hub did not answer for it ({first}); give a local checkpoint directory, a .gguf file, or "
                          "download the model first") from None
+
+
+def model_vocab_size(model_path: str, trust_remote_code: bool = False) -> int | None:
+    """Rows of the model's input embedding (its config's ``vocab_size``), read without loading weights.
+
+    Returns:
+        The count, or None when the config cannot be read or has no ``vocab_size`` (the id check is then skipped).
+    """
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    size = getattr(text, "vocab_size", None)
+    return int(size) if isinstance(size, int) else None

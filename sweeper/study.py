@@ -379,3 +379,13 @@ def status_counts(study: optuna.Study) -> dict[str, int]:
         else:
             counts[t.user_attrs.get("status", t.state.name.lower())] += 1
     return dict(counts)
+
+
+def nan_causes(study: optuna.Study) -> dict[str, list[int]]:
+    """Numbers of the NaN trials by ``nan_cause`` (``data``, ``precision``, ``optimization``, then ``unknown`` for
+    trials the replay could not decide), repeats of a measured configuration left out; causes with no trial omitted."""
+    out: dict[str, list[int]] = {"data": [], "precision": [], "optimization": [], "unknown": []}
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("status") == "nan" and "duplicate_of" not in t.user_attrs:
+            out[t.user_attrs.get("nan_cause") or "unknown"].append(t.number)
+    return {cause: numbers for cause, numbers in out.items() if numbers}

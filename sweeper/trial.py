@@ -64,6 +64,15 @@ class TrialResult:
         effective_batch_size: ``per_device_train_batch_size * gradient_accumulation_steps``.
         device: ``cpu`` or ``cuda:<i> (<name>)``.
         versions: torch, transformers, peft, bitsandbytes, optuna, CUDA.
+        nan_cause: After a NaN: ``data``, ``precision`` or ``optimization`` (:mod:`sweeper.diagnosis`), or None
+            when the replay could not decide.
+        nan_samples: After a NaN: dataset indices to blame (the faulty rows for ``data``, else the failing step's).
+        nan_module: After a ``precision`` NaN: the first module whose output overflowed.
+        supervised_tokens_trace: Tokens the loss was computed on, per optimizer step (the failing step included).
+        min_supervised_tokens: Its minimum; 0 means a step had nothing to learn from and its loss was 0/0.
+        longest_sample_tokens: Tokens (before truncation) of the longest sample the trial trained on.
+        longest_sample_index: Its dataset index.
+        truncated_sample_fraction: Share of the samples trained on that ``max_seq_length`` cut, 0-1.
     """
 
     status: Status
@@ -90,6 +99,14 @@ class TrialResult:
     effective_batch_size: int | None = None
     device: str | None = None
     versions: dict[str, str | None] = field(default_factory=dict)
+    nan_cause: Literal["data", "precision", "optimization"] | None = None
+    nan_samples: list[int] = field(default_factory=list)
+    nan_module: str | None = None
+    supervised_tokens_trace: list[int] = field(default_factory=list)
+    min_supervised_tokens: int | None = None
+    longest_sample_tokens: int | None = None
+    longest_sample_index: int | None = None
+    truncated_sample_fraction: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict."""

@@ -1,0 +1,365 @@
+"""Dataset audit: what in the data, tokenized exactly as the trials tokenize it, would make a trial NaN, run out of
+memory or learn the wrong thing (``sweep doctor``, and the check ``sweep run`` makes before its first trial).
+
+Pure: works on :class:`~sweeper.data.Sample` and :class:`~sweeper.data.TokenizedSample` lists (tokenized once at
+full length, then cut per ``max_seq_length`` as :func:`sweeper.data.tokenize_samples` cuts) and never imports torch.
+
+Finding kinds (``Finding.kind``):
+
+- ``no_supervised_tokens`` (per ``max_seq_length``): after truncation the sample has no token the loss is computed
+  on. A step whose rows all are like that averages cross-entropy over zero tokens: the loss is 0/0 = NaN. NaN risk.
+- ``invalid_token_id`` (per ``max_seq_length``): a token id outside the model's embedding (a tokenizer with added
+  tokens the model was never resized for). An index error on the CPU, a device-side assert on CUDA. NaN risk.
+- ``truncated`` (per ``max_seq_length``): samples longer than the limit; their tails are not trained on.
+- ``too_long``: extreme outliers of the token-length distribution (beyond Tukey's far-out fence), the samples that
+  set the memory peak of a run that pads to the longest row.
+- ``repeated_span``: a run of one token, or of one n-gram of up to :data:`MAX_PERIOD` tokens, repeated many times
+  (scraped boilerplate, a generation loop saved as data).
+- ``empty_response``: an assistant reply that is empty or whitespace: the model is taught to answer nothing.
+- ``duplicate``: samples with the same content (after collapsing whitespace).
+- ``unusual_characters``: control characters, U+FFFD replacement characters (a decoding error upstream), or
+  full-width punctuation in text that has no CJK characters (copy-paste from an IME).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from sweeper.data import Sample, TokenizedSample
+
+FindingKind = Literal["no_supervised_tokens", "invalid_token_id", "truncated", "too_long", "repeated_span",
+                      "empty_response", "duplicate", "unusual_characters"]
+
+#: Kinds that make a trial NaN (or crash) when a step consists of such samples; ``sweep doctor --strict`` exits 1.
+NAN_KINDS = ("no_supervised_tokens", "invalid_token_id")
+
+#: Longest repeating unit looked for by ``repeated_span``, in tokens.
+MAX_PERIOD = 4
+#: A ``repeated_span`` covers at least this many tokens and repeats its unit at least :data:`MIN_REPEATS` times.
+#: Measured on the built-in pydoc corpus with SmolLM2's tokenizer (``sweep doctor search_spaces/demo.yaml``): its
+#: longest periodic run is 14 tokens, so 48 flags nothing there while a phrase looping 12 times is caught.
+MIN_SPAN_TOKENS = 48
+MIN_REPEATS = 8
+#: ``too_long``: longer than ``Q3 + TUKEY_FAR_OUT * (Q3 - Q1)`` tokens (Tukey 1977, "far out" values).
+TUKEY_FAR_OUT = 3.0
+#: Percentiles of the token-length distribution reported by the audit.
+PERCENTILES = (50, 90, 95, 99)
+
+#: Full-width ASCII punctuation (U+FF01-FF0F, FF1A-FF20, FF3B-FF40, FF5B-FF65) and ideographic space/comma/stop.
+_FULLWIDTH_PUNCT = re.compile("[\uff01-\uff0f\uff1a-\uff20\uff3b-\uff40\uff5b-\uff65\u3000-\u3002]")
+#: CJK ideographs, kana, hangul: text where full-width punctuation is normal.
+_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    """One kind of fault and the samples that have it.
+
+    Attributes:
+        kind: See the module docstring.
+        max_seq_length: The limit it was found at, or None for length-independent kinds.
+        samples: Dataset row indices (``Sample.index``), ascending.
+        detail: One line for people (counts, the worst case).
+        nan_risk: True for :data:`NAN_KINDS`.
+    """
+
+    kind: FindingKind
+    max_seq_length: int | None
+    samples: list[int]
+    detail: str
+    nan_risk: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``{"kind", "max_seq_length", "samples", "detail", "nan_risk"}``."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditReport:
+    """What :func:`audit_samples` found.
+
+    Attributes:
+        samples: Samples audited.
+        length_percentiles: Tokens per sample before truncation (template included): ``min``, ``p50``, ``p90``,
+            ``p95``, ``p99``, ``max``, ``mean``.
+        max_seq_lengths: The limits audited, ascending.
+        vocab_size: Rows of the model's input embedding the ids were checked against, or None (not checked).
+        findings: In the order of the module docstring's kinds, then by ``max_seq_length``.
+    """
+
+    samples: int
+    length_percentiles: dict[str, float]
+    max_seq_lengths: list[int]
+    vocab_size: int | None
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def nan_findings(self) -> list[Finding]:
+        """The findings that make a trial NaN when a step consists of their samples."""
+        return [f for f in self.findings if f.nan_risk]
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"samples": N, "length_percentiles": {...}, "max_seq_lengths": [...], "vocab_size": V,
+        "findings": [{"kind", "max_seq_length", "samples", "detail", "nan_risk"}]}``."""
+        return {"samples": self.samples, "length_percentiles": self.length_percentiles,
+                "max_seq_lengths": self.max_seq_lengths, "vocab_size": self.vocab_size,
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+def supervised_tokens(labels: Sequence[int], max_seq_length: int) -> int:
+    """Tokens the loss is computed on within the first ``max_seq_length``: ``labels[1:max_seq_length] != -100``.
+
+    Position 0 is never a target: causal-LM losses shift labels left by one (transformers'
+    ``ForCausalLMLoss``; ``Trainer`` counts ``num_items_in_batch`` over ``labels[..., 1:]``).
+    """
+    return sum(1 for t in labels[1:max_seq_length] if t != -100)
+
+
+def _percentile(sorted_values: Sequence[int], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default method), ``q`` in [0, 100]."""
+    if len(sorted_values) == 1:
+        return float(sorted_values[0])
+    pos = (len(sorted_values) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def length_percentiles(lengths: Iterable[int]) -> dict[str, float]:
+    """``min``, ``p50``, ``p90``, ``p95``, ``p99``, ``max`` and ``mean`` of token counts (empty input: {})."""
+    values = sorted(lengths)
+    if not values:
+        return {}
+    out = {"min": float(values[0])}
+    out.update({f"p{q}": round(_percentile(values, q), 1) for q in PERCENTILES})
+    out["max"] = float(values[-1])
+    out["mean"] = round(sum(values) / len(values), 1)
+    return out
+
+
+def longest_repeated_span(ids: Sequence[int], max_period: int = MAX_PERIOD) -> tuple[int, int, int]:
+    """The longest stretch of ``ids`` that repeats one unit of 1..``max_period`` tokens back to back.
+
+    Returns:
+        ``(span_tokens, period, start)``: tokens covered, unit length, first position; ``(0, 0, 0)`` when no unit
+        repeats. A stretch of period p satisfies ``ids[i] == ids[i + p]`` for ``span_tokens - p`` consecutive i; the
+        smallest period wins a tie (a run of one token is also periodic with period 2).
+    """
+    best = (0, 0, 0)
+    n = len(ids)
+    for p in range(1, max_period + 1):
+        run = 0
+        for i in range(n - p):
+            if ids[i] == ids[i + p]:
+                run += 1
+                if run + p > best[0]:
+                    best = (run + p, p, i - run + 1)
+            else:
+                run = 0
+    return best
+
+
+def _unusual_characters(text: str) -> list[str]:
+    """What is unusual in ``text``: names of the character classes found (empty when clean)."""
+    found = []
+    if any(unicodedata.category(c) == "Cc" and c not in "\t\n\r" for c in text):
+        found.append("control characters")
+    if "\ufffd" in text:
+        found.append("U+FFFD replacement characters")
+    if _FULLWIDTH_PUNCT.search(text) and not _CJK.search(text):
+        found.append("full-width punctuation in half-width text")
+    return found
+
+
+def _sample_text(sample: Sample) -> str:
+    if sample.text is not None:
+        return sample.text
+    return "\n".join(m["content"] for m in sample.messages or ())
+
+
+def _content_key(sample: Sample) -> tuple:
+    if sample.text is not None:
+        return ("text", " ".join(sample.text.split()))
+    return tuple((m["role"], " ".join(m["content"].split())) for m in sample.messages or ())
+
+
+def _samples(n: int) -> str:
+    """``1 sample`` or ``n samples``."""
+    return f"{n} sample" if n == 1 else f"{n} samples"
+
+
+def _examples(indices: Sequence[int], limit: int = 5) -> str:
+    shown = ", ".join(str(i) for i in indices[:limit])
+    return shown + (f" and {len(indices) - limit} more" if len(indices) > limit else "")
+
+
+def audit_samples(
+    samples: Sequence[Sample],
+    tokenized: Sequence[TokenizedSample],
+    max_seq_lengths: Iterable[int],
+    vocab_size: int | None = None,
+) -> AuditReport:
+    """Audit samples as the trials would see them at each ``max_seq_length``.
+
+    Args:
+        samples: From :func:`sweeper.data.load_samples`, in trial order.
+        tokenized: The same samples through :func:`sweeper.data.tokenize_samples` with a ``max_seq_length`` at
+            least as long as the longest sample (so nothing is cut yet), in the same order.
+        max_seq_lengths: Limits to audit (each >= 2); duplicates are merged.
+        vocab_size: Rows of the model's input embedding (``config.vocab_size``), or None to skip
+            ``invalid_token_id``.
+
+    Returns:
+        The report; ``findings`` is empty for a clean dataset.
+
+    Raises:
+        ValueError: ``samples`` and ``tokenized`` differ in length or order.
+    """
+    if [s.index for s in samples] != [t.index for t in tokenized]:
+        raise ValueError("samples and tokenized must hold the same samples in the same order")
+    lengths = sorted(set(max_seq_lengths))
+    n_tokens = [t.n_tokens for t in tokenized]
+    findings: list[Finding] = []
+
+    for limit in lengths:
+        cut = [t.index for t in tokenized if supervised_tokens(t.labels, limit) == 0]
+        if cut:
+            emptied = [t for t in tokenized if t.index in set(cut)]
+            first = min(next((i for i, x in enumerate(t.labels) if x != -100), t.n_tokens) for t in emptied)
+            findings.append(Finding(
+                kind="no_supervised_tokens", max_seq_length=limit, samples=sorted(cut), nan_risk=True,
+                detail=f"{len(cut)} of {len(tokenized)} samples have no supervised token within {limit} tokens "
+                       f"(the reply starts at token {first} or later, or is empty): {_examples(sorted(cut))}; "
+                       "a step made only of such samples has a NaN loss"))
+    if vocab_size is not None:
+        for limit in lengths:
+            bad = {t.index: max(i for i in t.input_ids[:limit] if i >= vocab_size or i < 0)
+                   for t in tokenized if any(i >= vocab_size or i < 0 for i in t.input_ids[:limit])}
+            if bad:
+                worst = max(bad.values())
+                findings.append(Finding(
+                    kind="invalid_token_id", max_seq_length=limit, samples=sorted(bad), nan_risk=True,
+                    detail=f"{_samples(len(bad))} hold token ids outside the model's {vocab_size} embedding rows "
+                           f"(largest {worst}): {_examples(sorted(bad))}; the tokenizer has tokens the model was "
+                           "not resized for (model.resize_token_embeddings), or the data holds raw ids"))
+    for limit in lengths:
+        longer = sorted(t.index for t in tokenized if t.n_tokens > limit)
+        if longer:
+            findings.append(Finding(
+                kind="truncated", max_seq_length=limit, samples=longer,
+                detail=f"{len(longer)} of {len(tokenized)} samples ({100 * len(longer) / len(tokenized):.0f}%) are "
+                       f"longer than {limit} tokens and lose their tail (longest {max(n_tokens)})"))
+
+    ordered = sorted(n_tokens)
+    if len(ordered) >= 4:
+        q1, q3 = _percentile(ordered, 25), _percentile(ordered, 75)
+        fence = q3 + TUKEY_FAR_OUT * (q3 - q1)
+        outliers = sorted((t for t in tokenized if t.n_tokens > fence), key=lambda t: -t.n_tokens)
+        if outliers:
+            findings.append(Finding(
+                kind="too_long", max_seq_length=None, samples=sorted(t.index for t in outliers),
+                detail=f"{_samples(len(outliers))} longer than {fence:.0f} tokens (Q3 + {TUKEY_FAR_OUT:g} IQR; "
+                       f"median {_percentile(ordered, 50):.0f}); longest: sample {outliers[0].index} with "
+                       f"{outliers[0].n_tokens} tokens"))
+
+    spans = []
+    for t in tokenized:
+        span, period, start = longest_repeated_span(t.input_ids)
+        if span >= MIN_SPAN_TOKENS and span // period >= MIN_REPEATS:
+            spans.append((t.index, span, period, start))
+    if spans:
+        worst = max(spans, key=lambda s: s[1])
+        findings.append(Finding(
+            kind="repeated_span", max_seq_length=None, samples=sorted(s[0] for s in spans),
+            detail=f"{_samples(len(spans))} repeat a unit of at most {MAX_PERIOD} tokens over {MIN_SPAN_TOKENS}+ "
+                   f"tokens; longest: sample {worst[0]}, a {worst[2]}-token unit {worst[1] // worst[2]} times from "
+                   f"token {worst[3]}"))
+
+    empty = sorted(s.index for s in samples if s.messages is not None
+                   and any(m["role"] == "assistant" and not m["content"].strip() for m in s.messages))
+    if empty:
+        findings.append(Finding(kind="empty_response", max_seq_length=None, samples=empty,
+                                detail=f"{_samples(len(empty))} with an empty assistant reply: {_examples(empty)}"))
+
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for s in samples:
+        groups[_content_key(s)].append(s.index)
+    dupes = sorted((sorted(g) for g in groups.values() if len(g) > 1), key=lambda g: g[0])
+    if dupes:
+        shown = "; ".join(" = ".join(str(i) for i in g[:4]) for g in dupes[:3])
+        findings.append(Finding(
+            kind="duplicate", max_seq_length=None, samples=sorted(i for g in dupes for i in g),
+            detail=f"{len(dupes)} groups of identical samples ({sum(len(g) for g in dupes)} samples): {shown}"
+                   + (" ..." if len(dupes) > 3 else "")))
+
+    odd: dict[int, list[str]] = {}
+    for s in samples:
+        found = _unusual_characters(_sample_text(s))
+        if found:
+            odd[s.index] = found
+    if odd:
+        kinds = sorted({k for v in odd.values() for k in v})
+        findings.append(Finding(kind="unusual_characters", max_seq_length=None, samples=sorted(odd),
+                                detail=f"{_samples(len(odd))} hold {', '.join(kinds)}: {_examples(sorted(odd))}"))
+
+    return AuditReport(samples=len(samples), length_percentiles=length_percentiles(n_tokens),
+                       max_seq_lengths=lengths, vocab_size=vocab_size, findings=findings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NanStep:
+    """A step of a trial that the data alone makes NaN.
+
+    Attributes:
+        step: 1-based optimizer step.
+        samples: Dataset indices of the step's rows.
+        kind: ``no_supervised_tokens`` (no row has a supervised token) or ``invalid_token_id`` (some row has one).
+    """
+
+    step: int
+    samples: list[int]
+    kind: str
+
+
+def first_nan_step(tokenized: Sequence[TokenizedSample], max_seq_length: int, per_device_train_batch_size: int,
+                   gradient_accumulation_steps: int, max_steps: int, vocab_size: int | None = None) -> NanStep | None:
+    """The first step within ``max_steps`` that goes NaN for a data reason alone, reading samples as a trial does.
+
+    A trial reads its samples in order (``sweeper._worker`` uses a sequential sampler), in micro-batches of
+    ``per_device_train_batch_size`` rows (the last one of an epoch shorter), ``gradient_accumulation_steps``
+    micro-batches per optimizer step (the last step of an epoch takes what is left, as ``Trainer`` does), and starts
+    over when the data runs out. A step's loss is averaged over all its supervised tokens, so it is NaN when none of
+    its rows has one; an out-of-vocabulary id fails its step alone.
+
+    Args:
+        tokenized: Full-length tokenization in trial order (as for :func:`audit_samples`).
+        max_seq_length: The trial's limit.
+        per_device_train_batch_size: >= 1.
+        gradient_accumulation_steps: >= 1.
+        max_steps: Steps the trial runs.
+        vocab_size: Embedding rows, or None to skip the id check.
+
+    Returns:
+        The first such step, or None.
+    """
+    batches = [tokenized[i: i + per_device_train_batch_size]
+               for i in range(0, len(tokenized), per_device_train_batch_size)]
+    epoch = [[row for b in batches[i: i + gradient_accumulation_steps] for row in b]
+             for i in range(0, len(batches), gradient_accumulation_steps)]
+    if not epoch:
+        return None
+    for step in range(min(max_steps, len(epoch))):  # later epochs repeat the same steps
+        rows = epoch[step]
+        if vocab_size is not None:
+            bad = [t.index for t in rows if any(i >= vocab_size or i < 0 for i in t.input_ids[:max_seq_length])]
+            if bad:
+                return NanStep(step=step + 1, samples=bad, kind="invalid_token_id")
+        if all(supervised_tokens(t.labels, max_seq_length) == 0 for t in rows):
+            return NanStep(step=step + 1, samples=[t.index for t in rows], kind="no_supervised_tokens")
+    return None

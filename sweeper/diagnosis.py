@@ -1,0 +1,327 @@
+"""Why a trial went NaN: ``data``, ``precision`` or ``optimization``, decided on the failing step itself.
+
+Child side (imports torch; called by :mod:`sweeper._worker` at the first non-finite loss or gradient norm, before
+the optimizer has applied that step, so the weights are the ones that failed). The decision, in order:
+
+1. **Static checks of the step's rows** (no compute): an input id outside the embedding, a non-finite value in a
+   float input, or no supervised token in the whole step (cross-entropy averaged over zero tokens is 0/0). Any of
+   them: ``data``, naming the rows.
+2. **fp32 replay, row by row**: every row with a supervised token runs again alone on the same weights with the
+   4-bit layers computing in float32 and autocast off (and its backward, when the gradient norm was the non-finite
+   value). All finite: the compute dtype overflowed, ``precision``; the first module whose output is non-finite in a
+   replay in the original compute dtype is named.
+3. **Rows still non-finite in fp32**: ``optimization`` when the weights fail on clean rows too (up to
+   :data:`CONTROL_ROWS` rows of the last finite step, replayed the same way) or the gradient norm grew by
+   :data:`GRAD_NORM_GROWTH` or more over the run (learning_rate times lora_alpha/r too large); otherwise those rows
+   are non-finite on their own on weights that handle other rows: ``data``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+NanCause = Literal["data", "precision", "optimization"]
+
+#: A NaN that persists in fp32 on statically clean data is blamed on optimization when the largest finite gradient
+#: norm of the run is at least this many times the first step's (a short healthy run stays within about 3x; the
+#: diverging runs of tests/test_diagnosis.py grow by 1e3x or more before their NaN).
+GRAD_NORM_GROWTH = 10.0
+#: Rows of the last finite step replayed as controls: if they fail too, the weights are at fault, not the rows.
+CONTROL_ROWS = 2
+
+
+@dataclass(kw_only=True)
+class NanRow:
+    """One row of the failing step, as written to ``nan_batch.jsonl``.
+
+    Attributes:
+        index: Dataset row index (``Sample.index``).
+        micro_batch: 0-based micro-batch of the step it was in (``gradient_accumulation_steps`` > 1).
+        input_ids: The row's tokens as trained (padding removed), ``len <= max_seq_length``.
+        labels: Same length; -100 where no loss is computed.
+        supervised_tokens: ``labels[1:] != -100`` (the causal shift drops position 0).
+        invalid_token_ids: Ids outside ``[0, vocab_size)``, sorted, unique.
+        nonfinite_inputs: A float input of the row holds NaN or inf.
+        fp32_loss: The row's loss in the fp32 replay (None: not replayed, or non-finite).
+        fp32_finite: Whether the fp32 replay (loss, and gradient when replayed) was finite; None: not replayed.
+        blamed: Named in ``nan_samples``.
+    """
+
+    index: int
+    micro_batch: int
+    input_ids: list[int]
+    labels: list[int]
+    supervised_tokens: int
+    invalid_token_ids: list[int] = field(default_factory=list)
+    nonfinite_inputs: bool = False
+    fp32_loss: float | None = None
+    fp32_finite: bool | None = None
+    blamed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (``input_ids`` and ``labels`` left out: the artifact carries the decoded text instead)."""
+        out = asdict(self)
+        out.pop("labels")
+        out["tokens"] = len(out.pop("input_ids"))
+        return out
+
+
+@dataclass(kw_only=True)
+class NanDiagnosis:
+    """The cause of a trial's first non-finite value.
+
+    Attributes:
+        cause: ``data``, ``precision``, ``optimization``, or None when the replay could not run.
+        samples: Dataset indices to blame: the faulty rows for ``data``, the whole step for the other causes.
+        reason: One line, starting with the cause.
+        module: For ``precision``: the first module whose output was non-finite in the compute dtype (peft's
+            ``base_model.model.`` prefix removed); None when the forward was finite (overflow in the backward pass).
+        rows: Every row of the failing step.
+    """
+
+    cause: NanCause | None
+    samples: list[int]
+    reason: str
+    module: str | None = None
+    rows: list[NanRow] = field(default_factory=list)
+
+
+def step_rows(batches: Sequence[Mapping[str, Any]], vocab_size: int) -> list[NanRow]:
+    """The rows of a step's micro-batches (as the collator built them, on any device), padding removed.
+
+    Args:
+        batches: Dicts with ``input_ids``, ``attention_mask``, ``labels`` (``[b, s]`` tensors) and
+            ``sample_index`` (``b`` dataset indices); other float tensors are checked for non-finite values.
+        vocab_size: Rows of the model's input embedding.
+    """
+    import torch
+
+    rows = []
+    for mb, batch in enumerate(batches):
+        floats = [v for v in batch.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        for r, index in enumerate(batch["sample_index"]):
+            n = int(batch["attention_mask"][r].sum())
+            ids = batch["input_ids"][r, :n].tolist()
+            labels = batch["labels"][r, :n].tolist()
+            rows.append(NanRow(
+                index=int(index), micro_batch=mb, input_ids=ids, labels=labels,
+                supervised_tokens=sum(1 for t in labels[1:] if t != -100),
+                invalid_token_ids=sorted({i for i in ids if i < 0 or i >= vocab_size}),
+                nonfinite_inputs=any(not bool(torch.isfinite(f[r]).all()) for f in floats),
+            ))
+    return rows
+
+
+@contextlib.contextmanager
+def _fp32_compute(model: Any) -> Iterator[None]:
+    """Every ``bitsandbytes.nn.Linear4bit`` computes in float32 and autocast is off; restored on exit."""
+    import bitsandbytes as bnb
+    import torch
+
+    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    saved = [m.compute_dtype for m in layers]
+    device_type = next(model.parameters()).device.type
+    for m in layers:
+        m.compute_dtype = torch.float32
+    try:
+        with torch.autocast(device_type=device_type, enabled=False):
+            yield
+    finally:
+        for m, dtype in zip(layers, saved):
+            m.compute_dtype = dtype
+
+
+def replay_row(model: Any, row: NanRow, *, with_gradient: bool) -> tuple[float, bool]:
+    """Run one row alone through ``model`` in the current precision context (train mode, weights untouched).
+
+    Args:
+        model: The peft model of the trial.
+        row: Its tokens form a ``[1, len(row.input_ids)]`` batch.
+        with_gradient: Also compute the gradient of the trainable parameters (``torch.autograd.grad``: the
+            parameters' ``.grad`` is left alone) and require its norm to be finite.
+
+    Returns:
+        ``(loss, finite)``: the row's mean loss over its supervised tokens, and whether loss (and gradient) were
+        finite.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.tensor([row.input_ids], device=device)
+    labels = torch.tensor([row.labels], device=device)
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels, "use_cache": False}
+    if not with_gradient:
+        with torch.no_grad():
+            loss = model(**kwargs).loss
+        return float(loss), bool(torch.isfinite(loss))
+    params = [p for p in model.parameters() if p.requires_grad]
+    with torch.enable_grad():
+        loss = model(**kwargs).loss
+        if not torch.isfinite(loss):
+            return float(loss), False
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    norm = torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads if g is not None]))
+    return float(loss), bool(torch.isfinite(norm))
+
+
+def first_nonfinite_module(model: Any, batches: Sequence[Mapping[str, Any]], precision: Any) -> str | None:
+    """The first module (in execution order) whose output holds NaN or inf when the step's micro-batches run again
+    forward in the trial's precision.
+
+    Args:
+        model: The peft model.
+        batches: The step's micro-batches (``input_ids``, ``attention_mask``, ``labels``).
+        precision: A context manager factory giving the training's autocast (``Trainer.compute_loss_context_manager``).
+
+    Returns:
+        The module's name without peft's ``base_model.model.`` prefix, or None when every output was finite.
+    """
+    import torch
+
+    found: list[str] = []
+
+    def nonfinite(value: Any) -> bool:
+        if isinstance(value, torch.Tensor):
+            return value.is_floating_point() and not bool(torch.isfinite(value).all())
+        if isinstance(value, Mapping):
+            return any(nonfinite(v) for v in value.values())
+        if isinstance(value, (tuple, list)):
+            return any(nonfinite(v) for v in value)
+        return False
+
+    def hook(name: str):
+        def fn(_module, _inputs, output):
+            if not found and nonfinite(output):
+                found.append(name)
+        return fn
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n]
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                with precision():
+                    model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                          labels=batch["labels"].to(device), use_cache=False)
+                if found:
+                    break
+    finally:
+        for h in handles:
+            h.remove()
+    return found[0].removeprefix("base_model.model.") if found else None
+
+
+def _growth(grad_norm_trace: Sequence[float | None]) -> float:
+    """Largest finite gradient norm over the first one (1.0 with fewer than two)."""
+    finite = [g for g in grad_norm_trace if g is not None and math.isfinite(g) and g > 0]
+    return max(finite) / finite[0] if len(finite) >= 2 else 1.0
+
+
+def _names(indices: Sequence[int]) -> str:
+    shown = ", ".join(str(i) for i in indices[:6])
+    return ("sample " if len(indices) == 1 else "samples ") + shown + (" ..." if len(indices) > 6 else "")
+
+
+def diagnose_nan(
+    model: Any,
+    *,
+    step_batches: Sequence[Mapping[str, Any]],
+    control_batches: Sequence[Mapping[str, Any]],
+    vocab_size: int,
+    failed_in: Literal["loss", "gradient norm", "input id"],
+    compute_dtype: str,
+    grad_norm_trace: Sequence[float | None],
+    learning_rate: float,
+    lora_alpha_ratio: float,
+    precision: Any = contextlib.nullcontext,
+) -> NanDiagnosis:
+    """Decide why the step went non-finite (see the module docstring for the rules).
+
+    Args:
+        model: The trial's peft model, with the weights the step failed on.
+        step_batches: The failing step's micro-batches, as given to ``Trainer.training_step`` plus ``sample_index``.
+        control_batches: The last finite step's micro-batches ([] at step 1).
+        vocab_size: Rows of the model's input embedding.
+        failed_in: What was non-finite first; ``gradient norm`` makes the replay include the backward pass.
+        compute_dtype: ``bnb_4bit_compute_dtype`` of the trial.
+        grad_norm_trace: Pre-clip gradient norms of the finished steps.
+        learning_rate, lora_alpha_ratio: For the reason of an ``optimization`` NaN.
+        precision: Context manager factory of the training's autocast, for naming the overflowing module.
+
+    Returns:
+        The diagnosis. A replay that itself fails (out of memory under the trial's cap) gives ``cause=None`` and says
+        so in the reason; nothing is raised.
+    """
+    rows = step_rows(step_batches, vocab_size)
+    everyone = [r.index for r in rows]
+
+    invalid = [r for r in rows if r.invalid_token_ids]
+    if invalid:
+        for r in invalid:
+            r.blamed = True
+        worst = max(i for r in invalid for i in r.invalid_token_ids)
+        return NanDiagnosis(cause="data", samples=[r.index for r in invalid], rows=rows, reason=(
+            f"data: {_names([r.index for r in invalid])} hold token id {worst}, outside the model's {vocab_size} "
+            "embedding rows (a tokenizer token the model was not resized for); on CUDA a device-side assert"))
+    dirty = [r for r in rows if r.nonfinite_inputs]
+    if dirty:
+        for r in dirty:
+            r.blamed = True
+        return NanDiagnosis(cause="data", samples=[r.index for r in dirty], rows=rows,
+                            reason=f"data: {_names([r.index for r in dirty])} hold NaN or inf in their inputs")
+    if sum(r.supervised_tokens for r in rows) == 0:
+        for r in rows:
+            r.blamed = True
+        return NanDiagnosis(cause="data", samples=everyone, rows=rows, reason=(
+            f"data: no supervised token in the step ({_names(everyone)}): the reply is cut away by max_seq_length "
+            "or empty, and the loss averages over zero tokens"))
+
+    with_gradient = failed_in == "gradient norm"
+    replayed = [r for r in rows if r.supervised_tokens > 0]
+    try:
+        with _fp32_compute(model):
+            for r in replayed:
+                loss, r.fp32_finite = replay_row(model, r, with_gradient=with_gradient)
+                r.fp32_loss = loss if math.isfinite(loss) else None
+            bad = [r for r in replayed if not r.fp32_finite]
+            controls = [] if not bad else [
+                r for r in step_rows(control_batches, vocab_size) if r.supervised_tokens > 0][:CONTROL_ROWS]
+            controls_finite = [replay_row(model, c, with_gradient=with_gradient)[1] for c in controls]
+        module = None
+        if not bad and compute_dtype != "float32":
+            module = first_nonfinite_module(model, step_batches, precision)
+    except Exception as exc:  # noqa: BLE001 - an OOM in the replay leaves the NaN undiagnosed, not the trial lost
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+        return NanDiagnosis(cause=None, samples=everyone, rows=rows,
+                            reason=f"cause unknown: the fp32 replay failed ({type(exc).__name__}: {first})")
+
+    if not bad:
+        if compute_dtype == "float32":
+            return NanDiagnosis(cause=None, samples=everyone, rows=rows, reason=(
+                "cause unknown: every row is finite when replayed alone in float32 (the failure did not reproduce)"))
+        where = f"in {module}" if module else "in the backward pass (the forward was finite)"
+        return NanDiagnosis(cause="precision", samples=everyone, rows=rows, module=module, reason=(
+            f"precision: {compute_dtype} overflowed {where}; an fp32 replay of the same step on the same weights is "
+            "finite"))
+    growth = _growth(grad_norm_trace)
+    if any(not ok for ok in controls_finite) or growth >= GRAD_NORM_GROWTH:
+        why = (f"the gradient norm grew {growth:.3g}x over {len(grad_norm_trace)} steps" if growth >= GRAD_NORM_GROWTH
+               else "rows of the last finite step fail too on these weights")
+        return NanDiagnosis(cause="optimization", samples=everyone, rows=rows, reason=(
+            f"optimization: still non-finite in fp32 on clean data, and {why} (learning_rate {learning_rate:g} x "
+            f"lora_alpha/r {lora_alpha_ratio:g} too large)"))
+    for r in bad:
+        r.blamed = True
+    blamed = [r.index for r in bad]
+    if controls:
+        context = "on weights that are finite for the last finite step's rows"
+    elif len(bad) < len(replayed):
+        context = "on weights that are finite for the step's other rows"
+    else:
+        context = "at the first step, before any update of the adapter"
+    return NanDiagnosis(cause="data", samples=blamed, rows=rows, reason=(
+        f"data: {_names(blamed)} stay non-finite on their own in an fp32 replay, {context}"))
