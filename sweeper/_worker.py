@@ -244,7 +244,8 @@ def _make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, progres
                 progress.skipped.append(step)
             progress.step = step
             progress.supervised.append(progress.step_supervised or 0)
-            progress.last_batches = progress.step_batches
+            progress.last_batches, progress.step_batches = progress.step_batches, []
+            progress.step_supervised = None
             if not math.isfinite(progress.step_grad_norm) and not skipped:
                 raise NonFiniteError("gradient norm", progress.step_grad_norm, "backward")
 
@@ -504,6 +505,8 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
         result.tokens_per_s = progress.tokens / measured["train_time_s"]
     if result.status not in ("complete", "nan"):
         return result  # too few steps for the instability terms to mean anything
+    if result.nan_cause == "data":
+        return result  # the data failed, not the configuration: its trace says nothing about stability
     components = compute_instability(
         loss=result.loss_trace,
         grad_norm=result.grad_norm_trace,

@@ -40,10 +40,11 @@ FindingKind = Literal["no_supervised_tokens", "invalid_token_id", "truncated", "
 NAN_KINDS = ("no_supervised_tokens", "invalid_token_id")
 
 #: Longest repeating unit looked for by ``repeated_span``, in tokens.
-MAX_PERIOD = 4
+MAX_PERIOD = 8
 #: A ``repeated_span`` covers at least this many tokens and repeats its unit at least :data:`MIN_REPEATS` times.
 #: Measured on the built-in pydoc corpus with SmolLM2's tokenizer (``sweep doctor search_spaces/demo.yaml``): its
-#: longest periodic run is 14 tokens, so 48 flags nothing there while a phrase looping 12 times is caught.
+#: longest periodic run is 19 tokens (24 with the tests' tiny tokenizer), so 48 flags nothing there, while a
+#: three-word phrase looping 10 times is caught.
 MIN_SPAN_TOKENS = 48
 MIN_REPEATS = 8
 #: ``too_long``: longer than ``Q3 + TUKEY_FAR_OUT * (Q3 - Q1)`` tokens (Tukey 1977, "far out" values).

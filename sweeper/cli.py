@@ -115,7 +115,8 @@ def _data_warnings(space: SearchSpace, model_path: str) -> list[str]:
             strikes = (f"trials with per_device_train_batch_size {', '.join(str(k[0]) for k in sorted(hits))} go NaN "
                        f"within max_steps={max_steps} (batch {b}"
                        + (f", gradient_accumulation_steps {ga}" if len(accumulation) > 1 else "")
-                       + f": step {hit.step}, samples {', '.join(map(str, hit.samples[:6]))})")
+                       + f": step {hit.step}, sample{'s' if len(hit.samples) > 1 else ''} "
+                       f"{', '.join(map(str, hit.samples[:6]))})")
         else:
             strikes = f"no step of the first {max_steps} is made only of such samples, a longer run would meet them"
         lines.append(f"WARNING data: at max_seq_length={finding.max_seq_length}, {finding.detail}; {strikes}: "
@@ -161,6 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         redact_url,
         run_study,
         status_counts,
+        trial_dir,
     )
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -209,7 +211,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if "data" in causes:
         samples = {t.number: t.user_attrs.get("nan_samples") or [] for t in study.get_trials(deepcopy=False)
                    if t.number in causes["data"]}
-        _print(format_data_nan_summary(causes, samples) + f"; see 'sweep doctor {space.path}'")
+        trials_dir = trial_dir(name, 0).parent.as_posix()
+        _print(format_data_nan_summary(causes, samples, trials_dir) + f"; see 'sweep doctor {space.path}'")
     _print(f"done in {time.monotonic() - start:.0f} s; study in {redact_url(storage)}; "
            f"optuna-dashboard {redact_url(storage)}")
     return 0
@@ -279,6 +282,15 @@ def cmd_trial(args: argparse.Namespace) -> int:
     if result.loss_trace:
         _print(format_trace(result))
     _print(f"status  {result.status}: {result.reason}")
+    if result.status == "nan":
+        module = f", first non-finite output in {result.nan_module}" if result.nan_module else ""
+        _print(f"nan     cause {result.nan_cause or 'unknown'}{module}; samples "
+               f"{', '.join(map(str, result.nan_samples)) or '-'}; the step's rows are in {folder / 'nan_batch.jsonl'}")
+    if result.longest_sample_tokens is not None:
+        _print(f"data    longest sample trained on: {result.longest_sample_tokens} tokens (sample "
+               f"{result.longest_sample_index}); {100 * result.truncated_sample_fraction:.0f}% of samples cut at "
+               f"max_seq_length={config.max_seq_length}; fewest supervised tokens in a step: "
+               f"{result.min_supervised_tokens}")
     if result.peak_memory_gib is not None:
         load = f", {result.load_peak_memory_gib:.3f} GiB while loading" if result.load_peak_memory_gib else ""
         _print(f"memory  {result.peak_memory_gib:.3f} GiB ({result.memory_kind}{load})")

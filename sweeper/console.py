@@ -119,13 +119,15 @@ def format_counts(counts: Mapping[str, int], nan_causes: Mapping[str, Sequence[i
     return " · ".join(parts)
 
 
-def format_data_nan_summary(nan_causes: Mapping[str, Sequence[int]], samples: Mapping[int, Sequence[int]]) -> str:
+def format_data_nan_summary(nan_causes: Mapping[str, Sequence[int]], samples: Mapping[int, Sequence[int]],
+                            trials_dir: str) -> str:
     """One line naming the NaN trials the data caused (empty when none): so that they are not read as a result about
     the hyperparameters.
 
     Args:
         nan_causes: NaN trial numbers by cause.
         samples: ``nan_samples`` of each trial, by trial number.
+        trials_dir: The study's trial folders (``studies/<study>/trials``), where ``nan_batch.jsonl`` lies.
     """
     data = list(nan_causes.get("data", ()))
     if not data:
@@ -135,9 +137,10 @@ def format_data_nan_summary(nan_causes: Mapping[str, Sequence[int]], samples: Ma
     head = (f"all {total} NaN trials were" if total == len(data) and total > 1 else
             "the NaN trial was" if total == 1 else f"{len(data)} of {total} NaN trials were")
     shown = ", ".join(str(i) for i in blamed[:8]) + (" ..." if len(blamed) > 8 else "")
+    folder = f"{trials_dir}/{data[0] if len(data) == 1 else '<trial>'}/nan_batch.jsonl"
     return (f"{head} caused by the data, not the hyperparameters: trial{'s' if len(data) > 1 else ''} "
-            f"{', '.join('#' + str(n) for n in data)}, sample{'s' if len(blamed) != 1 else ''} {shown}; "
-            "their rows are in nan_batch.jsonl in each trial's folder")
+            f"{', '.join('#' + str(n) for n in data)}, sample{'s' if len(blamed) != 1 else ''} {shown} "
+            f"(rows in {folder})")
 
 
 def format_audit(report: AuditReport) -> str:

@@ -24,6 +24,20 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="session")
+def tiny_model_extra_token(tmp_path_factory) -> Path:
+    """The tiny Llama with a tokenizer that has one token more than the model has embedding rows: ``<|tool|>``."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama-extra"), added_tokens=("<|tool|>",))
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    """Write ``rows`` as JSON lines and return ``path``."""
+    import json
+
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return path
+
+
 @pytest.fixture
 def workdir(tmp_path, monkeypatch) -> Path:
     """An empty working directory (studies/ is written here) with a private model cache."""

@@ -58,7 +58,8 @@ def test_real_memory_cap_gives_oom_with_phase(tiny_model, tmp_path):
     assert result.fail_phase in ("forward", "backward", "optimizer") and result.fail_step == 1
     # The resident set at the failure is near the cap; it may pass it by the shared-library pages that RLIMIT_DATA
     # does not count.
-    assert "max_seq_length=1024" in result.reason and abs(result.peak_memory_gib - 0.75) < 0.2
+    assert "64 x 1024 tokens" in result.reason and "max_seq_length=1024" in result.reason
+    assert abs(result.peak_memory_gib - 0.75) < 0.2
 
 
 def test_oom_while_loading(tiny_model, tmp_path):

@@ -8,8 +8,12 @@ from pathlib import Path
 TINY_VOCAB = 512
 
 
-def build_tiny_model(target: Path, *, vocab_size: int = TINY_VOCAB) -> Path:
-    """Save a 2-layer Llama (hidden 64, 4 heads, 2 KV heads) and a BPE tokenizer trained on pydoc's topics."""
+def build_tiny_model(target: Path, *, vocab_size: int = TINY_VOCAB, added_tokens: tuple[str, ...] = ()) -> Path:
+    """Save a 2-layer Llama (hidden 64, 4 heads, 2 KV heads) and a BPE tokenizer trained on pydoc's topics.
+
+    ``added_tokens`` are added to the tokenizer after the model was built, without resizing its embedding: the
+    tokenizer then makes ids the model has no row for (a real way data goes bad).
+    """
     from pydoc_data.topics import topics
 
     import torch
@@ -35,4 +39,7 @@ def build_tiny_model(target: Path, *, vocab_size: int = TINY_VOCAB) -> Path:
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(target)
+    if added_tokens:
+        tokenizer.add_special_tokens({"additional_special_tokens": list(added_tokens)})
+        tokenizer.save_pretrained(target)
     return target

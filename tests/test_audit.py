@@ -1,0 +1,123 @@
+"""The dataset audit on small datasets built here, tokenized by the tiny model's real tokenizer exactly as trials
+tokenize them: each fault kind found with the right dataset indices, and a clean dataset with no findings."""
+
+import sys
+
+import pytest
+from conftest import write_jsonl
+
+from sweeper.audit import (
+    audit_samples,
+    first_nan_step,
+    length_percentiles,
+    longest_repeated_span,
+    supervised_tokens,
+)
+from sweeper.data import load_samples, load_tokenizer, tokenize_samples
+from sweeper.space import DatasetSpec
+
+TOPICS = ["lists", "tuples", "dicts", "sets", "strings", "bytes", "files", "loops", "classes", "modules"]
+
+
+def clean_rows() -> list[dict]:
+    """Ten distinct question/answer pairs of about the same length."""
+    return [{"prompt": f"What are {t} in Python?", "completion": f"In Python, {t} are a built-in part of the language."}
+            for t in TOPICS]
+
+
+def audit(tmp_path, tokenizer_dir, rows, lengths, vocab_size=None):
+    samples = load_samples(DatasetSpec(path=str(write_jsonl(tmp_path / "d.jsonl", rows))))
+    tokenized = tokenize_samples(samples, load_tokenizer(str(tokenizer_dir)), sys.maxsize)
+    return audit_samples(samples, tokenized, lengths, vocab_size), tokenized
+
+
+def kinds(report) -> dict:
+    return {(f.kind, f.max_seq_length): f.samples for f in report.findings}
+
+
+def test_clean_dataset_has_no_findings(tiny_model, tmp_path):
+    report, _ = audit(tmp_path, tiny_model, clean_rows(), [256], vocab_size=512)
+    assert report.findings == [] and report.samples == 10
+    assert set(report.length_percentiles) == {"min", "p50", "p90", "p95", "p99", "max", "mean"}
+    assert report.to_dict()["findings"] == []
+
+
+def test_reply_cut_away_is_named_at_the_short_length_only(tiny_model, tmp_path):
+    rows = clean_rows()
+    rows[6] = {"prompt": "Explain every detail of the import system. " * 8, "completion": "It is long."}
+    report, tokenized = audit(tmp_path, tiny_model, rows, [48, 512])
+    found = kinds(report)
+    assert found[("no_supervised_tokens", 48)] == [6]
+    assert ("no_supervised_tokens", 512) not in found and ("truncated", 512) not in found
+    assert 6 in found[("truncated", 48)]
+    assert [f.kind for f in report.nan_findings] == ["no_supervised_tokens"]
+    assert report.nan_findings[0].to_dict()["nan_risk"] is True
+
+
+def test_out_of_vocabulary_id(tiny_model_extra_token, tmp_path):
+    rows = clean_rows()
+    rows[3] = {"prompt": "Call the tool.", "completion": "<|tool|> search(lists)"}
+    report, _ = audit(tmp_path, tiny_model_extra_token, rows, [256], vocab_size=512)
+    (finding,) = [f for f in report.findings if f.kind == "invalid_token_id"]
+    assert finding.samples == [3] and finding.nan_risk and "512" in finding.detail
+
+
+def test_repeated_span_duplicates_empty_reply_and_unusual_characters(tiny_model, tmp_path):
+    rows = clean_rows()
+    rows[1] = {"prompt": "Say it again.", "completion": "and again " * 40}
+    rows[4] = dict(rows[2])  # an exact duplicate of sample 2
+    rows[5] = {"prompt": "What is an empty reply?", "completion": "   "}
+    rows[7] = {"prompt": "What is a bell?", "completion": "A control character: \x07 rings."}
+    rows[8] = {"prompt": "Broken encoding?", "completion": "It reads caf\ufffd, a decoding error."}
+    rows[9] = {"prompt": "Punctuation？", "completion": "Full-width marks（like these）in English text."}
+    rows.append({"prompt": "日本語の句読点は？", "completion": "これは普通です。（全角）"})  # CJK: full-width is normal
+    report, _ = audit(tmp_path, tiny_model, rows, [512])
+    found = kinds(report)
+    assert found[("repeated_span", None)] == [1]
+    assert found[("duplicate", None)] == [2, 4]
+    assert found[("empty_response", None)] == [5]
+    assert found[("unusual_characters", None)] == [7, 8, 9]
+    detail = next(f.detail for f in report.findings if f.kind == "unusual_characters")
+    assert "control" in detail and "U+FFFD" in detail and "full-width" in detail
+    assert report.nan_findings == []
+
+
+def test_extreme_length_outlier(tiny_model, tmp_path):
+    rows = clean_rows()
+    rows[0] = {"prompt": "Tell me about lists.", "completion": " ".join(f"Item {i} of a long list." for i in range(80))}
+    report, _ = audit(tmp_path, tiny_model, rows, [4096])
+    assert kinds(report)[("too_long", None)] == [0]
+
+
+@pytest.mark.parametrize(("ids", "expected"), [
+    ([1, 2, 3, 4, 5], (0, 0, 0)),
+    ([9, 7, 7, 7, 7, 8], (4, 1, 1)),
+    ([5, 1, 2, 1, 2, 1, 2, 6], (6, 2, 1)),
+    ([3, 3, 3, 3], (4, 1, 0)),  # a run of one token is also 2-periodic: the smallest period is reported
+])
+def test_longest_repeated_span(ids, expected):
+    assert longest_repeated_span(ids) == expected
+
+
+def test_supervised_tokens_skip_position_zero():
+    assert supervised_tokens([5, -100, -100], 3) == 0  # position 0 is never a target after the causal shift
+    assert supervised_tokens([-100, -100, 7, 8], 4) == 2
+    assert supervised_tokens([-100, -100, 7, 8], 3) == 1
+
+
+def test_length_percentiles():
+    p = length_percentiles([10, 20, 30, 40, 50])
+    assert p["min"] == 10 and p["max"] == 50 and p["p50"] == 30 and p["mean"] == 30 and p["p90"] == 46
+    assert length_percentiles([]) == {}
+
+
+def test_first_nan_step_follows_trial_order(tiny_model, tmp_path):
+    rows = clean_rows()
+    rows[6] = {"prompt": "Explain every detail of the import system. " * 8, "completion": "It is long."}
+    _, tokenized = audit(tmp_path, tiny_model, rows, [48])
+    position = [t.index for t in tokenized].index(6)
+    hit = first_nan_step(tokenized, 48, 1, 1, max_steps=len(rows))
+    assert hit is not None and hit.step == position + 1 and hit.samples == [6]
+    assert first_nan_step(tokenized, 48, 1, 1, max_steps=position) is None  # the run ends before reaching it
+    assert first_nan_step(tokenized, 48, 2, 1, max_steps=len(rows)) is None  # its batch has another row to learn from
+    assert first_nan_step(tokenized, 512, 1, 1, max_steps=len(rows)) is None

@@ -1,0 +1,86 @@
+"""``sweep doctor`` as a user runs it, and the data audit ``sweep run`` makes before its first trial: findings with
+the right indices, ``--json``, ``--strict``, one-line errors, and a sweep whose only NaNs come from the data saying so.
+"""
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import sweep, tiny_space, write_jsonl, write_space
+from test_audit import clean_rows
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def faulty_rows() -> list[dict]:
+    rows = clean_rows()
+    rows[1] = {"prompt": "Say it again.", "completion": "and again " * 40}
+    rows[4] = dict(rows[2])
+    rows[6] = {"prompt": "Explain every detail of the import system. " * 8, "completion": "It is long."}
+    return rows
+
+
+def test_doctor_json_names_each_fault(tiny_model, workdir):
+    data = write_jsonl(workdir / "faulty.jsonl", faulty_rows())
+    out = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "48", "--max-seq-length", "512",
+                "--json", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["samples"] == 10 and report["length_percentiles"]["max"] > 48
+    found = {(f["kind"], f["max_seq_length"]): f["samples"] for f in report["findings"]}
+    assert found[("no_supervised_tokens", 48)] == [6] and ("no_supervised_tokens", 512) not in found
+    assert found[("repeated_span", None)] == [1] and found[("duplicate", None)] == [2, 4]
+    assert all(set(f) >= {"kind", "max_seq_length", "samples", "detail"} for f in report["findings"])
+    strict = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "48", "--strict", cwd=workdir)
+    assert strict.returncode == 1 and "NaN risk at max_seq_length 48" in strict.stdout
+    loose = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "512", "--strict", cwd=workdir)
+    assert loose.returncode == 0 and "no finding would make a trial NaN" in loose.stdout
+
+
+def test_doctor_on_a_clean_dataset(tiny_model, workdir):
+    data = write_jsonl(workdir / "clean.jsonl", clean_rows())
+    out = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "256", "--strict", cwd=workdir)
+    assert out.returncode == 0 and "no findings" in out.stdout and "tokens per sample" in out.stdout
+
+
+def test_doctor_on_the_demo_space_reads_its_data_and_lengths(tiny_model, workdir):
+    # The demo space's built-in data and max_seq_length values, with the tiny model's tokenizer (no GGUF conversion).
+    out = sweep("doctor", str(REPO / "search_spaces" / "demo.yaml"), "--model", str(tiny_model), cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    assert "builtin:pydoc-topics" in out.stdout and "truncated" in out.stdout
+    assert "no finding would make a trial NaN at max_seq_length 64, 128, 256" in out.stdout
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["missing.jsonl"], "missing.jsonl: dataset.path: no such file"),
+    (["missing.yaml"], "missing.yaml"),
+    (["builtin:pydoc-topics", "--max-seq-length", "1"], "--max-seq-length: 1 is too short"),
+    (["builtin:pydoc-topics", "--set", "r=4"], "--set: only a space file takes overrides"),
+    (["builtin:pydoc-topics", "--model", "./no/such/model"], "model.name_or_path: no such directory"),
+])
+def test_doctor_bad_input_is_one_line(workdir, argv, needle):
+    out = sweep("doctor", *argv, cwd=workdir)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
+
+
+@pytest.mark.slow
+def test_sweep_whose_only_nans_come_from_the_data_says_so(tiny_model, workdir):
+    # At 16 tokens the built-in samples' question fills the row: no reply token is left, every step is 0/0.
+    space = tiny_space(tiny_model, search={"max_seq_length": [16, 64]}, training={"per_device_train_batch_size": 1},
+                       n_trials=2)
+    space["study"]["sampler"] = "random"
+    del space["training"]["max_seq_length"]
+    out = sweep("run", str(write_space(workdir, space)), cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    warning = [ln for ln in out.stdout.splitlines() if ln.startswith("WARNING data: at max_seq_length=16")]
+    assert len(warning) == 1 and "no supervised token" in warning[0] and "step 1" in warning[0]
+    assert "nan/data" in out.stdout
+    assert "nan 1 (data 1)" in out.stdout
+    assert "the NaN trial was caused by the data, not the hyperparameters" in out.stdout
+    study = optuna.load_study(study_name="t", storage="sqlite:///studies/t.db")
+    (nan,) = [t for t in study.trials if t.user_attrs.get("status") == "nan" and "duplicate_of" not in t.user_attrs]
+    assert nan.user_attrs["nan_cause"] == "data" and nan.user_attrs["min_supervised_tokens"] == 0
+    assert nan.user_attrs["nan_samples"] and (workdir / "studies" / "t" / "trials" / str(nan.number)
+                                              / "nan_batch.jsonl").is_file()
