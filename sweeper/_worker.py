@@ -379,11 +379,11 @@ def train(config: TrialConfig, model_path: str, progress: _Progress, measured: d
         trainer.train()
     except NonFiniteError as exc:
         measured["train_time_s"] = time.monotonic() - t_train
-        exc.diagnosis = _diagnose(exc, trainer, config, progress)
         try:
+            exc.diagnosis = _diagnose(exc, trainer, config, progress)
             _write_nan_batch(exc.diagnosis, tokenizer, n_tokens, progress.step + 1)
-        except OSError as err:  # a full disk loses the artifact, not the trial's result
-            print(f"sweeper: could not write nan_batch.jsonl: {err}", file=sys.stderr)
+        except Exception:  # noqa: BLE001 - a failed diagnosis (or a full disk) must not lose the NaN result
+            traceback.print_exc()
         raise
     finally:
         measured.setdefault("train_time_s", time.monotonic() - t_train)

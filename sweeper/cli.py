@@ -23,26 +23,30 @@ def _print(text: str = "") -> None:
     print(text, flush=True)
 
 
-def _prepare(space: SearchSpace) -> tuple[str, int]:
+def _prepare(dataset: DatasetSpec, model: ModelSpec) -> tuple[str, list]:
     """Read the data and resolve the model (converting the built-in GGUF once) before any trial starts, so a bad
     model or dataset is one clear error instead of a study of failed trials; both are checked, all problems reported.
+
+    Returns:
+        ``(model_path, samples)``: what :func:`sweeper.model.resolve_model` and :func:`sweeper.data.load_samples`
+        return.
     """
     from sweeper.data import load_samples
     from sweeper.model import resolve_model
 
     problems: list[str] = []
-    n_samples, model_path = 0, ""
+    samples, model_path = [], ""
     try:
-        n_samples = len(load_samples(space.dataset))
+        samples = load_samples(dataset)
     except SweeperError as exc:
         problems += exc.problems
     try:
-        model_path = resolve_model(space.model)
+        model_path = resolve_model(model)
     except SweeperError as exc:
         problems += exc.problems
     if problems:
         raise SweeperError(problems)
-    return model_path, n_samples
+    return model_path, samples
 
 
 def _load(args: argparse.Namespace) -> SearchSpace:
@@ -77,27 +81,26 @@ def _searched_values(space: SearchSpace, key: str) -> list:
     return sorted({int(dim.low), int(dim.high)} if dim.is_int else {dim.low, dim.high})
 
 
-def _audit(dataset: DatasetSpec, model: ModelSpec, model_path: str, max_seq_lengths: list[int]):
-    """The dataset tokenized as the trials tokenize it, audited at each length: ``(report, tokenized)``."""
+def _audit(samples: list, model: ModelSpec, model_path: str, max_seq_lengths: list[int]):
+    """The samples tokenized as the trials tokenize them, audited at each length: ``(report, tokenized)``."""
     from sweeper.audit import audit_samples
-    from sweeper.data import load_samples, load_tokenizer, tokenize_samples
+    from sweeper.data import load_tokenizer, tokenize_samples
     from sweeper.model import model_vocab_size
 
-    samples = load_samples(dataset)
     tokenizer = load_tokenizer(model_path, model.trust_remote_code)
     tokenized = tokenize_samples(samples, tokenizer, sys.maxsize)  # full length; the audit cuts per limit
     report = audit_samples(samples, tokenized, max_seq_lengths, model_vocab_size(model_path, model.trust_remote_code))
     return report, tokenized
 
 
-def _data_warnings(space: SearchSpace, model_path: str) -> list[str]:
+def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> list[str]:
     """Before the first trial: one line per finding that would make trials NaN at the searched ``max_seq_length``
     values (naming the batch sizes and the step where it strikes within ``max_steps``), or one line saying there is
     none, so that a data fault is never read as a hyperparameter result."""
     from sweeper.audit import first_nan_step
 
     lengths = _searched_values(space, "max_seq_length")
-    report, tokenized = _audit(space.dataset, space.model, model_path, lengths)
+    report, tokenized = _audit(samples, space.model, model_path, lengths)
     batches = _searched_values(space, "per_device_train_batch_size")
     accumulation = _searched_values(space, "gradient_accumulation_steps")
     max_steps = max(_searched_values(space, "max_steps"))
@@ -175,12 +178,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     name = args.study or space.study.name
     storage = args.storage or space.study.storage or default_storage(name)
     n_trials = args.n_trials or space.study.n_trials
-    model_path, n_samples = _prepare(space)
+    model_path, samples = _prepare(space.dataset, space.model)
     study = open_study(space, storage, name, n_trials)  # a storage problem is one line before any output
     already = count_finished(study)
     _print(f"sweep: study '{name}' in {redact_url(storage)}, {n_trials} trials, searching {', '.join(space.search)}")
-    _print(_describe_setup(space, model_path, n_samples))
-    for line in _data_warnings(space, model_path):
+    _print(_describe_setup(space, model_path, len(samples)))
+    for line in _data_warnings(space, model_path, samples):
         _print(line)
     start = time.monotonic()
 
@@ -227,7 +230,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """``sweep doctor SPACE.yaml | DATA``: audit the dataset as the trials would tokenize it; exit 1 with
     ``--strict`` when a finding would make a trial NaN."""
     from sweeper.console import format_audit
-    from sweeper.model import resolve_model
 
     bad = [n for n in args.max_seq_length or [] if n < 2]
     if bad:
@@ -246,8 +248,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         dataset = DatasetSpec(path=args.target, max_samples=10**9)  # a bare dataset: every row
         model = ModelSpec(name_or_path=args.model or ModelSpec().name_or_path)
         lengths = args.max_seq_length or list(DOCTOR_DEFAULT_LENGTHS)
-    model_path = resolve_model(model)
-    report, _ = _audit(dataset, model, model_path, lengths)
+    model_path, samples = _prepare(dataset, model)
+    report, _ = _audit(samples, model, model_path, lengths)
     if args.json:
         _print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -266,13 +268,13 @@ def cmd_trial(args: argparse.Namespace) -> int:
 
     space = _load(args)
     config = space.trial_config(space.first_choices())
-    model_path, n_samples = _prepare(space)
+    model_path, samples = _prepare(space.dataset, space.model)
     folder = STUDIES_DIR / space.study.name / "manual" / time.strftime("%Y%m%d-%H%M%S")
     if not args.json:
         shown = ("r", "lora_alpha_ratio", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant",
                  "bnb_4bit_quant_type", "per_device_train_batch_size", "max_seq_length", "learning_rate")
         _print(f"sweep trial: {format_params({k: getattr(config, k) for k in shown})}")
-        _print(_describe_setup(space, model_path, n_samples))
+        _print(_describe_setup(space, model_path, len(samples)))
         _print(f"files   {folder}")
     result = run_trial(config, folder, model_path=model_path)
     if args.json:
