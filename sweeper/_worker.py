@@ -375,13 +375,14 @@ def train(config: TrialConfig, model_path: str, progress: _Progress, measured: d
     t_train = time.monotonic()
     progress.phase = "forward"
     n_tokens = {t.index: t.n_tokens for t in tokenized}
+    by_index = {s.index: s for s in samples}
     try:
         trainer.train()
     except NonFiniteError as exc:
         measured["train_time_s"] = time.monotonic() - t_train
         try:
             exc.diagnosis = _diagnose(exc, trainer, config, progress)
-            _write_nan_batch(exc.diagnosis, tokenizer, n_tokens, progress.step + 1)
+            _write_nan_batch(exc.diagnosis, tokenizer, by_index, progress.step + 1)
         except Exception:  # noqa: BLE001 - a failed diagnosis (or a full disk) must not lose the NaN result
             traceback.print_exc()
         raise
@@ -407,19 +408,28 @@ def _diagnose(exc: NonFiniteError, trainer: Any, config: TrialConfig, progress: 
         grad_norm_trace=progress.grad_norm,
         learning_rate=config.learning_rate,
         lora_alpha_ratio=config.lora_alpha_ratio,
+        max_seq_length=config.max_seq_length,
         precision=trainer.compute_loss_context_manager,
     )
 
 
-def _write_nan_batch(diagnosis: Any, tokenizer: Any, n_tokens: dict[int, int], step: int) -> None:
-    """The failing step's rows as ``nan_batch.jsonl`` in the trial's folder: one JSON object per row with its dataset
-    index, decoded text as trained, tokens before and after truncation, supervised tokens, fp32 replay and blame."""
+def _write_nan_batch(diagnosis: Any, tokenizer: Any, samples: dict[int, Any], step: int) -> None:
+    """The failing step's rows as ``nan_batch.jsonl`` in the trial's folder, one JSON object per row (README, "What a
+    trial is and records"): ``step``, ``index``, ``tokens_trained``, ``tokens_before_truncation``, ``truncated``,
+    ``micro_batch``, ``supervised_tokens``, ``invalid_token_ids``, ``nonfinite_inputs``, ``fp32_loss``,
+    ``fp32_finite``, ``at_fault``, ``text`` (decoded as trained) and ``text_cut_away`` (what truncation removed)."""
+    from sweeper.data import tokenize_samples
+
     folder = Path(os.environ.get("SWEEPER_TRIAL_DIR", "."))
     lines = []
     for row in diagnosis.rows:
-        record = {"step": step, **row.to_dict(), "n_tokens": n_tokens.get(row.index),
-                  "text": tokenizer.decode(row.input_ids, skip_special_tokens=False)}
-        record["truncated"] = record["n_tokens"] is not None and record["n_tokens"] > record["tokens"]
+        record = {"step": step, **row.to_dict()}
+        sample = samples.get(row.index)
+        full = tokenize_samples([sample], tokenizer, sys.maxsize)[0].input_ids if sample is not None else []
+        cut = full[len(row.input_ids):]
+        record.update(tokens_before_truncation=len(full) or None, truncated=bool(cut),
+                      text=tokenizer.decode(row.input_ids, skip_special_tokens=False),
+                      text_cut_away=tokenizer.decode(cut, skip_special_tokens=False))
         lines.append(json.dumps(record, ensure_ascii=False))
     tmp = folder / "nan_batch.jsonl.tmp"
     tmp.write_text("".join(line + "\n" for line in lines))

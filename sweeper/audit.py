@@ -190,9 +190,10 @@ def _content_key(sample: Sample) -> tuple:
     return tuple((m["role"], " ".join(m["content"].split())) for m in sample.messages or ())
 
 
-def _samples(n: int) -> str:
-    """``1 sample`` or ``n samples``."""
-    return f"{n} sample" if n == 1 else f"{n} samples"
+def _samples(n: int, total: int | None = None, verb: tuple[str, str] | None = None) -> str:
+    """``1 sample``, ``3 samples`` or ``3 of 8 samples``, then ``verb`` (singular, plural) agreeing with ``n``."""
+    text = f"{n} of {total} samples" if total is not None else f"{n} sample" + ("s" if n != 1 else "")
+    return text + (f" {verb[0] if n == 1 else verb[1]}" if verb else "")
 
 
 def _examples(indices: Sequence[int], limit: int = 5) -> str:
@@ -235,9 +236,9 @@ def audit_samples(
             first = min(next((i for i, x in enumerate(t.labels) if x != -100), t.n_tokens) for t in emptied)
             findings.append(Finding(
                 kind="no_supervised_tokens", max_seq_length=limit, samples=sorted(cut), nan_risk=True,
-                detail=f"{len(cut)} of {len(tokenized)} samples have no supervised token within {limit} tokens "
-                       f"(the reply starts at token {first} or later, or is empty): {_examples(sorted(cut))}; "
-                       "a step made only of such samples has a NaN loss"))
+                detail=f"{_samples(len(cut), len(tokenized), ('keeps', 'keep'))} no supervised token within {limit} "
+                       f"tokens (the reply starts at token {first} or later): {_examples(sorted(cut))}; a step made "
+                       "only of such samples has a NaN loss"))
     if vocab_size is not None:
         for limit in lengths:
             bad = {t.index: max(i for i in t.input_ids[:limit] if i >= vocab_size or i < 0)
@@ -246,16 +247,17 @@ def audit_samples(
                 worst = max(bad.values())
                 findings.append(Finding(
                     kind="invalid_token_id", max_seq_length=limit, samples=sorted(bad), nan_risk=True,
-                    detail=f"{_samples(len(bad))} hold token ids outside the model's {vocab_size} embedding rows "
-                           f"(largest {worst}): {_examples(sorted(bad))}; the tokenizer has tokens the model was "
-                           "not resized for (model.resize_token_embeddings), or the data holds raw ids"))
+                    detail=f"{_samples(len(bad), verb=('holds', 'hold'))} token ids outside the model's {vocab_size} "
+                           f"embedding rows (largest {worst}): {_examples(sorted(bad))}; the tokenizer has tokens the "
+                           "model was not resized for (model.resize_token_embeddings), or the data holds raw ids"))
     for limit in lengths:
         longer = sorted(t.index for t in tokenized if t.n_tokens > limit)
         if longer:
             findings.append(Finding(
                 kind="truncated", max_seq_length=limit, samples=longer,
-                detail=f"{len(longer)} of {len(tokenized)} samples ({100 * len(longer) / len(tokenized):.0f}%) are "
-                       f"longer than {limit} tokens and lose their tail (longest {max(n_tokens)})"))
+                detail=f"{_samples(len(longer), len(tokenized))} ({100 * len(longer) / len(tokenized):.0f}%) "
+                       f"{'is' if len(longer) == 1 else 'are'} longer than {limit} tokens and lose their tail "
+                       f"(longest {max(n_tokens)}): {_examples(longer)}"))
 
     ordered = sorted(n_tokens)
     if len(ordered) >= 4:
@@ -265,7 +267,7 @@ def audit_samples(
         if outliers:
             findings.append(Finding(
                 kind="too_long", max_seq_length=None, samples=sorted(t.index for t in outliers),
-                detail=f"{_samples(len(outliers))} longer than {fence:.0f} tokens (Q3 + {TUKEY_FAR_OUT:g} IQR; "
+                detail=f"{_samples(len(outliers), verb=('is', 'are'))} longer than {fence:.0f} tokens (Q3 + {TUKEY_FAR_OUT:g} IQR; "
                        f"median {_percentile(ordered, 50):.0f}); longest: sample {outliers[0].index} with "
                        f"{outliers[0].n_tokens} tokens"))
 
@@ -278,7 +280,7 @@ def audit_samples(
         worst = max(spans, key=lambda s: s[1])
         findings.append(Finding(
             kind="repeated_span", max_seq_length=None, samples=sorted(s[0] for s in spans),
-            detail=f"{_samples(len(spans))} repeat a unit of at most {MAX_PERIOD} tokens over {MIN_SPAN_TOKENS}+ "
+            detail=f"{_samples(len(spans), verb=('repeats', 'repeat'))} a unit of at most {MAX_PERIOD} tokens over {MIN_SPAN_TOKENS}+ "
                    f"tokens; longest: sample {worst[0]}, a {worst[2]}-token unit {worst[1] // worst[2]} times from "
                    f"token {worst[3]}"))
 
@@ -296,7 +298,7 @@ def audit_samples(
         shown = "; ".join(" = ".join(str(i) for i in g[:4]) for g in dupes[:3])
         findings.append(Finding(
             kind="duplicate", max_seq_length=None, samples=sorted(i for g in dupes for i in g),
-            detail=f"{len(dupes)} groups of identical samples ({sum(len(g) for g in dupes)} samples): {shown}"
+            detail=f"{len(dupes)} group{'s' if len(dupes) > 1 else ''} of identical samples ({sum(len(g) for g in dupes)} samples): {shown}"
                    + (" ..." if len(dupes) > 3 else "")))
 
     odd: dict[int, list[str]] = {}
@@ -307,7 +309,7 @@ def audit_samples(
     if odd:
         kinds = sorted({k for v in odd.values() for k in v})
         findings.append(Finding(kind="unusual_characters", max_seq_length=None, samples=sorted(odd),
-                                detail=f"{_samples(len(odd))} hold {', '.join(kinds)}: {_examples(sorted(odd))}"))
+                                detail=f"{_samples(len(odd), verb=('holds', 'hold'))} {', '.join(kinds)}: {_examples(sorted(odd))}"))
 
     return AuditReport(samples=len(samples), length_percentiles=length_percentiles(n_tokens),
                        max_seq_lengths=lengths, vocab_size=vocab_size, findings=findings)

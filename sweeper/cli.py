@@ -115,15 +115,18 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> list[s
                     hits[(b, ga)] = hit
         if hits:
             (b, ga), hit = min(hits.items(), key=lambda kv: kv[1].step)
-            strikes = (f"trials with per_device_train_batch_size {', '.join(str(k[0]) for k in sorted(hits))} go NaN "
-                       f"within max_steps={max_steps} (batch {b}"
+            sizes = ", ".join(sorted({str(k[0]) for k in hits}, key=int))
+            strikes = (f"batch {sizes} go{'es' if len(hits) == 1 else ''} NaN (batch {b}"
                        + (f", gradient_accumulation_steps {ga}" if len(accumulation) > 1 else "")
                        + f": step {hit.step}, sample{'s' if len(hit.samples) > 1 else ''} "
                        f"{', '.join(map(str, hit.samples[:6]))})")
         else:
-            strikes = f"no step of the first {max_steps} is made only of such samples, a longer run would meet them"
-        lines.append(f"WARNING data: at max_seq_length={finding.max_seq_length}, {finding.detail}; {strikes}: "
-                     f"a data fault, not a hyperparameter result ({doctor})")
+            strikes = f"no step of the first {max_steps} is made only of them, a longer run would be"
+        what = {"no_supervised_tokens": "no supervised token left (the reply is cut away)",
+                "invalid_token_id": f"token ids outside the model's {report.vocab_size} embedding rows"}[finding.kind]
+        lines.append(f"WARNING data: at max_seq_length={finding.max_seq_length}, {len(finding.samples)} of "
+                     f"{report.samples} samples have {what}; {strikes}: a data fault, not a hyperparameter result "
+                     f"({doctor})")
     others = sorted({f.kind for f in report.findings if not f.nan_risk})
     if not lines:
         lines.append(f"data    audited at max_seq_length {', '.join(map(str, report.max_seq_lengths))}: nothing that "
@@ -226,6 +229,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 DOCTOR_DEFAULT_LENGTHS = (512, 1024, 2048, 4096)
 
 
+def _compact_json(data: object) -> str:
+    """Indented JSON with lists of numbers kept on one line (a finding's sample indices can run to thousands)."""
+    text = json.dumps(data, indent=2)
+    return re.sub(r"\[\s+(-?[\d.]+(?:,\s+-?[\d.]+)*)\s+\]",
+                  lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``sweep doctor SPACE.yaml | DATA``: audit the dataset as the trials would tokenize it; exit 1 with
     ``--strict`` when a finding would make a trial NaN."""
@@ -251,7 +261,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     model_path, samples = _prepare(dataset, model)
     report, _ = _audit(samples, model, model_path, lengths)
     if args.json:
-        _print(json.dumps(report.to_dict(), indent=2))
+        _print(_compact_json(report.to_dict()))
     else:
         _print(f"sweep doctor: {dataset.path}, {report.samples} samples, tokenized as the trials do with "
                f"{model.name_or_path}'s tokenizer" + (f" (vocabulary {report.vocab_size})" if report.vocab_size
@@ -286,11 +296,12 @@ def cmd_trial(args: argparse.Namespace) -> int:
     _print(f"status  {result.status}: {result.reason}")
     if result.status == "nan":
         module = f", first non-finite output in {result.nan_module}" if result.nan_module else ""
-        _print(f"nan     cause {result.nan_cause or 'unknown'}{module}; samples "
+        which = "samples at fault" if result.nan_cause == "data" else "samples of the failing step (not at fault)"
+        _print(f"nan     cause {result.nan_cause or 'unknown'}{module}; {which}: "
                f"{', '.join(map(str, result.nan_samples)) or '-'}; the step's rows are in {folder / 'nan_batch.jsonl'}")
     if result.longest_sample_tokens is not None:
-        _print(f"data    longest sample trained on: {result.longest_sample_tokens} tokens (sample "
-               f"{result.longest_sample_index}); {100 * result.truncated_sample_fraction:.0f}% of samples cut at "
+        _print(f"data    samples trained on: the longest has {result.longest_sample_tokens} tokens before truncation "
+               f"(sample {result.longest_sample_index}); {100 * result.truncated_sample_fraction:.0f}% were cut at "
                f"max_seq_length={config.max_seq_length}; fewest supervised tokens in a step: "
                f"{result.min_supervised_tokens}")
     if result.peak_memory_gib is not None:
@@ -327,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "memory against instability, from short real runs.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.commands = sub.choices  # name -> subparser, for usage errors that name the subcommand
 
     run = sub.add_parser("run", help="create or resume a study and run trials until n_trials")
     run.add_argument("space", help="space file, e.g. search_spaces/demo.yaml")
@@ -348,8 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        ".jsonl/.json/.csv/.parquet file, hub id or builtin:pydoc-topics")
     doctor.add_argument("--model", help="whose tokenizer and vocabulary to use (default: the space's model, or "
                                         "builtin:smollm2-135m-instruct for a bare dataset)")
-    doctor.add_argument("--max-seq-length", type=int, action="append", metavar="N",
-                        help="a limit to audit at (repeatable; default: the space's max_seq_length values, or "
+    doctor.add_argument("--max-seq-length", type=int, action="extend", nargs="+", metavar="N",
+                        help="limits to audit at (default: the space's max_seq_length values, or "
                              + ", ".join(map(str, DOCTOR_DEFAULT_LENGTHS)) + ")")
     doctor.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -360,7 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``sweep``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # name the subcommand's help, not the top-level one
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except SweeperError as exc:

@@ -32,7 +32,7 @@ def _fmt(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
-        return f"{value:.3g}"
+        return str(int(value)) if value.is_integer() and abs(value) < 1e6 else f"{value:.3g}"
     return str(value)
 
 
@@ -165,7 +165,8 @@ def format_audit(report: AuditReport) -> str:
     if nan:
         where = sorted({f.max_seq_length for f in nan if f.max_seq_length is not None})
         lines.append(f"NaN risk at max_seq_length {', '.join(map(str, where))}: "
-                     + "; ".join(f"{f.kind} ({len(f.samples)} samples)" for f in nan))
+                     + "; ".join(f"{f.kind} at {f.max_seq_length} ({len(f.samples)} sample"
+                                 f"{'s' if len(f.samples) != 1 else ''})" for f in nan))
     else:
         lines.append(f"no finding would make a trial NaN at max_seq_length {lengths}")
     return "\n".join(lines)

@@ -48,7 +48,7 @@ class NanRow:
         nonfinite_inputs: A float input of the row holds NaN or inf.
         fp32_loss: The row's loss in the fp32 replay (None: not replayed, or non-finite).
         fp32_finite: Whether the fp32 replay (loss, and gradient when replayed) was finite; None: not replayed.
-        blamed: Named in ``nan_samples``.
+        at_fault: The row itself caused the NaN (``data`` only); then it is named in ``nan_samples``.
     """
 
     index: int
@@ -60,14 +60,14 @@ class NanRow:
     nonfinite_inputs: bool = False
     fp32_loss: float | None = None
     fp32_finite: bool | None = None
-    blamed: bool = False
+    at_fault: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (``input_ids`` and ``labels`` left out: the artifact carries the decoded text instead)."""
+        """JSON-ready, ``input_ids`` and ``labels`` replaced by ``tokens_trained`` (the artifact carries the decoded
+        text instead)."""
         out = asdict(self)
         out.pop("labels")
-        out["tokens"] = len(out.pop("input_ids"))
-        return out
+        return {"index": out.pop("index"), "tokens_trained": len(out.pop("input_ids")), **out}
 
 
 @dataclass(kw_only=True)
@@ -76,7 +76,8 @@ class NanDiagnosis:
 
     Attributes:
         cause: ``data``, ``precision``, ``optimization``, or None when the replay could not run.
-        samples: Dataset indices to blame: the faulty rows for ``data``, the whole step for the other causes.
+        samples: Dataset indices: the rows at fault for ``data``; for the other causes every row of the failing step
+            (the rows are not at fault, the step is where it happened).
         reason: One line, starting with the cause.
         module: For ``precision``: the first module whose output was non-finite in the compute dtype (peft's
             ``base_model.model.`` prefix removed); None when the forward was finite (overflow in the backward pass).
@@ -237,6 +238,7 @@ def diagnose_nan(
     grad_norm_trace: Sequence[float | None],
     learning_rate: float,
     lora_alpha_ratio: float,
+    max_seq_length: int,
     precision: Any = contextlib.nullcontext,
 ) -> NanDiagnosis:
     """Decide why the step went non-finite (see the module docstring for the rules).
@@ -250,6 +252,7 @@ def diagnose_nan(
         compute_dtype: ``bnb_4bit_compute_dtype`` of the trial.
         grad_norm_trace: Pre-clip gradient norms of the finished steps.
         learning_rate, lora_alpha_ratio: For the reason of an ``optimization`` NaN.
+        max_seq_length: For the reason of a step without supervised tokens.
         precision: Context manager factory of the training's autocast, for naming the overflowing module.
 
     Returns:
@@ -262,7 +265,7 @@ def diagnose_nan(
     invalid = [r for r in rows if r.invalid_token_ids]
     if invalid:
         for r in invalid:
-            r.blamed = True
+            r.at_fault = True
         worst = max(i for r in invalid for i in r.invalid_token_ids)
         return NanDiagnosis(cause="data", samples=[r.index for r in invalid], rows=rows, reason=(
             f"data: {_names([r.index for r in invalid])} hold token id {worst}, outside the model's {vocab_size} "
@@ -270,15 +273,15 @@ def diagnose_nan(
     dirty = [r for r in rows if r.nonfinite_inputs]
     if dirty:
         for r in dirty:
-            r.blamed = True
+            r.at_fault = True
         return NanDiagnosis(cause="data", samples=[r.index for r in dirty], rows=rows,
                             reason=f"data: {_names([r.index for r in dirty])} hold NaN or inf in their inputs")
     if sum(r.supervised_tokens for r in rows) == 0:
         for r in rows:
-            r.blamed = True
+            r.at_fault = True
         return NanDiagnosis(cause="data", samples=everyone, rows=rows, reason=(
-            f"data: no supervised token in the step ({_names(everyone)}): the reply is cut away by max_seq_length "
-            "or empty, and the loss averages over zero tokens"))
+            f"data: no supervised token in the step ({_names(everyone)}): max_seq_length={max_seq_length} cuts "
+            "the reply away, and the loss averages over zero tokens"))
 
     with_gradient = failed_in == "gradient norm"
     replayed = [r for r in rows if r.supervised_tokens > 0]
@@ -315,13 +318,13 @@ def diagnose_nan(
             f"optimization: still non-finite in fp32 on clean data, and {why} (learning_rate {learning_rate:g} x "
             f"lora_alpha/r {lora_alpha_ratio:g} too large)"))
     for r in bad:
-        r.blamed = True
-    blamed = [r.index for r in bad]
+        r.at_fault = True
+    faulty = [r.index for r in bad]
     if controls:
         context = "on weights that are finite for the last finite step's rows"
     elif len(bad) < len(replayed):
         context = "on weights that are finite for the step's other rows"
     else:
         context = "at the first step, before any update of the adapter"
-    return NanDiagnosis(cause="data", samples=blamed, rows=rows, reason=(
-        f"data: {_names(blamed)} stay non-finite on their own in an fp32 replay, {context}"))
+    return NanDiagnosis(cause="data", samples=faulty, rows=rows, reason=(
+        f"data: {_names(faulty)} stay non-finite on their own in an fp32 replay, {context}"))

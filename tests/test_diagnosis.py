@@ -36,8 +36,9 @@ def test_reply_truncated_away_is_a_data_nan_naming_the_sample(tiny_model, tmp_pa
     assert result.min_supervised_tokens == 0 and result.supervised_tokens_trace[-1] == 0
     assert all(n > 0 for n in result.supervised_tokens_trace[:-1])
     (row,) = _nan_batch(tmp_path / "t")
-    assert row["index"] == 6 and row["blamed"] and row["supervised_tokens"] == 0 and row["truncated"]
-    assert row["tokens"] == 48 and row["n_tokens"] > 48 and "import system" in row["text"]
+    assert row["index"] == 6 and row["at_fault"] and row["supervised_tokens"] == 0 and row["truncated"]
+    assert row["tokens_trained"] == 48 and row["tokens_before_truncation"] > 48 and "import system" in row["text"]
+    assert "It is long." in row["text_cut_away"] and "It is long." not in row["text"]
 
 
 def test_id_beyond_the_vocabulary_is_a_data_nan(tiny_model_extra_token, tmp_path):
@@ -50,7 +51,7 @@ def test_id_beyond_the_vocabulary_is_a_data_nan(tiny_model_extra_token, tmp_path
     assert result.status == "nan" and result.nan_cause == "data", result.reason
     assert result.nan_samples == [3] and "512" in result.reason and result.fail_phase == "forward"
     (row,) = _nan_batch(tmp_path / "t")
-    assert row["invalid_token_ids"] == [512] and row["blamed"]
+    assert row["invalid_token_ids"] == [512] and row["at_fault"]
 
 
 def test_fp16_overflow_is_a_precision_nan(tiny_model, tmp_path):
@@ -63,7 +64,7 @@ def test_fp16_overflow_is_a_precision_nan(tiny_model, tmp_path):
     assert "fp32 replay" in result.reason and result.nan_module in result.reason
     rows = _nan_batch(tmp_path)
     assert len(rows) == 2 and sorted(result.nan_samples) == sorted(r["index"] for r in rows)
-    assert all(r["fp32_finite"] and r["fp32_loss"] > 0 for r in rows)
+    assert all(r["fp32_finite"] and r["fp32_loss"] > 0 and not r["at_fault"] for r in rows)
 
 
 def test_divergence_in_fp32_is_an_optimization_nan(tiny_model, tmp_path):
