@@ -196,6 +196,12 @@ def _samples(n: int, total: int | None = None, verb: tuple[str, str] | None = No
     return text + (f" {verb[0] if n == 1 else verb[1]}" if verb else "")
 
 
+def _percent(part: int, whole: int) -> str:
+    """``84%``, or one decimal below 1% (``0.3%``) so that a few samples never read as none."""
+    share = 100 * part / whole
+    return f"{share:.0f}%" if share >= 1 or share == 0 else f"{share:.1f}%"
+
+
 def _examples(indices: Sequence[int], limit: int = 5) -> str:
     shown = ", ".join(str(i) for i in indices[:limit])
     return shown + (f" and {len(indices) - limit} more" if len(indices) > limit else "")
@@ -230,15 +236,16 @@ def audit_samples(
     findings: list[Finding] = []
 
     for limit in lengths:
-        cut = [t.index for t in tokenized if supervised_tokens(t.labels, limit) == 0]
-        if cut:
-            emptied = [t for t in tokenized if t.index in set(cut)]
+        emptied = [t for t in tokenized if supervised_tokens(t.labels, limit) == 0]
+        if emptied:
+            cut = sorted(t.index for t in emptied)
             first = min(next((i for i, x in enumerate(t.labels) if x != -100), t.n_tokens) for t in emptied)
+            why = (f"the reply starts at token {first} or later" if first > 0 else
+                   "rows of one token: after the causal shift nothing is left to predict")
             findings.append(Finding(
-                kind="no_supervised_tokens", max_seq_length=limit, samples=sorted(cut), nan_risk=True,
+                kind="no_supervised_tokens", max_seq_length=limit, samples=cut, nan_risk=True,
                 detail=f"{_samples(len(cut), len(tokenized), ('keeps', 'keep'))} no supervised token within {limit} "
-                       f"tokens (the reply starts at token {first} or later): {_examples(sorted(cut))}; a step made "
-                       "only of such samples has a NaN loss"))
+                       f"tokens ({why}): {_examples(cut)}; a step made only of such samples has a NaN loss"))
     if vocab_size is not None:
         for limit in lengths:
             bad = {t.index: max(i for i in t.input_ids[:limit] if i >= vocab_size or i < 0)
@@ -255,7 +262,7 @@ def audit_samples(
         if longer:
             findings.append(Finding(
                 kind="truncated", max_seq_length=limit, samples=longer,
-                detail=f"{_samples(len(longer), len(tokenized))} ({100 * len(longer) / len(tokenized):.0f}%) "
+                detail=f"{_samples(len(longer), len(tokenized))} ({_percent(len(longer), len(tokenized))}) "
                        f"{'is' if len(longer) == 1 else 'are'} longer than {limit} tokens and lose their tail "
                        f"(longest {max(n_tokens)}): {_examples(longer)}"))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sweeper.config import Categorical, DatasetSpec, ModelSpec
 from sweeper.errors import SpaceError, SweeperError
-from sweeper.space import SearchSpace, load_space, parse_duration_s
+from sweeper.space import TRIAL_KEYS, SearchSpace, load_space, parse_duration_s
 
 
 def _print(text: str = "") -> None:
@@ -227,6 +227,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 #: ``max_seq_length`` values ``sweep doctor`` audits a bare dataset at when none is given: the usual range of QLoRA
 #: fine-tuning of 7-8B models on one card.
 DOCTOR_DEFAULT_LENGTHS = (512, 1024, 2048, 4096)
+#: The largest ``--max-seq-length``: the bound the space file puts on ``max_seq_length``.
+MAX_AUDIT_LENGTH = int(TRIAL_KEYS["max_seq_length"].high)
 
 
 def _compact_json(data: object) -> str:
@@ -241,10 +243,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     ``--strict`` when a finding would make a trial NaN."""
     from sweeper.console import format_audit
 
-    bad = [n for n in args.max_seq_length or [] if n < 2]
-    if bad:
-        raise SpaceError(f"--max-seq-length: {bad[0]} is too short to hold a prompt and a reply; give 2 or more, "
-                         "e.g. --max-seq-length 512")
+    for n in args.max_seq_length or []:
+        if n < 2 or n > MAX_AUDIT_LENGTH:
+            raise SpaceError(f"--max-seq-length: {n} is out of range; give a number of tokens from 2 to "
+                             f"{MAX_AUDIT_LENGTH}, e.g. --max-seq-length 512 2048")
+    if args.model is not None and not args.model.strip():
+        raise SpaceError("--model: empty; give a model directory, .gguf file, hub id or builtin:smollm2-135m-instruct")
     if Path(args.target).suffix.lower() in (".yaml", ".yml"):
         space = load_space(args.target, args.set)
         dataset = space.dataset
@@ -263,7 +267,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         _print(_compact_json(report.to_dict()))
     else:
-        _print(f"sweep doctor: {dataset.path}, {report.samples} samples, tokenized as the trials do with "
+        _print(f"sweep doctor: {dataset.path}, {report.samples} sample{'s' if report.samples != 1 else ''}, tokenized as the trials do with "
                f"{model.name_or_path}'s tokenizer" + (f" (vocabulary {report.vocab_size})" if report.vocab_size
                                                       else ""))
         _print(format_audit(report))

@@ -7,6 +7,8 @@ Loading (:func:`load_samples`) imports ``datasets`` only for files and hub ids; 
 
 from __future__ import annotations
 
+import json
+import logging
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -139,33 +141,55 @@ def _row_to_sample(row: Mapping[str, Any], index: int, fmt: str) -> Sample | Non
     for m in messages:
         if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
             return None
-        turns.append({"role": str(m["role"]), "content": "" if m["content"] is None else str(m["content"])})
+        turns.append({"role": str(m["role"]).strip().lower(), "content": _content_text(m["content"])})
     if not any(t["role"] == "assistant" for t in turns):
         return None
     return Sample(index=index, messages=tuple(turns))
+
+
+def _content_text(content: Any) -> str:
+    """A message's content as text: a string as is, None as "", OpenAI-style parts (``[{"type": "text", "text":
+    ...}]``) joined, anything else as its JSON text."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list) and all(isinstance(p, Mapping) and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    return json.dumps(content, ensure_ascii=False)
 
 
 def _load_rows(spec: DatasetSpec) -> Any:
     """The rows of a local file or hub dataset, through ``datasets``."""
     import datasets
 
-    datasets.utils.logging.set_verbosity_error()  # its warnings would add lines to our one-line errors
+    # Their own log lines (a parser's failure, retries of an unreachable hub) would add lines to our one-line errors.
+    datasets.utils.logging.set_verbosity(logging.CRITICAL)
+    logging.getLogger("huggingface_hub").setLevel(logging.CRITICAL)
     datasets.disable_progress_bars()
     path = Path(spec.path).expanduser()
     if path.suffix or path.exists() or spec.path.startswith((".", "/", "~")):
         if path.is_dir():
             raise DataError(f"{spec.path}: dataset.path: is a directory; give a .jsonl, .json, .csv or .parquet file")
         if not path.is_file():
-            raise DataError(f"{spec.path}: dataset.path: no such file; give an existing .jsonl, .json, .csv or "
-                            ".parquet file, a hub id, or builtin:pydoc-topics")
+            where = "" if path.is_absolute() else f" (relative to the working directory {Path.cwd()})"
+            raise DataError(f"{spec.path}: dataset.path: no such file{where}; give an existing .jsonl, .json, .csv "
+                            "or .parquet file, a hub id, or builtin:pydoc-topics")
         builder = _LOCAL_BUILDERS.get(path.suffix.lower())
         if builder is None:
             raise DataError(f"{spec.path}: dataset.path: unsupported file type '{path.suffix}'; use .jsonl, .json, "
                             ".csv or .parquet")
+        size = path.stat().st_size
+        if size == 0 or (builder != "parquet" and size < 2**20 and not path.read_bytes().strip()):
+            raise DataError(f"{spec.path}: dataset.path: the file is empty; give a file with one sample per row")
         try:
             return datasets.load_dataset(builder, data_files=str(path), split="train")
         except Exception as exc:  # datasets raises many types for unreadable files
-            raise DataError(f"{spec.path}: dataset.path: cannot read it as {builder} ({_root_cause(exc)}); check "
+            cause = _root_cause(exc)
+            if "corresponds to no data" in cause:
+                raise DataError(f"{spec.path}: dataset.path: the file has no data rows; give a file with one sample "
+                                "per row") from None
+            raise DataError(f"{spec.path}: dataset.path: cannot read it as {builder} ({cause}); check "
                             "the file") from None
     try:
         return datasets.load_dataset(spec.path, split=spec.split)
@@ -211,10 +235,19 @@ def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
     """The tokenizer the trials use: the model's own, with its end-of-sequence token as padding when it has none.
 
     Shared by the worker and the data audit, so that ``sweep doctor`` sees exactly the tokens a trial trains on.
+
+    Raises:
+        ModelError: The tokenizer cannot be loaded (one line naming the folder).
     """
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    from sweeper.errors import ModelError
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # missing files, broken JSON, a tokenizer class that needs an uninstalled package, ...
+        raise ModelError(f"{model_path}: model.name_or_path: cannot load its tokenizer ({_root_cause(exc)}); the "
+                         "folder needs a fast tokenizer (tokenizer.json) and a readable config.json") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

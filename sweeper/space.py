@@ -218,8 +218,11 @@ def _describe(spec: _KeySpec) -> str:
     if spec.kind == "name":
         return "a name of letters, digits, '.', '_' or '-' (it becomes a file name)"
     if spec.kind == "int" or spec.kind == "float":
-        lo = "" if spec.low is None else f"{'>' if spec.low_open else '>='} {spec.low:g}"
-        hi = "" if spec.high is None else f"{'<' if spec.high_open else '<='} {spec.high:g}"
+        def num(x: float) -> str:  # integers in full (1048576, not 1.04858e+06)
+            return str(int(x)) if float(x).is_integer() and abs(x) < 1e12 else f"{x:g}"
+
+        lo = "" if spec.low is None else f"{'>' if spec.low_open else '>='} {num(spec.low)}"
+        hi = "" if spec.high is None else f"{'<' if spec.high_open else '<='} {num(spec.high)}"
         bounds = " and ".join(b for b in (lo, hi) if b)
         return f"{'an integer' if spec.kind == 'int' else 'a number'}{' ' + bounds if bounds else ''}"
     if spec.kind == "bool":

@@ -98,3 +98,40 @@ def test_unreadable_files_name_the_cause(tmp_path):
     with pytest.raises(DataError, match="unsupported file type '.txt'"):
         (tmp_path / "notes.txt").write_text("hi")
         load_samples(DatasetSpec(path=str(tmp_path / "notes.txt")))
+
+
+@pytest.mark.parametrize(("content", "needle"), [("", "the file is empty"), ("\n\n  \n", "the file is empty")])
+def test_empty_files_say_so(tmp_path, content, needle):
+    path = tmp_path / "blank.jsonl"
+    path.write_text(content)
+    with pytest.raises(DataError, match=needle):
+        load_samples(DatasetSpec(path=str(path)))
+    header_only = tmp_path / "header.csv"
+    header_only.write_text("prompt,completion\n")
+    with pytest.raises(DataError, match="no data rows"):
+        load_samples(DatasetSpec(path=str(header_only)))
+
+
+def test_chat_roles_and_content_parts_are_normalised(tmp_path):
+    rows = [{"messages": [{"role": "User", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "you"}]},
+                          {"role": "Assistant", "content": "Hello."}]}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps(rows[0]) + "\n")
+    [sample] = load_samples(DatasetSpec(path=str(path)))
+    assert [m["role"] for m in sample.messages] == ["user", "assistant"]
+    assert sample.messages[0]["content"] == "Hi you"
+
+
+def test_broken_tokenizer_folder_is_one_line(tiny_model, tmp_path):
+    import shutil
+
+    from sweeper.data import load_tokenizer
+    from sweeper.errors import ModelError
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model, broken)
+    (broken / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ModelError) as info:
+        load_tokenizer(str(broken))
+    [line] = info.value.problems
+    assert line.startswith(f"{broken}: model.name_or_path: cannot load its tokenizer")

@@ -55,7 +55,9 @@ def test_doctor_on_the_demo_space_reads_its_data_and_lengths(tiny_model, workdir
 @pytest.mark.parametrize(("argv", "needle"), [
     (["missing.jsonl"], "missing.jsonl: dataset.path: no such file"),
     (["missing.yaml"], "missing.yaml"),
-    (["builtin:pydoc-topics", "--max-seq-length", "1"], "--max-seq-length: 1 is too short"),
+    (["builtin:pydoc-topics", "--max-seq-length", "1"], "--max-seq-length: 1 is out of range"),
+    (["builtin:pydoc-topics", "--max-seq-length", "10000000000"], "--max-seq-length: 10000000000 is out of range"),
+    (["builtin:pydoc-topics", "--model", ""], "--model: empty"),
     (["builtin:pydoc-topics", "--set", "r=4"], "--set: only a space file takes overrides"),
     (["builtin:pydoc-topics", "--model", "./no/such/model"], "model.name_or_path: no such directory"),
 ])
