@@ -212,6 +212,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _print(f"Pareto front (peak memory vs instability), {len(front)} of {measured} trials:")
     _print(format_front(front) if front else "  (no complete trial yet)")
     _print()
+    _publish(study)
     causes = nan_causes(study)
     _print("trials: " + format_counts(status_counts(study), causes))
     if "data" in causes:
@@ -219,8 +220,86 @@ def cmd_run(args: argparse.Namespace) -> int:
                    if t.number in causes["data"]}
         trials_dir = trial_dir(name, 0).parent.as_posix()
         _print(format_data_nan_summary(causes, samples, trials_dir) + f"; see 'sweep doctor {space.path}'")
-    _print(f"done in {time.monotonic() - start:.0f} s; study in {redact_url(storage)}; "
-           f"optuna-dashboard {redact_url(storage)}")
+    _print(f"done in {time.monotonic() - start:.0f} s; study in {redact_url(storage)}; next: 'sweep report {name}', "
+           f"'sweep dashboard {name}', 'sweep export {name} --pick knee'")
+    return 0
+
+
+def _publish(study) -> None:
+    """The front figure and failure notes for optuna-dashboard; a storage that refuses them costs only the figure."""
+    from sweeper.dashboard import publish_study
+
+    try:
+        publish_study(study)
+    except (OSError, RuntimeError, ValueError) as exc:
+        print(f"sweep: the dashboard figure and notes were not stored ({exc})", file=sys.stderr)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``sweep report STUDY``: the front, counts by status and NaN cause, the fit frontier; ``--json``; the HTML."""
+    from sweeper.console import format_counts, format_front
+    from sweeper.figures import write_html_report
+    from sweeper.report import fit_map_data, largest_fitting_seq, report_dict
+    from sweeper.study import STUDIES_DIR, load_existing_study, nan_causes, pareto_front, status_counts
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study, _ = load_existing_study(args.study)
+    html_path = Path(args.html) if args.html else STUDIES_DIR / study.study_name / "report.html"
+    if args.json:
+        _print(json.dumps(report_dict(study), indent=2))
+    else:
+        front = pareto_front(study)
+        _print(f"study '{study.study_name}': Pareto front (peak memory vs instability), {len(front)} trials:")
+        _print(format_front(front) if front else "  (no complete trial)")
+        _print()
+        _print("trials: " + format_counts(status_counts(study), nan_causes(study)))
+        fits = largest_fitting_seq(fit_map_data(study))
+        if fits:
+            _print("largest max_seq_length that fit: " + ", ".join(
+                f"batch {b}: {s if s is not None else 'none'}" for b, s in fits.items()))
+    try:
+        write_html_report(study, html_path)
+    except OSError as exc:
+        raise SweeperError([f"{html_path}: --html: cannot write the report ({exc.strerror}); choose a writable "
+                            "path"]) from None
+    if not args.json:
+        _print(f"report  {html_path} (self-contained, opens offline)")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``sweep export STUDY``: the chosen trial as a production config."""
+    import optuna
+
+    from sweeper.export import pick_trial, write_export
+    from sweeper.study import STUDIES_DIR, load_existing_study
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study, _ = load_existing_study(args.study)
+    trial = pick_trial(study, number=args.trial, pick=args.pick)
+    how = f"trial {trial.number}" if args.trial is not None else f"{args.pick} of the front: trial {trial.number}"
+    base = Path(args.output) if args.output else (
+        STUDIES_DIR / study.study_name / "exports" / f"trial{trial.number}-{args.format}")
+    files = write_export(study, trial, args.format, base)
+    _print(f"export  {how} (peak {trial.values[0]:.3f} GiB, instability {trial.values[1]:.3f}) as {args.format}: "
+           + ", ".join(str(f) for f in files))
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """``sweep dashboard STUDY``: optuna-dashboard on the study, with its artifacts, the front figure and notes."""
+    import optuna
+
+    from sweeper.dashboard import serve
+    from sweeper.study import load_existing_study, redact_url
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study, url = load_existing_study(args.study)
+    _publish(study)
+    _print(f"dashboard http://{args.host}:{args.port}/dashboard/ on {redact_url(url)} (Ctrl-C to stop)")
+    serve(url, study.study_name, host=args.host, port=args.port)
     return 0
 
 
@@ -371,6 +450,32 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument("--strict", action="store_true", help="exit 1 when a finding would make a trial NaN")
     doctor.set_defaults(func=cmd_doctor)
+
+    report = sub.add_parser("report", help="the Pareto front and failures of a study, in the terminal and in HTML")
+    report.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
+    report.add_argument("--html", metavar="PATH", help="where to write the HTML (default studies/<study>/report.html)")
+    report.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
+    report.set_defaults(func=cmd_report)
+
+    from sweeper.export import FORMATS, PICKS
+
+    export = sub.add_parser("export", help="a trial of the study as a config for production training")
+    export.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
+    which = export.add_mutually_exclusive_group()
+    which.add_argument("--trial", type=int, metavar="N", help="export this trial (it must have completed)")
+    which.add_argument("--pick", choices=PICKS, default="knee",
+                       help="a point of the front: knee (best trade-off, the default), min-memory or most-stable")
+    export.add_argument("--format", choices=FORMATS, default="hf", help="hf (default), trl, axolotl, llama-factory, json")
+    export.add_argument("-o", "--output", metavar="PATH",
+                        help="file to write; its suffix is set by the format (default studies/<study>/exports/)")
+    export.set_defaults(func=cmd_export)
+
+    dashboard = sub.add_parser("dashboard", help="optuna-dashboard on the study, with the trials' artifacts")
+    dashboard.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine "
+                                                               "only)")
+    dashboard.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    dashboard.set_defaults(func=cmd_dashboard)
     return parser
 
 

@@ -344,6 +344,7 @@ def run_study(
             study.tell(trial, state=TrialState.FAIL)
             raise
         record_result(trial, result, config.to_dict())
+        _upload_artifacts(name, trial, result)
         trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
         if result.status == "complete":
             frozen = study.tell(trial, [result.peak_memory_gib, result.instability])
@@ -353,6 +354,53 @@ def run_study(
             frozen = study.tell(trial, state=TrialState.FAIL)
         if on_trial is not None:
             on_trial(SweepEvent(trial=frozen, result=result, finished=finished + 1, n_trials=target))
+
+
+def _upload_artifacts(study_name: str, trial: optuna.Trial, result: TrialResult) -> None:
+    """The trial's trace, loss curve and failing batch to the study's artifact store (see :mod:`sweeper.dashboard`);
+    a full or read-only disk loses the artifacts, not the trial."""
+    from sweeper.dashboard import artifact_store, upload_trial_artifacts
+
+    try:
+        upload_trial_artifacts(trial, result, trial_dir(study_name, trial.number), artifact_store(study_name))
+    except OSError as exc:
+        warnings.warn(f"trial {trial.number}: artifacts not stored ({exc})", stacklevel=2)
+
+
+def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
+    """The study a command names: a study name (``studies/<name>.db``), a ``.db`` path, or a storage URL; a path or
+    URL must hold exactly one study.
+
+    Returns:
+        ``(study, storage_url)``.
+
+    Raises:
+        StudyError: No such study file or study, or the storage holds several studies (their names are listed).
+    """
+    if "://" in ref:
+        url, name = ref, None
+    elif ref.endswith(".db") or "/" in ref:
+        if not Path(ref).is_file():
+            raise StudyError(f"{ref}: STUDY: no such study file; give a study name (studies/<name>.db), a .db "
+                             "path or a storage URL")
+        url, name = f"sqlite:///{ref}", None
+    else:
+        db = STUDIES_DIR / f"{ref}.db"
+        if not db.is_file():
+            known = sorted(p.stem for p in STUDIES_DIR.glob("*.db")) if STUDIES_DIR.is_dir() else []
+            hint = f"studies here: {', '.join(known)}" if known else "run 'sweep run SPACE.yaml' first"
+            raise StudyError(f"{ref}: STUDY: no study file {db} in {Path.cwd()}; {hint}")
+        url, name = default_storage(ref), ref
+    storage = _storage(url)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    if name is None:
+        if len(names) != 1:
+            raise StudyError(f"{redact_url(url)}: STUDY: holds {len(names)} studies ({', '.join(names) or 'none'}); "
+                             "give one by name, e.g. 'sweep report NAME' with studies/NAME.db")
+        name = names[0]
+    elif name not in names:
+        raise StudyError(f"{redact_url(url)}: STUDY: no study '{name}' in it (it holds {', '.join(names) or 'none'})")
+    return optuna.load_study(study_name=name, storage=storage), url
 
 
 def pareto_front(study: optuna.Study) -> list[FrozenTrial]:

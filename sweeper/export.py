@@ -1,0 +1,380 @@
+"""From a study to a production config: pick a trial of the front and write its settings for transformers/peft,
+TRL, axolotl or LLaMA-Factory (``sweep export``).
+
+The export carries the trial's quantization, LoRA and batch settings as measured, and keeps the space's
+``target_effective_batch_size`` through ``gradient_accumulation_steps`` (the short trials ran with their own). A
+setting the target tool cannot express the way the trial ran it is said in a comment, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.errors import StudyError
+from sweeper.study import pareto_front
+
+Pick = Literal["knee", "min-memory", "most-stable"]
+Format = Literal["hf", "trl", "axolotl", "llama-factory", "json"]
+FORMATS: tuple[str, ...] = ("hf", "trl", "axolotl", "llama-factory", "json")
+PICKS: tuple[str, ...] = ("knee", "min-memory", "most-stable")
+
+#: Built-in models as the hub ids a production run would load.
+HUB_IDS = {"builtin:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def knee(front: list[FrozenTrial]) -> FrozenTrial:
+    """The front's point of best trade-off: after scaling each objective to [0, 1] over the front (min-max), the
+    point nearest the ideal point (0, 0) in Euclidean distance, the "compromise solution" of multi-objective
+    decision making (Zeleny 1973; Deb, *Multi-Objective Optimization using Evolutionary Algorithms*, 2001, 8.2).
+    Ties go to the lower instability, then the lower memory.
+
+    Raises:
+        ValueError: ``front`` is empty.
+    """
+    if not front:
+        raise ValueError("the front is empty")
+    lows = [min(t.values[i] for t in front) for i in range(2)]
+    spans = [(max(t.values[i] for t in front) - lows[i]) or 1.0 for i in range(2)]
+
+    def distance(t: FrozenTrial) -> tuple[float, float, float]:
+        scaled = [(t.values[i] - lows[i]) / spans[i] for i in range(2)]
+        return (round(math.hypot(*scaled), 12), t.values[1], t.values[0])
+
+    return min(front, key=distance)
+
+
+def pick_trial(study: optuna.Study, *, number: int | None = None, pick: Pick = "knee") -> FrozenTrial:
+    """The trial to export: trial ``number``, or the front's ``knee``, ``min-memory`` or ``most-stable`` point.
+
+    Raises:
+        StudyError: No such trial, the trial did not complete (its status and reason are named), or the study has
+            no complete trial.
+    """
+    name = study.study_name
+    if number is not None:
+        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        if number not in trials:
+            raise StudyError(f"{name}: --trial: no trial {number} in this study (trials 0-{len(trials) - 1}); "
+                             "see 'sweep report " + name + "'")
+        t = trials[number]
+        if t.state != TrialState.COMPLETE:
+            status = t.user_attrs.get("status", t.state.name.lower())
+            raise StudyError(f"{name}: --trial: trial {number} did not complete ({status}: "
+                             f"{t.user_attrs.get('reason', 'no result')}); export a complete trial, e.g. --pick knee")
+        return t
+    front = pareto_front(study)
+    if not front:
+        raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with "
+                         "'sweep run'")
+    if pick == "min-memory":
+        return min(front, key=lambda t: (t.values[0], t.values[1]))
+    if pick == "most-stable":
+        return min(front, key=lambda t: (t.values[1], t.values[0]))
+    return knee(front)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportSettings:
+    """What an export writes, gathered from the trial's stored config.
+
+    Attributes:
+        model: Model to fine-tune (a built-in name becomes its hub id).
+        quantization: ``BitsAndBytesConfig`` keyword arguments (``bnb_4bit_compute_dtype`` as a dtype name).
+        lora: ``LoraConfig`` keyword arguments.
+        training: ``TrainingArguments`` keyword arguments, ``gradient_accumulation_steps`` set to keep
+            ``target_effective_batch_size``.
+        max_seq_length: Tokens per row.
+        effective_batch_size: ``per_device_train_batch_size * gradient_accumulation_steps`` of the export.
+        target_effective_batch_size: What the space asked for.
+        provenance: Study, trial, measured peak memory and its kind, instability, library versions.
+        notes: Comments every format carries (how the trial differs from a production run).
+    """
+
+    model: str
+    quantization: dict[str, Any]
+    lora: dict[str, Any]
+    training: dict[str, Any]
+    max_seq_length: int
+    effective_batch_size: int
+    target_effective_batch_size: int
+    provenance: dict[str, Any]
+    notes: list[str]
+
+
+def settings_of(study: optuna.Study, trial: FrozenTrial) -> ExportSettings:
+    """The export settings of a complete trial (see :class:`ExportSettings`)."""
+    c: Mapping[str, Any] = trial.user_attrs["config"]
+    batch = int(c["per_device_train_batch_size"])
+    target = int(c.get("target_effective_batch_size") or batch * int(c.get("gradient_accumulation_steps", 1)))
+    accumulation = max(1, math.ceil(target / batch))
+    notes = [
+        f"gradient_accumulation_steps={accumulation} keeps target_effective_batch_size={target} at "
+        f"per_device_train_batch_size={batch} (the short trial ran gradient_accumulation_steps="
+        f"{c.get('gradient_accumulation_steps', 1)})",
+        f"the trial ran {c.get('max_steps')} steps at a constant learning rate after {c.get('warmup_steps', 0)} "
+        "warmup steps, to probe the peak rate; choose the schedule of the real run yourself",
+        "the trial supervised the assistant replies only (prompt tokens had label -100)",
+    ]
+    if batch * accumulation != target:
+        notes.append(f"{target} is not a multiple of {batch}: the effective batch is {batch * accumulation}")
+    name = c["model"]["name_or_path"]
+    versions = trial.user_attrs.get("versions") or {}
+    peak = trial.user_attrs.get("peak_memory_gib")
+    provenance = {
+        "study": study.study_name,
+        "trial": trial.number,
+        "peak_memory_gib": round(peak, 3) if isinstance(peak, float) else peak,
+        "memory_kind": trial.user_attrs.get("memory_kind"),
+        "memory_limit_gib": c.get("memory_limit_gib"),
+        "instability": round(trial.values[1], 4),
+        "device": trial.user_attrs.get("device"),
+        "versions": {**versions, "sweeper": _version("sweeper")},
+        "exported": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    training = {
+        "per_device_train_batch_size": batch,
+        "gradient_accumulation_steps": accumulation,
+        "learning_rate": c["learning_rate"],
+        "optim": c["optim"],
+        "gradient_checkpointing": c["gradient_checkpointing"],
+        "max_grad_norm": c["max_grad_norm"],
+        "warmup_steps": c.get("warmup_steps", 0),
+        "weight_decay": c.get("weight_decay", 0.0),
+        "bf16": c["bnb_4bit_compute_dtype"] == "bfloat16",
+        "fp16": c["bnb_4bit_compute_dtype"] == "float16",
+        "seed": c.get("seed", 0),
+    }
+    return ExportSettings(
+        model=HUB_IDS.get(name, name),
+        quantization={"load_in_4bit": True, "bnb_4bit_quant_type": c["bnb_4bit_quant_type"],
+                      "bnb_4bit_use_double_quant": c["bnb_4bit_use_double_quant"],
+                      "bnb_4bit_compute_dtype": c["bnb_4bit_compute_dtype"]},
+        lora={"r": c["r"], "lora_alpha": trial.user_attrs.get("lora_alpha", c["lora_alpha_ratio"] * c["r"]),
+              "lora_dropout": c["lora_dropout"], "target_modules": list(c["target_modules"]), "bias": "none",
+              "task_type": "CAUSAL_LM"},
+        training=training,
+        max_seq_length=int(c["max_seq_length"]),
+        effective_batch_size=batch * accumulation,
+        target_effective_batch_size=target,
+        provenance=provenance,
+        notes=notes,
+    )
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _header(s: ExportSettings, comment: str) -> list[str]:
+    p = s.provenance
+    versions = ", ".join(f"{k} {v}" for k, v in p["versions"].items() if v)
+    lines = [
+        f"Exported by sweeper from study '{p['study']}', trial {p['trial']} ({p['exported']}).",
+        f"Measured: peak memory {p['peak_memory_gib']} GiB ({p['memory_kind']}, cap {p['memory_limit_gib']} GiB), "
+        f"instability {p['instability']}, on {p['device']}.",
+        f"Versions: {versions}.",
+        *s.notes,
+    ]
+    return [f"{comment} {line}" for line in lines]
+
+
+def _py_value(value: Any) -> str:
+    return repr(value)
+
+
+def render_hf(s: ExportSettings, *, trl: bool = False) -> str:
+    """A Python file building ``BitsAndBytesConfig``, ``LoraConfig`` and ``TrainingArguments`` (or TRL's
+    ``SFTConfig`` with ``max_length``) from the settings; importing it builds the objects, nothing is trained."""
+    q = dict(s.quantization)
+    dtype = q.pop("bnb_4bit_compute_dtype")
+    args_class = "SFTConfig" if trl else "TrainingArguments"
+    lines = ['"""QLoRA settings chosen with sweeper."""', "", *_header(s, "#"), ""]
+    lines += ["import torch", "from peft import LoraConfig", "from transformers import BitsAndBytesConfig"
+              + ("" if trl else ", TrainingArguments")]
+    if trl:
+        lines.append("from trl import SFTConfig")
+    lines += ["", f"MODEL_NAME = {s.model!r}", f"MAX_SEQ_LENGTH = {s.max_seq_length}", "",
+              "bnb_config = BitsAndBytesConfig("]
+    lines += [f"    {k}={_py_value(v)}," for k, v in q.items()]
+    lines += [f"    bnb_4bit_compute_dtype=torch.{dtype},", ")", "", "lora_config = LoraConfig("]
+    lines += [f"    {k}={_py_value(v)}," for k, v in s.lora.items()]
+    lines += [")", "", f"training_args = {args_class}("]
+    lines.append(f"    output_dir={('outputs/' + s.provenance['study'] + '-trial' + str(s.provenance['trial']))!r},")
+    for k, v in s.training.items():
+        if k == "gradient_checkpointing":  # transformers 5 renamed it; the old name warns (removed in v6)
+            lines.append(f"    activation_checkpointing={_py_value(v)},  # gradient_checkpointing")
+        else:
+            lines.append(f"    {k}={_py_value(v)},")
+    if trl:
+        lines += ["    max_length=MAX_SEQ_LENGTH,  # TRL's name for max_seq_length",
+                  "    # Conversational data: train on the assistant turns only, as the trial did (needs a chat",
+                  "    # template with generation tags); for prompt/completion data use completion_only_loss=True.",
+                  "    assistant_only_loss=True,"]
+    lines += [")", "", "# Load the model with: AutoModelForCausalLM.from_pretrained(MODEL_NAME, "
+              "quantization_config=bnb_config, dtype=bnb_config.bnb_4bit_compute_dtype)"]
+    if not trl:
+        lines.append("# Truncate or pack samples to MAX_SEQ_LENGTH tokens when tokenizing.")
+    return "\n".join(lines) + "\n"
+
+
+def settings_json(s: ExportSettings) -> dict[str, Any]:
+    """The settings as JSON: ``{"provenance", "notes", "model", "max_seq_length", "bnb_config", "lora_config",
+    "training_args", "effective_batch_size", "target_effective_batch_size"}``."""
+    return {"provenance": s.provenance, "notes": s.notes, "model": s.model, "max_seq_length": s.max_seq_length,
+            "bnb_config": s.quantization, "lora_config": s.lora, "training_args": s.training,
+            "effective_batch_size": s.effective_batch_size,
+            "target_effective_batch_size": s.target_effective_batch_size}
+
+
+def _yaml(header: list[str], data: Mapping[str, Any], comments: Mapping[str, str]) -> str:
+    """YAML of ``data`` in order, with the header comment and a comment after the keys named in ``comments``."""
+    import yaml
+
+    lines = list(header) + [""]
+    for key, value in data.items():
+        if isinstance(value, (list, dict)):  # one line: [q_proj, v_proj], {bnb_4bit_quant_type: nf4, ...}
+            text = f"{key}: " + yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+        else:
+            text = yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False, width=1000).rstrip("\n")
+        if key in comments:
+            first, *rest = text.split("\n")
+            text = "\n".join([f"{first}  # {comments[key]}", *rest])
+        lines.append(text)
+    return "\n".join(lines) + "\n"
+
+
+def render_axolotl(s: ExportSettings) -> str:
+    """An axolotl config (``adapter: qlora``). axolotl derives ``bnb_4bit_compute_dtype`` from its ``bf16``/
+    ``fp16`` flags; the trial's value is passed through ``bnb_config_kwargs``, which axolotl merges into its
+    ``BitsAndBytesConfig``."""
+    t, q = s.training, s.quantization
+    data = {
+        "base_model": s.model,
+        "load_in_4bit": True,
+        "adapter": "qlora",
+        "lora_r": s.lora["r"],
+        "lora_alpha": s.lora["lora_alpha"],
+        "lora_dropout": s.lora["lora_dropout"],
+        "lora_target_modules": s.lora["target_modules"],
+        "bnb_config_kwargs": {"bnb_4bit_quant_type": q["bnb_4bit_quant_type"],
+                              "bnb_4bit_use_double_quant": q["bnb_4bit_use_double_quant"],
+                              "bnb_4bit_compute_dtype": q["bnb_4bit_compute_dtype"]},
+        "sequence_len": s.max_seq_length,
+        "micro_batch_size": t["per_device_train_batch_size"],
+        "gradient_accumulation_steps": t["gradient_accumulation_steps"],
+        "learning_rate": t["learning_rate"],
+        "optimizer": t["optim"],
+        "gradient_checkpointing": t["gradient_checkpointing"],
+        "max_grad_norm": t["max_grad_norm"],
+        "warmup_steps": t["warmup_steps"],
+        "weight_decay": t["weight_decay"],
+        "bf16": t["bf16"],
+        "fp16": t["fp16"],
+        "seed": t["seed"],
+        "output_dir": f"./outputs/{s.provenance['study']}-trial{s.provenance['trial']}",
+    }
+    comments = {
+        "bnb_config_kwargs": "axolotl ties bnb_4bit_compute_dtype to bf16/fp16; this entry sets the trial's value "
+                             "explicitly",
+        "sequence_len": "sweeper's max_seq_length",
+        "micro_batch_size": "per_device_train_batch_size",
+    }
+    if not t["bf16"] and not t["fp16"]:
+        comments["bf16"] = "the trial computed in float32: no mixed precision"
+    return _yaml(_header(s, "#"), data, comments)
+
+
+def render_llama_factory(s: ExportSettings) -> str:
+    """A LLaMA-Factory training config (``finetuning_type: lora``, ``quantization_bit: 4``). LLaMA-Factory derives
+    the 4-bit compute dtype from ``bf16``/``fp16`` and has no key for it: the comment says what the trial used."""
+    t, q = s.training, s.quantization
+    data = {
+        "model_name_or_path": s.model,
+        "stage": "sft",
+        "do_train": True,
+        "finetuning_type": "lora",
+        "quantization_bit": 4,
+        "quantization_method": "bitsandbytes",
+        "quantization_type": q["bnb_4bit_quant_type"],
+        "double_quantization": q["bnb_4bit_use_double_quant"],
+        "lora_rank": s.lora["r"],
+        "lora_alpha": s.lora["lora_alpha"],
+        "lora_dropout": s.lora["lora_dropout"],
+        "lora_target": ",".join(s.lora["target_modules"]),
+        "cutoff_len": s.max_seq_length,
+        "per_device_train_batch_size": t["per_device_train_batch_size"],
+        "gradient_accumulation_steps": t["gradient_accumulation_steps"],
+        "learning_rate": t["learning_rate"],
+        "optim": t["optim"],
+        "disable_gradient_checkpointing": not t["gradient_checkpointing"],
+        "max_grad_norm": t["max_grad_norm"],
+        "warmup_steps": t["warmup_steps"],
+        "weight_decay": t["weight_decay"],
+        "bf16": t["bf16"],
+        "fp16": t["fp16"],
+        "seed": t["seed"],
+        "output_dir": f"outputs/{s.provenance['study']}-trial{s.provenance['trial']}",
+    }
+    dtype = q["bnb_4bit_compute_dtype"]
+    comments = {
+        "quantization_type": "bnb_4bit_quant_type",
+        "double_quantization": "bnb_4bit_use_double_quant",
+        "cutoff_len": "sweeper's max_seq_length",
+        "bf16": f"bnb_4bit_compute_dtype={dtype} in the trial; LLaMA-Factory has no key for it and derives it from "
+                "bf16/fp16" + (" (neither: float32)" if dtype == "float32" else ""),
+    }
+    return _yaml(_header(s, "#"), data, comments)
+
+
+def render(s: ExportSettings, fmt: Format) -> dict[str, str]:
+    """The files of one export: ``{suffix: text}`` (``hf`` writes ``.py`` and ``.json``, the others one file)."""
+    if fmt == "hf":
+        return {".py": render_hf(s), ".json": json.dumps(settings_json(s), indent=2) + "\n"}
+    if fmt == "trl":
+        return {".py": render_hf(s, trl=True)}
+    if fmt == "axolotl":
+        return {".yaml": render_axolotl(s)}
+    if fmt == "llama-factory":
+        return {".yaml": render_llama_factory(s)}
+    return {".json": json.dumps(settings_json(s), indent=2) + "\n"}
+
+
+def write_export(study: optuna.Study, trial: FrozenTrial, fmt: Format, path: str | Path) -> list[Path]:
+    """Write the export of ``trial`` in ``fmt`` to ``path`` (its suffix is replaced by the format's; ``hf`` also
+    writes the JSON beside it). Each file is written to a temporary name and renamed, so an existing export is never
+    left half-written.
+
+    Returns:
+        The files written.
+
+    Raises:
+        StudyError: The folder cannot be written.
+    """
+    files = render(settings_of(study, trial), fmt)
+    base = Path(path)
+    out = []
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for suffix, text in files.items():
+            target = base.with_suffix(suffix)
+            tmp = target.with_name(target.name + ".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, target)
+            out.append(target)
+    except OSError as exc:
+        raise StudyError(f"{base}: -o: cannot write the export ({exc.strerror}); choose a writable path") from None
+    return out

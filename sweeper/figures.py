@@ -1,0 +1,248 @@
+"""Figures of a study (plotly) and the self-contained HTML report: the second step after :mod:`sweeper.report`,
+which computes each figure's data.
+
+The HTML carries plotly.js inline once (no CDN), so the file opens offline.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from sweeper import report as data
+
+#: Marker per status in the front figure (plotly symbol names).
+SYMBOLS = {"complete": "circle", "nan": "x", "oom": "triangle-up", "timeout": "hourglass", "crash": "star",
+           "error": "square", "predicted_oom": "triangle-up-open", "dominated_oom": "triangle-down-open"}
+COLORS = {"front": "#d62728", "complete": "#1f77b4", "nan": "#ff7f0e", "oom": "#7f7f7f", "fits": "#2ca02c",
+          "not_tried": "#eeeeee"}
+
+
+def _hover(point: Mapping[str, Any]) -> str:
+    params = "<br>".join(f"{k}={v}" for k, v in point["params"].items())
+    memory = "-" if point["peak_memory_gib"] is None else f"{point['peak_memory_gib']:.3f} GiB"
+    stability = "-" if point["instability"] is None else f"{point['instability']:.3f}"
+    reason = html.escape(point["reason"])[:200]
+    return (f"trial {point['number']}: {point['label']}<br>peak {memory}, instability {stability}<br>{params}"
+            f"<br>{reason}")
+
+
+def front_figure(front: Mapping[str, Any]) -> Any:
+    """Peak memory (x) against instability (y) for every trial of :func:`sweeper.report.front_data`: the front as a
+    red line, other complete trials in blue, pruned and failed trials where their memory is known, in a band above
+    the highest instability, one marker per status (NaN cause in the hover and legend)."""
+    import plotly.graph_objects as go
+
+    points = front["points"]
+    fig = go.Figure()
+    complete = [p for p in points if p["instability"] is not None]
+    on_front = sorted((p for p in complete if p["on_front"]), key=lambda p: p["peak_memory_gib"])
+    rest = [p for p in complete if not p["on_front"]]
+    top = max((p["instability"] for p in complete), default=1.0)
+    band = top * 1.15 + 0.05
+    if rest:
+        fig.add_trace(go.Scatter(x=[p["peak_memory_gib"] for p in rest], y=[p["instability"] for p in rest],
+                                 mode="markers", name="complete", marker={"color": COLORS["complete"], "size": 9},
+                                 hovertext=[_hover(p) for p in rest], hoverinfo="text"))
+    if on_front:
+        fig.add_trace(go.Scatter(x=[p["peak_memory_gib"] for p in on_front],
+                                 y=[p["instability"] for p in on_front], mode="lines+markers+text",
+                                 name="Pareto front", text=[f"#{p['number']}" for p in on_front],
+                                 textposition="top center", line={"color": COLORS["front"]},
+                                 marker={"color": COLORS["front"], "size": 12},
+                                 hovertext=[_hover(p) for p in on_front], hoverinfo="text"))
+    failed = [p for p in points if p["instability"] is None and p["peak_memory_gib"] is not None]
+    for label in sorted({p["label"] for p in failed}):
+        group = [p for p in failed if p["label"] == label]
+        status = group[0]["status"]
+        fig.add_trace(go.Scatter(x=[p["peak_memory_gib"] for p in group], y=[band] * len(group), mode="markers",
+                                 name=f"{label} (no instability)",
+                                 marker={"symbol": SYMBOLS.get(status, "diamond"), "size": 12,
+                                         "color": COLORS.get(status, "#9467bd")},
+                                 hovertext=[_hover(p) for p in group], hoverinfo="text"))
+    kind = front.get("memory_kind") or "peak memory"
+    fig.update_layout(title="Peak memory against instability (lower left is better)",
+                      xaxis_title=f"peak_memory_gib ({kind})", yaxis_title="instability",
+                      template="plotly_white", height=480)
+    return fig
+
+
+def fit_map_figure(fit: Mapping[str, Any]) -> Any:
+    """A grid of per_device_train_batch_size (rows) x max_seq_length (columns): green fits (with the measured peak
+    range), grey OOM, blank not tried."""
+    import plotly.graph_objects as go
+
+    batches, lengths = fit["batch_sizes"], fit["max_seq_lengths"]
+    cells = {(c["per_device_train_batch_size"], c["max_seq_length"]): c for c in fit["cells"]}
+    z, text = [], []
+    for b in batches:
+        row_z, row_t = [], []
+        for s in lengths:
+            c = cells.get((b, s))
+            if c is None:
+                row_z.append(0)
+                row_t.append("not tried")
+            elif c["state"] == "fits":
+                row_z.append(2)
+                lo, hi = c["min_peak_memory_gib"], c["max_peak_memory_gib"]
+                peak = "" if lo is None else (f"{lo:.2f}" if lo == hi else f"{lo:.2f}-{hi:.2f}") + " GiB"
+                row_t.append(f"fits {peak}" + (f" ({c['ooms']} OOM)" if c["ooms"] else ""))
+            else:
+                row_z.append(1)
+                row_t.append(f"OOM ({c['ooms']})")
+        z.append(row_z)
+        text.append(row_t)
+    colorscale = [[0, COLORS["not_tried"]], [0.5, COLORS["oom"]], [1, COLORS["fits"]]]
+    fig = go.Figure(go.Heatmap(z=z, x=[str(s) for s in lengths], y=[str(b) for b in batches], text=text,
+                               texttemplate="%{text}", zmin=0, zmax=2, colorscale=colorscale, showscale=False,
+                               hovertemplate="batch %{y} x %{x} tokens: %{text}<extra></extra>"))
+    fig.update_layout(title="What fits the memory cap", xaxis_title="max_seq_length", xaxis_type="category",
+                      yaxis_title="per_device_train_batch_size", yaxis_type="category", template="plotly_white",
+                      height=120 + 60 * max(1, len(batches)))
+    return fig
+
+
+def curves_figure(curves: Sequence[Mapping[str, Any]]) -> Any:
+    """Loss (left) and pre-clip gradient norm (right, log scale) per step for the front's and the NaN trials; a NaN
+    trial's failing step is a gap."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    import plotly.colors
+
+    palette = plotly.colors.qualitative.Plotly
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("loss", "gradient norm (before clipping)"))
+    for i, c in enumerate(curves):
+        line = {"dash": "solid" if c["kind"] == "front" else "dot", "color": palette[i % len(palette)]}
+        steps = list(range(1, max(len(c["loss"]), len(c["grad_norm"])) + 1))
+        fig.add_trace(go.Scatter(x=steps, y=c["loss"], mode="lines+markers", name=c["label"],
+                                 legendgroup=c["label"], line=line), row=1, col=1)
+        fig.add_trace(go.Scatter(x=steps, y=c["grad_norm"], mode="lines+markers", name=c["label"],
+                                 legendgroup=c["label"], showlegend=False, line=line), row=1, col=2)
+    fig.update_yaxes(type="log", row=1, col=2)
+    fig.update_xaxes(title_text="step")
+    fig.update_layout(title="Curves of the front (solid) and of NaN trials (dotted, up to the failing step)",
+                      template="plotly_white", height=420)
+    return fig
+
+
+def importance_figure(importance: Mapping[str, Mapping[str, float]]) -> Any:
+    """Horizontal bars of each parameter's importance, one subplot per objective."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    names = list(importance) or ["(fewer than two complete trials)"]
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, horizontal_spacing=0.3)
+    for i, name in enumerate(importance, 1):
+        items = sorted(importance[name].items(), key=lambda kv: kv[1])
+        fig.add_trace(go.Bar(x=[v for _, v in items], y=[k for k, _ in items], orientation="h", name=name,
+                             showlegend=False), row=1, col=i)
+    fig.update_layout(title="Parameter importance per objective (optuna.importance)", template="plotly_white",
+                      height=380)
+    return fig
+
+
+def _table(rows: Sequence[Sequence[Any]]) -> str:
+    head, *body = rows
+    out = ["<table><thead><tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in head) + "</tr></thead><tbody>"]
+    out += ["<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in body]
+    return "\n".join(out) + "</tbody></table>"
+
+
+def render_html(study: optuna.Study) -> str:
+    """The whole report as one HTML page: front table, counts, fit frontier, and the four figures, with plotly.js
+    inline (about 4.7 MB) so that it opens offline."""
+    import plotly.io as pio
+
+    summary = data.report_dict(study)
+    figures = [front_figure(data.front_data(study)), fit_map_figure(data.fit_map_data(study)),
+               curves_figure(data.curves_data(study)), importance_figure(summary["importance"])]
+    divs = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), div_id=f"figure-{i}",
+                        config={"displaylogo": False}) for i, fig in enumerate(figures)]
+    from sweeper.console import SHORT_NAMES
+
+    keys = list(summary["front"][0]["params"]) if summary["front"] else []
+    front_rows = [["trial", *[SHORT_NAMES.get(k, k) for k in keys], "peak_memory_gib", "instability"]]
+    front_rows += [[f["number"], *[f["params"].get(k) for k in keys], f"{f['peak_memory_gib']:.3f}",
+                    f"{f['instability']:.3f}"] for f in summary["front"]]
+    counts = " · ".join(f"{k} {v}" for k, v in summary["status_counts"].items())
+    causes = ", ".join(f"{k} {len(v)}" for k, v in summary["nan_causes"].items()) or "none"
+    fit = ", ".join(f"batch {b}: {s if s is not None else 'none'}"
+                    for b, s in summary["largest_max_seq_length_by_batch"].items())
+    failed = [t for t in summary["trials"] if t["state"] != "COMPLETE"]
+    failed_rows = [["trial", "status", "reason"]] + [[t["number"], t["label"], t["reason"]] for t in failed]
+    title = f"sweeper report: {html.escape(study.study_name)}"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f3f3f3}}</style></head>
+<body><h1>{title}</h1>
+<p>Generated {time.strftime("%Y-%m-%d %H:%M:%S")}. Both objectives are minimized.</p>
+<h2 id="front">Pareto front ({len(summary["front"])} of {len(summary["trials"])} trials)</h2>
+{_table(front_rows)}
+<p>Columns: {html.escape(", ".join(f"{SHORT_NAMES[k]} = {k}" for k in keys if SHORT_NAMES.get(k, k) != k))}.</p>
+<p>Trials by status: {html.escape(counts)}. NaN causes: {html.escape(causes)}.</p>
+<p>Largest max_seq_length that fit, per batch size: {html.escape(fit) or "none measured"}.</p>
+{divs[0]}
+<h2 id="fit-map">Fit map</h2>{divs[1]}
+<h2 id="curves">Curves</h2>{divs[2]}
+<h2 id="importance">Parameter importance</h2>{divs[3]}
+<h2 id="failed">Pruned and failed trials</h2>{_table(failed_rows) if failed else "<p>none</p>"}
+<script type="application/json" id="report-data">{html.escape(json.dumps(summary))}</script>
+</body></html>
+"""
+
+
+def write_html_report(study: optuna.Study, path: str | Path) -> Path:
+    """Write :func:`render_html` to ``path`` (through a temporary file and a rename: an earlier report is never
+    left half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render_html(study), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def loss_curve_svg(loss: Sequence[float | None], grad_norm: Sequence[float | None], title: str) -> str:
+    """A small SVG of a trial's loss and gradient norm per step, for optuna-dashboard's artifact viewer (it previews
+    images; plotly's static export needs kaleido and a Chrome binary, which GPU machines often lack).
+
+    Each series is scaled to its own range; a non-finite step is a gap.
+    """
+    width, height, pad = 480, 200, 30
+
+    def path(values: Sequence[float | None]) -> str:
+        finite = [v for v in values if v is not None]
+        if not finite:
+            return ""
+        lo, hi = min(finite), max(finite)
+        span = (hi - lo) or 1.0
+        n = max(len(values) - 1, 1)
+        out, pen = [], "M"
+        for i, v in enumerate(values):
+            if v is None:
+                pen = "M"
+                continue
+            x = pad + (width - 2 * pad) * i / n
+            y = height - pad - (height - 2 * pad) * (v - lo) / span
+            out.append(f"{pen}{x:.1f},{y:.1f}")
+            pen = "L"
+        return " ".join(out)
+
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
+            f'<rect width="100%" height="100%" fill="white"/>'
+            f'<text x="{pad}" y="18" font-family="sans-serif" font-size="12">{html.escape(title)}: '
+            '<tspan fill="#1f77b4">loss</tspan>, <tspan fill="#ff7f0e">gradient norm</tspan> (each on its own scale)'
+            f'</text><path d="{path(loss)}" fill="none" stroke="#1f77b4" stroke-width="2"/>'
+            f'<path d="{path(grad_norm)}" fill="none" stroke="#ff7f0e" stroke-width="2" stroke-dasharray="4 2"/>'
+            f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#999"/>'
+            f'<text x="{width - pad}" y="{height - 8}" font-family="sans-serif" font-size="11" '
+            f'text-anchor="end">step 1-{max(len(loss), 1)}</text></svg>')

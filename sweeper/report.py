@@ -1,0 +1,200 @@
+"""What a finished study says, as plain data: the Pareto front with every trial around it, the fit map of batch size
+against ``max_seq_length``, loss and gradient-norm curves, parameter importance, and the JSON of ``sweep report``.
+
+The data half of the report (``STYLE.md``): every function takes an ``optuna.Study`` and returns dicts and lists of
+plain values, no torch and no plotly; :mod:`sweeper.figures` turns them into figures.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.study import OBJECTIVES, nan_causes, pareto_front, status_counts
+
+#: Per-trial settings shown in the report and its hover texts (``lora_alpha`` is derived: ``lora_alpha_ratio * r``).
+REPORT_KEYS = ("r", "lora_alpha", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant", "bnb_4bit_quant_type",
+               "per_device_train_batch_size", "gradient_accumulation_steps", "max_seq_length", "learning_rate")
+
+#: Statuses whose trial ran at least one step within the memory cap: their batch shape fits.
+FIT_STATUSES = ("complete", "nan")
+
+
+def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Finished trials that ran a configuration (a repeat that reused an earlier result is left out), by number."""
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.state.is_finished() and "duplicate_of" not in t.user_attrs and "status" in t.user_attrs]
+
+
+def trial_params(trial: FrozenTrial, searched: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The trial's settings under :data:`REPORT_KEYS` plus any other searched key, from its stored ``config``."""
+    config = trial.user_attrs.get("config", {})
+    out = {k: config.get(k) for k in REPORT_KEYS if k in config}
+    out["lora_alpha"] = trial.user_attrs.get("lora_alpha", config.get("lora_alpha_ratio", 0) * config.get("r", 0))
+    for key in searched:
+        if key not in out and key in config:
+            out[key] = config[key]
+    return {k: out[k] for k in [*REPORT_KEYS, *searched] if k in out}
+
+
+def status_label(trial: FrozenTrial) -> str:
+    """``complete``, ``oom``, ``nan/data`` ...: the status with the NaN cause."""
+    status = trial.user_attrs.get("status", trial.state.name.lower())
+    cause = trial.user_attrs.get("nan_cause")
+    return f"{status}/{cause}" if status == "nan" and cause else status
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def trial_record(trial: FrozenTrial, searched: list[str], front: set[int]) -> dict[str, Any]:
+    """One trial for the report: number, state, status (with cause), reason, params, measurements, front flag."""
+    a = trial.user_attrs
+    return {
+        "number": trial.number,
+        "state": trial.state.name,
+        "status": a.get("status"),
+        "label": status_label(trial),
+        "nan_cause": a.get("nan_cause"),
+        "nan_samples": a.get("nan_samples") or [],
+        "reason": a.get("reason", ""),
+        "params": trial_params(trial, searched),
+        "peak_memory_gib": _finite(a.get("peak_memory_gib")),
+        "memory_kind": a.get("memory_kind"),
+        "instability": _finite(a.get("instability")) if trial.state == TrialState.COMPLETE else None,
+        "fail_step": a.get("fail_step"),
+        "steps_done": a.get("steps_done"),
+        "on_front": trial.number in front,
+    }
+
+
+def front_data(study: optuna.Study) -> dict[str, Any]:
+    """Every measured trial as a point of peak memory against instability, the front flagged.
+
+    Returns:
+        ``{"objectives": ["peak_memory_gib", "instability"], "memory_kind": str | None, "points": [record]}`` with
+        the records of :func:`trial_record`. PRUNED and FAIL trials have ``instability`` None and, where the worker
+        measured it, a ``peak_memory_gib`` (an OOM's is the memory at the failure).
+    """
+    searched = list(study.user_attrs.get("searched", []))
+    front = {t.number for t in pareto_front(study)}
+    points = [trial_record(t, searched, front) for t in measured_trials(study)]
+    kinds = {p["memory_kind"] for p in points if p["memory_kind"]}
+    return {"objectives": list(OBJECTIVES), "memory_kind": kinds.pop() if len(kinds) == 1 else None,
+            "points": points}
+
+
+def fit_map_data(study: optuna.Study) -> dict[str, Any]:
+    """Which ``per_device_train_batch_size`` x ``max_seq_length`` shapes fit the memory cap.
+
+    A cell *fits* when some trial of that shape ran a step within the cap (``complete`` or ``nan``), is *oom* when
+    every trial of that shape ran out of memory, and is *not tried* otherwise (the figure fills those in). Other
+    settings (r, dtype, ...) differ between the trials of a cell: its measured peaks are given as a range.
+
+    Returns:
+        ``{"batch_sizes": [...], "max_seq_lengths": [...], "cells": [{"per_device_train_batch_size",
+        "max_seq_length", "state", "fits", "ooms", "min_peak_memory_gib", "max_peak_memory_gib", "trials"}]}``.
+    """
+    cells: dict[tuple[int, int], dict[str, Any]] = {}
+    for t in measured_trials(study):
+        config, status = t.user_attrs.get("config", {}), t.user_attrs.get("status")
+        if status not in (*FIT_STATUSES, "oom") or "per_device_train_batch_size" not in config:
+            continue
+        key = (config["per_device_train_batch_size"], config["max_seq_length"])
+        cell = cells.setdefault(key, {"per_device_train_batch_size": key[0], "max_seq_length": key[1], "fits": 0,
+                                      "ooms": 0, "peaks": [], "trials": []})
+        cell["fits" if status in FIT_STATUSES else "ooms"] += 1
+        cell["trials"].append(t.number)
+        peak = _finite(t.user_attrs.get("peak_memory_gib"))
+        if peak is not None and status in FIT_STATUSES:
+            cell["peaks"].append(peak)
+    out = []
+    for key in sorted(cells):
+        cell = cells[key]
+        peaks = cell.pop("peaks")
+        cell["state"] = "fits" if cell["fits"] else "oom"
+        cell["min_peak_memory_gib"] = min(peaks) if peaks else None
+        cell["max_peak_memory_gib"] = max(peaks) if peaks else None
+        out.append(cell)
+    return {"batch_sizes": sorted({k[0] for k in cells}), "max_seq_lengths": sorted({k[1] for k in cells}),
+            "cells": out}
+
+
+def largest_fitting_seq(fit_map: Mapping[str, Any]) -> dict[int, int | None]:
+    """The largest ``max_seq_length`` that fit for each batch size of :func:`fit_map_data` (None: none fit)."""
+    out: dict[int, int | None] = {}
+    for b in fit_map["batch_sizes"]:
+        fits = [c["max_seq_length"] for c in fit_map["cells"]
+                if c["per_device_train_batch_size"] == b and c["state"] == "fits"]
+        out[b] = max(fits) if fits else None
+    return out
+
+
+def curves_data(study: optuna.Study) -> list[dict[str, Any]]:
+    """Loss and gradient-norm curves of the front's trials and of the NaN trials (up to the failing step, whose
+    non-finite values are None).
+
+    Returns:
+        ``[{"number", "kind": "front" | "nan", "label", "loss": [float | None], "grad_norm": [float | None]}]``.
+    """
+    front = pareto_front(study)
+    numbers = {t.number for t in front}
+    nan = [t for t in measured_trials(study) if t.user_attrs.get("status") == "nan" and t.number not in numbers]
+    out = []
+    for kind, trials in (("front", front), ("nan", nan)):
+        for t in trials:
+            out.append({"number": t.number, "kind": kind, "label": f"#{t.number} {status_label(t)}",
+                        "loss": [_finite(x) for x in t.user_attrs.get("loss_trace", [])],
+                        "grad_norm": [_finite(x) for x in t.user_attrs.get("grad_norm_trace", [])]})
+    return out
+
+
+def importance_data(study: optuna.Study) -> dict[str, dict[str, float]]:
+    """Importance of each searched parameter for each objective, from optuna's default importance evaluator
+    (``optuna.importance.get_param_importances``) over the COMPLETE trials.
+
+    Returns:
+        ``{objective: {param: importance}}`` with importances summing to 1 per objective; {} when fewer than two
+        complete trials differ (importance is undefined then).
+    """
+    complete = [t for t in measured_trials(study) if t.state == TrialState.COMPLETE]
+    if len(complete) < 2 or len({tuple(sorted(t.params.items())) for t in complete}) < 2:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for i, name in enumerate(OBJECTIVES):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                values = optuna.importance.get_param_importances(study, target=lambda t, i=i: t.values[i])
+        except (RuntimeError, ValueError):  # e.g. no parameter varies among the complete trials
+            continue
+        out[name] = {k: float(v) for k, v in values.items()}
+    return out
+
+
+def report_dict(study: optuna.Study) -> dict[str, Any]:
+    """``sweep report --json``: ``{"study", "directions", "front": [{"number", "params", "peak_memory_gib",
+    "instability"}], "trials": [record], "status_counts", "nan_causes", "largest_max_seq_length_by_batch",
+    "importance"}``."""
+    searched = list(study.user_attrs.get("searched", []))
+    front = pareto_front(study)
+    numbers = {t.number for t in front}
+    fit = fit_map_data(study)
+    return {
+        "study": study.study_name,
+        "directions": [d.name.lower() for d in study.directions],
+        "objectives": list(OBJECTIVES),
+        "front": [{"number": t.number, "params": trial_params(t, searched), "peak_memory_gib": t.values[0],
+                   "instability": t.values[1]} for t in front],
+        "trials": [trial_record(t, searched, numbers) for t in measured_trials(study)],
+        "status_counts": status_counts(study),
+        "nan_causes": nan_causes(study),
+        "largest_max_seq_length_by_batch": {str(b): s for b, s in largest_fitting_seq(fit).items()},
+        "importance": importance_data(study),
+    }
