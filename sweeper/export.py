@@ -219,6 +219,7 @@ def render_hf(s: ExportSettings, *, trl: bool = False) -> str:
             lines.append(f"    activation_checkpointing={_py_value(v)},  # gradient_checkpointing")
         else:
             lines.append(f"    {k}={_py_value(v)},")
+    lines.append("    use_cpu=not torch.cuda.is_available(),  # so that the file also loads on a machine without a GPU")
     if trl:
         lines += ["    max_length=MAX_SEQ_LENGTH,  # TRL's name for max_seq_length",
                   "    # Conversational data: train on the assistant turns only, as the trial did (needs a chat",

@@ -1,0 +1,146 @@
+"""The report's data functions, figures and HTML on a study built here: a real Optuna storage holding hand-made
+trials with the attributes sweeper stores (no training: these functions read the study only), and ``--pick`` on a
+hand-made front."""
+
+import json
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
+
+from sweeper import report
+from sweeper.errors import StudyError
+from sweeper.export import knee, pick_trial
+from sweeper.study import FAILURE_CONSTRAINT, open_study
+from sweeper.space import parse_space
+
+DISTRIBUTIONS = {"r": CategoricalDistribution([4, 8, 16]),
+                 "per_device_train_batch_size": CategoricalDistribution([1, 2, 4]),
+                 "max_seq_length": CategoricalDistribution([64, 128])}
+
+
+def add_trial(study, *, r, batch, seq, status, peak=None, instability=None, extra=None, model="m"):
+    """A finished trial as sweeper records it (user attributes of ``SPEC.md``)."""
+    config = {"r": r, "lora_alpha_ratio": 2.0, "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_use_double_quant": True,
+              "bnb_4bit_quant_type": "nf4", "per_device_train_batch_size": batch, "gradient_accumulation_steps": 1,
+              "max_seq_length": seq, "learning_rate": 2e-4, "max_steps": 4, "warmup_steps": 0, "weight_decay": 0.0,
+              "optim": "adamw_torch", "gradient_checkpointing": True, "max_grad_norm": 1.0, "lora_dropout": 0.05,
+              "seed": 0, "target_modules": ["q_proj", "v_proj"], "memory_limit_gib": 4.0, "trial_timeout_s": 60.0,
+              "target_effective_batch_size": 16, "model": {"name_or_path": model, "attn_implementation": "sdpa",
+                                                           "trust_remote_code": False},
+              "dataset": {"path": "builtin:pydoc-topics"}}
+    attrs = {"status": status, "reason": f"{status} reason", "config": config, "lora_alpha": 2.0 * r,
+             "peak_memory_gib": peak, "memory_kind": "cpu_peak_rss", "instability": instability,
+             "loss_trace": [2.0, 1.5, 1.2], "grad_norm_trace": [1.0, 0.8, 0.7], "versions": {"torch": "x"},
+             "device": "cpu", **(extra or {})}
+    state = {"complete": TrialState.COMPLETE, "nan": TrialState.PRUNED, "oom": TrialState.PRUNED}.get(
+        status, TrialState.FAIL)
+    study.add_trial(create_trial(
+        state=state, values=[peak, instability] if state == TrialState.COMPLETE else None,
+        params={"r": r, "per_device_train_batch_size": batch, "max_seq_length": seq},
+        distributions=DISTRIBUTIONS, user_attrs=attrs,
+        system_attrs={f"constraints:{FAILURE_CONSTRAINT}": 1.0 if state == TrialState.PRUNED else -1.0}))
+
+
+def make_study(folder, model="m"):
+    space = parse_space({"study": {"name": "rep"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
+    study = open_study(space, f"sqlite:///{folder}/rep.db", "rep", 8)
+    study.set_user_attr("searched", ["r", "per_device_train_batch_size", "max_seq_length"])
+    add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=0.9, model=model)    # 0 front
+    add_trial(study, r=8, batch=2, seq=64, status="complete", peak=1.5, instability=0.2, model=model)    # 1 front
+    add_trial(study, r=16, batch=2, seq=128, status="complete", peak=2.0, instability=0.5, model=model)  # 2
+    add_trial(study, r=16, batch=4, seq=128, status="oom", peak=3.9, model=model)                       # 3
+    add_trial(study, r=8, batch=1, seq=128, status="nan", peak=1.2, model=model,                         # 4
+              extra={"nan_cause": "data", "nan_samples": [7], "loss_trace": [2.0, None],
+                     "grad_norm_trace": [1.0, None], "fail_step": 2})
+    add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=0.9, model=model,    # 5 repeat
+              extra={"duplicate_of": 0})
+    return study
+
+
+def test_front_data_marks_front_failures_and_skips_repeats(tmp_path):
+    data = report.front_data(make_study(tmp_path))
+    points = {p["number"]: p for p in data["points"]}
+    assert sorted(points) == [0, 1, 2, 3, 4]
+    assert [n for n, p in points.items() if p["on_front"]] == [0, 1]
+    assert points[3]["instability"] is None and points[3]["peak_memory_gib"] == 3.9 and points[3]["label"] == "oom"
+    assert points[4]["label"] == "nan/data" and points[4]["nan_samples"] == [7]
+    assert points[1]["params"]["lora_alpha"] == 16 and points[1]["params"]["max_seq_length"] == 64
+    assert data["memory_kind"] == "cpu_peak_rss"
+
+
+def test_fit_map_and_largest_length_per_batch(tmp_path):
+    fit = report.fit_map_data(make_study(tmp_path))
+    cells = {(c["per_device_train_batch_size"], c["max_seq_length"]): c for c in fit["cells"]}
+    assert fit["batch_sizes"] == [1, 2, 4] and fit["max_seq_lengths"] == [64, 128]
+    assert cells[(4, 128)]["state"] == "oom" and cells[(1, 128)]["state"] == "fits"  # a NaN ran within the cap
+    assert cells[(1, 64)]["trials"] == [0]  # the repeat is not counted twice
+    assert (4, 64) not in cells
+    assert report.largest_fitting_seq(fit) == {1: 128, 2: 128, 4: None}
+
+
+def test_curves_importance_and_json(tmp_path):
+    study = make_study(tmp_path)
+    curves = report.curves_data(study)
+    assert [(c["number"], c["kind"]) for c in curves] == [(0, "front"), (1, "front"), (4, "nan")]
+    assert curves[2]["loss"] == [2.0, None]
+    importance = report.importance_data(study)
+    assert set(importance) == {"peak_memory_gib", "instability"}
+    assert all(abs(sum(v.values()) - 1) < 1e-6 for v in importance.values())
+    summary = json.loads(json.dumps(report.report_dict(study)))
+    assert summary["study"] == "rep" and summary["directions"] == ["minimize", "minimize"]
+    assert [f["number"] for f in summary["front"]] == [0, 1] and summary["front"][0]["peak_memory_gib"] == 1.0
+    assert summary["status_counts"] == {"complete": 3, "oom": 1, "nan": 1, "repeated": 1}
+    assert summary["nan_causes"] == {"data": [4]}
+    assert summary["largest_max_seq_length_by_batch"] == {"1": 128, "2": 128, "4": None}
+
+
+def test_importance_needs_two_different_complete_trials(tmp_path):
+    space = parse_space({"study": {"name": "one"}, "search": {"r": [4, 8]}}, "space.yaml")
+    study = open_study(space, f"sqlite:///{tmp_path}/one.db", "one", 2)
+    add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=0.5)
+    assert report.importance_data(study) == {}
+
+
+def test_figures_and_offline_html(tmp_path):
+    from sweeper.figures import front_figure, loss_curve_svg, render_html
+
+    study = make_study(tmp_path)
+    fig = front_figure(report.front_data(study))
+    names = [t.name for t in fig.data]
+    assert "Pareto front" in names and "oom (no instability)" in names and "nan/data (no instability)" in names
+    page = render_html(study)
+    assert "<script src=" not in page and 'src="http' not in page  # plotly.js is inline, nothing fetched
+    assert page.count("Plotly.newPlot") == 4 and len(page) > 3_000_000
+    assert "nan/data" in page and 'id="fit-map"' in page
+    svg = loss_curve_svg([2.0, None, 1.0], [1.0, 2.0, None], "trial 3")
+    assert svg.startswith("<svg") and svg.count("M") >= 3
+
+
+def test_pick_on_a_hand_made_front(tmp_path):
+    space = parse_space({"study": {"name": "pick"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
+    study = open_study(space, f"sqlite:///{tmp_path}/pick.db", "pick", 3)
+    add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=10.0)
+    add_trial(study, r=8, batch=1, seq=64, status="complete", peak=2.0, instability=2.0)   # nearest the ideal point
+    add_trial(study, r=16, batch=1, seq=64, status="complete", peak=10.0, instability=1.0)
+    add_trial(study, r=16, batch=4, seq=128, status="oom", peak=3.9)
+    assert pick_trial(study, pick="knee").number == 1
+    assert pick_trial(study, pick="min-memory").number == 0
+    assert pick_trial(study, pick="most-stable").number == 2
+    assert pick_trial(study, number=2).number == 2
+    with pytest.raises(StudyError, match="trial 3 did not complete \\(oom: oom reason\\)"):
+        pick_trial(study, number=3)
+    with pytest.raises(StudyError, match="no trial 9"):
+        pick_trial(study, number=9)
+    two = sorted(study.best_trials, key=lambda t: t.number)[::2]
+    assert knee(two).number == 2  # a tie between the two ends goes to the lower instability
+
+
+def test_pick_refuses_a_study_without_complete_trials(tmp_path):
+    space = parse_space({"study": {"name": "none"}, "search": {"r": [4, 8]}}, "space.yaml")
+    study = open_study(space, f"sqlite:///{tmp_path}/none.db", "none", 2)
+    add_trial(study, r=4, batch=4, seq=128, status="oom", peak=3.9)
+    with pytest.raises(StudyError, match="no complete trial"):
+        pick_trial(study)
+    assert isinstance(optuna.load_study(study_name="none", storage=f"sqlite:///{tmp_path}/none.db"), optuna.Study)
