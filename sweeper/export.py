@@ -129,6 +129,10 @@ def settings_of(study: optuna.Study, trial: FrozenTrial) -> ExportSettings:
     if batch * accumulation != target:
         notes.append(f"{target} is not a multiple of {batch}: the effective batch is {batch * accumulation}")
     name = c["model"]["name_or_path"]
+    local = study.user_attrs.get("model_path")
+    if local and (name.startswith("builtin:") or name.lower().endswith(".gguf")):
+        notes.append(f"the trials loaded {name} from its local conversion {local}; point the model name there to "
+                     "train without the hub")
     versions = trial.user_attrs.get("versions") or {}
     peak = trial.user_attrs.get("peak_memory_gib")
     provenance = {

@@ -313,6 +313,7 @@ def run_study(
     if "space_path" not in study.user_attrs:
         study.set_user_attr("space_path", space.path)
         study.set_user_attr("searched", list(space.search))
+    study.set_user_attr("model_path", model_path)  # the local checkpoint the trials loaded (for exports)
     recover_orphans(study)
     distributions = to_distributions(space)
     start = time.monotonic()
