@@ -237,12 +237,12 @@ def _publish(study) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``sweep report STUDY``: the front, counts by status and NaN cause, the fit frontier; ``--json``; the HTML."""
+    import optuna
+
     from sweeper.console import format_counts, format_front
     from sweeper.figures import write_html_report
     from sweeper.report import fit_map_data, largest_fitting_seq, report_dict
     from sweeper.study import STUDIES_DIR, load_existing_study, nan_causes, pareto_front, status_counts
-
-    import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study, _ = load_existing_study(args.study)

@@ -112,10 +112,9 @@ def fit_map_figure(fit: Mapping[str, Any]) -> Any:
 def curves_figure(curves: Sequence[Mapping[str, Any]]) -> Any:
     """Loss (left) and pre-clip gradient norm (right, log scale) per step for the front's and the NaN trials; a NaN
     trial's failing step is a gap."""
+    import plotly.colors
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
-
-    import plotly.colors
 
     palette = plotly.colors.qualitative.Plotly
     fig = make_subplots(rows=1, cols=2, subplot_titles=("loss", "gradient norm (before clipping)"))

@@ -59,6 +59,16 @@ def tiny_space(model: Path, *, name: str = "t", search: dict | None = None, trai
     }
 
 
+def data_nan_space(model: Path) -> dict:
+    """Two trials on the tiny model, max_seq_length 16 or 64 at batch 1: at 16 tokens the built-in samples' question
+    fills the row, no reply token is left and every step's loss is 0/0 (a NaN caused by the data)."""
+    space = tiny_space(model, search={"max_seq_length": [16, 64]}, training={"per_device_train_batch_size": 1},
+                       n_trials=2)
+    space["study"]["sampler"] = "random"
+    del space["training"]["max_seq_length"]
+    return space
+
+
 def write_space(folder: Path, space: dict, name: str = "space.yaml") -> Path:
     path = folder / name
     path.write_text(yaml.safe_dump(space, sort_keys=False))

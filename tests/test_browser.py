@@ -12,7 +12,7 @@ import time
 
 import optuna
 import pytest
-from conftest import sweep, tiny_space, write_space
+from conftest import data_nan_space, sweep, write_space
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.slow,
@@ -31,11 +31,7 @@ def dump_dom(url: str, timeout: float = 120) -> str:
 def swept(tiny_model, tmp_path_factory):
     """A finished sweep: one complete trial and one NaN trial caused by the data (max_seq_length 16)."""
     folder = tmp_path_factory.mktemp("browser")
-    space = tiny_space(tiny_model, search={"max_seq_length": [16, 64]}, training={"per_device_train_batch_size": 1},
-                       n_trials=2)
-    space["study"]["sampler"] = "random"
-    del space["training"]["max_seq_length"]
-    out = sweep("run", str(write_space(folder, space)), cwd=folder)
+    out = sweep("run", str(write_space(folder, data_nan_space(tiny_model))), cwd=folder)
     assert out.returncode == 0, out.stderr
     return folder
 

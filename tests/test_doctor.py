@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import sweep, tiny_space, write_jsonl, write_space
+from conftest import data_nan_space, sweep, write_jsonl, write_space
 from test_audit import clean_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,12 +69,7 @@ def test_doctor_bad_input_is_one_line(workdir, argv, needle):
 
 @pytest.mark.slow
 def test_sweep_whose_only_nans_come_from_the_data_says_so(tiny_model, workdir):
-    # At 16 tokens the built-in samples' question fills the row: no reply token is left, every step is 0/0.
-    space = tiny_space(tiny_model, search={"max_seq_length": [16, 64]}, training={"per_device_train_batch_size": 1},
-                       n_trials=2)
-    space["study"]["sampler"] = "random"
-    del space["training"]["max_seq_length"]
-    out = sweep("run", str(write_space(workdir, space)), cwd=workdir)
+    out = sweep("run", str(write_space(workdir, data_nan_space(tiny_model))), cwd=workdir)
     assert out.returncode == 0, out.stderr
     warning = [ln for ln in out.stdout.splitlines() if ln.startswith("WARNING data: at max_seq_length=16")]
     assert len(warning) == 1 and "no supervised token" in warning[0] and "step 1" in warning[0]

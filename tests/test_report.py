@@ -12,8 +12,8 @@ from optuna.trial import TrialState, create_trial
 from sweeper import report
 from sweeper.errors import StudyError
 from sweeper.export import knee, pick_trial
-from sweeper.study import FAILURE_CONSTRAINT, open_study
 from sweeper.space import parse_space
+from sweeper.study import FAILURE_CONSTRAINT, open_study
 
 DISTRIBUTIONS = {"r": CategoricalDistribution([4, 8, 16]),
                  "per_device_train_batch_size": CategoricalDistribution([1, 2, 4]),
