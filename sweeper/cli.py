@@ -241,7 +241,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from sweeper.console import format_counts, format_front
     from sweeper.figures import write_html_report
-    from sweeper.report import fit_map_data, largest_fitting_seq, report_dict
+    from sweeper.report import describe_fit, fit_map_data, picks, report_dict
     from sweeper.study import STUDIES_DIR, load_existing_study, nan_causes, pareto_front, status_counts
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -255,10 +255,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         _print(format_front(front) if front else "  (no complete trial)")
         _print()
         _print("trials: " + format_counts(status_counts(study), nan_causes(study)))
-        fits = largest_fitting_seq(fit_map_data(study))
+        chosen = picks(study)
+        if chosen:
+            _print("picks   " + " · ".join(f"{k} #{n}" for k, n in chosen.items())
+                   + f" (sweep export {study.study_name} --pick knee)")
+        fits = describe_fit(fit_map_data(study))
         if fits:
-            _print("largest max_seq_length that fit: " + ", ".join(
-                f"batch {b}: {s if s is not None else 'none'}" for b, s in fits.items()))
+            _print("largest max_seq_length that fit: " + ", ".join(f"batch {b}: {s}" for b, s in fits.items()))
     try:
         write_html_report(study, html_path)
     except OSError as exc:
@@ -273,18 +276,27 @@ def cmd_export(args: argparse.Namespace) -> int:
     """``sweep export STUDY``: the chosen trial as a production config."""
     import optuna
 
-    from sweeper.export import pick_trial, write_export
+    from sweeper.export import export_path, pick_trial, write_export
     from sweeper.study import STUDIES_DIR, load_existing_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study, _ = load_existing_study(args.study)
     trial = pick_trial(study, number=args.trial, pick=args.pick)
-    how = f"trial {trial.number}" if args.trial is not None else f"{args.pick} of the front: trial {trial.number}"
-    base = Path(args.output) if args.output else (
-        STUDIES_DIR / study.study_name / "exports" / f"trial{trial.number}-{args.format}")
-    files = write_export(study, trial, args.format, base)
+    if args.trial is None:
+        how = f"{args.pick} of the front: trial {trial.number}"
+    elif trial.number != args.trial:
+        how = f"trial {args.trial}, a repeat of trial {trial.number} (its measured result)"
+    else:
+        how = f"trial {trial.number}"
+    where = args.output or f"{STUDIES_DIR / study.study_name / 'exports'}/"
+    target = export_path(where, args.format, f"trial{trial.number}-{args.format}")
+    existed = {target.with_suffix(suffix) for suffix in (".py", ".json", ".yaml")} if target.parent.is_dir() else set()
+    existed = {p for p in existed if p.exists()}
+    files = write_export(study, trial, args.format, target)
+    replaced = [f for f in files if f in existed]
     _print(f"export  {how} (peak {trial.values[0]:.3f} GiB, instability {trial.values[1]:.3f}) as {args.format}: "
-           + ", ".join(str(f) for f in files))
+           + ", ".join(str(f) for f in files) + (f" (replaced {len(replaced)} earlier file"
+                                                 f"{'s' if len(replaced) > 1 else ''})" if replaced else ""))
     return 0
 
 

@@ -75,8 +75,8 @@ def failure_note(trial: FrozenTrial) -> str:
 
 
 def publish_study(study: optuna.Study) -> None:
-    """Put the Pareto-front figure on the study and a note on every pruned or failed trial that has none yet (so that
-    a user's own notes are never overwritten)."""
+    """Put the Pareto-front figure on the study, and a note on every pruned or failed trial and every repeat that has
+    none yet (a user's own notes are never overwritten)."""
     from optuna_dashboard import save_note, save_plotly_graph_object
     from optuna_dashboard._note import get_note_from_system_attrs
 
@@ -85,10 +85,18 @@ def publish_study(study: optuna.Study) -> None:
 
     save_plotly_graph_object(study, front_figure(front_data(study)), graph_object_id=FRONT_FIGURE_ID)
     system_attrs = study._storage.get_study_system_attrs(study._study_id)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED, TrialState.FAIL)):
-        if "duplicate_of" in t.user_attrs or get_note_from_system_attrs(system_attrs, t._trial_id)["body"]:
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        if get_note_from_system_attrs(system_attrs, t._trial_id)["body"]:
             continue
-        save_note(optuna.Trial(study, t._trial_id), failure_note(t))
+        if "duplicate_of" in t.user_attrs:
+            body = (f"### Trial {t.number}: repeat of trial {t.user_attrs['duplicate_of']}\n\nThe sampler proposed a "
+                    "configuration already measured; its result was reused and nothing ran (it does not count "
+                    "toward n_trials).")
+        elif t.state == TrialState.COMPLETE:
+            continue
+        else:
+            body = failure_note(t)
+        save_note(optuna.Trial(study, t._trial_id), body)
 
 
 def serve(storage: str, study_name: str, host: str = "127.0.0.1", port: int = 8080) -> None:

@@ -68,6 +68,8 @@ def pick_trial(study: optuna.Study, *, number: int | None = None, pick: Pick = "
             raise StudyError(f"{name}: --trial: no trial {number} in this study (trials 0-{len(trials) - 1}); "
                              "see 'sweep report " + name + "'")
         t = trials[number]
+        if "duplicate_of" in t.user_attrs:  # a repeat reused an earlier trial's result: that one was measured
+            t = trials[t.user_attrs["duplicate_of"]]
         if t.state != TrialState.COMPLETE:
             status = t.user_attrs.get("status", t.state.name.lower())
             raise StudyError(f"{name}: --trial: trial {number} did not complete ({status}: "
@@ -125,6 +127,8 @@ def settings_of(study: optuna.Study, trial: FrozenTrial) -> ExportSettings:
         f"the trial ran {c.get('max_steps')} steps at a constant learning rate after {c.get('warmup_steps', 0)} "
         "warmup steps, to probe the peak rate; choose the schedule of the real run yourself",
         "the trial supervised the assistant replies only (prompt tokens had label -100)",
+        "add your dataset, its chat template and the length of the run (steps or epochs): a trial does not choose "
+        "them",
     ]
     if batch * accumulation != target:
         notes.append(f"{target} is not a multiple of {batch}: the effective batch is {batch * accumulation}")
@@ -220,7 +224,8 @@ def render_hf(s: ExportSettings, *, trl: bool = False) -> str:
     lines.append(f"    output_dir={('outputs/' + s.provenance['study'] + '-trial' + str(s.provenance['trial']))!r},")
     for k, v in s.training.items():
         if k == "gradient_checkpointing":  # transformers 5 renamed it; the old name warns (removed in v6)
-            lines.append(f"    activation_checkpointing={_py_value(v)},  # gradient_checkpointing")
+            lines.append(f"    activation_checkpointing={_py_value(v)},  # gradient_checkpointing before "
+                         "transformers 5")
         else:
             lines.append(f"    {k}={_py_value(v)},")
     lines.append("    use_cpu=not torch.cuda.is_available(),  # so that the file also loads on a machine without a GPU")
@@ -312,8 +317,7 @@ def render_llama_factory(s: ExportSettings) -> str:
         "stage": "sft",
         "do_train": True,
         "finetuning_type": "lora",
-        "quantization_bit": 4,
-        "quantization_method": "bitsandbytes",
+        "quantization_bit": 4,  # bitsandbytes, LLaMA-Factory's default quantization_method
         "quantization_type": q["bnb_4bit_quant_type"],
         "double_quantization": q["bnb_4bit_use_double_quant"],
         "lora_rank": s.lora["r"],
@@ -336,12 +340,17 @@ def render_llama_factory(s: ExportSettings) -> str:
     }
     dtype = q["bnb_4bit_compute_dtype"]
     comments = {
+        "quantization_bit": "bitsandbytes: LLaMA-Factory's default quantization_method",
         "quantization_type": "bnb_4bit_quant_type",
         "double_quantization": "bnb_4bit_use_double_quant",
         "cutoff_len": "sweeper's max_seq_length",
         "bf16": f"bnb_4bit_compute_dtype={dtype} in the trial; LLaMA-Factory has no key for it and derives it from "
-                "bf16/fp16" + (" (neither: float32)" if dtype == "float32" else ""),
+                "bf16/fp16",
     }
+    if dtype == "float32":
+        comments["bf16"] = ("NOT EXPRESSIBLE: the trial computed in float32; with neither bf16 nor fp16 set, "
+                            "LLaMA-Factory picks bf16 itself where the GPU supports it, so its run would not match "
+                            "the trial's precision (export another trial or use the hf format)")
     return _yaml(_header(s, "#"), data, comments)
 
 
@@ -358,24 +367,46 @@ def render(s: ExportSettings, fmt: Format) -> dict[str, str]:
     return {".json": json.dumps(settings_json(s), indent=2) + "\n"}
 
 
+#: The suffix of each format's main file.
+SUFFIXES = {"hf": ".py", "trl": ".py", "axolotl": ".yaml", "llama-factory": ".yaml", "json": ".json"}
+
+
+def export_path(path: str | Path, fmt: Format, default_name: str) -> Path:
+    """Where ``-o PATH`` puts an export: PATH itself (its suffix must be the format's, or none: then it is added);
+    inside PATH when it is a folder or ends with ``/``, as ``default_name``.
+
+    Raises:
+        StudyError: PATH has another suffix (``.txt`` for a YAML export).
+    """
+    suffix = SUFFIXES[fmt]
+    text = str(path)
+    base = Path(path)
+    if text.endswith(("/", os.sep)) or base.is_dir():
+        return base / (default_name + suffix)
+    if base.suffix and base.suffix.lower() not in (suffix, ".yml" if suffix == ".yaml" else suffix):
+        raise StudyError(f"{path}: -o: the {fmt} export is a {suffix} file; give a path ending in {suffix}, or "
+                         "a folder")
+    return base if base.suffix else base.with_name(base.name + suffix)
+
+
 def write_export(study: optuna.Study, trial: FrozenTrial, fmt: Format, path: str | Path) -> list[Path]:
-    """Write the export of ``trial`` in ``fmt`` to ``path`` (its suffix is replaced by the format's; ``hf`` also
-    writes the JSON beside it). Each file is written to a temporary name and renamed, so an existing export is never
-    left half-written.
+    """Write the export of ``trial`` in ``fmt`` to ``path`` (see :func:`export_path`; ``hf`` also writes the JSON
+    beside the ``.py``). Each file is written to a temporary name and renamed, so an existing export is never left
+    half-written.
 
     Returns:
         The files written.
 
     Raises:
-        StudyError: The folder cannot be written.
+        StudyError: The path has the wrong suffix, or the folder cannot be written.
     """
     files = render(settings_of(study, trial), fmt)
-    base = Path(path)
+    base = export_path(path, fmt, f"trial{trial.number}-{fmt}")
     out = []
     try:
         base.parent.mkdir(parents=True, exist_ok=True)
         for suffix, text in files.items():
-            target = base.with_suffix(suffix)
+            target = base if suffix == SUFFIXES[fmt] else base.with_suffix(suffix)
             tmp = target.with_name(target.name + ".tmp")
             tmp.write_text(text)
             os.replace(tmp, target)

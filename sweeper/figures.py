@@ -67,6 +67,15 @@ def front_figure(front: Mapping[str, Any]) -> Any:
                                  marker={"symbol": SYMBOLS.get(status, "diamond"), "size": 12,
                                          "color": COLORS.get(status, "#9467bd")},
                                  hovertext=[_hover(p) for p in group], hoverinfo="text"))
+    limit = front.get("memory_limit_gib")
+    if limit is not None:
+        fig.add_vline(x=limit, line_dash="dash", line_color="#7f7f7f",
+                      annotation_text=f"memory_limit_gib {limit:g}", annotation_position="top left")
+    knee = front.get("picks", {}).get("knee")
+    for p in on_front:
+        if p["number"] == knee:
+            fig.add_annotation(x=p["peak_memory_gib"], y=p["instability"], text="knee", showarrow=True, arrowhead=2,
+                               ax=40, ay=-40)
     kind = front.get("memory_kind") or "peak memory"
     fig.update_layout(title="Peak memory against instability (lower left is better)",
                       xaxis_title=f"peak_memory_gib ({kind})", yaxis_title="instability",
@@ -165,16 +174,19 @@ def render_html(study: optuna.Study) -> str:
                curves_figure(data.curves_data(study)), importance_figure(summary["importance"])]
     divs = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), div_id=f"figure-{i}",
                         config={"displaylogo": False}) for i, fig in enumerate(figures)]
-    from sweeper.console import SHORT_NAMES
+    from sweeper.console import SHORT_NAMES, _fmt
 
     keys = list(summary["front"][0]["params"]) if summary["front"] else []
-    front_rows = [["trial", *[SHORT_NAMES.get(k, k) for k in keys], "peak_memory_gib", "instability"]]
-    front_rows += [[f["number"], *[f["params"].get(k) for k in keys], f"{f['peak_memory_gib']:.3f}",
-                    f"{f['instability']:.3f}"] for f in summary["front"]]
+    by_trial: dict[int, list[str]] = {}
+    for name, number in summary["picks"].items():
+        by_trial.setdefault(number, []).append(name)
+    front_rows = [["trial", *[SHORT_NAMES.get(k, k) for k in keys], "peak_memory_gib", "instability", "pick"]]
+    front_rows += [[f["number"], *[_fmt(f["params"].get(k)) for k in keys], f"{f['peak_memory_gib']:.3f}",
+                    f"{f['instability']:.3f}", ", ".join(by_trial.get(f["number"], []))] for f in summary["front"]]
     counts = " · ".join(f"{k} {v}" for k, v in summary["status_counts"].items())
     causes = ", ".join(f"{k} {len(v)}" for k, v in summary["nan_causes"].items()) or "none"
-    fit = ", ".join(f"batch {b}: {s if s is not None else 'none'}"
-                    for b, s in summary["largest_max_seq_length_by_batch"].items())
+    fit = ", ".join(f"batch {b}: {s}" for b, s in data.describe_fit(data.fit_map_data(study)).items())
+    n_complete = sum(1 for t in summary["trials"] if t["state"] == "COMPLETE")
     failed = [t for t in summary["trials"] if t["state"] != "COMPLETE"]
     failed_rows = [["trial", "status", "reason"]] + [[t["number"], t["label"], t["reason"]] for t in failed]
     title = f"sweeper report: {html.escape(study.study_name)}"
@@ -187,12 +199,17 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f
 <h2 id="front">Pareto front ({len(summary["front"])} of {len(summary["trials"])} trials)</h2>
 {_table(front_rows)}
 <p>Columns: {html.escape(", ".join(f"{SHORT_NAMES[k]} = {k}" for k in keys if SHORT_NAMES.get(k, k) != k))}.</p>
+<p>Picks (<code>sweep export {html.escape(study.study_name)} --pick NAME</code>): {html.escape(
+    " · ".join(f"{k} #{n}" for k, n in summary["picks"].items()) or "none")}. The knee is the front's point nearest
+the ideal after scaling both objectives to [0, 1].</p>
 <p>Trials by status: {html.escape(counts)}. NaN causes: {html.escape(causes)}.</p>
 <p>Largest max_seq_length that fit, per batch size: {html.escape(fit) or "none measured"}.</p>
 {divs[0]}
 <h2 id="fit-map">Fit map</h2>{divs[1]}
 <h2 id="curves">Curves</h2>{divs[2]}
-<h2 id="importance">Parameter importance</h2>{divs[3]}
+<h2 id="importance">Parameter importance</h2>
+<p>From {n_complete} complete trials: with few trials, and short ones, read it as a hint of what to search next.</p>
+{divs[3]}
 <h2 id="failed">Pruned and failed trials</h2>{_table(failed_rows) if failed else "<p>none</p>"}
 <script type="application/json" id="report-data">{html.escape(json.dumps(summary))}</script>
 </body></html>

@@ -86,8 +86,20 @@ def front_data(study: optuna.Study) -> dict[str, Any]:
     front = {t.number for t in pareto_front(study)}
     points = [trial_record(t, searched, front) for t in measured_trials(study)]
     kinds = {p["memory_kind"] for p in points if p["memory_kind"]}
+    limits = [t.user_attrs.get("config", {}).get("memory_limit_gib") for t in measured_trials(study)]
+    limits = [x for x in limits if isinstance(x, (int, float))]
     return {"objectives": list(OBJECTIVES), "memory_kind": kinds.pop() if len(kinds) == 1 else None,
-            "points": points}
+            "memory_limit_gib": max(limits) if limits else None, "picks": picks(study), "points": points}
+
+
+def picks(study: optuna.Study) -> dict[str, int]:
+    """The trial ``sweep export --pick`` would choose for each pick (``knee``, ``min-memory``, ``most-stable``);
+    {} without a complete trial."""
+    from sweeper.export import PICKS, pick_trial
+
+    if not pareto_front(study):
+        return {}
+    return {name: pick_trial(study, pick=name).number for name in PICKS}
 
 
 def fit_map_data(study: optuna.Study) -> dict[str, Any]:
@@ -136,6 +148,19 @@ def largest_fitting_seq(fit_map: Mapping[str, Any]) -> dict[int, int | None]:
     return out
 
 
+def describe_fit(fit_map: Mapping[str, Any]) -> dict[int, str]:
+    """Per batch size, the largest ``max_seq_length`` that fit, or which lengths ran out of memory: ``{1: "256",
+    8: "none (OOM at 128, 256)"}``."""
+    out = {}
+    for b, seq in largest_fitting_seq(fit_map).items():
+        if seq is not None:
+            out[b] = str(seq)
+        else:
+            ooms = sorted(c["max_seq_length"] for c in fit_map["cells"] if c["per_device_train_batch_size"] == b)
+            out[b] = f"none (OOM at {', '.join(map(str, ooms))})"
+    return out
+
+
 def curves_data(study: optuna.Study) -> list[dict[str, Any]]:
     """Loss and gradient-norm curves of the front's trials and of the NaN trials (up to the failing step, whose
     non-finite values are None).
@@ -181,7 +206,7 @@ def importance_data(study: optuna.Study) -> dict[str, dict[str, float]]:
 def report_dict(study: optuna.Study) -> dict[str, Any]:
     """``sweep report --json``: ``{"study", "directions", "front": [{"number", "params", "peak_memory_gib",
     "instability"}], "trials": [record], "status_counts", "nan_causes", "largest_max_seq_length_by_batch",
-    "importance"}``."""
+    "importance", "picks"}``."""
     searched = list(study.user_attrs.get("searched", []))
     front = pareto_front(study)
     numbers = {t.number for t in front}
@@ -197,4 +222,5 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
         "nan_causes": nan_causes(study),
         "largest_max_seq_length_by_batch": {str(b): s for b, s in largest_fitting_seq(fit).items()},
         "importance": importance_data(study),
+        "picks": picks(study),
     }
