@@ -242,11 +242,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     from sweeper.console import format_counts, format_front
     from sweeper.figures import write_html_report
     from sweeper.report import describe_fit, fit_map_data, picks, report_dict
-    from sweeper.study import STUDIES_DIR, load_existing_study, nan_causes, pareto_front, status_counts
+    from sweeper.study import load_existing_study, nan_causes, pareto_front, status_counts, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study, _ = load_existing_study(args.study)
-    html_path = Path(args.html) if args.html else STUDIES_DIR / study.study_name / "report.html"
+    html_path = Path(args.html) if args.html else study_dir(study.study_name) / "report.html"
+    if html_path.suffix.lower() not in (".html", ".htm") or html_path.is_dir():
+        raise SpaceError(f"{args.html}: --html: the report is an HTML file; give a path ending in .html")
     if args.json:
         _print(json.dumps(report_dict(study), indent=2))
     else:
@@ -277,7 +279,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.export import export_path, pick_trial, write_export
-    from sweeper.study import STUDIES_DIR, load_existing_study
+    from sweeper.study import load_existing_study, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study, _ = load_existing_study(args.study)
@@ -288,7 +290,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         how = f"trial {args.trial}, a repeat of trial {trial.number} (its measured result)"
     else:
         how = f"trial {trial.number}"
-    where = args.output or f"{STUDIES_DIR / study.study_name / 'exports'}/"
+    where = args.output or f"{study_dir(study.study_name) / 'exports'}/"
     target = export_path(where, args.format, f"trial{trial.number}-{args.format}")
     existed = {target.with_suffix(suffix) for suffix in (".py", ".json", ".yaml")} if target.parent.is_dir() else set()
     existed = {p for p in existed if p.exists()}
@@ -308,10 +310,15 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     from sweeper.study import load_existing_study, redact_url
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if not 1 <= args.port <= 65535:
+        raise SpaceError(f"--port: {args.port} is not a port; give 1-65535, e.g. --port 8080")
     study, url = load_existing_study(args.study)
     _publish(study)
     _print(f"dashboard http://{args.host}:{args.port}/dashboard/ on {redact_url(url)} (Ctrl-C to stop)")
-    serve(url, study.study_name, host=args.host, port=args.port)
+    try:
+        serve(url, study.study_name, host=args.host, port=args.port)
+    except KeyboardInterrupt:
+        return 0
     return 0
 
 
@@ -506,7 +513,9 @@ def main(argv: list[str] | None = None) -> int:
             print(line, file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("sweep: interrupted; the running trial was stopped and recorded as interrupted", file=sys.stderr)
+        running = args.command in ("run", "trial")
+        print("sweep: interrupted" + ("; the running trial was stopped and recorded as interrupted" if running
+                                      else "; files already written are complete"), file=sys.stderr)
         return 130
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.study import STUDIES_DIR
+from sweeper.study import study_dir
 from sweeper.trial import TrialResult
 
 #: Id of the front figure among the study's plotly graph objects (optuna-dashboard requires ``[A-Za-z0-9_-]+``).
@@ -22,7 +22,7 @@ FRONT_FIGURE_ID = "pareto-front"
 
 def artifact_dir(study_name: str) -> Path:
     """``studies/<study>/artifacts``: the study's ``FileSystemArtifactStore``."""
-    return STUDIES_DIR / study_name / "artifacts"
+    return study_dir(study_name) / "artifacts"
 
 
 def artifact_store(study_name: str) -> optuna.artifacts.FileSystemArtifactStore:
@@ -100,8 +100,25 @@ def publish_study(study: optuna.Study) -> None:
 
 
 def serve(storage: str, study_name: str, host: str = "127.0.0.1", port: int = 8080) -> None:
-    """Run optuna-dashboard on ``storage`` with the study's artifact store until interrupted (blocks)."""
+    """Run optuna-dashboard on ``storage`` with the study's artifact store until interrupted (blocks).
+
+    Raises:
+        StudyError: The address cannot be bound (port in use, unknown host); checked before the server starts.
+    """
+    import socket
+
     from optuna_dashboard import run_server
+
+    from sweeper.errors import StudyError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(infos[0][4])
+    except (OSError, OverflowError) as exc:
+        raise StudyError(f"{host}:{port}: --host/--port: cannot listen there ({exc}); choose a free --port, or "
+                         "--host 127.0.0.1") from None
 
     run_server(storage, host=host, port=port, artifact_store=artifact_store(study_name))
 

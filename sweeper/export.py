@@ -115,7 +115,19 @@ class ExportSettings:
 
 
 def settings_of(study: optuna.Study, trial: FrozenTrial) -> ExportSettings:
-    """The export settings of a complete trial (see :class:`ExportSettings`)."""
+    """The export settings of a complete trial (see :class:`ExportSettings`).
+
+    Raises:
+        StudyError: The trial lacks the config sweeper stores (a study not made by ``sweep run``, or edited).
+    """
+    try:
+        return _settings_of(study, trial)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StudyError(f"{study.study_name}: --trial: trial {trial.number} has no usable sweeper config "
+                         f"(missing or bad {exc}); export a trial that 'sweep run' measured") from None
+
+
+def _settings_of(study: optuna.Study, trial: FrozenTrial) -> ExportSettings:
     c: Mapping[str, Any] = trial.user_attrs["config"]
     batch = int(c["per_device_train_batch_size"])
     target = int(c.get("target_effective_batch_size") or batch * int(c.get("gradient_accumulation_steps", 1)))
@@ -381,7 +393,7 @@ def export_path(path: str | Path, fmt: Format, default_name: str) -> Path:
     suffix = SUFFIXES[fmt]
     text = str(path)
     base = Path(path)
-    if text.endswith(("/", os.sep)) or base.is_dir():
+    if text.endswith(("/", os.sep)) or base.is_dir() or base.name in ("", ".", ".."):
         return base / (default_name + suffix)
     if base.suffix and base.suffix.lower() not in (suffix, ".yml" if suffix == ".yaml" else suffix):
         raise StudyError(f"{path}: -o: the {fmt} export is a {suffix} file; give a path ending in {suffix}, or "

@@ -10,6 +10,7 @@ and the loop stops when the study holds ``n_trials`` finished trials.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -44,7 +45,7 @@ def default_storage(name: str) -> str:
 
 def trial_dir(study_name: str, number: int) -> Path:
     """``studies/<study>/trials/<number>/``: the trial's config, result, worker log and artifacts."""
-    return STUDIES_DIR / study_name / "trials" / str(number)
+    return study_dir(study_name) / "trials" / str(number)
 
 
 def to_distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
@@ -134,8 +135,27 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
 
 
 def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***`` (``postgresql://user:***@host/db``)."""
-    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+    """The URL with its password replaced by ``***``: in the user info (``postgresql://user:***@host/db``, the
+    password may hold ``@``: the host follows the last one) and in a ``password=`` query parameter."""
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        netloc, slash, tail = rest.partition("/")
+        if "@" in netloc:
+            userinfo, _, host = netloc.rpartition("@")
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            netloc = f"{userinfo}@{host}"
+        url = f"{scheme}://{netloc}{slash}{tail}"
+    return re.sub(r"(?i)(password=)[^&;#]*", r"\1***", url)
+
+
+def study_dir(study_name: str) -> Path:
+    """``studies/<study>/``: the study's trials, artifacts, report and exports. A name that is not a plain file name
+    (a study made outside sweeper may be called ``../x``) is made one, so nothing is written outside ``studies/``."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", study_name):
+        return STUDIES_DIR / study_name
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", study_name).strip("._")[:80] or "study"
+    return STUDIES_DIR / f"{safe}-{hashlib.sha256(study_name.encode()).hexdigest()[:8]}"
 
 
 def open_study(space: SearchSpace, storage: str | None = None, study_name: str | None = None,
@@ -392,8 +412,19 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
             hint = f"studies here: {', '.join(known)}" if known else "run 'sweep run SPACE.yaml' first"
             raise StudyError(f"{ref}: STUDY: no study file {db} in {Path.cwd()}; {hint}")
         url, name = default_storage(ref), ref
-    storage = _storage(url)
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        raise StudyError(f"{url}: STUDY: no such study file; give a study name, a .db path or a storage URL")
+    try:  # read what is there: create no file, table or folder
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True,
+                                             engine_kwargs={"connect_args": {"timeout": 60}}
+                                             if url.startswith("sqlite") else None)
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    except ImportError as exc:
+        raise StudyError(f"{redact_url(url)}: STUDY: no database driver for it is installed ({exc})") from None
+    except Exception as exc:  # sqlalchemy: not a database, locked, unreachable server, ...
+        first = redact_url((str(exc).strip().splitlines() or [type(exc).__name__])[0][:160])
+        raise StudyError(f"{redact_url(url)}: STUDY: cannot read it as an Optuna study database "
+                         f"({type(exc).__name__}: {first}); give the .db that 'sweep run' wrote") from None
     if name is None:
         if len(names) != 1:
             raise StudyError(f"{redact_url(url)}: STUDY: holds {len(names)} studies ({', '.join(names) or 'none'}); "
@@ -401,7 +432,13 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
         name = names[0]
     elif name not in names:
         raise StudyError(f"{redact_url(url)}: STUDY: no study '{name}' in it (it holds {', '.join(names) or 'none'})")
-    return optuna.load_study(study_name=name, storage=storage), url
+    study = optuna.load_study(study_name=name, storage=storage)
+    if list(study.directions) != [optuna.study.StudyDirection.MINIMIZE] * 2 or (
+            study.metric_names and list(study.metric_names) != list(OBJECTIVES)):
+        raise StudyError(f"{redact_url(url)}: STUDY: '{name}' is not a sweeper study (objectives "
+                         f"{study.metric_names or [d.name.lower() for d in study.directions]}); give a study that "
+                         "'sweep run' made")
+    return study, url
 
 
 def pareto_front(study: optuna.Study) -> list[FrozenTrial]:

@@ -90,3 +90,19 @@ def test_export_cli_refuses_an_incomplete_trial(study_and_knee, tmp_path):
     ok = sweep("export", str(db), "--pick", "most-stable", "--format", "llama-factory", "-o", "cfg", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert "most-stable of the front: trial 1" in ok.stdout and (tmp_path / "cfg.yaml").is_file()
+
+
+def test_report_html_path_must_be_html_and_dashboard_port_must_be_free(study_and_knee, tmp_path):
+    import socket
+
+    db = tmp_path / "rep.db"
+    before = db.read_bytes()
+    out = sweep("report", str(db), "--html", str(db), cwd=tmp_path)
+    assert out.returncode == 2 and "--html" in out.stderr and db.read_bytes() == before
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = sweep("dashboard", str(db), "--port", str(port), cwd=tmp_path, timeout=60)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "cannot listen there" in lines[0], out.stderr

@@ -144,3 +144,44 @@ def test_pick_refuses_a_study_without_complete_trials(tmp_path):
     with pytest.raises(StudyError, match="no complete trial"):
         pick_trial(study)
     assert isinstance(optuna.load_study(study_name="none", storage=f"sqlite:///{tmp_path}/none.db"), optuna.Study)
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql://user:secret@db:5432/s", "postgresql://user:***@db:5432/s"),
+    ("postgresql://:secret@127.0.0.1:1/db", "postgresql://:***@127.0.0.1:1/db"),
+    ("postgresql://user:sec@ret@host/db", "postgresql://user:***@host/db"),
+    ("postgresql://host/db?password=secret&x=1", "postgresql://host/db?password=***&x=1"),
+    ("sqlite:///studies/a.db", "sqlite:///studies/a.db"),
+])
+def test_redact_url(url, shown):
+    from sweeper.study import redact_url
+
+    assert redact_url(url) == shown
+
+
+def test_study_dir_stays_inside_studies():
+    from sweeper.study import STUDIES_DIR, study_dir
+
+    assert study_dir("demo") == STUDIES_DIR / "demo"
+    for name in ("../../escaped", "/tmp/abs", "a b"):
+        assert study_dir(name).parent == STUDIES_DIR and ".." not in study_dir(name).parts
+
+
+@pytest.mark.parametrize(("content", "needle"), [(b"\x00\x01 random bytes " * 50, "cannot read it as an Optuna"),
+                                                 (b"", "cannot read it as an Optuna")])
+def test_load_existing_study_refuses_what_is_not_a_study(tmp_path, content, needle):
+    from sweeper.study import load_existing_study
+
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(content)
+    with pytest.raises(StudyError) as info:
+        load_existing_study(str(bad))
+    [line] = info.value.problems
+    assert needle in line and bad.read_bytes() == content  # read, never written
+    single = optuna.create_study(study_name="plain", storage=f"sqlite:///{tmp_path}/plain.db")
+    single.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    with pytest.raises(StudyError, match="not a sweeper study"):
+        load_existing_study(str(tmp_path / "plain.db"))
+    with pytest.raises(StudyError, match="no such study file"):
+        load_existing_study(f"sqlite:///{tmp_path}/missing.db")
+    assert not (tmp_path / "missing.db").exists()
