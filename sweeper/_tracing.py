@@ -1,0 +1,185 @@
+"""The trainer side of a trial's measurements (child process): the per-step state, the collator that pads every row
+to ``max_seq_length`` and carries the rows' dataset indices, a ``transformers.Trainer`` that records each optimizer
+step's raw loss, pre-clip gradient norm, supervised tokens and rows, and forward hooks that keep the largest
+activation of the 4-bit layers. Used by :mod:`sweeper._worker` only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+class NonFiniteError(Exception):
+    """The loss or gradient norm of a step is NaN or infinite, or an input id has no embedding row (which would be
+    an index error on the CPU and a device-side assert on CUDA, so it is stopped before the forward).
+
+    Attributes:
+        what: ``loss``, ``gradient norm`` or ``input id``.
+        value: The offending value.
+        phase: ``forward`` or ``backward``.
+        diagnosis: Set by :func:`train` once :func:`sweeper.diagnosis.diagnose_nan` has run.
+    """
+
+    def __init__(self, what: str, value: float, phase: str):
+        self.what, self.value, self.phase = what, value, phase
+        self.diagnosis: Any = None
+        super().__init__(f"{what} is {value}")
+
+    def describe(self, step: int) -> str:
+        """``loss is nan at step 3 (forward)``."""
+        if self.what == "input id":
+            return f"input id {self.value:g} has no embedding row at step {step} ({self.phase})"
+        return f"{self.what} is {self.value} at step {step} ({self.phase})"
+
+
+class Progress:
+    """Mutable state shared by the trainer hooks and the error handler."""
+
+    def __init__(self) -> None:
+        self.phase = "load"
+        self.step = 0  # optimizer steps finished
+        self.loss: list[float | None] = []
+        self.grad_norm: list[float | None] = []
+        self.max_activation: list[float | None] = []
+        self.skipped: list[int] = []
+        self.tokens = 0
+        self.step_loss = 0.0
+        self.step_grad_norm = float("nan")
+        self.step_max_activation: Any = None
+        # For NaN diagnosis and the data attributes: the current and the last finished step's micro-batches (CPU
+        # copies, with their dataset indices), supervised tokens per step, and every sample index trained on.
+        self.step_batches: list[dict[str, Any]] = []
+        self.last_batches: list[dict[str, Any]] = []
+        self.supervised: list[int] = []
+        self.step_supervised: int | None = None
+        self.seen: set[int] = set()
+
+
+def finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def make_collator(pad_id: int, max_seq_length: int):
+    """Pad every row to ``max_seq_length`` (right), so each step runs at the worst-case shape ``[b, max_seq_length]``;
+    ``sample_index`` (``[b]``) carries the rows' dataset indices to the trainer, which removes it before the model."""
+    import torch
+
+    def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        b = len(rows)
+        input_ids = torch.full((b, max_seq_length), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((b, max_seq_length), dtype=torch.long)
+        labels = torch.full((b, max_seq_length), -100, dtype=torch.long)
+        for i, row in enumerate(rows):
+            n = len(row["input_ids"])
+            input_ids[i, :n] = torch.tensor(row["input_ids"])
+            attention_mask[i, :n] = 1
+            labels[i, :n] = torch.tensor(row["labels"])
+        sample_index = torch.tensor([row["index"] for row in rows], dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
+                "sample_index": sample_index}
+
+    return collate
+
+
+def make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, progress: Progress) -> Any:
+    """A ``Trainer`` that records every optimizer step's raw loss, pre-clip gradient norm and supervised tokens, keeps
+    the step's rows, and raises :class:`NonFiniteError` at the first non-finite value, before the optimizer applies
+    it (so the weights stay those the step failed on; with an fp16 loss scaler, a skipped step is not a failure)."""
+    import torch
+    from transformers import Trainer, TrainerCallback
+
+    vocab_size = model.get_input_embeddings().num_embeddings
+
+    class TracingTrainer(Trainer):
+        def _get_train_sampler(self, train_dataset=None):
+            # The data is shuffled once with dataset.seed; every trial reads it in the same order.
+            return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            progress.phase = "forward"
+            out = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                       num_items_in_batch=num_items_in_batch)
+            progress.phase = "backward"
+            return out
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            index = inputs.pop("sample_index").tolist()
+            kept = {k: v.detach().cpu() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+            progress.step_batches.append({**kept, "sample_index": index})
+            progress.seen.update(index)
+            # Trainer's num_items_in_batch is the step's count of labels[..., 1:] != -100 over all micro-batches.
+            supervised = int((kept["labels"][:, 1:] != -100).sum())
+            progress.step_supervised = (int(num_items_in_batch) if num_items_in_batch is not None
+                                        else (progress.step_supervised or 0) + supervised)
+            ids = kept["input_ids"]
+            if bool(((ids < 0) | (ids >= vocab_size)).any()):
+                raise NonFiniteError("input id", int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min()),
+                                     "forward")
+            progress.tokens += int(inputs["attention_mask"].sum())
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            # The returned loss is this micro-batch's share of the step's mean loss; their sum is the step's loss.
+            value = float(loss)
+            progress.step_loss += value
+            if not math.isfinite(value):
+                raise NonFiniteError("loss", value, "forward")
+            return loss
+
+        def _get_grad_norm(self, model, grad_norm=None):
+            grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+            progress.phase = "optimizer"
+            progress.step_grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+            if not math.isfinite(progress.step_grad_norm) and self.accelerator.scaler is None:
+                raise NonFiniteError("gradient norm", progress.step_grad_norm, "backward")
+            return grad_norm
+
+    class TraceCallback(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            progress.step_loss = 0.0
+            progress.step_grad_norm = float("nan")
+            progress.step_max_activation = None
+            progress.step_batches = []
+            progress.step_supervised = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            scaler = trainer.accelerator.scaler
+            skipped = bool(scaler is not None and trainer.accelerator.optimizer_step_was_skipped)
+            step = state.global_step
+            act = progress.step_max_activation
+            progress.loss.append(finite_or_none(progress.step_loss))
+            progress.grad_norm.append(finite_or_none(progress.step_grad_norm))
+            progress.max_activation.append(None if act is None else float(act))
+            if skipped:
+                progress.skipped.append(step)
+            progress.step = step
+            progress.supervised.append(progress.step_supervised or 0)
+            progress.last_batches, progress.step_batches = progress.step_batches, []
+            progress.step_supervised = None
+            if not math.isfinite(progress.step_grad_norm) and not skipped:
+                raise NonFiniteError("gradient norm", progress.step_grad_norm, "backward")
+
+    trainer = TracingTrainer(model=model, args=args, train_dataset=rows, data_collator=collate,
+                             callbacks=[TraceCallback()])
+    return trainer
+
+
+def track_activations(model: Any, progress: Progress) -> None:
+    """Forward hooks on every ``bitsandbytes.nn.Linear4bit`` keeping the step's largest |input| and |output|.
+
+    Those are the tensors that exist in the compute dtype: bitsandbytes casts the layer's input to it, runs the
+    matmul in it and casts the result back (peft's LoRA branch and the residual stream stay in float32). The running
+    maximum stays on the device and is read once per step.
+    """
+    import bitsandbytes as bnb
+    import torch
+
+    def hook(_module, inputs, output):
+        tensors = [t for t in (*inputs, output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        for t in tensors:
+            peak = t.detach().abs().amax().float()
+            cur = progress.step_max_activation
+            progress.step_max_activation = peak if cur is None else torch.maximum(cur, peak)
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.register_forward_hook(hook)
