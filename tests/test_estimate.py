@@ -1,0 +1,195 @@
+"""Every term of the memory model against bytes a real model holds, on the CPU: the 4-bit storage from the loaded
+``Params4bit`` and quant states, the float32 layers, LoRA weights and gradients, optimizer state after one real
+``Trainer`` step, and the tensors saved for backward counted with ``torch.autograd.graph.saved_tensors_hooks`` (with
+and without gradient checkpointing, SDPA and eager attention, bf16 autocast and float32). Models: the tiny Llama and
+a two-layer model of the built-in SmolLM2's shape (hidden 576, 9 heads, 3 KV heads, vocabulary 49152), whose LoRA
+tensors are large enough for the 8-bit optimizer path."""
+
+import json
+
+import pytest
+
+from sweeper.estimate import (
+    MemorySettings,
+    ModelShape,
+    activation_bytes,
+    estimate_memory,
+    gradient_bytes,
+    logits_saved_bytes,
+    lora_weight_bytes,
+    optimizer_state_bytes,
+    quantized_weight_bytes,
+    unquantized_weight_bytes,
+)
+
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+SMOLLM2_SHAPE = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 2, "num_attention_heads": 9,
+                 "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True}
+
+
+@pytest.fixture(scope="module")
+def smollm2_shaped(tmp_path_factory):
+    """Two layers of SmolLM2-135M's shape with random weights (memory does not depend on the weights)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("smollm2-shaped")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE, max_position_embeddings=2048)).to(torch.float16).save_pretrained(
+        folder)
+    return folder
+
+
+def _load(path, s: MemorySettings):
+    import torch
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    dtype = getattr(torch, s.bnb_4bit_compute_dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=s.bnb_4bit_use_double_quant,
+        bnb_4bit_compute_dtype=dtype), dtype=dtype, attn_implementation=s.attn_implementation)
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=s.gradient_checkpointing,
+                                            gradient_checkpointing_kwargs={"use_reentrant": False})
+    return get_peft_model(model, LoraConfig(r=s.r, lora_alpha=2 * s.r, target_modules=list(s.target_modules),
+                                            lora_dropout=s.lora_dropout, task_type="CAUSAL_LM"))
+
+
+def _quantized_storage(model) -> int:
+    import bitsandbytes as bnb
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            w, qs = module.weight, module.weight.quant_state
+            tensors = [w, qs.absmax, qs.code] + ([qs.state2.absmax, qs.state2.code] if qs.nested else [])
+            total += sum(t.numel() * t.element_size() for t in tensors)
+    return total
+
+
+@pytest.mark.parametrize("double_quant", [True, False])
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_weight_terms_match_the_loaded_model(tiny_model, smollm2_shaped, which, double_quant):
+    import torch
+
+    path = tiny_model if which == "tiny" else smollm2_shaped
+    s = MemorySettings(r=8, target_modules=ALL, bnb_4bit_use_double_quant=double_quant)
+    shape = ModelShape.from_dir(path)
+    model = _load(path, s)
+    assert quantized_weight_bytes(shape, double_quant) == _quantized_storage(model)
+    params = {p.untyped_storage().data_ptr(): p for n, p in model.named_parameters()
+              if p.dtype != torch.uint8 and "lora_" not in n}
+    assert unquantized_weight_bytes(shape) == sum(p.numel() * p.element_size() for p in params.values())
+    lora = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
+    assert lora_weight_bytes(shape, s) == lora
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optim", ["adamw_torch", "paged_adamw_8bit", "adamw_8bit", "sgd"])
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_gradient_and_optimizer_state_after_one_real_step(tiny_model, smollm2_shaped, tmp_path, which, optim):
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    path = tiny_model if which == "tiny" else smollm2_shaped
+    s = MemorySettings(r=8, target_modules=ATTENTION, optim=optim, gradient_checkpointing=False, lora_dropout=0.0)
+    shape = ModelShape.from_dir(path)
+    model = _load(path, s)
+    grads = {}
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            p.register_hook(lambda g, n=n: grads.__setitem__(n, g.numel() * g.element_size()))
+    ids = torch.randint(0, 500, (16,)).tolist()
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=1, optim=optim,
+                             use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True, bf16=True)
+    trainer = Trainer(model=model, args=args, train_dataset=[{"input_ids": ids, "labels": ids}] * 2)
+    trainer.train()
+    assert sum(grads.values()) == gradient_bytes(shape, s)
+    storages = {}
+    for state in trainer.optimizer.state.values():
+        for key, value in state.items():
+            # Step counters are scalars; bitsandbytes' 256-entry quantization maps are shared by all tensors.
+            if isinstance(value, torch.Tensor) and value.numel() > 1 and not key.startswith("qmap"):
+                storages[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
+    measured = sum(storages.values())
+    assert measured == pytest.approx(optimizer_state_bytes(shape, s), rel=0.02), (measured, storages)
+
+
+def _saved_bytes(model, b: int, s_len: int, dtype: str) -> tuple[int, int]:
+    """Bytes of the distinct non-parameter storages autograd saves in one forward, and of the float32 logits."""
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    logits = [0]
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if key not in params and key not in seen:
+            seen[key] = t.untyped_storage().nbytes()
+            if t.dim() == 2 and t.dtype == torch.float32 and t.shape[0] == b * s_len and t.shape[1] > 500:
+                logits[0] = seen[key]
+        return t
+
+    ids = torch.randint(0, 500, (b, s_len))
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=dtype != "float32"):
+            model(input_ids=ids, labels=ids, use_cache=False)
+    return sum(seen.values()), logits[0]
+
+
+CASES = [
+    # (compute dtype, checkpointing, lora_dropout, targets, attention)
+    ("bfloat16", False, 0.05, ALL, "sdpa"),
+    ("bfloat16", False, 0.0, ATTENTION, "sdpa"),
+    ("bfloat16", True, 0.05, ALL, "sdpa"),
+    ("float32", False, 0.05, ALL, "sdpa"),
+    ("float32", False, 0.0, ALL, "sdpa"),
+    ("float32", True, 0.0, ATTENTION, "sdpa"),
+    ("bfloat16", False, 0.05, ALL, "eager"),
+]
+
+
+@pytest.mark.parametrize(("dtype", "checkpointing", "dropout", "targets", "attn"), CASES)
+def test_saved_activations_and_logits_tiny(tiny_model, dtype, checkpointing, dropout, targets, attn):
+    s = MemorySettings(r=8, target_modules=targets, bnb_4bit_compute_dtype=dtype, per_device_train_batch_size=2,
+                       max_seq_length=96, gradient_checkpointing=checkpointing, lora_dropout=dropout,
+                       attn_implementation=attn)
+    model = _load(tiny_model, s)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    shape = ModelShape.from_dir(tiny_model)
+    measured, logits = _saved_bytes(model, 2, 96, dtype)
+    assert logits == 4 * 2 * 96 * shape.vocab_size
+    predicted = activation_bytes(shape, s) + logits_saved_bytes(shape, s)
+    assert predicted == pytest.approx(measured, rel=0.02)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_saved_activations_smollm2_shape(smollm2_shaped, checkpointing):
+    s = MemorySettings(r=16, target_modules=ALL, per_device_train_batch_size=1, max_seq_length=64,
+                       gradient_checkpointing=checkpointing)
+    model = _load(smollm2_shaped, s)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    shape = ModelShape.from_dir(smollm2_shaped)
+    measured, _ = _saved_bytes(model, 1, 64, "bfloat16")
+    assert activation_bytes(shape, s) + logits_saved_bytes(shape, s) == pytest.approx(measured, rel=0.02)
+
+
+def test_estimate_grows_with_every_memory_dimension():
+    shape = ModelShape.from_config(json.loads(json.dumps({
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "vocab_size": 128256})))
+    base = MemorySettings(r=16, target_modules=ALL, per_device_train_batch_size=1, max_seq_length=2048)
+    peak = estimate_memory(shape, base).predicted_peak_gib
+    assert 6 < peak < 24  # Llama-3-8B QLoRA at batch 1 x 2048 with checkpointing fits a 24 GB card
+    for bigger in ({"per_device_train_batch_size": 4}, {"max_seq_length": 4096}, {"r": 64},
+                   {"gradient_checkpointing": False}, {"bnb_4bit_use_double_quant": False}):
+        assert estimate_memory(shape, MemorySettings(**{**base.__dict__, **bigger})).predicted_peak_gib > peak, bigger
+    terms = estimate_memory(shape, base).terms_gib
+    # 6.98e9 projection weights at 4.127 bits (QLoRA paper) = 3.35 GiB; embedding and lm_head in float32 after
+    # prepare_model_for_kbit_training, 2 x 128256 x 4096 x 4 bytes = 3.9 GiB.
+    assert 3.3 < terms["quantized_weights"] < 3.4 and 3.9 < terms["unquantized_weights"] < 3.95
