@@ -372,6 +372,86 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if args.strict and report.nan_findings else 0
 
 
+def _grid_values(space: SearchSpace, key: str) -> list:
+    """A memory key's values in the estimate grid: a list's choices, a range's ends and middle, or the fixed value."""
+    dim = space.search.get(key)
+    if dim is None:
+        return [space.fixed[key]]
+    if isinstance(dim, Categorical):
+        return list(dict.fromkeys(dim.choices))
+    mid = (dim.low * dim.high) ** 0.5 if dim.log else (dim.low + dim.high) / 2
+    values = [dim.low, mid, dim.high]
+    return sorted({int(round(v)) for v in values}) if dim.is_int else values
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """``sweep estimate SPACE.yaml``: predicted peak GPU memory of each memory-relevant point of the space, the terms
+    of the largest, and the fit frontier against memory_limit_gib; no weights are loaded."""
+    import itertools
+
+    from sweeper.estimate import (
+        KNOWN_SHAPES,
+        MAX_POINTS,
+        MEMORY_KEYS,
+        ModelShape,
+        estimate_memory,
+        frontier,
+        settings_from,
+    )
+    from sweeper.model import resolve_model
+
+    space = _load(args)
+    name = space.model.name_or_path
+    model_path = name if name in KNOWN_SHAPES else resolve_model(space.model)
+    config_json = Path(model_path) / "config.json"
+    try:
+        shape = (ModelShape.from_config(KNOWN_SHAPES[name]) if name in KNOWN_SHAPES
+                 else ModelShape.from_dir(model_path))
+    except (OSError, ValueError, KeyError) as exc:
+        raise SweeperError([f"{config_json}: model.name_or_path: cannot read the model's shape ({type(exc).__name__}: "
+                            f"{exc}); give a folder whose config.json has hidden_size, intermediate_size, "
+                            "num_hidden_layers, num_attention_heads and vocab_size"]) from None
+    keys = [k for k in MEMORY_KEYS if k in space.search]
+    grid = list(itertools.islice(itertools.product(*[_grid_values(space, k) for k in keys]), MAX_POINTS))
+    limit = float(space.fixed["memory_limit_gib"])
+    points = []
+    for combo in grid:
+        params = dict(zip(keys, combo))
+        values = {**space.fixed, **params}
+        estimate = estimate_memory(shape, settings_from(values, space.model.attn_implementation))
+        shown = {k: values[k] for k in ("per_device_train_batch_size", "max_seq_length", *keys)}
+        points.append({"params": shown, "predicted_peak_gib": round(estimate.predicted_peak_gib, 3),
+                       "terms_gib": {k: round(v, 4) for k, v in estimate.terms_gib.items()}})
+    points.sort(key=lambda p: p["predicted_peak_gib"])
+    edge = frontier(points, limit)
+    if args.json:
+        _print(json.dumps({"model": space.model.name_or_path, "memory_limit_gib": limit, "points": points,
+                           "frontier": edge}, indent=1))
+        return 0
+    fits = sum(1 for p in points if p["predicted_peak_gib"] <= limit)
+    _print(f"sweep estimate: {space.model.name_or_path} ({shape.num_hidden_layers} layers, hidden {shape.hidden_size}, "
+           f"vocabulary {shape.vocab_size}), {len(points)} memory-relevant configurations of {space.path}; "
+           f"{fits} predicted to fit memory_limit_gib={limit:g}")
+    _print("predicted peak GPU memory (max_memory_reserved), GiB, lowest first:")
+    from sweeper.console import format_params
+
+    for p in points[:10] + ([] if len(points) <= 20 else [None]) + points[max(10, len(points) - 10):]:
+        if p is None:
+            _print("  ...")
+            continue
+        mark = "fits" if p["predicted_peak_gib"] <= limit else "OOM "
+        _print(f"  {p['predicted_peak_gib']:7.2f}  {mark}  {format_params(p['params'])}")
+    largest = points[-1]
+    _print("terms of the largest (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in largest["terms_gib"].items()))
+    _print(f"frontier for memory_limit_gib={limit:g}: " + ", ".join(
+        f"batch {e['per_device_train_batch_size']}: " + (f"max_seq_length {e['max_seq_length']} "
+                                                         f"({e['predicted_peak_gib']:.1f} GiB)"
+                                                         if e["max_seq_length"] else "nothing fits") for e in edge))
+    _print("a model, not a measurement: CUDA context and allocator overhead are uncalibrated constants "
+           "(sweeper/estimate.py)")
+    return 0
+
+
 def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
     from sweeper.console import format_params, format_trace
@@ -469,6 +549,12 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument("--strict", action="store_true", help="exit 1 when a finding would make a trial NaN")
     doctor.set_defaults(func=cmd_doctor)
+
+    estimate = sub.add_parser("estimate", help="predicted peak GPU memory of the space's configurations, no weights")
+    estimate.add_argument("space", help="space file; the model may be a folder holding only config.json")
+    estimate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
+    estimate.add_argument("--json", action="store_true", help="print {points, frontier} as JSON")
+    estimate.set_defaults(func=cmd_estimate)
 
     report = sub.add_parser("report", help="the Pareto front and failures of a study, in the terminal and in HTML")
     report.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")

@@ -90,6 +90,22 @@ class ModelShape:
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
 
+#: Shapes of popular base models from their public ``config.json``, so that ``sweep estimate`` plans a sweep of them
+#: offline, before their weights are downloaded.
+KNOWN_SHAPES: dict[str, dict[str, Any]] = {
+    **{name: {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": False}
+       for name in ("meta-llama/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct", "meta-llama/Llama-3.1-8B",
+                    "meta-llama/Llama-3.1-8B-Instruct")},
+    **{name: {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 32768, "tie_word_embeddings": False}
+       for name in ("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3")},
+    **{name: {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+              "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 152064, "tie_word_embeddings": False}
+       for name in ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct")},
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class MemorySettings:
     """The trial settings memory depends on (names as in the space file)."""
@@ -320,3 +336,41 @@ def estimate_memory(shape: ModelShape, s: MemorySettings) -> MemoryEstimate:
     terms_gib["allocator_overhead"] = ALLOCATOR_OVERHEAD * subtotal
     terms_gib["cuda_context"] = CUDA_CONTEXT_GIB
     return MemoryEstimate(predicted_peak_gib=sum(terms_gib.values()), terms_gib=terms_gib)
+
+
+#: The trial keys memory depends on; the others (lora_alpha_ratio, learning_rate, quant type, ...) do not change it.
+MEMORY_KEYS = ("r", "target_modules", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant",
+               "per_device_train_batch_size", "max_seq_length", "gradient_checkpointing", "optim", "lora_dropout")
+
+#: At most this many grid points are estimated (a space with ranges is sampled at their ends and middle).
+MAX_POINTS = 5000
+
+
+def settings_from(values: Mapping[str, Any], attn_implementation: str = "sdpa") -> MemorySettings:
+    """:class:`MemorySettings` from a trial's values (a ``TrialConfig.to_dict()`` or a space's fixed + params)."""
+    return MemorySettings(**{k: (tuple(values[k]) if k == "target_modules" else values[k])
+                             for k in MEMORY_KEYS if k in values}, attn_implementation=attn_implementation)
+
+
+def frontier(points: Sequence[Mapping[str, Any]], memory_limit_gib: float) -> list[dict[str, Any]]:
+    """The largest ``max_seq_length`` predicted to fit ``memory_limit_gib`` per batch size, at the cheapest setting of
+    the other memory keys.
+
+    Args:
+        points: ``{"params": {...}, "predicted_peak_gib": x}`` with ``per_device_train_batch_size`` and
+            ``max_seq_length`` in ``params``.
+
+    Returns:
+        ``[{"per_device_train_batch_size": b, "max_seq_length": s or None, "predicted_peak_gib": x or None}]`` by
+        batch size.
+    """
+    best: dict[tuple[int, int], float] = {}
+    for p in points:
+        key = (p["params"]["per_device_train_batch_size"], p["params"]["max_seq_length"])
+        best[key] = min(best.get(key, math.inf), p["predicted_peak_gib"])
+    out = []
+    for b in sorted({k[0] for k in best}):
+        fits = [(s, peak) for (bb, s), peak in best.items() if bb == b and peak <= memory_limit_gib]
+        s, peak = max(fits) if fits else (None, None)
+        out.append({"per_device_train_batch_size": b, "max_seq_length": s, "predicted_peak_gib": peak})
+    return out

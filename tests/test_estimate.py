@@ -193,3 +193,24 @@ def test_estimate_grows_with_every_memory_dimension():
     # 6.98e9 projection weights at 4.127 bits (QLoRA paper) = 3.35 GiB; embedding and lm_head in float32 after
     # prepare_model_for_kbit_training, 2 x 128256 x 4096 x 4 bytes = 3.9 GiB.
     assert 3.3 < terms["quantized_weights"] < 3.4 and 3.9 < terms["unquantized_weights"] < 3.95
+
+
+def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, tmp_path):
+    import shutil
+
+    from conftest import REPO, sweep, tiny_space, write_space
+
+    only_config = tmp_path / "planned-model"
+    only_config.mkdir()
+    shutil.copy(tiny_model / "config.json", only_config / "config.json")  # no weights, no tokenizer
+    space = tiny_space(only_config, search={"per_device_train_batch_size": [1, 4], "r": [8, 64]},
+                       training={"memory_limit_gib": 0.61})
+    out = sweep("estimate", str(write_space(tmp_path, space)), "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert len(data["points"]) == 4 and all(set(p["terms_gib"]) >= {"activations", "optimizer_state"}
+                                            for p in data["points"])
+    assert [e["per_device_train_batch_size"] for e in data["frontier"]] == [1, 4]
+    llama = sweep("estimate", str(REPO / "search_spaces" / "llama3-8b-24gb.yaml"), cwd=tmp_path)
+    assert llama.returncode == 0, llama.stderr
+    assert "frontier for memory_limit_gib=22: batch 1: max_seq_length" in llama.stdout
