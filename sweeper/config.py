@@ -148,6 +148,8 @@ class TrialConfig:
         memory_limit_gib: The card to fit, in GiB: a real cap in the worker.
         trial_timeout_s: Seconds before the worker is killed (status ``timeout``).
         target_effective_batch_size: Kept by export through ``gradient_accumulation_steps``.
+        preflight_margin: A trial whose predicted peak exceeds ``memory_limit_gib`` by more than this fraction is
+            pruned as ``predicted_oom`` without running (``sweeper.preflight``).
         model: The model section.
         dataset: The dataset section.
     """
@@ -173,6 +175,7 @@ class TrialConfig:
     memory_limit_gib: float = 24.0
     trial_timeout_s: float = 1200.0
     target_effective_batch_size: int = 16
+    preflight_margin: float = 0.10
     model: ModelSpec = field(default_factory=ModelSpec)
     dataset: DatasetSpec = field(default_factory=DatasetSpec)
 

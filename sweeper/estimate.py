@@ -34,6 +34,9 @@ CUDA_CONTEXT_GIB = 0.5
 #: ``max_memory_reserved`` exceeds the bytes held by the caching allocator's rounding and fragmentation: a fraction
 #: of everything else, also to be calibrated on a GPU.
 ALLOCATOR_OVERHEAD = 0.10
+#: On the CPU a trial's peak is its resident set, which also holds Python, torch, transformers, peft and
+#: bitsandbytes: measured 0.54 GiB for a trial of the tests' tiny model, of which the model is a few MB.
+CPU_PROCESS_BASELINE_GIB = 0.45
 
 #: Optimizer state bytes per trainable parameter, for the 32-bit optimizers (two fp32 moments for AdamW).
 _STATE_BYTES_32 = {"adamw_torch": 8, "adamw_torch_fused": 8, "paged_adamw_32bit": 8, "lion_32bit": 4,
@@ -120,6 +123,7 @@ class MemorySettings:
     optim: str = "paged_adamw_8bit"
     lora_dropout: float = 0.05
     attn_implementation: str = "sdpa"
+    device: str = "cuda"
 
 
 def quantized_weight_bytes(shape: ModelShape, double_quant: bool) -> int:
@@ -194,7 +198,11 @@ def optimizer_state_bytes(shape: ModelShape, s: MemorySettings) -> int:
 
 
 def _compute_bytes(s: MemorySettings) -> int:
-    return 4 if s.bnb_4bit_compute_dtype == "float32" else 2
+    """``a``: 2 under autocast (bf16/fp16 on CUDA, bf16 on the CPU), 4 in float32 and for fp16 on the CPU, where
+    accelerate runs no autocast (the 4-bit layers still compute in fp16 inside, returning float32)."""
+    if s.bnb_4bit_compute_dtype == "float32" or (s.device == "cpu" and s.bnb_4bit_compute_dtype == "float16"):
+        return 4
+    return 2
 
 
 def layer_activation_bytes(shape: ModelShape, s: MemorySettings) -> int:
@@ -313,7 +321,9 @@ class MemoryEstimate:
 
 
 def estimate_memory(shape: ModelShape, s: MemorySettings) -> MemoryEstimate:
-    """The predicted peak GPU memory (``torch.cuda.max_memory_reserved``) of a QLoRA training step.
+    """The predicted peak GPU memory (``torch.cuda.max_memory_reserved``) of a QLoRA training step; with
+    ``device="cpu"``, the peak resident set of a CPU trial (no CUDA context or caching allocator, plus the process's
+    own :data:`CPU_PROCESS_BASELINE_GIB`).
 
     The peak is at the loss: every weight and optimizer state, all saved activations, the logits, and one
     dequantized weight; with checkpointing, backward adds one recomputed layer (counted too, a slight over-estimate
@@ -332,6 +342,9 @@ def estimate_memory(shape: ModelShape, s: MemorySettings) -> MemoryEstimate:
         "dequantization": dequantization_bytes(shape, s),
     }
     terms_gib = {k: v / GIB for k, v in terms.items()}
+    if s.device == "cpu":  # glibc's allocator returns what is freed; the process itself is the fixed cost
+        terms_gib["process_baseline"] = CPU_PROCESS_BASELINE_GIB
+        return MemoryEstimate(predicted_peak_gib=sum(terms_gib.values()), terms_gib=terms_gib)
     subtotal = sum(terms_gib.values())
     terms_gib["allocator_overhead"] = ALLOCATOR_OVERHEAD * subtotal
     terms_gib["cuda_context"] = CUDA_CONTEXT_GIB
@@ -346,10 +359,12 @@ MEMORY_KEYS = ("r", "target_modules", "bnb_4bit_compute_dtype", "bnb_4bit_use_do
 MAX_POINTS = 5000
 
 
-def settings_from(values: Mapping[str, Any], attn_implementation: str = "sdpa") -> MemorySettings:
+def settings_from(values: Mapping[str, Any], attn_implementation: str = "sdpa", device: str = "cuda"
+                  ) -> MemorySettings:
     """:class:`MemorySettings` from a trial's values (a ``TrialConfig.to_dict()`` or a space's fixed + params)."""
     return MemorySettings(**{k: (tuple(values[k]) if k == "target_modules" else values[k])
-                             for k in MEMORY_KEYS if k in values}, attn_implementation=attn_implementation)
+                             for k in MEMORY_KEYS if k in values}, attn_implementation=attn_implementation,
+                          device=device)
 
 
 def frontier(points: Sequence[Mapping[str, Any]], memory_limit_gib: float) -> list[dict[str, Any]]:

@@ -28,6 +28,8 @@ COLORS = {"front": "#d62728", "complete": "#1f77b4", "nan": "#ff7f0e", "oom": "#
 def _hover(point: Mapping[str, Any]) -> str:
     params = "<br>".join(f"{k}={v}" for k, v in point["params"].items())
     memory = "-" if point["peak_memory_gib"] is None else f"{point['peak_memory_gib']:.3f} GiB"
+    if point.get("predicted_peak_gib") is not None:
+        memory += f" (predicted {point['predicted_peak_gib']:.2f})"
     stability = "-" if point["instability"] is None else f"{point['instability']:.3f}"
     reason = html.escape(point["reason"])[:200]
     return (f"trial {point['number']}: {point['label']}<br>peak {memory}, instability {stability}<br>{params}"

@@ -67,6 +67,7 @@ def trial_record(trial: FrozenTrial, searched: list[str], front: set[int]) -> di
         "params": trial_params(trial, searched),
         "peak_memory_gib": _finite(a.get("peak_memory_gib")),
         "memory_kind": a.get("memory_kind"),
+        "predicted_peak_gib": _finite(a.get("predicted_peak_gib")),
         "instability": _finite(a.get("instability")) if trial.state == TrialState.COMPLETE else None,
         "fail_step": a.get("fail_step"),
         "steps_done": a.get("steps_done"),

@@ -27,6 +27,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.errors import StudyError
+from sweeper.preflight import preflight
 from sweeper.space import Categorical, SearchSpace, StudySpec
 from sweeper.stability import COMPONENTS
 from sweeper.trial import PRUNED_STATUSES, TrialResult, run_trial
@@ -335,6 +336,7 @@ def run_study(
         study.set_user_attr("searched", list(space.search))
     study.set_user_attr("model_path", model_path)  # the local checkpoint the trials loaded (for exports)
     recover_orphans(study)
+    predictor = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation)
     distributions = to_distributions(space)
     start = time.monotonic()
     repeats = 0
@@ -355,6 +357,18 @@ def run_study(
             if on_trial is not None:
                 on_trial(SweepEvent(trial=frozen, result=result, finished=finished, n_trials=target))
             continue
+        predicted = predictor(config.to_dict())
+        decision = preflight(config.to_dict(), predicted, _known_memory(study))
+        if decision is not None:
+            result = TrialResult(status=decision[0], reason=decision[1], predicted_peak_gib=predicted,
+                                 wall_time_s=0.0, lora_alpha=config.lora_alpha,
+                                 effective_batch_size=config.effective_batch_size)
+            record_result(trial, result, config.to_dict())
+            trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
+            frozen = study.tell(trial, state=TrialState.PRUNED)
+            if on_trial is not None:
+                on_trial(SweepEvent(trial=frozen, result=result, finished=finished + 1, n_trials=target))
+            continue
         try:
             result = run_trial(config, trial_dir(name, trial.number), model_path=model_path,
                                on_start=lambda pid: trial.set_user_attr("worker_pid", pid))
@@ -364,6 +378,7 @@ def run_study(
             trial.set_user_attr("interrupted", True)
             study.tell(trial, state=TrialState.FAIL)
             raise
+        result.predicted_peak_gib = predicted
         record_result(trial, result, config.to_dict())
         _upload_artifacts(name, trial, result)
         trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
@@ -375,6 +390,39 @@ def run_study(
             frozen = study.tell(trial, state=TrialState.FAIL)
         if on_trial is not None:
             on_trial(SweepEvent(trial=frozen, result=result, finished=finished + 1, n_trials=target))
+
+
+def memory_predictor(model_path: str, name: str, attn_implementation: str) -> Callable[[dict], float | None]:
+    """A function from a trial config (dict) to its predicted peak in GiB, on the device the trials will use (CUDA when
+    a GPU is visible, else the CPU); it returns None when the model's shape is unknown (no readable config.json)."""
+    from sweeper._worker import _cuda_visible
+    from sweeper.estimate import KNOWN_SHAPES, ModelShape, estimate_memory, settings_from
+
+    try:
+        shape = (ModelShape.from_config(KNOWN_SHAPES[name]) if name in KNOWN_SHAPES
+                 else ModelShape.from_dir(model_path))
+    except (OSError, ValueError, KeyError):
+        return lambda config: None
+    device = "cuda" if _cuda_visible() else "cpu"
+
+    def predict(config: dict) -> float | None:
+        return estimate_memory(shape, settings_from(config, attn_implementation, device)).predicted_peak_gib
+
+    return predict
+
+
+def _known_memory(study: optuna.Study) -> list:
+    """What the study knows about memory: each measured trial's config, and whether it fit (complete or NaN) or ran
+    out of memory, for :func:`sweeper.preflight.preflight`."""
+    from sweeper.preflight import Known
+
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        status = t.user_attrs.get("status")
+        if "duplicate_of" in t.user_attrs or "config" not in t.user_attrs or status not in ("complete", "nan", "oom"):
+            continue
+        out.append(Known(number=t.number, config=t.user_attrs["config"], fits=status != "oom"))
+    return out
 
 
 def _upload_artifacts(study_name: str, trial: optuna.Trial, result: TrialResult) -> None:

@@ -73,6 +73,8 @@ class TrialResult:
         longest_sample_tokens: Tokens (before truncation) of the longest sample the trial trained on.
         longest_sample_index: Its dataset index.
         truncated_sample_fraction: Share of the samples trained on that ``max_seq_length`` cut, 0-1.
+        predicted_peak_gib: The memory model's prediction for this trial (:mod:`sweeper.estimate`), in the same
+            kind as ``peak_memory_gib`` (CUDA reserved, or CPU resident set), set by the sweep before it runs.
     """
 
     status: Status
@@ -107,6 +109,7 @@ class TrialResult:
     longest_sample_tokens: int | None = None
     longest_sample_index: int | None = None
     truncated_sample_fraction: float | None = None
+    predicted_peak_gib: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict."""

@@ -214,3 +214,25 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
     llama = sweep("estimate", str(REPO / "search_spaces" / "llama3-8b-24gb.yaml"), cwd=tmp_path)
     assert llama.returncode == 0, llama.stderr
     assert "frontier for memory_limit_gib=22: batch 1: max_seq_length" in llama.stdout
+
+
+def test_dominance_rule():
+    from sweeper.preflight import Known, at_least_as_large, preflight
+
+    base = {"per_device_train_batch_size": 2, "max_seq_length": 512, "r": 16, "target_modules": ["q_proj", "v_proj"],
+            "bnb_4bit_compute_dtype": "bfloat16", "gradient_checkpointing": True, "bnb_4bit_use_double_quant": True,
+            "gradient_accumulation_steps": 1, "optim": "paged_adamw_8bit", "lora_dropout": 0.05, "model": {"n": 1},
+            "dataset": {"p": 1}, "memory_limit_gib": 24, "learning_rate": 1e-4, "preflight_margin": 0.1}
+    for bigger in ({"per_device_train_batch_size": 4}, {"max_seq_length": 1024}, {"r": 32},
+                   {"target_modules": ["q_proj", "v_proj", "o_proj"]}, {"bnb_4bit_compute_dtype": "float32"},
+                   {"gradient_checkpointing": False}, {"bnb_4bit_use_double_quant": False}):
+        assert at_least_as_large({**base, **bigger}, base) and not at_least_as_large(base, {**base, **bigger}), bigger
+    assert at_least_as_large({**base, "learning_rate": 1e-3}, base)  # a key memory does not depend on may differ
+    assert not at_least_as_large({**base, "per_device_train_batch_size": 4, "r": 8}, base)  # larger in one only
+    assert not at_least_as_large({**base, "optim": "adamw_torch", "r": 32}, base)  # another optimizer: not ordered
+    oom = Known(number=3, config=base, fits=False)
+    assert preflight({**base, "r": 64}, 10.0, [oom])[0] == "dominated_oom"
+    assert preflight({**base, "r": 8}, 30.0, [oom])[0] == "predicted_oom"  # 30 > 24 * 1.1
+    assert preflight({**base, "r": 8}, 26.0, [oom]) is None  # within the margin
+    fit = Known(number=4, config={**base, "r": 64}, fits=True)
+    assert preflight({**base, "r": 8}, 30.0, [fit]) is None  # no larger than a configuration that fit

@@ -61,7 +61,7 @@ def test_states_attributes_and_constraints(tiny_model, workdir):
     space = load_space(write_space(workdir, tiny_space(
         tiny_model, name="states", n_trials=4,
         training={"bnb_4bit_compute_dtype": "float16", "max_seq_length": 1024, "memory_limit_gib": 0.75,
-                  "max_steps": 8},
+                  "max_steps": 8, "preflight_margin": 100},  # a real OOM here, not a predicted one
         search={"learning_rate": [1e-4, 1.0], "lora_alpha_ratio": [1, 1000], "per_device_train_batch_size": [1, 64]},
     )))
     study = open_study(space)
@@ -156,3 +156,35 @@ def test_resume_after_the_sweep_process_is_killed(tiny_model, workdir):
     assert after[2].params == after[1].params and after[2].user_attrs["retry_of"] == 1
     finished = [t for t in after if is_finished(t)]
     assert len(finished) == 3 and all(t.state == TrialState.COMPLETE for t in finished)
+
+
+@pytest.mark.slow
+def test_preflight_prunes_predicted_and_dominated_ooms_without_running_them(tiny_model, workdir):
+    # With the preflight all but off, batch 32 x 1024 runs and really runs out of memory under 0.75 GiB; batch 48 is
+    # at least as large in every memory dimension, so it is pruned without running; batch 1 fits and runs.
+    space = load_space(write_space(workdir, tiny_space(
+        tiny_model, name="pre", n_trials=3,
+        training={"max_seq_length": 1024, "memory_limit_gib": 0.75, "preflight_margin": 100},
+        search={"per_device_train_batch_size": [1, 32, 48], "lora_alpha_ratio": [1, 2]})))
+    study = open_study(space)
+    for batch, ratio in ((32, 1), (48, 2), (1, 1)):
+        study.enqueue_trial({"per_device_train_batch_size": batch, "lora_alpha_ratio": ratio})
+    study = run_study(space, model_path=str(tiny_model))
+    oom, dominated, fits = study.get_trials()[:3]
+    assert oom.user_attrs["status"] == "oom", oom.user_attrs["reason"]
+    assert dominated.user_attrs["status"] == "dominated_oom" and dominated.state == TrialState.PRUNED
+    assert "trial 0" in dominated.user_attrs["reason"] and dominated.constraints[FAILURE_CONSTRAINT] == 1.0
+    assert not (workdir / "studies" / "pre" / "trials" / str(dominated.number)).exists()  # never ran
+    assert fits.user_attrs["status"] == "complete"
+    assert all(t.user_attrs["predicted_peak_gib"] > 0 for t in (oom, dominated, fits))
+    assert oom.user_attrs["predicted_peak_gib"] > 0.75 > fits.user_attrs["predicted_peak_gib"]
+
+    # With the default 10% margin a configuration predicted far above the cap is not run at all.
+    tight = load_space(write_space(workdir, tiny_space(
+        tiny_model, name="tight", n_trials=1, training={"max_seq_length": 1024, "memory_limit_gib": 0.75},
+        search={"per_device_train_batch_size": [64, 65]}), name="tight.yaml"))
+    study = run_study(tight, model_path=str(tiny_model))
+    [t] = study.get_trials()
+    assert t.user_attrs["status"] == "predicted_oom" and t.user_attrs["wall_time_s"] == 0.0
+    assert "exceeds memory_limit_gib=0.75" in t.user_attrs["reason"]
+    assert not (workdir / "studies" / "tight" / "trials" / "0").exists()
