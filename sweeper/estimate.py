@@ -69,9 +69,20 @@ class ModelShape:
         """From a ``config.json`` mapping (a multimodal config's ``text_config`` is used when present).
 
         Raises:
-            KeyError: A required field is missing.
+            ValueError: Not a mapping, a required field missing or not a positive integer, or a mixture-of-experts
+                model (the dense formulas would under-count its experts).
         """
+        if not isinstance(config, Mapping):
+            raise ValueError("config.json is not a JSON object")
         c = config.get("text_config") or config
+        for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+            value = c.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"config.json: {key} is {value!r}; it must be a positive integer")
+        for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+            if isinstance(c.get(key), int) and c[key] > 1:
+                raise ValueError(f"config.json: {key}={c[key]}: a mixture-of-experts model, which the memory model "
+                                 "(dense Llama-style layers) does not cover")
         heads = int(c["num_attention_heads"])
         return cls(hidden_size=int(c["hidden_size"]), intermediate_size=int(c["intermediate_size"]),
                    num_hidden_layers=int(c["num_hidden_layers"]), num_attention_heads=heads,
@@ -355,8 +366,8 @@ def estimate_memory(shape: ModelShape, s: MemorySettings) -> MemoryEstimate:
 MEMORY_KEYS = ("r", "target_modules", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant",
                "per_device_train_batch_size", "max_seq_length", "gradient_checkpointing", "optim", "lora_dropout")
 
-#: At most this many grid points are estimated (a space with ranges is sampled at their ends and middle).
-MAX_POINTS = 5000
+#: At most this many grid points are estimated (about 1 ms each): a larger space is cut, and the command says so.
+MAX_POINTS = 20000
 
 
 def settings_from(values: Mapping[str, Any], attn_implementation: str = "sdpa", device: str = "cuda"
@@ -365,6 +376,12 @@ def settings_from(values: Mapping[str, Any], attn_implementation: str = "sdpa", 
     return MemorySettings(**{k: (tuple(values[k]) if k == "target_modules" else values[k])
                              for k in MEMORY_KEYS if k in values}, attn_implementation=attn_implementation,
                           device=device)
+
+
+def known_shape(name: str) -> dict[str, Any] | None:
+    """The shape of a model in :data:`KNOWN_SHAPES`, its hub id matched without regard to case."""
+    lowered = {k.lower(): v for k, v in KNOWN_SHAPES.items()}
+    return lowered.get(name.lower())
 
 
 def frontier(points: Sequence[Mapping[str, Any]], memory_limit_gib: float) -> list[dict[str, Any]]:
@@ -376,16 +393,24 @@ def frontier(points: Sequence[Mapping[str, Any]], memory_limit_gib: float) -> li
             ``max_seq_length`` in ``params``.
 
     Returns:
-        ``[{"per_device_train_batch_size": b, "max_seq_length": s or None, "predicted_peak_gib": x or None}]`` by
-        batch size.
+        ``[{"per_device_train_batch_size": b, "max_seq_length": s or None, "predicted_peak_gib": x or None,
+        "params": {...} or None}]`` by batch size; ``params`` are the cheapest setting at that length (the one the
+        frontier holds for), and ``max_seq_length_all_settings`` the largest length that fits whatever the other keys.
     """
-    best: dict[tuple[int, int], float] = {}
+    best: dict[tuple[int, int], Mapping[str, Any]] = {}
+    worst: dict[tuple[int, int], float] = {}
     for p in points:
         key = (p["params"]["per_device_train_batch_size"], p["params"]["max_seq_length"])
-        best[key] = min(best.get(key, math.inf), p["predicted_peak_gib"])
+        if key not in best or p["predicted_peak_gib"] < best[key]["predicted_peak_gib"]:
+            best[key] = p
+        worst[key] = max(worst.get(key, 0.0), p["predicted_peak_gib"])
     out = []
     for b in sorted({k[0] for k in best}):
-        fits = [(s, peak) for (bb, s), peak in best.items() if bb == b and peak <= memory_limit_gib]
-        s, peak = max(fits) if fits else (None, None)
-        out.append({"per_device_train_batch_size": b, "max_seq_length": s, "predicted_peak_gib": peak})
+        fits = sorted((s, p) for (bb, s), p in best.items() if bb == b and p["predicted_peak_gib"] <= memory_limit_gib)
+        all_fit = [s for (bb, s), w in worst.items() if bb == b and w <= memory_limit_gib]
+        s, p = fits[-1] if fits else (None, None)
+        out.append({"per_device_train_batch_size": b, "max_seq_length": s,
+                    "predicted_peak_gib": p["predicted_peak_gib"] if p else None,
+                    "params": dict(p["params"]) if p else None,
+                    "max_seq_length_all_settings": max(all_fit) if all_fit else None})
     return out

@@ -213,7 +213,7 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
     assert [e["per_device_train_batch_size"] for e in data["frontier"]] == [1, 4]
     llama = sweep("estimate", str(REPO / "search_spaces" / "llama3-8b-24gb.yaml"), cwd=tmp_path)
     assert llama.returncode == 0, llama.stderr
-    assert "frontier for memory_limit_gib=22: batch 1: max_seq_length" in llama.stdout
+    assert "frontier for memory_limit_gib=22" in llama.stdout and "  batch 1: max_seq_length 4096" in llama.stdout
 
 
 def test_dominance_rule():
@@ -236,3 +236,20 @@ def test_dominance_rule():
     assert preflight({**base, "r": 8}, 26.0, [oom]) is None  # within the margin
     fit = Known(number=4, config={**base, "r": 64}, fits=True)
     assert preflight({**base, "r": 8}, 30.0, [fit]) is None  # no larger than a configuration that fit
+
+
+@pytest.mark.parametrize(("config", "needle"), [
+    ({**SMOLLM2_SHAPE, "vocab_size": None}, "vocab_size is None"),
+    ({**SMOLLM2_SHAPE, "num_hidden_layers": -3}, "num_hidden_layers is -3"),
+    ({**SMOLLM2_SHAPE, "num_local_experts": 8}, "mixture-of-experts"),
+    ([1, 2], "not a JSON object"),
+])
+def test_estimate_refuses_a_bad_config_in_one_line(tmp_path, tiny_model, config, needle):
+    from conftest import sweep, tiny_space, write_space
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    out = sweep("estimate", str(write_space(tmp_path, tiny_space(folder))), cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
