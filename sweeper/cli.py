@@ -346,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("space", help="space file; the model may be a folder holding only config.json")
     estimate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
     estimate.add_argument("--json", action="store_true", help="print {points, frontier} as JSON")
+    estimate.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                          help="predict a GPU's reserved memory (default) or a CPU trial's resident set (the demo)")
     estimate.set_defaults(func=cmd_estimate)
 
     report = sub.add_parser("report", help="the Pareto front and failures of a study, in the terminal and in HTML")
