@@ -43,10 +43,10 @@ def trial_params(trial: FrozenTrial, searched: list[str] | tuple[str, ...] = ())
 
 
 def status_label(trial: FrozenTrial) -> str:
-    """``complete``, ``oom``, ``nan/data`` ...: the status with the NaN cause."""
-    status = trial.user_attrs.get("status", trial.state.name.lower())
-    cause = trial.user_attrs.get("nan_cause")
-    return f"{status}/{cause}" if status == "nan" and cause else status
+    """``complete``, ``oom``, ``nan/data`` ...: the trial's status with its NaN cause (as the console shows it)."""
+    from sweeper.console import status_label as label
+
+    return label(trial.user_attrs.get("status", trial.state.name.lower()), trial.user_attrs.get("nan_cause"))
 
 
 def _finite(x: Any) -> float | None:
