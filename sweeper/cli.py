@@ -193,8 +193,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     def on_trial(event) -> None:
         params = {k: event.trial.params.get(k) for k in space.search}
         line = format_trial_line(event.trial.number, params, event.result, event.finished, event.n_trials)
-        if "retry_of" in event.trial.user_attrs:
-            line += f"  (retry of #{event.trial.user_attrs['retry_of']}, interrupted)"
+        attrs = event.trial.user_attrs
+        if "retry_of" in attrs:
+            line += f"  (retry {attrs.get('retry_attempt', 1)} of #{attrs['retry_of']})"
+        if attrs.get("retried"):
+            line += "  (its configuration runs again: max_retries)"
         _print(line)
 
     if already >= n_trials:

@@ -150,6 +150,8 @@ class TrialConfig:
         target_effective_batch_size: Kept by export through ``gradient_accumulation_steps``.
         preflight_margin: A trial whose predicted peak exceeds ``memory_limit_gib`` by more than this fraction is
             pruned as ``predicted_oom`` without running (``sweeper.preflight``).
+        max_retries: How often a configuration whose trial crashed or timed out is run again (those may go
+            differently another time; ``nan`` and ``oom`` are results and never retried).
         model: The model section.
         dataset: The dataset section.
     """
@@ -176,6 +178,7 @@ class TrialConfig:
     trial_timeout_s: float = 1200.0
     target_effective_batch_size: int = 16
     preflight_margin: float = 0.10
+    max_retries: int = 1
     model: ModelSpec = field(default_factory=ModelSpec)
     dataset: DatasetSpec = field(default_factory=DatasetSpec)
 

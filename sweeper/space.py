@@ -92,6 +92,7 @@ TRIAL_KEYS: Mapping[str, _KeySpec] = MappingProxyType(
         "trial_timeout": _KeySpec(kind="duration", default=20 * 60.0, searchable=False),
         "target_effective_batch_size": _KeySpec(kind="int", default=16, low=1, high=10**7, searchable=False),
         "preflight_margin": _KeySpec(kind="float", default=0.10, low=0, high=100, searchable=False),
+        "max_retries": _KeySpec(kind="int", default=1, low=0, high=10, searchable=False),
     }
 )
 

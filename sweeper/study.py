@@ -200,10 +200,11 @@ def record_result(trial: optuna.Trial | Any, result: TrialResult, config: dict[s
 
 
 def is_finished(trial: FrozenTrial) -> bool:
-    """Counts toward ``n_trials``: ended, not interrupted (its configuration is retried) and not a repeat of a
-    configuration already measured (its result was reused, see :func:`find_duplicate`)."""
+    """Counts toward ``n_trials``: ended, not interrupted or crashed/timed out and retried (its configuration runs
+    again), and not a repeat of a configuration already measured (its result was reused, see
+    :func:`find_duplicate`)."""
     return (trial.state.is_finished() and not trial.user_attrs.get("interrupted", False)
-            and "duplicate_of" not in trial.user_attrs)
+            and not trial.user_attrs.get("retried", False) and "duplicate_of" not in trial.user_attrs)
 
 
 def count_finished(study: optuna.Study) -> int:
@@ -225,8 +226,29 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def recover_orphans(study: optuna.Study) -> list[int]:
-    """Fail the RUNNING trials whose sweep process on this host is gone, and retry their params once.
+#: Statuses whose configuration is run again (up to ``max_retries``): they may go differently another time.
+RETRIED_STATUSES = ("crash", "timeout")
+
+
+def retry(study: optuna.Study, trial: FrozenTrial | optuna.Trial, max_retries: int) -> bool:
+    """Queue ``trial``'s params again when it has been retried fewer than ``max_retries`` times; the new trial carries
+    ``retry_of`` (the first attempt's number) and ``retry_attempt``.
+
+    Returns:
+        Whether a retry was queued.
+    """
+    attempt = int(trial.user_attrs.get("retry_attempt", 0))
+    if attempt >= max_retries:
+        return False
+    first = trial.user_attrs.get("retry_of", trial.number)
+    study.enqueue_trial(trial.params, user_attrs={"retry_of": first, "retry_attempt": attempt + 1},
+                        skip_if_exists=False)
+    return True
+
+
+def recover_orphans(study: optuna.Study, max_retries: int = 1) -> list[int]:
+    """Fail the RUNNING trials whose sweep process on this host is gone, and retry their params (up to
+    ``max_retries`` times for one configuration).
 
     Returns:
         The numbers of the trials marked failed.
@@ -244,14 +266,14 @@ def recover_orphans(study: optuna.Study) -> list[int]:
                                     f"interrupted: the sweep process (pid {pid}) stopped while this trial ran")
         storage.set_trial_user_attr(t._trial_id, "interrupted", True)
         storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        if "retry_of" not in t.user_attrs:
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+        retry(study, t, max_retries)
         recovered.append(t.number)
     return recovered
 
 
 #: User attributes that describe one run of a trial rather than its configuration's result (not copied to duplicates).
-_BOOKKEEPING_ATTRS = ("sweep_host", "sweep_pid", "worker_pid", "retry_of", "interrupted", "duplicate_of")
+_BOOKKEEPING_ATTRS = ("sweep_host", "sweep_pid", "worker_pid", "retry_of", "retry_attempt", "retried", "interrupted",
+                      "duplicate_of")
 
 
 def find_duplicate(study: optuna.Study, params: dict[str, Any]) -> FrozenTrial | None:
@@ -335,7 +357,8 @@ def run_study(
         study.set_user_attr("space_path", space.path)
         study.set_user_attr("searched", list(space.search))
     study.set_user_attr("model_path", model_path)  # the local checkpoint the trials loaded (for exports)
-    recover_orphans(study)
+    max_retries = int(space.fixed.get("max_retries", 1))
+    recover_orphans(study, max_retries)
     predictor = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation)
     distributions = to_distributions(space)
     start = time.monotonic()
@@ -376,6 +399,7 @@ def run_study(
             trial.set_user_attr("status", "crash")
             trial.set_user_attr("reason", "interrupted: Ctrl-C")
             trial.set_user_attr("interrupted", True)
+            retry(study, trial, max_retries)  # the next `sweep run` measures it
             study.tell(trial, state=TrialState.FAIL)
             raise
         result.predicted_peak_gib = predicted
@@ -387,9 +411,12 @@ def run_study(
         elif result.status in PRUNED_STATUSES:
             frozen = study.tell(trial, state=TrialState.PRUNED)
         else:
+            retried = result.status in RETRIED_STATUSES and retry(study, trial, max_retries)
+            if retried:
+                trial.set_user_attr("retried", True)
             frozen = study.tell(trial, state=TrialState.FAIL)
         if on_trial is not None:
-            on_trial(SweepEvent(trial=frozen, result=result, finished=finished + 1, n_trials=target))
+            on_trial(SweepEvent(trial=frozen, result=result, finished=count_finished(study), n_trials=target))
 
 
 def memory_predictor(model_path: str, name: str, attn_implementation: str) -> Callable[[dict], float | None]:

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from sweeper.space import load_space, parse_space
 from sweeper.study import (
     FAILURE_CONSTRAINT,
+    count_finished,
     failure_constraint,
     is_finished,
     make_sampler,
@@ -116,10 +117,11 @@ def test_killed_worker_is_a_crash_and_the_sweep_goes_on(tiny_model, workdir):
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
     study = optuna.load_study(study_name="crash", storage="sqlite:///studies/crash.db")
-    first, second = study.trials
-    assert first.state == TrialState.FAIL and first.user_attrs["status"] == "crash"
-    assert "SIGKILL" in first.user_attrs["reason"] and "crash" in out
-    assert second.state == TrialState.COMPLETE
+    first, retried, third = study.trials  # a crash may go differently another time: its configuration runs again
+    assert first.state == TrialState.FAIL and first.user_attrs["status"] == "crash" and first.user_attrs["retried"]
+    assert "SIGKILL" in first.user_attrs["reason"] and "crash" in out and "retry 1 of #0" in out
+    assert retried.params == first.params and retried.user_attrs["retry_of"] == 0
+    assert retried.state == third.state == TrialState.COMPLETE and count_finished(study) == 2
 
 
 @pytest.mark.slow
@@ -149,7 +151,7 @@ def test_resume_after_the_sweep_process_is_killed(tiny_model, workdir):
     again = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=workdir,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert "(retry of #1, interrupted)" in again.stdout and "interrupted 1" in again.stdout
+    assert "(retry 1 of #1)" in again.stdout and "interrupted 1" in again.stdout
     after = optuna.load_study(study_name="resume", storage=storage).trials
     assert after[0].values == before[0].values and after[0].user_attrs == before[0].user_attrs
     assert after[1].state == TrialState.FAIL and after[1].user_attrs["interrupted"] is True
@@ -172,6 +174,7 @@ def test_preflight_prunes_predicted_and_dominated_ooms_without_running_them(tiny
     study = run_study(space, model_path=str(tiny_model))
     oom, dominated, fits = study.get_trials()[:3]
     assert oom.user_attrs["status"] == "oom", oom.user_attrs["reason"]
+    assert len(study.get_trials()) == 3 and "retried" not in oom.user_attrs  # an OOM is a result: no retry
     assert dominated.user_attrs["status"] == "dominated_oom" and dominated.state == TrialState.PRUNED
     assert "trial 0" in dominated.user_attrs["reason"] and dominated.constraints[FAILURE_CONSTRAINT] == 1.0
     assert not (workdir / "studies" / "pre" / "trials" / str(dominated.number)).exists()  # never ran
@@ -188,3 +191,22 @@ def test_preflight_prunes_predicted_and_dominated_ooms_without_running_them(tiny
     assert t.user_attrs["status"] == "predicted_oom" and t.user_attrs["wall_time_s"] == 0.0
     assert "exceeds memory_limit_gib=0.75" in t.user_attrs["reason"]
     assert not (workdir / "studies" / "tight" / "trials" / "0").exists()
+
+
+@pytest.mark.slow
+def test_timeouts_are_retried_up_to_max_retries(tiny_model, workdir):
+    # A 1-second trial_timeout kills every attempt: the configuration is tried 1 + max_retries times, then the
+    # sweep moves on. (An OOM is a result and is not retried: test_preflight_prunes... sees exactly one.)
+    space = load_space(write_space(workdir, tiny_space(
+        tiny_model, name="retry", n_trials=2, training={"trial_timeout": 1, "max_retries": 2},
+        search={"per_device_train_batch_size": [1, 2]})))
+    study = open_study(space)
+    study.enqueue_trial({"per_device_train_batch_size": 1})
+    study = run_study(space, model_path=str(tiny_model))
+    trials = study.get_trials()
+    timeouts = [t for t in trials if t.user_attrs.get("status") == "timeout"]
+    assert len(timeouts) >= 3 and all(t.params == {"per_device_train_batch_size": 1} for t in timeouts[:3])
+    assert [t.user_attrs.get("retry_attempt", 0) for t in timeouts[:3]] == [0, 1, 2]
+    assert not timeouts[2].user_attrs.get("retried")  # the third attempt is the last
+    assert all(t.user_attrs.get("retry_of") in (None, 0) for t in timeouts[:3])
+    assert count_finished(study) == 2
