@@ -105,7 +105,9 @@ def make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, progress
 
         def training_step(self, model, inputs, num_items_in_batch=None):
             index = inputs.pop("sample_index").tolist()
-            kept = {k: v.detach().cpu() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+            # References, not copies: a step's batch is a few KB and stays alive for one step anyway; the NaN
+            # diagnosis reads it only when a step fails.
+            kept = {k: v.detach() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
             progress.step_batches.append({**kept, "sample_index": index})
             progress.seen.update(index)
             # Trainer's num_items_in_batch is the step's count of labels[..., 1:] != -100 over all micro-batches.

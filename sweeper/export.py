@@ -279,6 +279,11 @@ def _yaml(header: list[str], data: Mapping[str, Any], comments: Mapping[str, str
     return "\n".join(lines) + "\n"
 
 
+def _same_named_training(t: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``TrainingArguments`` keys axolotl and LLaMA-Factory both spell as transformers does."""
+    return {k: t[k] for k in ("max_grad_norm", "warmup_steps", "weight_decay", "bf16", "fp16", "seed")}
+
+
 def render_axolotl(s: ExportSettings) -> str:
     """An axolotl config (``adapter: qlora``). axolotl derives ``bnb_4bit_compute_dtype`` from its ``bf16``/
     ``fp16`` flags; the trial's value is passed through ``bnb_config_kwargs``, which axolotl merges into its
@@ -301,12 +306,7 @@ def render_axolotl(s: ExportSettings) -> str:
         "learning_rate": t["learning_rate"],
         "optimizer": t["optim"],
         "gradient_checkpointing": t["gradient_checkpointing"],
-        "max_grad_norm": t["max_grad_norm"],
-        "warmup_steps": t["warmup_steps"],
-        "weight_decay": t["weight_decay"],
-        "bf16": t["bf16"],
-        "fp16": t["fp16"],
-        "seed": t["seed"],
+        **_same_named_training(t),
         "output_dir": f"./outputs/{s.provenance['study']}-trial{s.provenance['trial']}",
     }
     comments = {
@@ -329,7 +329,7 @@ def render_llama_factory(s: ExportSettings) -> str:
         "stage": "sft",
         "do_train": True,
         "finetuning_type": "lora",
-        "quantization_bit": 4,  # bitsandbytes, LLaMA-Factory's default quantization_method
+        "quantization_bit": 4,
         "quantization_type": q["bnb_4bit_quant_type"],
         "double_quantization": q["bnb_4bit_use_double_quant"],
         "lora_rank": s.lora["r"],
@@ -342,12 +342,7 @@ def render_llama_factory(s: ExportSettings) -> str:
         "learning_rate": t["learning_rate"],
         "optim": t["optim"],
         "disable_gradient_checkpointing": not t["gradient_checkpointing"],
-        "max_grad_norm": t["max_grad_norm"],
-        "warmup_steps": t["warmup_steps"],
-        "weight_decay": t["weight_decay"],
-        "bf16": t["bf16"],
-        "fp16": t["fp16"],
-        "seed": t["seed"],
+        **_same_named_training(t),
         "output_dir": f"outputs/{s.provenance['study']}-trial{s.provenance['trial']}",
     }
     dtype = q["bnb_4bit_compute_dtype"]
