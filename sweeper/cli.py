@@ -66,6 +66,14 @@ def _load(args: argparse.Namespace) -> SearchSpace:
         problems.append(f"--study: {args.study!r} is not a valid study name; use letters, digits, '.', '_' or '-'")
     if getattr(args, "n_trials", None) is not None and args.n_trials < 1:
         problems.append(f"--n-trials: {args.n_trials} is not a positive number of trials; give 1 or more")
+    if getattr(args, "workers", None) is not None and not 1 <= args.workers <= MAX_WORKERS:
+        problems.append(f"--workers: {args.workers} is not a number of workers from 1 to {MAX_WORKERS}; give e.g. "
+                        "--workers 4")
+    if getattr(args, "devices", None) is not None:
+        devices = [d.strip() for d in args.devices.split(",")]
+        if not all(_DEVICE.fullmatch(d) for d in devices) or len(set(devices)) != len(devices):
+            problems.append(f"--devices: {args.devices!r} is not a list of distinct GPU indices or UUIDs; write e.g. "
+                            "--devices 0,1,2,3")
     if problems:
         raise SpaceError(problems)
     return space
@@ -167,6 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         pareto_front,
         redact_url,
         run_study,
+        slot_devices,
         status_counts,
         trial_dir,
     )
@@ -181,10 +190,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     name = args.study or space.study.name
     storage = args.storage or space.study.storage or default_storage(name)
     n_trials = args.n_trials or space.study.n_trials
+    devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
+    workers = args.workers or (len(devices) if devices else 1)
     model_path, samples = _prepare(space.dataset, space.model)
     study = open_study(space, storage, name, n_trials)  # a storage problem is one line before any output
     already = count_finished(study)
     _print(f"sweep: study '{name}' in {redact_url(storage)}, {n_trials} trials, searching {', '.join(space.search)}")
+    if workers > 1 or devices:
+        slots = slot_devices(workers, devices)
+        shown = ", ".join(f"device {d}" if d is not None else "this machine" for d in slots)
+        _print(f"workers {workers} trials at once ({shown})")
     _print(_describe_setup(space, model_path, len(samples)))
     for line in _data_warnings(space, model_path, samples):
         _print(line)
@@ -194,6 +209,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         params = {k: event.trial.params.get(k) for k in space.search}
         line = format_trial_line(event.trial.number, params, event.result, event.finished, event.n_trials)
         attrs = event.trial.user_attrs
+        if workers > 1 and "cuda_visible_devices" in attrs:
+            line += f"  [device {attrs['cuda_visible_devices']}]"
         if "retry_of" in attrs:
             line += f"  (retry {attrs.get('retry_attempt', 1)} of #{attrs['retry_of']})"
         if attrs.get("retried"):
@@ -204,7 +221,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print(f"the study already holds {already} finished trials (n_trials={n_trials}): nothing to run; "
                "raise --n-trials to measure more")
     run_study(space, model_path=model_path, storage=storage, study_name=name, n_trials=n_trials,
-              timeout_s=timeout_s, on_trial=on_trial, study=study)
+              timeout_s=timeout_s, on_trial=on_trial, on_note=lambda text: _print(f"note    {text}"), study=study,
+              workers=workers, devices=devices)
     front = pareto_front(study)
     finished = count_finished(study)
     if finished < n_trials and (timeout_s is None or time.monotonic() - start < timeout_s):
@@ -291,6 +309,12 @@ MIN_INFORMATIVE_STEPS = 6
 
 _STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
+#: A CUDA_VISIBLE_DEVICES entry: an index, or a GPU/MIG UUID.
+_DEVICE = re.compile(r"\d{1,3}|(GPU|MIG)-[A-Za-z0-9/-]{1,80}")
+
+#: More worker threads than this in one process is a typo (a GPU box has up to 16 GPUs; CPU trials need cores).
+MAX_WORKERS = 64
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, with usage errors as one line (what is wrong, where to look) and exit code 2."""
@@ -324,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--storage", help="optuna storage URL (default sqlite:///studies/<name>.db)")
     run.add_argument("--study", help="study name (default: study.name of the file)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
+    run.add_argument("--workers", type=int, metavar="N",
+                     help="trials run at once, each in its own worker process (default 1, or one per --devices entry)")
+    run.add_argument("--devices", metavar="0,1,...", help="CUDA_VISIBLE_DEVICES of the workers, given in turn "
+                                                         "(default: every visible GPU, when --workers > 1)")
     run.set_defaults(func=cmd_run)
 
     trial = sub.add_parser("trial", help="run one trial in the foreground and print its trace")
@@ -381,6 +409,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _storage_failure(exc: BaseException) -> str | None:
+    """One line for a study storage that failed while in use (disk full, server gone), or None for other errors."""
+    if "optuna" not in sys.modules and "sqlalchemy" not in sys.modules:
+        return None
+    import optuna
+
+    cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) else exc
+    if not (isinstance(exc, optuna.exceptions.StorageInternalError) or type(cause).__module__.startswith("sqlalchemy")):
+        return None
+    from sweeper.study import redact_url
+
+    text = str(getattr(cause, "orig", None) or cause).strip().splitlines() or [type(cause).__name__]
+    return (f"sweep: the study storage failed ({redact_url(text[0][:200])}); SQLite and PostgreSQL roll back a failed "
+            "write, so finished trials are kept: fix the cause (a full disk, a stopped server) and run the same "
+            "command to resume")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``sweep``; returns the exit code."""
     parser = build_parser()
@@ -399,6 +444,13 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except Exception as exc:
+        if not _storage_failure(exc):
+            raise
+        if args.debug:
+            traceback.print_exc()
+        print(_storage_failure(exc), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         running = args.command in ("run", "trial")
         print("sweep: interrupted" + ("; the running trial was stopped and recorded as interrupted" if running

@@ -36,3 +36,10 @@ class ModelError(SweeperError):
 
 class StudyError(SweeperError):
     """A study or its storage cannot be opened or written."""
+
+
+class RunError(SweeperError):
+    """The machine failed a running sweep (disk full, storage unreachable): the line says what was kept and how to
+    resume. Exit code 1: not bad input."""
+
+    exit_code = 1

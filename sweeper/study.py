@@ -13,7 +13,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
+import signal
 import socket
+import threading
 import time
 import warnings
 from collections import Counter
@@ -26,7 +29,8 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.errors import StudyError
+from sweeper._coordination import AskLock, Heartbeat, heartbeat_kwargs, stale_trial_ids
+from sweeper.errors import RunError, StudyError
 from sweeper.preflight import preflight
 from sweeper.space import Categorical, SearchSpace, StudySpec
 from sweeper.stability import COMPONENTS
@@ -104,6 +108,10 @@ def make_sampler(spec: StudySpec, n_trials: int) -> optuna.samplers.BaseSampler:
         )
 
 
+#: The name under which sweeps take the storage-wide lock while one of them creates Optuna's tables.
+SCHEMA_LOCK = "\0schema"
+
+
 def _storage(url: str) -> optuna.storages.BaseStorage:
     if url.startswith("sqlite:///"):
         db = Path(url.removeprefix("sqlite:///"))
@@ -116,9 +124,14 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
             raise StudyError(f"{url}: study.storage: {db} is not writable; fix its permissions or choose another "
                              "--storage")
         # A long busy timeout: several processes may write one SQLite file (one machine only).
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+        with AskLock(url, SCHEMA_LOCK).held():
+            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}},
+                                              **heartbeat_kwargs())
     try:
-        return optuna.storages.RDBStorage(url)
+        # Sweeps started together on an empty database would race to create Optuna's tables (a unique violation
+        # in PostgreSQL's catalog): one creates them while the others wait.
+        with AskLock(url, SCHEMA_LOCK).held():
+            return optuna.storages.RDBStorage(url, **heartbeat_kwargs())
     except ModuleNotFoundError as exc:
         driver = {"psycopg2": "psycopg2-binary", "psycopg": "psycopg[binary]", "pymysql": "pymysql"}.get(
             exc.name or "", exc.name)
@@ -246,6 +259,24 @@ def retry(study: optuna.Study, trial: FrozenTrial | optuna.Trial, max_retries: i
     return True
 
 
+def _fail_running(study: optuna.Study, trial: FrozenTrial, reason: str, max_retries: int) -> bool:
+    """Mark another sweep's RUNNING trial failed (``crash``, ``interrupted``, with ``reason``) and queue its retry.
+
+    Returns:
+        False when the trial had ended meanwhile (told by its own sweep, or failed by another one): nothing done.
+    """
+    storage = study._storage  # optuna has no public API to end another process's trial
+    try:
+        storage.set_trial_user_attr(trial._trial_id, "status", "crash")
+        storage.set_trial_user_attr(trial._trial_id, "reason", reason)
+        storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    retry(study, trial, max_retries)
+    return True
+
+
 def recover_orphans(study: optuna.Study, max_retries: int = 1) -> list[int]:
     """Fail the RUNNING trials whose sweep process on this host is gone, and retry their params (up to
     ``max_retries`` times for one configuration).
@@ -260,15 +291,31 @@ def recover_orphans(study: optuna.Study, max_retries: int = 1) -> list[int]:
         if t.user_attrs.get("sweep_host") != host or pid is None or _pid_alive(int(pid)):
             continue
         # Its worker died with it (PR_SET_PDEATHSIG, see sweeper.trial); its pid may belong to another process now.
-        storage = study._storage  # optuna has no public API to end another process's trial
-        storage.set_trial_user_attr(t._trial_id, "status", "crash")
-        storage.set_trial_user_attr(t._trial_id, "reason",
-                                    f"interrupted: the sweep process (pid {pid}) stopped while this trial ran")
-        storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        retry(study, t, max_retries)
-        recovered.append(t.number)
+        if _fail_running(study, t, f"interrupted: the sweep process (pid {pid}) stopped while this trial ran",
+                         max_retries):
+            recovered.append(t.number)
     return recovered
+
+
+def reap_lost(study: optuna.Study, max_retries: int = 1) -> list[int]:
+    """Fail the RUNNING trials whose sweep stopped sending Optuna heartbeats (killed on another machine, frozen,
+    its machine gone: see :mod:`sweeper._coordination`), with reason ``lost``, and retry their params.
+
+    Returns:
+        The numbers of the trials marked failed.
+    """
+    stale = set(stale_trial_ids(study))
+    if not stale:
+        return []
+    grace = getattr(study._storage, "grace_period", None) or heartbeat_kwargs()["grace_period"]
+    lost = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t._trial_id not in stale:
+            continue
+        who = f"pid {t.user_attrs.get('sweep_pid', '?')} on {t.user_attrs.get('sweep_host', '?')}"
+        if _fail_running(study, t, f"lost: its sweep ({who}) sent no heartbeat for {grace} s", max_retries):
+            lost.append(t.number)
+    return lost
 
 
 #: User attributes that describe one run of a trial rather than its configuration's result (not copied to duplicates).
@@ -320,6 +367,255 @@ class SweepEvent:
     n_trials: int
 
 
+#: Free space (MiB) the studies folder's disk must have before a trial starts: a trial writes its log, result,
+#: trace and artifacts (tens of KiB on the demo, up to a few MiB with a long nan_batch.jsonl) and SQLite grows.
+MIN_FREE_MIB = 64
+
+#: Seconds a worker waits before looking again when the trials still needed are all running elsewhere.
+POLL_S = 2.0
+
+
+def check_disk(folder: Path, min_free_mib: float = MIN_FREE_MIB) -> None:
+    """Raise before a trial starts when ``folder``'s disk (or its nearest existing parent's) is nearly full.
+
+    Raises:
+        RunError: Less than ``min_free_mib`` MiB free.
+    """
+    probe = Path(folder).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free_mib = shutil.disk_usage(probe).free / 2**20
+    if free_mib < min_free_mib:
+        raise RunError(f"{folder}: only {free_mib:.0f} MiB free on its disk (a trial needs {min_free_mib} MiB for its "
+                       "files); free some space and run the same command: finished trials are kept")
+
+
+def slot_devices(workers: int, devices: list[str] | None) -> list[str | None]:
+    """The ``CUDA_VISIBLE_DEVICES`` value of each of ``workers`` worker slots (None: leave the environment as is).
+
+    ``devices`` given: slot i gets ``devices[i % len(devices)]``. Not given, with several workers and GPUs visible:
+    the GPUs this process may use (its own ``CUDA_VISIBLE_DEVICES``, else every ``/dev/nvidiaN``), in turn. One
+    worker and no ``--devices`` keeps the environment: the worker sees what the sweep sees.
+    """
+    from sweeper._worker import _cuda_visible
+
+    if devices:
+        return [devices[i % len(devices)] for i in range(workers)]
+    if workers > 1 and _cuda_visible():
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        if not visible:
+            visible = sorted((p.name.removeprefix("nvidia") for p in Path("/dev").glob("nvidia[0-9]*")), key=int)
+        if visible:
+            return [visible[i % len(visible)] for i in range(workers)]
+    return [None] * workers
+
+
+def slot_env(device: str | None, workers: int) -> dict[str, str] | None:
+    """A worker slot's environment: its device in ``CUDA_VISIBLE_DEVICES``, and with several workers an equal share
+    of the CPU cores in ``OMP_NUM_THREADS`` (unless set), so that N CPU trials do not each start a thread per core."""
+    if device is None and workers == 1:
+        return None
+    env = dict(os.environ)
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    if workers > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    return env
+
+
+class _Stop(Exception):
+    """Internal: this worker slot has nothing more to run."""
+
+
+class _Sweep:
+    """One ``sweep run`` process: its worker slots (threads when more than one) share the study, the ask lock, the
+    consecutive-repeat count and Ctrl-C."""
+
+    def __init__(self, space: SearchSpace, study: optuna.Study, *, url: str, name: str, model_path: str, target: int,
+                 budget: float | None, on_trial, on_note, workers: int, devices: list[str | None]):
+        self.space, self.study, self.name, self.model_path = space, study, name, model_path
+        self.target, self.budget, self.on_trial, self.on_note = target, budget, on_trial, on_note
+        self.workers, self.devices = workers, devices
+        self.max_retries = int(space.fixed.get("max_retries", 1))
+        self.predictor = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation)
+        self.distributions = to_distributions(space)
+        self.lock = AskLock(url, name)
+        self.mutex = threading.Lock()  # repeats, printing, the set of running workers
+        self.start = time.monotonic()
+        self.repeats = 0
+        self.stop = threading.Event()
+        self.interrupted = threading.Event()
+        self.worker_pids: set[int] = set()
+        self.errors: list[BaseException] = []
+
+    def note(self, text: str) -> None:
+        if self.on_note is not None:
+            with self.mutex:
+                self.on_note(text)
+
+    def emit(self, event: SweepEvent) -> None:
+        if self.on_trial is not None:
+            with self.mutex:
+                self.on_trial(event)
+
+    def reap(self) -> None:
+        """Fail and retry the trials of sweeps that died on this host or went silent anywhere (under the lock)."""
+        for number in recover_orphans(self.study, self.max_retries):
+            self.note(f"trial {number}: its sweep process is gone; marked interrupted, its configuration runs again")
+        for number in reap_lost(self.study, self.max_retries):
+            self.note(f"trial {number}: its sweep sent no heartbeat; marked lost, its configuration runs again")
+
+    def next_trial(self, device: str | None) -> tuple[optuna.Trial, int] | None:
+        """Under the ask lock: a new trial and the finished count, or None when this slot should wait (the trials
+        still needed are running elsewhere).
+
+        Raises:
+            _Stop: ``n_trials`` reached, the time budget spent, too many repeats, or Ctrl-C.
+        """
+        with self.lock.held():
+            if self.stop.is_set():
+                raise _Stop
+            self.reap()
+            trials = self.study.get_trials(deepcopy=False)
+            finished = sum(1 for t in trials if is_finished(t))
+            running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+            if (finished >= self.target or self.repeats >= MAX_CONSECUTIVE_DUPLICATES
+                    or (self.budget is not None and time.monotonic() - self.start >= self.budget)):
+                raise _Stop
+            if finished + running >= self.target:
+                return None
+            trial = self.study.ask(self.distributions)
+            trial.set_user_attr("sweep_host", socket.gethostname())
+            trial.set_user_attr("sweep_pid", os.getpid())
+            if device is not None:
+                trial.set_user_attr("cuda_visible_devices", device)
+            return trial, finished
+
+    def run_slot(self, slot: int) -> None:
+        """Run trials in this slot until the sweep stops."""
+        device = self.devices[slot]
+        env = slot_env(device, self.workers)
+        while not self.stop.is_set():
+            check_disk(study_dir(self.name))
+            try:
+                asked = self.next_trial(device)
+            except _Stop:
+                return
+            if asked is None:
+                self.stop.wait(POLL_S)
+                continue
+            trial, finished = asked
+            heartbeat = Heartbeat(self.study._storage, trial._trial_id)
+            try:
+                self.run_one(trial, finished, env)
+            finally:
+                heartbeat.stop()
+
+    def slot_main(self, slot: int) -> None:
+        """A worker thread's body: an error stops every slot from starting more trials and is raised by the main
+        thread."""
+        try:
+            self.run_slot(slot)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            with self.mutex:
+                self.errors.append(exc)
+            self.stop.set()
+
+    def interrupt(self) -> None:
+        """Ctrl-C with worker threads: stop starting trials and kill every running worker's process group; each
+        slot then records its trial as interrupted."""
+        self.interrupted.set()
+        self.stop.set()
+        with self.mutex:
+            pids = list(self.worker_pids)
+        for pid in pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _record_interrupted(self, trial: optuna.Trial) -> None:
+        trial.set_user_attr("status", "crash")
+        trial.set_user_attr("reason", "interrupted: Ctrl-C")
+        trial.set_user_attr("interrupted", True)
+        retry(self.study, trial, self.max_retries)  # the next `sweep run` measures it
+        self.study.tell(trial, state=TrialState.FAIL)
+
+    def run_one(self, trial: optuna.Trial, finished: int, env: dict[str, str] | None) -> None:
+        """Reuse, prune or run one asked trial and tell the study its outcome."""
+        study, target = self.study, self.target
+        config = self.space.trial_config(trial.params)
+        same = find_duplicate(study, trial.params)
+        with self.mutex:
+            self.repeats = self.repeats + 1 if same is not None else 0
+        if same is not None:
+            frozen, result = _reuse(study, trial, same)
+            self.emit(SweepEvent(trial=frozen, result=result, finished=finished, n_trials=target))
+            return
+        predicted = self.predictor(config.to_dict())
+        decision = preflight(config.to_dict(), predicted, _known_memory(study))
+        if decision is not None:
+            result = TrialResult(status=decision[0], reason=decision[1], predicted_peak_gib=predicted,
+                                 wall_time_s=0.0, lora_alpha=config.lora_alpha,
+                                 effective_batch_size=config.effective_batch_size)
+            record_result(trial, result, config.to_dict())
+            trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
+            frozen = study.tell(trial, state=TrialState.PRUNED)
+            self.emit(SweepEvent(trial=frozen, result=result, finished=count_finished(study), n_trials=target))
+            return
+
+        pids: list[int] = []
+
+        def started(pid: int) -> None:
+            trial.set_user_attr("worker_pid", pid)
+            pids.append(pid)
+            with self.mutex:
+                self.worker_pids.add(pid)
+            if self.interrupted.is_set():  # Ctrl-C came while this worker was starting
+                os.killpg(pid, signal.SIGKILL)
+
+        folder = trial_dir(self.name, trial.number)
+        try:
+            result = run_trial(config, folder, model_path=self.model_path, env=env, on_start=started)
+        except KeyboardInterrupt:  # one worker, in the main thread: run_trial killed it
+            self._record_interrupted(trial)
+            raise
+        except OSError as exc:  # the trial's files cannot be written: disk full, folder made read-only meanwhile
+            trial.set_user_attr("status", "crash")
+            trial.set_user_attr("reason", f"not run: cannot write {folder} ({exc.strerror})")
+            trial.set_user_attr("interrupted", True)
+            retry(study, trial, self.max_retries)
+            study.tell(trial, state=TrialState.FAIL)
+            raise RunError(f"{folder}: cannot write the trial's files ({exc.strerror}); trial {trial.number} is "
+                           "recorded as not run and queued again; fix the disk and run the same command: finished "
+                           "trials are kept") from None
+        finally:
+            with self.mutex:
+                self.worker_pids.difference_update(pids)
+        if self.interrupted.is_set():  # Ctrl-C with worker threads: interrupt() killed this worker
+            self._record_interrupted(trial)
+            return
+        result.predicted_peak_gib = predicted
+        try:
+            record_result(trial, result, config.to_dict())
+            _upload_artifacts(self.name, trial, result)
+            trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
+            if result.status == "complete":
+                frozen = study.tell(trial, [result.peak_memory_gib, result.instability])
+            elif result.status in PRUNED_STATUSES:
+                frozen = study.tell(trial, state=TrialState.PRUNED)
+            else:
+                retried = result.status in RETRIED_STATUSES and retry(study, trial, self.max_retries)
+                if retried:
+                    trial.set_user_attr("retried", True)
+                frozen = study.tell(trial, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            self.note(f"trial {trial.number}: another sweep marked it lost while it ran (this process sent no "
+                      f"heartbeat: was it frozen?); its retry measures it again; this run's files are in {folder}")
+            return
+        self.emit(SweepEvent(trial=frozen, result=result, finished=count_finished(study), n_trials=target))
+
+
 def run_study(
     space: SearchSpace,
     *,
@@ -329,10 +625,17 @@ def run_study(
     n_trials: int | None = None,
     timeout_s: float | None = None,
     on_trial: Callable[[SweepEvent], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
     study: optuna.Study | None = None,
+    workers: int = 1,
+    devices: list[str] | None = None,
 ) -> optuna.Study:
     """Run trials until the study holds ``n_trials`` finished ones, or ``timeout_s`` has passed, or the sampler
     proposed only configurations already measured ``MAX_CONSECUTIVE_DUPLICATES`` times in a row.
+
+    Several ``run_study`` calls (processes, machines) may share one study: they never start more than ``n_trials``
+    trials between them (:class:`sweeper._coordination.AskLock`), and find each other's dead or silent trials
+    (:func:`recover_orphans`, :func:`reap_lost`).
 
     Args:
         space: The validated space.
@@ -341,82 +644,49 @@ def run_study(
         study_name: Default ``space.study.name``.
         n_trials: Default ``space.study.n_trials``; counted over the whole study.
         timeout_s: Default ``space.study.timeout_s``; checked between trials (a trial has its own timeout).
-        on_trial: Called after each trial.
+        on_trial: Called after each trial (from the worker's thread, one call at a time).
+        on_note: Called with a line about the study's bookkeeping (a lost trial failed and retried).
         study: The study, when the caller already opened it with :func:`open_study`; else it is opened here.
+        workers: Trials run at once by this process (1 to 64), each in its own worker process.
+        devices: ``CUDA_VISIBLE_DEVICES`` values given to the workers in turn (:func:`slot_devices`).
 
     Raises:
         StudyError: The storage cannot be opened or written.
-        KeyboardInterrupt: After the running trial was killed and recorded as interrupted.
+        RunError: The studies folder's disk is full, or a trial's files cannot be written.
+        KeyboardInterrupt: After the running trials were killed and recorded as interrupted.
     """
     name = study_name or space.study.name
     target = n_trials or space.study.n_trials
     budget = timeout_s if timeout_s is not None else space.study.timeout_s
+    url = storage or space.study.storage or default_storage(name)
     if study is None:
-        study = open_study(space, storage, name, target)
+        study = open_study(space, url, name, target)
+    check_disk(study_dir(name))  # before any trial starts, and again before each
     if "space_path" not in study.user_attrs:
         study.set_user_attr("space_path", space.path)
         study.set_user_attr("searched", list(space.search))
-    study.set_user_attr("model_path", model_path)  # the local checkpoint the trials loaded (for exports)
-    max_retries = int(space.fixed.get("max_retries", 1))
-    recover_orphans(study, max_retries)
-    predictor = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation)
-    distributions = to_distributions(space)
-    start = time.monotonic()
-    repeats = 0
-    while True:
-        finished = count_finished(study)
-        if finished >= target or (budget is not None and time.monotonic() - start >= budget):
-            return study
-        if repeats >= MAX_CONSECUTIVE_DUPLICATES:
-            return study
-        trial = study.ask(distributions)
-        trial.set_user_attr("sweep_host", socket.gethostname())
-        trial.set_user_attr("sweep_pid", os.getpid())
-        config = space.trial_config(trial.params)
-        same = find_duplicate(study, trial.params)
-        repeats = repeats + 1 if same is not None else 0
-        if same is not None:
-            frozen, result = _reuse(study, trial, same)
-            if on_trial is not None:
-                on_trial(SweepEvent(trial=frozen, result=result, finished=finished, n_trials=target))
-            continue
-        predicted = predictor(config.to_dict())
-        decision = preflight(config.to_dict(), predicted, _known_memory(study))
-        if decision is not None:
-            result = TrialResult(status=decision[0], reason=decision[1], predicted_peak_gib=predicted,
-                                 wall_time_s=0.0, lora_alpha=config.lora_alpha,
-                                 effective_batch_size=config.effective_batch_size)
-            record_result(trial, result, config.to_dict())
-            trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
-            frozen = study.tell(trial, state=TrialState.PRUNED)
-            if on_trial is not None:
-                on_trial(SweepEvent(trial=frozen, result=result, finished=finished + 1, n_trials=target))
-            continue
-        try:
-            result = run_trial(config, trial_dir(name, trial.number), model_path=model_path,
-                               on_start=lambda pid: trial.set_user_attr("worker_pid", pid))
-        except KeyboardInterrupt:
-            trial.set_user_attr("status", "crash")
-            trial.set_user_attr("reason", "interrupted: Ctrl-C")
-            trial.set_user_attr("interrupted", True)
-            retry(study, trial, max_retries)  # the next `sweep run` measures it
-            study.tell(trial, state=TrialState.FAIL)
-            raise
-        result.predicted_peak_gib = predicted
-        record_result(trial, result, config.to_dict())
-        _upload_artifacts(name, trial, result)
-        trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
-        if result.status == "complete":
-            frozen = study.tell(trial, [result.peak_memory_gib, result.instability])
-        elif result.status in PRUNED_STATUSES:
-            frozen = study.tell(trial, state=TrialState.PRUNED)
-        else:
-            retried = result.status in RETRIED_STATUSES and retry(study, trial, max_retries)
-            if retried:
-                trial.set_user_attr("retried", True)
-            frozen = study.tell(trial, state=TrialState.FAIL)
-        if on_trial is not None:
-            on_trial(SweepEvent(trial=frozen, result=result, finished=count_finished(study), n_trials=target))
+    if study.user_attrs.get("model_path") != model_path:
+        study.set_user_attr("model_path", model_path)  # the local checkpoint the trials loaded (for exports)
+    sweep = _Sweep(space, study, url=url, name=name, model_path=model_path, target=target, budget=budget,
+                   on_trial=on_trial, on_note=on_note, workers=workers, devices=slot_devices(workers, devices))
+    if workers == 1:
+        sweep.run_slot(0)  # in this thread: Ctrl-C reaches run_trial, which kills the worker
+        return study
+    threads = [threading.Thread(target=sweep.slot_main, args=(i,), name=f"sweep-worker-{i}") for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            for thread in threads:
+                thread.join(timeout=0.2)
+    except KeyboardInterrupt:
+        sweep.interrupt()
+        for thread in threads:
+            thread.join()
+        raise
+    if sweep.errors:
+        raise sweep.errors[0]
+    return study
 
 
 def memory_predictor(model_path: str, name: str, attn_implementation: str) -> Callable[[dict], float | None]:

@@ -1,0 +1,164 @@
+"""How several sweep processes (and the worker threads of one) share one study without losing or doubling trials.
+
+* **The ask lock.** Counting the study's finished and running trials and asking for a new one happen under one lock,
+  so N workers on M machines never start more than ``n_trials`` trials between them. Within a process it is a
+  thread lock; across processes it is a lock the storage's own machine arbitrates: ``fcntl.flock`` on
+  ``<db>.lock`` beside a SQLite file (one machine), ``pg_advisory_lock`` on PostgreSQL, ``GET_LOCK`` on MySQL.
+  A lock dies with the process (file descriptor or database session), so a killed sweep never leaves it held.
+* **The heartbeat.** Each running trial's sweep records Optuna's RDB heartbeat (``RDBStorage.record_heartbeat``)
+  every ``heartbeat_interval_s``. A trial whose heartbeat is older than ``grace_period_s`` belongs to a sweep that
+  stopped reporting (killed, frozen, its machine gone); any other sweep of the study marks it failed, ``lost``, and
+  retries its configuration (:func:`reap_lost`). On one machine a dead sweep is found at once by its pid
+  (:func:`sweeper.study.recover_orphans`); the heartbeat is what finds it from another machine, or when the process
+  is alive but frozen.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import threading
+import warnings
+from contextlib import contextmanager
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+from optuna.storages import BaseStorage
+
+# sweeper drives the study with ask/tell and records heartbeats itself (Heartbeat); Optuna warns at every ask that
+# heartbeats are meant for Study.optimize. Set once here: warnings.catch_warnings is not thread-safe.
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+warnings.filterwarnings("ignore", message=".*heartbeat_interval.*", category=optuna.exceptions.ExperimentalWarning)
+
+#: Seconds between two heartbeats of a running trial (``SWEEPER_HEARTBEAT_INTERVAL_S`` overrides; integer >= 1).
+DEFAULT_HEARTBEAT_INTERVAL_S = 30
+
+#: A trial is lost when its last heartbeat is older than this many intervals. Optuna's default is 2; 4 leaves room
+#: for a heartbeat delayed by a busy SQLite file (its busy timeout is 60 s).
+GRACE_INTERVALS = 4
+
+
+def heartbeat_interval_s() -> int:
+    """The heartbeat interval in seconds: ``SWEEPER_HEARTBEAT_INTERVAL_S`` when it is a positive integer, else 30."""
+    raw = os.environ.get("SWEEPER_HEARTBEAT_INTERVAL_S", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_HEARTBEAT_INTERVAL_S
+
+
+def heartbeat_kwargs() -> dict:
+    """``RDBStorage`` arguments that turn Optuna's heartbeat on: the interval and its grace period, in seconds."""
+    interval = heartbeat_interval_s()
+    return {"heartbeat_interval": interval, "grace_period": GRACE_INTERVALS * interval}
+
+
+def heartbeat_enabled(storage: BaseStorage) -> bool:
+    """Whether ``storage`` records heartbeats (an RDB storage opened with :func:`heartbeat_kwargs`)."""
+    get = getattr(storage, "get_heartbeat_interval", None)
+    return get is not None and get() is not None
+
+
+class Heartbeat:
+    """Record a trial's heartbeat now and every interval until :meth:`stop` (a daemon thread).
+
+    A storage error in the thread (the database briefly unreachable) is skipped: the next beat tries again, and
+    only ``GRACE_INTERVALS`` missed beats in a row make the trial lost.
+    """
+
+    def __init__(self, storage: BaseStorage, trial_id: int):
+        self._storage, self._trial_id = storage, trial_id
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if heartbeat_enabled(storage):
+            self._interval = storage.get_heartbeat_interval()
+            self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{trial_id}", daemon=True)
+            self._thread.start()
+
+    def _beat(self) -> None:
+        while True:
+            try:
+                self._storage.record_heartbeat(self._trial_id)
+            except Exception:  # noqa: BLE001 - a missed beat is retried; too many make the trial lost, as they should
+                pass
+            if self._stop.wait(self._interval):
+                return
+
+    def stop(self) -> None:
+        """Stop beating (the trial is told, or this process gives it up); returns when the thread has ended."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def stale_trial_ids(study: optuna.Study) -> list[int]:
+    """Storage ids of the study's RUNNING trials whose heartbeat is older than the grace period (none when the
+    storage has no heartbeat). Optuna has no public API for this list; ``fail_stale_trials`` fails them without
+    letting us record why first."""
+    storage = study._storage
+    if not heartbeat_enabled(storage):
+        return []
+    return list(storage._get_stale_trial_ids(study._study_id))
+
+
+def lock_key(study_name: str) -> int:
+    """A signed 64-bit key for the study's advisory lock (PostgreSQL's ``pg_advisory_lock`` takes a bigint)."""
+    return int.from_bytes(hashlib.sha256(b"sweeper-ask:" + study_name.encode()).digest()[:8], "big", signed=True)
+
+
+class AskLock:
+    """The lock under which a sweep counts the study's trials and asks for a new one (see the module docstring).
+
+    Args:
+        url: The storage URL (``sqlite:///...``, ``postgresql://...``, ``mysql://...``; others get the thread
+            lock only).
+        study_name: The study; one lock per study.
+    """
+
+    def __init__(self, url: str, study_name: str):
+        self._thread_lock = threading.Lock()
+        self._url, self._name = url, study_name
+        self._engine = None
+        scheme = url.split(":", 1)[0].split("+")[0]
+        self.kind = {"sqlite": "file", "postgresql": "postgresql", "mysql": "mysql"}.get(scheme, "thread")
+        if self.kind == "file" and url.removeprefix("sqlite:///") in ("", ":memory:"):
+            self.kind = "thread"
+
+    def _connection(self):
+        if self._engine is None:
+            import sqlalchemy
+            from sqlalchemy.pool import NullPool
+
+            self._engine = sqlalchemy.create_engine(self._url, poolclass=NullPool)
+        return self._engine.connect()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the lock for the body of a ``with`` statement; blocks until it is free."""
+        with self._thread_lock:
+            if self.kind == "file":
+                with open(Path(self._url.removeprefix("sqlite:///") + ".lock"), "a") as handle:
+                    fcntl.flock(handle, fcntl.LOCK_EX)
+                    try:
+                        yield
+                    finally:
+                        fcntl.flock(handle, fcntl.LOCK_UN)
+            elif self.kind in ("postgresql", "mysql"):
+                import sqlalchemy
+
+                with self._connection() as conn:
+                    if self.kind == "postgresql":
+                        conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": lock_key(self._name)})
+                    else:
+                        conn.execute(sqlalchemy.text("SELECT GET_LOCK(:k, -1)"), {"k": f"sweeper-{lock_key(self._name)}"})
+                    conn.commit()
+                    try:
+                        yield
+                    finally:
+                        unlock = "SELECT pg_advisory_unlock(:k)" if self.kind == "postgresql" else "SELECT RELEASE_LOCK(:k)"
+                        key = lock_key(self._name) if self.kind == "postgresql" else f"sweeper-{lock_key(self._name)}"
+                        conn.execute(sqlalchemy.text(unlock), {"k": key})
+                        conn.commit()
+            else:
+                yield
+
+

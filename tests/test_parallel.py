@@ -1,0 +1,118 @@
+"""Several workers on one study: worker threads of one `sweep run` (--workers), and two `sweep run` processes on a
+real PostgreSQL server, ending with exactly n_trials finished trials; a sweep that stops sending heartbeats loses its
+trial to another sweep, which retries it. The storage password appears nowhere."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import sweep, tiny_space, write_space
+from optuna.trial import TrialState
+from pg import PASSWORD, pg_bin, start_server
+
+from sweeper.study import count_finished, is_finished
+
+pytestmark = pytest.mark.slow
+
+
+def _intervals_overlap(trials) -> bool:
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials)
+    return any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+
+
+def test_two_workers_run_trials_at_once_and_stop_at_n_trials(tiny_model, workdir):
+    space = tiny_space(tiny_model, name="par", n_trials=4, search={"r": [4, 8, 16, 32]})
+    space["study"]["sampler"] = "random"
+    path = write_space(workdir, space)
+    out = sweep("run", str(path), "--workers", "2", "--devices", "0,1", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    assert "workers 2 trials at once (device 0, device 1)" in out.stdout
+    study = optuna.load_study(study_name="par", storage="sqlite:///studies/par.db")
+    measured = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
+    assert count_finished(study) == 4 and all(t.state == TrialState.COMPLETE for t in measured)
+    assert {t.user_attrs["cuda_visible_devices"] for t in measured} == {"0", "1"}
+    assert len({t.user_attrs["worker_pid"] for t in measured}) == len(measured)
+    assert _intervals_overlap(measured), [(t.datetime_start, t.datetime_complete) for t in measured]
+    assert all(t.user_attrs["peak_memory_gib"] > 0 for t in measured)  # each worker measured its own process
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory):
+    if pg_bin() is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL is not installed: .ci/run must install Debian's postgresql")
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    server = start_server(tmp_path_factory.mktemp("pg"))
+    yield server
+    server.stop()
+
+
+def _no_password_anywhere(workdir: Path, *texts: str) -> None:
+    encoded = PASSWORD.replace("@", "%40").replace(":", "%3A")
+    for text in texts:
+        assert PASSWORD not in text and encoded not in text
+    for path in workdir.rglob("*"):
+        if path.is_file() and path.suffix != ".db":
+            data = path.read_bytes()
+            assert PASSWORD.encode() not in data and encoded.encode() not in data, path
+
+
+def test_two_sweeps_share_one_postgresql_study(tiny_model, workdir, postgres):
+    space = tiny_space(tiny_model, name="shared", n_trials=5, search={"r": [4, 8, 16, 32, 64]})
+    space["study"]["sampler"] = "random"
+    path = write_space(workdir, space)
+    cmd = [sys.executable, "-m", "sweeper.cli", "run", str(path), "--storage", postgres.url]
+    procs = [subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    study = optuna.load_study(study_name="shared", storage=postgres.url)
+    numbers = [t.number for t in study.trials]
+    assert len(numbers) == len(set(numbers)) == numbers[-1] + 1  # no number twice, none missing
+    assert count_finished(study) == 5  # exactly n_trials between them, nothing lost
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+    assert len({t.user_attrs["sweep_pid"] for t in study.trials if is_finished(t)}) == 2  # both ran trials
+    report = sweep("report", postgres.url, cwd=workdir)
+    export = sweep("export", postgres.url, "--format", "json", cwd=workdir)
+    assert report.returncode == 0 and export.returncode == 0, report.stderr + export.stderr
+    texts = [o for pair in outs for o in pair] + [report.stdout, report.stderr, export.stdout, export.stderr]
+    texts += [repr(t.user_attrs) + repr(t.system_attrs) for t in study.trials] + [repr(study.user_attrs)]
+    assert "***@127.0.0.1" in outs[0][0]
+    _no_password_anywhere(workdir, *texts)
+
+
+def test_a_silent_sweep_loses_its_trial_to_another_by_heartbeat(tiny_model, workdir):
+    """A sweep frozen mid-trial (SIGSTOP: alive, so its pid says nothing) stops sending heartbeats; a second sweep
+    of the study fails its trial as lost after the grace period (4 heartbeats of 1 s) and runs it again."""
+    space = tiny_space(tiny_model, name="hb", n_trials=2, search={"r": [4, 8]})
+    path = write_space(workdir, space)
+    env = {**os.environ, "SWEEPER_HEARTBEAT_INTERVAL_S": "1"}
+    cmd = [sys.executable, "-m", "sweeper.cli", "run", str(path)]
+    frozen = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    pid_file = workdir / "studies" / "hb" / "trials" / "0" / "worker.pid"
+    deadline = time.monotonic() + 120
+    while not pid_file.exists():
+        assert time.monotonic() < deadline and frozen.poll() is None, "trial 0 never started"
+        time.sleep(0.1)
+    os.kill(frozen.pid, signal.SIGSTOP)
+    try:
+        other = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
+    finally:
+        os.kill(frozen.pid, signal.SIGKILL)
+        frozen.wait()
+    assert other.returncode == 0, other.stderr
+    assert "trial 0: its sweep sent no heartbeat; marked lost" in other.stdout
+    study = optuna.load_study(study_name="hb", storage="sqlite:///studies/hb.db")
+    lost = study.trials[0]
+    assert lost.state == TrialState.FAIL and lost.user_attrs["reason"].startswith("lost: its sweep (pid")
+    retries = [t for t in study.trials if t.user_attrs.get("retry_of") == 0]
+    assert len(retries) == 1 and retries[0].params == lost.params and retries[0].state == TrialState.COMPLETE
+    # (the retry counts, or it reuses the result of the same configuration measured meanwhile: duplicate_of)
+    assert is_finished(retries[0]) or "duplicate_of" in retries[0].user_attrs
+    assert count_finished(study) == 2
