@@ -168,6 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sweeper.console import format_counts, format_data_nan_summary, format_front, format_trial_line
     from sweeper.study import (
         MAX_CONSECUTIVE_DUPLICATES,
+        check_writable,
         count_finished,
         default_storage,
         nan_causes,
@@ -177,6 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_study,
         slot_devices,
         status_counts,
+        study_dir,
         trial_dir,
     )
 
@@ -193,6 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
     workers = args.workers or (len(devices) if devices else 1)
     model_path, samples = _prepare(space.dataset, space.model)
+    check_writable(study_dir(name))  # before the storage is touched
     study = open_study(space, storage, name, n_trials)  # a storage problem is one line before any output
     already = count_finished(study)
     _print(f"sweep: study '{name}' in {redact_url(storage)}, {n_trials} trials, searching {', '.join(space.search)}")

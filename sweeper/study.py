@@ -390,6 +390,22 @@ def check_disk(folder: Path, min_free_mib: float = MIN_FREE_MIB) -> None:
                        "files); free some space and run the same command: finished trials are kept")
 
 
+def check_writable(folder: Path) -> None:
+    """Create ``folder`` (the study's folder under ``studies/``) and check it can be written, before any trial.
+
+    Raises:
+        StudyError: It cannot be created or written (permissions, a read-only mount).
+    """
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StudyError(f"{folder}: cannot create the study's folder ({exc.strerror}); run from a folder you can "
+                         "write, or fix its permissions") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise StudyError(f"{folder}: the study's folder is not writable (trial logs, results and artifacts go "
+                         "there); fix its permissions or run from another folder")
+
+
 def slot_devices(workers: int, devices: list[str] | None) -> list[str | None]:
     """The ``CUDA_VISIBLE_DEVICES`` value of each of ``workers`` worker slots (None: leave the environment as is).
 
@@ -661,6 +677,7 @@ def run_study(
     url = storage or space.study.storage or default_storage(name)
     if study is None:
         study = open_study(space, url, name, target)
+    check_writable(study_dir(name))
     check_disk(study_dir(name))  # before any trial starts, and again before each
     if "space_path" not in study.user_attrs:
         study.set_user_attr("space_path", space.path)
