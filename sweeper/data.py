@@ -7,6 +7,7 @@ Loading (:func:`load_samples`) imports ``datasets`` only for files and hub ids; 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -159,6 +160,38 @@ def _content_text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False)
 
 
+def _hub_unreachable(repo_id: str) -> bool:
+    """One request to the hub for ``repo_id`` (10 s timeout): True when the network does not answer at all (no route,
+    no DNS), so that the dataset is read from the local cache only instead of after minutes of retries."""
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().dataset_info(repo_id, timeout=10)
+    except Exception as exc:  # noqa: BLE001 - only the transport errors below mean "no network"
+        names = {c.__name__ for c in type(exc).__mro__}
+        return bool(names & {"ConnectError", "ConnectTimeout", "NetworkError", "TransportError", "ConnectionError",
+                             "Timeout", "TimeoutException"})
+    return False
+
+
+@contextlib.contextmanager
+def _offline(on: bool):
+    """Within the block, ``datasets`` and ``huggingface_hub`` act as under ``HF_HUB_OFFLINE=1`` (their flags are read
+    at import, so both module constants are set and restored)."""
+    if not on:
+        yield
+        return
+    import datasets
+    import huggingface_hub
+
+    saved = datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
+
+
 def _load_rows(spec: DatasetSpec) -> Any:
     """The rows of a local file or hub dataset, through ``datasets``."""
     import datasets
@@ -191,9 +224,15 @@ def _load_rows(spec: DatasetSpec) -> Any:
                                 "per row") from None
             raise DataError(f"{spec.path}: dataset.path: cannot read it as {builder} ({cause}); check "
                             "the file") from None
+    offline = _hub_unreachable(spec.path)
     try:
-        return datasets.load_dataset(spec.path, split=spec.split)
+        with _offline(offline):
+            return datasets.load_dataset(spec.path, split=spec.split)
     except Exception as exc:
+        if offline:
+            raise DataError(f"{spec.path}: dataset.path: not a local file, the hub cannot be reached from here, and "
+                            "it is not in the local datasets cache; give a local .jsonl/.json/.csv/.parquet file, or "
+                            "load the dataset once where the hub can be reached") from None
         raise DataError(f"{spec.path}: dataset.path: not a local file and not loadable from the hub "
                         f"({_root_cause(exc)}); give a local file, or a hub id already in the local datasets cache "
                         "when offline") from None

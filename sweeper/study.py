@@ -133,13 +133,16 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
         with AskLock(url, SCHEMA_LOCK).held():
             return optuna.storages.RDBStorage(url, **heartbeat_kwargs())
     except ModuleNotFoundError as exc:
-        driver = {"psycopg2": "psycopg2-binary", "psycopg": "psycopg[binary]", "pymysql": "pymysql"}.get(
-            exc.name or "", exc.name)
+        driver = {"psycopg2": "'pip install psycopg2-binary'",
+                  "psycopg": "'pip install psycopg[binary]' (sweeper's 'postgres' extra)",
+                  "pymysql": "'pip install pymysql'",
+                  "MySQLdb": "'pip install mysqlclient', or 'pip install pymysql' and a mysql+pymysql:// URL"}.get(
+            exc.name or "", f"'pip install {exc.name}'")
         raise StudyError(f"{redact_url(url)}: --storage: the database driver '{exc.name}' is not installed; run "
-                         f"'pip install {driver}'") from None
+                         f"{driver}") from None
     except ImportError as exc:  # optuna's wrapper around a missing driver
         scheme = url.split(":", 1)[0].split("+")[0]
-        driver = {"postgresql": "psycopg2-binary", "mysql": "pymysql"}.get(scheme, "the driver of " + scheme)
+        driver = {"postgresql": "psycopg[binary]", "mysql": "pymysql"}.get(scheme, "the driver of " + scheme)
         raise StudyError(f"{redact_url(url)}: --storage: no database driver for '{scheme}' is installed ({exc}); "
                          f"run 'pip install {driver}'") from None
     except Exception as exc:  # sqlalchemy raises ArgumentError, OperationalError, ... for a bad URL or server

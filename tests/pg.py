@@ -41,7 +41,7 @@ class PgServer:
 
     @property
     def url(self) -> str:
-        return f"postgresql+psycopg2://sweeper:{PASSWORD.replace('@', '%40').replace(':', '%3A')}@127.0.0.1:{self.port}/sweeper"
+        return f"postgresql://sweeper:{PASSWORD.replace('@', '%40').replace(':', '%3A')}@127.0.0.1:{self.port}/sweeper"
 
     def _run(self, *args: str) -> subprocess.CompletedProcess:
         cmd = [str(a) for a in args]
@@ -53,7 +53,7 @@ class PgServer:
 
     def start(self) -> None:
         data = self.folder / "data"
-        self._run(self.bin / "initdb", "-D", data, "-U", "postgres", "--auth-local=trust", "--auth-host=scram-sha-256")
+        self._run(self.bin / "initdb", "-D", data, "-U", "postgres", "-E", "UTF8", "--locale=C", "--auth-local=trust", "--auth-host=scram-sha-256")
         self._run(self.bin / "pg_ctl", "-D", data, "-l", self.folder / "server.log", "-w", "-t", "60",
                   "-o", f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.folder}"
                   " -c max_connections=100 -c fsync=off", "start")

@@ -66,7 +66,8 @@ def test_model_and_data_problems_reported_together(tiny_model, workdir):
 
 
 @pytest.mark.parametrize(("url", "needle"), [("notaurl", "cannot open this storage"),
-                                             ("postgresql://me:s3cret@127.0.0.1:1/x", "pip install psycopg2-binary")])
+                                             ("postgresql://me:s3cret@127.0.0.1:1/x", "cannot open this storage"),
+                                             ("mysql://me:s3cret@127.0.0.1:1/x", "pip install mysqlclient")])
 def test_bad_storage_is_one_line_without_password(tiny_model, workdir, url, needle):
     out = sweep("run", str(write_space(workdir, tiny_space(tiny_model))), "--storage", url, cwd=workdir)
     assert out.returncode == 2 and out.stdout == "", out.stdout

@@ -1,0 +1,71 @@
+"""Bad input, all of it, against a study that already holds a finished trial: each broken input gives exit 2 and
+one line that names the file (or flag), the key and the fix, and leaves the study's database byte for byte as it
+was."""
+
+import hashlib
+
+import pytest
+import yaml
+from conftest import sweep, tiny_space, write_jsonl, write_space
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def existing(tiny_model, tmp_path_factory):
+    """A folder holding study 'keep' with one finished trial, and the space that made it."""
+    folder = tmp_path_factory.mktemp("bad-input")
+    space = tiny_space(tiny_model, name="keep", n_trials=1)
+    out = sweep("run", str(write_space(folder, space)), cwd=folder)
+    assert out.returncode == 0, out.stderr
+    return folder, space
+
+
+def _with(space: dict, section: str, **values) -> dict:
+    return {**space, section: {**space[section], **values}}
+
+
+# (id, how to break the space or the command line, what the one line must contain)
+CASES = [
+    ("malformed-yaml", "RAW:study: {name: keep\nsearch: [", ["space.yaml", "line 2", "YAML syntax"]),
+    ("wrong-type", lambda s: _with(s, "training", max_steps="many"), ["training.max_steps", "integer"]),
+    ("empty-search", lambda s: {**s, "search": {}}, ["search: nothing to search"]),
+    ("impossible-range", lambda s: {**s, "search": {"learning_rate": {"low": 1e-3, "high": 1e-5}}},
+     ["search.learning_rate", "low"]),
+    ("missing-dataset", lambda s: _with(s, "dataset", path="missing.jsonl"), ["dataset.path", "no such file"]),
+    ("missing-model", lambda s: _with(s, "model", name_or_path="./no/such/model"),
+     ["model.name_or_path", "no such directory"]),
+    ("hub-model-no-network", lambda s: _with(s, "model", name_or_path="someorg/no-such-model"),
+     ["model.name_or_path", "download the model first"]),
+    ("hub-dataset-no-network", lambda s: _with(s, "dataset", path="someorg/no-such-dataset"),
+     ["dataset.path", "local"]),
+    ("no-usable-rows", lambda s: _with(s, "dataset", path="rows.jsonl"), ["rows.jsonl", "dataset"]),
+    ("unknown-optimizer", lambda s: _with(s, "training", optim="adamw_bogus"), ["training.optim", "adamw_bogus"]),
+    ("unknown-key", lambda s: _with(s, "training", lerning_rate=1e-4), ["training.lerning_rate", "did you mean"]),
+    ("bad-workers", ["--workers", "0"], ["--workers: 0"]),
+    ("bad-devices", ["--devices", "0,,0"], ["--devices", "--devices 0,1,2,3"]),
+    ("bad-storage", ["--storage", "sqlite:////proc/no/such/dir/x.db"], ["study.storage", "--storage"]),
+]
+
+
+@pytest.mark.parametrize(("case", "breakage", "needles"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_the_study_untouched(existing, case, breakage, needles):
+    folder, space = existing
+    db = folder / "studies" / "keep.db"
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    write_jsonl(folder / "rows.jsonl", [{"text": ""}, {"messages": "not a list"}, {"other": 1}])
+    path, argv = folder / "space.yaml", []
+    if isinstance(breakage, str):
+        path = folder / "broken.yaml"
+        path.write_text(breakage.removeprefix("RAW:"))
+        needles = [n.replace("space.yaml", "broken.yaml") for n in needles]
+    elif callable(breakage):
+        path = write_space(folder, breakage(yaml.safe_load((folder / "space.yaml").read_text())), "broken.yaml")
+    else:
+        argv = breakage
+    out = sweep("run", str(path), *argv, cwd=folder, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert len(lines) == 1 and all(n in lines[0] for n in needles), lines
+    assert "; " in lines[0] and "Traceback" not in out.stderr  # what is wrong; the fix
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
