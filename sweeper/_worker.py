@@ -9,6 +9,11 @@ non-finite loss or gradient norm (``nan``) and turns a real allocation failure i
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # first thing, before the heavy imports below (seconds): die with the sweep
+    from sweeper.trial import die_with_parent
+
+    die_with_parent()
+
 import gc
 import json
 import logging

@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         running = args.command in ("run", "trial")
-        print("sweep: interrupted" + ("; the running trial was stopped and recorded as interrupted" if running
+        print("sweep: interrupted" + ("; the running trials were stopped and recorded as interrupted" if running
                                       else "; files already written are complete"), file=sys.stderr)
         return 130
 

@@ -122,16 +122,20 @@ class TrialResult:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def _set_parent_death_signal() -> None:
-    """In the child before exec: die with SIGKILL when the parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``).
-
-    So a sweep killed with ``kill -9`` does not leave its worker training on, holding the GPU.
+def die_with_parent() -> None:
+    """In the worker, first thing: be killed with SIGKILL when the sweep that started it dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``), so a sweep killed with ``kill -9`` does not leave its worker training on, holding
+    the GPU. Set by the worker itself rather than in a ``preexec_fn`` (unsafe in a process with threads, as the
+    sweep is: heartbeats, workers); a sweep that died before this call is seen by the parent pid check.
     """
+    expected = os.environ.get("SWEEPER_PARENT_PID")
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
-        pass
+        return
+    if expected is not None and os.getppid() != int(expected):
+        os._exit(1)
 
 
 def _log_tail(log: Path) -> str:
@@ -195,8 +199,7 @@ def run_trial(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches the sweep, which kills the worker's whole group itself
-            preexec_fn=_set_parent_death_signal,
-            env=dict(env) if env is not None else None,
+            env={**(env if env is not None else os.environ), "SWEEPER_PARENT_PID": str(os.getpid())},
         )
         (trial_dir / "worker.pid").write_text(str(proc.pid))
         if on_start is not None:
