@@ -9,7 +9,7 @@
   every ``heartbeat_interval_s``. A trial whose heartbeat is older than ``grace_period_s`` belongs to a sweep that
   stopped reporting (killed, frozen, its machine gone); any other sweep of the study marks it failed, ``lost``, and
   retries its configuration (:func:`reap_lost`). On one machine a dead sweep is found at once by its pid
-  (:func:`sweeper.study.recover_orphans`); the heartbeat is what finds it from another machine, or when the process
+  (:func:`sweeper.runner.recover_orphans`); the heartbeat is what finds it from another machine, or when the process
   is alive but frozen.
 """
 

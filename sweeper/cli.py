@@ -166,17 +166,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.console import format_counts, format_data_nan_summary, format_front, format_trial_line
+    from sweeper.runner import MAX_CONSECUTIVE_DUPLICATES, check_writable, run_study, slot_devices
     from sweeper.study import (
-        MAX_CONSECUTIVE_DUPLICATES,
-        check_writable,
         count_finished,
         default_storage,
         nan_causes,
         open_study,
         pareto_front,
         redact_url,
-        run_study,
-        slot_devices,
         status_counts,
         study_dir,
         trial_dir,

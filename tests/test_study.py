@@ -12,6 +12,7 @@ import pytest
 from conftest import tiny_space, write_space
 from optuna.trial import TrialState
 
+from sweeper.runner import run_study
 from sweeper.space import load_space, parse_space
 from sweeper.study import (
     FAILURE_CONSTRAINT,
@@ -21,7 +22,6 @@ from sweeper.study import (
     make_sampler,
     open_study,
     pareto_front,
-    run_study,
     status_counts,
     to_distributions,
 )
