@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import threading
 import warnings
 from contextlib import contextmanager
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import optuna
 from optuna.storages import BaseStorage
+
+from sweeper.errors import StudyError
 
 # sweeper drives the study with ask/tell and records heartbeats itself (Heartbeat); Optuna warns at every ask that
 # heartbeats are meant for Study.optimize. Set once here: warnings.catch_warnings is not thread-safe.
@@ -40,10 +43,40 @@ DEFAULT_HEARTBEAT_INTERVAL_S = 30
 GRACE_INTERVALS = 4
 
 
+#: The longest heartbeat interval accepted, in seconds (a lost trial is then found after 4 hours).
+MAX_HEARTBEAT_INTERVAL_S = 3600
+
+
 def heartbeat_interval_s() -> int:
-    """The heartbeat interval in seconds: ``SWEEPER_HEARTBEAT_INTERVAL_S`` when it is a positive integer, else 30."""
-    raw = os.environ.get("SWEEPER_HEARTBEAT_INTERVAL_S", "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_HEARTBEAT_INTERVAL_S
+    """The heartbeat interval in seconds: ``SWEEPER_HEARTBEAT_INTERVAL_S`` (1 to 3600), or 30 when it is unset.
+
+    Raises:
+        StudyError: The variable is set to anything else.
+    """
+    raw = os.environ.get("SWEEPER_HEARTBEAT_INTERVAL_S")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_HEARTBEAT_INTERVAL_S
+    if not re.fullmatch(r"[0-9]{1,4}", raw.strip()) or not 1 <= int(raw) <= MAX_HEARTBEAT_INTERVAL_S:
+        raise StudyError(f"SWEEPER_HEARTBEAT_INTERVAL_S: {raw!r} is not a whole number of seconds from 1 to "
+                         f"{MAX_HEARTBEAT_INTERVAL_S}; unset it (30 s) or give e.g. 30")
+    return int(raw)
+
+
+def sqlite_database(url: str) -> str | None:
+    """The database of a SQLite URL (``sqlite:///x.db``, ``sqlite+pysqlite:///x.db``; ``""`` or ``":memory:"`` for
+    an in-memory one), or None for any other URL."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - not a URL at all: the storage reports it
+        return None
+    return (parsed.database or "") if parsed.get_backend_name() == "sqlite" else None
+
+
+def in_memory(url: str) -> bool:
+    """Whether ``url`` is an in-memory SQLite database (one per connection: not shared between threads)."""
+    return sqlite_database(url) in ("", ":memory:")
 
 
 def heartbeat_kwargs() -> dict:
@@ -119,9 +152,10 @@ class AskLock:
         self._url, self._name = url, study_name
         self._engine = None
         scheme = url.split(":", 1)[0].split("+")[0]
-        self.kind = {"sqlite": "file", "postgresql": "postgresql", "mysql": "mysql"}.get(scheme, "thread")
-        if self.kind == "file" and url.removeprefix("sqlite:///") in ("", ":memory:"):
-            self.kind = "thread"
+        self.kind = {"postgresql": "postgresql", "mysql": "mysql"}.get(scheme, "thread")
+        database = sqlite_database(url)
+        if database not in (None, "", ":memory:") and not database.startswith("file:"):
+            self.kind, self._lock_path = "file", Path(database + ".lock")
 
     def _connection(self):
         if self._engine is None:
@@ -136,7 +170,12 @@ class AskLock:
         """Hold the lock for the body of a ``with`` statement; blocks until it is free."""
         with self._thread_lock:
             if self.kind == "file":
-                with open(Path(self._url.removeprefix("sqlite:///") + ".lock"), "a") as handle:
+                try:
+                    handle = open(self._lock_path, "a")
+                except OSError as exc:
+                    raise StudyError(f"{self._lock_path}: --storage: cannot create the lock file beside the SQLite "
+                                     f"database ({exc.strerror}); put the database in a folder you can write") from None
+                with handle:
                     fcntl.flock(handle, fcntl.LOCK_EX)
                     try:
                         yield

@@ -166,6 +166,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.console import format_counts, format_data_nan_summary, format_front, format_trial_line
+    from sweeper._coordination import heartbeat_interval_s, in_memory
+    from sweeper._worker import _cuda_visible
     from sweeper.runner import MAX_CONSECUTIVE_DUPLICATES, check_writable, run_study, slot_devices
     from sweeper.study import (
         count_finished,
@@ -191,6 +193,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     n_trials = args.n_trials or space.study.n_trials
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
     workers = args.workers or (len(devices) if devices else 1)
+    heartbeat_interval_s()  # a bad SWEEPER_HEARTBEAT_INTERVAL_S is one line before anything runs
+    if workers > 1 and in_memory(storage):
+        raise SpaceError(f"--storage: {redact_url(storage)} is an in-memory database, one per connection, which "
+                         f"--workers {workers} cannot share; give a file, e.g. --storage sqlite:///studies/{name}.db")
     model_path, samples = _prepare(space.dataset, space.model)
     check_writable(study_dir(name))  # before the storage is touched
     study = open_study(space, storage, name, n_trials)  # a storage problem is one line before any output
@@ -199,7 +205,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if workers > 1 or devices:
         slots = slot_devices(workers, devices)
         shown = ", ".join(f"device {d}" if d is not None else "this machine" for d in slots)
-        _print(f"workers {workers} trials at once ({shown})")
+        _print(f"workers {workers} trial{'s' if workers > 1 else ''} at once ({shown})")
+        if devices and not _cuda_visible():
+            _print("note    --devices names GPUs, but none is visible here: the trials run on the CPU")
     _print(_describe_setup(space, model_path, len(samples)))
     for line in _data_warnings(space, model_path, samples):
         _print(line)
@@ -384,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="the Pareto front and failures of a study, in the terminal and in HTML")
     report.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
     report.add_argument("--html", metavar="PATH", help="where to write the HTML (default studies/<study>/report.html)")
-    report.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
+    report.add_argument("--json", action="store_true", help="print the report as JSON instead of tables (writes the HTML only with --html)")
     report.set_defaults(func=cmd_report)
 
     from sweeper.export import FORMATS, PICKS

@@ -46,6 +46,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         fits = describe_fit(fit_map_data(study))
         if fits:
             _print("largest max_seq_length that fit: " + ", ".join(f"batch {b}: {s}" for b, s in fits.items()))
+    if args.json and not args.html:
+        return 0  # JSON for a script: no file unless --html asks for one
     try:
         write_html_report(study, html_path)
     except OSError as exc:

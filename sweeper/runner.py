@@ -24,7 +24,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper._coordination import AskLock, Heartbeat, heartbeat_kwargs, stale_trial_ids
+from sweeper._coordination import GRACE_INTERVALS, AskLock, Heartbeat, heartbeat_enabled, heartbeat_kwargs, stale_trial_ids
 from sweeper.errors import RunError, StudyError
 from sweeper.preflight import preflight
 from sweeper.space import SearchSpace
@@ -34,6 +34,7 @@ from sweeper.study import (
     default_storage,
     failure_constraint,
     is_finished,
+    make_sampler,
     open_study,
     record_result,
     study_dir,
@@ -117,7 +118,8 @@ def recover_orphans(study: optuna.Study, max_retries: int = 1) -> list[int]:
 
 def reap_lost(study: optuna.Study, max_retries: int = 1) -> list[int]:
     """Fail the RUNNING trials whose sweep stopped sending Optuna heartbeats (killed on another machine, frozen,
-    its machine gone: see :mod:`sweeper._coordination`), with reason ``lost``, and retry their params.
+    its machine gone: see :mod:`sweeper._coordination`), with reason ``lost``, and retry their params. Only trials
+    whose sweep beats at least as often as this one (``heartbeat_interval_s``) are judged here.
 
     Returns:
         The numbers of the trials marked failed.
@@ -125,10 +127,13 @@ def reap_lost(study: optuna.Study, max_retries: int = 1) -> list[int]:
     stale = set(stale_trial_ids(study))
     if not stale:
         return []
-    grace = getattr(study._storage, "grace_period", None) or heartbeat_kwargs()["grace_period"]
+    interval = heartbeat_kwargs()["heartbeat_interval"]
+    grace = GRACE_INTERVALS * interval
     lost = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t._trial_id not in stale:
+        # A sweep that beats less often than this one is judged by its own, longer grace period: by a sweep with
+        # its interval or longer, or by its pid on its own host.
+        if t._trial_id not in stale or t.user_attrs.get("heartbeat_interval_s", interval) > interval:
             continue
         who = f"pid {t.user_attrs.get('sweep_pid', '?')} on {t.user_attrs.get('sweep_host', '?')}"
         if _fail_running(study, t, f"lost: its sweep ({who}) sent no heartbeat for {grace} s", max_retries):
@@ -323,6 +328,8 @@ class _Sweep:
             trial.set_user_attr("sweep_pid", os.getpid())
             if device is not None:
                 trial.set_user_attr("cuda_visible_devices", device)
+            if heartbeat_enabled(self.study._storage):
+                trial.set_user_attr("heartbeat_interval_s", self.study._storage.get_heartbeat_interval())
             return trial, finished
 
     def run_slot(self, slot: int) -> None:
@@ -345,15 +352,17 @@ class _Sweep:
             finally:
                 heartbeat.stop()
 
-    def slot_main(self, slot: int) -> None:
+    def slot_main(self, slot: int, done: threading.Event) -> None:
         """A worker thread's body: an error stops every slot from starting more trials and is raised by the main
-        thread."""
+        thread; ``done`` is set when the slot has recorded its last trial."""
         try:
             self.run_slot(slot)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             with self.mutex:
                 self.errors.append(exc)
             self.stop.set()
+        finally:
+            done.set()
 
     def interrupt(self) -> None:
         """Ctrl-C with worker threads: stop starting trials and kill every running worker's process group; each
@@ -502,23 +511,38 @@ def run_study(
         study.set_user_attr("searched", list(space.search))
     if study.user_attrs.get("model_path") != model_path:
         study.set_user_attr("model_path", model_path)  # the local checkpoint the trials loaded (for exports)
+    with AskLock(url, name).held():
+        starts = int(study.user_attrs.get("sweep_starts", 0))
+        study.set_user_attr("sweep_starts", starts + 1)
+    if starts and space.study.seed is not None:
+        # Every sweep of the study (started together on several machines, or resuming) samples from its own seed:
+        # with one seed they would all propose the same first configurations.
+        study.sampler = make_sampler(space.study, target, seed=space.study.seed + starts)
     sweep = _Sweep(space, study, url=url, name=name, model_path=model_path, target=target, budget=budget,
                    on_trial=on_trial, on_note=on_note, workers=workers, devices=slot_devices(workers, devices))
     if workers == 1:
         sweep.run_slot(0)  # in this thread: Ctrl-C reaches run_trial, which kills the worker
         return study
-    threads = [threading.Thread(target=sweep.slot_main, args=(i,), name=f"sweep-worker-{i}") for i in range(workers)]
+    done = [threading.Event() for _ in range(workers)]
+    threads = [threading.Thread(target=sweep.slot_main, args=(i, done[i]), name=f"sweep-worker-{i}")
+               for i in range(workers)]
     for thread in threads:
         thread.start()
+    # The main thread waits by polling, never inside Thread.join: in CPython 3.11 a KeyboardInterrupt that lands
+    # in join can mark a running thread as stopped, and the interpreter would then exit without it.
     try:
-        while any(t.is_alive() for t in threads):
-            for thread in threads:
-                thread.join(timeout=0.2)
+        while not all(d.is_set() for d in done):
+            time.sleep(0.2)
     except KeyboardInterrupt:
         sweep.interrupt()
-        for thread in threads:
-            thread.join()
+        while not all(d.is_set() for d in done):  # each slot records its killed trial as interrupted
+            try:
+                time.sleep(0.1)
+            except KeyboardInterrupt:
+                continue  # a second Ctrl-C: the trials are being recorded, which takes a moment
         raise
+    for thread in threads:
+        thread.join()
     if sweep.errors:
         raise sweep.errors[0]
     return study

@@ -21,7 +21,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper._coordination import AskLock, heartbeat_kwargs
+from sweeper._coordination import AskLock, heartbeat_kwargs, sqlite_database
 from sweeper.errors import StudyError
 from sweeper.space import Categorical, SearchSpace, StudySpec
 from sweeper.stability import COMPONENTS
@@ -79,20 +79,22 @@ def n_startup_trials(n_trials: int) -> int:
     return max(3, min(10, n_trials // 4))
 
 
-def make_sampler(spec: StudySpec, n_trials: int) -> optuna.samplers.BaseSampler:
-    """The study's sampler: TPE (multivariate, constant liar for parallel asks), random, or NSGA-II, seeded.
+def make_sampler(spec: StudySpec, n_trials: int, seed: int | None = None) -> optuna.samplers.BaseSampler:
+    """The study's sampler: TPE (multivariate, constant liar for parallel asks), random, or NSGA-II, seeded with
+    ``seed`` (default ``spec.seed``).
 
     TPE learns from PRUNED trials (their :func:`failure_constraint`), which is why it is the default; NSGA-II selects
     parents from COMPLETE trials only, so NaN/OOM trials teach it nothing; random sampling learns nothing at all.
     """
+    seed = spec.seed if seed is None else seed
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if spec.sampler == "random":
-            return optuna.samplers.RandomSampler(seed=spec.seed)
+            return optuna.samplers.RandomSampler(seed=seed)
         if spec.sampler == "nsgaii":
-            return optuna.samplers.NSGAIISampler(seed=spec.seed)
+            return optuna.samplers.NSGAIISampler(seed=seed)
         return optuna.samplers.TPESampler(
-            seed=spec.seed,
+            seed=seed,
             multivariate=True,
             constant_liar=True,
             n_startup_trials=n_startup_trials(n_trials),
@@ -104,25 +106,33 @@ SCHEMA_LOCK = "\0schema"
 
 
 def _storage(url: str) -> optuna.storages.BaseStorage:
-    if url.startswith("sqlite:///"):
-        db = Path(url.removeprefix("sqlite:///"))
-        try:
-            db.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StudyError(f"{url}: study.storage: cannot create {db.parent} ({exc.strerror}); choose a writable "
-                             "folder with --storage") from None
-        if not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
-            raise StudyError(f"{url}: study.storage: {db} is not writable; fix its permissions or choose another "
-                             "--storage")
+    heartbeat = heartbeat_kwargs()
+    database = sqlite_database(url)
+    engine_kwargs = None
+    if database is not None:
         # A long busy timeout: several processes may write one SQLite file (one machine only).
-        with AskLock(url, SCHEMA_LOCK).held():
-            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}},
-                                              **heartbeat_kwargs())
+        engine_kwargs = {"connect_args": {"timeout": 60}}
+        db = Path(database)
+        if database not in ("", ":memory:") and not database.startswith("file:"):
+            if db.is_dir():
+                raise StudyError(f"{url}: study.storage: {db} is a folder; give the path of a .db file, e.g. "
+                                 f"sqlite:///{db}/study.db")
+            try:
+                db.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StudyError(f"{url}: study.storage: cannot create {db.parent} ({exc.strerror}); choose a "
+                                 "writable folder with --storage") from None
+            if not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
+                raise StudyError(f"{url}: study.storage: {db} is not writable; fix its permissions or choose another "
+                                 "--storage")
+    lock = AskLock(url, SCHEMA_LOCK)
     try:
         # Sweeps started together on an empty database would race to create Optuna's tables (a unique violation
         # in PostgreSQL's catalog): one creates them while the others wait.
-        with AskLock(url, SCHEMA_LOCK).held():
-            return optuna.storages.RDBStorage(url, **heartbeat_kwargs())
+        with lock.held():
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+    except StudyError:
+        raise
     except ModuleNotFoundError as exc:
         driver = {"psycopg2": "'pip install psycopg2-binary'",
                   "psycopg": "'pip install psycopg[binary]' (sweeper's 'postgres' extra)",
@@ -134,26 +144,50 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
     except ImportError as exc:  # optuna's wrapper around a missing driver
         scheme = url.split(":", 1)[0].split("+")[0]
         driver = {"postgresql": "psycopg[binary]", "mysql": "pymysql"}.get(scheme, "the driver of " + scheme)
-        raise StudyError(f"{redact_url(url)}: --storage: no database driver for '{scheme}' is installed ({exc}); "
-                         f"run 'pip install {driver}'") from None
+        raise StudyError(f"{redact_url(url)}: --storage: no database driver for '{scheme}' is installed "
+                         f"({scrub_secrets(str(exc), url)}); run 'pip install {driver}'") from None
     except Exception as exc:  # sqlalchemy raises ArgumentError, OperationalError, ... for a bad URL or server
-        first = redact_url((str(exc).strip().splitlines() or [type(exc).__name__])[0][:160])
+        first = scrub_secrets((str(exc).strip().splitlines() or [type(exc).__name__])[0][:160], url)
         raise StudyError(f"{redact_url(url)}: --storage: cannot open this storage ({type(exc).__name__}: {first}); "
                          "give sqlite:///PATH.db or a reachable postgresql:// or mysql:// URL") from None
 
 
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***``: in the user info (``postgresql://user:***@host/db``, the
-    password may hold ``@``: the host follows the last one) and in a ``password=`` query parameter."""
+def _password(url: str) -> str | None:
+    """The password in a URL's user info (:func:`_userinfo`), or None."""
+    parts = _userinfo(url)
+    return parts[1].split(":", 1)[1] if parts is not None and ":" in parts[1] else None
+
+
+def scrub_secrets(text: str, url: str) -> str:
+    """``text`` (a driver's error message about ``url``) with the URL's password, and any piece of it a parser may
+    have split off at ``@``, ``:`` or ``/``, replaced by ``***``; then :func:`redact_url` on what is left."""
+    secret = _password(url)
+    if secret:
+        pieces = sorted({secret, *re.split(r"[@:/]", secret)}, key=len, reverse=True)
+        for piece in pieces:
+            if len(piece) >= 3:
+                text = text.replace(piece, "***")
+    return redact_url(text)
+
+
+def _userinfo(url: str) -> tuple[str, str, str] | None:
+    """``(scheme, userinfo, after)`` of ``scheme://userinfo@after``, or None. The password may hold ``@``, ``:`` and
+    ``/`` unencoded: the user info ends at the last ``@`` before the query."""
     scheme, sep, rest = url.partition("://")
-    if sep:
-        netloc, slash, tail = rest.partition("/")
-        if "@" in netloc:
-            userinfo, _, host = netloc.rpartition("@")
-            if ":" in userinfo:
-                userinfo = userinfo.split(":", 1)[0] + ":***"
-            netloc = f"{userinfo}@{host}"
-        url = f"{scheme}://{netloc}{slash}{tail}"
+    head = rest.split("?", 1)[0]
+    if not sep or "@" not in head:
+        return None
+    at = head.rindex("@")
+    return scheme, rest[:at], rest[at + 1:]
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ``***``: in the user info (``postgresql://user:***@host/db``, see
+    :func:`_userinfo`) and in a ``password=`` query parameter."""
+    parts = _userinfo(url)
+    if parts is not None and ":" in parts[1]:
+        scheme, userinfo, after = parts
+        url = f"{scheme}://{userinfo.split(':', 1)[0]}:***@{after}"
     return re.sub(r"(?i)(password=)[^&;#]*", r"\1***", url)
 
 

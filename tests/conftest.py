@@ -77,5 +77,6 @@ def write_space(folder: Path, space: dict, name: str = "space.yaml") -> Path:
 
 def sweep(*args: str, cwd: Path, timeout: float = 600, **popen) -> subprocess.CompletedProcess:
     """Run ``sweep ARGS`` in ``cwd`` as a subprocess (``python -m sweeper.cli``) and capture its output."""
+    popen.setdefault("env", {**os.environ})
     return subprocess.run([sys.executable, "-m", "sweeper.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ}, **popen)
+                          timeout=timeout, **popen)

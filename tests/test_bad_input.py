@@ -3,6 +3,7 @@ one line that names the file (or flag), the key and the fix, and leaves the stud
 was."""
 
 import hashlib
+import os
 
 import pytest
 import yaml
@@ -45,6 +46,11 @@ CASES = [
     ("bad-workers", ["--workers", "0"], ["--workers: 0"]),
     ("bad-devices", ["--devices", "0,,0"], ["--devices", "--devices 0,1,2,3"]),
     ("bad-storage", ["--storage", "sqlite:////proc/no/such/dir/x.db"], ["study.storage", "--storage"]),
+    ("storage-is-a-folder", ["--storage", "sqlite:///studies"], ["study.storage", "is a folder", ".db"]),
+    ("storage-password-in-error", ["--storage", "postgresql://u:p@ss:s3cretPW@127.0.0.1:1/x"],
+     ["--storage", "u:***@"]),
+    ("in-memory-with-workers", ["--storage", "sqlite:///:memory:", "--workers", "2"], ["--storage", "in-memory"]),
+    ("bad-heartbeat-env", {"SWEEPER_HEARTBEAT_INTERVAL_S": "0"}, ["SWEEPER_HEARTBEAT_INTERVAL_S", "e.g. 30"]),
 ]
 
 
@@ -54,18 +60,20 @@ def test_bad_input_is_one_line_exit_2_and_the_study_untouched(existing, case, br
     db = folder / "studies" / "keep.db"
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     write_jsonl(folder / "rows.jsonl", [{"text": ""}, {"messages": "not a list"}, {"other": 1}])
-    path, argv = folder / "space.yaml", []
+    path, argv, env = folder / "space.yaml", [], {}
     if isinstance(breakage, str):
         path = folder / "broken.yaml"
         path.write_text(breakage.removeprefix("RAW:"))
         needles = [n.replace("space.yaml", "broken.yaml") for n in needles]
     elif callable(breakage):
         path = write_space(folder, breakage(yaml.safe_load((folder / "space.yaml").read_text())), "broken.yaml")
+    elif isinstance(breakage, dict):
+        env = breakage
     else:
         argv = breakage
-    out = sweep("run", str(path), *argv, cwd=folder, timeout=120)
+    out = sweep("run", str(path), *argv, cwd=folder, timeout=120, env={**os.environ, **env})
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2, out.stdout + out.stderr
     assert len(lines) == 1 and all(n in lines[0] for n in needles), lines
-    assert "; " in lines[0] and "Traceback" not in out.stderr  # what is wrong; the fix
+    assert "; " in lines[0] and "Traceback" not in out.stderr and "s3cretPW" not in out.stderr  # what; the fix
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before

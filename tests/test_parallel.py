@@ -63,8 +63,9 @@ def _no_password_anywhere(workdir: Path, *texts: str) -> None:
 
 
 def test_two_sweeps_share_one_postgresql_study(tiny_model, workdir, postgres):
-    space = tiny_space(tiny_model, name="shared", n_trials=5, search={"r": [4, 8, 16, 32, 64]})
-    space["study"]["sampler"] = "random"
+    space = tiny_space(tiny_model, name="shared", n_trials=5,
+                       search={"r": [4, 8, 16, 32, 64], "learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}})
+    space["study"]["sampler"] = "random"  # seed 0 in the file: each sweep must still sample from its own seed
     path = write_space(workdir, space)
     cmd = [sys.executable, "-m", "sweeper.cli", "run", str(path), "--storage", postgres.url]
     procs = [subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -78,6 +79,8 @@ def test_two_sweeps_share_one_postgresql_study(tiny_model, workdir, postgres):
     assert count_finished(study) == 5  # exactly n_trials between them, nothing lost
     assert not [t for t in study.trials if t.state == TrialState.RUNNING]
     assert len({t.user_attrs["sweep_pid"] for t in study.trials if is_finished(t)}) == 2  # both ran trials
+    assert not [t.number for t in study.trials if "duplicate_of" in t.user_attrs]  # not the same proposals twice
+    assert study.user_attrs["sweep_starts"] == 2
     report = sweep("report", postgres.url, cwd=workdir)
     export = sweep("export", postgres.url, "--format", "json", cwd=workdir)
     assert report.returncode == 0 and export.returncode == 0, report.stderr + export.stderr
@@ -116,3 +119,23 @@ def test_a_silent_sweep_loses_its_trial_to_another_by_heartbeat(tiny_model, work
     # (the retry counts, or it reuses the result of the same configuration measured meanwhile: duplicate_of)
     assert is_finished(retries[0]) or "duplicate_of" in retries[0].user_attrs
     assert count_finished(study) == 2
+
+
+def test_a_sweep_that_beats_less_often_is_not_judged_lost_by_one_that_beats_often(tiny_model, workdir):
+    """Sweep A records a heartbeat every 30 s (the default), sweep B every 1 s; B must not call A's trials lost
+    after B's own grace period of 4 s."""
+    space = tiny_space(tiny_model, name="mixed", n_trials=4, search={"r": [4, 8, 16, 32]},
+                       training={"max_steps": 12})
+    path = write_space(workdir, space)
+    cmd = [sys.executable, "-m", "sweeper.cli", "run", str(path)]
+    slow = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    fast = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SWEEPER_HEARTBEAT_INTERVAL_S": "1"})
+    out, err = slow.communicate(timeout=600)
+    assert slow.returncode == 0 and fast.returncode == 0, err + fast.stderr
+    assert "marked lost" not in fast.stdout and "marked it lost" not in out
+    study = optuna.load_study(study_name="mixed", storage="sqlite:///studies/mixed.db")
+    assert not [t.number for t in study.trials if str(t.user_attrs.get("reason", "")).startswith("lost")]
+    assert {t.user_attrs["heartbeat_interval_s"] for t in study.trials if "sweep_pid" in t.user_attrs} == {1, 30}
+    assert count_finished(study) == 4
