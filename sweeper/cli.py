@@ -165,7 +165,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``sweep run SPACE.yaml``: create or resume the study and run trials until n_trials or the timeout."""
     import optuna
 
-    from sweeper.console import format_counts, format_data_nan_summary, format_front, format_trial_line
+    from sweeper.console import format_counts, format_data_nan_summary, format_front, format_params, format_trial_line
+    from sweeper.trial import FAIL_STATUSES
     from sweeper._coordination import heartbeat_interval_s, in_memory
     from sweeper._worker import _cuda_visible
     from sweeper.runner import MAX_CONSECUTIVE_DUPLICATES, check_writable, run_study, slot_devices
@@ -204,19 +205,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     _print(f"sweep: study '{name}' in {redact_url(storage)}, {n_trials} trials, searching {', '.join(space.search)}")
     if workers > 1 or devices:
         slots = slot_devices(workers, devices)
-        shown = ", ".join(f"device {d}" if d is not None else "this machine" for d in slots)
+        if any(d is not None for d in slots):
+            shown = ", ".join(f"device {d}" if d is not None else "this machine" for d in slots)
+        else:
+            threads = max(1, (os.cpu_count() or 1) // workers)
+            shown = f"on the CPU, {threads} thread{'s' if threads > 1 else ''} each"
         _print(f"workers {workers} trial{'s' if workers > 1 else ''} at once ({shown})")
         if devices and not _cuda_visible():
             _print("note    --devices names GPUs, but none is visible here: the trials run on the CPU")
     _print(_describe_setup(space, model_path, len(samples)))
     for line in _data_warnings(space, model_path, samples):
         _print(line)
+    if 0 < already < n_trials:
+        _print(f"resume  the study holds {already} finished trials; {n_trials - already} to go")
     start = time.monotonic()
+    statuses: list[str] = []  # of the trials this run measured
+
+    def on_start(number: int, params: dict, device: str | None) -> None:
+        if workers > 1:
+            shown = format_params({k: params.get(k) for k in space.search})
+            _print(f"start   #{number:<3} {shown}" + (f"  [device {device}]" if device is not None else ""))
 
     def on_trial(event) -> None:
         params = {k: event.trial.params.get(k) for k in space.search}
         line = format_trial_line(event.trial.number, params, event.result, event.finished, event.n_trials)
         attrs = event.trial.user_attrs
+        if "duplicate_of" not in attrs:
+            statuses.append(event.result.status)
         if workers > 1 and "cuda_visible_devices" in attrs:
             line += f"  [device {attrs['cuda_visible_devices']}]"
         if "retry_of" in attrs:
@@ -229,8 +244,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print(f"the study already holds {already} finished trials (n_trials={n_trials}): nothing to run; "
                "raise --n-trials to measure more")
     run_study(space, model_path=model_path, storage=storage, study_name=name, n_trials=n_trials,
-              timeout_s=timeout_s, on_trial=on_trial, on_note=lambda text: _print(f"note    {text}"), study=study,
-              workers=workers, devices=devices)
+              timeout_s=timeout_s, on_trial=on_trial, on_note=lambda text: _print(f"note    {text}"),
+              on_start=on_start, study=study, workers=workers, devices=devices)
     front = pareto_front(study)
     finished = count_finished(study)
     if finished < n_trials and (timeout_s is None or time.monotonic() - start < timeout_s):
@@ -249,8 +264,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                    if t.number in causes["data"]}
         trials_dir = trial_dir(name, 0).parent.as_posix()
         _print(format_data_nan_summary(causes, samples, trials_dir) + f"; see 'sweep doctor {space.path}'")
-    _print(f"done in {time.monotonic() - start:.0f} s; study in {redact_url(storage)}; next: 'sweep report {name}', "
-           f"'sweep dashboard {name}', 'sweep export {name} --pick knee'")
+    ref = name if storage == default_storage(name) else f"'{redact_url(storage)}'"
+    _print(f"done in {time.monotonic() - start:.0f} s; study in {redact_url(storage)}; next: sweep report {ref}, "
+           f"sweep dashboard {ref}, sweep export {ref} --pick knee"
+           + (" (with your password in place of ***)" if "***" in ref else ""))
+    if statuses and all(s in FAIL_STATUSES for s in statuses):
+        print(f"sweep: every trial this run started failed ({', '.join(sorted(set(statuses)))}): the machine or the "
+              f"setup, not the hyperparameters; see the reasons above and {trial_dir(name, 0).parent}/N/worker.log",
+              file=sys.stderr)
+        return 1
     return 0
 
 

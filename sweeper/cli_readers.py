@@ -17,6 +17,13 @@ from sweeper.errors import SpaceError, SweeperError
 from sweeper.space import TRIAL_KEYS, SearchSpace, load_space
 
 
+def _study_ref(ref: str) -> str:
+    """STUDY as the user gave it, fit to be shown in a hint: a URL's password redacted, quoted."""
+    from sweeper.study import redact_url
+
+    return f"'{redact_url(ref)}'" if "://" in ref else ref
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """``sweep report STUDY``: the front, counts by status and NaN cause, the fit frontier; ``--json``; the HTML."""
     import optuna
@@ -42,7 +49,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         chosen = picks(study)
         if chosen:
             _print("picks   " + " · ".join(f"{k} #{n}" for k, n in chosen.items())
-                   + f" (sweep export {study.study_name} --pick knee)")
+                   + f" (sweep export {_study_ref(args.study)} --pick knee)")
         fits = describe_fit(fit_map_data(study))
         if fits:
             _print("largest max_seq_length that fit: " + ", ".join(f"batch {b}: {s}" for b, s in fits.items()))

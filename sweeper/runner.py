@@ -271,9 +271,10 @@ class _Sweep:
     consecutive-repeat count and Ctrl-C."""
 
     def __init__(self, space: SearchSpace, study: optuna.Study, *, url: str, name: str, model_path: str, target: int,
-                 budget: float | None, on_trial, on_note, workers: int, devices: list[str | None]):
+                 budget: float | None, on_trial, on_note, on_start, workers: int, devices: list[str | None]):
         self.space, self.study, self.name, self.model_path = space, study, name, model_path
         self.target, self.budget, self.on_trial, self.on_note = target, budget, on_trial, on_note
+        self.on_start = on_start
         self.workers, self.devices = workers, devices
         self.max_retries = int(space.fixed.get("max_retries", 1))
         self.predictor = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation)
@@ -384,10 +385,31 @@ class _Sweep:
         retry(self.study, trial, self.max_retries)  # the next `sweep run` measures it
         self.study.tell(trial, state=TrialState.FAIL)
 
+    def wait_for_same(self, trial: optuna.Trial) -> None:
+        """Wait while an earlier trial with the same params runs (another worker or machine was asked the same
+        configuration: a retry, or a sampler without a lie for it); its result is then reused (:func:`find_duplicate`)
+        instead of measured twice. Only earlier numbers are waited for, so two such trials never wait on each other.
+        """
+        params = trial.params
+        while not self.interrupted.is_set():
+            running = [t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                       if t.number < trial.number and t.params == params]
+            if not running:
+                return
+            self.interrupted.wait(POLL_S)
+
     def run_one(self, trial: optuna.Trial, finished: int, env: dict[str, str] | None) -> None:
         """Reuse, prune or run one asked trial and tell the study its outcome."""
         study, target = self.study, self.target
         config = self.space.trial_config(trial.params)
+        try:
+            self.wait_for_same(trial)
+        except KeyboardInterrupt:
+            self._record_interrupted(trial)
+            raise
+        if self.interrupted.is_set():
+            self._record_interrupted(trial)
+            return
         same = find_duplicate(study, trial.params)
         with self.mutex:
             self.repeats = self.repeats + 1 if same is not None else 0
@@ -418,6 +440,9 @@ class _Sweep:
                 os.killpg(pid, signal.SIGKILL)
 
         folder = trial_dir(self.name, trial.number)
+        if self.on_start is not None:
+            with self.mutex:
+                self.on_start(trial.number, dict(trial.params), trial.user_attrs.get("cuda_visible_devices"))
         try:
             result = run_trial(config, folder, model_path=self.model_path, env=env, on_start=started)
         except KeyboardInterrupt:  # one worker, in the main thread: run_trial killed it
@@ -469,6 +494,7 @@ def run_study(
     timeout_s: float | None = None,
     on_trial: Callable[[SweepEvent], None] | None = None,
     on_note: Callable[[str], None] | None = None,
+    on_start: Callable[[int, dict, str | None], None] | None = None,
     study: optuna.Study | None = None,
     workers: int = 1,
     devices: list[str] | None = None,
@@ -489,6 +515,7 @@ def run_study(
         timeout_s: Default ``space.study.timeout_s``; checked between trials (a trial has its own timeout).
         on_trial: Called after each trial (from the worker's thread, one call at a time).
         on_note: Called with a line about the study's bookkeeping (a lost trial failed and retried).
+        on_start: Called with a trial's number, params and device when its worker starts.
         study: The study, when the caller already opened it with :func:`open_study`; else it is opened here.
         workers: Trials run at once by this process (1 to 64), each in its own worker process.
         devices: ``CUDA_VISIBLE_DEVICES`` values given to the workers in turn (:func:`slot_devices`).
@@ -519,7 +546,8 @@ def run_study(
         # with one seed they would all propose the same first configurations.
         study.sampler = make_sampler(space.study, target, seed=space.study.seed + starts)
     sweep = _Sweep(space, study, url=url, name=name, model_path=model_path, target=target, budget=budget,
-                   on_trial=on_trial, on_note=on_note, workers=workers, devices=slot_devices(workers, devices))
+                   on_trial=on_trial, on_note=on_note, on_start=on_start, workers=workers,
+                   devices=slot_devices(workers, devices))
     if workers == 1:
         sweep.run_slot(0)  # in this thread: Ctrl-C reaches run_trial, which kills the worker
         return study

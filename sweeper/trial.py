@@ -199,7 +199,10 @@ def run_trial(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches the sweep, which kills the worker's whole group itself
-            env={**(env if env is not None else os.environ), "SWEEPER_PARENT_PID": str(os.getpid())},
+            # PYTHONSAFEPATH: `-m` would put the working directory first on sys.path, and a folder named sweeper/
+            # there (a checkout of another version) would be imported instead of the installed package.
+            env={**(env if env is not None else os.environ), "SWEEPER_PARENT_PID": str(os.getpid()),
+                 "PYTHONSAFEPATH": "1"},
         )
         (trial_dir / "worker.pid").write_text(str(proc.pid))
         if on_start is not None:

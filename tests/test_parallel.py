@@ -139,3 +139,22 @@ def test_a_sweep_that_beats_less_often_is_not_judged_lost_by_one_that_beats_ofte
     assert not [t.number for t in study.trials if str(t.user_attrs.get("reason", "")).startswith("lost")]
     assert {t.user_attrs["heartbeat_interval_s"] for t in study.trials if "sweep_pid" in t.user_attrs} == {1, 30}
     assert count_finished(study) == 4
+
+
+def test_a_configuration_already_running_is_waited_for_not_run_twice(tiny_model, workdir):
+    """Two workers asked the same configuration at once (here: queued twice; in practice a retry, or another
+    machine): the later trial waits for the earlier one and reuses its result."""
+    from sweeper.space import load_space
+    from sweeper.study import open_study
+
+    path = write_space(workdir, tiny_space(tiny_model, name="same", n_trials=2, search={"r": [4, 8]}))
+    study = open_study(load_space(path))
+    study.enqueue_trial({"r": 4})
+    study.enqueue_trial({"r": 4})
+    out = sweep("run", str(path), "--workers", "2", "--n-trials", "2", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    study = optuna.load_study(study_name="same", storage="sqlite:///studies/same.db")
+    first, second = study.trials[:2]
+    assert first.params == second.params == {"r": 4}
+    assert second.user_attrs["duplicate_of"] == 0 and "start   #1" not in out.stdout
+    assert not (workdir / "studies" / "same" / "trials" / "1").exists()  # no worker ever started for it
