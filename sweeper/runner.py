@@ -392,6 +392,8 @@ class _Sweep:
         """
         params = trial.params
         while not self.interrupted.is_set():
+            with self.lock.held():
+                self.reap()  # the earlier trial's sweep may be dead or silent: it would never end on its own
             running = [t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                        if t.number < trial.number and t.params == params]
             if not running:
