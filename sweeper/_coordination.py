@@ -184,17 +184,17 @@ class AskLock:
             elif self.kind in ("postgresql", "mysql"):
                 import sqlalchemy
 
+                lock, unlock, key = {
+                    "postgresql": ("SELECT pg_advisory_lock(:k)", "SELECT pg_advisory_unlock(:k)",
+                                   lock_key(self._name)),
+                    "mysql": ("SELECT GET_LOCK(:k, -1)", "SELECT RELEASE_LOCK(:k)", f"sweeper-{lock_key(self._name)}"),
+                }[self.kind]
                 with self._connection() as conn:
-                    if self.kind == "postgresql":
-                        conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": lock_key(self._name)})
-                    else:
-                        conn.execute(sqlalchemy.text("SELECT GET_LOCK(:k, -1)"), {"k": f"sweeper-{lock_key(self._name)}"})
+                    conn.execute(sqlalchemy.text(lock), {"k": key})
                     conn.commit()
                     try:
                         yield
                     finally:
-                        unlock = "SELECT pg_advisory_unlock(:k)" if self.kind == "postgresql" else "SELECT RELEASE_LOCK(:k)"
-                        key = lock_key(self._name) if self.kind == "postgresql" else f"sweeper-{lock_key(self._name)}"
                         conn.execute(sqlalchemy.text(unlock), {"k": key})
                         conn.commit()
             else:

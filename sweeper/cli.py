@@ -70,7 +70,7 @@ def _load(args: argparse.Namespace) -> SearchSpace:
         problems.append(f"--workers: {args.workers} is not a number of workers from 1 to {MAX_WORKERS}; give e.g. "
                         "--workers 4")
     if getattr(args, "devices", None) is not None:
-        devices = [d.strip() for d in args.devices.split(",")]
+        devices = _devices(args.devices)
         if not all(_DEVICE.fullmatch(d) for d in devices) or len(set(devices)) != len(devices):
             problems.append(f"--devices: {args.devices!r} is not a list of distinct GPU indices or UUIDs; write e.g. "
                             "--devices 0,1,2,3")
@@ -165,10 +165,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``sweep run SPACE.yaml``: create or resume the study and run trials until n_trials or the timeout."""
     import optuna
 
-    from sweeper.console import format_counts, format_data_nan_summary, format_front, format_params, format_trial_line
-    from sweeper.trial import FAIL_STATUSES
     from sweeper._coordination import heartbeat_interval_s, in_memory
     from sweeper._worker import _cuda_visible
+    from sweeper.console import format_counts, format_data_nan_summary, format_front, format_params, format_trial_line
     from sweeper.runner import MAX_CONSECUTIVE_DUPLICATES, check_writable, run_study, slot_devices
     from sweeper.study import (
         count_finished,
@@ -181,6 +180,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         study_dir,
         trial_dir,
     )
+    from sweeper.trial import FAIL_STATUSES
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -192,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     name = args.study or space.study.name
     storage = args.storage or space.study.storage or default_storage(name)
     n_trials = args.n_trials or space.study.n_trials
-    devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
+    devices = _devices(args.devices) if args.devices else None
     workers = args.workers or (len(devices) if devices else 1)
     heartbeat_interval_s()  # a bad SWEEPER_HEARTBEAT_INTERVAL_S is one line before anything runs
     if workers > 1 and in_memory(storage):
@@ -342,6 +342,11 @@ _STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: A CUDA_VISIBLE_DEVICES entry: an index, or a GPU/MIG UUID.
 _DEVICE = re.compile(r"\d{1,3}|(GPU|MIG)-[A-Za-z0-9/-]{1,80}")
 
+def _devices(text: str) -> list[str]:
+    """``--devices 0,1`` as its entries."""
+    return [d.strip() for d in text.split(",")]
+
+
 #: More worker threads than this in one process is a typo (a GPU box has up to 16 GPUs; CPU trials need cores).
 MAX_WORKERS = 64
 
@@ -414,7 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="the Pareto front and failures of a study, in the terminal and in HTML")
     report.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
     report.add_argument("--html", metavar="PATH", help="where to write the HTML (default studies/<study>/report.html)")
-    report.add_argument("--json", action="store_true", help="print the report as JSON instead of tables (writes the HTML only with --html)")
+    report.add_argument("--json", action="store_true",
+                        help="print the report as JSON instead of tables (writes the HTML only with --html)")
     report.set_defaults(func=cmd_report)
 
     from sweeper.export import FORMATS, PICKS

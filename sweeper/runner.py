@@ -378,11 +378,13 @@ class _Sweep:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def _record_interrupted(self, trial: optuna.Trial) -> None:
+    def _record_interrupted(self, trial: optuna.Trial, reason: str = "interrupted: Ctrl-C") -> None:
+        """Tell ``trial`` FAIL as not run to its end (``interrupted``, not counted) and queue its params again: the
+        next `sweep run` measures it."""
         trial.set_user_attr("status", "crash")
-        trial.set_user_attr("reason", "interrupted: Ctrl-C")
+        trial.set_user_attr("reason", reason)
         trial.set_user_attr("interrupted", True)
-        retry(self.study, trial, self.max_retries)  # the next `sweep run` measures it
+        retry(self.study, trial, self.max_retries)
         self.study.tell(trial, state=TrialState.FAIL)
 
     def wait_for_same(self, trial: optuna.Trial) -> None:
@@ -451,11 +453,7 @@ class _Sweep:
             self._record_interrupted(trial)
             raise
         except OSError as exc:  # the trial's files cannot be written: disk full, folder made read-only meanwhile
-            trial.set_user_attr("status", "crash")
-            trial.set_user_attr("reason", f"not run: cannot write {folder} ({exc.strerror})")
-            trial.set_user_attr("interrupted", True)
-            retry(study, trial, self.max_retries)
-            study.tell(trial, state=TrialState.FAIL)
+            self._record_interrupted(trial, f"not run: cannot write {folder} ({exc.strerror})")
             raise RunError(f"{folder}: cannot write the trial's files ({exc.strerror}); trial {trial.number} is "
                            "recorded as not run and queued again; fix the disk and run the same command: finished "
                            "trials are kept") from None

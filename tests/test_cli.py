@@ -122,3 +122,12 @@ def test_run_prints_front_and_dashboard_serves_the_study(tiny_model, workdir):
     for trial in detail["trials"]:
         attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}
         assert {"status", "reason", "peak_memory_gib", "loss_trace", "grad_norm_trace"} <= set(attrs)
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_trial_failed_exits_1(tiny_model, workdir):
+    space = tiny_space(tiny_model, name="allfail", n_trials=1, training={"trial_timeout": 1, "max_retries": 0})
+    out = sweep("run", str(write_space(workdir, space)), cwd=workdir)
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "every trial this run started failed (timeout)" in lines[0], lines
