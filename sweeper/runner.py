@@ -143,7 +143,7 @@ def reap_lost(study: optuna.Study, max_retries: int = 1) -> list[int]:
 
 #: User attributes that describe one run of a trial rather than its configuration's result (not copied to duplicates).
 _BOOKKEEPING_ATTRS = ("sweep_host", "sweep_pid", "worker_pid", "retry_of", "retry_attempt", "retried", "interrupted",
-                      "duplicate_of")
+                      "duplicate_of", "cuda_visible_devices", "heartbeat_interval_s")
 
 
 def find_duplicate(study: optuna.Study, params: dict[str, Any]) -> FrozenTrial | None:
