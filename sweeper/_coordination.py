@@ -74,6 +74,12 @@ def sqlite_database(url: str) -> str | None:
     return (parsed.database or "") if parsed.get_backend_name() == "sqlite" else None
 
 
+def sqlite_file(url: str) -> str | None:
+    """The file of a file-backed SQLite URL, or None (another database, in-memory, or a ``file:`` URI)."""
+    database = sqlite_database(url)
+    return database if database not in (None, "", ":memory:") and not database.startswith("file:") else None
+
+
 def in_memory(url: str) -> bool:
     """Whether ``url`` is an in-memory SQLite database (one per connection: not shared between threads)."""
     return sqlite_database(url) in ("", ":memory:")
@@ -153,8 +159,8 @@ class AskLock:
         self._engine = None
         scheme = url.split(":", 1)[0].split("+")[0]
         self.kind = {"postgresql": "postgresql", "mysql": "mysql"}.get(scheme, "thread")
-        database = sqlite_database(url)
-        if database not in (None, "", ":memory:") and not database.startswith("file:"):
+        database = sqlite_file(url)
+        if database is not None:
             self.kind, self._lock_path = "file", Path(database + ".lock")
 
     def _connection(self):

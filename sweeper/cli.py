@@ -481,11 +481,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except Exception as exc:
-        if not _storage_failure(exc):
+        line = _storage_failure(exc)
+        if line is None:
             raise
         if args.debug:
             traceback.print_exc()
-        print(_storage_failure(exc), file=sys.stderr)
+        print(line, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         running = args.command in ("run", "trial")

@@ -24,7 +24,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper._coordination import GRACE_INTERVALS, AskLock, Heartbeat, heartbeat_enabled, heartbeat_kwargs, stale_trial_ids
+from sweeper._coordination import GRACE_INTERVALS, AskLock, Heartbeat, heartbeat_enabled, stale_trial_ids
 from sweeper.errors import RunError, StudyError
 from sweeper.preflight import preflight
 from sweeper.space import SearchSpace
@@ -127,7 +127,7 @@ def reap_lost(study: optuna.Study, max_retries: int = 1) -> list[int]:
     stale = set(stale_trial_ids(study))
     if not stale:
         return []
-    interval = heartbeat_kwargs()["heartbeat_interval"]
+    interval = study._storage.get_heartbeat_interval()  # stale_trial_ids found some: the storage beats
     grace = GRACE_INTERVALS * interval
     lost = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -538,16 +538,16 @@ def run_study(
         study.set_user_attr("searched", list(space.search))
     if study.user_attrs.get("model_path") != model_path:
         study.set_user_attr("model_path", model_path)  # the local checkpoint the trials loaded (for exports)
-    with AskLock(url, name).held():
+    sweep = _Sweep(space, study, url=url, name=name, model_path=model_path, target=target, budget=budget,
+                   on_trial=on_trial, on_note=on_note, on_start=on_start, workers=workers,
+                   devices=slot_devices(workers, devices))
+    with sweep.lock.held():
         starts = int(study.user_attrs.get("sweep_starts", 0))
         study.set_user_attr("sweep_starts", starts + 1)
     if starts and space.study.seed is not None:
         # Every sweep of the study (started together on several machines, or resuming) samples from its own seed:
         # with one seed they would all propose the same first configurations.
         study.sampler = make_sampler(space.study, target, seed=space.study.seed + starts)
-    sweep = _Sweep(space, study, url=url, name=name, model_path=model_path, target=target, budget=budget,
-                   on_trial=on_trial, on_note=on_note, on_start=on_start, workers=workers,
-                   devices=slot_devices(workers, devices))
     if workers == 1:
         sweep.run_slot(0)  # in this thread: Ctrl-C reaches run_trial, which kills the worker
         return study

@@ -21,7 +21,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper._coordination import AskLock, heartbeat_kwargs, sqlite_database
+from sweeper._coordination import AskLock, heartbeat_kwargs, sqlite_database, sqlite_file
 from sweeper.errors import StudyError
 from sweeper.space import Categorical, SearchSpace, StudySpec
 from sweeper.stability import COMPONENTS
@@ -107,24 +107,22 @@ SCHEMA_LOCK = "\0schema"
 
 def _storage(url: str) -> optuna.storages.BaseStorage:
     heartbeat = heartbeat_kwargs()
-    database = sqlite_database(url)
-    engine_kwargs = None
+    # A long busy timeout: several processes may write one SQLite file (one machine only).
+    engine_kwargs = {"connect_args": {"timeout": 60}} if sqlite_database(url) is not None else None
+    database = sqlite_file(url)
     if database is not None:
-        # A long busy timeout: several processes may write one SQLite file (one machine only).
-        engine_kwargs = {"connect_args": {"timeout": 60}}
         db = Path(database)
-        if database not in ("", ":memory:") and not database.startswith("file:"):
-            if db.is_dir():
-                raise StudyError(f"{url}: study.storage: {db} is a folder; give the path of a .db file, e.g. "
-                                 f"sqlite:///{db}/study.db")
-            try:
-                db.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StudyError(f"{url}: study.storage: cannot create {db.parent} ({exc.strerror}); choose a "
-                                 "writable folder with --storage") from None
-            if not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
-                raise StudyError(f"{url}: study.storage: {db} is not writable; fix its permissions or choose another "
-                                 "--storage")
+        if db.is_dir():
+            raise StudyError(f"{url}: study.storage: {db} is a folder; give the path of a .db file, e.g. "
+                             f"sqlite:///{db}/study.db")
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StudyError(f"{url}: study.storage: cannot create {db.parent} ({exc.strerror}); choose a "
+                             "writable folder with --storage") from None
+        if not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
+            raise StudyError(f"{url}: study.storage: {db} is not writable; fix its permissions or choose another "
+                             "--storage")
     lock = AskLock(url, SCHEMA_LOCK)
     try:
         # Sweeps started together on an empty database would race to create Optuna's tables (a unique violation
