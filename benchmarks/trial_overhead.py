@@ -13,7 +13,7 @@ import statistics
 import tempfile
 import time
 
-from sweeper.config import ModelSpec, TrialConfig
+from sweeper.space import ModelSpec, TrialConfig
 from sweeper.model import resolve_model
 from sweeper.trial import run_trial
 

@@ -341,7 +341,7 @@ def first_nan_step(tokenized: Sequence[TokenizedSample], max_seq_length: int, pe
                    gradient_accumulation_steps: int, max_steps: int, vocab_size: int | None = None) -> NanStep | None:
     """The first step within ``max_steps`` that goes NaN for a data reason alone, reading samples as a trial does.
 
-    A trial reads its samples in order (``sweeper._worker`` uses a sequential sampler), in micro-batches of
+    A trial reads its samples in order (``sweeper.trial._child.worker`` uses a sequential sampler), in micro-batches of
     ``per_device_train_batch_size`` rows (the last one of an epoch shorter), ``gradient_accumulation_steps``
     micro-batches per optimizer step (the last step of an epoch takes what is left, as ``Trainer`` does), and starts
     over when the data runs out. A step's loss is averaged over all its supervised tokens, so it is NaN when none of
@@ -373,3 +373,35 @@ def first_nan_step(tokenized: Sequence[TokenizedSample], max_seq_length: int, pe
         if all(supervised_tokens(t.labels, max_seq_length) == 0 for t in rows):
             return NanStep(step=step + 1, samples=[t.index for t in rows], kind="no_supervised_tokens")
     return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NanRisk:
+    """A finding that would make trials NaN, and where it strikes in the sweep.
+
+    Attributes:
+        finding: The audit's finding (``no_supervised_tokens`` or ``invalid_token_id`` at one ``max_seq_length``).
+        strikes: The first NaN step per ``(per_device_train_batch_size, gradient_accumulation_steps)`` of the sweep
+            at which a step is made only of such samples within ``max_steps``; empty when none is.
+        max_steps: The longest run of the sweep, in steps.
+    """
+
+    finding: Finding
+    strikes: dict[tuple[int, int], NanStep]
+    max_steps: int
+
+
+def nan_risks(report: AuditReport, tokenized: Sequence[TokenizedSample], batch_sizes: Sequence[int],
+              accumulation_steps: Sequence[int], max_steps: int) -> list[NanRisk]:
+    """For each finding of ``report`` that would make a trial NaN, the batch shapes of the sweep where it strikes
+    (:func:`first_nan_step`), so that a data fault is never read as a hyperparameter result."""
+    out = []
+    for finding in report.nan_findings:
+        strikes = {}
+        for b in batch_sizes:
+            for ga in accumulation_steps:
+                hit = first_nan_step(tokenized, finding.max_seq_length, b, ga, max_steps, report.vocab_size)
+                if hit is not None and hit.kind == finding.kind:
+                    strikes[(b, ga)] = hit
+        out.append(NanRisk(finding=finding, strikes=strikes, max_steps=max_steps))
+    return out

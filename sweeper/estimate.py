@@ -16,7 +16,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sweeper.space import SearchSpace
 
 GIB = 2**30
 
@@ -414,3 +417,67 @@ def frontier(points: Sequence[Mapping[str, Any]], memory_limit_gib: float) -> li
                     "params": dict(p["params"]) if p else None,
                     "max_seq_length_all_settings": max(all_fit) if all_fit else None})
     return out
+
+
+def grid_values(space: SearchSpace, key: str) -> list[Any]:
+    """A memory key's values in the estimate grid: a list's choices, a range's ends and middle, or the fixed value."""
+    from sweeper.space import Categorical
+
+    dim = space.search.get(key)
+    if dim is None:
+        return [space.fixed[key]]
+    if isinstance(dim, Categorical):
+        return list(dict.fromkeys(dim.choices))
+    if dim.is_int:
+        step = int(dim.step or 1)
+        every = list(range(int(dim.low), int(dim.high) + 1, step))
+        if len(every) <= 32:  # a stepped range of lengths or batch sizes: every value
+            return every
+        picks = [every[round(i * (len(every) - 1) / 8)] for i in range(9)]
+        return sorted(set(picks))
+    mid = (dim.low * dim.high) ** 0.5 if dim.log else (dim.low + dim.high) / 2
+    return [dim.low, mid, dim.high]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpaceEstimate:
+    """The memory model over a space's memory-relevant grid (``sweep estimate``).
+
+    Attributes:
+        points: ``{"params", "predicted_peak_gib", "terms_gib"}`` per grid point, lowest prediction first; ``params``
+            hold ``per_device_train_batch_size``, ``max_seq_length`` and every searched memory key.
+        grid_size: Points of the full grid; more than ``len(points)`` when it was cut at :data:`MAX_POINTS`.
+        searched: The searched memory keys (:data:`MEMORY_KEYS` order).
+    """
+
+    points: list[dict[str, Any]]
+    grid_size: int
+    searched: list[str]
+
+
+def estimate_space(space: SearchSpace, shape: ModelShape, device: str = "cuda") -> SpaceEstimate:
+    """Predict every memory-relevant point of ``space`` (:func:`grid_values` of each searched memory key, the other
+    keys fixed), at most :data:`MAX_POINTS` of them (about 1 ms each).
+
+    Raises:
+        ValueError: A target module is not a projection of a Llama-style layer (the memory model knows only those);
+            the message names them.
+    """
+    import itertools
+
+    projections = shape.linear_shapes()
+    unknown = sorted({m for v in grid_values(space, "target_modules") for m in v} - set(projections))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} is not a projection of a Llama-style layer; the memory model knows "
+                         f"{', '.join(projections)}")
+    keys = [k for k in MEMORY_KEYS if k in space.search]
+    axes = [grid_values(space, k) for k in keys]
+    points = []
+    for combo in itertools.islice(itertools.product(*axes), MAX_POINTS):
+        values = {**space.fixed, **dict(zip(keys, combo))}
+        estimate = estimate_memory(shape, settings_from(values, space.model.attn_implementation, device))
+        shown = {k: values[k] for k in ("per_device_train_batch_size", "max_seq_length", *keys)}
+        points.append({"params": shown, "predicted_peak_gib": round(estimate.predicted_peak_gib, 3),
+                       "terms_gib": {k: round(v, 4) for k, v in estimate.terms_gib.items()}})
+    points.sort(key=lambda p: p["predicted_peak_gib"])
+    return SpaceEstimate(points=points, grid_size=math.prod(len(v) for v in axes), searched=keys)

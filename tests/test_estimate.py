@@ -217,7 +217,7 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
 
 
 def test_dominance_rule():
-    from sweeper.preflight import Known, at_least_as_large, preflight
+    from sweeper.study._preflight import Known, at_least_as_large, preflight
 
     base = {"per_device_train_batch_size": 2, "max_seq_length": 512, "r": 16, "target_modules": ["q_proj", "v_proj"],
             "bnb_4bit_compute_dtype": "bfloat16", "gradient_checkpointing": True, "bnb_4bit_use_double_quant": True,

@@ -10,7 +10,7 @@ import yaml
 from conftest import sweep
 from test_report import make_study
 
-from sweeper.export import pick_trial, write_export
+from sweeper.report._export import pick_trial, write_export
 
 
 @pytest.fixture

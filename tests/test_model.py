@@ -2,7 +2,7 @@
 
 import pytest
 
-from sweeper.config import ModelSpec
+from sweeper.space import ModelSpec
 from sweeper.errors import ModelError
 from sweeper.model import resolve_model
 

@@ -9,9 +9,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from sweeper import report
+from sweeper.report import _data as report
 from sweeper.errors import StudyError
-from sweeper.export import knee, pick_trial
+from sweeper.report._export import knee, pick_trial
 from sweeper.space import parse_space
 from sweeper.study import FAILURE_CONSTRAINT, open_study
 
@@ -104,7 +104,8 @@ def test_importance_needs_two_different_complete_trials(tmp_path):
 
 
 def test_figures_and_offline_html(tmp_path):
-    from sweeper.figures import front_figure, loss_curve_svg, render_html
+    from sweeper.report._figures import front_figure, render_html
+    from sweeper.study import loss_curve_svg
 
     study = make_study(tmp_path)
     fig = front_figure(report.front_data(study))

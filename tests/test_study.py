@@ -12,7 +12,7 @@ import pytest
 from conftest import tiny_space, write_space
 from optuna.trial import TrialState
 
-from sweeper.runner import run_study
+from sweeper.study import run_study
 from sweeper.space import load_space, parse_space
 from sweeper.study import (
     FAILURE_CONSTRAINT,

@@ -2,14 +2,21 @@
 large as a configuration that already ran out of memory (``dominated_oom``); a configuration no larger than one that
 fit is never pruned by prediction.
 
-Pure: works on trial configs as dicts (``TrialConfig.to_dict()``), no torch.
+The rules work on trial configs as dicts (``TrialConfig.to_dict()``); no torch. :func:`memory_predictor` and
+:func:`known_memory` gather what they need from the model's shape and the study.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import optuna
+
+from sweeper.estimate import ModelShape, estimate_memory, known_shape, settings_from
+from sweeper.study._stored import stored_trials
+from sweeper.trial import cuda_visible
 
 #: Keys whose larger value needs more memory (all else equal), and how to compare them.
 _GROWS = ("per_device_train_batch_size", "max_seq_length", "r")
@@ -77,3 +84,33 @@ def preflight(config: Mapping[str, Any], predicted_peak_gib: float | None, known
                                  f"{config['memory_limit_gib']:g} by more than preflight_margin="
                                  f"{config.get('preflight_margin', 0.10):g}: not run (sweep estimate)")
     return None
+
+
+def memory_predictor(model_path: str, name: str, attn_implementation: str
+                     ) -> Callable[[Mapping[str, Any]], float | None]:
+    """A function from a trial config (dict) to its predicted peak in GiB (:func:`sweeper.estimate.estimate_memory`)
+    on the device the trials will use (CUDA when a GPU is visible, else the CPU); it returns None when the model's
+    shape is unknown (no readable ``config.json``)."""
+    known = known_shape(name)
+    try:
+        shape = ModelShape.from_config(known) if known else ModelShape.from_dir(model_path)
+    except (OSError, ValueError, KeyError):
+        return lambda config: None
+    device = "cuda" if cuda_visible() else "cpu"
+
+    def predict(config: Mapping[str, Any]) -> float | None:
+        return estimate_memory(shape, settings_from(config, attn_implementation, device)).predicted_peak_gib
+
+    return predict
+
+
+def known_memory(study: optuna.Study) -> list[Known]:
+    """What the study knows about memory: each measured trial's config, and whether it fit (complete or NaN) or ran
+    out of memory (:attr:`sweeper.study.TrialStatus.fits`); repeats and trials without a stored config left out."""
+    out = []
+    for t in stored_trials(study):
+        fits = t.status.fits
+        if t.is_repeat or fits is None or "config" not in t.user_attrs or not t.state.is_finished():
+            continue
+        out.append(Known(number=t.number, config=t.user_attrs["config"], fits=fits))
+    return out

@@ -1,4 +1,4 @@
-"""Figures of a study (plotly) and the self-contained HTML report: the second step after :mod:`sweeper.report`,
+"""Figures of a study (plotly) and the self-contained HTML report: the second step after :mod:`sweeper.report._data`,
 which computes each figure's data.
 
 The HTML carries plotly.js inline once (no CDN), so the file opens offline.
@@ -16,7 +16,7 @@ from typing import Any
 
 import optuna
 
-from sweeper import report as data
+from sweeper.report import _data as data
 
 #: Marker per status in the front figure (plotly symbol names).
 SYMBOLS = {"complete": "circle", "nan": "x", "oom": "triangle-up", "timeout": "hourglass", "crash": "star",
@@ -176,7 +176,7 @@ def render_html(study: optuna.Study) -> str:
                curves_figure(data.curves_data(study)), importance_figure(summary["importance"])]
     divs = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), div_id=f"figure-{i}",
                         config={"displaylogo": False}) for i, fig in enumerate(figures)]
-    from sweeper.console import SHORT_NAMES, _fmt
+    from sweeper.report._console import SHORT_NAMES, _fmt
 
     keys = list(summary["front"][0]["params"]) if summary["front"] else []
     by_trial: dict[int, list[str]] = {}
@@ -227,40 +227,3 @@ def write_html_report(study: optuna.Study, path: str | Path) -> Path:
     tmp.write_text(render_html(study), encoding="utf-8")
     os.replace(tmp, path)
     return path
-
-
-def loss_curve_svg(loss: Sequence[float | None], grad_norm: Sequence[float | None], title: str) -> str:
-    """A small SVG of a trial's loss and gradient norm per step, for optuna-dashboard's artifact viewer (it previews
-    images; plotly's static export needs kaleido and a Chrome binary, which GPU machines often lack).
-
-    Each series is scaled to its own range; a non-finite step is a gap.
-    """
-    width, height, pad = 480, 200, 30
-
-    def path(values: Sequence[float | None]) -> str:
-        finite = [v for v in values if v is not None]
-        if not finite:
-            return ""
-        lo, hi = min(finite), max(finite)
-        span = (hi - lo) or 1.0
-        n = max(len(values) - 1, 1)
-        out, pen = [], "M"
-        for i, v in enumerate(values):
-            if v is None:
-                pen = "M"
-                continue
-            x = pad + (width - 2 * pad) * i / n
-            y = height - pad - (height - 2 * pad) * (v - lo) / span
-            out.append(f"{pen}{x:.1f},{y:.1f}")
-            pen = "L"
-        return " ".join(out)
-
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
-            f'<rect width="100%" height="100%" fill="white"/>'
-            f'<text x="{pad}" y="18" font-family="sans-serif" font-size="12">{html.escape(title)}: '
-            '<tspan fill="#1f77b4">loss</tspan>, <tspan fill="#ff7f0e">gradient norm</tspan> (each on its own scale)'
-            f'</text><path d="{path(loss)}" fill="none" stroke="#1f77b4" stroke-width="2"/>'
-            f'<path d="{path(grad_norm)}" fill="none" stroke="#ff7f0e" stroke-width="2" stroke-dasharray="4 2"/>'
-            f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#999"/>'
-            f'<text x="{width - pad}" y="{height - 8}" font-family="sans-serif" font-size="11" '
-            f'text-anchor="end">step 1-{max(len(loss), 1)}</text></svg>')

@@ -1,6 +1,6 @@
 """Why a trial went NaN: ``data``, ``precision`` or ``optimization``, decided on the failing step itself.
 
-Child side (imports torch; called by :mod:`sweeper._worker` at the first non-finite loss or gradient norm, before
+Child side (imports torch; called by :mod:`sweeper.trial._child.worker` at the first non-finite loss or gradient norm, before
 the optimizer has applied that step, so the weights are the ones that failed). The decision, in order:
 
 1. **Static checks of the step's rows** (no compute): an input id outside the embedding, a non-finite value in a

@@ -1,5 +1,6 @@
-"""The typed, frozen settings of a study and of one trial: what ``space.yaml`` is parsed into, and what the worker
-receives as JSON.
+"""The typed, frozen settings of a study and of one trial: what ``space.yaml`` is parsed into, and what the trial
+process receives as JSON. This is the one schema: each field carries its default and its check (:class:`KeySpec`);
+the space parser, the memory model and the exports derive from it.
 
 Pure: no torch, no optuna. Field names are the field's own (peft, bitsandbytes, transformers spellings).
 """
@@ -14,6 +15,8 @@ from typing import Any, Literal
 
 ComputeDtype = Literal["bfloat16", "float16", "float32"]
 QuantType = Literal["nf4", "fp4"]
+COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
+QUANT_TYPES = ("nf4", "fp4")
 
 #: Optimizers a trial may use: names of ``transformers.TrainingArguments.optim`` that make sense for QLoRA.
 #: ``tests/test_space.py`` checks each is still a valid ``transformers.training_args.OptimizerNames`` value.
@@ -38,6 +41,60 @@ DATA_FORMATS = ("auto", "text", "prompt_completion", "alpaca", "chat")
 
 
 @dataclass(frozen=True, kw_only=True)
+class KeySpec:
+    """How one key of ``space.yaml`` is checked: attached to its dataclass field (``field(metadata={"check": ...})``)
+    so that the field is the one place a setting, its default and its bounds are written.
+
+    Attributes:
+        kind: ``int``, ``float``, ``bool``, ``choice``, ``str``, ``name`` (a file-name-safe name), ``str_list`` or
+            ``duration`` (seconds, written ``90s``/``20m``/``8h``).
+        default: The field's default.
+        low: Lower bound, inclusive unless ``low_open``.
+        high: Upper bound, inclusive unless ``high_open``.
+        choices: The values a ``choice`` key takes.
+        searchable: A per-trial key that may be searched (else only fixed in ``training``).
+        optional: ``null`` is a valid value.
+        yaml_key: The key's name in ``space.yaml`` when it differs from the field's (``trial_timeout`` for
+            ``trial_timeout_s``, whose value is a duration).
+    """
+
+    kind: Literal["int", "float", "bool", "choice", "str", "name", "str_list", "duration"]
+    default: Any = None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple = ()
+    searchable: bool = True
+    optional: bool = False
+    yaml_key: str | None = None
+
+
+def _key(default: Any, kind: str, **check: Any) -> Any:
+    """A dataclass field with ``default`` and its :class:`KeySpec`."""
+    return field(default=default, metadata={"check": KeySpec(kind=kind, default=default, **check)})  # type: ignore[arg-type]
+
+
+def key_specs(cls: type) -> dict[str, KeySpec]:
+    """The checked keys of a settings dataclass, by their ``space.yaml`` name, in field order."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        spec = f.metadata.get("check")
+        if spec is not None:
+            out[spec.yaml_key or f.name] = spec
+    return out
+
+
+def field_name(cls: type, yaml_key: str) -> str:
+    """The dataclass field a ``space.yaml`` key sets (``trial_timeout`` -> ``trial_timeout_s``)."""
+    for f in dataclasses.fields(cls):
+        spec = f.metadata.get("check")
+        if spec is not None and (spec.yaml_key or f.name) == yaml_key:
+            return f.name
+    raise KeyError(yaml_key)
+
+
+@dataclass(frozen=True, kw_only=True)
 class StudySpec:
     """The ``study`` section.
 
@@ -50,12 +107,12 @@ class StudySpec:
         storage: Optuna storage URL; None means ``sqlite:///studies/<name>.db``.
     """
 
-    name: str = "sweep"
-    n_trials: int = 12
-    timeout_s: float | None = None
-    sampler: Literal["tpe", "random", "nsgaii"] = "tpe"
-    seed: int | None = 0
-    storage: str | None = None
+    name: str = _key("sweep", "name")
+    n_trials: int = _key(12, "int", low=1, high=10**6)
+    timeout_s: float | None = _key(None, "duration", optional=True, yaml_key="timeout")
+    sampler: Literal["tpe", "random", "nsgaii"] = _key("tpe", "choice", choices=SAMPLERS)
+    seed: int | None = _key(0, "int", low=0, high=2**32 - 1, optional=True)
+    storage: str | None = _key(None, "str", optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,9 +125,10 @@ class ModelSpec:
         trust_remote_code: Run the checkpoint's own Python code; off unless asked for.
     """
 
-    name_or_path: str = "builtin:smollm2-135m-instruct"
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
-    trust_remote_code: bool = False
+    name_or_path: str = _key("builtin:smollm2-135m-instruct", "str")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = _key("sdpa", "choice",
+                                                                              choices=ATTN_IMPLEMENTATIONS)
+    trust_remote_code: bool = _key(False, "bool")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,11 +143,12 @@ class DatasetSpec:
         split: Split of a hub dataset or of a local file loaded through ``datasets``.
     """
 
-    path: str = "builtin:pydoc-topics"
-    format: Literal["auto", "text", "prompt_completion", "alpaca", "chat"] = "auto"
-    max_samples: int = 512
-    seed: int = 0
-    split: str = "train"
+    path: str = _key("builtin:pydoc-topics", "str")
+    format: Literal["auto", "text", "prompt_completion", "alpaca", "chat"] = _key("auto", "choice",
+                                                                                  choices=DATA_FORMATS)
+    max_samples: int = _key(512, "int", low=1, high=10**9)
+    seed: int = _key(0, "int", low=0, high=2**32 - 1)
+    split: str = _key("train", "str")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,36 +208,38 @@ class TrialConfig:
         trial_timeout_s: Seconds before the worker is killed (status ``timeout``).
         target_effective_batch_size: Kept by export through ``gradient_accumulation_steps``.
         preflight_margin: A trial whose predicted peak exceeds ``memory_limit_gib`` by more than this fraction is
-            pruned as ``predicted_oom`` without running (``sweeper.preflight``).
+            pruned as ``predicted_oom`` without running (``sweeper.study._preflight``).
         max_retries: How often a configuration whose trial crashed or timed out is run again (those may go
             differently another time; ``nan`` and ``oom`` are results and never retried).
         model: The model section.
         dataset: The dataset section.
     """
 
-    r: int = 16
-    lora_alpha_ratio: float = 2.0
-    bnb_4bit_compute_dtype: ComputeDtype = "bfloat16"
-    bnb_4bit_use_double_quant: bool = True
-    bnb_4bit_quant_type: QuantType = "nf4"
-    per_device_train_batch_size: int = 1
-    gradient_accumulation_steps: int = 1
-    max_seq_length: int = 512
-    learning_rate: float = 2.0e-4
-    max_steps: int = 30
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    optim: str = "paged_adamw_8bit"
-    gradient_checkpointing: bool = True
-    max_grad_norm: float = 1.0
-    lora_dropout: float = 0.05
-    seed: int = 0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    memory_limit_gib: float = 24.0
-    trial_timeout_s: float = 1200.0
-    target_effective_batch_size: int = 16
-    preflight_margin: float = 0.10
-    max_retries: int = 1
+    # Defaults are the QLoRA paper's recipe (Dettmers et al. 2023, "QLoRA", sec. 3 and appendix B): nf4, double
+    # quant, bf16 compute, paged AdamW 8-bit; max_grad_norm is 0.3 there, we keep transformers' 1.0 default.
+    r: int = _key(16, "int", low=1, high=4096)
+    lora_alpha_ratio: float = _key(2.0, "float", low=0, low_open=True, high=1e6)
+    bnb_4bit_compute_dtype: ComputeDtype = _key("bfloat16", "choice", choices=COMPUTE_DTYPES)
+    bnb_4bit_use_double_quant: bool = _key(True, "bool")
+    bnb_4bit_quant_type: QuantType = _key("nf4", "choice", choices=QUANT_TYPES)
+    per_device_train_batch_size: int = _key(1, "int", low=1, high=65536)
+    gradient_accumulation_steps: int = _key(1, "int", low=1, high=65536)
+    max_seq_length: int = _key(512, "int", low=8, high=2**20)
+    learning_rate: float = _key(2.0e-4, "float", low=0, low_open=True, high=1e3)
+    max_steps: int = _key(30, "int", low=1, high=10**7)
+    warmup_steps: int = _key(0, "int", low=0, high=10**7)
+    weight_decay: float = _key(0.0, "float", low=0, high=1e3)
+    optim: str = _key("paged_adamw_8bit", "choice", choices=OPTIMIZERS)
+    gradient_checkpointing: bool = _key(True, "bool")
+    max_grad_norm: float = _key(1.0, "float", low=0, high=1e9)
+    lora_dropout: float = _key(0.05, "float", low=0, high=1, high_open=True)
+    seed: int = _key(0, "int", low=0, high=2**32 - 1)
+    target_modules: tuple[str, ...] = _key(("q_proj", "k_proj", "v_proj", "o_proj"), "str_list", searchable=False)
+    memory_limit_gib: float = _key(24.0, "float", low=0, low_open=True, high=65536, searchable=False)
+    trial_timeout_s: float = _key(1200.0, "duration", searchable=False, yaml_key="trial_timeout")
+    target_effective_batch_size: int = _key(16, "int", low=1, high=10**7, searchable=False)
+    preflight_margin: float = _key(0.10, "float", low=0, high=100, searchable=False)
+    max_retries: int = _key(1, "int", low=0, high=10, searchable=False)
     model: ModelSpec = field(default_factory=ModelSpec)
     dataset: DatasetSpec = field(default_factory=DatasetSpec)
 
@@ -199,7 +260,12 @@ class TrialConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrialConfig:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`; a key a stored config lacks (a study written by an older version) takes its
+        default.
+
+        Raises:
+            TypeError: ``data`` names a key that is not a field.
+        """
         data = dict(data)
         data["model"] = ModelSpec(**data.get("model", {}))
         data["dataset"] = DatasetSpec(**data.get("dataset", {}))

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from optuna.trial import FrozenTrial
-
-from sweeper.audit import AuditReport
+from sweeper.audit import AuditReport, NanRisk
+from sweeper.study import StoredTrial
 from sweeper.trial import TrialResult
 
 #: Short column names of per-trial keys in the console (the full names are in the study and the reports).
@@ -86,17 +85,18 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def format_front(front: Sequence[FrozenTrial]) -> str:
+def format_front(front: Sequence[StoredTrial]) -> str:
     """The Pareto front as a table: trial, r, lora_alpha, compute dtype, double quant, quant type, batch,
     max_seq_length, peak GiB, instability (the values come from each trial's stored config)."""
     rows = [("trial", "r", "lora_alpha", "compute", "double_quant", "quant", "batch", "max_seq_length",
              "peak_GiB", "instability")]
     for t in front:
-        c = t.user_attrs.get("config", {})
-        rows.append((str(t.number), _fmt(c.get("r")), _fmt(t.user_attrs.get("lora_alpha")),
+        c = t.config.to_dict() if t.config is not None else {}
+        values = t.values or (float("nan"), float("nan"))
+        rows.append((str(t.number), _fmt(c.get("r")), _fmt(t.lora_alpha),
                      _fmt(c.get("bnb_4bit_compute_dtype")), _fmt(c.get("bnb_4bit_use_double_quant")),
                      _fmt(c.get("bnb_4bit_quant_type")), _fmt(c.get("per_device_train_batch_size")),
-                     _fmt(c.get("max_seq_length")), f"{t.values[0]:.3f}", f"{t.values[1]:.3f}"))
+                     _fmt(c.get("max_seq_length")), f"{values[0]:.3f}", f"{values[1]:.3f}"))
     return _table(rows)
 
 
@@ -170,3 +170,40 @@ def format_audit(report: AuditReport) -> str:
     else:
         lines.append(f"no finding would make a trial NaN at max_seq_length {lengths}")
     return "\n".join(lines)
+
+
+def format_data_warnings(report: AuditReport, risks: Sequence[NanRisk], *, several_accumulations: bool,
+                         doctor: str) -> list[str]:
+    """Before the first trial: one ``WARNING data:`` line per finding that would make trials NaN (naming the batch
+    sizes and the step where it strikes), or one ``data`` line saying there is none; other findings are named after.
+
+    Args:
+        report: The audit at the searched ``max_seq_length`` values.
+        risks: :func:`sweeper.audit.nan_risks` of its NaN findings.
+        several_accumulations: The sweep searches ``gradient_accumulation_steps`` (then named in the strike).
+        doctor: The ``sweep doctor`` command to point to.
+    """
+    lines = []
+    for risk in risks:
+        finding, hits = risk.finding, risk.strikes
+        if hits:
+            (b, ga), hit = min(hits.items(), key=lambda kv: kv[1].step)
+            sizes = ", ".join(sorted({str(k[0]) for k in hits}, key=int))
+            strikes = (f"batch {sizes} go{'es' if len(hits) == 1 else ''} NaN (batch {b}"
+                       + (f", gradient_accumulation_steps {ga}" if several_accumulations else "")
+                       + f": step {hit.step}, sample{'s' if len(hit.samples) > 1 else ''} "
+                       f"{', '.join(map(str, hit.samples[:6]))})")
+        else:
+            strikes = f"no step of the first {risk.max_steps} is made only of them, a longer run would be"
+        what = {"no_supervised_tokens": "no supervised token left (the reply is cut away)",
+                "invalid_token_id": f"token ids outside the model's {report.vocab_size} embedding rows"}[finding.kind]
+        lines.append(f"WARNING data: at max_seq_length={finding.max_seq_length}, {len(finding.samples)} of "
+                     f"{report.samples} samples have {what}; {strikes}: a data fault, not a hyperparameter result "
+                     f"({doctor})")
+    others = sorted({f.kind for f in report.findings if not f.nan_risk})
+    if not lines:
+        lines.append(f"data    audited at max_seq_length {', '.join(map(str, report.max_seq_lengths))}: nothing that "
+                     "would make a trial NaN" + (f"; also found: {', '.join(others)} ({doctor})" if others else ""))
+    elif others:
+        lines.append(f"data    also found: {', '.join(others)} ({doctor})")
+    return lines

@@ -1,7 +1,7 @@
 """``space.yaml`` to typed, frozen objects: the study, the model, the data, fixed settings and the search dimensions.
 
-Pure: imports neither torch nor optuna, so it loads and validates in milliseconds. The file's shape is the contract in
-``SPEC.md``::
+Pure: imports neither torch nor optuna, so it loads and validates in milliseconds. The file's shape (the contract in
+``docs/contract.md``)::
 
     study:    {name, n_trials, timeout, sampler, seed, storage}
     model:    {name_or_path, attn_implementation, trust_remote_code}
@@ -23,15 +23,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
-from sweeper.config import (
-    ATTN_IMPLEMENTATIONS,
-    DATA_FORMATS,
-    OPTIMIZERS,
-    SAMPLERS,
+from sweeper.space._schema import (
     Categorical,
     DatasetSpec,
     Dimension,
@@ -39,87 +35,28 @@ from sweeper.config import (
     Range,
     StudySpec,
     TrialConfig,
+    KeySpec,
+    field_name,
+    key_specs,
 )
 from sweeper.errors import SpaceError
 
-__all__ = [
-    "OPTIMIZERS", "TRIAL_KEYS", "Categorical", "DatasetSpec", "Dimension", "ModelSpec", "Range", "SearchSpace",
-    "StudySpec", "TrialConfig", "apply_overrides", "load_space", "parse_duration_s", "parse_space",
-]
 
 
-@dataclass(frozen=True, kw_only=True)
-class _KeySpec:
-    """How one key is checked. ``low``/``high`` are inclusive bounds unless ``low_open``/``high_open``."""
+#: Per-trial keys, by their ``space.yaml`` name: each may be set in ``training`` (fixed) or, when searchable, in
+#: ``search``. Derived from :class:`TrialConfig`'s fields, which hold each key's default and check.
+TRIAL_KEYS: Mapping[str, KeySpec] = MappingProxyType(key_specs(TrialConfig))
 
-    kind: Literal["int", "float", "bool", "choice", "str", "name", "str_list", "duration"]
-    default: Any
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    choices: tuple = ()
-    searchable: bool = True
-    optional: bool = False
+#: The keys of the ``study``, ``model`` and ``dataset`` sections, derived from their dataclasses.
+_SECTIONS: Mapping[str, type] = MappingProxyType({"study": StudySpec, "model": ModelSpec, "dataset": DatasetSpec})
+_SECTION_KEYS: Mapping[str, Mapping[str, KeySpec]] = MappingProxyType(
+    {name: MappingProxyType(key_specs(cls)) for name, cls in _SECTIONS.items()})
 
 
-# Per-trial keys: each may be set in `training` (fixed) or, when searchable, in `search`.
-# Defaults are the QLoRA paper's recipe (Dettmers et al. 2023, "QLoRA", sec. 3/appendix B): nf4, double quant,
-# bf16 compute, paged AdamW 8-bit, max_grad_norm 0.3 there; we keep transformers' 1.0 default for clipping.
-TRIAL_KEYS: Mapping[str, _KeySpec] = MappingProxyType(
-    {
-        "r": _KeySpec(kind="int", default=16, low=1, high=4096),
-        "lora_alpha_ratio": _KeySpec(kind="float", default=2.0, low=0, low_open=True, high=1e6),
-        "bnb_4bit_compute_dtype": _KeySpec(kind="choice", default="bfloat16", choices=("bfloat16", "float16", "float32")),
-        "bnb_4bit_use_double_quant": _KeySpec(kind="bool", default=True),
-        "bnb_4bit_quant_type": _KeySpec(kind="choice", default="nf4", choices=("nf4", "fp4")),
-        "per_device_train_batch_size": _KeySpec(kind="int", default=1, low=1, high=65536),
-        "gradient_accumulation_steps": _KeySpec(kind="int", default=1, low=1, high=65536),
-        "max_seq_length": _KeySpec(kind="int", default=512, low=8, high=2**20),
-        "learning_rate": _KeySpec(kind="float", default=2.0e-4, low=0, low_open=True, high=1e3),
-        "max_steps": _KeySpec(kind="int", default=30, low=1, high=10**7),
-        "warmup_steps": _KeySpec(kind="int", default=0, low=0, high=10**7),
-        "weight_decay": _KeySpec(kind="float", default=0.0, low=0, high=1e3),
-        "optim": _KeySpec(kind="choice", default="paged_adamw_8bit", choices=OPTIMIZERS),
-        "gradient_checkpointing": _KeySpec(kind="bool", default=True),
-        "max_grad_norm": _KeySpec(kind="float", default=1.0, low=0, high=1e9),
-        "lora_dropout": _KeySpec(kind="float", default=0.05, low=0, high=1, high_open=True),
-        "seed": _KeySpec(kind="int", default=0, low=0, high=2**32 - 1),
-        "target_modules": _KeySpec(
-            kind="str_list", default=("q_proj", "k_proj", "v_proj", "o_proj"), searchable=False
-        ),
-        "memory_limit_gib": _KeySpec(kind="float", default=24.0, low=0, low_open=True, high=65536, searchable=False),
-        "trial_timeout": _KeySpec(kind="duration", default=20 * 60.0, searchable=False),
-        "target_effective_batch_size": _KeySpec(kind="int", default=16, low=1, high=10**7, searchable=False),
-        "preflight_margin": _KeySpec(kind="float", default=0.10, low=0, high=100, searchable=False),
-        "max_retries": _KeySpec(kind="int", default=1, low=0, high=10, searchable=False),
-    }
-)
+def _from_yaml(cls: type, values: Mapping[str, Any], **extra: Any) -> Any:
+    """An instance of settings dataclass ``cls`` from values keyed by their ``space.yaml`` names."""
+    return cls(**{field_name(cls, k): v for k, v in values.items()}, **extra)
 
-_SECTION_KEYS: Mapping[str, Mapping[str, _KeySpec]] = MappingProxyType(
-    {
-        "study": {
-            "name": _KeySpec(kind="name", default="sweep"),
-            "n_trials": _KeySpec(kind="int", default=12, low=1, high=10**6),
-            "timeout": _KeySpec(kind="duration", default=None, optional=True),
-            "sampler": _KeySpec(kind="choice", default="tpe", choices=SAMPLERS),
-            "seed": _KeySpec(kind="int", default=0, low=0, high=2**32 - 1, optional=True),
-            "storage": _KeySpec(kind="str", default=None, optional=True),
-        },
-        "model": {
-            "name_or_path": _KeySpec(kind="str", default="builtin:smollm2-135m-instruct"),
-            "attn_implementation": _KeySpec(kind="choice", default="sdpa", choices=ATTN_IMPLEMENTATIONS),
-            "trust_remote_code": _KeySpec(kind="bool", default=False),
-        },
-        "dataset": {
-            "path": _KeySpec(kind="str", default="builtin:pydoc-topics"),
-            "format": _KeySpec(kind="choice", default="auto", choices=DATA_FORMATS),
-            "max_samples": _KeySpec(kind="int", default=512, low=1, high=10**9),
-            "seed": _KeySpec(kind="int", default=0, low=0, high=2**32 - 1),
-            "split": _KeySpec(kind="str", default="train"),
-        },
-    }
-)
 
 _TOP_KEYS = ("study", "model", "dataset", "training", "search")
 #: Study names become file names (studies/<name>.db, studies/<name>/): no path separators, spaces or control characters.
@@ -174,9 +111,22 @@ class SearchSpace:
         unknown = [k for k in values if k not in TRIAL_KEYS]
         if unknown:
             raise KeyError(f"not per-trial keys: {unknown}")
-        values["trial_timeout_s"] = values.pop("trial_timeout")
         values["target_modules"] = tuple(values["target_modules"])
-        return TrialConfig(model=self.model, dataset=self.dataset, **values)
+        return _from_yaml(TrialConfig, values, model=self.model, dataset=self.dataset)
+
+    def values_of(self, key: str) -> list[Any]:
+        """The values a per-trial key takes in the sweep: a list's distinct choices (sorted), a range's ends, or the
+        fixed value.
+
+        Raises:
+            KeyError: ``key`` is not a per-trial key.
+        """
+        dim = self.search.get(key)
+        if dim is None:
+            return [self.fixed[key]]
+        if isinstance(dim, Categorical):
+            return sorted(set(dim.choices))
+        return sorted({int(dim.low), int(dim.high)} if dim.is_int else {dim.low, dim.high})
 
     def first_choices(self) -> dict[str, Any]:
         """One value per searched key: a list's first element, a range's ``low``."""
@@ -216,7 +166,7 @@ def parse_duration_s(value: Any) -> float:
     return total
 
 
-def _describe(spec: _KeySpec) -> str:
+def _describe(spec: KeySpec) -> str:
     if spec.kind == "name":
         return "a name of letters, digits, '.', '_' or '-' (it becomes a file name)"
     if spec.kind == "int" or spec.kind == "float":
@@ -238,7 +188,7 @@ def _describe(spec: _KeySpec) -> str:
     return "a string"
 
 
-def _check_value(spec: _KeySpec, value: Any) -> Any:
+def _check_value(spec: KeySpec, value: Any) -> Any:
     """The value, normalised, or raise ValueError with what was expected."""
     if value is None and spec.optional:
         return None
@@ -309,7 +259,7 @@ class _Problems:
         self.lines.append(f"{origin}: {key}: {what}; {fix}")
 
 
-def _parse_dimension(key: str, raw: Any, spec: _KeySpec, problems: _Problems) -> Dimension | Any | None:
+def _parse_dimension(key: str, raw: Any, spec: KeySpec, problems: _Problems) -> Dimension | Any | None:
     where = f"search.{key}"
     if isinstance(raw, list):
         if not raw:
@@ -531,19 +481,11 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
     if problems.lines:
         raise SpaceError(problems.lines)
 
-    study = sections["study"]
     return SearchSpace(
         path=path,
-        study=StudySpec(
-            name=study["name"],
-            n_trials=study["n_trials"],
-            timeout_s=study["timeout"],
-            sampler=study["sampler"],
-            seed=study["seed"],
-            storage=study["storage"],
-        ),
-        model=ModelSpec(**sections["model"]),
-        dataset=DatasetSpec(**sections["dataset"]),
+        study=_from_yaml(StudySpec, sections["study"]),
+        model=_from_yaml(ModelSpec, sections["model"]),
+        dataset=_from_yaml(DatasetSpec, sections["dataset"]),
         fixed=MappingProxyType(fixed),
         search=MappingProxyType(search),
     )
@@ -553,7 +495,7 @@ def load_space(path: str | Path, overrides: list[str] | None = None) -> SearchSp
     """Read and validate a space file, then apply ``--set`` overrides.
 
     Args:
-        path: A YAML file shaped as in ``SPEC.md``.
+        path: A YAML file shaped as in ``docs/contract.md``.
         overrides: ``key=value`` strings, see :func:`apply_overrides`.
 
     Raises:

@@ -1,7 +1,7 @@
 """The trainer side of a trial's measurements (child process): the per-step state, the collator that pads every row
 to ``max_seq_length`` and carries the rows' dataset indices, a ``transformers.Trainer`` that records each optimizer
 step's raw loss, pre-clip gradient norm, supervised tokens and rows, and forward hooks that keep the largest
-activation of the 4-bit layers. Used by :mod:`sweeper._worker` only.
+activation of the 4-bit layers. Used by :mod:`sweeper.trial._child.worker` only.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class NonFiniteError(Exception):
         what: ``loss``, ``gradient norm`` or ``input id``.
         value: The offending value.
         phase: ``forward`` or ``backward``.
-        diagnosis: Set by :func:`train` once :func:`sweeper.diagnosis.diagnose_nan` has run.
+        diagnosis: Set by :func:`train` once :func:`sweeper.trial._child.diagnosis.diagnose_nan` has run.
     """
 
     def __init__(self, what: str, value: float, phase: str):
@@ -33,8 +33,11 @@ class NonFiniteError(Exception):
         return f"{self.what} is {self.value} at step {step} ({self.phase})"
 
 
-class Progress:
-    """Mutable state shared by the trainer hooks and the error handler."""
+class TrainingRecord:
+    """What the instrumented Trainer records of one trial, step by step (not a progress display): the phase being run,
+    optimizer steps finished, per-step traces (raw loss, pre-clip gradient norm, largest 4-bit activation, supervised
+    tokens), fp16 scaler skips, and the micro-batches of the current and last step for the NaN diagnosis. Shared by
+    the trainer hooks and the error handler of :mod:`sweeper.trial._child.worker`."""
 
     def __init__(self) -> None:
         self.phase = "load"
@@ -82,7 +85,7 @@ def make_collator(pad_id: int, max_seq_length: int):
     return collate
 
 
-def make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, progress: Progress) -> Any:
+def make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, record: TrainingRecord) -> Any:
     """A ``Trainer`` that records every optimizer step's raw loss, pre-clip gradient norm and supervised tokens, keeps
     the step's rows, and raises :class:`NonFiniteError` at the first non-finite value, before the optimizer applies
     it (so the weights stay those the step failed on; with an fp16 loss scaler, a skipped step is not a failure)."""
@@ -97,10 +100,10 @@ def make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, progress
             return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            progress.phase = "forward"
+            record.phase = "forward"
             out = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                        num_items_in_batch=num_items_in_batch)
-            progress.phase = "backward"
+            record.phase = "backward"
             return out
 
         def training_step(self, model, inputs, num_items_in_batch=None):
@@ -108,64 +111,64 @@ def make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, progress
             # References, not copies: a step's batch is a few KB and stays alive for one step anyway; the NaN
             # diagnosis reads it only when a step fails.
             kept = {k: v.detach() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-            progress.step_batches.append({**kept, "sample_index": index})
-            progress.seen.update(index)
+            record.step_batches.append({**kept, "sample_index": index})
+            record.seen.update(index)
             # Trainer's num_items_in_batch is the step's count of labels[..., 1:] != -100 over all micro-batches.
             supervised = int((kept["labels"][:, 1:] != -100).sum())
-            progress.step_supervised = (int(num_items_in_batch) if num_items_in_batch is not None
-                                        else (progress.step_supervised or 0) + supervised)
+            record.step_supervised = (int(num_items_in_batch) if num_items_in_batch is not None
+                                        else (record.step_supervised or 0) + supervised)
             ids = kept["input_ids"]
             if bool(((ids < 0) | (ids >= vocab_size)).any()):
                 raise NonFiniteError("input id", int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min()),
                                      "forward")
-            progress.tokens += int(inputs["attention_mask"].sum())
+            record.tokens += int(inputs["attention_mask"].sum())
             loss = super().training_step(model, inputs, num_items_in_batch)
             # The returned loss is this micro-batch's share of the step's mean loss; their sum is the step's loss.
             value = float(loss)
-            progress.step_loss += value
+            record.step_loss += value
             if not math.isfinite(value):
                 raise NonFiniteError("loss", value, "forward")
             return loss
 
         def _get_grad_norm(self, model, grad_norm=None):
             grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-            progress.phase = "optimizer"
-            progress.step_grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-            if not math.isfinite(progress.step_grad_norm) and self.accelerator.scaler is None:
-                raise NonFiniteError("gradient norm", progress.step_grad_norm, "backward")
+            record.phase = "optimizer"
+            record.step_grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+            if not math.isfinite(record.step_grad_norm) and self.accelerator.scaler is None:
+                raise NonFiniteError("gradient norm", record.step_grad_norm, "backward")
             return grad_norm
 
     class TraceCallback(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            progress.step_loss = 0.0
-            progress.step_grad_norm = float("nan")
-            progress.step_max_activation = None
-            progress.step_batches = []
-            progress.step_supervised = None
+            record.step_loss = 0.0
+            record.step_grad_norm = float("nan")
+            record.step_max_activation = None
+            record.step_batches = []
+            record.step_supervised = None
 
         def on_step_end(self, args, state, control, **kwargs):
             scaler = trainer.accelerator.scaler
             skipped = bool(scaler is not None and trainer.accelerator.optimizer_step_was_skipped)
             step = state.global_step
-            act = progress.step_max_activation
-            progress.loss.append(finite_or_none(progress.step_loss))
-            progress.grad_norm.append(finite_or_none(progress.step_grad_norm))
-            progress.max_activation.append(None if act is None else float(act))
+            act = record.step_max_activation
+            record.loss.append(finite_or_none(record.step_loss))
+            record.grad_norm.append(finite_or_none(record.step_grad_norm))
+            record.max_activation.append(None if act is None else float(act))
             if skipped:
-                progress.skipped.append(step)
-            progress.step = step
-            progress.supervised.append(progress.step_supervised or 0)
-            progress.last_batches, progress.step_batches = progress.step_batches, []
-            progress.step_supervised = None
-            if not math.isfinite(progress.step_grad_norm) and not skipped:
-                raise NonFiniteError("gradient norm", progress.step_grad_norm, "backward")
+                record.skipped.append(step)
+            record.step = step
+            record.supervised.append(record.step_supervised or 0)
+            record.last_batches, record.step_batches = record.step_batches, []
+            record.step_supervised = None
+            if not math.isfinite(record.step_grad_norm) and not skipped:
+                raise NonFiniteError("gradient norm", record.step_grad_norm, "backward")
 
     trainer = TracingTrainer(model=model, args=args, train_dataset=rows, data_collator=collate,
                              callbacks=[TraceCallback()])
     return trainer
 
 
-def track_activations(model: Any, progress: Progress) -> None:
+def track_activations(model: Any, record: TrainingRecord) -> None:
     """Forward hooks on every ``bitsandbytes.nn.Linear4bit`` keeping the step's largest |input| and |output|.
 
     Those are the tensors that exist in the compute dtype: bitsandbytes casts the layer's input to it, runs the
@@ -179,8 +182,8 @@ def track_activations(model: Any, progress: Progress) -> None:
         tensors = [t for t in (*inputs, output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
         for t in tensors:
             peak = t.detach().abs().amax().float()
-            cur = progress.step_max_activation
-            progress.step_max_activation = peak if cur is None else torch.maximum(cur, peak)
+            cur = record.step_max_activation
+            record.step_max_activation = peak if cur is None else torch.maximum(cur, peak)
 
     for module in model.modules():
         if isinstance(module, bnb.nn.Linear4bit):

@@ -1,6 +1,6 @@
 """The child side of a trial: the only place that trains.
 
-``python -m sweeper._worker CONFIG.json RESULT.json`` caps its own memory, loads the model in 4 bits with
+``python -m sweeper.trial._child.worker CONFIG.json RESULT.json`` caps its own memory, loads the model in 4 bits with
 bitsandbytes, checks the quantization took effect, attaches a peft LoRA adapter, trains ``max_steps`` optimizer steps
 with ``transformers.Trainer`` while recording the raw loss, the pre-clip gradient norm, fp16 scaler skips and the
 largest activation of every step, and writes a :class:`~sweeper.trial.TrialResult` as JSON. It stops at the first
@@ -10,7 +10,7 @@ non-finite loss or gradient norm (``nan``) and turns a real allocation failure i
 from __future__ import annotations
 
 if __name__ == "__main__":  # first thing, before the heavy imports below (seconds): die with the sweep
-    from sweeper.trial import die_with_parent
+    from sweeper.trial._child._process import die_with_parent
 
     die_with_parent()
 
@@ -25,18 +25,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from sweeper._tracing import (
+from sweeper.trial._child.instrumented import (
     NonFiniteError,
-    Progress,
+    TrainingRecord,
     finite_or_none,
     make_collator,
     make_trainer,
     track_activations,
 )
-from sweeper.memory import mentions_oom, oom_cause_chain, peak_memory_gib, reset_cpu_peak, set_cpu_memory_cap
+from sweeper.trial._child.memory import mentions_oom, oom_cause_chain, peak_memory_gib, reset_cpu_peak, set_cpu_memory_cap
 from sweeper.space import TrialConfig
 from sweeper.stability import compute_instability
-from sweeper.trial import TrialResult
+from sweeper.trial._devices import cuda_visible
+from sweeper.trial._result import TrialResult
 
 #: Kept allocated while the trial runs and released after an OOM, so the result can still be written under the cap.
 _RESERVE_BYTES = 32 * 2**20
@@ -113,7 +114,7 @@ def check_quantization(model: Any, config: TrialConfig) -> int:
     return len(layers)
 
 
-def train(config: TrialConfig, model_path: str, progress: Progress, measured: dict[str, Any]) -> None:
+def train(config: TrialConfig, model_path: str, record: TrainingRecord, measured: dict[str, Any]) -> None:
     """Load, check, adapt and train, writing measurements (named as :class:`TrialResult` fields) into ``measured``
     as they become known. Exceptions propagate to :func:`run`."""
     t_import = time.monotonic()
@@ -134,7 +135,7 @@ def train(config: TrialConfig, model_path: str, progress: Progress, measured: di
     t_load = time.monotonic()
     cuda = torch.cuda.is_available()
     if cuda:
-        from sweeper.memory import set_cuda_memory_cap
+        from sweeper.trial._child.memory import set_cuda_memory_cap
 
         set_cuda_memory_cap(config.memory_limit_gib)
     measured["device"] = f"cuda:0 ({torch.cuda.get_device_name(0)})" if cuda else "cpu"
@@ -175,7 +176,7 @@ def train(config: TrialConfig, model_path: str, progress: Progress, measured: di
         task_type="CAUSAL_LM",
     ))
     if config.bnb_4bit_compute_dtype != "float32":
-        track_activations(model, progress)
+        track_activations(model, record)
 
     args = TrainingArguments(
         output_dir=str(Path(os.environ.get("SWEEPER_TRIAL_DIR", ".")) / "trainer"),
@@ -203,14 +204,14 @@ def train(config: TrialConfig, model_path: str, progress: Progress, measured: di
         remove_unused_columns=False,
         dataloader_num_workers=0,
     )
-    trainer = make_trainer(model, args, rows, make_collator(tokenizer.pad_token_id, config.max_seq_length), progress)
+    trainer = make_trainer(model, args, rows, make_collator(tokenizer.pad_token_id, config.max_seq_length), record)
     measured["load_time_s"] = time.monotonic() - t_load
     measured["load_peak_memory_gib"] = peak_memory_gib("cuda" if cuda else "cpu")
     if not cuda:
-        reset_cpu_peak()  # see sweeper.memory: on the CPU the training-phase peak stands for the card
+        reset_cpu_peak()  # see sweeper.trial._child.memory: on the CPU the training-phase peak stands for the card
 
     t_train = time.monotonic()
-    progress.phase = "forward"
+    record.phase = "forward"
     n_tokens = {t.index: t.n_tokens for t in tokenized}
     by_index = {s.index: s for s in samples}
     try:
@@ -218,31 +219,31 @@ def train(config: TrialConfig, model_path: str, progress: Progress, measured: di
     except NonFiniteError as exc:
         measured["train_time_s"] = time.monotonic() - t_train
         try:
-            exc.diagnosis = _diagnose(exc, trainer, config, progress)
-            _write_nan_batch(exc.diagnosis, tokenizer, by_index, progress.step + 1)
+            exc.diagnosis = _diagnose(exc, trainer, config, record)
+            _write_nan_batch(exc.diagnosis, tokenizer, by_index, record.step + 1)
         except Exception:  # noqa: BLE001 - a failed diagnosis (or a full disk) must not lose the NaN result
             traceback.print_exc()
         raise
     finally:
         measured.setdefault("train_time_s", time.monotonic() - t_train)
-        measured.update(_seen_lengths(progress, n_tokens, config.max_seq_length))
+        measured.update(_seen_lengths(record, n_tokens, config.max_seq_length))
 
 
-def _diagnose(exc: NonFiniteError, trainer: Any, config: TrialConfig, progress: Progress) -> Any:
-    """Why the step failed (:func:`sweeper.diagnosis.diagnose_nan`), on the weights it failed on."""
-    from sweeper.diagnosis import diagnose_nan
+def _diagnose(exc: NonFiniteError, trainer: Any, config: TrialConfig, record: TrainingRecord) -> Any:
+    """Why the step failed (:func:`sweeper.trial._child.diagnosis.diagnose_nan`), on the weights it failed on."""
+    from sweeper.trial._child.diagnosis import diagnose_nan
 
     model = trainer.model
     model.zero_grad(set_to_none=True)  # the failed step's gradients: memory the replay may need
     gc.collect()
     return diagnose_nan(
         model,
-        step_batches=progress.step_batches,
-        control_batches=progress.last_batches,
+        step_batches=record.step_batches,
+        control_batches=record.last_batches,
         vocab_size=model.get_input_embeddings().num_embeddings,
         failed_in=exc.what,
         compute_dtype=config.bnb_4bit_compute_dtype,
-        grad_norm_trace=progress.grad_norm,
+        grad_norm_trace=record.grad_norm,
         learning_rate=config.learning_rate,
         lora_alpha_ratio=config.lora_alpha_ratio,
         max_seq_length=config.max_seq_length,
@@ -273,15 +274,15 @@ def _write_nan_batch(diagnosis: Any, tokenizer: Any, samples: dict[int, Any], st
     os.replace(tmp, folder / "nan_batch.jsonl")
 
 
-def _seen_lengths(progress: Progress, n_tokens: dict[int, int], max_seq_length: int) -> dict[str, Any]:
+def _seen_lengths(record: TrainingRecord, n_tokens: dict[int, int], max_seq_length: int) -> dict[str, Any]:
     """``longest_sample_tokens``, ``longest_sample_index`` and ``truncated_sample_fraction`` over the samples the
     trial trained on (tokens before truncation), and the supervised-token counts per step."""
-    supervised = list(progress.supervised)
-    if progress.step_supervised is not None and len(progress.step_batches) > 0:
-        supervised.append(progress.step_supervised)  # the failing step, when it failed
+    supervised = list(record.supervised)
+    if record.step_supervised is not None and len(record.step_batches) > 0:
+        supervised.append(record.step_supervised)  # the failing step, when it failed
     out: dict[str, Any] = {"supervised_tokens_trace": supervised,
                            "min_supervised_tokens": min(supervised) if supervised else None}
-    seen = [(n_tokens[i], i) for i in progress.seen if i in n_tokens]
+    seen = [(n_tokens[i], i) for i in record.seen if i in n_tokens]
     if seen:
         longest, index = max(seen)
         out.update(longest_sample_tokens=longest, longest_sample_index=index,
@@ -292,18 +293,18 @@ def _seen_lengths(progress: Progress, n_tokens: dict[int, int], max_seq_length: 
 def run(config: TrialConfig, model_path: str) -> TrialResult:
     """Run one trial in this process and return its result; never raises for a trial's own failure."""
     reserve = bytearray(_RESERVE_BYTES)
-    if not _cuda_visible():
+    if not cuda_visible():
         set_cpu_memory_cap(config.memory_limit_gib)
-    progress = Progress()
+    record = TrainingRecord()
     measured: dict[str, Any] = {}
     result = TrialResult(status="complete", lora_alpha=config.lora_alpha,
                          effective_batch_size=config.effective_batch_size)
     try:
-        train(config, model_path, progress, measured)
-        result.reason = f"{progress.step} steps finished"
+        train(config, model_path, record, measured)
+        result.reason = f"{record.step} steps finished"
     except NonFiniteError as exc:
         result.status, result.fail_phase = "nan", exc.phase
-        result.fail_step = progress.step + 1
+        result.fail_step = record.step + 1
         result.reason = exc.describe(result.fail_step)
         diagnosis = exc.diagnosis
         if diagnosis is not None:
@@ -316,13 +317,13 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a result; the parent decides
         reserve = None  # after an OOM, room to build and write the result under the cap
         gc.collect()
-        result.fail_phase = progress.phase
-        result.fail_step = 0 if progress.phase == "load" else progress.step + 1
-        where = "while loading" if progress.phase == "load" else f"at step {result.fail_step} ({progress.phase})"
-        if oom_cause_chain(exc) is not None or (progress.phase == "load" and _LOAD_REPORT.mentions_oom()):
+        result.fail_phase = record.phase
+        result.fail_step = 0 if record.phase == "load" else record.step + 1
+        where = "while loading" if record.phase == "load" else f"at step {result.fail_step} ({record.phase})"
+        if oom_cause_chain(exc) is not None or (record.phase == "load" and _LOAD_REPORT.mentions_oom()):
             result.status = "oom"
             result.reason = f"out of memory {where} under memory_limit_gib={config.memory_limit_gib:g}"
-            if progress.phase != "load":  # every row is padded to max_seq_length: that is the step's length
+            if record.phase != "load":  # every row is padded to max_seq_length: that is the step's length
                 result.reason += (f" on a step of {config.per_device_train_batch_size} x {config.max_seq_length} "
                                   f"tokens (per_device_train_batch_size={config.per_device_train_batch_size}, "
                                   f"max_seq_length={config.max_seq_length})")
@@ -340,16 +341,16 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
     result.device = device_type
     if torch is not None:
         result.versions = _versions()
-    result.steps_done = progress.step
-    result.loss_trace, result.grad_norm_trace = progress.loss, progress.grad_norm
-    result.max_activation_trace, result.skipped_steps = progress.max_activation, progress.skipped
+    result.steps_done = record.step
+    result.loss_trace, result.grad_norm_trace = record.loss, record.grad_norm
+    result.max_activation_trace, result.skipped_steps = record.max_activation, record.skipped
     if result.status == "nan":  # the failing step's values, for the curves
-        result.loss_trace = progress.loss + [finite_or_none(progress.step_loss)]
-        result.grad_norm_trace = progress.grad_norm + [finite_or_none(progress.step_grad_norm)]
+        result.loss_trace = record.loss + [finite_or_none(record.step_loss)]
+        result.grad_norm_trace = record.grad_norm + [finite_or_none(record.step_grad_norm)]
     for key, value in measured.items():
         setattr(result, key, value)
     if measured.get("train_time_s"):
-        result.tokens_per_s = progress.tokens / measured["train_time_s"]
+        result.tokens_per_s = record.tokens / measured["train_time_s"]
     if result.status not in ("complete", "nan"):
         return result  # too few steps for the instability terms to mean anything
     if result.nan_cause == "data":
@@ -357,7 +358,7 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
     components = compute_instability(
         loss=result.loss_trace,
         grad_norm=result.grad_norm_trace,
-        skipped=[s in progress.skipped for s in range(1, len(result.loss_trace) + 1)],
+        skipped=[s in record.skipped for s in range(1, len(result.loss_trace) + 1)],
         max_activation=result.max_activation_trace,
         compute_dtype=config.bnb_4bit_compute_dtype,
     )
@@ -366,15 +367,8 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
     return result
 
 
-def _cuda_visible() -> bool:
-    """Whether a CUDA device may be used, decided without importing torch (the CPU cap must be set before)."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    return Path("/dev/nvidiactl").exists() or Path("/proc/driver/nvidia").exists()
-
-
 def main(argv: list[str]) -> int:
-    """``python -m sweeper._worker CONFIG.json RESULT.json``; writes the result atomically, exit 0 unless it
+    """``python -m sweeper.trial._child.worker CONFIG.json RESULT.json``; writes the result atomically, exit 0 unless it
     could not."""
     config_path, result_path = Path(argv[0]), Path(argv[1])
     # pyarrow (imported by datasets and the Trainer) reserves 1 GiB of virtual memory for mimalloc at import; under

@@ -1,26 +1,14 @@
-"""The parent side of a trial: start ``python -m sweeper._worker`` on a config, wait, and map what happened to a
-:class:`TrialResult`.
+"""What one trial measured (:class:`TrialResult`), and the statuses it may end with: the record the trial process
+writes as JSON and the sweep stores on the Optuna trial as user attributes (``docs/contract.md``).
 
-A fresh process per trial is what really frees GPU memory, contains a segfault inside a CUDA kernel, and lets a hung
-trial be killed. The worker writes its result as JSON; a worker that dies without one is a ``crash``, one that
-outlives ``trial_timeout_s`` is killed and is a ``timeout``.
+Shared by both sides of the process boundary; imports neither torch nor optuna.
 """
 
 from __future__ import annotations
 
-import ctypes
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any, Literal
-
-from sweeper.space import TrialConfig
 
 Status = Literal["complete", "nan", "oom", "predicted_oom", "dominated_oom", "timeout", "crash", "error"]
 Phase = Literal["load", "forward", "backward", "optimizer"]
@@ -28,10 +16,6 @@ Phase = Literal["load", "forward", "backward", "optimizer"]
 #: Statuses whose trial is PRUNED (a result about the configuration); the others but ``complete`` are FAIL.
 PRUNED_STATUSES = ("nan", "oom", "predicted_oom", "dominated_oom")
 FAIL_STATUSES = ("timeout", "crash", "error")
-
-#: Lines of the worker's log quoted in a crash's reason when it left no result.
-_LOG_TAIL_LINES = 1
-
 
 @dataclass(kw_only=True)
 class TrialResult:
@@ -44,7 +28,7 @@ class TrialResult:
         fail_step: 1-based optimizer step being run when it failed (0 during load), else None.
         fail_phase: ``load``, ``forward``, ``backward`` or ``optimizer`` for failures inside the worker, else None.
         peak_memory_gib: Peak memory of the trial process in GiB (see ``memory_kind``); known for OOM trials too.
-            On the CPU, the peak after the model was loaded (see :mod:`sweeper.memory`).
+            On the CPU, the peak after the model was loaded (see :mod:`sweeper.trial._child.memory`).
         load_peak_memory_gib: Peak memory in GiB while loading, quantizing and attaching LoRA.
         memory_kind: ``cuda_max_reserved`` or ``cpu_peak_rss``.
         instability: :func:`sweeper.stability.compute_instability` of the trace, higher = closer to divergence.
@@ -64,7 +48,7 @@ class TrialResult:
         effective_batch_size: ``per_device_train_batch_size * gradient_accumulation_steps``.
         device: ``cpu`` or ``cuda:<i> (<name>)``.
         versions: torch, transformers, peft, bitsandbytes, optuna, CUDA.
-        nan_cause: After a NaN: ``data``, ``precision`` or ``optimization`` (:mod:`sweeper.diagnosis`), or None
+        nan_cause: After a NaN: ``data``, ``precision`` or ``optimization`` (:mod:`sweeper.trial._child.diagnosis`), or None
             when the replay could not decide.
         nan_samples: After a NaN: dataset indices to blame (the faulty rows for ``data``, else the failing step's).
         nan_module: After a ``precision`` NaN: the first module whose output overflowed.
@@ -120,121 +104,3 @@ class TrialResult:
         """Inverse of :meth:`to_dict`; unknown keys are ignored (results of newer workers)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
-
-
-def die_with_parent() -> None:
-    """In the worker, first thing: be killed with SIGKILL when the sweep that started it dies (Linux
-    ``prctl(PR_SET_PDEATHSIG)``), so a sweep killed with ``kill -9`` does not leave its worker training on, holding
-    the GPU. Set by the worker itself rather than in a ``preexec_fn`` (unsafe in a process with threads, as the
-    sweep is: heartbeats, workers); a sweep that died before this call is seen by the parent pid check.
-    """
-    expected = os.environ.get("SWEEPER_PARENT_PID")
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        return
-    if expected is not None and os.getppid() != int(expected):
-        os._exit(1)
-
-
-def _log_tail(log: Path) -> str:
-    try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return " | ".join(lines[-_LOG_TAIL_LINES:])[:300]
-
-
-def _signal_name(rc: int) -> str:
-    try:
-        return signal.Signals(-rc).name
-    except ValueError:
-        return f"signal {-rc}"
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def run_trial(
-    config: TrialConfig,
-    trial_dir: str | Path,
-    *,
-    model_path: str,
-    env: Mapping[str, str] | None = None,
-    on_start: Any = None,
-) -> TrialResult:
-    """Run one trial in a fresh worker process and return what it measured.
-
-    Writes ``config.json``, ``result.json`` and ``worker.log`` (the worker's stdout and stderr) into ``trial_dir``.
-
-    Args:
-        config: The trial's settings.
-        trial_dir: Folder for this trial's files (created).
-        model_path: Resolved by :func:`sweeper.model.resolve_model`.
-        env: Environment of the worker (default: this process's).
-        on_start: Called with the worker's pid once it runs (for bookkeeping), or None.
-
-    Returns:
-        The worker's result, or a ``timeout``/``crash`` result made here.
-
-    Raises:
-        KeyboardInterrupt: After killing the worker, so the caller can record the trial as interrupted.
-    """
-    trial_dir = Path(trial_dir)
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    config_path, result_path, log_path = trial_dir / "config.json", trial_dir / "result.json", trial_dir / "worker.log"
-    result_path.unlink(missing_ok=True)
-    config_path.write_text(json.dumps({"config": config.to_dict(), "model_path": model_path}, indent=1))
-    start = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sweeper._worker", str(config_path), str(result_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the sweep, which kills the worker's whole group itself
-            # PYTHONSAFEPATH: `-m` would put the working directory first on sys.path, and a folder named sweeper/
-            # there (a checkout of another version) would be imported instead of the installed package.
-            env={**(env if env is not None else os.environ), "SWEEPER_PARENT_PID": str(os.getpid()),
-                 "PYTHONSAFEPATH": "1"},
-        )
-        (trial_dir / "worker.pid").write_text(str(proc.pid))
-        if on_start is not None:
-            on_start(proc.pid)
-        try:
-            rc = proc.wait(timeout=config.trial_timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            return TrialResult(
-                status="timeout",
-                reason=f"killed after trial_timeout={config.trial_timeout_s:g} s",
-                wall_time_s=time.monotonic() - start,
-                lora_alpha=config.lora_alpha,
-                effective_batch_size=config.effective_batch_size,
-            )
-        except BaseException:
-            _kill_group(proc)
-            raise
-    wall = time.monotonic() - start
-    if result_path.is_file():
-        try:
-            result = TrialResult.from_dict(json.loads(result_path.read_text()))
-            result.wall_time_s = wall
-            return result
-        except (ValueError, TypeError):
-            pass
-    why = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
-    tail = _log_tail(log_path)
-    return TrialResult(
-        status="crash",
-        reason=f"worker {why} without a result" + (f": {tail}" if tail else ""),
-        wall_time_s=wall,
-        lora_alpha=config.lora_alpha,
-        effective_batch_size=config.effective_batch_size,
-    )

@@ -4,7 +4,7 @@
 Trials that go NaN or run out of memory are told as PRUNED (with their cause in the user attributes) and are marked
 infeasible with ``Trial.set_constraint``; TPE sorts infeasible trials behind every feasible one, so the sampler
 learns to avoid their region. Timeouts, crashes and errors are FAIL. The loop that runs trials is
-:mod:`sweeper.runner`.
+:mod:`sweeper.study._loop`.
 """
 
 from __future__ import annotations
@@ -13,15 +13,13 @@ import hashlib
 import os
 import re
 import warnings
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from optuna.trial import FrozenTrial, TrialState
 
-from sweeper._coordination import AskLock, heartbeat_kwargs, sqlite_database, sqlite_file
+from sweeper.study._coordination import AskLock, heartbeat_kwargs, sqlite_database, sqlite_file
 from sweeper.errors import StudyError
 from sweeper.space import Categorical, SearchSpace, StudySpec
 from sweeper.stability import COMPONENTS
@@ -30,7 +28,7 @@ from sweeper.trial import PRUNED_STATUSES, TrialResult
 #: The two objectives, both minimized, in this order.
 OBJECTIVES = ("peak_memory_gib", "instability")
 
-#: Root of studies and their artifacts, relative to the working directory (``SPEC.md``).
+#: Root of studies and their artifacts, relative to the working directory (``docs/contract.md``).
 STUDIES_DIR = Path("studies")
 
 
@@ -230,25 +228,12 @@ def open_study(space: SearchSpace, storage: str | None = None, study_name: str |
 
 
 def record_result(trial: optuna.Trial | Any, result: TrialResult, config: dict[str, Any]) -> None:
-    """Store a result as the trial's user attributes (``SPEC.md``): every field, instability components flattened."""
+    """Store a result as the trial's user attributes (``docs/contract.md``): every field, instability components flattened."""
     data = result.to_dict()
     measured = data.pop("instability_components") or {}
     components = {name: measured.get(name) for name in COMPONENTS}
     for key, value in {**data, **components, "config": config}.items():
         trial.set_user_attr(key, value)
-
-
-def is_finished(trial: FrozenTrial) -> bool:
-    """Counts toward ``n_trials``: ended, not interrupted or crashed/timed out and retried (its configuration runs
-    again), and not a repeat of a configuration already measured (its result was reused, see
-    :func:`find_duplicate`)."""
-    return (trial.state.is_finished() and not trial.user_attrs.get("interrupted", False)
-            and not trial.user_attrs.get("retried", False) and "duplicate_of" not in trial.user_attrs)
-
-
-def count_finished(study: optuna.Study) -> int:
-    """Trials that count toward ``n_trials`` (:func:`is_finished`)."""
-    return sum(1 for t in study.get_trials(deepcopy=False) if is_finished(t))
 
 
 def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
@@ -302,39 +287,3 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
                          f"{study.metric_names or [d.name.lower() for d in study.directions]}); give a study that "
                          "'sweep run' made")
     return study, url
-
-
-def pareto_front(study: optuna.Study) -> list[FrozenTrial]:
-    """The COMPLETE trials no other trial beats on both objectives (``study.best_trials``), by peak memory; a trial
-    that reused an earlier one's result (``duplicate_of``) is listed once, as the original."""
-    front = [t for t in study.best_trials if "duplicate_of" not in t.user_attrs]
-    return sorted(front, key=lambda t: (t.values[0], t.values[1]))
-
-
-def status_counts(study: optuna.Study) -> dict[str, int]:
-    """Trials by ``status`` user attribute (``running`` for trials still RUNNING, ``waiting`` for queued ones,
-    ``repeated`` for proposals of an already measured configuration, ``interrupted`` for trials a dead sweep or
-    Ctrl-C left unfinished)."""
-    counts: Counter[str] = Counter()
-    for t in study.get_trials(deepcopy=False):
-        if "duplicate_of" in t.user_attrs:
-            counts["repeated"] += 1
-        elif t.user_attrs.get("interrupted"):
-            counts["interrupted"] += 1
-        elif t.state == TrialState.RUNNING:
-            counts["running"] += 1
-        elif t.state == TrialState.WAITING:
-            counts["waiting"] += 1
-        else:
-            counts[t.user_attrs.get("status", t.state.name.lower())] += 1
-    return dict(counts)
-
-
-def nan_causes(study: optuna.Study) -> dict[str, list[int]]:
-    """Numbers of the NaN trials by ``nan_cause`` (``data``, ``precision``, ``optimization``, then ``unknown`` for
-    trials the replay could not decide), repeats of a measured configuration left out; causes with no trial omitted."""
-    out: dict[str, list[int]] = {"data": [], "precision": [], "optimization": [], "unknown": []}
-    for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get("status") == "nan" and "duplicate_of" not in t.user_attrs:
-            out[t.user_attrs.get("nan_cause") or "unknown"].append(t.number)
-    return {cause: numbers for cause, numbers in out.items() if numbers}

@@ -1,8 +1,8 @@
 """What a finished study says, as plain data: the Pareto front with every trial around it, the fit map of batch size
 against ``max_seq_length``, loss and gradient-norm curves, parameter importance, and the JSON of ``sweep report``.
 
-The data half of the report (``STYLE.md``): every function takes an ``optuna.Study`` and returns dicts and lists of
-plain values, no torch and no plotly; :mod:`sweeper.figures` turns them into figures.
+The data half of the report: every function takes an ``optuna.Study`` and returns dicts and lists of
+plain values, no torch and no plotly; :mod:`sweeper.report._figures` turns them into figures.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
-from sweeper.study import OBJECTIVES, nan_causes, pareto_front, status_counts
+from sweeper.study import OBJECTIVES, StoredTrial, measured_trials, nan_causes, pareto_front, status_counts
 
 #: Per-trial settings shown in the report and its hover texts (``lora_alpha`` is derived: ``lora_alpha_ratio * r``).
 REPORT_KEYS = ("r", "lora_alpha", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant", "bnb_4bit_quant_type",
@@ -25,52 +25,48 @@ REPORT_KEYS = ("r", "lora_alpha", "bnb_4bit_compute_dtype", "bnb_4bit_use_double
 FIT_STATUSES = ("complete", "nan")
 
 
-def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Finished trials that ran a configuration (a repeat that reused an earlier result is left out), by number."""
-    return [t for t in study.get_trials(deepcopy=False)
-            if t.state.is_finished() and "duplicate_of" not in t.user_attrs and "status" in t.user_attrs]
-
-
-def trial_params(trial: FrozenTrial, searched: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """The trial's settings under :data:`REPORT_KEYS` plus any other searched key, from its stored ``config``."""
-    config = trial.user_attrs.get("config", {})
-    out = {k: config.get(k) for k in REPORT_KEYS if k in config}
-    out["lora_alpha"] = trial.user_attrs.get("lora_alpha", config.get("lora_alpha_ratio", 0) * config.get("r", 0))
+def trial_params(trial: StoredTrial, searched: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The trial's settings under :data:`REPORT_KEYS` plus any other searched key, from its stored config."""
+    if trial.config is None:
+        return {}
+    config = trial.config.to_dict()
+    out = {k: config[k] for k in REPORT_KEYS if k in config}
+    out["lora_alpha"] = trial.lora_alpha
     for key in searched:
         if key not in out and key in config:
             out[key] = config[key]
     return {k: out[k] for k in [*REPORT_KEYS, *searched] if k in out}
 
 
-def status_label(trial: FrozenTrial) -> str:
+def status_label(trial: StoredTrial) -> str:
     """``complete``, ``oom``, ``nan/data`` ...: the trial's status with its NaN cause (as the console shows it)."""
-    from sweeper.console import status_label as label
+    from sweeper.report._console import status_label as label
 
-    return label(trial.user_attrs.get("status", trial.state.name.lower()), trial.user_attrs.get("nan_cause"))
+    return label(trial.status_name, trial.result.nan_cause)
 
 
 def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def trial_record(trial: FrozenTrial, searched: list[str], front: set[int]) -> dict[str, Any]:
+def trial_record(trial: StoredTrial, searched: list[str], front: set[int]) -> dict[str, Any]:
     """One trial for the report: number, state, status (with cause), reason, params, measurements, front flag."""
-    a = trial.user_attrs
+    r = trial.result
     return {
         "number": trial.number,
         "state": trial.state.name,
-        "status": a.get("status"),
+        "status": trial.user_attrs.get("status"),
         "label": status_label(trial),
-        "nan_cause": a.get("nan_cause"),
-        "nan_samples": a.get("nan_samples") or [],
-        "reason": a.get("reason", ""),
+        "nan_cause": r.nan_cause,
+        "nan_samples": r.nan_samples or [],
+        "reason": r.reason,
         "params": trial_params(trial, searched),
-        "peak_memory_gib": _finite(a.get("peak_memory_gib")),
-        "memory_kind": a.get("memory_kind"),
-        "predicted_peak_gib": _finite(a.get("predicted_peak_gib")),
-        "instability": _finite(a.get("instability")) if trial.state == TrialState.COMPLETE else None,
-        "fail_step": a.get("fail_step"),
-        "steps_done": a.get("steps_done"),
+        "peak_memory_gib": _finite(r.peak_memory_gib),
+        "memory_kind": r.memory_kind,
+        "predicted_peak_gib": _finite(r.predicted_peak_gib),
+        "instability": _finite(r.instability) if trial.state == TrialState.COMPLETE else None,
+        "fail_step": r.fail_step,
+        "steps_done": r.steps_done,
         "on_front": trial.number in front,
     }
 
@@ -87,8 +83,7 @@ def front_data(study: optuna.Study) -> dict[str, Any]:
     front = {t.number for t in pareto_front(study)}
     points = [trial_record(t, searched, front) for t in measured_trials(study)]
     kinds = {p["memory_kind"] for p in points if p["memory_kind"]}
-    limits = [t.user_attrs.get("config", {}).get("memory_limit_gib") for t in measured_trials(study)]
-    limits = [x for x in limits if isinstance(x, (int, float))]
+    limits = [t.config.memory_limit_gib for t in measured_trials(study) if t.config is not None]
     return {"objectives": list(OBJECTIVES), "memory_kind": kinds.pop() if len(kinds) == 1 else None,
             "memory_limit_gib": max(limits) if limits else None, "picks": picks(study), "points": points}
 
@@ -96,7 +91,7 @@ def front_data(study: optuna.Study) -> dict[str, Any]:
 def picks(study: optuna.Study) -> dict[str, int]:
     """The trial ``sweep export --pick`` would choose for each pick (``knee``, ``min-memory``, ``most-stable``);
     {} without a complete trial."""
-    from sweeper.export import PICKS, pick_trial
+    from sweeper.report._export import PICKS, pick_trial
 
     if not pareto_front(study):
         return {}
@@ -116,15 +111,15 @@ def fit_map_data(study: optuna.Study) -> dict[str, Any]:
     """
     cells: dict[tuple[int, int], dict[str, Any]] = {}
     for t in measured_trials(study):
-        config, status = t.user_attrs.get("config", {}), t.user_attrs.get("status")
-        if status not in (*FIT_STATUSES, "oom") or "per_device_train_batch_size" not in config:
+        config, status = t.config, t.status_name
+        if status not in (*FIT_STATUSES, "oom") or config is None:
             continue
-        key = (config["per_device_train_batch_size"], config["max_seq_length"])
+        key = (config.per_device_train_batch_size, config.max_seq_length)
         cell = cells.setdefault(key, {"per_device_train_batch_size": key[0], "max_seq_length": key[1], "fits": 0,
                                       "ooms": 0, "peaks": [], "trials": []})
         cell["fits" if status in FIT_STATUSES else "ooms"] += 1
         cell["trials"].append(t.number)
-        peak = _finite(t.user_attrs.get("peak_memory_gib"))
+        peak = _finite(t.result.peak_memory_gib)
         if peak is not None and status in FIT_STATUSES:
             cell["peaks"].append(peak)
     out = []
@@ -171,13 +166,13 @@ def curves_data(study: optuna.Study) -> list[dict[str, Any]]:
     """
     front = pareto_front(study)
     numbers = {t.number for t in front}
-    nan = [t for t in measured_trials(study) if t.user_attrs.get("status") == "nan" and t.number not in numbers]
+    nan = [t for t in measured_trials(study) if t.status_name == "nan" and t.number not in numbers]
     out = []
     for kind, trials in (("front", front), ("nan", nan)):
         for t in trials:
             out.append({"number": t.number, "kind": kind, "label": f"#{t.number} {status_label(t)}",
-                        "loss": [_finite(x) for x in t.user_attrs.get("loss_trace", [])],
-                        "grad_norm": [_finite(x) for x in t.user_attrs.get("grad_norm_trace", [])]})
+                        "loss": [_finite(x) for x in t.result.loss_trace],
+                        "grad_norm": [_finite(x) for x in t.result.grad_norm_trace]})
     return out
 
 
@@ -217,7 +212,7 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
         "directions": [d.name.lower() for d in study.directions],
         "objectives": list(OBJECTIVES),
         "front": [{"number": t.number, "params": trial_params(t, searched), "peak_memory_gib": t.values[0],
-                   "instability": t.values[1]} for t in front],
+                   "instability": t.values[1]} for t in front if t.values is not None],
         "trials": [trial_record(t, searched, numbers) for t in measured_trials(study)],
         "status_counts": status_counts(study),
         "nan_causes": nan_causes(study),

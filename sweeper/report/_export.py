@@ -12,17 +12,15 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
-
 from sweeper.errors import StudyError
-from sweeper.study import pareto_front
+from sweeper.study import StoredTrial, TrialStatus, pareto_front, stored_trials
 
 Pick = Literal["knee", "min-memory", "most-stable"]
 Format = Literal["hf", "trl", "axolotl", "llama-factory", "json"]
@@ -33,7 +31,7 @@ PICKS: tuple[str, ...] = ("knee", "min-memory", "most-stable")
 HUB_IDS = {"builtin:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 
-def knee(front: list[FrozenTrial]) -> FrozenTrial:
+def knee(front: Sequence[StoredTrial]) -> StoredTrial:
     """The front's point of best trade-off: after scaling each objective to [0, 1] over the front (min-max), the
     point nearest the ideal point (0, 0) in Euclidean distance, the "compromise solution" of multi-objective
     decision making (Zeleny 1973; Deb, *Multi-Objective Optimization using Evolutionary Algorithms*, 2001, 8.2).
@@ -47,14 +45,14 @@ def knee(front: list[FrozenTrial]) -> FrozenTrial:
     lows = [min(t.values[i] for t in front) for i in range(2)]
     spans = [(max(t.values[i] for t in front) - lows[i]) or 1.0 for i in range(2)]
 
-    def distance(t: FrozenTrial) -> tuple[float, float, float]:
+    def distance(t: StoredTrial) -> tuple[float, float, float]:
         scaled = [(t.values[i] - lows[i]) / spans[i] for i in range(2)]
         return (round(math.hypot(*scaled), 12), t.values[1], t.values[0])
 
     return min(front, key=distance)
 
 
-def pick_trial(study: optuna.Study, *, number: int | None = None, pick: Pick = "knee") -> FrozenTrial:
+def pick_trial(study: optuna.Study, *, number: int | None = None, pick: Pick = "knee") -> StoredTrial:
     """The trial to export: trial ``number``, or the front's ``knee``, ``min-memory`` or ``most-stable`` point.
 
     Raises:
@@ -63,17 +61,17 @@ def pick_trial(study: optuna.Study, *, number: int | None = None, pick: Pick = "
     """
     name = study.study_name
     if number is not None:
-        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        trials = {t.number: t for t in stored_trials(study)}
         if number not in trials:
             raise StudyError(f"{name}: --trial: no trial {number} in this study (trials 0-{len(trials) - 1}); "
                              "see 'sweep report " + name + "'")
         t = trials[number]
-        if "duplicate_of" in t.user_attrs:  # a repeat reused an earlier trial's result: that one was measured
-            t = trials[t.user_attrs["duplicate_of"]]
-        if t.state != TrialState.COMPLETE:
-            status = t.user_attrs.get("status", t.state.name.lower())
-            raise StudyError(f"{name}: --trial: trial {number} did not complete ({status}: "
-                             f"{t.user_attrs.get('reason', 'no result')}); export a complete trial, e.g. --pick knee")
+        if t.repeat_of is not None:  # a repeat reused an earlier trial's result: that one was measured
+            t = trials[t.repeat_of]
+        if t.status != TrialStatus.COMPLETE or t.values is None:
+            reason = t.user_attrs.get("reason", "no result")
+            raise StudyError(f"{name}: --trial: trial {number} did not complete ({t.status_name}: {reason}); export a "
+                             "complete trial, e.g. --pick knee")
         return t
     front = pareto_front(study)
     if not front:
@@ -114,7 +112,7 @@ class ExportSettings:
     notes: list[str]
 
 
-def settings_of(study: optuna.Study, trial: FrozenTrial) -> ExportSettings:
+def settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
     """The export settings of a complete trial (see :class:`ExportSettings`).
 
     Raises:
@@ -127,16 +125,18 @@ def settings_of(study: optuna.Study, trial: FrozenTrial) -> ExportSettings:
                          f"(missing or bad {exc}); export a trial that 'sweep run' measured") from None
 
 
-def _settings_of(study: optuna.Study, trial: FrozenTrial) -> ExportSettings:
-    c: Mapping[str, Any] = trial.user_attrs["config"]
-    batch = int(c["per_device_train_batch_size"])
-    target = int(c.get("target_effective_batch_size") or batch * int(c.get("gradient_accumulation_steps", 1)))
+def _settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
+    c = trial.config
+    if c is None or trial.values is None:
+        raise KeyError("config")
+    batch = c.per_device_train_batch_size
+    target = c.target_effective_batch_size
     accumulation = max(1, math.ceil(target / batch))
     notes = [
         f"gradient_accumulation_steps={accumulation} keeps target_effective_batch_size={target} at "
         f"per_device_train_batch_size={batch} (the short trial ran gradient_accumulation_steps="
-        f"{c.get('gradient_accumulation_steps', 1)})",
-        f"the trial ran {c.get('max_steps')} steps at a constant learning rate after {c.get('warmup_steps', 0)} "
+        f"{c.gradient_accumulation_steps})",
+        f"the trial ran {c.max_steps} steps at a constant learning rate after {c.warmup_steps} "
         "warmup steps, to probe the peak rate; choose the schedule of the real run yourself",
         "the trial supervised the assistant replies only (prompt tokens had label -100)",
         "add your dataset, its chat template and the length of the run (steps or epochs): a trial does not choose "
@@ -144,47 +144,46 @@ def _settings_of(study: optuna.Study, trial: FrozenTrial) -> ExportSettings:
     ]
     if batch * accumulation != target:
         notes.append(f"{target} is not a multiple of {batch}: the effective batch is {batch * accumulation}")
-    name = c["model"]["name_or_path"]
+    name = c.model.name_or_path
     local = study.user_attrs.get("model_path")
     if local and (name.startswith("builtin:") or name.lower().endswith(".gguf")):
         notes.append(f"the trials loaded {name} from its local conversion {local}; point the model name there to "
                      "train without the hub")
-    versions = trial.user_attrs.get("versions") or {}
-    peak = trial.user_attrs.get("peak_memory_gib")
+    versions = trial.result.versions or {}
+    peak = trial.result.peak_memory_gib
     provenance = {
         "study": study.study_name,
         "trial": trial.number,
         "peak_memory_gib": round(peak, 3) if isinstance(peak, float) else peak,
-        "memory_kind": trial.user_attrs.get("memory_kind"),
-        "memory_limit_gib": c.get("memory_limit_gib"),
+        "memory_kind": trial.result.memory_kind,
+        "memory_limit_gib": c.memory_limit_gib,
         "instability": round(trial.values[1], 4),
-        "device": trial.user_attrs.get("device"),
+        "device": trial.result.device,
         "versions": {**versions, "sweeper": _version("sweeper")},
         "exported": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     training = {
         "per_device_train_batch_size": batch,
         "gradient_accumulation_steps": accumulation,
-        "learning_rate": c["learning_rate"],
-        "optim": c["optim"],
-        "gradient_checkpointing": c["gradient_checkpointing"],
-        "max_grad_norm": c["max_grad_norm"],
-        "warmup_steps": c.get("warmup_steps", 0),
-        "weight_decay": c.get("weight_decay", 0.0),
-        "bf16": c["bnb_4bit_compute_dtype"] == "bfloat16",
-        "fp16": c["bnb_4bit_compute_dtype"] == "float16",
-        "seed": c.get("seed", 0),
+        "learning_rate": c.learning_rate,
+        "optim": c.optim,
+        "gradient_checkpointing": c.gradient_checkpointing,
+        "max_grad_norm": c.max_grad_norm,
+        "warmup_steps": c.warmup_steps,
+        "weight_decay": c.weight_decay,
+        "bf16": c.bnb_4bit_compute_dtype == "bfloat16",
+        "fp16": c.bnb_4bit_compute_dtype == "float16",
+        "seed": c.seed,
     }
     return ExportSettings(
         model=HUB_IDS.get(name, name),
-        quantization={"load_in_4bit": True, "bnb_4bit_quant_type": c["bnb_4bit_quant_type"],
-                      "bnb_4bit_use_double_quant": c["bnb_4bit_use_double_quant"],
-                      "bnb_4bit_compute_dtype": c["bnb_4bit_compute_dtype"]},
-        lora={"r": c["r"], "lora_alpha": trial.user_attrs.get("lora_alpha", c["lora_alpha_ratio"] * c["r"]),
-              "lora_dropout": c["lora_dropout"], "target_modules": list(c["target_modules"]), "bias": "none",
-              "task_type": "CAUSAL_LM"},
+        quantization={"load_in_4bit": True, "bnb_4bit_quant_type": c.bnb_4bit_quant_type,
+                      "bnb_4bit_use_double_quant": c.bnb_4bit_use_double_quant,
+                      "bnb_4bit_compute_dtype": c.bnb_4bit_compute_dtype},
+        lora={"r": c.r, "lora_alpha": trial.lora_alpha, "lora_dropout": c.lora_dropout,
+              "target_modules": list(c.target_modules), "bias": "none", "task_type": "CAUSAL_LM"},
         training=training,
-        max_seq_length=int(c["max_seq_length"]),
+        max_seq_length=c.max_seq_length,
         effective_batch_size=batch * accumulation,
         target_effective_batch_size=target,
         provenance=provenance,
@@ -396,7 +395,7 @@ def export_path(path: str | Path, fmt: Format, default_name: str) -> Path:
     return base if base.suffix else base.with_name(base.name + suffix)
 
 
-def write_export(study: optuna.Study, trial: FrozenTrial, fmt: Format, path: str | Path) -> list[Path]:
+def write_export(study: optuna.Study, trial: StoredTrial, fmt: Format, path: str | Path) -> list[Path]:
     """Write the export of ``trial`` in ``fmt`` to ``path`` (see :func:`export_path`; ``hf`` also writes the JSON
     beside the ``.py``). Each file is written to a temporary name and renamed, so an existing export is never left
     half-written.

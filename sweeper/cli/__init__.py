@@ -1,0 +1,162 @@
+"""The ``sweep`` command: one module per command (``_run``, ``_trial``, ``_doctor``, ``_estimate``, ``_report``,
+``_export``, ``_dashboard``) and the error funnel here.
+
+Exit codes (``docs/contract.md``): 0 done (pruned trials are normal), 2 bad input (one line per problem: file, key,
+what is wrong, the fix), 1 anything else, 130 interrupted by Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import NoReturn
+
+from sweeper.cli._common import MAX_WORKERS  # noqa: F401 - part of the command's contract
+from sweeper.errors import SweeperError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors as one line (what is wrong, where to look) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        print(f"{self.prog}: {message}; see '{self.prog} --help'", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``sweep`` (exposed for tests and docs)."""
+    from sweeper.cli._dashboard import cmd_dashboard
+    from sweeper.cli._doctor import DOCTOR_DEFAULT_LENGTHS, cmd_doctor
+    from sweeper.cli._estimate import cmd_estimate
+    from sweeper.cli._export import cmd_export
+    from sweeper.cli._report import cmd_report
+    from sweeper.cli._run import cmd_run
+    from sweeper.cli._trial import cmd_trial
+
+    parser = _Parser(prog="sweep", description="QLoRA stability sweeper: a Pareto front of peak "
+                                     "memory against instability, from short real runs.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.commands = sub.choices  # name -> subparser, for usage errors that name the subcommand
+
+    run = sub.add_parser("run", help="create or resume a study and run trials until n_trials")
+    run.add_argument("space", help="space file, e.g. search_spaces/demo.yaml")
+    run.add_argument("--n-trials", type=int, help="trials the study should hold (over the whole study)")
+    run.add_argument("--timeout", help="stop starting trials after this long, e.g. 8h")
+    run.add_argument("--storage", help="optuna storage URL (default sqlite:///studies/<name>.db)")
+    run.add_argument("--study", help="study name (default: study.name of the file)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
+    run.add_argument("--workers", type=int, metavar="N",
+                     help="trials run at once, each in its own worker process (default 1, or one per --devices entry)")
+    run.add_argument("--devices", metavar="0,1,...", help="CUDA_VISIBLE_DEVICES of the workers, given in turn "
+                                                         "(default: every visible GPU, when --workers > 1)")
+    run.set_defaults(func=cmd_run)
+
+    trial = sub.add_parser("trial", help="run one trial in the foreground and print its trace")
+    trial.add_argument("space", help="space file; unset searched keys take their first choice")
+    trial.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set r=64")
+    trial.add_argument("--json", action="store_true", help="print the result and its attributes as JSON")
+    trial.set_defaults(func=cmd_trial)
+
+    doctor = sub.add_parser("doctor", help="audit a dataset as the trials would tokenize it")
+    doctor.add_argument("target", help="a space file (its dataset, model and max_seq_length values), or a dataset: "
+                                       ".jsonl/.json/.csv/.parquet file, hub id or builtin:pydoc-topics")
+    doctor.add_argument("--model", help="whose tokenizer and vocabulary to use (default: the space's model, or "
+                                        "builtin:smollm2-135m-instruct for a bare dataset)")
+    doctor.add_argument("--max-seq-length", type=int, action="extend", nargs="+", metavar="N",
+                        help="limits to audit at (default: the space's max_seq_length values, or "
+                             + ", ".join(map(str, DOCTOR_DEFAULT_LENGTHS)) + ")")
+    doctor.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument("--strict", action="store_true", help="exit 1 when a finding would make a trial NaN")
+    doctor.set_defaults(func=cmd_doctor)
+
+    estimate = sub.add_parser("estimate", help="predicted peak GPU memory of the space's configurations, no weights")
+    estimate.add_argument("space", help="space file; the model may be a folder holding only config.json")
+    estimate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
+    estimate.add_argument("--json", action="store_true", help="print {points, frontier} as JSON")
+    estimate.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                          help="predict a GPU's reserved memory (default) or a CPU trial's resident set (the demo)")
+    estimate.set_defaults(func=cmd_estimate)
+
+    report = sub.add_parser("report", help="the Pareto front and failures of a study, in the terminal and in HTML")
+    report.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
+    report.add_argument("--html", metavar="PATH", help="where to write the HTML (default studies/<study>/report.html)")
+    report.add_argument("--json", action="store_true",
+                        help="print the report as JSON instead of tables (writes the HTML only with --html)")
+    report.set_defaults(func=cmd_report)
+
+    from sweeper.report import FORMATS, PICKS
+
+    export = sub.add_parser("export", help="a trial of the study as a config for production training")
+    export.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
+    which = export.add_mutually_exclusive_group()
+    which.add_argument("--trial", type=int, metavar="N", help="export this trial (it must have completed)")
+    which.add_argument("--pick", choices=PICKS, default="knee",
+                       help="a point of the front: knee (best trade-off, the default), min-memory or most-stable")
+    export.add_argument("--format", choices=FORMATS, default="hf", help="hf (default), trl, axolotl, llama-factory, json")
+    export.add_argument("-o", "--output", metavar="PATH",
+                        help="file to write; its suffix is set by the format (default studies/<study>/exports/)")
+    export.set_defaults(func=cmd_export)
+
+    dashboard = sub.add_parser("dashboard", help="optuna-dashboard on the study, with the trials' artifacts")
+    dashboard.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine "
+                                                               "only)")
+    dashboard.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    dashboard.set_defaults(func=cmd_dashboard)
+    return parser
+
+
+def _storage_failure(exc: BaseException) -> str | None:
+    """One line for a study storage that failed while in use (disk full, server gone), or None for other errors."""
+    if "optuna" not in sys.modules and "sqlalchemy" not in sys.modules:
+        return None
+    import optuna
+
+    cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) else exc
+    if not (isinstance(exc, optuna.exceptions.StorageInternalError) or type(cause).__module__.startswith("sqlalchemy")):
+        return None
+    from sweeper.study import redact_url
+
+    text = str(getattr(cause, "orig", None) or cause).strip().splitlines() or [type(cause).__name__]
+    return (f"sweep: the study storage failed ({redact_url(text[0][:200])}); SQLite and PostgreSQL roll back a failed "
+            "write, so finished trials are kept: fix the cause (a full disk, a stopped server) and run the same "
+            "command to resume")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``sweep``; returns the exit code."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # name the subcommand's help, not the top-level one
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return args.func(args)
+    except SweeperError as exc:
+        if args.debug:
+            traceback.print_exc()
+        for line in exc.problems:
+            print(line, file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:  # `sweep ... | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except Exception as exc:
+        line = _storage_failure(exc)
+        if line is None:
+            raise
+        if args.debug:
+            traceback.print_exc()
+        print(line, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        running = args.command in ("run", "trial")
+        print("sweep: interrupted" + ("; the running trials were stopped and recorded as interrupted" if running
+                                      else "; files already written are complete"), file=sys.stderr)
+        return 130
+
+

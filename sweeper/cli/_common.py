@@ -1,0 +1,138 @@
+"""What the ``sweep`` commands share: printing, reading a space file with the command line's values, reading the
+data and resolving the model before any trial, the data audit, and publishing the dashboard figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Any
+
+from sweeper.errors import SpaceError, SweeperError
+from sweeper.space import DatasetSpec, ModelSpec, SearchSpace, load_space, parse_duration_s
+
+
+def _print(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _prepare(dataset: DatasetSpec, model: ModelSpec) -> tuple[str, list[Any]]:
+    """Read the data and resolve the model (converting the built-in GGUF once) before any trial starts, so a bad
+    model or dataset is one clear error instead of a study of failed trials; both are checked, all problems reported.
+
+    Returns:
+        ``(model_path, samples)``: what :func:`sweeper.model.resolve_model` and :func:`sweeper.data.load_samples`
+        return.
+    """
+    from sweeper.data import load_samples
+    from sweeper.model import resolve_model
+
+    problems: list[str] = []
+    samples, model_path = [], ""
+    try:
+        samples = load_samples(dataset)
+    except SweeperError as exc:
+        problems += exc.problems
+    try:
+        model_path = resolve_model(model)
+    except SweeperError as exc:
+        problems += exc.problems
+    if problems:
+        raise SweeperError(problems)
+    return model_path, samples
+
+
+def _load(args: argparse.Namespace) -> SearchSpace:
+    """The space file with its overrides, and the command-line values checked with it: all problems at once."""
+    problems: list[str] = []
+    space = None
+    try:
+        space = load_space(args.space, args.set)
+    except SpaceError as exc:
+        problems += exc.problems
+    if getattr(args, "timeout", None) is not None:
+        try:
+            parse_duration_s(args.timeout)
+        except ValueError:
+            problems.append(f"--timeout: {args.timeout!r} is not a duration; write e.g. 90s, 20m or 8h")
+    if getattr(args, "study", None) is not None and not _STUDY_NAME.fullmatch(args.study):
+        problems.append(f"--study: {args.study!r} is not a valid study name; use letters, digits, '.', '_' or '-'")
+    if getattr(args, "n_trials", None) is not None and args.n_trials < 1:
+        problems.append(f"--n-trials: {args.n_trials} is not a positive number of trials; give 1 or more")
+    if getattr(args, "workers", None) is not None and not 1 <= args.workers <= MAX_WORKERS:
+        problems.append(f"--workers: {args.workers} is not a number of workers from 1 to {MAX_WORKERS}; give e.g. "
+                        "--workers 4")
+    if getattr(args, "devices", None) is not None:
+        devices = _devices(args.devices)
+        if not all(_DEVICE.fullmatch(d) for d in devices) or len(set(devices)) != len(devices):
+            problems.append(f"--devices: {args.devices!r} is not a list of distinct GPU indices or UUIDs; write e.g. "
+                            "--devices 0,1,2,3")
+    if problems:
+        raise SpaceError(problems)
+    return space
+
+
+def _audit(samples: list[Any], model: ModelSpec, model_path: str, max_seq_lengths: list[int]) -> tuple[Any, Any]:
+    """The samples tokenized as the trials tokenize them, audited at each length: ``(report, tokenized)``."""
+    from sweeper.audit import audit_samples
+    from sweeper.data import load_tokenizer, tokenize_samples
+    from sweeper.model import model_vocab_size
+
+    tokenizer = load_tokenizer(model_path, model.trust_remote_code)
+    tokenized = tokenize_samples(samples, tokenizer, sys.maxsize)  # full length; the audit cuts per limit
+    report = audit_samples(samples, tokenized, max_seq_lengths, model_vocab_size(model_path, model.trust_remote_code))
+    return report, tokenized
+
+
+def _describe_setup(space: SearchSpace, model_path: str, n_samples: int) -> str:
+    cap = space.fixed["memory_limit_gib"]
+    lines = [
+        f"model   {space.model.name_or_path}" + (f" ({model_path})" if model_path != space.model.name_or_path else ""),
+        f"data    {space.dataset.path}: {n_samples} samples",
+        f"memory  cap {cap:g} GiB per trial. CUDA: allocator cap, peak = max reserved. CPU: cap on private memory "
+        "(RLIMIT_DATA), peak = resident set after loading, which also counts shared libraries (+-0.1 GiB between runs)",
+    ]
+    steps = space.fixed.get("max_steps")
+    if "max_steps" not in space.search and steps is not None and steps < MIN_INFORMATIVE_STEPS:
+        lines.append(f"note    max_steps={steps}: loss_spike and grad_norm_growth need about {MIN_INFORMATIVE_STEPS}+ "
+                     "steps to separate configurations; NaN and OOM are measured at any length")
+    if space.model.trust_remote_code:
+        lines.append("WARNING trust_remote_code is on: the checkpoint's own Python code will run")
+    return "\n".join(lines)
+
+
+def _publish(study: Any) -> None:
+    """The front figure and failure notes for optuna-dashboard; a storage that refuses them costs only the figure."""
+    from sweeper.report import publish_study
+
+    try:
+        publish_study(study)
+    except (OSError, RuntimeError, ValueError) as exc:
+        print(f"sweep: the dashboard figure and notes were not stored ({exc})", file=sys.stderr)
+
+
+#: Below this many steps the trend terms of instability are mostly batch-to-batch noise (see sweeper.stability).
+MIN_INFORMATIVE_STEPS = 6
+
+_STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+#: A CUDA_VISIBLE_DEVICES entry: an index, or a GPU/MIG UUID.
+_DEVICE = re.compile(r"\d{1,3}|(GPU|MIG)-[A-Za-z0-9/-]{1,80}")
+
+def _devices(text: str) -> list[str]:
+    """``--devices 0,1`` as its entries."""
+    return [d.strip() for d in text.split(",")]
+
+
+#: More worker threads than this in one process is a typo (a GPU box has up to 16 GPUs; CPU trials need cores).
+MAX_WORKERS = 64
+
+
+
+
+def _study_ref(ref: str) -> str:
+    """STUDY as the user gave it, fit to be shown in a hint: a URL's password redacted, quoted."""
+    from sweeper.study import redact_url
+
+    return f"'{redact_url(ref)}'" if "://" in ref else ref

@@ -1,0 +1,27 @@
+"""``sweep dashboard STUDY``: optuna-dashboard on the study, with its artifacts, the front figure and notes."""
+
+from __future__ import annotations
+
+import argparse
+
+from sweeper.cli._common import _print, _publish
+from sweeper.errors import SpaceError
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """``sweep dashboard STUDY``: optuna-dashboard on the study, with its artifacts, the front figure and notes."""
+    import optuna
+
+    from sweeper.report import serve
+    from sweeper.study import load_existing_study, redact_url
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if not 1 <= args.port <= 65535:
+        raise SpaceError(f"--port: {args.port} is not a port; give 1-65535, e.g. --port 8080")
+    study, url = load_existing_study(args.study)
+    _publish(study)
+    _print(f"dashboard http://{args.host}:{args.port}/dashboard/ on {redact_url(url)} (Ctrl-C to stop)")
+    try:
+        serve(url, study.study_name, host=args.host, port=args.port)
+    except KeyboardInterrupt:
+        return 0
+    return 0

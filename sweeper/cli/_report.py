@@ -1,0 +1,50 @@
+"""``sweep report STUDY``: the front, counts by status and NaN cause, the fit frontier; ``--json``; the
+HTML report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from sweeper.cli._common import _print, _study_ref
+from sweeper.errors import SpaceError, SweeperError
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``sweep report STUDY``: the front, counts by status and NaN cause, the fit frontier; ``--json``; the HTML."""
+    import optuna
+
+    from sweeper.report import describe_fit, fit_map_data, format_counts, format_front, picks, report_dict
+    from sweeper.report import write_html_report
+    from sweeper.study import load_existing_study, nan_causes, pareto_front, status_counts, study_dir
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study, _ = load_existing_study(args.study)
+    html_path = Path(args.html) if args.html else study_dir(study.study_name) / "report.html"
+    if html_path.suffix.lower() not in (".html", ".htm") or html_path.is_dir():
+        raise SpaceError(f"{args.html}: --html: the report is an HTML file; give a path ending in .html")
+    if args.json:
+        _print(json.dumps(report_dict(study), indent=2))
+    else:
+        front = pareto_front(study)
+        _print(f"study '{study.study_name}': Pareto front (peak memory vs instability), {len(front)} trials:")
+        _print(format_front(front) if front else "  (no complete trial)")
+        _print()
+        _print("trials: " + format_counts(status_counts(study), nan_causes(study)))
+        chosen = picks(study)
+        if chosen:
+            _print("picks   " + " · ".join(f"{k} #{n}" for k, n in chosen.items())
+                   + f" (sweep export {_study_ref(args.study)} --pick knee)")
+        fits = describe_fit(fit_map_data(study))
+        if fits:
+            _print("largest max_seq_length that fit: " + ", ".join(f"batch {b}: {s}" for b, s in fits.items()))
+    if args.json and not args.html:
+        return 0  # JSON for a script: no file unless --html asks for one
+    try:
+        write_html_report(study, html_path)
+    except OSError as exc:
+        raise SweeperError([f"{html_path}: --html: cannot write the report ({exc.strerror}); choose a writable "
+                            "path"]) from None
+    if not args.json:
+        _print(f"report  {html_path} (self-contained, opens offline)")
+    return 0

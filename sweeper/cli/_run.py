@@ -1,0 +1,157 @@
+"""``sweep run SPACE.yaml``: create or resume the study and run trials until ``n_trials`` or the timeout."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from sweeper.cli._common import (
+    _devices,
+    _describe_setup,
+    _load,
+    _prepare,
+    _print,
+    _publish,
+    _audit,
+)
+from sweeper.errors import SpaceError
+from sweeper.space import SearchSpace, parse_duration_s
+
+
+def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> list[str]:
+    """Before the first trial: the data audit at the searched ``max_seq_length`` values, as warning lines
+    (:func:`sweeper.report.format_data_warnings`), so that a data fault is never read as a hyperparameter result."""
+    from sweeper.audit import nan_risks
+    from sweeper.report import format_data_warnings
+
+    report, tokenized = _audit(samples, space.model, model_path, space.values_of("max_seq_length"))
+    accumulation = space.values_of("gradient_accumulation_steps")
+    risks = nan_risks(report, tokenized, space.values_of("per_device_train_batch_size"), accumulation,
+                      max(space.values_of("max_steps")))
+    return format_data_warnings(report, risks, several_accumulations=len(accumulation) > 1,
+                                doctor=f"sweep doctor {space.path}")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``sweep run SPACE.yaml``: create or resume the study and run trials until n_trials or the timeout."""
+    import optuna
+
+    from sweeper.report import format_counts, format_data_nan_summary, format_front, format_params, format_trial_line
+    from sweeper.study import (
+        MAX_CONSECUTIVE_DUPLICATES,
+        SweepEvent,
+        check_writable,
+        count_finished,
+        default_storage,
+        heartbeat_interval_s,
+        in_memory,
+        nan_causes,
+        open_study,
+        pareto_front,
+        redact_url,
+        run_study,
+        slot_devices,
+        status_counts,
+        stored_trial,
+        stored_trials,
+        study_dir,
+        trial_dir,
+    )
+    from sweeper.trial import FAIL_STATUSES, cuda_visible
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    space = _load(args)
+    if not space.search:
+        raise SpaceError(f"{args.space}: search: nothing to search (every key is fixed); give at least one key a "
+                         "list or a range, or use 'sweep trial' for one configuration")
+    timeout_s = parse_duration_s(args.timeout) if args.timeout is not None else None
+    name = args.study or space.study.name
+    storage = args.storage or space.study.storage or default_storage(name)
+    n_trials = args.n_trials or space.study.n_trials
+    devices = _devices(args.devices) if args.devices else None
+    workers = args.workers or (len(devices) if devices else 1)
+    heartbeat_interval_s()  # a bad SWEEPER_HEARTBEAT_INTERVAL_S is one line before anything runs
+    if workers > 1 and in_memory(storage):
+        raise SpaceError(f"--storage: {redact_url(storage)} is an in-memory database, one per connection, which "
+                         f"--workers {workers} cannot share; give a file, e.g. --storage sqlite:///studies/{name}.db")
+    model_path, samples = _prepare(space.dataset, space.model)
+    check_writable(study_dir(name))  # before the storage is touched
+    study = open_study(space, storage, name, n_trials)  # a storage problem is one line before any output
+    already = count_finished(study)
+    _print(f"sweep: study '{name}' in {redact_url(storage)}, {n_trials} trials, searching {', '.join(space.search)}")
+    if workers > 1 or devices:
+        slots = slot_devices(workers, devices)
+        if any(d is not None for d in slots):
+            shown = ", ".join(f"device {d}" if d is not None else "this machine" for d in slots)
+        else:
+            threads = max(1, (os.cpu_count() or 1) // workers)
+            shown = f"on the CPU, {threads} thread{'s' if threads > 1 else ''} each"
+        _print(f"workers {workers} trial{'s' if workers > 1 else ''} at once ({shown})")
+        if devices and not cuda_visible():
+            _print("note    --devices names GPUs, but none is visible here: the trials run on the CPU")
+    _print(_describe_setup(space, model_path, len(samples)))
+    for line in _data_warnings(space, model_path, samples):
+        _print(line)
+    if 0 < already < n_trials:
+        _print(f"resume  the study holds {already} finished trials; {n_trials - already} to go")
+    start = time.monotonic()
+    statuses: list[str] = []  # of the trials this run measured
+
+    def on_start(number: int, params: dict, device: str | None) -> None:
+        if workers > 1:
+            shown = format_params({k: params.get(k) for k in space.search})
+            _print(f"start   #{number:<3} {shown}" + (f"  [device {device}]" if device is not None else ""))
+
+    def on_trial(event: SweepEvent) -> None:
+        trial = stored_trial(event.trial)
+        params = {k: trial.params.get(k) for k in space.search}
+        line = format_trial_line(trial.number, params, event.result, event.finished, event.n_trials)
+        if not trial.is_repeat:
+            statuses.append(event.result.status)
+        device = trial.user_attrs.get("cuda_visible_devices")
+        if workers > 1 and device is not None:
+            line += f"  [device {device}]"
+        if trial.retry_of is not None:
+            line += f"  (retry {trial.retry_attempt or 1} of #{trial.retry_of})"
+        if trial.retried:
+            line += "  (its configuration runs again: max_retries)"
+        _print(line)
+
+    if already >= n_trials:
+        _print(f"the study already holds {already} finished trials (n_trials={n_trials}): nothing to run; "
+               "raise --n-trials to measure more")
+    run_study(space, model_path=model_path, storage=storage, study_name=name, n_trials=n_trials,
+              timeout_s=timeout_s, on_trial=on_trial, on_note=lambda text: _print(f"note    {text}"),
+              on_start=on_start, study=study, workers=workers, devices=devices)
+    front = pareto_front(study)
+    finished = count_finished(study)
+    if finished < n_trials and (timeout_s is None or time.monotonic() - start < timeout_s):
+        _print(f"stopped at {finished} of {n_trials} trials: the sampler proposed only configurations already "
+               f"measured {MAX_CONSECUTIVE_DUPLICATES} times in a row; widen the search to measure more")
+    _print()
+    measured = sum(1 for t in stored_trials(study) if not t.is_repeat)
+    _print(f"Pareto front (peak memory vs instability), {len(front)} of {measured} trials:")
+    _print(format_front(front) if front else "  (no complete trial yet)")
+    _print()
+    _publish(study)
+    causes = nan_causes(study)
+    _print("trials: " + format_counts(status_counts(study), causes))
+    if "data" in causes:
+        samples = {t.number: t.result.nan_samples for t in stored_trials(study) if t.number in causes["data"]}
+        trials_dir = trial_dir(name, 0).parent.as_posix()
+        _print(format_data_nan_summary(causes, samples, trials_dir) + f"; see 'sweep doctor {space.path}'")
+    ref = name if storage == default_storage(name) else f"'{redact_url(storage)}'"
+    _print(f"done in {time.monotonic() - start:.0f} s; study in {redact_url(storage)}; next: sweep report {ref}, "
+           f"sweep dashboard {ref}, sweep export {ref} --pick knee"
+           + (" (with your password in place of ***)" if "***" in ref else ""))
+    if statuses and all(s in FAIL_STATUSES for s in statuses):
+        print(f"sweep: every trial this run started failed ({', '.join(sorted(set(statuses)))}): the machine or the "
+              f"setup, not the hyperparameters; see the reasons above and {trial_dir(name, 0).parent}/N/worker.log",
+              file=sys.stderr)
+        return 1
+    return 0
+
+

@@ -1,0 +1,40 @@
+"""What a study says, for people and for other tools: the report's data (:mod:`._data`, plain dicts), its figures and
+self-contained HTML (:mod:`._figures`, plotly), the terminal text (:mod:`._console`), optuna-dashboard with sweeper's
+notes and figure (:mod:`._dashboard`), and the production configs of ``sweep export`` (:mod:`._export`).
+
+Every reader takes an ``optuna.Study`` and reads its trials through :func:`sweeper.study.stored_trial`.
+"""
+
+from sweeper.report._console import (
+    format_audit,
+    format_counts,
+    format_data_nan_summary,
+    format_data_warnings,
+    format_front,
+    format_params,
+    format_trace,
+    format_trial_line,
+    status_label,
+)
+from sweeper.report._dashboard import dashboard_app, failure_note, publish_study, serve
+from sweeper.report._data import (
+    curves_data,
+    describe_fit,
+    fit_map_data,
+    front_data,
+    importance_data,
+    picks,
+    report_dict,
+    trial_params,
+    trial_record,
+)
+from sweeper.report._export import FORMATS, PICKS, ExportSettings, export_path, knee, pick_trial, settings_of, write_export
+from sweeper.report._figures import render_html, write_html_report
+
+__all__ = [
+    "FORMATS", "PICKS", "ExportSettings", "curves_data", "dashboard_app", "describe_fit", "export_path",
+    "failure_note", "fit_map_data", "format_audit", "format_counts", "format_data_nan_summary",
+    "format_data_warnings", "format_front", "format_params", "format_trace", "format_trial_line", "front_data",
+    "importance_data", "knee", "pick_trial", "picks", "publish_study", "render_html", "report_dict", "serve",
+    "settings_of", "status_label", "trial_params", "trial_record", "write_export", "write_html_report",
+]

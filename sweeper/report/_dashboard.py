@@ -1,0 +1,88 @@
+"""optuna-dashboard on a study, with what sweeper measured: each trial's trace (JSON), loss curve (SVG) and, after a
+NaN, its failing batch as artifacts in Optuna's artifact store (``studies/<study>/artifacts``); on the study, the
+Pareto-front figure and a markdown note per pruned or failed trial (optuna-dashboard's plotly-figure and note APIs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from sweeper.study import StoredTrial, artifact_store, stored_trials
+
+#: Id of the front figure among the study's plotly graph objects (optuna-dashboard requires ``[A-Za-z0-9_-]+``).
+FRONT_FIGURE_ID = "pareto-front"
+
+
+def failure_note(trial: StoredTrial) -> str:
+    """A short markdown note on a pruned or failed trial: status (with NaN cause), reason, step and what to look at.
+    """
+    r = trial.result
+    cause = f" ({r.nan_cause})" if r.nan_cause else ""
+    lines = [f"### Trial {trial.number}: {trial.status_name}{cause}", "", r.reason]
+    if r.fail_step is not None:
+        lines += ["", f"Failed at step {r.fail_step} ({r.fail_phase}), "
+                      f"peak memory {r.peak_memory_gib or 0:.3f} GiB ({r.memory_kind})."]
+    if r.nan_samples:
+        lines += ["", f"Samples: {', '.join(map(str, r.nan_samples))}; the failing batch is the "
+                      "`nan_batch.jsonl` artifact."]
+    return "\n".join(lines)
+
+
+def publish_study(study: optuna.Study) -> None:
+    """Put the Pareto-front figure on the study, and a note on every pruned or failed trial and every repeat that has
+    none yet (a user's own notes are never overwritten)."""
+    from optuna_dashboard import save_note, save_plotly_graph_object
+    from optuna_dashboard._note import get_note_from_system_attrs
+
+    from sweeper.report._figures import front_figure
+    from sweeper.report._data import front_data
+
+    save_plotly_graph_object(study, front_figure(front_data(study)), graph_object_id=FRONT_FIGURE_ID)
+    system_attrs = study._storage.get_study_system_attrs(study._study_id)
+    for t in stored_trials(study, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        trial_id = t.frozen._trial_id  # type: ignore[union-attr]
+        if get_note_from_system_attrs(system_attrs, trial_id)["body"]:
+            continue
+        if t.is_repeat:
+            body = (f"### Trial {t.number}: repeat of trial {t.repeat_of}\n\nThe sampler proposed a "
+                    "configuration already measured; its result was reused and nothing ran (it does not count "
+                    "toward n_trials).")
+        elif t.state == TrialState.COMPLETE:
+            continue
+        else:
+            body = failure_note(t)
+        save_note(optuna.Trial(study, trial_id), body)
+
+
+def serve(storage: str, study_name: str, host: str = "127.0.0.1", port: int = 8080) -> None:
+    """Run optuna-dashboard on ``storage`` with the study's artifact store until interrupted (blocks).
+
+    Raises:
+        StudyError: The address cannot be bound (port in use, unknown host); checked before the server starts.
+    """
+    import socket
+
+    from optuna_dashboard import run_server
+
+    from sweeper.errors import StudyError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(infos[0][4])
+    except (OSError, OverflowError) as exc:
+        raise StudyError(f"{host}:{port}: --host/--port: cannot listen there ({exc}); choose a free --port, or "
+                         "--host 127.0.0.1") from None
+
+    run_server(storage, host=host, port=port, artifact_store=artifact_store(study_name))
+
+
+def dashboard_app(storage: str | Any, study_name: str) -> Any:
+    """The same dashboard as a WSGI application (for tests and WSGI servers)."""
+    from optuna_dashboard import wsgi
+
+    return wsgi(storage, artifact_store=artifact_store(study_name))

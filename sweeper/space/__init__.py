@@ -1,0 +1,29 @@
+"""``space.yaml``: the study, the model, the data, the fixed settings and the search dimensions, as typed, frozen
+objects (:class:`SearchSpace`), and the one schema of a trial's settings (:class:`TrialConfig`).
+
+Pure: imports neither torch nor optuna, so a space file loads and validates in milliseconds.
+"""
+
+from sweeper.space._parse import TRIAL_KEYS, SearchSpace, apply_overrides, load_space, parse_duration_s, parse_space
+from sweeper.space._schema import (
+    ATTN_IMPLEMENTATIONS,
+    COMPUTE_DTYPES,
+    DATA_FORMATS,
+    OPTIMIZERS,
+    QUANT_TYPES,
+    SAMPLERS,
+    Categorical,
+    DatasetSpec,
+    Dimension,
+    KeySpec,
+    ModelSpec,
+    Range,
+    StudySpec,
+    TrialConfig,
+)
+
+__all__ = [
+    "ATTN_IMPLEMENTATIONS", "COMPUTE_DTYPES", "DATA_FORMATS", "OPTIMIZERS", "QUANT_TYPES", "SAMPLERS", "TRIAL_KEYS",
+    "Categorical", "DatasetSpec", "Dimension", "KeySpec", "ModelSpec", "Range", "SearchSpace", "StudySpec",
+    "TrialConfig", "apply_overrides", "load_space", "parse_duration_s", "parse_space",
+]

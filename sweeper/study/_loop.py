@@ -1,0 +1,481 @@
+"""The sweep's run loop. Each trial goes through the same steps:
+
+1. **ask** (:meth:`_Sweep.ask`): under the ask lock, fail stale trials (:func:`fail_stale_trials`), stop at
+   ``n_trials``, the time budget or too many repeats, else ask the sampler;
+2. **settle** without running it: a repeat of a configuration already measured reuses that result
+   (:meth:`_Sweep.settle_repeat`), a configuration the memory model or a known OOM says cannot fit is pruned
+   (:meth:`_Sweep.settle_prediction`);
+3. **measure** it in a trial process (:meth:`_Sweep.measure`, :func:`sweeper.trial.run_trial`);
+4. **tell** the study its outcome, with its artifacts (:meth:`_Sweep.tell`), and **retry** what may go differently
+   another time (crash, timeout; :func:`sweeper.study._recovery.retry`).
+
+Several worker slots (threads) may run in one sweep process and several processes on one study (see
+:mod:`sweeper.study._coordination`). Resuming is running the same command again: the study is loaded, stale
+trials are failed and retried, and the loop stops when the study holds ``n_trials`` finished trials.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.errors import RunError
+from sweeper.space import SearchSpace, TrialConfig
+from sweeper.study._artifacts import artifact_store, upload_trial_artifacts
+from sweeper.study._coordination import AskLock, Heartbeat, heartbeat_enabled
+from sweeper.study._machine import check_disk, check_writable, slot_devices, slot_env
+from sweeper.study._preflight import known_memory, memory_predictor, preflight
+from sweeper.study._recovery import fail_stale_trials, retry
+from sweeper.study._storage import (
+    FAILURE_CONSTRAINT,
+    default_storage,
+    failure_constraint,
+    make_sampler,
+    open_study,
+    record_result,
+    study_dir,
+    to_distributions,
+    trial_dir,
+)
+from sweeper.study._stored import TrialStatus, count_finished, stored_trial
+from sweeper.trial import PRUNED_STATUSES, TrialResult, run_trial
+
+#: Consecutive repeats of measured configurations after which the sweep stops: the sampler has nothing new to offer.
+MAX_CONSECUTIVE_DUPLICATES = 25
+
+#: Seconds a worker slot waits before looking again when the trials still needed are all running elsewhere.
+POLL_S = 2.0
+
+#: Statuses whose configuration is run again (up to ``max_retries``): they may go differently another time.
+RETRIED_STATUSES = ("crash", "timeout")
+
+#: User attributes that describe one run of a trial rather than its configuration's result (not copied to repeats).
+_BOOKKEEPING_ATTRS = ("sweep_host", "sweep_pid", "worker_pid", "retry_of", "retry_attempt", "retried", "interrupted",
+                      "duplicate_of", "cuda_visible_devices", "heartbeat_interval_s")
+
+
+def find_duplicate(study: optuna.Study, params: Mapping[str, Any]) -> FrozenTrial | None:
+    """A COMPLETE or PRUNED trial with exactly these params and a result of its own, or None.
+
+    TPE re-proposes configurations it already measured, often in small categorical spaces; a trial's outcome is
+    deterministic up to measurement noise (fixed seed, same samples), so a repeat costs GPU time and teaches nothing.
+    FAIL trials (timeout, crash, error) are not reused: they may go differently another time.
+    """
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if t.params == params and "status" in t.user_attrs:
+            return t
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepEvent:
+    """What the run loop reports after each trial.
+
+    Attributes:
+        trial: The trial as stored (state, params, user attributes).
+        result: Its result (measured, reused from the trial it repeats, or the preflight's).
+        finished: Finished trials in the study now (:attr:`sweeper.study.StoredTrial.counts`).
+        n_trials: The target.
+    """
+
+    trial: FrozenTrial
+    result: TrialResult
+    finished: int
+    n_trials: int
+
+
+class _Stop(Exception):
+    """Internal: this worker slot has nothing more to run."""
+
+
+class _Sweep:
+    """One ``sweep run`` process: its worker slots (threads when more than one) share the study, the ask lock, the
+    consecutive-repeat count, the running trial processes and Ctrl-C."""
+
+    def __init__(self, space: SearchSpace, study: optuna.Study, *, url: str, name: str, model_path: str, target: int,
+                 budget: float | None, on_trial: Callable[[SweepEvent], None] | None,
+                 on_note: Callable[[str], None] | None, on_start: Callable[[int, dict, str | None], None] | None,
+                 workers: int, devices: list[str | None]):
+        self.space, self.study, self.name, self.model_path = space, study, name, model_path
+        self.target, self.budget, self.on_trial, self.on_note = target, budget, on_trial, on_note
+        self.on_start = on_start
+        self.workers, self.devices = workers, devices
+        self.max_retries = int(space.fixed.get("max_retries", 1))
+        self.predictor = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation)
+        self.distributions = to_distributions(space)
+        self.lock = AskLock(url, name)
+        self.mutex = threading.Lock()  # repeats, printing, the set of running trial processes
+        self.start = time.monotonic()
+        self.repeats = 0
+        self.stop = threading.Event()
+        self.interrupted = threading.Event()
+        self.trial_pids: set[int] = set()
+        self.errors: list[BaseException] = []
+
+    # -- reporting ----------------------------------------------------------------------------------------------
+
+    def note(self, text: str) -> None:
+        if self.on_note is not None:
+            with self.mutex:
+                self.on_note(text)
+
+    def emit(self, frozen: FrozenTrial, result: TrialResult) -> None:
+        if self.on_trial is not None:
+            event = SweepEvent(trial=frozen, result=result, finished=count_finished(self.study), n_trials=self.target)
+            with self.mutex:
+                self.on_trial(event)
+
+    # -- slots --------------------------------------------------------------------------------------------------
+
+    def run_slot(self, slot: int) -> None:
+        """Run trials in this worker slot until the sweep stops."""
+        device = self.devices[slot]
+        env = slot_env(device, self.workers)
+        while not self.stop.is_set():
+            check_disk(study_dir(self.name))
+            try:
+                trial = self.ask(device)
+            except _Stop:
+                return
+            if trial is None:
+                self.stop.wait(POLL_S)
+                continue
+            heartbeat = Heartbeat(self.study._storage, trial._trial_id)
+            try:
+                self.run_one(trial, env)
+            finally:
+                heartbeat.stop()
+
+    def slot_main(self, slot: int, done: threading.Event) -> None:
+        """A worker slot's thread: an error stops every slot from starting more trials and is raised by the main
+        thread; ``done`` is set when the slot has recorded its last trial."""
+        try:
+            self.run_slot(slot)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            with self.mutex:
+                self.errors.append(exc)
+            self.stop.set()
+        finally:
+            done.set()
+
+    def interrupt(self) -> None:
+        """Ctrl-C with worker threads: stop starting trials and kill every running trial process's group; each
+        slot then records its trial as interrupted."""
+        self.interrupted.set()
+        self.stop.set()
+        with self.mutex:
+            pids = list(self.trial_pids)
+        for pid in pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    # -- step 1: ask --------------------------------------------------------------------------------------------
+
+    def fail_stale(self) -> None:
+        """Fail and retry the trials of sweeps that died on this host or went silent anywhere (under the lock)."""
+        for stale in fail_stale_trials(self.study, self.max_retries):
+            if stale.why == "gone":
+                self.note(f"trial {stale.number}: its sweep process is gone; marked interrupted, its configuration "
+                          "runs again")
+            else:
+                self.note(f"trial {stale.number}: its sweep sent no heartbeat; marked lost, its configuration runs "
+                          "again")
+
+    def ask(self, device: str | None) -> optuna.Trial | None:
+        """Under the ask lock: a new trial, or None when this slot should wait (the trials still needed are running
+        elsewhere).
+
+        Raises:
+            _Stop: ``n_trials`` reached, the time budget spent, too many repeats, or Ctrl-C.
+        """
+        with self.lock.held():
+            if self.stop.is_set():
+                raise _Stop
+            self.fail_stale()
+            trials = [stored_trial(t) for t in self.study.get_trials(deepcopy=False)]
+            finished = sum(1 for t in trials if t.counts)
+            running = sum(1 for t in trials if t.status == TrialStatus.RUNNING)
+            if (finished >= self.target or self.repeats >= MAX_CONSECUTIVE_DUPLICATES
+                    or (self.budget is not None and time.monotonic() - self.start >= self.budget)):
+                raise _Stop
+            if finished + running >= self.target:
+                return None
+            trial = self.study.ask(self.distributions)
+            trial.set_user_attr("sweep_host", socket.gethostname())
+            trial.set_user_attr("sweep_pid", os.getpid())
+            if device is not None:
+                trial.set_user_attr("cuda_visible_devices", device)
+            if heartbeat_enabled(self.study._storage):
+                trial.set_user_attr("heartbeat_interval_s", self.study._storage.get_heartbeat_interval())
+            return trial
+
+    # -- the steps of one trial ---------------------------------------------------------------------------------
+
+    def run_one(self, trial: optuna.Trial, env: dict[str, str] | None) -> None:
+        """Settle, or measure and tell, one asked trial."""
+        config = self.space.trial_config(trial.params)
+        if not self.wait_for_same(trial):
+            return
+        if self.settle_repeat(trial):
+            return
+        predicted = self.predictor(config.to_dict())
+        if self.settle_prediction(trial, config, predicted):
+            return
+        result = self.measure(trial, config, env)
+        if result is not None:
+            result.predicted_peak_gib = predicted
+            self.tell(trial, config, result)
+
+    def record_interrupted(self, trial: optuna.Trial, reason: str = "interrupted: Ctrl-C") -> None:
+        """Tell ``trial`` FAIL as not run to its end (``interrupted``, not counted) and queue its params again: the
+        next ``sweep run`` measures it."""
+        trial.set_user_attr("status", "crash")
+        trial.set_user_attr("reason", reason)
+        trial.set_user_attr("interrupted", True)
+        retry(self.study, trial, self.max_retries)
+        self.study.tell(trial, state=TrialState.FAIL)
+
+    def wait_for_same(self, trial: optuna.Trial) -> bool:
+        """Wait while an earlier trial with the same params runs (another slot or machine was asked the same
+        configuration: a retry, or a sampler without a lie for it); its result is then reused
+        (:meth:`settle_repeat`) instead of measured twice. Only earlier numbers are waited for, so two such trials
+        never wait on each other.
+
+        Returns:
+            False when Ctrl-C came meanwhile: the trial is recorded as interrupted.
+        """
+        params = trial.params
+        try:
+            while not self.interrupted.is_set():
+                with self.lock.held():
+                    self.fail_stale()  # the earlier trial's sweep may be dead or silent: it would never end
+                running = [t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                           if t.number < trial.number and t.params == params]
+                if not running:
+                    break
+                self.interrupted.wait(POLL_S)
+        except KeyboardInterrupt:
+            self.record_interrupted(trial)
+            raise
+        if self.interrupted.is_set():
+            self.record_interrupted(trial)
+            return False
+        return True
+
+    def settle_repeat(self, trial: optuna.Trial) -> bool:
+        """Tell a repeat of a measured configuration with that trial's state, values and attributes, marked
+        ``duplicate_of``; count consecutive repeats.
+
+        Returns:
+            Whether ``trial`` was a repeat (and is now told).
+        """
+        same = find_duplicate(self.study, trial.params)
+        with self.mutex:
+            self.repeats = self.repeats + 1 if same is not None else 0
+        if same is None:
+            return False
+        for key, value in same.user_attrs.items():
+            if key not in _BOOKKEEPING_ATTRS:
+                trial.set_user_attr(key, value)
+        trial.set_user_attr("duplicate_of", same.number)
+        trial.set_user_attr("reason", f"same configuration as trial {same.number}: its result is reused")
+        trial.set_user_attr("wall_time_s", 0.0)
+        trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(same.user_attrs["status"]))
+        frozen = self.study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)
+        self.emit(frozen, stored_trial(frozen).result)
+        return True
+
+    def settle_prediction(self, trial: optuna.Trial, config: TrialConfig, predicted: float | None) -> bool:
+        """Prune a configuration that cannot fit, without running it (:func:`sweeper.study._preflight.preflight`).
+
+        Returns:
+            Whether ``trial`` was pruned (and is now told).
+        """
+        decision = preflight(config.to_dict(), predicted, known_memory(self.study))
+        if decision is None:
+            return False
+        result = TrialResult(status=decision[0], reason=decision[1], predicted_peak_gib=predicted, wall_time_s=0.0,
+                             lora_alpha=config.lora_alpha, effective_batch_size=config.effective_batch_size)
+        record_result(trial, result, config.to_dict())
+        trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
+        self.emit(self.study.tell(trial, state=TrialState.PRUNED), result)
+        return True
+
+    def measure(self, trial: optuna.Trial, config: TrialConfig, env: dict[str, str] | None) -> TrialResult | None:
+        """Run the trial in its own process (:func:`sweeper.trial.run_trial`).
+
+        Returns:
+            Its result, or None when Ctrl-C killed it (it is then recorded as interrupted).
+
+        Raises:
+            RunError: The trial's files cannot be written (it is recorded as not run and queued again).
+            KeyboardInterrupt: Ctrl-C with one worker slot, after recording the trial as interrupted.
+        """
+        pids: list[int] = []
+
+        def started(pid: int) -> None:
+            trial.set_user_attr("worker_pid", pid)
+            pids.append(pid)
+            with self.mutex:
+                self.trial_pids.add(pid)
+            if self.interrupted.is_set():  # Ctrl-C came while this trial process was starting
+                os.killpg(pid, signal.SIGKILL)
+
+        folder = trial_dir(self.name, trial.number)
+        if self.on_start is not None:
+            with self.mutex:
+                self.on_start(trial.number, dict(trial.params), trial.user_attrs.get("cuda_visible_devices"))
+        try:
+            result = run_trial(config, folder, model_path=self.model_path, env=env, on_start=started)
+        except KeyboardInterrupt:  # one slot, in the main thread: run_trial killed the trial process
+            self.record_interrupted(trial)
+            raise
+        except OSError as exc:  # the trial's files cannot be written: disk full, folder made read-only meanwhile
+            self.record_interrupted(trial, f"not run: cannot write {folder} ({exc.strerror})")
+            raise RunError(f"{folder}: cannot write the trial's files ({exc.strerror}); trial {trial.number} is "
+                           "recorded as not run and queued again; fix the disk and run the same command: finished "
+                           "trials are kept") from None
+        finally:
+            with self.mutex:
+                self.trial_pids.difference_update(pids)
+        if self.interrupted.is_set():  # Ctrl-C with worker threads: interrupt() killed this trial process
+            self.record_interrupted(trial)
+            return None
+        return result
+
+    def tell(self, trial: optuna.Trial, config: TrialConfig, result: TrialResult) -> None:
+        """Store the result and its artifacts, tell the study (COMPLETE with both objectives, PRUNED for a result
+        about the configuration, FAIL otherwise) and queue a retry of a crash or timeout."""
+        try:
+            record_result(trial, result, config.to_dict())
+            _upload_artifacts(self.name, trial, result)
+            trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
+            if result.status == "complete":
+                frozen = self.study.tell(trial, [result.peak_memory_gib, result.instability])
+            elif result.status in PRUNED_STATUSES:
+                frozen = self.study.tell(trial, state=TrialState.PRUNED)
+            else:
+                if result.status in RETRIED_STATUSES and retry(self.study, trial, self.max_retries):
+                    trial.set_user_attr("retried", True)
+                frozen = self.study.tell(trial, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            self.note(f"trial {trial.number}: another sweep marked it lost while it ran (this process sent no "
+                      "heartbeat: was it frozen?); its retry measures it again; this run's files are in "
+                      f"{trial_dir(self.name, trial.number)}")
+            return
+        self.emit(frozen, result)
+
+
+def _upload_artifacts(study_name: str, trial: optuna.Trial, result: TrialResult) -> None:
+    """The trial's trace, loss curve and failing batch to the study's artifact store (:mod:`sweeper.study._artifacts`);
+    a full or read-only disk loses the artifacts, not the trial."""
+    try:
+        upload_trial_artifacts(trial, result, trial_dir(study_name, trial.number), artifact_store(study_name))
+    except OSError as exc:
+        warnings.warn(f"trial {trial.number}: artifacts not stored ({exc})", stacklevel=2)
+
+
+def run_study(
+    space: SearchSpace,
+    *,
+    model_path: str,
+    storage: str | None = None,
+    study_name: str | None = None,
+    n_trials: int | None = None,
+    timeout_s: float | None = None,
+    on_trial: Callable[[SweepEvent], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+    on_start: Callable[[int, dict, str | None], None] | None = None,
+    study: optuna.Study | None = None,
+    workers: int = 1,
+    devices: list[str] | None = None,
+) -> optuna.Study:
+    """Run trials until the study holds ``n_trials`` finished ones, or ``timeout_s`` has passed, or the sampler
+    proposed only configurations already measured ``MAX_CONSECUTIVE_DUPLICATES`` times in a row.
+
+    Several ``run_study`` calls (processes, machines) may share one study: they never start more than ``n_trials``
+    trials between them (:class:`sweeper.study._coordination.AskLock`), and find each other's dead or silent trials
+    (:func:`sweeper.study._recovery.fail_stale_trials`).
+
+    Args:
+        space: The validated space.
+        model_path: From :func:`sweeper.model.resolve_model`.
+        storage: Optuna storage URL; default ``space.study.storage`` or ``sqlite:///studies/<name>.db``.
+        study_name: Default ``space.study.name``.
+        n_trials: Default ``space.study.n_trials``; counted over the whole study.
+        timeout_s: Default ``space.study.timeout_s``; checked between trials (a trial has its own timeout).
+        on_trial: Called after each trial (from the worker's thread, one call at a time).
+        on_note: Called with a line about the study's bookkeeping (a lost trial failed and retried).
+        on_start: Called with a trial's number, params and device when its trial process starts.
+        study: The study, when the caller already opened it with :func:`open_study`; else it is opened here.
+        workers: Worker slots: trials run at once by this process (1 to 64), each in its own trial process.
+        devices: ``CUDA_VISIBLE_DEVICES`` values given to the workers in turn (:func:`slot_devices`).
+
+    Raises:
+        StudyError: The storage cannot be opened or written.
+        RunError: The studies folder's disk is full, or a trial's files cannot be written.
+        KeyboardInterrupt: After the running trials were killed and recorded as interrupted.
+    """
+    name = study_name or space.study.name
+    target = n_trials or space.study.n_trials
+    budget = timeout_s if timeout_s is not None else space.study.timeout_s
+    url = storage or space.study.storage or default_storage(name)
+    if study is None:
+        study = open_study(space, url, name, target)
+    check_writable(study_dir(name))
+    check_disk(study_dir(name))  # before any trial starts, and again before each
+    if "space_path" not in study.user_attrs:
+        study.set_user_attr("space_path", space.path)
+        study.set_user_attr("searched", list(space.search))
+    if study.user_attrs.get("model_path") != model_path:
+        study.set_user_attr("model_path", model_path)  # the local checkpoint the trials loaded (for exports)
+    sweep = _Sweep(space, study, url=url, name=name, model_path=model_path, target=target, budget=budget,
+                   on_trial=on_trial, on_note=on_note, on_start=on_start, workers=workers,
+                   devices=slot_devices(workers, devices))
+    with sweep.lock.held():
+        starts = int(study.user_attrs.get("sweep_starts", 0))
+        study.set_user_attr("sweep_starts", starts + 1)
+    if starts and space.study.seed is not None:
+        # Every sweep of the study (started together on several machines, or resuming) samples from its own seed:
+        # with one seed they would all propose the same first configurations.
+        study.sampler = make_sampler(space.study, target, seed=space.study.seed + starts)
+    if workers == 1:
+        sweep.run_slot(0)  # in this thread: Ctrl-C reaches run_trial, which kills the worker
+        return study
+    done = [threading.Event() for _ in range(workers)]
+    threads = [threading.Thread(target=sweep.slot_main, args=(i, done[i]), name=f"sweep-worker-{i}")
+               for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    # The main thread waits by polling, never inside Thread.join: in CPython 3.11 a KeyboardInterrupt that lands
+    # in join can mark a running thread as stopped, and the interpreter would then exit without it.
+    try:
+        while not all(d.is_set() for d in done):
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        sweep.interrupt()
+        while not all(d.is_set() for d in done):  # each slot records its killed trial as interrupted
+            try:
+                time.sleep(0.1)
+            except KeyboardInterrupt:
+                continue  # a second Ctrl-C: the trials are being recorded, which takes a moment
+        raise
+    for thread in threads:
+        thread.join()
+    if sweep.errors:
+        raise sweep.errors[0]
+    return study
+
+

@@ -1,0 +1,75 @@
+"""The machine a sweep runs on: the disk and folder checks made before each trial, and what each worker slot (a
+``--workers`` slot: a thread of the sweep that runs one trial process at a time) gets: its GPU and its share of the
+CPU cores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from sweeper.errors import RunError, StudyError
+from sweeper.trial import visible_gpus
+
+#: Free space (MiB) the studies folder's disk must have before a trial starts: a trial writes its log, result,
+#: trace and artifacts (tens of KiB on the demo, up to a few MiB with a long nan_batch.jsonl) and SQLite grows.
+MIN_FREE_MIB = 64
+
+def check_disk(folder: Path, min_free_mib: float = MIN_FREE_MIB) -> None:
+    """Raise before a trial starts when ``folder``'s disk (or its nearest existing parent's) is nearly full.
+
+    Raises:
+        RunError: Less than ``min_free_mib`` MiB free.
+    """
+    probe = Path(folder).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free_mib = shutil.disk_usage(probe).free / 2**20
+    if free_mib < min_free_mib:
+        raise RunError(f"{folder}: only {free_mib:.0f} MiB free on its disk (a trial needs {min_free_mib} MiB for its "
+                       "files); free some space and run the same command: finished trials are kept")
+
+
+def check_writable(folder: Path) -> None:
+    """Create ``folder`` (the study's folder under ``studies/``) and check it can be written, before any trial.
+
+    Raises:
+        StudyError: It cannot be created or written (permissions, a read-only mount).
+    """
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StudyError(f"{folder}: cannot create the study's folder ({exc.strerror}); run from a folder you can "
+                         "write, or fix its permissions") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise StudyError(f"{folder}: the study's folder is not writable (trial logs, results and artifacts go "
+                         "there); fix its permissions or run from another folder")
+
+
+def slot_devices(workers: int, devices: list[str] | None) -> list[str | None]:
+    """The ``CUDA_VISIBLE_DEVICES`` value of each of ``workers`` worker slots (None: leave the environment as is).
+
+    ``devices`` given: slot i gets ``devices[i % len(devices)]``. Not given, with several workers and GPUs visible:
+    the GPUs this process may use (its own ``CUDA_VISIBLE_DEVICES``, else every ``/dev/nvidiaN``), in turn. One
+    worker and no ``--devices`` keeps the environment: the worker sees what the sweep sees.
+    """
+    if devices:
+        return [devices[i % len(devices)] for i in range(workers)]
+    visible = visible_gpus() if workers > 1 else []
+    if visible:
+        return [visible[i % len(visible)] for i in range(workers)]
+    return [None] * workers
+
+
+def slot_env(device: str | None, workers: int) -> dict[str, str] | None:
+    """A worker slot's environment: its device in ``CUDA_VISIBLE_DEVICES``, and with several workers an equal share
+    of the CPU cores in ``OMP_NUM_THREADS`` (unless set), so that N CPU trials do not each start a thread per core."""
+    if device is None and workers == 1:
+        return None
+    env = dict(os.environ)
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    if workers > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    return env

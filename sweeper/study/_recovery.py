@@ -1,0 +1,115 @@
+"""Stale-trial recovery: a RUNNING trial whose sweep is gone is failed and its configuration queued again, as
+Optuna's ``fail_stale_trials`` does for heartbeats, with the reason recorded first (Optuna's own fails the trial
+before a callback could say why).
+
+A trial is stale when its sweep process on this host is dead (found at once, by pid: ``interrupted``), or when its
+sweep, anywhere, sent no Optuna heartbeat for :data:`~sweeper.study._coordination.GRACE_INTERVALS` intervals
+(killed on another machine, frozen, its machine gone: ``lost``). Only trials whose sweep beats at least as often as
+this one are judged by heartbeat: a sweep that beats every 30 s is never called lost by one that beats every 1 s.
+
+Also here: :func:`retry`, which queues a configuration again after a crash, a timeout or an interruption, up to
+``max_retries`` times.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Literal
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.study._coordination import GRACE_INTERVALS, stale_trial_ids
+
+
+def retry(study: optuna.Study, trial: FrozenTrial | optuna.Trial, max_retries: int) -> bool:
+    """Queue ``trial``'s params again when it has been retried fewer than ``max_retries`` times; the new trial carries
+    ``retry_of`` (the first attempt's number) and ``retry_attempt``.
+
+    Returns:
+        Whether a retry was queued.
+    """
+    attempt = int(trial.user_attrs.get("retry_attempt", 0))
+    if attempt >= max_retries:
+        return False
+    first = trial.user_attrs.get("retry_of", trial.number)
+    study.enqueue_trial(trial.params, user_attrs={"retry_of": first, "retry_attempt": attempt + 1},
+                        skip_if_exists=False)
+    return True
+
+
+@dataclass(frozen=True)
+class StaleTrial:
+    """A trial :func:`fail_stale_trials` failed.
+
+    Attributes:
+        number: The trial's number.
+        why: ``gone`` (its sweep process on this host is dead) or ``lost`` (its sweep sent no heartbeat).
+    """
+
+    number: int
+    why: Literal["gone", "lost"]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fail_running(study: optuna.Study, trial: FrozenTrial, reason: str, max_retries: int) -> bool:
+    """Mark another sweep's RUNNING trial failed (``crash``, ``interrupted``, with ``reason``) and queue its retry.
+
+    Returns:
+        False when the trial had ended meanwhile (told by its own sweep, or failed by another one): nothing done.
+    """
+    storage = study._storage  # optuna has no public API to end another process's trial
+    try:
+        storage.set_trial_user_attr(trial._trial_id, "status", "crash")
+        storage.set_trial_user_attr(trial._trial_id, "reason", reason)
+        storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    retry(study, trial, max_retries)
+    return True
+
+
+def _stale_reason(trial: FrozenTrial, host: str, stale: set[int], interval: float | None) -> tuple[str, str] | None:
+    """``(why, reason)`` when ``trial`` is stale (see the module docstring), else None."""
+    pid = trial.user_attrs.get("sweep_pid")
+    if trial.user_attrs.get("sweep_host") == host and pid is not None and not _pid_alive(int(pid)):
+        # Its trial process died with it (PR_SET_PDEATHSIG); its pid may belong to another process now.
+        return "gone", f"interrupted: the sweep process (pid {pid}) stopped while this trial ran"
+    if interval is None or trial._trial_id not in stale:
+        return None
+    # A sweep that beats less often than this one is judged by its own, longer grace period: by a sweep with its
+    # interval or longer, or by its pid on its own host.
+    if trial.user_attrs.get("heartbeat_interval_s", interval) > interval:
+        return None
+    who = f"pid {trial.user_attrs.get('sweep_pid', '?')} on {trial.user_attrs.get('sweep_host', '?')}"
+    return "lost", f"lost: its sweep ({who}) sent no heartbeat for {GRACE_INTERVALS * interval} s"
+
+
+def fail_stale_trials(study: optuna.Study, max_retries: int = 1) -> list[StaleTrial]:
+    """Fail the study's stale RUNNING trials (``crash``, ``interrupted``, with the reason) and retry each
+    configuration up to ``max_retries`` times. Call it under the ask lock.
+
+    Returns:
+        The trials failed here, by number (a trial another sweep failed first is not listed).
+    """
+    host = socket.gethostname()
+    stale = set(stale_trial_ids(study))
+    interval = study._storage.get_heartbeat_interval() if stale else None  # found some: the storage beats
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        found = _stale_reason(t, host, stale, interval)
+        if found is not None and _fail_running(study, t, found[1], max_retries):
+            failed.append(StaleTrial(t.number, found[0]))  # type: ignore[arg-type]
+    return failed

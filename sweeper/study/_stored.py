@@ -1,0 +1,242 @@
+"""The typed view of a stored trial: one function, :func:`stored_trial`, turns an Optuna ``FrozenTrial`` into a
+:class:`StoredTrial` (its configuration, its result, its status as an enum, what it repeats or retries), and every
+reader of a study (report, export, dashboard, console, preflight, resume) reads trials through it.
+
+The stored user attribute names are the contract (``docs/contract.md``) and do not change; a study written by an
+older version is read through the same function: a key its stored ``config`` lacks takes the schema's default
+(:meth:`sweeper.space.TrialConfig.from_dict`), an attribute its result lacks takes :class:`TrialResult`'s.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.space import TrialConfig
+from sweeper.stability import COMPONENTS
+from sweeper.trial import TrialResult
+
+
+class TrialStatus(str, enum.Enum):
+    """How a trial ended (the ``status`` user attribute), or that it has not yet.
+
+    ``COMPLETE`` trials have both objectives. ``NAN``, ``OOM``, ``PREDICTED_OOM`` and ``DOMINATED_OOM`` are results
+    about the configuration: the trial is PRUNED and infeasible for the sampler. ``TIMEOUT``, ``CRASH`` and ``ERROR``
+    are failures of the run (FAIL), retried where they may go differently. ``RUNNING`` and ``WAITING`` have not
+    ended; ``UNKNOWN`` is a finished trial without a status sweeper knows (a study edited by hand, or a newer
+    version's status).
+    """
+
+    COMPLETE = "complete"
+    NAN = "nan"
+    OOM = "oom"
+    PREDICTED_OOM = "predicted_oom"
+    DOMINATED_OOM = "dominated_oom"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+    ERROR = "error"
+    RUNNING = "running"
+    WAITING = "waiting"
+    UNKNOWN = "unknown"
+
+    @property
+    def pruned(self) -> bool:
+        """A result about the configuration (PRUNED, infeasible): NaN or out of memory, measured or predicted."""
+        return self in _PRUNED
+
+    @property
+    def failed(self) -> bool:
+        """A failure of the run, not of the configuration (FAIL): timeout, crash or error."""
+        return self in _FAILED
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the configuration's memory fit the cap, as measured: True for ``complete`` and ``nan`` (they ran
+        steps within it), False for ``oom``, None when the trial measured nothing about it."""
+        return {TrialStatus.COMPLETE: True, TrialStatus.NAN: True, TrialStatus.OOM: False}.get(self)
+
+
+_PRUNED = frozenset({TrialStatus.NAN, TrialStatus.OOM, TrialStatus.PREDICTED_OOM, TrialStatus.DOMINATED_OOM})
+_FAILED = frozenset({TrialStatus.TIMEOUT, TrialStatus.CRASH, TrialStatus.ERROR})
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredTrial:
+    """One trial of a study as sweeper stored it.
+
+    Attributes:
+        number: The trial's number in the study.
+        state: Optuna's state (COMPLETE, PRUNED, FAIL, RUNNING, WAITING).
+        status: How it ended (:class:`TrialStatus`).
+        params: The sampled values of the searched keys.
+        values: ``(peak_memory_gib, instability)`` of a COMPLETE trial, else None.
+        config: The trial's full settings, or None when the trial stored none (never started, or not made by sweeper).
+        result: What it measured (every :class:`TrialResult` field read from its user attributes).
+        repeat_of: For a repeat of a configuration already measured (``duplicate_of``), the measured trial's number;
+            its result was reused and nothing ran.
+        retry_of: For a retry of a crashed, timed-out or interrupted trial, the first attempt's number.
+        retry_attempt: 0 for a first attempt, 1.. for retries.
+        retried: This attempt failed and its configuration was queued again (it does not count toward ``n_trials``).
+        interrupted: Not run to its end (Ctrl-C, its sweep died or went silent); not counted, queued again.
+        user_attrs: Every stored user attribute, for bookkeeping keys not typed here (``sweep_pid``, ...).
+        frozen: The Optuna trial itself, for Optuna APIs (artifacts, notes).
+    """
+
+    number: int
+    state: TrialState
+    status: TrialStatus
+    params: Mapping[str, Any]
+    values: tuple[float, float] | None
+    config: TrialConfig | None
+    result: TrialResult
+    repeat_of: int | None = None
+    retry_of: int | None = None
+    retry_attempt: int = 0
+    retried: bool = False
+    interrupted: bool = False
+    user_attrs: Mapping[str, Any] = field(default_factory=dict)
+    frozen: FrozenTrial | None = None
+
+    @property
+    def is_repeat(self) -> bool:
+        """A repeat of a configuration already measured: its result was reused and nothing ran."""
+        return self.repeat_of is not None
+
+    @property
+    def counts(self) -> bool:
+        """Counts toward ``n_trials``: ended, not interrupted, not a failed attempt that was retried, not a repeat."""
+        return self.state.is_finished() and not (self.interrupted or self.retried or self.is_repeat)
+
+    @property
+    def measured(self) -> bool:
+        """Ended with a result of its own: finished, not a repeat, with a known status."""
+        return self.state.is_finished() and not self.is_repeat and self.status not in (
+            TrialStatus.UNKNOWN, TrialStatus.RUNNING, TrialStatus.WAITING)
+
+    @property
+    def lora_alpha(self) -> float | None:
+        """``lora_alpha`` as the trial ran it: the stored attribute, else ``lora_alpha_ratio * r`` of its config."""
+        if self.result.lora_alpha is not None:
+            return self.result.lora_alpha
+        return self.config.lora_alpha if self.config is not None else None
+
+    @property
+    def status_name(self) -> str:
+        """The status as stored (``complete``, ``nan``, ...), or Optuna's state in lower case for a trial without
+        one (``running``, ``waiting``, ``fail``)."""
+        return str(self.user_attrs.get("status") or self.state.name.lower())
+
+    @property
+    def count_label(self) -> str:
+        """The category :func:`status_counts` counts it under: ``repeated``, ``interrupted``, ``running``,
+        ``waiting``, else its status."""
+        if self.is_repeat:
+            return "repeated"
+        if self.interrupted:
+            return "interrupted"
+        return self.status_name
+
+
+def _status(trial: FrozenTrial) -> TrialStatus:
+    if trial.state == TrialState.RUNNING:
+        return TrialStatus.RUNNING
+    if trial.state == TrialState.WAITING:
+        return TrialStatus.WAITING
+    raw = trial.user_attrs.get("status")
+    if raw is None:  # ended without a result sweeper wrote (an Optuna-level failure)
+        return TrialStatus.UNKNOWN
+    try:
+        return TrialStatus(raw)
+    except ValueError:
+        return TrialStatus.UNKNOWN
+
+
+def _config(attrs: Mapping[str, Any]) -> TrialConfig | None:
+    raw = attrs.get("config")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return TrialConfig.from_dict(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def _result(attrs: Mapping[str, Any]) -> TrialResult:
+    """The stored result: the instability terms are stored flattened (see :func:`record_result`)."""
+    components = {name: attrs[name] for name in COMPONENTS if attrs.get(name) is not None}
+    return TrialResult.from_dict({**attrs, "status": attrs.get("status", "error"), "instability_components": components})
+
+
+def stored_trial(trial: FrozenTrial) -> StoredTrial:
+    """The typed view of one stored trial (see :class:`StoredTrial`); never raises on a trial it cannot read in
+    full: what is missing is None or its default."""
+    attrs = trial.user_attrs
+    repeat = attrs.get("duplicate_of")
+    retry = attrs.get("retry_of")
+    values = tuple(trial.values) if trial.state == TrialState.COMPLETE and trial.values else None
+    return StoredTrial(
+        number=trial.number,
+        state=trial.state,
+        status=_status(trial),
+        params=dict(trial.params),
+        values=values,  # type: ignore[arg-type]
+        config=_config(attrs),
+        result=_result(attrs),
+        repeat_of=int(repeat) if repeat is not None else None,
+        retry_of=int(retry) if retry is not None else None,
+        retry_attempt=int(attrs.get("retry_attempt", 0)),
+        retried=bool(attrs.get("retried", False)),
+        interrupted=bool(attrs.get("interrupted", False)),
+        user_attrs=attrs,
+        frozen=trial,
+    )
+
+
+def stored_trials(study: optuna.Study, states: tuple[TrialState, ...] | None = None) -> list[StoredTrial]:
+    """Every trial of ``study`` (or those in ``states``) as :class:`StoredTrial`, by number."""
+    return [stored_trial(t) for t in study.get_trials(deepcopy=False, states=states)]
+
+
+def is_finished(trial: FrozenTrial | StoredTrial) -> bool:
+    """Counts toward ``n_trials`` (:attr:`StoredTrial.counts`)."""
+    return (trial if isinstance(trial, StoredTrial) else stored_trial(trial)).counts
+
+
+def count_finished(study: optuna.Study) -> int:
+    """Trials that count toward ``n_trials`` (:attr:`StoredTrial.counts`)."""
+    return sum(1 for t in stored_trials(study) if t.counts)
+
+
+def measured_trials(study: optuna.Study) -> list[StoredTrial]:
+    """Finished trials that ran a configuration (:attr:`StoredTrial.measured`), by number."""
+    return [t for t in stored_trials(study) if t.measured]
+
+
+def pareto_front(study: optuna.Study) -> list[StoredTrial]:
+    """The COMPLETE trials no other trial beats on both objectives (``study.best_trials``), by peak memory; a trial
+    that reused an earlier one's result (a repeat) is listed once, as the original."""
+    front = [t for t in map(stored_trial, study.best_trials) if not t.is_repeat and t.values is not None]
+    return sorted(front, key=lambda t: t.values)  # type: ignore[arg-type,return-value]
+
+
+def status_counts(study: optuna.Study) -> dict[str, int]:
+    """Trials by :attr:`StoredTrial.count_label` (``running`` for trials still RUNNING, ``waiting`` for queued ones,
+    ``repeated`` for proposals of an already measured configuration, ``interrupted`` for trials a dead sweep or
+    Ctrl-C left unfinished, else the status)."""
+    return dict(Counter(t.count_label for t in stored_trials(study)))
+
+
+def nan_causes(study: optuna.Study) -> dict[str, list[int]]:
+    """Numbers of the NaN trials by ``nan_cause`` (``data``, ``precision``, ``optimization``, then ``unknown`` for
+    trials the replay could not decide), repeats of a measured configuration left out; causes with no trial omitted."""
+    out: dict[str, list[int]] = {"data": [], "precision": [], "optimization": [], "unknown": []}
+    for t in stored_trials(study):
+        if t.status == TrialStatus.NAN and not t.is_repeat:
+            out[t.result.nan_cause or "unknown"].append(t.number)
+    return {cause: numbers for cause, numbers in out.items() if numbers}
