@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test clean-studies
+.PHONY: install demo lint test clean-studies
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ install: $(STAMP)
 
 demo: install
 	$(VENV)/bin/sweep run search_spaces/demo.yaml
+
+# Style (ruff), formatting (ruff format), types (mypy) and the architecture contracts (import-linter, in pyproject.toml).
+lint: install
+	$(VENV)/bin/ruff check sweeper tests benchmarks
+	$(VENV)/bin/ruff format --check sweeper tests benchmarks
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test: install
 	$(PY) -m pytest

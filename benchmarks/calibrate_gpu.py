@@ -23,12 +23,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sweeper.estimate import MemorySettings, ModelShape, estimate_memory  # noqa: E402
+from sweeper.estimate import MemorySettings, ModelShape, estimate_memory
 
-LLAMA3_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": False}
-TINY = {"hidden_size": 256, "intermediate_size": 896, "num_hidden_layers": 2, "num_attention_heads": 8,
-        "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 8192, "tie_word_embeddings": False}
+LLAMA3_8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+}
+TINY = {
+    "hidden_size": 256,
+    "intermediate_size": 896,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 8192,
+    "tie_word_embeddings": False,
+}
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -54,14 +70,33 @@ def measure(folder: Path, s: MemorySettings, cuda: bool) -> float:
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    model = AutoModelForCausalLM.from_pretrained(folder, quantization_config=BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=s.bnb_4bit_use_double_quant,
-        bnb_4bit_compute_dtype=torch.bfloat16), dtype=torch.bfloat16, attn_implementation="sdpa",
-        device_map={"": 0} if cuda else None)
-    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=s.gradient_checkpointing,
-                                            gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = get_peft_model(model, LoraConfig(r=s.r, lora_alpha=2 * s.r, target_modules=list(s.target_modules),
-                                             lora_dropout=s.lora_dropout, task_type="CAUSAL_LM"))
+    model = AutoModelForCausalLM.from_pretrained(
+        folder,
+        quantization_config=BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=s.bnb_4bit_use_double_quant,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        ),
+        dtype=torch.bfloat16,
+        attn_implementation="sdpa",
+        device_map={"": 0} if cuda else None,
+    )
+    model = prepare_model_for_kbit_training(
+        model,
+        use_gradient_checkpointing=s.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+    )
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=s.r,
+            lora_alpha=2 * s.r,
+            target_modules=list(s.target_modules),
+            lora_dropout=s.lora_dropout,
+            task_type="CAUSAL_LM",
+        ),
+    )
     import bitsandbytes as bnb
 
     optimizer = bnb.optim.PagedAdamW8bit([p for p in model.parameters() if p.requires_grad], lr=1e-4)
@@ -88,18 +123,36 @@ def main() -> int:
     cuda = torch.cuda.is_available() and not args.tiny
     shape_dict = TINY if args.tiny or not cuda else LLAMA3_8B
     shape = ModelShape.from_config(shape_dict)
-    grid = [MemorySettings(r=r, target_modules=ALL, per_device_train_batch_size=b, max_seq_length=sl,
-                           gradient_checkpointing=ckpt, bnb_4bit_use_double_quant=dq,
-                           device="cuda" if cuda else "cpu")
-            for r, b, sl, ckpt, dq in itertools.product((16, 64), (1, 4), (512, 2048), (True, False), (True,))]
+    grid = [
+        MemorySettings(
+            r=r,
+            target_modules=ALL,
+            per_device_train_batch_size=b,
+            max_seq_length=sl,
+            gradient_checkpointing=ckpt,
+            bnb_4bit_use_double_quant=dq,
+            device="cuda" if cuda else "cpu",
+        )
+        for r, b, sl, ckpt, dq in itertools.product((16, 64), (1, 4), (512, 2048), (True, False), (True,))
+    ]
     grid = [s for s in grid if s.gradient_checkpointing or s.per_device_train_batch_size * s.max_seq_length <= 2048]
-    grid.append(MemorySettings(r=16, target_modules=ALL, per_device_train_batch_size=1, max_seq_length=2048,
-                               bnb_4bit_use_double_quant=False, device="cuda" if cuda else "cpu"))
+    grid.append(
+        MemorySettings(
+            r=16,
+            target_modules=ALL,
+            per_device_train_batch_size=1,
+            max_seq_length=2048,
+            bnb_4bit_use_double_quant=False,
+            device="cuda" if cuda else "cpu",
+        )
+    )
     with tempfile.TemporaryDirectory() as tmp:
         start = time.monotonic()
         build_checkpoint(shape_dict, Path(tmp))
-        print(f"model {'Llama-3-8B-shaped' if shape_dict is LLAMA3_8B else 'tiny'}, built in "
-              f"{time.monotonic() - start:.0f} s; device {'cuda' if cuda else 'cpu'}")
+        print(
+            f"model {'Llama-3-8B-shaped' if shape_dict is LLAMA3_8B else 'tiny'}, built in "
+            f"{time.monotonic() - start:.0f} s; device {'cuda' if cuda else 'cpu'}"
+        )
         print(f"{'r':>3} {'batch':>5} {'seq':>5} {'ckpt':>5} {'dq':>3} {'measured':>9} {'predicted':>9} {'error':>7}")
         for s in grid:
             predicted = estimate_memory(shape, s).predicted_peak_gib
@@ -107,11 +160,17 @@ def main() -> int:
                 measured = measure(Path(tmp), s, cuda)
             except torch.OutOfMemoryError:
                 measured = float("inf")
-            error = (predicted - measured) / measured if measured == measured and measured not in (0, float("inf")) \
+            error = (
+                (predicted - measured) / measured
+                if measured == measured and measured not in (0, float("inf"))
                 else float("nan")
-            print(f"{s.r:>3} {s.per_device_train_batch_size:>5} {s.max_seq_length:>5} "
-                  f"{'on' if s.gradient_checkpointing else 'off':>5} {'yes' if s.bnb_4bit_use_double_quant else 'no':>3} "
-                  f"{measured:9.2f} {predicted:9.2f} {100 * error:+6.1f}%", flush=True)
+            )
+            print(
+                f"{s.r:>3} {s.per_device_train_batch_size:>5} {s.max_seq_length:>5} "
+                f"{'on' if s.gradient_checkpointing else 'off':>5} {'yes' if s.bnb_4bit_use_double_quant else 'no':>3} "
+                f"{measured:9.2f} {predicted:9.2f} {100 * error:+6.1f}%",
+                flush=True,
+            )
         print(f"total {time.monotonic() - start:.0f} s")
     return 0
 

@@ -13,8 +13,8 @@ import statistics
 import tempfile
 import time
 
-from sweeper.space import ModelSpec, TrialConfig
 from sweeper.model import resolve_model
+from sweeper.space import ModelSpec, TrialConfig
 from sweeper.trial import run_trial
 
 CONFIGS = [
@@ -31,29 +31,47 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     model_path = resolve_model(ModelSpec())
-    header = f"{'config':<34} {'start_s':>8} {'import_s':>8} {'load_s':>8} {'train_s':>8} {'wall_s':>8} {'s/step':>7} {'tokens/s':>9}"
+    header = (
+        f"{'config':<34} {'start_s':>8} {'import_s':>8} {'load_s':>8} {'train_s':>8} {'wall_s':>8} {'s/step':>7} "
+        f"{'tokens/s':>9}"
+    )
     print(header)
     print("-" * len(header))
     overhead, training = [], []
     for values in CONFIGS:
         rows = []
         for _ in range(args.repeats):
-            config = TrialConfig(max_steps=args.max_steps, memory_limit_gib=20.0, r=8, learning_rate=1e-3,
-                                 trial_timeout_s=900, **values)
+            config = TrialConfig(
+                max_steps=args.max_steps, memory_limit_gib=20.0, r=8, learning_rate=1e-3, trial_timeout_s=900, **values
+            )
             with tempfile.TemporaryDirectory() as folder:
                 result = run_trial(config, folder, model_path=model_path)
             assert result.status == "complete", result.reason
             start = result.wall_time_s - result.import_time_s - result.load_time_s - result.train_time_s
-            rows.append((start, result.import_time_s, result.load_time_s, result.train_time_s, result.wall_time_s,
-                         result.tokens_per_s))
+            rows.append(
+                (
+                    start,
+                    result.import_time_s,
+                    result.load_time_s,
+                    result.train_time_s,
+                    result.wall_time_s,
+                    result.tokens_per_s,
+                )
+            )
         med = [statistics.median(col) for col in zip(*rows)]
         overhead.append(med[0] + med[1] + med[2])
         training.append(med[3])
-        name = f"{values['bnb_4bit_compute_dtype']} b={values['per_device_train_batch_size']} s={values['max_seq_length']}"
-        print(f"{name:<34} {med[0]:8.1f} {med[1]:8.1f} {med[2]:8.1f} {med[3]:8.1f} {med[4]:8.1f} "
-              f"{med[3] / args.max_steps:7.2f} {med[5]:9.0f}")
-    print(f"\nmedian of {args.repeats} runs each, {args.max_steps} steps; overhead (start + import + load) "
-          f"{statistics.median(overhead):.1f} s per trial against {statistics.median(training):.1f} s of training")
+        name = (
+            f"{values['bnb_4bit_compute_dtype']} b={values['per_device_train_batch_size']} s={values['max_seq_length']}"
+        )
+        print(
+            f"{name:<34} {med[0]:8.1f} {med[1]:8.1f} {med[2]:8.1f} {med[3]:8.1f} {med[4]:8.1f} "
+            f"{med[3] / args.max_steps:7.2f} {med[5]:9.0f}"
+        )
+    print(
+        f"\nmedian of {args.repeats} runs each, {args.max_steps} steps; overhead (start + import + load) "
+        f"{statistics.median(overhead):.1f} s per trial against {statistics.median(training):.1f} s of training"
+    )
 
 
 if __name__ == "__main__":

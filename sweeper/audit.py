@@ -33,8 +33,16 @@ from typing import Any, Literal
 
 from sweeper.data import Sample, TokenizedSample
 
-FindingKind = Literal["no_supervised_tokens", "invalid_token_id", "truncated", "too_long", "repeated_span",
-                      "empty_response", "duplicate", "unusual_characters"]
+FindingKind = Literal[
+    "no_supervised_tokens",
+    "invalid_token_id",
+    "truncated",
+    "too_long",
+    "repeated_span",
+    "empty_response",
+    "duplicate",
+    "unusual_characters",
+]
 
 #: Kinds that make a trial NaN (or crash) when a step consists of such samples; ``sweep doctor --strict`` exits 1.
 NAN_KINDS = ("no_supervised_tokens", "invalid_token_id")
@@ -108,9 +116,13 @@ class AuditReport:
     def to_dict(self) -> dict[str, Any]:
         """``{"samples": N, "length_percentiles": {...}, "max_seq_lengths": [...], "vocab_size": V,
         "findings": [{"kind", "max_seq_length", "samples", "detail", "nan_risk"}]}``."""
-        return {"samples": self.samples, "length_percentiles": self.length_percentiles,
-                "max_seq_lengths": self.max_seq_lengths, "vocab_size": self.vocab_size,
-                "findings": [f.to_dict() for f in self.findings]}
+        return {
+            "samples": self.samples,
+            "length_percentiles": self.length_percentiles,
+            "max_seq_lengths": self.max_seq_lengths,
+            "vocab_size": self.vocab_size,
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
 
 def supervised_tokens(labels: Sequence[int], max_seq_length: int) -> int:
@@ -240,31 +252,56 @@ def audit_samples(
         if emptied:
             cut = sorted(t.index for t in emptied)
             first = min(next((i for i, x in enumerate(t.labels) if x != -100), t.n_tokens) for t in emptied)
-            why = (f"the reply starts at token {first} or later" if first > 0 else
-                   "rows of one token: after the causal shift nothing is left to predict")
-            findings.append(Finding(
-                kind="no_supervised_tokens", max_seq_length=limit, samples=cut, nan_risk=True,
-                detail=f"{_samples(len(cut), len(tokenized), ('keeps', 'keep'))} no supervised token within {limit} "
-                       f"tokens ({why}): {_examples(cut)}; a step made only of such samples has a NaN loss"))
+            why = (
+                f"the reply starts at token {first} or later"
+                if first > 0
+                else "rows of one token: after the causal shift nothing is left to predict"
+            )
+            findings.append(
+                Finding(
+                    kind="no_supervised_tokens",
+                    max_seq_length=limit,
+                    samples=cut,
+                    nan_risk=True,
+                    detail=f"{_samples(len(cut), len(tokenized), ('keeps', 'keep'))} no supervised token within "
+                    f"{limit} "
+                    f"tokens ({why}): {_examples(cut)}; a step made only of such samples has a NaN loss",
+                )
+            )
     if vocab_size is not None:
         for limit in lengths:
-            bad = {t.index: max(i for i in t.input_ids[:limit] if i >= vocab_size or i < 0)
-                   for t in tokenized if any(i >= vocab_size or i < 0 for i in t.input_ids[:limit])}
+            bad = {
+                t.index: max(i for i in t.input_ids[:limit] if i >= vocab_size or i < 0)
+                for t in tokenized
+                if any(i >= vocab_size or i < 0 for i in t.input_ids[:limit])
+            }
             if bad:
                 worst = max(bad.values())
-                findings.append(Finding(
-                    kind="invalid_token_id", max_seq_length=limit, samples=sorted(bad), nan_risk=True,
-                    detail=f"{_samples(len(bad), verb=('holds', 'hold'))} token ids outside the model's {vocab_size} "
-                           f"embedding rows (largest {worst}): {_examples(sorted(bad))}; the tokenizer has tokens the "
-                           "model was not resized for (model.resize_token_embeddings), or the data holds raw ids"))
+                findings.append(
+                    Finding(
+                        kind="invalid_token_id",
+                        max_seq_length=limit,
+                        samples=sorted(bad),
+                        nan_risk=True,
+                        detail=f"{_samples(len(bad), verb=('holds', 'hold'))} token ids outside the model's "
+                        f"{vocab_size} "
+                        f"embedding rows (largest {worst}): {_examples(sorted(bad))}; the tokenizer has tokens the "
+                        "model was not resized for (model.resize_token_embeddings), or the data holds raw ids",
+                    )
+                )
     for limit in lengths:
         longer = sorted(t.index for t in tokenized if t.n_tokens > limit)
         if longer:
-            findings.append(Finding(
-                kind="truncated", max_seq_length=limit, samples=longer,
-                detail=f"{_samples(len(longer), len(tokenized))} ({_percent(len(longer), len(tokenized))}) "
-                       f"{'is' if len(longer) == 1 else 'are'} longer than {limit} tokens and lose their tail "
-                       f"(longest {max(n_tokens)}): {_examples(longer)}"))
+            findings.append(
+                Finding(
+                    kind="truncated",
+                    max_seq_length=limit,
+                    samples=longer,
+                    detail=f"{_samples(len(longer), len(tokenized))} ({_percent(len(longer), len(tokenized))}) "
+                    f"{'is' if len(longer) == 1 else 'are'} longer than {limit} tokens and lose their tail "
+                    f"(longest {max(n_tokens)}): {_examples(longer)}",
+                )
+            )
 
     ordered = sorted(n_tokens)
     if len(ordered) >= 4:
@@ -272,11 +309,17 @@ def audit_samples(
         fence = q3 + TUKEY_FAR_OUT * (q3 - q1)
         outliers = sorted((t for t in tokenized if t.n_tokens > fence), key=lambda t: -t.n_tokens)
         if outliers:
-            findings.append(Finding(
-                kind="too_long", max_seq_length=None, samples=sorted(t.index for t in outliers),
-                detail=f"{_samples(len(outliers), verb=('is', 'are'))} longer than {fence:.0f} tokens (Q3 + {TUKEY_FAR_OUT:g} IQR; "
-                       f"median {_percentile(ordered, 50):.0f}); longest: sample {outliers[0].index} with "
-                       f"{outliers[0].n_tokens} tokens"))
+            findings.append(
+                Finding(
+                    kind="too_long",
+                    max_seq_length=None,
+                    samples=sorted(t.index for t in outliers),
+                    detail=f"{_samples(len(outliers), verb=('is', 'are'))} longer than {fence:.0f} tokens "
+                    f"(Q3 + {TUKEY_FAR_OUT:g} IQR; "
+                    f"median {_percentile(ordered, 50):.0f}); longest: sample {outliers[0].index} with "
+                    f"{outliers[0].n_tokens} tokens",
+                )
+            )
 
     spans = []
     for t in tokenized:
@@ -284,18 +327,33 @@ def audit_samples(
         if span >= MIN_SPAN_TOKENS and span // period >= MIN_REPEATS:
             spans.append((t.index, span, period, start))
     if spans:
-        worst = max(spans, key=lambda s: s[1])
-        findings.append(Finding(
-            kind="repeated_span", max_seq_length=None, samples=sorted(s[0] for s in spans),
-            detail=f"{_samples(len(spans), verb=('repeats', 'repeat'))} a unit of at most {MAX_PERIOD} tokens over {MIN_SPAN_TOKENS}+ "
-                   f"tokens; longest: sample {worst[0]}, a {worst[2]}-token unit {worst[1] // worst[2]} times from "
-                   f"token {worst[3]}"))
+        worst = max(spans, key=lambda s: s[1])  # type: ignore[assignment]
+        findings.append(
+            Finding(
+                kind="repeated_span",
+                max_seq_length=None,
+                samples=sorted(s[0] for s in spans),
+                detail=f"{_samples(len(spans), verb=('repeats', 'repeat'))} a unit of at most {MAX_PERIOD} tokens "
+                f"over {MIN_SPAN_TOKENS}+ "
+                f"tokens; longest: sample {worst[0]}, a {worst[2]}-token unit {worst[1] // worst[2]} times from "  # type: ignore[index]
+                f"token {worst[3]}",  # type: ignore[index]
+            )
+        )
 
-    empty = sorted(s.index for s in samples if s.messages is not None
-                   and any(m["role"] == "assistant" and not m["content"].strip() for m in s.messages))
+    empty = sorted(
+        s.index
+        for s in samples
+        if s.messages is not None and any(m["role"] == "assistant" and not m["content"].strip() for m in s.messages)
+    )
     if empty:
-        findings.append(Finding(kind="empty_response", max_seq_length=None, samples=empty,
-                                detail=f"{_samples(len(empty))} with an empty assistant reply: {_examples(empty)}"))
+        findings.append(
+            Finding(
+                kind="empty_response",
+                max_seq_length=None,
+                samples=empty,
+                detail=f"{_samples(len(empty))} with an empty assistant reply: {_examples(empty)}",
+            )
+        )
 
     groups: dict[tuple, list[int]] = defaultdict(list)
     for s in samples:
@@ -303,10 +361,15 @@ def audit_samples(
     dupes = sorted((sorted(g) for g in groups.values() if len(g) > 1), key=lambda g: g[0])
     if dupes:
         shown = "; ".join(" = ".join(str(i) for i in g[:4]) for g in dupes[:3])
-        findings.append(Finding(
-            kind="duplicate", max_seq_length=None, samples=sorted(i for g in dupes for i in g),
-            detail=f"{len(dupes)} group{'s' if len(dupes) > 1 else ''} of identical samples ({sum(len(g) for g in dupes)} samples): {shown}"
-                   + (" ..." if len(dupes) > 3 else "")))
+        findings.append(
+            Finding(
+                kind="duplicate",
+                max_seq_length=None,
+                samples=sorted(i for g in dupes for i in g),
+                detail=f"{len(dupes)} group{'s' if len(dupes) > 1 else ''} of identical samples "
+                f"({sum(len(g) for g in dupes)} samples): {shown}" + (" ..." if len(dupes) > 3 else ""),
+            )
+        )
 
     odd: dict[int, list[str]] = {}
     for s in samples:
@@ -315,11 +378,22 @@ def audit_samples(
             odd[s.index] = found
     if odd:
         kinds = sorted({k for v in odd.values() for k in v})
-        findings.append(Finding(kind="unusual_characters", max_seq_length=None, samples=sorted(odd),
-                                detail=f"{_samples(len(odd), verb=('holds', 'hold'))} {', '.join(kinds)}: {_examples(sorted(odd))}"))
+        findings.append(
+            Finding(
+                kind="unusual_characters",
+                max_seq_length=None,
+                samples=sorted(odd),
+                detail=f"{_samples(len(odd), verb=('holds', 'hold'))} {', '.join(kinds)}: {_examples(sorted(odd))}",
+            )
+        )
 
-    return AuditReport(samples=len(samples), length_percentiles=length_percentiles(n_tokens),
-                       max_seq_lengths=lengths, vocab_size=vocab_size, findings=findings)
+    return AuditReport(
+        samples=len(samples),
+        length_percentiles=length_percentiles(n_tokens),
+        max_seq_lengths=lengths,
+        vocab_size=vocab_size,
+        findings=findings,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -337,8 +411,14 @@ class NanStep:
     kind: str
 
 
-def first_nan_step(tokenized: Sequence[TokenizedSample], max_seq_length: int, per_device_train_batch_size: int,
-                   gradient_accumulation_steps: int, max_steps: int, vocab_size: int | None = None) -> NanStep | None:
+def first_nan_step(
+    tokenized: Sequence[TokenizedSample],
+    max_seq_length: int,
+    per_device_train_batch_size: int,
+    gradient_accumulation_steps: int,
+    max_steps: int,
+    vocab_size: int | None = None,
+) -> NanStep | None:
     """The first step within ``max_steps`` that goes NaN for a data reason alone, reading samples as a trial does.
 
     A trial reads its samples in order (``sweeper.trial._child.worker`` uses a sequential sampler), in micro-batches of
@@ -358,10 +438,13 @@ def first_nan_step(tokenized: Sequence[TokenizedSample], max_seq_length: int, pe
     Returns:
         The first such step, or None.
     """
-    batches = [tokenized[i: i + per_device_train_batch_size]
-               for i in range(0, len(tokenized), per_device_train_batch_size)]
-    epoch = [[row for b in batches[i: i + gradient_accumulation_steps] for row in b]
-             for i in range(0, len(batches), gradient_accumulation_steps)]
+    batches = [
+        tokenized[i : i + per_device_train_batch_size] for i in range(0, len(tokenized), per_device_train_batch_size)
+    ]
+    epoch = [
+        [row for b in batches[i : i + gradient_accumulation_steps] for row in b]
+        for i in range(0, len(batches), gradient_accumulation_steps)
+    ]
     if not epoch:
         return None
     for step in range(min(max_steps, len(epoch))):  # later epochs repeat the same steps
@@ -391,8 +474,13 @@ class NanRisk:
     max_steps: int
 
 
-def nan_risks(report: AuditReport, tokenized: Sequence[TokenizedSample], batch_sizes: Sequence[int],
-              accumulation_steps: Sequence[int], max_steps: int) -> list[NanRisk]:
+def nan_risks(
+    report: AuditReport,
+    tokenized: Sequence[TokenizedSample],
+    batch_sizes: Sequence[int],
+    accumulation_steps: Sequence[int],
+    max_steps: int,
+) -> list[NanRisk]:
     """For each finding of ``report`` that would make a trial NaN, the batch shapes of the sweep where it strikes
     (:func:`first_nan_step`), so that a data fault is never read as a hyperparameter result."""
     out = []
@@ -400,7 +488,7 @@ def nan_risks(report: AuditReport, tokenized: Sequence[TokenizedSample], batch_s
         strikes = {}
         for b in batch_sizes:
             for ga in accumulation_steps:
-                hit = first_nan_step(tokenized, finding.max_seq_length, b, ga, max_steps, report.vocab_size)
+                hit = first_nan_step(tokenized, finding.max_seq_length or 0, b, ga, max_steps, report.vocab_size)
                 if hit is not None and hit.kind == finding.kind:
                     strikes[(b, ga)] = hit
         out.append(NanRisk(finding=finding, strikes=strikes, max_steps=max_steps))

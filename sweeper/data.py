@@ -86,8 +86,12 @@ def _pydoc_samples() -> list[Sample]:
         for k, chunk in enumerate(chunks, 1):
             part = f" (part {k} of {len(chunks)})" if len(chunks) > 1 else ""
             question = f"Explain the Python language topic '{name}'{part}."
-            out.append(Sample(index=len(out), messages=({"role": "user", "content": question},
-                                                        {"role": "assistant", "content": chunk})))
+            out.append(
+                Sample(
+                    index=len(out),
+                    messages=({"role": "user", "content": question}, {"role": "assistant", "content": chunk}),
+                )
+            )
     return out
 
 
@@ -117,6 +121,7 @@ def detect_format(columns: Sequence[str], path: str = "<dataset>") -> str:
 
 def _row_to_sample(row: Mapping[str, Any], index: int, fmt: str) -> Sample | None:
     """One row as a :class:`Sample`, or None when it has no usable content."""
+
     def s(key: str) -> str:
         value = row.get(key)
         return value if isinstance(value, str) else ("" if value is None else str(value))
@@ -127,14 +132,17 @@ def _row_to_sample(row: Mapping[str, Any], index: int, fmt: str) -> Sample | Non
     if fmt == "prompt_completion":
         if not s("prompt").strip() and not s("completion").strip():
             return None
-        return Sample(index=index, messages=({"role": "user", "content": s("prompt")},
-                                             {"role": "assistant", "content": s("completion")}))
+        return Sample(
+            index=index,
+            messages=({"role": "user", "content": s("prompt")}, {"role": "assistant", "content": s("completion")}),
+        )
     if fmt == "alpaca":
         prompt = s("instruction") + (("\n\n" + s("input")) if s("input").strip() else "")
         if not prompt.strip() and not s("output").strip():
             return None
-        return Sample(index=index, messages=({"role": "user", "content": prompt},
-                                             {"role": "assistant", "content": s("output")}))
+        return Sample(
+            index=index, messages=({"role": "user", "content": prompt}, {"role": "assistant", "content": s("output")})
+        )
     messages = row.get("messages")
     if not isinstance(messages, list) or not messages:
         return None
@@ -167,10 +175,20 @@ def _hub_unreachable(repo_id: str) -> bool:
 
     try:
         HfApi().dataset_info(repo_id, timeout=10)
-    except Exception as exc:  # noqa: BLE001 - only the transport errors below mean "no network"
+    except Exception as exc:
         names = {c.__name__ for c in type(exc).__mro__}
-        return bool(names & {"ConnectError", "ConnectTimeout", "NetworkError", "TransportError", "ConnectionError",
-                             "Timeout", "TimeoutException"})
+        return bool(
+            names
+            & {
+                "ConnectError",
+                "ConnectTimeout",
+                "NetworkError",
+                "TransportError",
+                "ConnectionError",
+                "Timeout",
+                "TimeoutException",
+            }
+        )
     return False
 
 
@@ -206,12 +224,15 @@ def _load_rows(spec: DatasetSpec) -> Any:
             raise DataError(f"{spec.path}: dataset.path: is a directory; give a .jsonl, .json, .csv or .parquet file")
         if not path.is_file():
             where = "" if path.is_absolute() else f" (relative to the working directory {Path.cwd()})"
-            raise DataError(f"{spec.path}: dataset.path: no such file{where}; give an existing .jsonl, .json, .csv "
-                            "or .parquet file, a hub id, or builtin:pydoc-topics")
+            raise DataError(
+                f"{spec.path}: dataset.path: no such file{where}; give an existing .jsonl, .json, .csv "
+                "or .parquet file, a hub id, or builtin:pydoc-topics"
+            )
         builder = _LOCAL_BUILDERS.get(path.suffix.lower())
         if builder is None:
-            raise DataError(f"{spec.path}: dataset.path: unsupported file type '{path.suffix}'; use .jsonl, .json, "
-                            ".csv or .parquet")
+            raise DataError(
+                f"{spec.path}: dataset.path: unsupported file type '{path.suffix}'; use .jsonl, .json, .csv or .parquet"
+            )
         size = path.stat().st_size
         if size == 0 or (builder != "parquet" and size < 2**20 and not path.read_bytes().strip()):
             raise DataError(f"{spec.path}: dataset.path: the file is empty; give a file with one sample per row")
@@ -220,28 +241,34 @@ def _load_rows(spec: DatasetSpec) -> Any:
         except Exception as exc:  # datasets raises many types for unreadable files
             cause = _root_cause(exc)
             if "corresponds to no data" in cause:
-                raise DataError(f"{spec.path}: dataset.path: the file has no data rows; give a file with one sample "
-                                "per row") from None
-            raise DataError(f"{spec.path}: dataset.path: cannot read it as {builder} ({cause}); check "
-                            "the file") from None
+                raise DataError(
+                    f"{spec.path}: dataset.path: the file has no data rows; give a file with one sample per row"
+                ) from None
+            raise DataError(
+                f"{spec.path}: dataset.path: cannot read it as {builder} ({cause}); check the file"
+            ) from None
     offline = _hub_unreachable(spec.path)
     try:
         with _offline(offline):
             return datasets.load_dataset(spec.path, split=spec.split)
     except Exception as exc:
         if offline:
-            raise DataError(f"{spec.path}: dataset.path: not a local file, the hub cannot be reached from here, and "
-                            "it is not in the local datasets cache; give a local .jsonl/.json/.csv/.parquet file, or "
-                            "load the dataset once where the hub can be reached") from None
-        raise DataError(f"{spec.path}: dataset.path: not a local file and not loadable from the hub "
-                        f"({_root_cause(exc)}); give a local file, or a hub id already in the local datasets cache "
-                        "when offline") from None
+            raise DataError(
+                f"{spec.path}: dataset.path: not a local file, the hub cannot be reached from here, and "
+                "it is not in the local datasets cache; give a local .jsonl/.json/.csv/.parquet file, or "
+                "load the dataset once where the hub can be reached"
+            ) from None
+        raise DataError(
+            f"{spec.path}: dataset.path: not a local file and not loadable from the hub "
+            f"({_root_cause(exc)}); give a local file, or a hub id already in the local datasets cache "
+            "when offline"
+        ) from None
 
 
 def _root_cause(exc: BaseException) -> str:
     """The innermost cause's first line (``datasets`` wraps the parser's error in a generic one)."""
     while exc.__cause__ is not None or exc.__context__ is not None:
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     first = (str(exc).strip().splitlines() or [""])[0][:160]
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
@@ -263,8 +290,10 @@ def load_samples(spec: DatasetSpec) -> list[Sample]:
         fmt = spec.format if spec.format != "auto" else detect_format(rows.column_names, spec.path)
         samples = [s for i, row in enumerate(rows) if (s := _row_to_sample(row, i, fmt)) is not None]
     if not samples:
-        raise DataError(f"{spec.path}: dataset: no usable rows (all empty or malformed); check the file's "
-                        f"columns and dataset.format ({spec.format})")
+        raise DataError(
+            f"{spec.path}: dataset: no usable rows (all empty or malformed); check the file's "
+            f"columns and dataset.format ({spec.format})"
+        )
     order = list(range(len(samples)))
     random.Random(spec.seed).shuffle(order)
     return [samples[i] for i in order[: spec.max_samples]]
@@ -285,8 +314,10 @@ def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     except Exception as exc:  # missing files, broken JSON, a tokenizer class that needs an uninstalled package, ...
-        raise ModelError(f"{model_path}: model.name_or_path: cannot load its tokenizer ({_root_cause(exc)}); the "
-                         "folder needs a fast tokenizer (tokenizer.json) and a readable config.json") from None
+        raise ModelError(
+            f"{model_path}: model.name_or_path: cannot load its tokenizer ({_root_cause(exc)}); the "
+            "folder needs a fast tokenizer (tokenizer.json) and a readable config.json"
+        ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -308,14 +339,20 @@ def _supervised_spans(messages: Sequence[Mapping[str, str]], tokenizer: Any) -> 
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = tokenizer.apply_chat_template(list(messages[:i]), tokenize=False, add_generation_prompt=True,
-                                               chat_template=template) if i else ""
+        before = (
+            tokenizer.apply_chat_template(
+                list(messages[:i]), tokenize=False, add_generation_prompt=True, chat_template=template
+            )
+            if i
+            else ""
+        )
         through = tokenizer.apply_chat_template(list(messages[: i + 1]), tokenize=False, chat_template=template)
         if through.startswith(before) and full.startswith(through):
             spans.append((len(before), len(through)))
     if not spans:
-        before = tokenizer.apply_chat_template(list(messages[:-1]), tokenize=False, add_generation_prompt=True,
-                                               chat_template=template)
+        before = tokenizer.apply_chat_template(
+            list(messages[:-1]), tokenize=False, add_generation_prompt=True, chat_template=template
+        )
         spans.append((min(len(before), len(full)), len(full)))
     return full, spans
 
@@ -342,17 +379,22 @@ def tokenize_samples(samples: Sequence[Sample], tokenizer: Any, max_seq_length: 
             ids = list(enc["input_ids"])
             labels = list(ids)
         else:
-            text, spans = _supervised_spans(sample.messages, tokenizer)
+            text, spans = _supervised_spans(sample.messages or (), tokenizer)
             try:
                 enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
             except NotImplementedError:
-                raise DataError("tokenizer: model.name_or_path: the tokenizer is not a fast tokenizer (no offsets); "
-                                "use a checkpoint with tokenizer.json") from None
+                raise DataError(
+                    "tokenizer: model.name_or_path: the tokenizer is not a fast tokenizer (no offsets); "
+                    "use a checkpoint with tokenizer.json"
+                ) from None
             ids = list(enc["input_ids"])
             labels = [
                 tok if any(a <= start < b for a, b in spans) else -100
                 for tok, (start, _end) in zip(ids, enc["offset_mapping"])
             ]
-        out.append(TokenizedSample(index=sample.index, input_ids=ids[:max_seq_length],
-                                   labels=labels[:max_seq_length], n_tokens=len(ids)))
+        out.append(
+            TokenizedSample(
+                index=sample.index, input_ids=ids[:max_seq_length], labels=labels[:max_seq_length], n_tokens=len(ids)
+            )
+        )
     return out

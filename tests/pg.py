@@ -48,15 +48,38 @@ class PgServer:
         if self.user is not None:
             entry = pwd.getpwnam(self.user)
             cmd = ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups", *cmd]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True,
-                              env={**os.environ, "LC_ALL": "C"})
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=120, check=True, env={**os.environ, "LC_ALL": "C"}
+        )
 
     def start(self) -> None:
         data = self.folder / "data"
-        self._run(self.bin / "initdb", "-D", data, "-U", "postgres", "-E", "UTF8", "--locale=C", "--auth-local=trust", "--auth-host=scram-sha-256")
-        self._run(self.bin / "pg_ctl", "-D", data, "-l", self.folder / "server.log", "-w", "-t", "60",
-                  "-o", f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.folder}"
-                  " -c max_connections=100 -c fsync=off", "start")
+        self._run(
+            self.bin / "initdb",
+            "-D",
+            data,
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+        )
+        self._run(
+            self.bin / "pg_ctl",
+            "-D",
+            data,
+            "-l",
+            self.folder / "server.log",
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.folder}"
+            " -c max_connections=100 -c fsync=off",
+            "start",
+        )
         psql = [self.bin / "psql", "-h", self.folder, "-p", str(self.port), "-U", "postgres", "-v", "ON_ERROR_STOP=1"]
         self._run(*psql, "-c", f"CREATE ROLE sweeper LOGIN PASSWORD '{PASSWORD}'")
         self._run(*psql, "-c", "CREATE DATABASE sweeper OWNER sweeper")

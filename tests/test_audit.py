@@ -21,8 +21,10 @@ TOPICS = ["lists", "tuples", "dicts", "sets", "strings", "bytes", "files", "loop
 
 def clean_rows() -> list[dict]:
     """Ten distinct question/answer pairs of about the same length."""
-    return [{"prompt": f"What are {t} in Python?", "completion": f"In Python, {t} are a built-in part of the language."}
-            for t in TOPICS]
+    return [
+        {"prompt": f"What are {t} in Python?", "completion": f"In Python, {t} are a built-in part of the language."}
+        for t in TOPICS
+    ]
 
 
 def audit(tmp_path, tokenizer_dir, rows, lengths, vocab_size=None):
@@ -89,12 +91,15 @@ def test_extreme_length_outlier(tiny_model, tmp_path):
     assert kinds(report)[("too_long", None)] == [0]
 
 
-@pytest.mark.parametrize(("ids", "expected"), [
-    ([1, 2, 3, 4, 5], (0, 0, 0)),
-    ([9, 7, 7, 7, 7, 8], (4, 1, 1)),
-    ([5, 1, 2, 1, 2, 1, 2, 6], (6, 2, 1)),
-    ([3, 3, 3, 3], (4, 1, 0)),  # a run of one token is also 2-periodic: the smallest period is reported
-])
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [
+        ([1, 2, 3, 4, 5], (0, 0, 0)),
+        ([9, 7, 7, 7, 7, 8], (4, 1, 1)),
+        ([5, 1, 2, 1, 2, 1, 2, 6], (6, 2, 1)),
+        ([3, 3, 3, 3], (4, 1, 0)),  # a run of one token is also 2-periodic: the smallest period is reported
+    ],
+)
 def test_longest_repeated_span(ids, expected):
     assert longest_repeated_span(ids) == expected
 

@@ -15,15 +15,30 @@ import pytest
 from conftest import data_nan_space, sweep, write_space
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)"),
+]
 
 
 def dump_dom(url: str, timeout: float = 120) -> str:
     """The page's DOM after its scripts ran (``--virtual-time-budget`` lets the single-page app fetch and render)."""
-    out = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                          "--virtual-time-budget=15000", "--dump-dom", url],
-                         capture_output=True, text=True, timeout=timeout, check=False)
+    out = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--virtual-time-budget=15000",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     return out.stdout
 
 
@@ -58,9 +73,14 @@ def test_dashboard_shows_the_study_and_its_artifacts(swept):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "dashboard", "t", "--port", str(port)], cwd=swept,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ})
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sweeper.cli", "dashboard", "t", "--port", str(port)],
+        cwd=swept,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ},
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -16,7 +16,9 @@ def test_bad_space_is_exit_2_with_one_line_and_no_study(workdir):
     path.write_text("search:\n  lerning_rate: [1e-4]\n")
     out = sweep("run", str(path), cwd=workdir)
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [f"{path}: search.lerning_rate: unknown key; did you mean 'learning_rate'?"]
+    assert out.stderr.strip().splitlines() == [
+        f"{path}: search.lerning_rate: unknown key; did you mean 'learning_rate'?"
+    ]
     assert not (workdir / "studies").exists()
 
 
@@ -65,9 +67,14 @@ def test_model_and_data_problems_reported_together(tiny_model, workdir):
     assert "dataset.path: is a directory" in lines[0] and "model.name_or_path: no config.json" in lines[1]
 
 
-@pytest.mark.parametrize(("url", "needle"), [("notaurl", "cannot open this storage"),
-                                             ("postgresql://me:s3cret@127.0.0.1:1/x", "cannot open this storage"),
-                                             ("mysql://me:s3cret@127.0.0.1:1/x", "pip install mysqlclient")])
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("notaurl", "cannot open this storage"),
+        ("postgresql://me:s3cret@127.0.0.1:1/x", "cannot open this storage"),
+        ("mysql://me:s3cret@127.0.0.1:1/x", "pip install mysqlclient"),
+    ],
+)
 def test_bad_storage_is_one_line_without_password(tiny_model, workdir, url, needle):
     out = sweep("run", str(write_space(workdir, tiny_space(tiny_model))), "--storage", url, cwd=workdir)
     assert out.returncode == 2 and out.stdout == "", out.stdout
@@ -94,8 +101,12 @@ class _Quiet(WSGIRequestHandler):
 
 @pytest.mark.slow
 def test_run_prints_front_and_dashboard_serves_the_study(tiny_model, workdir):
-    path = write_space(workdir, tiny_space(tiny_model, name="cli", n_trials=2,
-                                           search={"r": [4, 8], "bnb_4bit_compute_dtype": ["bfloat16", "float32"]}))
+    path = write_space(
+        workdir,
+        tiny_space(
+            tiny_model, name="cli", n_trials=2, search={"r": [4, 8], "bnb_4bit_compute_dtype": ["bfloat16", "float32"]}
+        ),
+    )
     out = sweep("run", str(path), cwd=workdir)
     assert out.returncode == 0, out.stderr
     assert "[1/2] #0" in out.stdout and "[2/2] #1" in out.stdout

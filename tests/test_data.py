@@ -10,13 +10,24 @@ from sweeper.space import DatasetSpec
 
 ROWS = {
     "text": [{"text": "def f(x): return x"}, {"text": "class A: pass"}],
-    "prompt_completion": [{"prompt": "What is a list?", "completion": "A mutable sequence."},
-                          {"prompt": "What is a tuple?", "completion": "An immutable sequence."}],
-    "alpaca": [{"instruction": "Define", "input": "dict", "output": "A mapping."},
-               {"instruction": "Define set", "input": "", "output": "An unordered collection."}],
-    "chat": [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]},
-             {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
-                           {"role": "assistant", "content": "4."}]}],
+    "prompt_completion": [
+        {"prompt": "What is a list?", "completion": "A mutable sequence."},
+        {"prompt": "What is a tuple?", "completion": "An immutable sequence."},
+    ],
+    "alpaca": [
+        {"instruction": "Define", "input": "dict", "output": "A mapping."},
+        {"instruction": "Define set", "input": "", "output": "An unordered collection."},
+    ],
+    "chat": [
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]},
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4."},
+            ]
+        },
+    ],
 }
 
 
@@ -113,8 +124,14 @@ def test_empty_files_say_so(tmp_path, content, needle):
 
 
 def test_chat_roles_and_content_parts_are_normalised(tmp_path):
-    rows = [{"messages": [{"role": "User", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "you"}]},
-                          {"role": "Assistant", "content": "Hello."}]}]
+    rows = [
+        {
+            "messages": [
+                {"role": "User", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "you"}]},
+                {"role": "Assistant", "content": "Hello."},
+            ]
+        }
+    ]
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps(rows[0]) + "\n")
     [sample] = load_samples(DatasetSpec(path=str(path)))

@@ -14,9 +14,18 @@ pytestmark = pytest.mark.slow
 
 
 def _config(model, **kw) -> TrialConfig:
-    base = {"max_steps": 3, "max_seq_length": 64, "per_device_train_batch_size": 2, "r": 4, "optim": "adamw_torch",
-            "memory_limit_gib": 4.0, "trial_timeout_s": 180.0, "model": ModelSpec(name_or_path=str(model)),
-            "dataset": DatasetSpec(max_samples=32), "bnb_4bit_compute_dtype": "bfloat16"}
+    base = {
+        "max_steps": 3,
+        "max_seq_length": 64,
+        "per_device_train_batch_size": 2,
+        "r": 4,
+        "optim": "adamw_torch",
+        "memory_limit_gib": 4.0,
+        "trial_timeout_s": 180.0,
+        "model": ModelSpec(name_or_path=str(model)),
+        "dataset": DatasetSpec(max_samples=32),
+        "bnb_4bit_compute_dtype": "bfloat16",
+    }
     return TrialConfig(**{**base, **kw})
 
 
@@ -28,8 +37,13 @@ def test_reply_truncated_away_is_a_data_nan_naming_the_sample(tiny_model, tmp_pa
     rows = clean_rows()
     rows[6] = {"prompt": "Explain every detail of the import system. " * 8, "completion": "It is long."}
     data = write_jsonl(tmp_path / "d.jsonl", rows)
-    config = _config(tiny_model, per_device_train_batch_size=1, max_seq_length=48, max_steps=len(rows),
-                     dataset=DatasetSpec(path=str(data)))
+    config = _config(
+        tiny_model,
+        per_device_train_batch_size=1,
+        max_seq_length=48,
+        max_steps=len(rows),
+        dataset=DatasetSpec(path=str(data)),
+    )
     result = run_trial(config, tmp_path / "t", model_path=str(tiny_model))
     assert result.status == "nan" and result.nan_cause == "data", result.reason
     assert result.nan_samples == [6] and "no supervised token" in result.reason
@@ -45,8 +59,9 @@ def test_id_beyond_the_vocabulary_is_a_data_nan(tiny_model_extra_token, tmp_path
     rows = clean_rows()
     rows[3] = {"prompt": "Call the tool.", "completion": "<|tool|> search(lists)"}
     data = write_jsonl(tmp_path / "d.jsonl", rows)
-    config = _config(tiny_model_extra_token, per_device_train_batch_size=1, max_steps=len(rows),
-                     dataset=DatasetSpec(path=str(data)))
+    config = _config(
+        tiny_model_extra_token, per_device_train_batch_size=1, max_steps=len(rows), dataset=DatasetSpec(path=str(data))
+    )
     result = run_trial(config, tmp_path / "t", model_path=str(tiny_model_extra_token))
     assert result.status == "nan" and result.nan_cause == "data", result.reason
     assert result.nan_samples == [3] and "512" in result.reason and result.fail_phase == "forward"
@@ -56,8 +71,9 @@ def test_id_beyond_the_vocabulary_is_a_data_nan(tiny_model_extra_token, tmp_path
 
 def test_fp16_overflow_is_a_precision_nan(tiny_model, tmp_path):
     # An adapter scale of 1000 and a learning rate of 1 push the 4-bit layers' outputs past fp16's 65504.
-    config = _config(tiny_model, bnb_4bit_compute_dtype="float16", lora_alpha_ratio=1000.0, learning_rate=1.0,
-                     max_steps=8)
+    config = _config(
+        tiny_model, bnb_4bit_compute_dtype="float16", lora_alpha_ratio=1000.0, learning_rate=1.0, max_steps=8
+    )
     result = run_trial(config, tmp_path, model_path=str(tiny_model))
     assert result.status == "nan" and result.nan_cause == "precision", result.reason
     assert result.nan_module and result.nan_module.startswith("model.layers.")
@@ -70,8 +86,15 @@ def test_fp16_overflow_is_a_precision_nan(tiny_model, tmp_path):
 def test_divergence_in_fp32_is_an_optimization_nan(tiny_model, tmp_path):
     # Plain SGD at learning rate 10 with lora_alpha/r 100 and no clipping: the gradient norm grows about 1e11x over five
     # steps and the loss overflows even in float32.
-    config = _config(tiny_model, bnb_4bit_compute_dtype="float32", optim="sgd", learning_rate=10.0,
-                     lora_alpha_ratio=100.0, max_grad_norm=0.0, max_steps=12)
+    config = _config(
+        tiny_model,
+        bnb_4bit_compute_dtype="float32",
+        optim="sgd",
+        learning_rate=10.0,
+        lora_alpha_ratio=100.0,
+        max_grad_norm=0.0,
+        max_steps=12,
+    )
     result = run_trial(config, tmp_path, model_path=str(tiny_model))
     assert result.status == "nan" and result.nan_cause == "optimization", result.reason
     assert "learning_rate 10" in result.reason and result.fail_step > 2

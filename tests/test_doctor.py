@@ -23,8 +23,18 @@ def faulty_rows() -> list[dict]:
 
 def test_doctor_json_names_each_fault(tiny_model, workdir):
     data = write_jsonl(workdir / "faulty.jsonl", faulty_rows())
-    out = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "48", "--max-seq-length", "512",
-                "--json", cwd=workdir)
+    out = sweep(
+        "doctor",
+        str(data),
+        "--model",
+        str(tiny_model),
+        "--max-seq-length",
+        "48",
+        "--max-seq-length",
+        "512",
+        "--json",
+        cwd=workdir,
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["samples"] == 10 and report["length_percentiles"]["max"] > 48
@@ -52,15 +62,18 @@ def test_doctor_on_the_demo_space_reads_its_data_and_lengths(tiny_model, workdir
     assert "no finding would make a trial NaN at max_seq_length 64, 128, 256" in out.stdout
 
 
-@pytest.mark.parametrize(("argv", "needle"), [
-    (["missing.jsonl"], "missing.jsonl: dataset.path: no such file"),
-    (["missing.yaml"], "missing.yaml"),
-    (["builtin:pydoc-topics", "--max-seq-length", "1"], "--max-seq-length: 1 is out of range"),
-    (["builtin:pydoc-topics", "--max-seq-length", "10000000000"], "--max-seq-length: 10000000000 is out of range"),
-    (["builtin:pydoc-topics", "--model", ""], "--model: empty"),
-    (["builtin:pydoc-topics", "--set", "r=4"], "--set: only a space file takes overrides"),
-    (["builtin:pydoc-topics", "--model", "./no/such/model"], "model.name_or_path: no such directory"),
-])
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["missing.jsonl"], "missing.jsonl: dataset.path: no such file"),
+        (["missing.yaml"], "missing.yaml"),
+        (["builtin:pydoc-topics", "--max-seq-length", "1"], "--max-seq-length: 1 is out of range"),
+        (["builtin:pydoc-topics", "--max-seq-length", "10000000000"], "--max-seq-length: 10000000000 is out of range"),
+        (["builtin:pydoc-topics", "--model", ""], "--model: empty"),
+        (["builtin:pydoc-topics", "--set", "r=4"], "--set: only a space file takes overrides"),
+        (["builtin:pydoc-topics", "--model", "./no/such/model"], "model.name_or_path: no such directory"),
+    ],
+)
 def test_doctor_bad_input_is_one_line(workdir, argv, needle):
     out = sweep("doctor", *argv, cwd=workdir)
     lines = out.stderr.strip().splitlines()
@@ -79,5 +92,7 @@ def test_sweep_whose_only_nans_come_from_the_data_says_so(tiny_model, workdir):
     study = optuna.load_study(study_name="t", storage="sqlite:///studies/t.db")
     (nan,) = [t for t in study.trials if t.user_attrs.get("status") == "nan" and "duplicate_of" not in t.user_attrs]
     assert nan.user_attrs["nan_cause"] == "data" and nan.user_attrs["min_supervised_tokens"] == 0
-    assert nan.user_attrs["nan_samples"] and (workdir / "studies" / "t" / "trials" / str(nan.number)
-                                              / "nan_batch.jsonl").is_file()
+    assert (
+        nan.user_attrs["nan_samples"]
+        and (workdir / "studies" / "t" / "trials" / str(nan.number) / "nan_batch.jsonl").is_file()
+    )

@@ -24,8 +24,16 @@ from sweeper.estimate import (
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-SMOLLM2_SHAPE = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 2, "num_attention_heads": 9,
-                 "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True}
+SMOLLM2_SHAPE = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +45,8 @@ def smollm2_shaped(tmp_path_factory):
     folder = tmp_path_factory.mktemp("smollm2-shaped")
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE, max_position_embeddings=2048)).to(torch.float16).save_pretrained(
-        folder)
+        folder
+    )
     return folder
 
 
@@ -47,13 +56,32 @@ def _load(path, s: MemorySettings):
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     dtype = getattr(torch, s.bnb_4bit_compute_dtype)
-    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=s.bnb_4bit_use_double_quant,
-        bnb_4bit_compute_dtype=dtype), dtype=dtype, attn_implementation=s.attn_implementation)
-    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=s.gradient_checkpointing,
-                                            gradient_checkpointing_kwargs={"use_reentrant": False})
-    return get_peft_model(model, LoraConfig(r=s.r, lora_alpha=2 * s.r, target_modules=list(s.target_modules),
-                                            lora_dropout=s.lora_dropout, task_type="CAUSAL_LM"))
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        quantization_config=BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=s.bnb_4bit_use_double_quant,
+            bnb_4bit_compute_dtype=dtype,
+        ),
+        dtype=dtype,
+        attn_implementation=s.attn_implementation,
+    )
+    model = prepare_model_for_kbit_training(
+        model,
+        use_gradient_checkpointing=s.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+    )
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=s.r,
+            lora_alpha=2 * s.r,
+            target_modules=list(s.target_modules),
+            lora_dropout=s.lora_dropout,
+            task_type="CAUSAL_LM",
+        ),
+    )
 
 
 def _quantized_storage(model) -> int:
@@ -78,8 +106,11 @@ def test_weight_terms_match_the_loaded_model(tiny_model, smollm2_shaped, which, 
     shape = ModelShape.from_dir(path)
     model = _load(path, s)
     assert quantized_weight_bytes(shape, double_quant) == _quantized_storage(model)
-    params = {p.untyped_storage().data_ptr(): p for n, p in model.named_parameters()
-              if p.dtype != torch.uint8 and "lora_" not in n}
+    params = {
+        p.untyped_storage().data_ptr(): p
+        for n, p in model.named_parameters()
+        if p.dtype != torch.uint8 and "lora_" not in n
+    }
     assert unquantized_weight_bytes(shape) == sum(p.numel() * p.element_size() for p in params.values())
     lora = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
     assert lora_weight_bytes(shape, s) == lora
@@ -101,8 +132,17 @@ def test_gradient_and_optimizer_state_after_one_real_step(tiny_model, smollm2_sh
         if p.requires_grad:
             p.register_hook(lambda g, n=n: grads.__setitem__(n, g.numel() * g.element_size()))
     ids = torch.randint(0, 500, (16,)).tolist()
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=1, optim=optim,
-                             use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True, bf16=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=1,
+        optim=optim,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        bf16=True,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=[{"input_ids": ids, "labels": ids}] * 2)
     trainer.train()
     assert sum(grads.values()) == gradient_bytes(shape, s)
@@ -154,9 +194,16 @@ CASES = [
 
 @pytest.mark.parametrize(("dtype", "checkpointing", "dropout", "targets", "attn"), CASES)
 def test_saved_activations_and_logits_tiny(tiny_model, dtype, checkpointing, dropout, targets, attn):
-    s = MemorySettings(r=8, target_modules=targets, bnb_4bit_compute_dtype=dtype, per_device_train_batch_size=2,
-                       max_seq_length=96, gradient_checkpointing=checkpointing, lora_dropout=dropout,
-                       attn_implementation=attn)
+    s = MemorySettings(
+        r=8,
+        target_modules=targets,
+        bnb_4bit_compute_dtype=dtype,
+        per_device_train_batch_size=2,
+        max_seq_length=96,
+        gradient_checkpointing=checkpointing,
+        lora_dropout=dropout,
+        attn_implementation=attn,
+    )
     model = _load(tiny_model, s)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -169,8 +216,9 @@ def test_saved_activations_and_logits_tiny(tiny_model, dtype, checkpointing, dro
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_saved_activations_smollm2_shape(smollm2_shaped, checkpointing):
-    s = MemorySettings(r=16, target_modules=ALL, per_device_train_batch_size=1, max_seq_length=64,
-                       gradient_checkpointing=checkpointing)
+    s = MemorySettings(
+        r=16, target_modules=ALL, per_device_train_batch_size=1, max_seq_length=64, gradient_checkpointing=checkpointing
+    )
     model = _load(smollm2_shaped, s)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -180,14 +228,30 @@ def test_saved_activations_smollm2_shape(smollm2_shaped, checkpointing):
 
 
 def test_estimate_grows_with_every_memory_dimension():
-    shape = ModelShape.from_config(json.loads(json.dumps({
-        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "vocab_size": 128256})))
+    shape = ModelShape.from_config(
+        json.loads(
+            json.dumps(
+                {
+                    "hidden_size": 4096,
+                    "intermediate_size": 14336,
+                    "num_hidden_layers": 32,
+                    "num_attention_heads": 32,
+                    "num_key_value_heads": 8,
+                    "vocab_size": 128256,
+                }
+            )
+        )
+    )
     base = MemorySettings(r=16, target_modules=ALL, per_device_train_batch_size=1, max_seq_length=2048)
     peak = estimate_memory(shape, base).predicted_peak_gib
     assert 6 < peak < 24  # Llama-3-8B QLoRA at batch 1 x 2048 with checkpointing fits a 24 GB card
-    for bigger in ({"per_device_train_batch_size": 4}, {"max_seq_length": 4096}, {"r": 64},
-                   {"gradient_checkpointing": False}, {"bnb_4bit_use_double_quant": False}):
+    for bigger in (
+        {"per_device_train_batch_size": 4},
+        {"max_seq_length": 4096},
+        {"r": 64},
+        {"gradient_checkpointing": False},
+        {"bnb_4bit_use_double_quant": False},
+    ):
         assert estimate_memory(shape, MemorySettings(**{**base.__dict__, **bigger})).predicted_peak_gib > peak, bigger
     terms = estimate_memory(shape, base).terms_gib
     # 6.98e9 projection weights at 4.127 bits (QLoRA paper) = 3.35 GiB; embedding and lm_head in float32 after
@@ -203,13 +267,15 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
     only_config = tmp_path / "planned-model"
     only_config.mkdir()
     shutil.copy(tiny_model / "config.json", only_config / "config.json")  # no weights, no tokenizer
-    space = tiny_space(only_config, search={"per_device_train_batch_size": [1, 4], "r": [8, 64]},
-                       training={"memory_limit_gib": 0.61})
+    space = tiny_space(
+        only_config, search={"per_device_train_batch_size": [1, 4], "r": [8, 64]}, training={"memory_limit_gib": 0.61}
+    )
     out = sweep("estimate", str(write_space(tmp_path, space)), "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert len(data["points"]) == 4 and all(set(p["terms_gib"]) >= {"activations", "optimizer_state"}
-                                            for p in data["points"])
+    assert len(data["points"]) == 4 and all(
+        set(p["terms_gib"]) >= {"activations", "optimizer_state"} for p in data["points"]
+    )
     assert [e["per_device_train_batch_size"] for e in data["frontier"]] == [1, 4]
     llama = sweep("estimate", str(REPO / "search_spaces" / "llama3-8b-24gb.yaml"), cwd=tmp_path)
     assert llama.returncode == 0, llama.stderr
@@ -219,13 +285,32 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
 def test_dominance_rule():
     from sweeper.study._preflight import Known, at_least_as_large, preflight
 
-    base = {"per_device_train_batch_size": 2, "max_seq_length": 512, "r": 16, "target_modules": ["q_proj", "v_proj"],
-            "bnb_4bit_compute_dtype": "bfloat16", "gradient_checkpointing": True, "bnb_4bit_use_double_quant": True,
-            "gradient_accumulation_steps": 1, "optim": "paged_adamw_8bit", "lora_dropout": 0.05, "model": {"n": 1},
-            "dataset": {"p": 1}, "memory_limit_gib": 24, "learning_rate": 1e-4, "preflight_margin": 0.1}
-    for bigger in ({"per_device_train_batch_size": 4}, {"max_seq_length": 1024}, {"r": 32},
-                   {"target_modules": ["q_proj", "v_proj", "o_proj"]}, {"bnb_4bit_compute_dtype": "float32"},
-                   {"gradient_checkpointing": False}, {"bnb_4bit_use_double_quant": False}):
+    base = {
+        "per_device_train_batch_size": 2,
+        "max_seq_length": 512,
+        "r": 16,
+        "target_modules": ["q_proj", "v_proj"],
+        "bnb_4bit_compute_dtype": "bfloat16",
+        "gradient_checkpointing": True,
+        "bnb_4bit_use_double_quant": True,
+        "gradient_accumulation_steps": 1,
+        "optim": "paged_adamw_8bit",
+        "lora_dropout": 0.05,
+        "model": {"n": 1},
+        "dataset": {"p": 1},
+        "memory_limit_gib": 24,
+        "learning_rate": 1e-4,
+        "preflight_margin": 0.1,
+    }
+    for bigger in (
+        {"per_device_train_batch_size": 4},
+        {"max_seq_length": 1024},
+        {"r": 32},
+        {"target_modules": ["q_proj", "v_proj", "o_proj"]},
+        {"bnb_4bit_compute_dtype": "float32"},
+        {"gradient_checkpointing": False},
+        {"bnb_4bit_use_double_quant": False},
+    ):
         assert at_least_as_large({**base, **bigger}, base) and not at_least_as_large(base, {**base, **bigger}), bigger
     assert at_least_as_large({**base, "learning_rate": 1e-3}, base)  # a key memory does not depend on may differ
     assert not at_least_as_large({**base, "per_device_train_batch_size": 4, "r": 8}, base)  # larger in one only
@@ -238,12 +323,15 @@ def test_dominance_rule():
     assert preflight({**base, "r": 8}, 30.0, [fit]) is None  # no larger than a configuration that fit
 
 
-@pytest.mark.parametrize(("config", "needle"), [
-    ({**SMOLLM2_SHAPE, "vocab_size": None}, "vocab_size is None"),
-    ({**SMOLLM2_SHAPE, "num_hidden_layers": -3}, "num_hidden_layers is -3"),
-    ({**SMOLLM2_SHAPE, "num_local_experts": 8}, "mixture-of-experts"),
-    ([1, 2], "not a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        ({**SMOLLM2_SHAPE, "vocab_size": None}, "vocab_size is None"),
+        ({**SMOLLM2_SHAPE, "num_hidden_layers": -3}, "num_hidden_layers is -3"),
+        ({**SMOLLM2_SHAPE, "num_local_experts": 8}, "mixture-of-experts"),
+        ([1, 2], "not a JSON object"),
+    ],
+)
 def test_estimate_refuses_a_bad_config_in_one_line(tmp_path, tiny_model, config, needle):
     from conftest import sweep, tiny_space, write_space
 

@@ -30,8 +30,11 @@ def test_yaml_and_json_exports_carry_every_value(study_and_knee, tmp_path):
     assert a["lora_target_modules"] == ["q_proj", "v_proj"] and a["sequence_len"] == 64
     assert a["micro_batch_size"] == 2 and a["gradient_accumulation_steps"] == 8  # 16 / 2: the effective batch kept
     assert a["bf16"] is True and a["fp16"] is False and a["lora_dropout"] == 0.05
-    assert a["bnb_config_kwargs"] == {"bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
-                                      "bnb_4bit_compute_dtype": "bfloat16"}
+    assert a["bnb_config_kwargs"] == {
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "bfloat16",
+    }
     assert "ties bnb_4bit_compute_dtype" in text  # what axolotl cannot express the same way is said
     [lf] = write_export(study, trial, "llama-factory", tmp_path / "lf.yaml")
     f = yaml.safe_load(lf.read_text())
@@ -62,11 +65,19 @@ def test_hf_export_trains_two_steps(study_and_knee, tmp_path, tiny_model):
     tokenizer = AutoTokenizer.from_pretrained(ns["MODEL_NAME"])
     ids = tokenizer("The for statement is used to iterate over the elements of a sequence. " * 4)["input_ids"]
     rows = [{"input_ids": ids[:32], "attention_mask": [1] * 32, "labels": ids[:32]} for _ in range(32)]
-    model = AutoModelForCausalLM.from_pretrained(ns["MODEL_NAME"], quantization_config=bnb,
-                                                 dtype=bnb.bnb_4bit_compute_dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        ns["MODEL_NAME"], quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype
+    )
     model = get_peft_model(prepare_model_for_kbit_training(model), lora)
-    short = dataclasses.replace(args, output_dir=str(tmp_path / "run"), max_steps=2, use_cpu=True, report_to="none",
-                                save_strategy="no", disable_tqdm=True)
+    short = dataclasses.replace(
+        args,
+        output_dir=str(tmp_path / "run"),
+        max_steps=2,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     out = Trainer(model=model, args=short, train_dataset=rows).train()
     assert out.global_step == 2 and out.training_loss > 0
 

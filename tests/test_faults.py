@@ -38,8 +38,9 @@ def _run(cwd: Path, *args: str, user: str | None = None, timeout: float = 600) -
     if user is not None:
         entry = pwd.getpwnam(user)
         cmd = ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups", *cmd]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
 
 
 def _open_to_others(path: Path) -> None:
@@ -122,8 +123,9 @@ def test_full_disk_before_and_during_a_trial_loses_nothing(tiny_model, small_dis
 
     # Full while a trial runs: the sweep stops with one line; the database stays consistent.
     filler.unlink()
-    proc = subprocess.Popen([*SWEEP, str(path)], cwd=small_disk, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [*SWEEP, str(path)], cwd=small_disk, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     trials = small_disk / "studies" / "full" / "trials"
     deadline = time.monotonic() + 120
     while not [p for p in trials.glob("*/worker.pid") if p.parent.name != "0"]:
@@ -145,10 +147,13 @@ def test_full_disk_before_and_during_a_trial_loses_nothing(tiny_model, small_dis
 
 
 def test_ctrl_c_with_two_workers_kills_both_and_resumes(tiny_model, workdir):
-    path = write_space(workdir, tiny_space(tiny_model, name="intr", n_trials=3, search={"r": [4, 8, 16, 32]},
-                                           training={"max_steps": 200}))
-    proc = subprocess.Popen([*SWEEP, str(path), "--workers", "2"], cwd=workdir, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    path = write_space(
+        workdir,
+        tiny_space(tiny_model, name="intr", n_trials=3, search={"r": [4, 8, 16, 32]}, training={"max_steps": 200}),
+    )
+    proc = subprocess.Popen(
+        [*SWEEP, str(path), "--workers", "2"], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     trials = workdir / "studies" / "intr" / "trials"
     deadline = time.monotonic() + 120
     while len(list(trials.glob("*/worker.pid"))) < 2:
@@ -173,4 +178,5 @@ def test_ctrl_c_with_two_workers_kills_both_and_resumes(tiny_model, workdir):
     assert again.returncode == 0, again.stderr
     study = optuna.load_study(study_name="intr", storage="sqlite:///studies/intr.db")
     assert count_finished(study) == 3 and {t.params["r"] for t in stopped} <= {
-        t.params["r"] for t in study.trials if t.user_attrs.get("retry_of") is not None}
+        t.params["r"] for t in study.trials if t.user_attrs.get("retry_of") is not None
+    }

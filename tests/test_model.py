@@ -2,9 +2,9 @@
 
 import pytest
 
-from sweeper.space import ModelSpec
 from sweeper.errors import ModelError
 from sweeper.model import resolve_model
+from sweeper.space import ModelSpec
 
 
 def test_local_checkpoint_resolves(tiny_model):

@@ -54,8 +54,9 @@ def _sweep_command() -> list[str]:
 
 def sweep(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``sweep ARGS`` in ``cwd`` as a user would, with this environment (``PYTHONPATH`` included)."""
-    return subprocess.run([*_sweep_command(), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ})
+    return subprocess.run(
+        [*_sweep_command(), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ}
+    )
 
 
 @pytest.fixture
@@ -74,8 +75,12 @@ def _load(workdir: Path) -> optuna.Study:
 def _counts(trial) -> bool:
     """Counts toward n_trials, as sweeper 0.1.0 counts: ended, not interrupted, retried or a repeat."""
     a = trial.user_attrs
-    return (trial.state.is_finished() and not a.get("interrupted", False) and not a.get("retried", False)
-            and "duplicate_of" not in a)
+    return (
+        trial.state.is_finished()
+        and not a.get("interrupted", False)
+        and not a.get("retried", False)
+        and "duplicate_of" not in a
+    )
 
 
 def test_fixture_holds_every_kind_of_trial(old_study):
@@ -145,9 +150,15 @@ def _get(url: str, timeout: float = 5) -> tuple[int, bytes]:
 
 def test_dashboard_serves_the_study(old_study):
     port = _free_port()
-    server = subprocess.Popen([*_sweep_command(), "dashboard", NAME, "--host", "127.0.0.1", "--port", str(port)],
-                              cwd=old_study, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True, env={**os.environ})
+    server = subprocess.Popen(
+        [*_sweep_command(), "dashboard", NAME, "--host", "127.0.0.1", "--port", str(port)],
+        cwd=old_study,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ},
+    )
     try:
         deadline = time.monotonic() + 60
         while True:

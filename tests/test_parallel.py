@@ -63,13 +63,18 @@ def _no_password_anywhere(workdir: Path, *texts: str) -> None:
 
 
 def test_two_sweeps_share_one_postgresql_study(tiny_model, workdir, postgres):
-    space = tiny_space(tiny_model, name="shared", n_trials=5,
-                       search={"r": [4, 8, 16, 32, 64], "learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}})
+    space = tiny_space(
+        tiny_model,
+        name="shared",
+        n_trials=5,
+        search={"r": [4, 8, 16, 32, 64], "learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}},
+    )
     space["study"]["sampler"] = "random"  # seed 0 in the file: each sweep must still sample from its own seed
     path = write_space(workdir, space)
     cmd = [sys.executable, "-m", "sweeper.cli", "run", str(path), "--storage", postgres.url]
-    procs = [subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
@@ -124,14 +129,19 @@ def test_a_silent_sweep_loses_its_trial_to_another_by_heartbeat(tiny_model, work
 def test_a_sweep_that_beats_less_often_is_not_judged_lost_by_one_that_beats_often(tiny_model, workdir):
     """Sweep A records a heartbeat every 30 s (the default), sweep B every 1 s; B must not call A's trials lost
     after B's own grace period of 4 s."""
-    space = tiny_space(tiny_model, name="mixed", n_trials=4, search={"r": [4, 8, 16, 32]},
-                       training={"max_steps": 12})
+    space = tiny_space(tiny_model, name="mixed", n_trials=4, search={"r": [4, 8, 16, 32]}, training={"max_steps": 12})
     path = write_space(workdir, space)
     cmd = [sys.executable, "-m", "sweeper.cli", "run", str(path)]
     slow = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(3)
-    fast = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "SWEEPER_HEARTBEAT_INTERVAL_S": "1"})
+    fast = subprocess.run(
+        cmd,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "SWEEPER_HEARTBEAT_INTERVAL_S": "1"},
+    )
     out, err = slow.communicate(timeout=600)
     assert slow.returncode == 0 and fast.returncode == 0, err + fast.stderr
     assert "marked lost" not in fast.stdout and "marked it lost" not in out

@@ -1,4 +1,5 @@
-"""space.yaml: every key of SPEC.md's example loads into typed frozen objects; each kind of mistake is one line
+"""space.yaml: every key of the contract's example (docs/contract.md) loads into typed frozen
+objects; each kind of mistake is one line
 naming the file, the key and the fix; all problems are reported at once; every shipped space loads."""
 
 import dataclasses
@@ -22,7 +23,7 @@ from sweeper.space import (
 
 REPO = Path(__file__).resolve().parents[1]
 
-SPEC_EXAMPLE = """
+CONTRACT_EXAMPLE = """
 study:   {name: demo, n_trials: 12, timeout: 8h, sampler: tpe, seed: 0}
 model:   {name_or_path: builtin:smollm2-135m-instruct, attn_implementation: sdpa, trust_remote_code: false}
 dataset: {path: builtin:pydoc-topics, format: auto, max_samples: 512, seed: 0}
@@ -50,21 +51,30 @@ search:
 
 
 def test_spec_example_loads_typed_and_frozen():
-    space = parse_space(yaml.safe_load(SPEC_EXAMPLE), "spec.yaml")
+    space = parse_space(yaml.safe_load(CONTRACT_EXAMPLE), "spec.yaml")
     assert space.study.timeout_s == 8 * 3600 and space.study.n_trials == 12
     assert space.search["r"] == Categorical(choices=(8, 16, 32, 64))
     assert space.search["weight_decay"] == Range(low=0.0, high=0.1)
     assert space.fixed["trial_timeout"] == 1200.0 and space.fixed["learning_rate"] == 2e-4
     config = space.trial_config({**space.first_choices(), "lora_alpha_ratio": 4})
-    assert config.lora_alpha == 32 and config.r == 8 and config.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj")
+    assert (
+        config.lora_alpha == 32 and config.r == 8 and config.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj")
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.r = 4
     assert TrialConfig.from_dict(config.to_dict()) == config
 
 
 def test_learning_rate_range_and_scalar_in_search():
-    space = parse_space({"search": {"learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}, "r": 16,
-                                    "max_seq_length": {"low": 64, "high": 256, "step": 64}}})
+    space = parse_space(
+        {
+            "search": {
+                "learning_rate": {"low": 1e-5, "high": 1e-3, "log": True},
+                "r": 16,
+                "max_seq_length": {"low": 64, "high": 256, "step": 64},
+            }
+        }
+    )
     assert space.search["learning_rate"] == Range(low=1e-5, high=1e-3, log=True)
     assert space.search["max_seq_length"].is_int and space.fixed["r"] == 16 and "r" not in space.search
     assert space.first_choices() == {"learning_rate": 1e-5, "max_seq_length": 64}
@@ -73,6 +83,22 @@ def test_learning_rate_range_and_scalar_in_search():
 def test_trial_keys_match_trial_config_fields():
     fields = {f.name for f in dataclasses.fields(TrialConfig)} - {"model", "dataset"}
     assert fields == (set(TRIAL_KEYS) - {"trial_timeout"}) | {"trial_timeout_s"}
+
+
+def test_the_memory_model_and_the_section_keys_derive_from_the_schema():
+    from sweeper.estimate import MEMORY_KEYS, MemorySettings
+    from sweeper.space import DatasetSpec, ModelSpec, StudySpec
+    from sweeper.space._parse import _SECTION_KEYS
+
+    config, memory = TrialConfig(), MemorySettings()
+    for key in MEMORY_KEYS:
+        assert getattr(memory, key) == getattr(config, key), key
+    assert memory.attn_implementation == config.model.attn_implementation
+    for name, cls in (("study", StudySpec), ("model", ModelSpec), ("dataset", DatasetSpec)):
+        instance = cls()
+        for key, spec in _SECTION_KEYS[name].items():
+            attr = "timeout_s" if key == "timeout" else key
+            assert getattr(instance, attr) == spec.default, (name, key)
 
 
 def test_defaults_of_trial_keys_match_trial_config():
@@ -169,12 +195,15 @@ def test_sections_of_the_wrong_type_are_reported_with_overrides(tmp_path):
     assert [p.split(": ")[1] for p in info.value.problems] == ["study", "training", "search"]
 
 
-@pytest.mark.parametrize(("item", "needle"), [
-    ("r==3", "--set: training.r: '=3' is not valid"),
-    ("study.name=", "--set: study.name: empty value"),
-    ("r=[4, 8]", "--set: training.r: training values are fixed; --set fixes one value"),
-    ("lr=1e-3", "did you mean 'learning_rate'"),
-])
+@pytest.mark.parametrize(
+    ("item", "needle"),
+    [
+        ("r==3", "--set: training.r: '=3' is not valid"),
+        ("study.name=", "--set: study.name: empty value"),
+        ("r=[4, 8]", "--set: training.r: training values are fixed; --set fixes one value"),
+        ("lr=1e-3", "did you mean 'learning_rate'"),
+    ],
+)
 def test_override_problems_are_blamed_on_set(tmp_path, item, needle):
     path = tmp_path / "space.yaml"
     path.write_text("search:\n  r: [8, 16]\n")
@@ -184,9 +213,10 @@ def test_override_problems_are_blamed_on_set(tmp_path, item, needle):
 
 
 def test_overrides_fix_searched_keys_and_set_dotted_ones():
-    raw = yaml.safe_load(SPEC_EXAMPLE)
-    out, overridden = apply_overrides(raw, ["r=4", "learning_rate=1e-3", "study.n_trials=3", "dataset.max_samples=8",
-                                "target_modules=[q_proj]"])
+    raw = yaml.safe_load(CONTRACT_EXAMPLE)
+    out, overridden = apply_overrides(
+        raw, ["r=4", "learning_rate=1e-3", "study.n_trials=3", "dataset.max_samples=8", "target_modules=[q_proj]"]
+    )
     space = parse_space(out)
     assert {"training.r", "study.n_trials", "dataset.max_samples"} <= overridden
     assert "r" not in space.search and space.fixed["r"] == 4 and space.fixed["learning_rate"] == 1e-3
@@ -194,15 +224,19 @@ def test_overrides_fix_searched_keys_and_set_dotted_ones():
     assert raw["search"]["r"] == [8, 16, 32, 64]  # the input is not modified
 
 
-@pytest.mark.parametrize(("item", "needle"), [("rr=4", "did you mean 'r'"), ("r", "key=value"),
-                                              ("model.name=x", "did you mean 'name_or_path'")])
+@pytest.mark.parametrize(
+    ("item", "needle"),
+    [("rr=4", "did you mean 'r'"), ("r", "key=value"), ("model.name=x", "did you mean 'name_or_path'")],
+)
 def test_bad_overrides(item, needle):
     with pytest.raises(SpaceError, match=needle):
         apply_overrides({}, [item])
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90", 90), (90, 90), ("90s", 90), ("20m", 1200), ("8h", 28800),
-                                               ("1h30m", 5400), ("2d", 172800)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90", 90), (90, 90), ("90s", 90), ("20m", 1200), ("8h", 28800), ("1h30m", 5400), ("2d", 172800)],
+)
 def test_durations(text, seconds):
     assert parse_duration_s(text) == seconds
 

@@ -54,8 +54,11 @@ def test_grad_norm_growth_counts_doublings():
 
 
 def test_skipped_steps_and_nonfinite_entries():
-    parts = compute_instability(loss=[1.0, None, 1.0, float("nan")], grad_norm=[1.0, float("inf"), 1.0, None],
-                                skipped=[False, True, False, False])
+    parts = compute_instability(
+        loss=[1.0, None, 1.0, float("nan")],
+        grad_norm=[1.0, float("inf"), 1.0, None],
+        skipped=[False, True, False, False],
+    )
     assert parts.skipped_step_fraction == 0.25
     assert math.isfinite(parts.instability)
 

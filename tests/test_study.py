@@ -1,4 +1,4 @@
-"""The study: two objectives, NaN/OOM told as PRUNED and infeasible, the sampler learning from them, every SPEC
+"""The study: two objectives, NaN/OOM told as PRUNED and infeasible, the sampler learning from them, every contract
 attribute stored, resume after the sweep process is killed, and a killed worker not stopping the sweep."""
 
 import os
@@ -12,7 +12,6 @@ import pytest
 from conftest import tiny_space, write_space
 from optuna.trial import TrialState
 
-from sweeper.study import run_study
 from sweeper.space import load_space, parse_space
 from sweeper.study import (
     FAILURE_CONSTRAINT,
@@ -22,21 +21,45 @@ from sweeper.study import (
     make_sampler,
     open_study,
     pareto_front,
+    run_study,
     status_counts,
     to_distributions,
 )
 
-SPEC_ATTRS = {"status", "reason", "fail_step", "fail_phase", "peak_memory_gib", "memory_kind", "instability",
-              "loss_spike", "grad_norm_growth", "skipped_step_fraction", "activation_pressure", "loss_trace",
-              "grad_norm_trace", "steps_done", "wall_time_s", "load_time_s", "tokens_per_s", "lora_alpha",
-              "effective_batch_size", "device", "versions"}
+CONTRACT_ATTRS = {
+    "status",
+    "reason",
+    "fail_step",
+    "fail_phase",
+    "peak_memory_gib",
+    "memory_kind",
+    "instability",
+    "loss_spike",
+    "grad_norm_growth",
+    "skipped_step_fraction",
+    "activation_pressure",
+    "loss_trace",
+    "grad_norm_trace",
+    "steps_done",
+    "wall_time_s",
+    "load_time_s",
+    "tokens_per_s",
+    "lora_alpha",
+    "effective_batch_size",
+    "device",
+    "versions",
+}
 
 
 def _oom_share(sampler_name: str) -> float:
     """Share of the last 25 of 40 trials a sampler puts in a region where every trial is PRUNED as oom."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = parse_space({"study": {"seed": 3, "sampler": sampler_name},
-                         "search": {"per_device_train_batch_size": [1, 2, 4, 8], "r": [4, 8, 16, 32]}})
+    space = parse_space(
+        {
+            "study": {"seed": 3, "sampler": sampler_name},
+            "search": {"per_device_train_batch_size": [1, 2, 4, 8], "r": [4, 8, 16, 32]},
+        }
+    )
     study = optuna.create_study(directions=["minimize", "minimize"], sampler=make_sampler(space.study, 40))
     for _ in range(40):
         trial = study.ask(to_distributions(space))
@@ -59,27 +82,47 @@ def test_tpe_learns_to_avoid_the_oom_region_random_does_not():
 
 @pytest.mark.slow
 def test_states_attributes_and_constraints(tiny_model, workdir):
-    space = load_space(write_space(workdir, tiny_space(
-        tiny_model, name="states", n_trials=4,
-        training={"bnb_4bit_compute_dtype": "float16", "max_seq_length": 1024, "memory_limit_gib": 0.75,
-                  "max_steps": 8, "preflight_margin": 100},  # a real OOM here, not a predicted one
-        search={"learning_rate": [1e-4, 1.0], "lora_alpha_ratio": [1, 1000], "per_device_train_batch_size": [1, 64]},
-    )))
+    space = load_space(
+        write_space(
+            workdir,
+            tiny_space(
+                tiny_model,
+                name="states",
+                n_trials=4,
+                training={
+                    "bnb_4bit_compute_dtype": "float16",
+                    "max_seq_length": 1024,
+                    "memory_limit_gib": 0.75,
+                    "max_steps": 8,
+                    "preflight_margin": 100,
+                },  # a real OOM here, not a predicted one
+                search={
+                    "learning_rate": [1e-4, 1.0],
+                    "lora_alpha_ratio": [1, 1000],
+                    "per_device_train_batch_size": [1, 64],
+                },
+            ),
+        )
+    )
     study = open_study(space)
-    for params in ({"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 1},
-                   {"learning_rate": 1.0, "lora_alpha_ratio": 1000, "per_device_train_batch_size": 1},
-                   {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 64},
-                   {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 1}):
+    for params in (
+        {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 1},
+        {"learning_rate": 1.0, "lora_alpha_ratio": 1000, "per_device_train_batch_size": 1},
+        {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 64},
+        {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 1},
+    ):
         study.enqueue_trial(params)
     events = []
     study = run_study(space, model_path=str(tiny_model), on_trial=events.append)
     trials, repeat = study.get_trials()[:3], study.get_trials()[3]
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.PRUNED]
-    assert [t.user_attrs["status"] for t in trials] == ["complete", "nan", "oom"], [t.user_attrs["reason"] for t in trials]
+    assert [t.user_attrs["status"] for t in trials] == ["complete", "nan", "oom"], [
+        t.user_attrs["reason"] for t in trials
+    ]
     assert [t.constraints[FAILURE_CONSTRAINT] for t in trials] == [-1.0, 1.0, 1.0]
     for t in trials:
         assert t.user_attrs["load_peak_memory_gib"] > 0
-        assert SPEC_ATTRS <= set(t.user_attrs), SPEC_ATTRS - set(t.user_attrs)
+        assert set(t.user_attrs) >= CONTRACT_ATTRS, CONTRACT_ATTRS - set(t.user_attrs)
         assert (workdir / "studies" / "states" / "trials" / str(t.number) / "worker.log").is_file()
     done = trials[0]
     assert done.values == [done.user_attrs["peak_memory_gib"], done.user_attrs["instability"]]
@@ -109,8 +152,13 @@ def _wait_for(path, timeout=120):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
 def test_killed_worker_is_a_crash_and_the_sweep_goes_on(tiny_model, workdir, sig):
     path = write_space(workdir, tiny_space(tiny_model, name="crash", n_trials=2))
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=workdir,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sweeper.cli", "run", str(path)],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     pid_file = workdir / "studies" / "crash" / "trials" / "0" / "worker.pid"
     _wait_for(pid_file)
     time.sleep(1.0)
@@ -128,8 +176,12 @@ def test_killed_worker_is_a_crash_and_the_sweep_goes_on(tiny_model, workdir, sig
 @pytest.mark.slow
 def test_resume_after_the_sweep_process_is_killed(tiny_model, workdir):
     path = write_space(workdir, tiny_space(tiny_model, name="resume", n_trials=3, search={"r": [4, 8, 16]}))
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=workdir,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sweeper.cli", "run", str(path)],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     second_pid = workdir / "studies" / "resume" / "trials" / "1" / "worker.pid"
     _wait_for(second_pid)  # trial 0 is finished and stored, trial 1 is running
     time.sleep(0.5)
@@ -149,8 +201,13 @@ def test_resume_after_the_sweep_process_is_killed(tiny_model, workdir):
     before = optuna.load_study(study_name="resume", storage=storage).trials
     assert before[0].state == TrialState.COMPLETE and before[1].state == TrialState.RUNNING
 
-    again = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=workdir,
-                           capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "run", str(path)],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr
     assert "(retry 1 of #1)" in again.stdout and "interrupted 1" in again.stdout
     after = optuna.load_study(study_name="resume", storage=storage).trials
@@ -165,10 +222,18 @@ def test_resume_after_the_sweep_process_is_killed(tiny_model, workdir):
 def test_preflight_prunes_predicted_and_dominated_ooms_without_running_them(tiny_model, workdir):
     # With the preflight all but off, batch 32 x 1024 runs and really runs out of memory under 0.75 GiB; batch 48 is
     # at least as large in every memory dimension, so it is pruned without running; batch 1 fits and runs.
-    space = load_space(write_space(workdir, tiny_space(
-        tiny_model, name="pre", n_trials=3,
-        training={"max_seq_length": 1024, "memory_limit_gib": 0.75, "preflight_margin": 100},
-        search={"per_device_train_batch_size": [1, 32, 48], "lora_alpha_ratio": [1, 2]})))
+    space = load_space(
+        write_space(
+            workdir,
+            tiny_space(
+                tiny_model,
+                name="pre",
+                n_trials=3,
+                training={"max_seq_length": 1024, "memory_limit_gib": 0.75, "preflight_margin": 100},
+                search={"per_device_train_batch_size": [1, 32, 48], "lora_alpha_ratio": [1, 2]},
+            ),
+        )
+    )
     study = open_study(space)
     for batch, ratio in ((32, 1), (48, 2), (1, 1)):
         study.enqueue_trial({"per_device_train_batch_size": batch, "lora_alpha_ratio": ratio})
@@ -184,9 +249,19 @@ def test_preflight_prunes_predicted_and_dominated_ooms_without_running_them(tiny
     assert oom.user_attrs["predicted_peak_gib"] > 0.75 > fits.user_attrs["predicted_peak_gib"]
 
     # With the default 10% margin a configuration predicted far above the cap is not run at all.
-    tight = load_space(write_space(workdir, tiny_space(
-        tiny_model, name="tight", n_trials=1, training={"max_seq_length": 1024, "memory_limit_gib": 0.75},
-        search={"per_device_train_batch_size": [64, 65]}), name="tight.yaml"))
+    tight = load_space(
+        write_space(
+            workdir,
+            tiny_space(
+                tiny_model,
+                name="tight",
+                n_trials=1,
+                training={"max_seq_length": 1024, "memory_limit_gib": 0.75},
+                search={"per_device_train_batch_size": [64, 65]},
+            ),
+            name="tight.yaml",
+        )
+    )
     study = run_study(tight, model_path=str(tiny_model))
     [t] = study.get_trials()
     assert t.user_attrs["status"] == "predicted_oom" and t.user_attrs["wall_time_s"] == 0.0
@@ -198,9 +273,18 @@ def test_preflight_prunes_predicted_and_dominated_ooms_without_running_them(tiny
 def test_timeouts_are_retried_up_to_max_retries(tiny_model, workdir):
     # A 1-second trial_timeout kills every attempt: the configuration is tried 1 + max_retries times, then the
     # sweep moves on. (An OOM is a result and is not retried: test_preflight_prunes... sees exactly one.)
-    space = load_space(write_space(workdir, tiny_space(
-        tiny_model, name="retry", n_trials=2, training={"trial_timeout": 1, "max_retries": 2},
-        search={"per_device_train_batch_size": [1, 2]})))
+    space = load_space(
+        write_space(
+            workdir,
+            tiny_space(
+                tiny_model,
+                name="retry",
+                n_trials=2,
+                training={"trial_timeout": 1, "max_retries": 2},
+                search={"per_device_train_batch_size": [1, 2]},
+            ),
+        )
+    )
     study = open_study(space)
     study.enqueue_trial({"per_device_train_batch_size": 1})
     study = run_study(space, model_path=str(tiny_model))

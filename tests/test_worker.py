@@ -15,9 +15,17 @@ pytestmark = pytest.mark.slow
 
 
 def _config(model, **kw) -> TrialConfig:
-    base = dict(max_steps=3, max_seq_length=64, per_device_train_batch_size=2, r=4, optim="adamw_torch",
-                memory_limit_gib=4.0, trial_timeout_s=180.0, model=ModelSpec(name_or_path=str(model)),
-                dataset=DatasetSpec(max_samples=32))
+    base = dict(
+        max_steps=3,
+        max_seq_length=64,
+        per_device_train_batch_size=2,
+        r=4,
+        optim="adamw_torch",
+        memory_limit_gib=4.0,
+        trial_timeout_s=180.0,
+        model=ModelSpec(name_or_path=str(model)),
+        dataset=DatasetSpec(max_samples=32),
+    )
     return TrialConfig(**{**base, **kw})
 
 
@@ -29,7 +37,11 @@ def test_trial_completes_with_finite_values(tiny_model, tmp_path):
     assert 0.2 < result.peak_memory_gib < 4.0 and result.memory_kind == "cpu_peak_rss"
     assert result.quantized_linear_count == 14  # 2 layers x (q, k, v, o, gate, up, down)
     assert result.instability is not None and set(result.instability_components) == {
-        "loss_spike", "grad_norm_growth", "skipped_step_fraction", "activation_pressure"}
+        "loss_spike",
+        "grad_norm_growth",
+        "skipped_step_fraction",
+        "activation_pressure",
+    }
     assert result.max_activation_trace and all(a > 0 for a in result.max_activation_trace)
     assert result.lora_alpha == 8 and result.effective_batch_size == 2 and result.versions["bitsandbytes"]
     assert (tmp_path / "result.json").is_file() and (tmp_path / "worker.log").is_file()
@@ -38,14 +50,16 @@ def test_trial_completes_with_finite_values(tiny_model, tmp_path):
 def test_fp16_overflow_goes_nan_and_fp32_does_not(tiny_model, tmp_path):
     # An adapter scale of 1000 and a learning rate of 1 push the 4-bit layers' inputs past fp16's 65504 by step 3.
     hot = dict(lora_alpha_ratio=1000.0, learning_rate=1.0, max_steps=8)
-    fp16 = run_trial(_config(tiny_model, bnb_4bit_compute_dtype="float16", **hot), tmp_path / "a",
-                     model_path=str(tiny_model))
+    fp16 = run_trial(
+        _config(tiny_model, bnb_4bit_compute_dtype="float16", **hot), tmp_path / "a", model_path=str(tiny_model)
+    )
     assert fp16.status == "nan", fp16.reason
     assert fp16.fail_phase in ("forward", "backward") and 1 <= fp16.fail_step < 8
     assert fp16.loss_trace[-1] is None or fp16.grad_norm_trace[-1] is None
     assert fp16.instability_components["activation_pressure"] > 0.5
-    fp32 = run_trial(_config(tiny_model, bnb_4bit_compute_dtype="float32", **hot), tmp_path / "b",
-                     model_path=str(tiny_model))
+    fp32 = run_trial(
+        _config(tiny_model, bnb_4bit_compute_dtype="float32", **hot), tmp_path / "b", model_path=str(tiny_model)
+    )
     assert fp32.status == "complete", fp32.reason
     assert fp32.instability > 3  # the gradient norm runs away instead
 
@@ -104,12 +118,21 @@ def test_quantization_check_catches_a_mismatch(tiny_model):
     from sweeper.trial._child.worker import QuantizationCheckError, check_quantization
 
     asked = _config(tiny_model, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, quantization_config=BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=torch.bfloat16))
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model,
+        quantization_config=BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        ),
+    )
     assert check_quantization(model, asked) == 14
-    for field, value in [("bnb_4bit_quant_type", "fp4"), ("bnb_4bit_use_double_quant", False),
-                         ("bnb_4bit_compute_dtype", "float16")]:
+    for field, value in [
+        ("bnb_4bit_quant_type", "fp4"),
+        ("bnb_4bit_use_double_quant", False),
+        ("bnb_4bit_compute_dtype", "float16"),
+    ]:
         with pytest.raises(QuantizationCheckError, match=field):
             check_quantization(model, _config(tiny_model, **{field: value}))
     plain = AutoModelForCausalLM.from_pretrained(tiny_model)

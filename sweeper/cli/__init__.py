@@ -13,14 +13,14 @@ import sys
 import traceback
 from typing import NoReturn
 
-from sweeper.cli._common import MAX_WORKERS  # noqa: F401 - part of the command's contract
+from sweeper.cli._common import MAX_WORKERS
 from sweeper.errors import SweeperError
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, with usage errors as one line (what is wrong, where to look) and exit code 2."""
 
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: {message}; see '{self.prog} --help'", file=sys.stderr)
         sys.exit(2)
 
@@ -35,11 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     from sweeper.cli._run import cmd_run
     from sweeper.cli._trial import cmd_trial
 
-    parser = _Parser(prog="sweep", description="QLoRA stability sweeper: a Pareto front of peak "
-                                     "memory against instability, from short real runs.")
+    parser = _Parser(
+        prog="sweep",
+        description="QLoRA stability sweeper: a Pareto front of peak memory against instability, from short real runs.",
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    parser.commands = sub.choices  # name -> subparser, for usage errors that name the subcommand
+    parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> subparser, for usage errors
 
     run = sub.add_parser("run", help="create or resume a study and run trials until n_trials")
     run.add_argument("space", help="space file, e.g. search_spaces/demo.yaml")
@@ -48,10 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--storage", help="optuna storage URL (default sqlite:///studies/<name>.db)")
     run.add_argument("--study", help="study name (default: study.name of the file)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
-    run.add_argument("--workers", type=int, metavar="N",
-                     help="trials run at once, each in its own worker process (default 1, or one per --devices entry)")
-    run.add_argument("--devices", metavar="0,1,...", help="CUDA_VISIBLE_DEVICES of the workers, given in turn "
-                                                         "(default: every visible GPU, when --workers > 1)")
+    run.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="trials run at once, each in its own worker process (default 1, or one per --devices entry)",
+    )
+    run.add_argument(
+        "--devices",
+        metavar="0,1,...",
+        help="CUDA_VISIBLE_DEVICES of the workers, given in turn (default: every visible GPU, when --workers > 1)",
+    )
     run.set_defaults(func=cmd_run)
 
     trial = sub.add_parser("trial", help="run one trial in the foreground and print its trace")
@@ -61,13 +70,26 @@ def build_parser() -> argparse.ArgumentParser:
     trial.set_defaults(func=cmd_trial)
 
     doctor = sub.add_parser("doctor", help="audit a dataset as the trials would tokenize it")
-    doctor.add_argument("target", help="a space file (its dataset, model and max_seq_length values), or a dataset: "
-                                       ".jsonl/.json/.csv/.parquet file, hub id or builtin:pydoc-topics")
-    doctor.add_argument("--model", help="whose tokenizer and vocabulary to use (default: the space's model, or "
-                                        "builtin:smollm2-135m-instruct for a bare dataset)")
-    doctor.add_argument("--max-seq-length", type=int, action="extend", nargs="+", metavar="N",
-                        help="limits to audit at (default: the space's max_seq_length values, or "
-                             + ", ".join(map(str, DOCTOR_DEFAULT_LENGTHS)) + ")")
+    doctor.add_argument(
+        "target",
+        help="a space file (its dataset, model and max_seq_length values), or a dataset: "
+        ".jsonl/.json/.csv/.parquet file, hub id or builtin:pydoc-topics",
+    )
+    doctor.add_argument(
+        "--model",
+        help="whose tokenizer and vocabulary to use (default: the space's model, or "
+        "builtin:smollm2-135m-instruct for a bare dataset)",
+    )
+    doctor.add_argument(
+        "--max-seq-length",
+        type=int,
+        action="extend",
+        nargs="+",
+        metavar="N",
+        help="limits to audit at (default: the space's max_seq_length values, or "
+        + ", ".join(map(str, DOCTOR_DEFAULT_LENGTHS))
+        + ")",
+    )
     doctor.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument("--strict", action="store_true", help="exit 1 when a finding would make a trial NaN")
@@ -77,15 +99,22 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("space", help="space file; the model may be a folder holding only config.json")
     estimate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
     estimate.add_argument("--json", action="store_true", help="print {points, frontier} as JSON")
-    estimate.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                          help="predict a GPU's reserved memory (default) or a CPU trial's resident set (the demo)")
+    estimate.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="predict a GPU's reserved memory (default) or a CPU trial's resident set (the demo)",
+    )
     estimate.set_defaults(func=cmd_estimate)
 
     report = sub.add_parser("report", help="the Pareto front and failures of a study, in the terminal and in HTML")
     report.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
     report.add_argument("--html", metavar="PATH", help="where to write the HTML (default studies/<study>/report.html)")
-    report.add_argument("--json", action="store_true",
-                        help="print the report as JSON instead of tables (writes the HTML only with --html)")
+    report.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON instead of tables (writes the HTML only with --html)",
+    )
     report.set_defaults(func=cmd_report)
 
     from sweeper.report import FORMATS, PICKS
@@ -94,17 +123,26 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
     which = export.add_mutually_exclusive_group()
     which.add_argument("--trial", type=int, metavar="N", help="export this trial (it must have completed)")
-    which.add_argument("--pick", choices=PICKS, default="knee",
-                       help="a point of the front: knee (best trade-off, the default), min-memory or most-stable")
-    export.add_argument("--format", choices=FORMATS, default="hf", help="hf (default), trl, axolotl, llama-factory, json")
-    export.add_argument("-o", "--output", metavar="PATH",
-                        help="file to write; its suffix is set by the format (default studies/<study>/exports/)")
+    which.add_argument(
+        "--pick",
+        choices=PICKS,
+        default="knee",
+        help="a point of the front: knee (best trade-off, the default), min-memory or most-stable",
+    )
+    export.add_argument(
+        "--format", choices=FORMATS, default="hf", help="hf (default), trl, axolotl, llama-factory, json"
+    )
+    export.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="file to write; its suffix is set by the format (default studies/<study>/exports/)",
+    )
     export.set_defaults(func=cmd_export)
 
     dashboard = sub.add_parser("dashboard", help="optuna-dashboard on the study, with the trials' artifacts")
     dashboard.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
-    dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine "
-                                                               "only)")
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     dashboard.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     dashboard.set_defaults(func=cmd_dashboard)
     return parser
@@ -122,9 +160,11 @@ def _storage_failure(exc: BaseException) -> str | None:
     from sweeper.study import redact_url
 
     text = str(getattr(cause, "orig", None) or cause).strip().splitlines() or [type(cause).__name__]
-    return (f"sweep: the study storage failed ({redact_url(text[0][:200])}); SQLite and PostgreSQL roll back a failed "
-            "write, so finished trials are kept: fix the cause (a full disk, a stopped server) and run the same "
-            "command to resume")
+    return (
+        f"sweep: the study storage failed ({redact_url(text[0][:200])}); SQLite and PostgreSQL roll back a failed "
+        "write, so finished trials are kept: fix the cause (a full disk, a stopped server) and run the same "
+        "command to resume"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # name the subcommand's help, not the top-level one
-        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")  # type: ignore[attr-defined]
     try:
         return args.func(args)
     except SweeperError as exc:
@@ -146,17 +186,22 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except Exception as exc:
-        line = _storage_failure(exc)
-        if line is None:
+        failure = _storage_failure(exc)
+        if failure is None:
             raise
         if args.debug:
             traceback.print_exc()
-        print(line, file=sys.stderr)
+        print(failure, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         running = args.command in ("run", "trial")
-        print("sweep: interrupted" + ("; the running trials were stopped and recorded as interrupted" if running
-                                      else "; files already written are complete"), file=sys.stderr)
+        print(
+            "sweep: interrupted"
+            + (
+                "; the running trials were stopped and recorded as interrupted"
+                if running
+                else "; files already written are complete"
+            ),
+            file=sys.stderr,
+        )
         return 130
-
-

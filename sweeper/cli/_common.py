@@ -61,14 +61,17 @@ def _load(args: argparse.Namespace) -> SearchSpace:
     if getattr(args, "n_trials", None) is not None and args.n_trials < 1:
         problems.append(f"--n-trials: {args.n_trials} is not a positive number of trials; give 1 or more")
     if getattr(args, "workers", None) is not None and not 1 <= args.workers <= MAX_WORKERS:
-        problems.append(f"--workers: {args.workers} is not a number of workers from 1 to {MAX_WORKERS}; give e.g. "
-                        "--workers 4")
+        problems.append(
+            f"--workers: {args.workers} is not a number of workers from 1 to {MAX_WORKERS}; give e.g. --workers 4"
+        )
     if getattr(args, "devices", None) is not None:
         devices = _devices(args.devices)
         if not all(_DEVICE.fullmatch(d) for d in devices) or len(set(devices)) != len(devices):
-            problems.append(f"--devices: {args.devices!r} is not a list of distinct GPU indices or UUIDs; write e.g. "
-                            "--devices 0,1,2,3")
-    if problems:
+            problems.append(
+                f"--devices: {args.devices!r} is not a list of distinct GPU indices or UUIDs; write e.g. "
+                "--devices 0,1,2,3"
+            )
+    if problems or space is None:
         raise SpaceError(problems)
     return space
 
@@ -95,8 +98,10 @@ def _describe_setup(space: SearchSpace, model_path: str, n_samples: int) -> str:
     ]
     steps = space.fixed.get("max_steps")
     if "max_steps" not in space.search and steps is not None and steps < MIN_INFORMATIVE_STEPS:
-        lines.append(f"note    max_steps={steps}: loss_spike and grad_norm_growth need about {MIN_INFORMATIVE_STEPS}+ "
-                     "steps to separate configurations; NaN and OOM are measured at any length")
+        lines.append(
+            f"note    max_steps={steps}: loss_spike and grad_norm_growth need about {MIN_INFORMATIVE_STEPS}+ "
+            "steps to separate configurations; NaN and OOM are measured at any length"
+        )
     if space.model.trust_remote_code:
         lines.append("WARNING trust_remote_code is on: the checkpoint's own Python code will run")
     return "\n".join(lines)
@@ -120,6 +125,7 @@ _STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: A CUDA_VISIBLE_DEVICES entry: an index, or a GPU/MIG UUID.
 _DEVICE = re.compile(r"\d{1,3}|(GPU|MIG)-[A-Za-z0-9/-]{1,80}")
 
+
 def _devices(text: str) -> list[str]:
     """``--devices 0,1`` as its entries."""
     return [d.strip() for d in text.split(",")]
@@ -127,8 +133,6 @@ def _devices(text: str) -> list[str]:
 
 #: More worker threads than this in one process is a typo (a GPU box has up to 16 GPUs; CPU trials need cores).
 MAX_WORKERS = 64
-
-
 
 
 def _study_ref(ref: str) -> str:

@@ -7,6 +7,7 @@ import argparse
 from sweeper.cli._common import _print, _publish
 from sweeper.errors import SpaceError
 
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """``sweep dashboard STUDY``: optuna-dashboard on the study, with its artifacts, the front figure and notes."""
     import optuna

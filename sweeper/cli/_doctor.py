@@ -15,14 +15,15 @@ from sweeper.space import TRIAL_KEYS, DatasetSpec, ModelSpec, load_space
 #: fine-tuning of 7-8B models on one card.
 DOCTOR_DEFAULT_LENGTHS = (512, 1024, 2048, 4096)
 #: The largest ``--max-seq-length``: the bound the space file puts on ``max_seq_length``.
-MAX_AUDIT_LENGTH = int(TRIAL_KEYS["max_seq_length"].high)
+MAX_AUDIT_LENGTH = int(TRIAL_KEYS["max_seq_length"].high or 2**20)
 
 
 def _compact_json(data: object) -> str:
     """Indented JSON with lists of numbers kept on one line (a finding's sample indices can run to thousands)."""
     text = json.dumps(data, indent=2)
-    return re.sub(r"\[\s+(-?[\d.]+(?:,\s+-?[\d.]+)*)\s+\]",
-                  lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text)
+    return re.sub(
+        r"\[\s+(-?[\d.]+(?:,\s+-?[\d.]+)*)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text
+    )
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -32,20 +33,27 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     for n in args.max_seq_length or []:
         if n < 2 or n > MAX_AUDIT_LENGTH:
-            raise SpaceError(f"--max-seq-length: {n} is out of range; give a number of tokens from 2 to "
-                             f"{MAX_AUDIT_LENGTH}, e.g. --max-seq-length 512 2048")
+            raise SpaceError(
+                f"--max-seq-length: {n} is out of range; give a number of tokens from 2 to "
+                f"{MAX_AUDIT_LENGTH}, e.g. --max-seq-length 512 2048"
+            )
     if args.model is not None and not args.model.strip():
         raise SpaceError("--model: empty; give a model directory, .gguf file, hub id or builtin:smollm2-135m-instruct")
     if Path(args.target).suffix.lower() in (".yaml", ".yml"):
         space = load_space(args.target, args.set)
         dataset = space.dataset
-        model = space.model if args.model is None else ModelSpec(name_or_path=args.model,
-                                                                 trust_remote_code=space.model.trust_remote_code)
+        model = (
+            space.model
+            if args.model is None
+            else ModelSpec(name_or_path=args.model, trust_remote_code=space.model.trust_remote_code)
+        )
         lengths = args.max_seq_length or space.values_of("max_seq_length")
     else:
         if args.set:
-            raise SpaceError(f"--set: only a space file takes overrides, {args.target} is a dataset; give the "
-                             "space file, or leave --set out")
+            raise SpaceError(
+                f"--set: only a space file takes overrides, {args.target} is a dataset; give the "
+                "space file, or leave --set out"
+            )
         dataset = DatasetSpec(path=args.target, max_samples=10**9)  # a bare dataset: every row
         model = ModelSpec(name_or_path=args.model or ModelSpec().name_or_path)
         lengths = args.max_seq_length or list(DOCTOR_DEFAULT_LENGTHS)
@@ -54,8 +62,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         _print(_compact_json(report.to_dict()))
     else:
-        _print(f"sweep doctor: {dataset.path}, {report.samples} sample{'s' if report.samples != 1 else ''}, tokenized as the trials do with "
-               f"{model.name_or_path}'s tokenizer" + (f" (vocabulary {report.vocab_size})" if report.vocab_size
-                                                      else ""))
+        _print(
+            f"sweep doctor: {dataset.path}, {report.samples} sample{'s' if report.samples != 1 else ''}, tokenized "
+            "as the trials do with "
+            f"{model.name_or_path}'s tokenizer" + (f" (vocabulary {report.vocab_size})" if report.vocab_size else "")
+        )
         _print(format_audit(report))
     return 1 if args.strict and report.nan_findings else 0

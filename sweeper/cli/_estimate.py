@@ -10,6 +10,7 @@ from sweeper.cli._common import _load, _print
 from sweeper.errors import SpaceError, SweeperError
 from sweeper.report import format_params
 
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     """``sweep estimate SPACE.yaml``: predicted peak GPU memory of each memory-relevant point of the space, the terms
     of the largest, and the fit frontier against memory_limit_gib; no weights are loaded."""
@@ -24,9 +25,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     try:
         shape = ModelShape.from_config(known) if known else ModelShape.from_dir(model_path)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SweeperError([f"{config_json}: model.name_or_path: cannot read the model's shape ({exc}); give a "
-                            "folder whose config.json has hidden_size, intermediate_size, num_hidden_layers, "
-                            "num_attention_heads and vocab_size"]) from None
+        raise SweeperError(
+            [
+                f"{config_json}: model.name_or_path: cannot read the model's shape ({exc}); give a "
+                "folder whose config.json has hidden_size, intermediate_size, num_hidden_layers, "
+                "num_attention_heads and vocab_size"
+            ]
+        ) from None
     try:
         estimated = estimate_space(space, shape, args.device)
     except ValueError as exc:
@@ -35,21 +40,37 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     limit = float(space.fixed["memory_limit_gib"])
     edge = frontier(points, limit)
     if args.json:
-        _print(json.dumps({"model": space.model.name_or_path, "device": args.device, "memory_limit_gib": limit,
-                           "points": points,
-                           "frontier": edge}, indent=1))
+        _print(
+            json.dumps(
+                {
+                    "model": space.model.name_or_path,
+                    "device": args.device,
+                    "memory_limit_gib": limit,
+                    "points": points,
+                    "frontier": edge,
+                },
+                indent=1,
+            )
+        )
         return 0
     fits = sum(1 for p in points if p["predicted_peak_gib"] <= limit)
-    _print(f"sweep estimate: {space.model.name_or_path} ({shape.num_hidden_layers} layers, hidden {shape.hidden_size}, "
-           f"vocabulary {shape.vocab_size}), {len(points)} memory-relevant configurations of {space.path}; "
-           f"{fits} predicted to fit memory_limit_gib={limit:g}")
+    _print(
+        f"sweep estimate: {space.model.name_or_path} ({shape.num_hidden_layers} layers, hidden {shape.hidden_size}, "
+        f"vocabulary {shape.vocab_size}), {len(points)} memory-relevant configurations of {space.path}; "
+        f"{fits} predicted to fit memory_limit_gib={limit:g}"
+    )
     if size > len(points):
-        _print(f"WARNING the space has {size} memory-relevant configurations; only the first {len(points)} were "
-               "estimated, so the frontier may miss some: fix keys with --set or narrow the lists")
-    _print("predicted peak GPU memory (max_memory_reserved), GiB, lowest first:" if args.device == "cuda" else
-           "predicted peak resident set of a CPU trial, GiB, lowest first (it runs 0.3-0.5 GiB under the measured "
-           "peak for the built-in model):")
-    for p in points[:10] + ([] if len(points) <= 20 else [None]) + points[max(10, len(points) - 10):]:
+        _print(
+            f"WARNING the space has {size} memory-relevant configurations; only the first {len(points)} were "
+            "estimated, so the frontier may miss some: fix keys with --set or narrow the lists"
+        )
+    _print(
+        "predicted peak GPU memory (max_memory_reserved), GiB, lowest first:"
+        if args.device == "cuda"
+        else "predicted peak resident set of a CPU trial, GiB, lowest first (it runs 0.3-0.5 GiB under the measured "
+        "peak for the built-in model):"
+    )
+    for p in points[:10] + ([] if len(points) <= 20 else [None]) + points[max(10, len(points) - 10) :]:
         if p is None:
             _print("  ...")
             continue
@@ -57,8 +78,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         _print(f"  {p['predicted_peak_gib']:7.2f}  {mark}  {format_params(p['params'])}")
     largest = points[-1]
     _print("terms of the largest (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in largest["terms_gib"].items()))
-    _print(f"frontier for memory_limit_gib={limit:g} (largest max_seq_length predicted to fit, at the cheapest "
-           "setting of the other keys; in brackets whatever the other keys):")
+    _print(
+        f"frontier for memory_limit_gib={limit:g} (largest max_seq_length predicted to fit, at the cheapest "
+        "setting of the other keys; in brackets whatever the other keys):"
+    )
     others = [k for k in keys if k not in ("per_device_train_batch_size", "max_seq_length")]
     for e in edge:
         if e["max_seq_length"] is None:
@@ -66,9 +89,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             continue
         at = format_params({k: e["params"][k] for k in others})
         every = e["max_seq_length_all_settings"]
-        _print(f"  batch {e['per_device_train_batch_size']}: max_seq_length {e['max_seq_length']} "
-               f"({e['predicted_peak_gib']:.1f} GiB{', at ' + at if at else ''}) "
-               f"[{every if every is not None else 'none'}]")
-    _print("a model, not a measurement: CUDA context and allocator overhead are uncalibrated constants "
-           "(sweeper/estimate.py)")
+        _print(
+            f"  batch {e['per_device_train_batch_size']}: max_seq_length {e['max_seq_length']} "
+            f"({e['predicted_peak_gib']:.1f} GiB{', at ' + at if at else ''}) "
+            f"[{every if every is not None else 'none'}]"
+        )
+    _print(
+        "a model, not a measurement: CUDA context and allocator overhead are uncalibrated constants "
+        "(sweeper/estimate.py)"
+    )
     return 0

@@ -6,6 +6,7 @@ import argparse
 
 from sweeper.cli._common import _print
 
+
 def cmd_export(args: argparse.Namespace) -> int:
     """``sweep export STUDY``: the chosen trial as a production config."""
     import optuna
@@ -22,13 +23,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         how = f"trial {args.trial}, a repeat of trial {trial.number} (its measured result)"
     else:
         how = f"trial {trial.number}"
+    values = trial.values or (float("nan"), float("nan"))
     where = args.output or f"{study_dir(study.study_name) / 'exports'}/"
     target = export_path(where, args.format, f"trial{trial.number}-{args.format}")
     existed = {target.with_suffix(suffix) for suffix in (".py", ".json", ".yaml")} if target.parent.is_dir() else set()
     existed = {p for p in existed if p.exists()}
     files = write_export(study, trial, args.format, target)
     replaced = [f for f in files if f in existed]
-    _print(f"export  {how} (peak {trial.values[0]:.3f} GiB, instability {trial.values[1]:.3f}) as {args.format}: "
-           + ", ".join(str(f) for f in files) + (f" (replaced {len(replaced)} earlier file"
-                                                 f"{'s' if len(replaced) > 1 else ''})" if replaced else ""))
+    _print(
+        f"export  {how} (peak {values[0]:.3f} GiB, instability {values[1]:.3f}) as {args.format}: "
+        + ", ".join(str(f) for f in files)
+        + (f" (replaced {len(replaced)} earlier file{'s' if len(replaced) > 1 else ''})" if replaced else "")
+    )
     return 0

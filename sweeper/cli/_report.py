@@ -10,12 +10,20 @@ from pathlib import Path
 from sweeper.cli._common import _print, _study_ref
 from sweeper.errors import SpaceError, SweeperError
 
+
 def cmd_report(args: argparse.Namespace) -> int:
     """``sweep report STUDY``: the front, counts by status and NaN cause, the fit frontier; ``--json``; the HTML."""
     import optuna
 
-    from sweeper.report import describe_fit, fit_map_data, format_counts, format_front, picks, report_dict
-    from sweeper.report import write_html_report
+    from sweeper.report import (
+        describe_fit,
+        fit_map_data,
+        format_counts,
+        format_front,
+        picks,
+        report_dict,
+        write_html_report,
+    )
     from sweeper.study import load_existing_study, nan_causes, pareto_front, status_counts, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -33,8 +41,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         _print("trials: " + format_counts(status_counts(study), nan_causes(study)))
         chosen = picks(study)
         if chosen:
-            _print("picks   " + " · ".join(f"{k} #{n}" for k, n in chosen.items())
-                   + f" (sweep export {_study_ref(args.study)} --pick knee)")
+            _print(
+                "picks   "
+                + " · ".join(f"{k} #{n}" for k, n in chosen.items())
+                + f" (sweep export {_study_ref(args.study)} --pick knee)"
+            )
         fits = describe_fit(fit_map_data(study))
         if fits:
             _print("largest max_seq_length that fit: " + ", ".join(f"batch {b}: {s}" for b, s in fits.items()))
@@ -43,8 +54,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         write_html_report(study, html_path)
     except OSError as exc:
-        raise SweeperError([f"{html_path}: --html: cannot write the report ({exc.strerror}); choose a writable "
-                            "path"]) from None
+        raise SweeperError(
+            [f"{html_path}: --html: cannot write the report ({exc.strerror}); choose a writable path"]
+        ) from None
     if not args.json:
         _print(f"report  {html_path} (self-contained, opens offline)")
     return 0

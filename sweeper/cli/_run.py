@@ -8,13 +8,13 @@ import sys
 import time
 
 from sweeper.cli._common import (
-    _devices,
+    _audit,
     _describe_setup,
+    _devices,
     _load,
     _prepare,
     _print,
     _publish,
-    _audit,
 )
 from sweeper.errors import SpaceError
 from sweeper.space import SearchSpace, parse_duration_s
@@ -28,10 +28,16 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> list[s
 
     report, tokenized = _audit(samples, space.model, model_path, space.values_of("max_seq_length"))
     accumulation = space.values_of("gradient_accumulation_steps")
-    risks = nan_risks(report, tokenized, space.values_of("per_device_train_batch_size"), accumulation,
-                      max(space.values_of("max_steps")))
-    return format_data_warnings(report, risks, several_accumulations=len(accumulation) > 1,
-                                doctor=f"sweep doctor {space.path}")
+    risks = nan_risks(
+        report,
+        tokenized,
+        space.values_of("per_device_train_batch_size"),
+        accumulation,
+        max(space.values_of("max_steps")),
+    )
+    return format_data_warnings(
+        report, risks, several_accumulations=len(accumulation) > 1, doctor=f"sweep doctor {space.path}"
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -65,8 +71,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     space = _load(args)
     if not space.search:
-        raise SpaceError(f"{args.space}: search: nothing to search (every key is fixed); give at least one key a "
-                         "list or a range, or use 'sweep trial' for one configuration")
+        raise SpaceError(
+            f"{args.space}: search: nothing to search (every key is fixed); give at least one key a "
+            "list or a range, or use 'sweep trial' for one configuration"
+        )
     timeout_s = parse_duration_s(args.timeout) if args.timeout is not None else None
     name = args.study or space.study.name
     storage = args.storage or space.study.storage or default_storage(name)
@@ -75,8 +83,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     workers = args.workers or (len(devices) if devices else 1)
     heartbeat_interval_s()  # a bad SWEEPER_HEARTBEAT_INTERVAL_S is one line before anything runs
     if workers > 1 and in_memory(storage):
-        raise SpaceError(f"--storage: {redact_url(storage)} is an in-memory database, one per connection, which "
-                         f"--workers {workers} cannot share; give a file, e.g. --storage sqlite:///studies/{name}.db")
+        raise SpaceError(
+            f"--storage: {redact_url(storage)} is an in-memory database, one per connection, which "
+            f"--workers {workers} cannot share; give a file, e.g. --storage sqlite:///studies/{name}.db"
+        )
     model_path, samples = _prepare(space.dataset, space.model)
     check_writable(study_dir(name))  # before the storage is touched
     study = open_study(space, storage, name, n_trials)  # a storage problem is one line before any output
@@ -121,16 +131,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print(line)
 
     if already >= n_trials:
-        _print(f"the study already holds {already} finished trials (n_trials={n_trials}): nothing to run; "
-               "raise --n-trials to measure more")
-    run_study(space, model_path=model_path, storage=storage, study_name=name, n_trials=n_trials,
-              timeout_s=timeout_s, on_trial=on_trial, on_note=lambda text: _print(f"note    {text}"),
-              on_start=on_start, study=study, workers=workers, devices=devices)
+        _print(
+            f"the study already holds {already} finished trials (n_trials={n_trials}): nothing to run; "
+            "raise --n-trials to measure more"
+        )
+    run_study(
+        space,
+        model_path=model_path,
+        storage=storage,
+        study_name=name,
+        n_trials=n_trials,
+        timeout_s=timeout_s,
+        on_trial=on_trial,
+        on_note=lambda text: _print(f"note    {text}"),
+        on_start=on_start,
+        study=study,
+        workers=workers,
+        devices=devices,
+    )
     front = pareto_front(study)
     finished = count_finished(study)
     if finished < n_trials and (timeout_s is None or time.monotonic() - start < timeout_s):
-        _print(f"stopped at {finished} of {n_trials} trials: the sampler proposed only configurations already "
-               f"measured {MAX_CONSECUTIVE_DUPLICATES} times in a row; widen the search to measure more")
+        _print(
+            f"stopped at {finished} of {n_trials} trials: the sampler proposed only configurations already "
+            f"measured {MAX_CONSECUTIVE_DUPLICATES} times in a row; widen the search to measure more"
+        )
     _print()
     measured = sum(1 for t in stored_trials(study) if not t.is_repeat)
     _print(f"Pareto front (peak memory vs instability), {len(front)} of {measured} trials:")
@@ -140,18 +165,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     causes = nan_causes(study)
     _print("trials: " + format_counts(status_counts(study), causes))
     if "data" in causes:
-        samples = {t.number: t.result.nan_samples for t in stored_trials(study) if t.number in causes["data"]}
+        blamed = {t.number: t.result.nan_samples for t in stored_trials(study) if t.number in causes["data"]}
         trials_dir = trial_dir(name, 0).parent.as_posix()
-        _print(format_data_nan_summary(causes, samples, trials_dir) + f"; see 'sweep doctor {space.path}'")
+        _print(format_data_nan_summary(causes, blamed, trials_dir) + f"; see 'sweep doctor {space.path}'")
     ref = name if storage == default_storage(name) else f"'{redact_url(storage)}'"
-    _print(f"done in {time.monotonic() - start:.0f} s; study in {redact_url(storage)}; next: sweep report {ref}, "
-           f"sweep dashboard {ref}, sweep export {ref} --pick knee"
-           + (" (with your password in place of ***)" if "***" in ref else ""))
+    _print(
+        f"done in {time.monotonic() - start:.0f} s; study in {redact_url(storage)}; next: sweep report {ref}, "
+        f"sweep dashboard {ref}, sweep export {ref} --pick knee"
+        + (" (with your password in place of ***)" if "***" in ref else "")
+    )
     if statuses and all(s in FAIL_STATUSES for s in statuses):
-        print(f"sweep: every trial this run started failed ({', '.join(sorted(set(statuses)))}): the machine or the "
-              f"setup, not the hyperparameters; see the reasons above and {trial_dir(name, 0).parent}/N/worker.log",
-              file=sys.stderr)
+        print(
+            f"sweep: every trial this run started failed ({', '.join(sorted(set(statuses)))}): the machine or the "
+            f"setup, not the hyperparameters; see the reasons above and {trial_dir(name, 0).parent}/N/worker.log",
+            file=sys.stderr,
+        )
         return 1
     return 0
-
-

@@ -20,8 +20,16 @@ def cmd_trial(args: argparse.Namespace) -> int:
     model_path, samples = _prepare(space.dataset, space.model)
     folder = STUDIES_DIR / space.study.name / "manual" / time.strftime("%Y%m%d-%H%M%S")
     if not args.json:
-        shown = ("r", "lora_alpha_ratio", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant",
-                 "bnb_4bit_quant_type", "per_device_train_batch_size", "max_seq_length", "learning_rate")
+        shown = (
+            "r",
+            "lora_alpha_ratio",
+            "bnb_4bit_compute_dtype",
+            "bnb_4bit_use_double_quant",
+            "bnb_4bit_quant_type",
+            "per_device_train_batch_size",
+            "max_seq_length",
+            "learning_rate",
+        )
         _print(f"sweep trial: {format_params({k: getattr(config, k) for k in shown})}")
         _print(_describe_setup(space, model_path, len(samples)))
         _print(f"files   {folder}")
@@ -36,21 +44,28 @@ def cmd_trial(args: argparse.Namespace) -> int:
     if result.status == "nan":
         module = f", first non-finite output in {result.nan_module}" if result.nan_module else ""
         which = "samples at fault" if result.nan_cause == "data" else "samples of the failing step (not at fault)"
-        _print(f"nan     cause {result.nan_cause or 'unknown'}{module}; {which}: "
-               f"{', '.join(map(str, result.nan_samples)) or '-'}; the step's rows are in {folder / 'nan_batch.jsonl'}")
+        _print(
+            f"nan     cause {result.nan_cause or 'unknown'}{module}; {which}: "
+            f"{', '.join(map(str, result.nan_samples)) or '-'}; the step's rows are in {folder / 'nan_batch.jsonl'}"
+        )
     if result.longest_sample_tokens is not None:
-        _print(f"data    samples trained on: the longest has {result.longest_sample_tokens} tokens before truncation "
-               f"(sample {result.longest_sample_index}); {100 * result.truncated_sample_fraction:.0f}% were cut at "
-               f"max_seq_length={config.max_seq_length}; fewest supervised tokens in a step: "
-               f"{result.min_supervised_tokens}")
+        _print(
+            f"data    samples trained on: the longest has {result.longest_sample_tokens} tokens before truncation "
+            f"(sample {result.longest_sample_index}); {100 * (result.truncated_sample_fraction or 0):.0f}% were cut at "
+            f"max_seq_length={config.max_seq_length}; fewest supervised tokens in a step: "
+            f"{result.min_supervised_tokens}"
+        )
     if result.peak_memory_gib is not None:
         load = f", {result.load_peak_memory_gib:.3f} GiB while loading" if result.load_peak_memory_gib else ""
         _print(f"memory  {result.peak_memory_gib:.3f} GiB ({result.memory_kind}{load})")
     if result.instability is not None:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in result.instability_components.items())
         _print(f"instability {result.instability:.3f} ({parts})")
-    times = [f"{k.removesuffix('_time_s')} {getattr(result, k):.1f} s" for k in
-             ("import_time_s", "load_time_s", "train_time_s") if getattr(result, k) is not None]
+    times = [
+        f"{k.removesuffix('_time_s')} {getattr(result, k):.1f} s"
+        for k in ("import_time_s", "load_time_s", "train_time_s")
+        if getattr(result, k) is not None
+    ]
     if result.wall_time_s is not None:
         times.append(f"total {result.wall_time_s:.1f} s")
     _print("time    " + ", ".join(times))

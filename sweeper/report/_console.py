@@ -54,9 +54,11 @@ def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResul
     instability, seconds; non-complete trials add their reason."""
     duplicate = result.reason.startswith("same configuration")
     progress = " " * (len(str(n_trials)) * 2 + 3) if duplicate else f"[{finished:>{len(str(n_trials))}}/{n_trials}]"
-    line = (f"{progress} #{number:<3} {format_params(params)}  "
-            f"{status_label(result.status, result.nan_cause):<8} {_num(result.peak_memory_gib, '6.2f'):>6} GiB  "
-            f"instability {_num(result.instability, '7.3f'):>7}  {_num(result.wall_time_s, '6.1f'):>6} s")
+    line = (
+        f"{progress} #{number:<3} {format_params(params)}  "
+        f"{status_label(result.status, result.nan_cause):<8} {_num(result.peak_memory_gib, '6.2f'):>6} GiB  "
+        f"instability {_num(result.instability, '7.3f'):>7}  {_num(result.wall_time_s, '6.1f'):>6} s"
+    )
     if result.status != "complete" or duplicate:
         line += f"  ({result.reason})"
     return line
@@ -68,13 +70,20 @@ def format_trace(result: TrialResult) -> str:
     skipped = set(result.skipped_steps)
     n = max(len(result.loss_trace), len(result.grad_norm_trace))
     for i in range(n):
-        def at(seq: Sequence[Any]) -> Any:
+
+        def at(seq: Sequence[Any], i: int = i) -> Any:
             return seq[i] if i < len(seq) else None
 
         loss, grad, act = at(result.loss_trace), at(result.grad_norm_trace), at(result.max_activation_trace)
-        rows.append((str(i + 1), _num(loss, ".4f") if loss is not None else "non-finite",
-                     _num(grad, ".4g") if grad is not None else "non-finite",
-                     _num(act, ".4g"), "yes" if i + 1 in skipped else ""))
+        rows.append(
+            (
+                str(i + 1),
+                _num(loss, ".4f") if loss is not None else "non-finite",
+                _num(grad, ".4g") if grad is not None else "non-finite",
+                _num(act, ".4g"),
+                "yes" if i + 1 in skipped else "",
+            )
+        )
     return _table(rows)
 
 
@@ -88,15 +97,37 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 def format_front(front: Sequence[StoredTrial]) -> str:
     """The Pareto front as a table: trial, r, lora_alpha, compute dtype, double quant, quant type, batch,
     max_seq_length, peak GiB, instability (the values come from each trial's stored config)."""
-    rows = [("trial", "r", "lora_alpha", "compute", "double_quant", "quant", "batch", "max_seq_length",
-             "peak_GiB", "instability")]
+    rows = [
+        (
+            "trial",
+            "r",
+            "lora_alpha",
+            "compute",
+            "double_quant",
+            "quant",
+            "batch",
+            "max_seq_length",
+            "peak_GiB",
+            "instability",
+        )
+    ]
     for t in front:
         c = t.config.to_dict() if t.config is not None else {}
         values = t.values or (float("nan"), float("nan"))
-        rows.append((str(t.number), _fmt(c.get("r")), _fmt(t.lora_alpha),
-                     _fmt(c.get("bnb_4bit_compute_dtype")), _fmt(c.get("bnb_4bit_use_double_quant")),
-                     _fmt(c.get("bnb_4bit_quant_type")), _fmt(c.get("per_device_train_batch_size")),
-                     _fmt(c.get("max_seq_length")), f"{values[0]:.3f}", f"{values[1]:.3f}"))
+        rows.append(
+            (
+                str(t.number),
+                _fmt(c.get("r")),
+                _fmt(t.lora_alpha),
+                _fmt(c.get("bnb_4bit_compute_dtype")),
+                _fmt(c.get("bnb_4bit_use_double_quant")),
+                _fmt(c.get("bnb_4bit_quant_type")),
+                _fmt(c.get("per_device_train_batch_size")),
+                _fmt(c.get("max_seq_length")),
+                f"{values[0]:.3f}",
+                f"{values[1]:.3f}",
+            )
+        )
     return _table(rows)
 
 
@@ -107,8 +138,20 @@ def format_counts(counts: Mapping[str, int], nan_causes: Mapping[str, Sequence[i
         counts: Trials by status (:func:`sweeper.study.status_counts`).
         nan_causes: NaN trial numbers by cause (:func:`sweeper.study.nan_causes`), shown after the NaN count.
     """
-    order = ["complete", "nan", "oom", "predicted_oom", "dominated_oom", "timeout", "crash", "error", "running",
-             "waiting", "interrupted", "repeated"]
+    order = [
+        "complete",
+        "nan",
+        "oom",
+        "predicted_oom",
+        "dominated_oom",
+        "timeout",
+        "crash",
+        "error",
+        "running",
+        "waiting",
+        "interrupted",
+        "repeated",
+    ]
     keys = [k for k in order if k in counts] + sorted(k for k in counts if k not in order)
     parts = []
     for k in keys:
@@ -119,8 +162,9 @@ def format_counts(counts: Mapping[str, int], nan_causes: Mapping[str, Sequence[i
     return " · ".join(parts)
 
 
-def format_data_nan_summary(nan_causes: Mapping[str, Sequence[int]], samples: Mapping[int, Sequence[int]],
-                            trials_dir: str) -> str:
+def format_data_nan_summary(
+    nan_causes: Mapping[str, Sequence[int]], samples: Mapping[int, Sequence[int]], trials_dir: str
+) -> str:
     """One line naming the NaN trials the data caused (empty when none): so that they are not read as a result about
     the hyperparameters.
 
@@ -134,26 +178,37 @@ def format_data_nan_summary(nan_causes: Mapping[str, Sequence[int]], samples: Ma
         return ""
     total = sum(len(v) for v in nan_causes.values())
     blamed = sorted({i for n in data for i in samples.get(n, ())})
-    head = (f"all {total} NaN trials were" if total == len(data) and total > 1 else
-            "the NaN trial was" if total == 1 else f"{len(data)} of {total} NaN trials were")
+    head = (
+        f"all {total} NaN trials were"
+        if total == len(data) and total > 1
+        else "the NaN trial was"
+        if total == 1
+        else f"{len(data)} of {total} NaN trials were"
+    )
     shown = ", ".join(str(i) for i in blamed[:8]) + (" ..." if len(blamed) > 8 else "")
     folder = f"{trials_dir}/{data[0] if len(data) == 1 else '<trial>'}/nan_batch.jsonl"
-    return (f"{head} caused by the data, not the hyperparameters: trial{'s' if len(data) > 1 else ''} "
-            f"{', '.join('#' + str(n) for n in data)}, sample{'s' if len(blamed) != 1 else ''} {shown} "
-            f"(rows in {folder})")
+    return (
+        f"{head} caused by the data, not the hyperparameters: trial{'s' if len(data) > 1 else ''} "
+        f"{', '.join('#' + str(n) for n in data)}, sample{'s' if len(blamed) != 1 else ''} {shown} "
+        f"(rows in {folder})"
+    )
 
 
 def format_audit(report: AuditReport) -> str:
     """``sweep doctor``'s table: token-length percentiles, then one row per finding (kind, max_seq_length, number of
     samples, detail), then whether anything would make a trial NaN."""
     p = report.length_percentiles
-    lines = ["tokens per sample (chat template included, before truncation): "
-             + "  ".join(f"{k} {v:g}" for k, v in p.items())]
+    lines = [
+        "tokens per sample (chat template included, before truncation): "
+        + "  ".join(f"{k} {v:g}" for k, v in p.items())
+    ]
     lengths = ", ".join(str(n) for n in report.max_seq_lengths)
     if report.findings:
         rows = [("kind", "max_seq_length", "samples", "detail")]
-        rows += [(f.kind, "-" if f.max_seq_length is None else str(f.max_seq_length), str(len(f.samples)), f.detail)
-                 for f in report.findings]
+        rows += [
+            (f.kind, "-" if f.max_seq_length is None else str(f.max_seq_length), str(len(f.samples)), f.detail)
+            for f in report.findings
+        ]
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         table = ["  ".join([c.ljust(w) for c, w in zip(r[:3], widths)] + [r[3]]) for r in rows]
         table.insert(1, "  ".join("-" * w for w in widths) + "  ------")
@@ -164,16 +219,21 @@ def format_audit(report: AuditReport) -> str:
     lines.append("")
     if nan:
         where = sorted({f.max_seq_length for f in nan if f.max_seq_length is not None})
-        lines.append(f"NaN risk at max_seq_length {', '.join(map(str, where))}: "
-                     + "; ".join(f"{f.kind} at {f.max_seq_length} ({len(f.samples)} sample"
-                                 f"{'s' if len(f.samples) != 1 else ''})" for f in nan))
+        lines.append(
+            f"NaN risk at max_seq_length {', '.join(map(str, where))}: "
+            + "; ".join(
+                f"{f.kind} at {f.max_seq_length} ({len(f.samples)} sample{'s' if len(f.samples) != 1 else ''})"
+                for f in nan
+            )
+        )
     else:
         lines.append(f"no finding would make a trial NaN at max_seq_length {lengths}")
     return "\n".join(lines)
 
 
-def format_data_warnings(report: AuditReport, risks: Sequence[NanRisk], *, several_accumulations: bool,
-                         doctor: str) -> list[str]:
+def format_data_warnings(
+    report: AuditReport, risks: Sequence[NanRisk], *, several_accumulations: bool, doctor: str
+) -> list[str]:
     """Before the first trial: one ``WARNING data:`` line per finding that would make trials NaN (naming the batch
     sizes and the step where it strikes), or one ``data`` line saying there is none; other findings are named after.
 
@@ -189,21 +249,29 @@ def format_data_warnings(report: AuditReport, risks: Sequence[NanRisk], *, sever
         if hits:
             (b, ga), hit = min(hits.items(), key=lambda kv: kv[1].step)
             sizes = ", ".join(sorted({str(k[0]) for k in hits}, key=int))
-            strikes = (f"batch {sizes} go{'es' if len(hits) == 1 else ''} NaN (batch {b}"
-                       + (f", gradient_accumulation_steps {ga}" if several_accumulations else "")
-                       + f": step {hit.step}, sample{'s' if len(hit.samples) > 1 else ''} "
-                       f"{', '.join(map(str, hit.samples[:6]))})")
+            strikes = (
+                f"batch {sizes} go{'es' if len(hits) == 1 else ''} NaN (batch {b}"
+                + (f", gradient_accumulation_steps {ga}" if several_accumulations else "")
+                + f": step {hit.step}, sample{'s' if len(hit.samples) > 1 else ''} "
+                f"{', '.join(map(str, hit.samples[:6]))})"
+            )
         else:
             strikes = f"no step of the first {risk.max_steps} is made only of them, a longer run would be"
-        what = {"no_supervised_tokens": "no supervised token left (the reply is cut away)",
-                "invalid_token_id": f"token ids outside the model's {report.vocab_size} embedding rows"}[finding.kind]
-        lines.append(f"WARNING data: at max_seq_length={finding.max_seq_length}, {len(finding.samples)} of "
-                     f"{report.samples} samples have {what}; {strikes}: a data fault, not a hyperparameter result "
-                     f"({doctor})")
+        what = {
+            "no_supervised_tokens": "no supervised token left (the reply is cut away)",
+            "invalid_token_id": f"token ids outside the model's {report.vocab_size} embedding rows",
+        }[finding.kind]
+        lines.append(
+            f"WARNING data: at max_seq_length={finding.max_seq_length}, {len(finding.samples)} of "
+            f"{report.samples} samples have {what}; {strikes}: a data fault, not a hyperparameter result "
+            f"({doctor})"
+        )
     others = sorted({f.kind for f in report.findings if not f.nan_risk})
     if not lines:
-        lines.append(f"data    audited at max_seq_length {', '.join(map(str, report.max_seq_lengths))}: nothing that "
-                     "would make a trial NaN" + (f"; also found: {', '.join(others)} ({doctor})" if others else ""))
+        lines.append(
+            f"data    audited at max_seq_length {', '.join(map(str, report.max_seq_lengths))}: nothing that "
+            "would make a trial NaN" + (f"; also found: {', '.join(others)} ({doctor})" if others else "")
+        )
     elif others:
         lines.append(f"data    also found: {', '.join(others)} ({doctor})")
     return lines

@@ -17,17 +17,21 @@ FRONT_FIGURE_ID = "pareto-front"
 
 
 def failure_note(trial: StoredTrial) -> str:
-    """A short markdown note on a pruned or failed trial: status (with NaN cause), reason, step and what to look at.
-    """
+    """A short markdown note on a pruned or failed trial: status (with NaN cause), reason, step and what to look at."""
     r = trial.result
     cause = f" ({r.nan_cause})" if r.nan_cause else ""
     lines = [f"### Trial {trial.number}: {trial.status_name}{cause}", "", r.reason]
     if r.fail_step is not None:
-        lines += ["", f"Failed at step {r.fail_step} ({r.fail_phase}), "
-                      f"peak memory {r.peak_memory_gib or 0:.3f} GiB ({r.memory_kind})."]
+        lines += [
+            "",
+            f"Failed at step {r.fail_step} ({r.fail_phase}), "
+            f"peak memory {r.peak_memory_gib or 0:.3f} GiB ({r.memory_kind}).",
+        ]
     if r.nan_samples:
-        lines += ["", f"Samples: {', '.join(map(str, r.nan_samples))}; the failing batch is the "
-                      "`nan_batch.jsonl` artifact."]
+        lines += [
+            "",
+            f"Samples: {', '.join(map(str, r.nan_samples))}; the failing batch is the `nan_batch.jsonl` artifact.",
+        ]
     return "\n".join(lines)
 
 
@@ -37,8 +41,8 @@ def publish_study(study: optuna.Study) -> None:
     from optuna_dashboard import save_note, save_plotly_graph_object
     from optuna_dashboard._note import get_note_from_system_attrs
 
-    from sweeper.report._figures import front_figure
     from sweeper.report._data import front_data
+    from sweeper.report._figures import front_figure
 
     save_plotly_graph_object(study, front_figure(front_data(study)), graph_object_id=FRONT_FIGURE_ID)
     system_attrs = study._storage.get_study_system_attrs(study._study_id)
@@ -47,9 +51,11 @@ def publish_study(study: optuna.Study) -> None:
         if get_note_from_system_attrs(system_attrs, trial_id)["body"]:
             continue
         if t.is_repeat:
-            body = (f"### Trial {t.number}: repeat of trial {t.repeat_of}\n\nThe sampler proposed a "
-                    "configuration already measured; its result was reused and nothing ran (it does not count "
-                    "toward n_trials).")
+            body = (
+                f"### Trial {t.number}: repeat of trial {t.repeat_of}\n\nThe sampler proposed a "
+                "configuration already measured; its result was reused and nothing ran (it does not count "
+                "toward n_trials)."
+            )
         elif t.state == TrialState.COMPLETE:
             continue
         else:
@@ -75,8 +81,9 @@ def serve(storage: str, study_name: str, host: str = "127.0.0.1", port: int = 80
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(infos[0][4])
     except (OSError, OverflowError) as exc:
-        raise StudyError(f"{host}:{port}: --host/--port: cannot listen there ({exc}); choose a free --port, or "
-                         "--host 127.0.0.1") from None
+        raise StudyError(
+            f"{host}:{port}: --host/--port: cannot listen there ({exc}); choose a free --port, or --host 127.0.0.1"
+        ) from None
 
     run_server(storage, host=host, port=port, artifact_store=artifact_store(study_name))
 

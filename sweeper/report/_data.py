@@ -18,8 +18,17 @@ from optuna.trial import TrialState
 from sweeper.study import OBJECTIVES, StoredTrial, measured_trials, nan_causes, pareto_front, status_counts
 
 #: Per-trial settings shown in the report and its hover texts (``lora_alpha`` is derived: ``lora_alpha_ratio * r``).
-REPORT_KEYS = ("r", "lora_alpha", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant", "bnb_4bit_quant_type",
-               "per_device_train_batch_size", "gradient_accumulation_steps", "max_seq_length", "learning_rate")
+REPORT_KEYS = (
+    "r",
+    "lora_alpha",
+    "bnb_4bit_compute_dtype",
+    "bnb_4bit_use_double_quant",
+    "bnb_4bit_quant_type",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_seq_length",
+    "learning_rate",
+)
 
 #: Statuses whose trial ran at least one step within the memory cap: their batch shape fits.
 FIT_STATUSES = ("complete", "nan")
@@ -84,8 +93,13 @@ def front_data(study: optuna.Study) -> dict[str, Any]:
     points = [trial_record(t, searched, front) for t in measured_trials(study)]
     kinds = {p["memory_kind"] for p in points if p["memory_kind"]}
     limits = [t.config.memory_limit_gib for t in measured_trials(study) if t.config is not None]
-    return {"objectives": list(OBJECTIVES), "memory_kind": kinds.pop() if len(kinds) == 1 else None,
-            "memory_limit_gib": max(limits) if limits else None, "picks": picks(study), "points": points}
+    return {
+        "objectives": list(OBJECTIVES),
+        "memory_kind": kinds.pop() if len(kinds) == 1 else None,
+        "memory_limit_gib": max(limits) if limits else None,
+        "picks": picks(study),
+        "points": points,
+    }
 
 
 def picks(study: optuna.Study) -> dict[str, int]:
@@ -95,7 +109,7 @@ def picks(study: optuna.Study) -> dict[str, int]:
 
     if not pareto_front(study):
         return {}
-    return {name: pick_trial(study, pick=name).number for name in PICKS}
+    return {name: pick_trial(study, pick=name).number for name in PICKS}  # type: ignore[arg-type]
 
 
 def fit_map_data(study: optuna.Study) -> dict[str, Any]:
@@ -115,8 +129,17 @@ def fit_map_data(study: optuna.Study) -> dict[str, Any]:
         if status not in (*FIT_STATUSES, "oom") or config is None:
             continue
         key = (config.per_device_train_batch_size, config.max_seq_length)
-        cell = cells.setdefault(key, {"per_device_train_batch_size": key[0], "max_seq_length": key[1], "fits": 0,
-                                      "ooms": 0, "peaks": [], "trials": []})
+        cell = cells.setdefault(
+            key,
+            {
+                "per_device_train_batch_size": key[0],
+                "max_seq_length": key[1],
+                "fits": 0,
+                "ooms": 0,
+                "peaks": [],
+                "trials": [],
+            },
+        )
         cell["fits" if status in FIT_STATUSES else "ooms"] += 1
         cell["trials"].append(t.number)
         peak = _finite(t.result.peak_memory_gib)
@@ -130,16 +153,22 @@ def fit_map_data(study: optuna.Study) -> dict[str, Any]:
         cell["min_peak_memory_gib"] = min(peaks) if peaks else None
         cell["max_peak_memory_gib"] = max(peaks) if peaks else None
         out.append(cell)
-    return {"batch_sizes": sorted({k[0] for k in cells}), "max_seq_lengths": sorted({k[1] for k in cells}),
-            "cells": out}
+    return {
+        "batch_sizes": sorted({k[0] for k in cells}),
+        "max_seq_lengths": sorted({k[1] for k in cells}),
+        "cells": out,
+    }
 
 
 def largest_fitting_seq(fit_map: Mapping[str, Any]) -> dict[int, int | None]:
     """The largest ``max_seq_length`` that fit for each batch size of :func:`fit_map_data` (None: none fit)."""
     out: dict[int, int | None] = {}
     for b in fit_map["batch_sizes"]:
-        fits = [c["max_seq_length"] for c in fit_map["cells"]
-                if c["per_device_train_batch_size"] == b and c["state"] == "fits"]
+        fits = [
+            c["max_seq_length"]
+            for c in fit_map["cells"]
+            if c["per_device_train_batch_size"] == b and c["state"] == "fits"
+        ]
         out[b] = max(fits) if fits else None
     return out
 
@@ -170,10 +199,21 @@ def curves_data(study: optuna.Study) -> list[dict[str, Any]]:
     out = []
     for kind, trials in (("front", front), ("nan", nan)):
         for t in trials:
-            out.append({"number": t.number, "kind": kind, "label": f"#{t.number} {status_label(t)}",
-                        "loss": [_finite(x) for x in t.result.loss_trace],
-                        "grad_norm": [_finite(x) for x in t.result.grad_norm_trace]})
+            out.append(
+                {
+                    "number": t.number,
+                    "kind": kind,
+                    "label": f"#{t.number} {status_label(t)}",
+                    "loss": [_finite(x) for x in t.result.loss_trace],
+                    "grad_norm": [_finite(x) for x in t.result.grad_norm_trace],
+                }
+            )
     return out
+
+
+def _objective(i: int) -> Any:
+    """The target function of objective ``i`` for ``optuna.importance``."""
+    return lambda t: t.values[i]
 
 
 def importance_data(study: optuna.Study) -> dict[str, dict[str, float]]:
@@ -192,7 +232,7 @@ def importance_data(study: optuna.Study) -> dict[str, dict[str, float]]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                values = optuna.importance.get_param_importances(study, target=lambda t, i=i: t.values[i])
+                values = optuna.importance.get_param_importances(study, target=_objective(i))
         except (RuntimeError, ValueError):  # e.g. no parameter varies among the complete trials
             continue
         out[name] = {k: float(v) for k, v in values.items()}
@@ -211,8 +251,16 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
         "study": study.study_name,
         "directions": [d.name.lower() for d in study.directions],
         "objectives": list(OBJECTIVES),
-        "front": [{"number": t.number, "params": trial_params(t, searched), "peak_memory_gib": t.values[0],
-                   "instability": t.values[1]} for t in front if t.values is not None],
+        "front": [
+            {
+                "number": t.number,
+                "params": trial_params(t, searched),
+                "peak_memory_gib": t.values[0],
+                "instability": t.values[1],
+            }
+            for t in front
+            if t.values is not None
+        ],
         "trials": [trial_record(t, searched, numbers) for t in measured_trials(study)],
         "status_counts": status_counts(study),
         "nan_causes": nan_causes(study),

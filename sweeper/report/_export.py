@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import optuna
+
 from sweeper.errors import StudyError
 from sweeper.study import StoredTrial, TrialStatus, pareto_front, stored_trials
 
@@ -29,6 +30,13 @@ PICKS: tuple[str, ...] = ("knee", "min-memory", "most-stable")
 
 #: Built-in models as the hub ids a production run would load.
 HUB_IDS = {"builtin:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def _objectives(trial: StoredTrial) -> tuple[float, float]:
+    """``(peak_memory_gib, instability)`` of a COMPLETE trial (the front and the exported trials are)."""
+    if trial.values is None:
+        raise StudyError(f"trial {trial.number} did not complete: it has no objective values")
+    return trial.values
 
 
 def knee(front: Sequence[StoredTrial]) -> StoredTrial:
@@ -42,12 +50,12 @@ def knee(front: Sequence[StoredTrial]) -> StoredTrial:
     """
     if not front:
         raise ValueError("the front is empty")
-    lows = [min(t.values[i] for t in front) for i in range(2)]
-    spans = [(max(t.values[i] for t in front) - lows[i]) or 1.0 for i in range(2)]
+    lows = [min(_objectives(t)[i] for t in front) for i in range(2)]
+    spans = [(max(_objectives(t)[i] for t in front) - lows[i]) or 1.0 for i in range(2)]
 
     def distance(t: StoredTrial) -> tuple[float, float, float]:
-        scaled = [(t.values[i] - lows[i]) / spans[i] for i in range(2)]
-        return (round(math.hypot(*scaled), 12), t.values[1], t.values[0])
+        scaled = [(_objectives(t)[i] - lows[i]) / spans[i] for i in range(2)]
+        return (round(math.hypot(*scaled), 12), _objectives(t)[1], _objectives(t)[0])
 
     return min(front, key=distance)
 
@@ -63,24 +71,27 @@ def pick_trial(study: optuna.Study, *, number: int | None = None, pick: Pick = "
     if number is not None:
         trials = {t.number: t for t in stored_trials(study)}
         if number not in trials:
-            raise StudyError(f"{name}: --trial: no trial {number} in this study (trials 0-{len(trials) - 1}); "
-                             "see 'sweep report " + name + "'")
+            raise StudyError(
+                f"{name}: --trial: no trial {number} in this study (trials 0-{len(trials) - 1}); "
+                "see 'sweep report " + name + "'"
+            )
         t = trials[number]
         if t.repeat_of is not None:  # a repeat reused an earlier trial's result: that one was measured
             t = trials[t.repeat_of]
         if t.status != TrialStatus.COMPLETE or t.values is None:
             reason = t.user_attrs.get("reason", "no result")
-            raise StudyError(f"{name}: --trial: trial {number} did not complete ({t.status_name}: {reason}); export a "
-                             "complete trial, e.g. --pick knee")
+            raise StudyError(
+                f"{name}: --trial: trial {number} did not complete ({t.status_name}: {reason}); export a "
+                "complete trial, e.g. --pick knee"
+            )
         return t
     front = pareto_front(study)
     if not front:
-        raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with "
-                         "'sweep run'")
+        raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with 'sweep run'")
     if pick == "min-memory":
-        return min(front, key=lambda t: (t.values[0], t.values[1]))
+        return min(front, key=lambda t: (_objectives(t)[0], _objectives(t)[1]))
     if pick == "most-stable":
-        return min(front, key=lambda t: (t.values[1], t.values[0]))
+        return min(front, key=lambda t: (_objectives(t)[1], _objectives(t)[0]))
     return knee(front)
 
 
@@ -121,8 +132,10 @@ def settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
     try:
         return _settings_of(study, trial)
     except (KeyError, TypeError, ValueError) as exc:
-        raise StudyError(f"{study.study_name}: --trial: trial {trial.number} has no usable sweeper config "
-                         f"(missing or bad {exc}); export a trial that 'sweep run' measured") from None
+        raise StudyError(
+            f"{study.study_name}: --trial: trial {trial.number} has no usable sweeper config "
+            f"(missing or bad {exc}); export a trial that 'sweep run' measured"
+        ) from None
 
 
 def _settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
@@ -139,16 +152,17 @@ def _settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
         f"the trial ran {c.max_steps} steps at a constant learning rate after {c.warmup_steps} "
         "warmup steps, to probe the peak rate; choose the schedule of the real run yourself",
         "the trial supervised the assistant replies only (prompt tokens had label -100)",
-        "add your dataset, its chat template and the length of the run (steps or epochs): a trial does not choose "
-        "them",
+        "add your dataset, its chat template and the length of the run (steps or epochs): a trial does not choose them",
     ]
     if batch * accumulation != target:
         notes.append(f"{target} is not a multiple of {batch}: the effective batch is {batch * accumulation}")
     name = c.model.name_or_path
     local = study.user_attrs.get("model_path")
     if local and (name.startswith("builtin:") or name.lower().endswith(".gguf")):
-        notes.append(f"the trials loaded {name} from its local conversion {local}; point the model name there to "
-                     "train without the hub")
+        notes.append(
+            f"the trials loaded {name} from its local conversion {local}; point the model name there to "
+            "train without the hub"
+        )
     versions = trial.result.versions or {}
     peak = trial.result.peak_memory_gib
     provenance = {
@@ -157,7 +171,7 @@ def _settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
         "peak_memory_gib": round(peak, 3) if isinstance(peak, float) else peak,
         "memory_kind": trial.result.memory_kind,
         "memory_limit_gib": c.memory_limit_gib,
-        "instability": round(trial.values[1], 4),
+        "instability": round(_objectives(trial)[1], 4),
         "device": trial.result.device,
         "versions": {**versions, "sweeper": _version("sweeper")},
         "exported": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -177,11 +191,20 @@ def _settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
     }
     return ExportSettings(
         model=HUB_IDS.get(name, name),
-        quantization={"load_in_4bit": True, "bnb_4bit_quant_type": c.bnb_4bit_quant_type,
-                      "bnb_4bit_use_double_quant": c.bnb_4bit_use_double_quant,
-                      "bnb_4bit_compute_dtype": c.bnb_4bit_compute_dtype},
-        lora={"r": c.r, "lora_alpha": trial.lora_alpha, "lora_dropout": c.lora_dropout,
-              "target_modules": list(c.target_modules), "bias": "none", "task_type": "CAUSAL_LM"},
+        quantization={
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": c.bnb_4bit_quant_type,
+            "bnb_4bit_use_double_quant": c.bnb_4bit_use_double_quant,
+            "bnb_4bit_compute_dtype": c.bnb_4bit_compute_dtype,
+        },
+        lora={
+            "r": c.r,
+            "lora_alpha": trial.lora_alpha,
+            "lora_dropout": c.lora_dropout,
+            "target_modules": list(c.target_modules),
+            "bias": "none",
+            "task_type": "CAUSAL_LM",
+        },
         training=training,
         max_seq_length=c.max_seq_length,
         effective_batch_size=batch * accumulation,
@@ -222,12 +245,20 @@ def render_hf(s: ExportSettings, *, trl: bool = False) -> str:
     dtype = q.pop("bnb_4bit_compute_dtype")
     args_class = "SFTConfig" if trl else "TrainingArguments"
     lines = ['"""QLoRA settings chosen with sweeper."""', "", *_header(s, "#"), ""]
-    lines += ["import torch", "from peft import LoraConfig", "from transformers import BitsAndBytesConfig"
-              + ("" if trl else ", TrainingArguments")]
+    lines += [
+        "import torch",
+        "from peft import LoraConfig",
+        "from transformers import BitsAndBytesConfig" + ("" if trl else ", TrainingArguments"),
+    ]
     if trl:
         lines.append("from trl import SFTConfig")
-    lines += ["", f"MODEL_NAME = {s.model!r}", f"MAX_SEQ_LENGTH = {s.max_seq_length}", "",
-              "bnb_config = BitsAndBytesConfig("]
+    lines += [
+        "",
+        f"MODEL_NAME = {s.model!r}",
+        f"MAX_SEQ_LENGTH = {s.max_seq_length}",
+        "",
+        "bnb_config = BitsAndBytesConfig(",
+    ]
     lines += [f"    {k}={_py_value(v)}," for k, v in q.items()]
     lines += [f"    bnb_4bit_compute_dtype=torch.{dtype},", ")", "", "lora_config = LoraConfig("]
     lines += [f"    {k}={_py_value(v)}," for k, v in s.lora.items()]
@@ -235,18 +266,25 @@ def render_hf(s: ExportSettings, *, trl: bool = False) -> str:
     lines.append(f"    output_dir={('outputs/' + s.provenance['study'] + '-trial' + str(s.provenance['trial']))!r},")
     for k, v in s.training.items():
         if k == "gradient_checkpointing":  # transformers 5 renamed it; the old name warns (removed in v6)
-            lines.append(f"    activation_checkpointing={_py_value(v)},  # gradient_checkpointing before "
-                         "transformers 5")
+            lines.append(
+                f"    activation_checkpointing={_py_value(v)},  # gradient_checkpointing before transformers 5"
+            )
         else:
             lines.append(f"    {k}={_py_value(v)},")
     lines.append("    use_cpu=not torch.cuda.is_available(),  # so that the file also loads on a machine without a GPU")
     if trl:
-        lines += ["    max_length=MAX_SEQ_LENGTH,  # TRL's name for max_seq_length",
-                  "    # Conversational data: train on the assistant turns only, as the trial did (needs a chat",
-                  "    # template with generation tags); for prompt/completion data use completion_only_loss=True.",
-                  "    assistant_only_loss=True,"]
-    lines += [")", "", "# Load the model with: AutoModelForCausalLM.from_pretrained(MODEL_NAME, "
-              "quantization_config=bnb_config, dtype=bnb_config.bnb_4bit_compute_dtype)"]
+        lines += [
+            "    max_length=MAX_SEQ_LENGTH,  # TRL's name for max_seq_length",
+            "    # Conversational data: train on the assistant turns only, as the trial did (needs a chat",
+            "    # template with generation tags); for prompt/completion data use completion_only_loss=True.",
+            "    assistant_only_loss=True,",
+        ]
+    lines += [
+        ")",
+        "",
+        "# Load the model with: AutoModelForCausalLM.from_pretrained(MODEL_NAME, "
+        "quantization_config=bnb_config, dtype=bnb_config.bnb_4bit_compute_dtype)",
+    ]
     if not trl:
         lines.append("# Truncate or pack samples to MAX_SEQ_LENGTH tokens when tokenizing.")
     return "\n".join(lines) + "\n"
@@ -255,10 +293,17 @@ def render_hf(s: ExportSettings, *, trl: bool = False) -> str:
 def settings_json(s: ExportSettings) -> dict[str, Any]:
     """The settings as JSON: ``{"provenance", "notes", "model", "max_seq_length", "bnb_config", "lora_config",
     "training_args", "effective_batch_size", "target_effective_batch_size"}``."""
-    return {"provenance": s.provenance, "notes": s.notes, "model": s.model, "max_seq_length": s.max_seq_length,
-            "bnb_config": s.quantization, "lora_config": s.lora, "training_args": s.training,
-            "effective_batch_size": s.effective_batch_size,
-            "target_effective_batch_size": s.target_effective_batch_size}
+    return {
+        "provenance": s.provenance,
+        "notes": s.notes,
+        "model": s.model,
+        "max_seq_length": s.max_seq_length,
+        "bnb_config": s.quantization,
+        "lora_config": s.lora,
+        "training_args": s.training,
+        "effective_batch_size": s.effective_batch_size,
+        "target_effective_batch_size": s.target_effective_batch_size,
+    }
 
 
 def _yaml(header: list[str], data: Mapping[str, Any], comments: Mapping[str, str]) -> str:
@@ -296,9 +341,11 @@ def render_axolotl(s: ExportSettings) -> str:
         "lora_alpha": s.lora["lora_alpha"],
         "lora_dropout": s.lora["lora_dropout"],
         "lora_target_modules": s.lora["target_modules"],
-        "bnb_config_kwargs": {"bnb_4bit_quant_type": q["bnb_4bit_quant_type"],
-                              "bnb_4bit_use_double_quant": q["bnb_4bit_use_double_quant"],
-                              "bnb_4bit_compute_dtype": q["bnb_4bit_compute_dtype"]},
+        "bnb_config_kwargs": {
+            "bnb_4bit_quant_type": q["bnb_4bit_quant_type"],
+            "bnb_4bit_use_double_quant": q["bnb_4bit_use_double_quant"],
+            "bnb_4bit_compute_dtype": q["bnb_4bit_compute_dtype"],
+        },
         "sequence_len": s.max_seq_length,
         "micro_batch_size": t["per_device_train_batch_size"],
         "gradient_accumulation_steps": t["gradient_accumulation_steps"],
@@ -310,7 +357,7 @@ def render_axolotl(s: ExportSettings) -> str:
     }
     comments = {
         "bnb_config_kwargs": "axolotl ties bnb_4bit_compute_dtype to bf16/fp16; this entry sets the trial's value "
-                             "explicitly",
+        "explicitly",
         "sequence_len": "sweeper's max_seq_length",
         "micro_batch_size": "per_device_train_batch_size",
     }
@@ -351,12 +398,14 @@ def render_llama_factory(s: ExportSettings) -> str:
         "double_quantization": "bnb_4bit_use_double_quant",
         "cutoff_len": "sweeper's max_seq_length",
         "bf16": f"bnb_4bit_compute_dtype={dtype} in the trial; LLaMA-Factory has no key for it and derives it from "
-                "bf16/fp16",
+        "bf16/fp16",
     }
     if dtype == "float32":
-        comments["bf16"] = ("NOT EXPRESSIBLE: the trial computed in float32; with neither bf16 nor fp16 set, "
-                            "LLaMA-Factory picks bf16 itself where the GPU supports it, so its run would not match "
-                            "the trial's precision (export another trial or use the hf format)")
+        comments["bf16"] = (
+            "NOT EXPRESSIBLE: the trial computed in float32; with neither bf16 nor fp16 set, "
+            "LLaMA-Factory picks bf16 itself where the GPU supports it, so its run would not match "
+            "the trial's precision (export another trial or use the hf format)"
+        )
     return _yaml(_header(s, "#"), data, comments)
 
 
@@ -390,8 +439,9 @@ def export_path(path: str | Path, fmt: Format, default_name: str) -> Path:
     if text.endswith(("/", os.sep)) or base.is_dir() or base.name in ("", ".", ".."):
         return base / (default_name + suffix)
     if base.suffix and base.suffix.lower() not in (suffix, ".yml" if suffix == ".yaml" else suffix):
-        raise StudyError(f"{path}: -o: the {fmt} export is a {suffix} file; give a path ending in {suffix}, or "
-                         "a folder")
+        raise StudyError(
+            f"{path}: -o: the {fmt} export is a {suffix} file; give a path ending in {suffix}, or a folder"
+        )
     return base if base.suffix else base.with_name(base.name + suffix)
 
 

@@ -19,10 +19,24 @@ import optuna
 from sweeper.report import _data as data
 
 #: Marker per status in the front figure (plotly symbol names).
-SYMBOLS = {"complete": "circle", "nan": "x", "oom": "triangle-up", "timeout": "hourglass", "crash": "star",
-           "error": "square", "predicted_oom": "triangle-up-open", "dominated_oom": "triangle-down-open"}
-COLORS = {"front": "#d62728", "complete": "#1f77b4", "nan": "#ff7f0e", "oom": "#7f7f7f", "fits": "#2ca02c",
-          "not_tried": "#eeeeee"}
+SYMBOLS = {
+    "complete": "circle",
+    "nan": "x",
+    "oom": "triangle-up",
+    "timeout": "hourglass",
+    "crash": "star",
+    "error": "square",
+    "predicted_oom": "triangle-up-open",
+    "dominated_oom": "triangle-down-open",
+}
+COLORS = {
+    "front": "#d62728",
+    "complete": "#1f77b4",
+    "nan": "#ff7f0e",
+    "oom": "#7f7f7f",
+    "fits": "#2ca02c",
+    "not_tried": "#eeeeee",
+}
 
 
 def _hover(point: Mapping[str, Any]) -> str:
@@ -32,8 +46,9 @@ def _hover(point: Mapping[str, Any]) -> str:
         memory += f" (predicted {point['predicted_peak_gib']:.2f})"
     stability = "-" if point["instability"] is None else f"{point['instability']:.3f}"
     reason = html.escape(point["reason"])[:200]
-    return (f"trial {point['number']}: {point['label']}<br>peak {memory}, instability {stability}<br>{params}"
-            f"<br>{reason}")
+    return (
+        f"trial {point['number']}: {point['label']}<br>peak {memory}, instability {stability}<br>{params}<br>{reason}"
+    )
 
 
 def front_figure(front: Mapping[str, Any]) -> Any:
@@ -50,38 +65,70 @@ def front_figure(front: Mapping[str, Any]) -> Any:
     top = max((p["instability"] for p in complete), default=1.0)
     band = top * 1.15 + 0.05
     if rest:
-        fig.add_trace(go.Scatter(x=[p["peak_memory_gib"] for p in rest], y=[p["instability"] for p in rest],
-                                 mode="markers", name="complete", marker={"color": COLORS["complete"], "size": 9},
-                                 hovertext=[_hover(p) for p in rest], hoverinfo="text"))
+        fig.add_trace(
+            go.Scatter(
+                x=[p["peak_memory_gib"] for p in rest],
+                y=[p["instability"] for p in rest],
+                mode="markers",
+                name="complete",
+                marker={"color": COLORS["complete"], "size": 9},
+                hovertext=[_hover(p) for p in rest],
+                hoverinfo="text",
+            )
+        )
     if on_front:
-        fig.add_trace(go.Scatter(x=[p["peak_memory_gib"] for p in on_front],
-                                 y=[p["instability"] for p in on_front], mode="lines+markers+text",
-                                 name="Pareto front", text=[f"#{p['number']}" for p in on_front],
-                                 textposition="top center", line={"color": COLORS["front"]},
-                                 marker={"color": COLORS["front"], "size": 12},
-                                 hovertext=[_hover(p) for p in on_front], hoverinfo="text"))
+        fig.add_trace(
+            go.Scatter(
+                x=[p["peak_memory_gib"] for p in on_front],
+                y=[p["instability"] for p in on_front],
+                mode="lines+markers+text",
+                name="Pareto front",
+                text=[f"#{p['number']}" for p in on_front],
+                textposition="top center",
+                line={"color": COLORS["front"]},
+                marker={"color": COLORS["front"], "size": 12},
+                hovertext=[_hover(p) for p in on_front],
+                hoverinfo="text",
+            )
+        )
     failed = [p for p in points if p["instability"] is None and p["peak_memory_gib"] is not None]
     for label in sorted({p["label"] for p in failed}):
         group = [p for p in failed if p["label"] == label]
         status = group[0]["status"]
-        fig.add_trace(go.Scatter(x=[p["peak_memory_gib"] for p in group], y=[band] * len(group), mode="markers",
-                                 name=f"{label} (no instability)",
-                                 marker={"symbol": SYMBOLS.get(status, "diamond"), "size": 12,
-                                         "color": COLORS.get(status, "#9467bd")},
-                                 hovertext=[_hover(p) for p in group], hoverinfo="text"))
+        fig.add_trace(
+            go.Scatter(
+                x=[p["peak_memory_gib"] for p in group],
+                y=[band] * len(group),
+                mode="markers",
+                name=f"{label} (no instability)",
+                marker={"symbol": SYMBOLS.get(status, "diamond"), "size": 12, "color": COLORS.get(status, "#9467bd")},
+                hovertext=[_hover(p) for p in group],
+                hoverinfo="text",
+            )
+        )
     limit = front.get("memory_limit_gib")
     if limit is not None:
-        fig.add_vline(x=limit, line_dash="dash", line_color="#7f7f7f",
-                      annotation_text=f"memory_limit_gib {limit:g}", annotation_position="top left")
+        fig.add_vline(
+            x=limit,
+            line_dash="dash",
+            line_color="#7f7f7f",
+            annotation_text=f"memory_limit_gib {limit:g}",
+            annotation_position="top left",
+        )
     knee = front.get("picks", {}).get("knee")
     for p in on_front:
         if p["number"] == knee:
-            fig.add_annotation(x=p["peak_memory_gib"], y=p["instability"], text="knee", showarrow=True, arrowhead=2,
-                               ax=40, ay=-40)
+            fig.add_annotation(
+                x=p["peak_memory_gib"], y=p["instability"], text="knee", showarrow=True, arrowhead=2, ax=40, ay=-40
+            )
     kind = front.get("memory_kind") or "peak memory"
-    fig.update_layout(title="Peak memory against instability (lower left is better)",
-                      xaxis_title=f"peak_memory_gib ({kind})", yaxis_title="instability",
-                      template="plotly_white", height=480)
+    fig.update_layout(
+        title="Peak memory against instability (lower left is better)",
+        xaxis_title=f"peak_memory_gib ({kind})",
+        yaxis_title="instability",
+        template="plotly_white",
+        height=480,
+    )
     return fig
 
 
@@ -111,12 +158,29 @@ def fit_map_figure(fit: Mapping[str, Any]) -> Any:
         z.append(row_z)
         text.append(row_t)
     colorscale = [[0, COLORS["not_tried"]], [0.5, COLORS["oom"]], [1, COLORS["fits"]]]
-    fig = go.Figure(go.Heatmap(z=z, x=[str(s) for s in lengths], y=[str(b) for b in batches], text=text,
-                               texttemplate="%{text}", zmin=0, zmax=2, colorscale=colorscale, showscale=False,
-                               hovertemplate="batch %{y} x %{x} tokens: %{text}<extra></extra>"))
-    fig.update_layout(title="What fits the memory cap", xaxis_title="max_seq_length", xaxis_type="category",
-                      yaxis_title="per_device_train_batch_size", yaxis_type="category", template="plotly_white",
-                      height=120 + 60 * max(1, len(batches)))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[str(s) for s in lengths],
+            y=[str(b) for b in batches],
+            text=text,
+            texttemplate="%{text}",
+            zmin=0,
+            zmax=2,
+            colorscale=colorscale,
+            showscale=False,
+            hovertemplate="batch %{y} x %{x} tokens: %{text}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title="What fits the memory cap",
+        xaxis_title="max_seq_length",
+        xaxis_type="category",
+        yaxis_title="per_device_train_batch_size",
+        yaxis_type="category",
+        template="plotly_white",
+        height=120 + 60 * max(1, len(batches)),
+    )
     return fig
 
 
@@ -132,14 +196,31 @@ def curves_figure(curves: Sequence[Mapping[str, Any]]) -> Any:
     for i, c in enumerate(curves):
         line = {"dash": "solid" if c["kind"] == "front" else "dot", "color": palette[i % len(palette)]}
         steps = list(range(1, max(len(c["loss"]), len(c["grad_norm"])) + 1))
-        fig.add_trace(go.Scatter(x=steps, y=c["loss"], mode="lines+markers", name=c["label"],
-                                 legendgroup=c["label"], line=line), row=1, col=1)
-        fig.add_trace(go.Scatter(x=steps, y=c["grad_norm"], mode="lines+markers", name=c["label"],
-                                 legendgroup=c["label"], showlegend=False, line=line), row=1, col=2)
+        fig.add_trace(
+            go.Scatter(x=steps, y=c["loss"], mode="lines+markers", name=c["label"], legendgroup=c["label"], line=line),
+            row=1,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=steps,
+                y=c["grad_norm"],
+                mode="lines+markers",
+                name=c["label"],
+                legendgroup=c["label"],
+                showlegend=False,
+                line=line,
+            ),
+            row=1,
+            col=2,
+        )
     fig.update_yaxes(type="log", row=1, col=2)
     fig.update_xaxes(title_text="step")
-    fig.update_layout(title="Curves of the front (solid) and of NaN trials (dotted, up to the failing step)",
-                      template="plotly_white", height=420)
+    fig.update_layout(
+        title="Curves of the front (solid) and of NaN trials (dotted, up to the failing step)",
+        template="plotly_white",
+        height=420,
+    )
     return fig
 
 
@@ -152,10 +233,14 @@ def importance_figure(importance: Mapping[str, Mapping[str, float]]) -> Any:
     fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, horizontal_spacing=0.3)
     for i, name in enumerate(importance, 1):
         items = sorted(importance[name].items(), key=lambda kv: kv[1])
-        fig.add_trace(go.Bar(x=[v for _, v in items], y=[k for k, _ in items], orientation="h", name=name,
-                             showlegend=False), row=1, col=i)
-    fig.update_layout(title="Parameter importance per objective (optuna.importance)", template="plotly_white",
-                      height=380)
+        fig.add_trace(
+            go.Bar(x=[v for _, v in items], y=[k for k, _ in items], orientation="h", name=name, showlegend=False),
+            row=1,
+            col=i,
+        )
+    fig.update_layout(
+        title="Parameter importance per objective (optuna.importance)", template="plotly_white", height=380
+    )
     return fig
 
 
@@ -172,10 +257,18 @@ def render_html(study: optuna.Study) -> str:
     import plotly.io as pio
 
     summary = data.report_dict(study)
-    figures = [front_figure(data.front_data(study)), fit_map_figure(data.fit_map_data(study)),
-               curves_figure(data.curves_data(study)), importance_figure(summary["importance"])]
-    divs = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), div_id=f"figure-{i}",
-                        config={"displaylogo": False}) for i, fig in enumerate(figures)]
+    figures = [
+        front_figure(data.front_data(study)),
+        fit_map_figure(data.fit_map_data(study)),
+        curves_figure(data.curves_data(study)),
+        importance_figure(summary["importance"]),
+    ]
+    divs = [
+        pio.to_html(
+            fig, full_html=False, include_plotlyjs=(i == 0), div_id=f"figure-{i}", config={"displaylogo": False}
+        )
+        for i, fig in enumerate(figures)
+    ]
     from sweeper.report._console import SHORT_NAMES, _fmt
 
     keys = list(summary["front"][0]["params"]) if summary["front"] else []
@@ -183,8 +276,16 @@ def render_html(study: optuna.Study) -> str:
     for name, number in summary["picks"].items():
         by_trial.setdefault(number, []).append(name)
     front_rows = [["trial", *[SHORT_NAMES.get(k, k) for k in keys], "peak_memory_gib", "instability", "pick"]]
-    front_rows += [[f["number"], *[_fmt(f["params"].get(k)) for k in keys], f"{f['peak_memory_gib']:.3f}",
-                    f"{f['instability']:.3f}", ", ".join(by_trial.get(f["number"], []))] for f in summary["front"]]
+    front_rows += [
+        [
+            f["number"],
+            *[_fmt(f["params"].get(k)) for k in keys],
+            f"{f['peak_memory_gib']:.3f}",
+            f"{f['instability']:.3f}",
+            ", ".join(by_trial.get(f["number"], [])),
+        ]
+        for f in summary["front"]
+    ]
     counts = " · ".join(f"{k} {v}" for k, v in summary["status_counts"].items())
     causes = ", ".join(f"{k} {len(v)}" for k, v in summary["nan_causes"].items()) or "none"
     fit = ", ".join(f"batch {b}: {s}" for b, s in data.describe_fit(data.fit_map_data(study)).items())
@@ -201,8 +302,9 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f
 <h2 id="front">Pareto front ({len(summary["front"])} of {len(summary["trials"])} trials)</h2>
 {_table(front_rows)}
 <p>Columns: {html.escape(", ".join(f"{SHORT_NAMES[k]} = {k}" for k in keys if SHORT_NAMES.get(k, k) != k))}.</p>
-<p>Picks (<code>sweep export {html.escape(study.study_name)} --pick NAME</code>): {html.escape(
-    " · ".join(f"{k} #{n}" for k, n in summary["picks"].items()) or "none")}. The knee is the front's point nearest
+<p>Picks (<code>sweep export {html.escape(study.study_name)} --pick NAME</code>): {
+        html.escape(" · ".join(f"{k} #{n}" for k, n in summary["picks"].items()) or "none")
+    }. The knee is the front's point nearest
 the ideal after scaling both objectives to [0, 1].</p>
 <p>Trials by status: {html.escape(counts)}. NaN causes: {html.escape(causes)}.</p>
 <p>Largest max_seq_length that fit, per batch size: {html.escape(fit) or "none measured"}.</p>

@@ -23,7 +23,24 @@ from sweeper.space._schema import (
 )
 
 __all__ = [
-    "ATTN_IMPLEMENTATIONS", "COMPUTE_DTYPES", "DATA_FORMATS", "OPTIMIZERS", "QUANT_TYPES", "SAMPLERS", "TRIAL_KEYS",
-    "Categorical", "DatasetSpec", "Dimension", "KeySpec", "ModelSpec", "Range", "SearchSpace", "StudySpec",
-    "TrialConfig", "apply_overrides", "load_space", "parse_duration_s", "parse_space",
+    "ATTN_IMPLEMENTATIONS",
+    "COMPUTE_DTYPES",
+    "DATA_FORMATS",
+    "OPTIMIZERS",
+    "QUANT_TYPES",
+    "SAMPLERS",
+    "TRIAL_KEYS",
+    "Categorical",
+    "DatasetSpec",
+    "Dimension",
+    "KeySpec",
+    "ModelSpec",
+    "Range",
+    "SearchSpace",
+    "StudySpec",
+    "TrialConfig",
+    "apply_overrides",
+    "load_space",
+    "parse_duration_s",
+    "parse_space",
 ]

@@ -27,21 +27,19 @@ from typing import Any
 
 import yaml
 
+from sweeper.errors import SpaceError
 from sweeper.space._schema import (
     Categorical,
     DatasetSpec,
     Dimension,
+    KeySpec,
     ModelSpec,
     Range,
     StudySpec,
     TrialConfig,
-    KeySpec,
     field_name,
     key_specs,
 )
-from sweeper.errors import SpaceError
-
-
 
 #: Per-trial keys, by their ``space.yaml`` name: each may be set in ``training`` (fixed) or, when searchable, in
 #: ``search``. Derived from :class:`TrialConfig`'s fields, which hold each key's default and check.
@@ -50,7 +48,8 @@ TRIAL_KEYS: Mapping[str, KeySpec] = MappingProxyType(key_specs(TrialConfig))
 #: The keys of the ``study``, ``model`` and ``dataset`` sections, derived from their dataclasses.
 _SECTIONS: Mapping[str, type] = MappingProxyType({"study": StudySpec, "model": ModelSpec, "dataset": DatasetSpec})
 _SECTION_KEYS: Mapping[str, Mapping[str, KeySpec]] = MappingProxyType(
-    {name: MappingProxyType(key_specs(cls)) for name, cls in _SECTIONS.items()})
+    {name: MappingProxyType(key_specs(cls)) for name, cls in _SECTIONS.items()}
+)
 
 
 def _from_yaml(cls: type, values: Mapping[str, Any], **extra: Any) -> Any:
@@ -170,6 +169,7 @@ def _describe(spec: KeySpec) -> str:
     if spec.kind == "name":
         return "a name of letters, digits, '.', '_' or '-' (it becomes a file name)"
     if spec.kind == "int" or spec.kind == "float":
+
         def num(x: float) -> str:  # integers in full (1048576, not 1.04858e+06)
             return str(int(x)) if float(x).is_integer() and abs(x) < 1e12 else f"{x:g}"
 
@@ -280,7 +280,9 @@ def _parse_dimension(key: str, raw: Any, spec: KeySpec, problems: _Problems) -> 
         return Categorical(choices=tuple(values))
     if isinstance(raw, dict):
         if spec.kind not in ("int", "float"):
-            problems.add(where, "a range {low, high} needs a numeric key", f"give a list of values, each {_describe(spec)}")
+            problems.add(
+                where, "a range {low, high} needs a numeric key", f"give a list of values, each {_describe(spec)}"
+            )
             return None
         unknown = [k for k in raw if k not in _RANGE_KEYS]
         for k in unknown:
@@ -288,15 +290,21 @@ def _parse_dimension(key: str, raw: Any, spec: KeySpec, problems: _Problems) -> 
         if unknown:
             return None
         if "low" not in raw or "high" not in raw:
-            problems.add(where, "a range needs both low and high", f"write {{low: ..., high: ...}} with values {_describe(spec)}")
+            problems.add(
+                where, "a range needs both low and high", f"write {{low: ..., high: ...}} with values {_describe(spec)}"
+            )
             return None
         if any(isinstance(raw[k], bool) or not isinstance(raw[k], (int, float, str)) for k in ("low", "high")):
-            problems.add(where, f"low={raw['low']!r}, high={raw['high']!r} are not numbers", f"both must be {_describe(spec)}")
+            problems.add(
+                where, f"low={raw['low']!r}, high={raw['high']!r} are not numbers", f"both must be {_describe(spec)}"
+            )
             return None
         try:
             low, high = _check_value(spec, raw["low"]), _check_value(spec, raw["high"])
         except ValueError:
-            problems.add(where, f"low={raw['low']!r}, high={raw['high']!r} out of bounds", f"both must be {_describe(spec)}")
+            problems.add(
+                where, f"low={raw['low']!r}, high={raw['high']!r} out of bounds", f"both must be {_describe(spec)}"
+            )
             return None
         log, step = raw.get("log", False), raw.get("step")
         ok = True
@@ -320,8 +328,11 @@ def _parse_dimension(key: str, raw: Any, spec: KeySpec, problems: _Problems) -> 
                 problems.add(where, "log and step cannot be combined (optuna)", "drop one of them")
                 ok = False
             elif step > high - low and high > low:
-                problems.add(f"{where}.step", f"step={step} is larger than high - low = {high - low}",
-                             "use a smaller step, or a list of values")
+                problems.add(
+                    f"{where}.step",
+                    f"step={step} is larger than high - low = {high - low}",
+                    "use a smaller step, or a list of values",
+                )
                 ok = False
         if not ok:
             return None
@@ -353,12 +364,14 @@ def _parse_section(name: str, raw: Any, problems: _Problems) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str],
-                    file: str = "--set") -> tuple[dict[str, Any], frozenset[str]]:
+def apply_overrides(
+    raw: dict[str, Any], overrides: list[str], file: str = "--set"
+) -> tuple[dict[str, Any], frozenset[str]]:
     """Apply ``--set key=value`` overrides to a raw space mapping (before validation).
 
     A bare key is a per-trial key (it replaces ``search.<key>`` or ``training.<key>``, so a searched key becomes
-    fixed); ``study.``/``model.``/``dataset.`` keys are dotted. Values are parsed as YAML (``true``, ``1e-4``, ``[a, b]``).
+    fixed); ``study.``/``model.``/``dataset.`` keys are dotted. Values are parsed as YAML (``true``, ``1e-4``,
+    ``[a, b]``).
 
     Returns:
         The new mapping (the input is not modified) and the dotted keys that were set (``training.r``).
@@ -426,8 +439,11 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
     """
     problems = _Problems(path, overridden)
     if not isinstance(raw, dict):
-        problems.add("(top level)", f"expected a mapping of sections, got {type(raw).__name__}",
-                     "start from search_spaces/demo.yaml")
+        problems.add(
+            "(top level)",
+            f"expected a mapping of sections, got {type(raw).__name__}",
+            "start from search_spaces/demo.yaml",
+        )
         raise SpaceError(problems.lines)
     for key in raw:
         if key not in _TOP_KEYS:
@@ -445,8 +461,11 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
             problems.add(f"training.{key}", "unknown key", _suggest(str(key), list(TRIAL_KEYS)))
             continue
         if isinstance(value, (list, dict)) and spec.kind != "str_list":
-            fix = (f"--set fixes one value; to search several, list them under search.{key} in the file"
-                   if f"training.{key}" in problems.overridden else f"move '{key}' to the search section to search it")
+            fix = (
+                f"--set fixes one value; to search several, list them under search.{key} in the file"
+                if f"training.{key}" in problems.overridden
+                else f"move '{key}' to the search section to search it"
+            )
             problems.add(f"training.{key}", "training values are fixed", fix)
             continue
         try:
@@ -457,7 +476,9 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
     search_raw = raw.get("search")
     search: dict[str, Dimension] = {}
     if search_raw is not None and not isinstance(search_raw, dict):
-        problems.add("search", f"expected a mapping, got {type(search_raw).__name__}", "write 'search: {key: [values]}'")
+        problems.add(
+            "search", f"expected a mapping, got {type(search_raw).__name__}", "write 'search: {key: [values]}'"
+        )
         search_raw = {}
     for key, value in (search_raw or {}).items():
         spec = TRIAL_KEYS.get(key)
@@ -511,8 +532,9 @@ def load_space(path: str | Path, overrides: list[str] | None = None) -> SearchSp
     except _DuplicateKeyError as exc:
         raise SpaceError(f"{path}: line {exc.line}: key '{exc.key}' appears twice in one mapping; keep one") from None
     except RecursionError:
-        raise SpaceError(f"{path}: (file): nested too deeply to be a space file; start from "
-                         "search_spaces/demo.yaml") from None
+        raise SpaceError(
+            f"{path}: (file): nested too deeply to be a space file; start from search_spaces/demo.yaml"
+        ) from None
     except OSError as exc:
         raise SpaceError(f"{path}: (file): cannot be read ({exc.strerror}); check the path and permissions") from None
     except yaml.YAMLError as exc:

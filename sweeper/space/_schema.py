@@ -126,8 +126,9 @@ class ModelSpec:
     """
 
     name_or_path: str = _key("builtin:smollm2-135m-instruct", "str")
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = _key("sdpa", "choice",
-                                                                              choices=ATTN_IMPLEMENTATIONS)
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = _key(
+        "sdpa", "choice", choices=ATTN_IMPLEMENTATIONS
+    )
     trust_remote_code: bool = _key(False, "bool")
 
 
@@ -144,8 +145,9 @@ class DatasetSpec:
     """
 
     path: str = _key("builtin:pydoc-topics", "str")
-    format: Literal["auto", "text", "prompt_completion", "alpaca", "chat"] = _key("auto", "choice",
-                                                                                  choices=DATA_FORMATS)
+    format: Literal["auto", "text", "prompt_completion", "alpaca", "chat"] = _key(
+        "auto", "choice", choices=DATA_FORMATS
+    )
     max_samples: int = _key(512, "int", low=1, high=10**9)
     seed: int = _key(0, "int", low=0, high=2**32 - 1)
     split: str = _key("train", "str")

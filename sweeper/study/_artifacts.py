@@ -30,8 +30,12 @@ def artifact_store(study_name: str) -> optuna.artifacts.FileSystemArtifactStore:
     return optuna.artifacts.FileSystemArtifactStore(str(folder))
 
 
-def upload_trial_artifacts(trial: optuna.Trial | FrozenTrial, result: TrialResult, folder: Path,
-                           store: optuna.artifacts.FileSystemArtifactStore) -> list[str]:
+def upload_trial_artifacts(
+    trial: optuna.Trial | FrozenTrial,
+    result: TrialResult,
+    folder: Path,
+    store: optuna.artifacts.FileSystemArtifactStore,
+) -> list[str]:
     """Write ``trace.json`` and ``loss_curve.svg`` into the trial's folder and upload them, with ``nan_batch.jsonl``
     when the trial left one, to ``store``.
 
@@ -39,19 +43,28 @@ def upload_trial_artifacts(trial: optuna.Trial | FrozenTrial, result: TrialResul
         The artifact ids.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    trace = {"loss": result.loss_trace, "grad_norm": result.grad_norm_trace,
-             "max_activation": result.max_activation_trace, "skipped_steps": result.skipped_steps,
-             "supervised_tokens": result.supervised_tokens_trace}
+    trace = {
+        "loss": result.loss_trace,
+        "grad_norm": result.grad_norm_trace,
+        "max_activation": result.max_activation_trace,
+        "skipped_steps": result.skipped_steps,
+        "supervised_tokens": result.supervised_tokens_trace,
+    }
     (folder / "trace.json").write_text(json.dumps(trace))
-    (folder / "loss_curve.svg").write_text(loss_curve_svg(result.loss_trace, result.grad_norm_trace,
-                                                          f"trial {trial.number}, {result.status}"))
+    (folder / "loss_curve.svg").write_text(
+        loss_curve_svg(result.loss_trace, result.grad_norm_trace, f"trial {trial.number}, {result.status}")
+    )
     files = [("trace.json", "application/json"), ("loss_curve.svg", "image/svg+xml")]
     if (folder / "nan_batch.jsonl").is_file():
         files.append(("nan_batch.jsonl", "application/json"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return [optuna.artifacts.upload_artifact(artifact_store=store, file_path=str(folder / name),
-                                                 study_or_trial=trial, mimetype=mime) for name, mime in files]
+        return [
+            optuna.artifacts.upload_artifact(
+                artifact_store=store, file_path=str(folder / name), study_or_trial=trial, mimetype=mime
+            )
+            for name, mime in files
+        ]
 
 
 def loss_curve_svg(loss: Sequence[float | None], grad_norm: Sequence[float | None], title: str) -> str:
@@ -80,12 +93,14 @@ def loss_curve_svg(loss: Sequence[float | None], grad_norm: Sequence[float | Non
             pen = "L"
         return " ".join(out)
 
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
-            f'<rect width="100%" height="100%" fill="white"/>'
-            f'<text x="{pad}" y="18" font-family="sans-serif" font-size="12">{html.escape(title)}: '
-            '<tspan fill="#1f77b4">loss</tspan>, <tspan fill="#ff7f0e">gradient norm</tspan> (each on its own scale)'
-            f'</text><path d="{path(loss)}" fill="none" stroke="#1f77b4" stroke-width="2"/>'
-            f'<path d="{path(grad_norm)}" fill="none" stroke="#ff7f0e" stroke-width="2" stroke-dasharray="4 2"/>'
-            f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#999"/>'
-            f'<text x="{width - pad}" y="{height - 8}" font-family="sans-serif" font-size="11" '
-            f'text-anchor="end">step 1-{max(len(loss), 1)}</text></svg>')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
+        f'<rect width="100%" height="100%" fill="white"/>'
+        f'<text x="{pad}" y="18" font-family="sans-serif" font-size="12">{html.escape(title)}: '
+        '<tspan fill="#1f77b4">loss</tspan>, <tspan fill="#ff7f0e">gradient norm</tspan> (each on its own scale)'
+        f'</text><path d="{path(loss)}" fill="none" stroke="#1f77b4" stroke-width="2"/>'
+        f'<path d="{path(grad_norm)}" fill="none" stroke="#ff7f0e" stroke-width="2" stroke-dasharray="4 2"/>'
+        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#999"/>'
+        f'<text x="{width - pad}" y="{height - 8}" font-family="sans-serif" font-size="11" '
+        f'text-anchor="end">step 1-{max(len(loss), 1)}</text></svg>'
+    )

@@ -21,9 +21,10 @@ import os
 import re
 import threading
 import warnings
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage
@@ -57,8 +58,10 @@ def heartbeat_interval_s() -> int:
     if raw is None or raw.strip() == "":
         return DEFAULT_HEARTBEAT_INTERVAL_S
     if not re.fullmatch(r"[0-9]{1,4}", raw.strip()) or not 1 <= int(raw) <= MAX_HEARTBEAT_INTERVAL_S:
-        raise StudyError(f"SWEEPER_HEARTBEAT_INTERVAL_S: {raw!r} is not a whole number of seconds from 1 to "
-                         f"{MAX_HEARTBEAT_INTERVAL_S}; unset it (30 s) or give e.g. 30")
+        raise StudyError(
+            f"SWEEPER_HEARTBEAT_INTERVAL_S: {raw!r} is not a whole number of seconds from 1 to "
+            f"{MAX_HEARTBEAT_INTERVAL_S}; unset it (30 s) or give e.g. 30"
+        )
     return int(raw)
 
 
@@ -69,7 +72,7 @@ def sqlite_database(url: str) -> str | None:
 
     try:
         parsed = make_url(url)
-    except Exception:  # noqa: BLE001 - not a URL at all: the storage reports it
+    except Exception:
         return None
     return (parsed.database or "") if parsed.get_backend_name() == "sqlite" else None
 
@@ -109,15 +112,15 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if heartbeat_enabled(storage):
-            self._interval = storage.get_heartbeat_interval()
+            self._interval = storage.get_heartbeat_interval()  # type: ignore[attr-defined]
             self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{trial_id}", daemon=True)
             self._thread.start()
 
     def _beat(self) -> None:
         while True:
             try:
-                self._storage.record_heartbeat(self._trial_id)
-            except Exception:  # noqa: BLE001 - a missed beat is retried; too many make the trial lost, as they should
+                self._storage.record_heartbeat(self._trial_id)  # type: ignore[attr-defined]
+            except Exception:
                 pass
             if self._stop.wait(self._interval):
                 return
@@ -136,7 +139,7 @@ def stale_trial_ids(study: optuna.Study) -> list[int]:
     storage = study._storage
     if not heartbeat_enabled(storage):
         return []
-    return list(storage._get_stale_trial_ids(study._study_id))
+    return list(storage._get_stale_trial_ids(study._study_id))  # type: ignore[attr-defined]
 
 
 def lock_key(study_name: str) -> int:
@@ -156,7 +159,7 @@ class AskLock:
     def __init__(self, url: str, study_name: str):
         self._thread_lock = threading.Lock()
         self._url, self._name = url, study_name
-        self._engine = None
+        self._engine: Any = None
         scheme = url.split(":", 1)[0].split("+")[0]
         self.kind = {"postgresql": "postgresql", "mysql": "mysql"}.get(scheme, "thread")
         database = sqlite_file(url)
@@ -177,10 +180,12 @@ class AskLock:
         with self._thread_lock:
             if self.kind == "file":
                 try:
-                    handle = open(self._lock_path, "a")
+                    handle = open(self._lock_path, "a")  # noqa: SIM115 - held until release()
                 except OSError as exc:
-                    raise StudyError(f"{self._lock_path}: --storage: cannot create the lock file beside the SQLite "
-                                     f"database ({exc.strerror}); put the database in a folder you can write") from None
+                    raise StudyError(
+                        f"{self._lock_path}: --storage: cannot create the lock file beside the SQLite "
+                        f"database ({exc.strerror}); put the database in a folder you can write"
+                    ) from None
                 with handle:
                     fcntl.flock(handle, fcntl.LOCK_EX)
                     try:
@@ -191,8 +196,11 @@ class AskLock:
                 import sqlalchemy
 
                 lock, unlock, key = {
-                    "postgresql": ("SELECT pg_advisory_lock(:k)", "SELECT pg_advisory_unlock(:k)",
-                                   lock_key(self._name)),
+                    "postgresql": (
+                        "SELECT pg_advisory_lock(:k)",
+                        "SELECT pg_advisory_unlock(:k)",
+                        lock_key(self._name),
+                    ),
                     "mysql": ("SELECT GET_LOCK(:k, -1)", "SELECT RELEASE_LOCK(:k)", f"sweeper-{lock_key(self._name)}"),
                 }[self.kind]
                 with self._connection() as conn:
@@ -205,5 +213,3 @@ class AskLock:
                         conn.commit()
             else:
                 yield
-
-

@@ -60,8 +60,18 @@ POLL_S = 2.0
 RETRIED_STATUSES = ("crash", "timeout")
 
 #: User attributes that describe one run of a trial rather than its configuration's result (not copied to repeats).
-_BOOKKEEPING_ATTRS = ("sweep_host", "sweep_pid", "worker_pid", "retry_of", "retry_attempt", "retried", "interrupted",
-                      "duplicate_of", "cuda_visible_devices", "heartbeat_interval_s")
+_BOOKKEEPING_ATTRS = (
+    "sweep_host",
+    "sweep_pid",
+    "worker_pid",
+    "retry_of",
+    "retry_attempt",
+    "retried",
+    "interrupted",
+    "duplicate_of",
+    "cuda_visible_devices",
+    "heartbeat_interval_s",
+)
 
 
 def find_duplicate(study: optuna.Study, params: Mapping[str, Any]) -> FrozenTrial | None:
@@ -102,10 +112,22 @@ class _Sweep:
     """One ``sweep run`` process: its worker slots (threads when more than one) share the study, the ask lock, the
     consecutive-repeat count, the running trial processes and Ctrl-C."""
 
-    def __init__(self, space: SearchSpace, study: optuna.Study, *, url: str, name: str, model_path: str, target: int,
-                 budget: float | None, on_trial: Callable[[SweepEvent], None] | None,
-                 on_note: Callable[[str], None] | None, on_start: Callable[[int, dict, str | None], None] | None,
-                 workers: int, devices: list[str | None]):
+    def __init__(
+        self,
+        space: SearchSpace,
+        study: optuna.Study,
+        *,
+        url: str,
+        name: str,
+        model_path: str,
+        target: int,
+        budget: float | None,
+        on_trial: Callable[[SweepEvent], None] | None,
+        on_note: Callable[[str], None] | None,
+        on_start: Callable[[int, dict, str | None], None] | None,
+        workers: int,
+        devices: list[str | None],
+    ):
         self.space, self.study, self.name, self.model_path = space, study, name, model_path
         self.target, self.budget, self.on_trial, self.on_note = target, budget, on_trial, on_note
         self.on_start = on_start
@@ -161,7 +183,7 @@ class _Sweep:
         thread; ``done`` is set when the slot has recorded its last trial."""
         try:
             self.run_slot(slot)
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+        except BaseException as exc:
             with self.mutex:
                 self.errors.append(exc)
             self.stop.set()
@@ -187,11 +209,13 @@ class _Sweep:
         """Fail and retry the trials of sweeps that died on this host or went silent anywhere (under the lock)."""
         for stale in fail_stale_trials(self.study, self.max_retries):
             if stale.why == "gone":
-                self.note(f"trial {stale.number}: its sweep process is gone; marked interrupted, its configuration "
-                          "runs again")
+                self.note(
+                    f"trial {stale.number}: its sweep process is gone; marked interrupted, its configuration runs again"
+                )
             else:
-                self.note(f"trial {stale.number}: its sweep sent no heartbeat; marked lost, its configuration runs "
-                          "again")
+                self.note(
+                    f"trial {stale.number}: its sweep sent no heartbeat; marked lost, its configuration runs again"
+                )
 
     def ask(self, device: str | None) -> optuna.Trial | None:
         """Under the ask lock: a new trial, or None when this slot should wait (the trials still needed are running
@@ -207,8 +231,11 @@ class _Sweep:
             trials = [stored_trial(t) for t in self.study.get_trials(deepcopy=False)]
             finished = sum(1 for t in trials if t.counts)
             running = sum(1 for t in trials if t.status == TrialStatus.RUNNING)
-            if (finished >= self.target or self.repeats >= MAX_CONSECUTIVE_DUPLICATES
-                    or (self.budget is not None and time.monotonic() - self.start >= self.budget)):
+            if (
+                finished >= self.target
+                or self.repeats >= MAX_CONSECUTIVE_DUPLICATES
+                or (self.budget is not None and time.monotonic() - self.start >= self.budget)
+            ):
                 raise _Stop
             if finished + running >= self.target:
                 return None
@@ -218,7 +245,7 @@ class _Sweep:
             if device is not None:
                 trial.set_user_attr("cuda_visible_devices", device)
             if heartbeat_enabled(self.study._storage):
-                trial.set_user_attr("heartbeat_interval_s", self.study._storage.get_heartbeat_interval())
+                trial.set_user_attr("heartbeat_interval_s", self.study._storage.get_heartbeat_interval())  # type: ignore[attr-defined]
             return trial
 
     # -- the steps of one trial ---------------------------------------------------------------------------------
@@ -261,8 +288,11 @@ class _Sweep:
             while not self.interrupted.is_set():
                 with self.lock.held():
                     self.fail_stale()  # the earlier trial's sweep may be dead or silent: it would never end
-                running = [t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                           if t.number < trial.number and t.params == params]
+                running = [
+                    t.number
+                    for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                    if t.number < trial.number and t.params == params
+                ]
                 if not running:
                     break
                 self.interrupted.wait(POLL_S)
@@ -306,8 +336,14 @@ class _Sweep:
         decision = preflight(config.to_dict(), predicted, known_memory(self.study))
         if decision is None:
             return False
-        result = TrialResult(status=decision[0], reason=decision[1], predicted_peak_gib=predicted, wall_time_s=0.0,
-                             lora_alpha=config.lora_alpha, effective_batch_size=config.effective_batch_size)
+        result = TrialResult(
+            status=decision[0],  # type: ignore[arg-type]
+            reason=decision[1],
+            predicted_peak_gib=predicted,
+            wall_time_s=0.0,
+            lora_alpha=config.lora_alpha,
+            effective_batch_size=config.effective_batch_size,
+        )
         record_result(trial, result, config.to_dict())
         trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
         self.emit(self.study.tell(trial, state=TrialState.PRUNED), result)
@@ -344,9 +380,11 @@ class _Sweep:
             raise
         except OSError as exc:  # the trial's files cannot be written: disk full, folder made read-only meanwhile
             self.record_interrupted(trial, f"not run: cannot write {folder} ({exc.strerror})")
-            raise RunError(f"{folder}: cannot write the trial's files ({exc.strerror}); trial {trial.number} is "
-                           "recorded as not run and queued again; fix the disk and run the same command: finished "
-                           "trials are kept") from None
+            raise RunError(
+                f"{folder}: cannot write the trial's files ({exc.strerror}); trial {trial.number} is "
+                "recorded as not run and queued again; fix the disk and run the same command: finished "
+                "trials are kept"
+            ) from None
         finally:
             with self.mutex:
                 self.trial_pids.difference_update(pids)
@@ -363,7 +401,7 @@ class _Sweep:
             _upload_artifacts(self.name, trial, result)
             trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
             if result.status == "complete":
-                frozen = self.study.tell(trial, [result.peak_memory_gib, result.instability])
+                frozen = self.study.tell(trial, [result.peak_memory_gib, result.instability])  # type: ignore[list-item]
             elif result.status in PRUNED_STATUSES:
                 frozen = self.study.tell(trial, state=TrialState.PRUNED)
             else:
@@ -371,9 +409,11 @@ class _Sweep:
                     trial.set_user_attr("retried", True)
                 frozen = self.study.tell(trial, state=TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:
-            self.note(f"trial {trial.number}: another sweep marked it lost while it ran (this process sent no "
-                      "heartbeat: was it frozen?); its retry measures it again; this run's files are in "
-                      f"{trial_dir(self.name, trial.number)}")
+            self.note(
+                f"trial {trial.number}: another sweep marked it lost while it ran (this process sent no "
+                "heartbeat: was it frozen?); its retry measures it again; this run's files are in "
+                f"{trial_dir(self.name, trial.number)}"
+            )
             return
         self.emit(frozen, result)
 
@@ -441,9 +481,20 @@ def run_study(
         study.set_user_attr("searched", list(space.search))
     if study.user_attrs.get("model_path") != model_path:
         study.set_user_attr("model_path", model_path)  # the local checkpoint the trials loaded (for exports)
-    sweep = _Sweep(space, study, url=url, name=name, model_path=model_path, target=target, budget=budget,
-                   on_trial=on_trial, on_note=on_note, on_start=on_start, workers=workers,
-                   devices=slot_devices(workers, devices))
+    sweep = _Sweep(
+        space,
+        study,
+        url=url,
+        name=name,
+        model_path=model_path,
+        target=target,
+        budget=budget,
+        on_trial=on_trial,
+        on_note=on_note,
+        on_start=on_start,
+        workers=workers,
+        devices=slot_devices(workers, devices),
+    )
     with sweep.lock.held():
         starts = int(study.user_attrs.get("sweep_starts", 0))
         study.set_user_attr("sweep_starts", starts + 1)
@@ -455,8 +506,9 @@ def run_study(
         sweep.run_slot(0)  # in this thread: Ctrl-C reaches run_trial, which kills the worker
         return study
     done = [threading.Event() for _ in range(workers)]
-    threads = [threading.Thread(target=sweep.slot_main, args=(i, done[i]), name=f"sweep-worker-{i}")
-               for i in range(workers)]
+    threads = [
+        threading.Thread(target=sweep.slot_main, args=(i, done[i]), name=f"sweep-worker-{i}") for i in range(workers)
+    ]
     for thread in threads:
         thread.start()
     # The main thread waits by polling, never inside Thread.join: in CPython 3.11 a KeyboardInterrupt that lands
@@ -477,5 +529,3 @@ def run_study(
     if sweep.errors:
         raise sweep.errors[0]
     return study
-
-

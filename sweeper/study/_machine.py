@@ -16,6 +16,7 @@ from sweeper.trial import visible_gpus
 #: trace and artifacts (tens of KiB on the demo, up to a few MiB with a long nan_batch.jsonl) and SQLite grows.
 MIN_FREE_MIB = 64
 
+
 def check_disk(folder: Path, min_free_mib: float = MIN_FREE_MIB) -> None:
     """Raise before a trial starts when ``folder``'s disk (or its nearest existing parent's) is nearly full.
 
@@ -27,8 +28,10 @@ def check_disk(folder: Path, min_free_mib: float = MIN_FREE_MIB) -> None:
         probe = probe.parent
     free_mib = shutil.disk_usage(probe).free / 2**20
     if free_mib < min_free_mib:
-        raise RunError(f"{folder}: only {free_mib:.0f} MiB free on its disk (a trial needs {min_free_mib} MiB for its "
-                       "files); free some space and run the same command: finished trials are kept")
+        raise RunError(
+            f"{folder}: only {free_mib:.0f} MiB free on its disk (a trial needs {min_free_mib} MiB for its "
+            "files); free some space and run the same command: finished trials are kept"
+        )
 
 
 def check_writable(folder: Path) -> None:
@@ -40,11 +43,15 @@ def check_writable(folder: Path) -> None:
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise StudyError(f"{folder}: cannot create the study's folder ({exc.strerror}); run from a folder you can "
-                         "write, or fix its permissions") from None
+        raise StudyError(
+            f"{folder}: cannot create the study's folder ({exc.strerror}); run from a folder you can "
+            "write, or fix its permissions"
+        ) from None
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise StudyError(f"{folder}: the study's folder is not writable (trial logs, results and artifacts go "
-                         "there); fix its permissions or run from another folder")
+        raise StudyError(
+            f"{folder}: the study's folder is not writable (trial logs, results and artifacts go "
+            "there); fix its permissions or run from another folder"
+        )
 
 
 def slot_devices(workers: int, devices: list[str] | None) -> list[str | None]:

@@ -63,8 +63,9 @@ def known_to_fit(config: Mapping[str, Any], known: Iterable[Known]) -> Known | N
     return next((k for k in known if k.fits and at_least_as_large(k.config, config)), None)
 
 
-def preflight(config: Mapping[str, Any], predicted_peak_gib: float | None, known: Iterable[Known]
-              ) -> tuple[str, str] | None:
+def preflight(
+    config: Mapping[str, Any], predicted_peak_gib: float | None, known: Iterable[Known]
+) -> tuple[str, str] | None:
     """Whether to prune a configuration before running it.
 
     Returns:
@@ -75,19 +76,26 @@ def preflight(config: Mapping[str, Any], predicted_peak_gib: float | None, known
     known = list(known)
     oom = dominating_oom(config, known)
     if oom is not None:
-        return ("dominated_oom", f"at least as large as trial {oom.number}, which ran out of memory "
-                                 f"(batch {oom.config['per_device_train_batch_size']} x "
-                                 f"{oom.config['max_seq_length']} tokens, r={oom.config['r']}): not run")
+        return (
+            "dominated_oom",
+            f"at least as large as trial {oom.number}, which ran out of memory "
+            f"(batch {oom.config['per_device_train_batch_size']} x "
+            f"{oom.config['max_seq_length']} tokens, r={oom.config['r']}): not run",
+        )
     limit = config["memory_limit_gib"] * (1 + config.get("preflight_margin", 0.10))
     if predicted_peak_gib is not None and predicted_peak_gib > limit and known_to_fit(config, known) is None:
-        return ("predicted_oom", f"predicted peak {predicted_peak_gib:.2f} GiB exceeds memory_limit_gib="
-                                 f"{config['memory_limit_gib']:g} by more than preflight_margin="
-                                 f"{config.get('preflight_margin', 0.10):g}: not run (sweep estimate)")
+        return (
+            "predicted_oom",
+            f"predicted peak {predicted_peak_gib:.2f} GiB exceeds memory_limit_gib="
+            f"{config['memory_limit_gib']:g} by more than preflight_margin="
+            f"{config.get('preflight_margin', 0.10):g}: not run (sweep estimate)",
+        )
     return None
 
 
-def memory_predictor(model_path: str, name: str, attn_implementation: str
-                     ) -> Callable[[Mapping[str, Any]], float | None]:
+def memory_predictor(
+    model_path: str, name: str, attn_implementation: str
+) -> Callable[[Mapping[str, Any]], float | None]:
     """A function from a trial config (dict) to its predicted peak in GiB (:func:`sweeper.estimate.estimate_memory`)
     on the device the trials will use (CUDA when a GPU is visible, else the CPU); it returns None when the model's
     shape is unknown (no readable ``config.json``)."""

@@ -35,8 +35,9 @@ def retry(study: optuna.Study, trial: FrozenTrial | optuna.Trial, max_retries: i
     if attempt >= max_retries:
         return False
     first = trial.user_attrs.get("retry_of", trial.number)
-    study.enqueue_trial(trial.params, user_attrs={"retry_of": first, "retry_attempt": attempt + 1},
-                        skip_if_exists=False)
+    study.enqueue_trial(
+        trial.params, user_attrs={"retry_of": first, "retry_attempt": attempt + 1}, skip_if_exists=False
+    )
     return True
 
 
@@ -106,7 +107,8 @@ def fail_stale_trials(study: optuna.Study, max_retries: int = 1) -> list[StaleTr
     """
     host = socket.gethostname()
     stale = set(stale_trial_ids(study))
-    interval = study._storage.get_heartbeat_interval() if stale else None  # found some: the storage beats
+    # stale_trial_ids found some: the storage is an RDBStorage with a heartbeat
+    interval = study._storage.get_heartbeat_interval() if stale else None  # type: ignore[attr-defined]
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         found = _stale_reason(t, host, stale, interval)

@@ -19,10 +19,10 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from sweeper.study._coordination import AskLock, heartbeat_kwargs, sqlite_database, sqlite_file
 from sweeper.errors import StudyError
 from sweeper.space import Categorical, SearchSpace, StudySpec
 from sweeper.stability import COMPONENTS
+from sweeper.study._coordination import AskLock, heartbeat_kwargs, sqlite_database, sqlite_file
 from sweeper.trial import PRUNED_STATUSES, TrialResult
 
 #: The two objectives, both minimized, in this order.
@@ -111,16 +111,20 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
     if database is not None:
         db = Path(database)
         if db.is_dir():
-            raise StudyError(f"{url}: study.storage: {db} is a folder; give the path of a .db file, e.g. "
-                             f"sqlite:///{db}/study.db")
+            raise StudyError(
+                f"{url}: study.storage: {db} is a folder; give the path of a .db file, e.g. sqlite:///{db}/study.db"
+            )
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StudyError(f"{url}: study.storage: cannot create {db.parent} ({exc.strerror}); choose a "
-                             "writable folder with --storage") from None
+            raise StudyError(
+                f"{url}: study.storage: cannot create {db.parent} ({exc.strerror}); choose a "
+                "writable folder with --storage"
+            ) from None
         if not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
-            raise StudyError(f"{url}: study.storage: {db} is not writable; fix its permissions or choose another "
-                             "--storage")
+            raise StudyError(
+                f"{url}: study.storage: {db} is not writable; fix its permissions or choose another --storage"
+            )
     lock = AskLock(url, SCHEMA_LOCK)
     try:
         # Sweeps started together on an empty database would race to create Optuna's tables (a unique violation
@@ -130,22 +134,28 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
     except StudyError:
         raise
     except ModuleNotFoundError as exc:
-        driver = {"psycopg2": "'pip install psycopg2-binary'",
-                  "psycopg": "'pip install psycopg[binary]' (sweeper's 'postgres' extra)",
-                  "pymysql": "'pip install pymysql'",
-                  "MySQLdb": "'pip install mysqlclient', or 'pip install pymysql' and a mysql+pymysql:// URL"}.get(
-            exc.name or "", f"'pip install {exc.name}'")
-        raise StudyError(f"{redact_url(url)}: --storage: the database driver '{exc.name}' is not installed; run "
-                         f"{driver}") from None
+        driver = {
+            "psycopg2": "'pip install psycopg2-binary'",
+            "psycopg": "'pip install psycopg[binary]' (sweeper's 'postgres' extra)",
+            "pymysql": "'pip install pymysql'",
+            "MySQLdb": "'pip install mysqlclient', or 'pip install pymysql' and a mysql+pymysql:// URL",
+        }.get(exc.name or "", f"'pip install {exc.name}'")
+        raise StudyError(
+            f"{redact_url(url)}: --storage: the database driver '{exc.name}' is not installed; run {driver}"
+        ) from None
     except ImportError as exc:  # optuna's wrapper around a missing driver
         scheme = url.split(":", 1)[0].split("+")[0]
         driver = {"postgresql": "psycopg[binary]", "mysql": "pymysql"}.get(scheme, "the driver of " + scheme)
-        raise StudyError(f"{redact_url(url)}: --storage: no database driver for '{scheme}' is installed "
-                         f"({scrub_secrets(str(exc), url)}); run 'pip install {driver}'") from None
+        raise StudyError(
+            f"{redact_url(url)}: --storage: no database driver for '{scheme}' is installed "
+            f"({scrub_secrets(str(exc), url)}); run 'pip install {driver}'"
+        ) from None
     except Exception as exc:  # sqlalchemy raises ArgumentError, OperationalError, ... for a bad URL or server
         first = scrub_secrets((str(exc).strip().splitlines() or [type(exc).__name__])[0][:160], url)
-        raise StudyError(f"{redact_url(url)}: --storage: cannot open this storage ({type(exc).__name__}: {first}); "
-                         "give sqlite:///PATH.db or a reachable postgresql:// or mysql:// URL") from None
+        raise StudyError(
+            f"{redact_url(url)}: --storage: cannot open this storage ({type(exc).__name__}: {first}); "
+            "give sqlite:///PATH.db or a reachable postgresql:// or mysql:// URL"
+        ) from None
 
 
 def _password(url: str) -> str | None:
@@ -174,7 +184,7 @@ def _userinfo(url: str) -> tuple[str, str, str] | None:
     if not sep or "@" not in head:
         return None
     at = head.rindex("@")
-    return scheme, rest[:at], rest[at + 1:]
+    return scheme, rest[:at], rest[at + 1 :]
 
 
 def redact_url(url: str) -> str:
@@ -196,8 +206,9 @@ def study_dir(study_name: str) -> Path:
     return STUDIES_DIR / f"{safe}-{hashlib.sha256(study_name.encode()).hexdigest()[:8]}"
 
 
-def open_study(space: SearchSpace, storage: str | None = None, study_name: str | None = None,
-               n_trials: int | None = None) -> optuna.Study:
+def open_study(
+    space: SearchSpace, storage: str | None = None, study_name: str | None = None, n_trials: int | None = None
+) -> optuna.Study:
     """Create the study, or load it when it exists (``load_if_exists``).
 
     Raises:
@@ -215,11 +226,14 @@ def open_study(space: SearchSpace, storage: str | None = None, study_name: str |
             load_if_exists=True,
         )
     except ValueError as exc:
-        raise StudyError(f"{url}: study.name: a study '{name}' exists with other directions ({exc}); choose "
-                         "another --study name") from None
+        raise StudyError(
+            f"{url}: study.name: a study '{name}' exists with other directions ({exc}); choose another --study name"
+        ) from None
     if list(study.directions) != [optuna.study.StudyDirection.MINIMIZE] * 2:
-        raise StudyError(f"{url}: study.name: study '{name}' is not a sweeper study (directions "
-                         f"{study.directions}); choose another --study name")
+        raise StudyError(
+            f"{url}: study.name: study '{name}' is not a sweeper study (directions "
+            f"{study.directions}); choose another --study name"
+        )
     if not study.metric_names:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -228,7 +242,8 @@ def open_study(space: SearchSpace, storage: str | None = None, study_name: str |
 
 
 def record_result(trial: optuna.Trial | Any, result: TrialResult, config: dict[str, Any]) -> None:
-    """Store a result as the trial's user attributes (``docs/contract.md``): every field, instability components flattened."""
+    """Store a result as the trial's user attributes (``docs/contract.md``): every field, the instability components
+    flattened."""
     data = result.to_dict()
     measured = data.pop("instability_components") or {}
     components = {name: measured.get(name) for name in COMPONENTS}
@@ -250,8 +265,9 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
         url, name = ref, None
     elif ref.endswith(".db") or "/" in ref:
         if not Path(ref).is_file():
-            raise StudyError(f"{ref}: STUDY: no such study file; give a study name (studies/<name>.db), a .db "
-                             "path or a storage URL")
+            raise StudyError(
+                f"{ref}: STUDY: no such study file; give a study name (studies/<name>.db), a .db path or a storage URL"
+            )
         url, name = f"sqlite:///{ref}", None
     else:
         db = STUDIES_DIR / f"{ref}.db"
@@ -263,27 +279,36 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         raise StudyError(f"{url}: STUDY: no such study file; give a study name, a .db path or a storage URL")
     try:  # read what is there: create no file, table or folder
-        storage = optuna.storages.RDBStorage(url, skip_table_creation=True,
-                                             engine_kwargs={"connect_args": {"timeout": 60}}
-                                             if url.startswith("sqlite") else None)
+        storage = optuna.storages.RDBStorage(
+            url,
+            skip_table_creation=True,
+            engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
+        )
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
     except ImportError as exc:
         raise StudyError(f"{redact_url(url)}: STUDY: no database driver for it is installed ({exc})") from None
     except Exception as exc:  # sqlalchemy: not a database, locked, unreachable server, ...
         first = redact_url((str(exc).strip().splitlines() or [type(exc).__name__])[0][:160])
-        raise StudyError(f"{redact_url(url)}: STUDY: cannot read it as an Optuna study database "
-                         f"({type(exc).__name__}: {first}); give the .db that 'sweep run' wrote") from None
+        raise StudyError(
+            f"{redact_url(url)}: STUDY: cannot read it as an Optuna study database "
+            f"({type(exc).__name__}: {first}); give the .db that 'sweep run' wrote"
+        ) from None
     if name is None:
         if len(names) != 1:
-            raise StudyError(f"{redact_url(url)}: STUDY: holds {len(names)} studies ({', '.join(names) or 'none'}); "
-                             "give one by name, e.g. 'sweep report NAME' with studies/NAME.db")
+            raise StudyError(
+                f"{redact_url(url)}: STUDY: holds {len(names)} studies ({', '.join(names) or 'none'}); "
+                "give one by name, e.g. 'sweep report NAME' with studies/NAME.db"
+            )
         name = names[0]
     elif name not in names:
         raise StudyError(f"{redact_url(url)}: STUDY: no study '{name}' in it (it holds {', '.join(names) or 'none'})")
     study = optuna.load_study(study_name=name, storage=storage)
     if list(study.directions) != [optuna.study.StudyDirection.MINIMIZE] * 2 or (
-            study.metric_names and list(study.metric_names) != list(OBJECTIVES)):
-        raise StudyError(f"{redact_url(url)}: STUDY: '{name}' is not a sweeper study (objectives "
-                         f"{study.metric_names or [d.name.lower() for d in study.directions]}); give a study that "
-                         "'sweep run' made")
+        study.metric_names and list(study.metric_names) != list(OBJECTIVES)
+    ):
+        raise StudyError(
+            f"{redact_url(url)}: STUDY: '{name}' is not a sweeper study (objectives "
+            f"{study.metric_names or [d.name.lower() for d in study.directions]}); give a study that "
+            "'sweep run' made"
+        )
     return study, url

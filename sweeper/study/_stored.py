@@ -116,8 +116,11 @@ class StoredTrial:
     @property
     def measured(self) -> bool:
         """Ended with a result of its own: finished, not a repeat, with a known status."""
-        return self.state.is_finished() and not self.is_repeat and self.status not in (
-            TrialStatus.UNKNOWN, TrialStatus.RUNNING, TrialStatus.WAITING)
+        return (
+            self.state.is_finished()
+            and not self.is_repeat
+            and self.status not in (TrialStatus.UNKNOWN, TrialStatus.RUNNING, TrialStatus.WAITING)
+        )
 
     @property
     def lora_alpha(self) -> float | None:
@@ -170,7 +173,9 @@ def _config(attrs: Mapping[str, Any]) -> TrialConfig | None:
 def _result(attrs: Mapping[str, Any]) -> TrialResult:
     """The stored result: the instability terms are stored flattened (see :func:`record_result`)."""
     components = {name: attrs[name] for name in COMPONENTS if attrs.get(name) is not None}
-    return TrialResult.from_dict({**attrs, "status": attrs.get("status", "error"), "instability_components": components})
+    return TrialResult.from_dict(
+        {**attrs, "status": attrs.get("status", "error"), "instability_components": components}
+    )
 
 
 def stored_trial(trial: FrozenTrial) -> StoredTrial:
@@ -179,13 +184,13 @@ def stored_trial(trial: FrozenTrial) -> StoredTrial:
     attrs = trial.user_attrs
     repeat = attrs.get("duplicate_of")
     retry = attrs.get("retry_of")
-    values = tuple(trial.values) if trial.state == TrialState.COMPLETE and trial.values else None
+    values = (trial.values[0], trial.values[1]) if trial.state == TrialState.COMPLETE and trial.values else None
     return StoredTrial(
         number=trial.number,
         state=trial.state,
         status=_status(trial),
         params=dict(trial.params),
-        values=values,  # type: ignore[arg-type]
+        values=values,
         config=_config(attrs),
         result=_result(attrs),
         repeat_of=int(repeat) if repeat is not None else None,

@@ -9,5 +9,13 @@ from sweeper.trial._devices import cuda_visible, visible_gpus
 from sweeper.trial._launch import run_trial
 from sweeper.trial._result import FAIL_STATUSES, PRUNED_STATUSES, Phase, Status, TrialResult
 
-__all__ = ["FAIL_STATUSES", "PRUNED_STATUSES", "Phase", "Status", "TrialResult", "cuda_visible", "run_trial",
-           "visible_gpus"]
+__all__ = [
+    "FAIL_STATUSES",
+    "PRUNED_STATUSES",
+    "Phase",
+    "Status",
+    "TrialResult",
+    "cuda_visible",
+    "run_trial",
+    "visible_gpus",
+]

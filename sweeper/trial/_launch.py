@@ -1,5 +1,5 @@
-"""The parent side of a trial: start ``python -m sweeper.trial._child.worker`` on a config, wait, and map what happened to a
-:class:`TrialResult`.
+"""The parent side of a trial: start ``python -m sweeper.trial._child.worker`` on a config, wait, and map what
+happened to a :class:`TrialResult`.
 
 A fresh process per trial is what really frees GPU memory, contains a segfault inside a CUDA kernel, and lets a hung
 trial be killed. The worker writes its result as JSON; a worker that dies without one is a ``crash``, one that
@@ -90,8 +90,11 @@ def run_trial(
             start_new_session=True,  # Ctrl-C reaches the sweep, which kills the worker's whole group itself
             # PYTHONSAFEPATH: `-m` would put the working directory first on sys.path, and a folder named sweeper/
             # there (a checkout of another version) would be imported instead of the installed package.
-            env={**(env if env is not None else os.environ), "SWEEPER_PARENT_PID": str(os.getpid()),
-                 "PYTHONSAFEPATH": "1"},
+            env={
+                **(env if env is not None else os.environ),
+                "SWEEPER_PARENT_PID": str(os.getpid()),
+                "PYTHONSAFEPATH": "1",
+            },
         )
         (trial_dir / "worker.pid").write_text(str(proc.pid))
         if on_start is not None:

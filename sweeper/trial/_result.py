@@ -17,9 +17,10 @@ Phase = Literal["load", "forward", "backward", "optimizer"]
 PRUNED_STATUSES = ("nan", "oom", "predicted_oom", "dominated_oom")
 FAIL_STATUSES = ("timeout", "crash", "error")
 
+
 @dataclass(kw_only=True)
 class TrialResult:
-    """What one trial measured. Stored on the optuna trial as user attributes (``SPEC.md``).
+    """What one trial measured. Stored on the optuna trial as user attributes (``docs/contract.md``).
 
     Attributes:
         status: ``complete``; PRUNED: ``nan``, ``oom``, ``predicted_oom``, ``dominated_oom``; FAIL: ``timeout``,
@@ -48,8 +49,8 @@ class TrialResult:
         effective_batch_size: ``per_device_train_batch_size * gradient_accumulation_steps``.
         device: ``cpu`` or ``cuda:<i> (<name>)``.
         versions: torch, transformers, peft, bitsandbytes, optuna, CUDA.
-        nan_cause: After a NaN: ``data``, ``precision`` or ``optimization`` (:mod:`sweeper.trial._child.diagnosis`), or None
-            when the replay could not decide.
+        nan_cause: After a NaN: ``data``, ``precision`` or ``optimization`` (:mod:`sweeper.trial._child.diagnosis`),
+            or None when the replay could not decide.
         nan_samples: After a NaN: dataset indices to blame (the faulty rows for ``data``, else the failing step's).
         nan_module: After a ``precision`` NaN: the first module whose output overflowed.
         supervised_tokens_trace: Tokens the loss was computed on, per optimizer step (the failing step included).

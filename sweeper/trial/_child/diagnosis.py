@@ -1,7 +1,7 @@
 """Why a trial went NaN: ``data``, ``precision`` or ``optimization``, decided on the failing step itself.
 
-Child side (imports torch; called by :mod:`sweeper.trial._child.worker` at the first non-finite loss or gradient norm, before
-the optimizer has applied that step, so the weights are the ones that failed). The decision, in order:
+Child side (imports torch; called by :mod:`sweeper.trial._child.worker` at the first non-finite loss or gradient norm,
+before the optimizer has applied that step, so the weights are the ones that failed). The decision, in order:
 
 1. **Static checks of the step's rows** (no compute): an input id outside the embedding, a non-finite value in a
    float input, or no supervised token in the whole step (cross-entropy averaged over zero tokens is 0/0). Any of
@@ -108,12 +108,17 @@ def step_rows(batches: Sequence[Mapping[str, Any]], vocab_size: int) -> list[Nan
             n = int(batch["attention_mask"][r].sum())
             ids = batch["input_ids"][r, :n].tolist()
             labels = batch["labels"][r, :n].tolist()
-            rows.append(NanRow(
-                index=int(index), micro_batch=mb, input_ids=ids, labels=labels,
-                supervised_tokens=sum(1 for t in labels[1:] if t != -100),
-                invalid_token_ids=sorted({i for i in ids if i < 0 or i >= vocab_size}),
-                nonfinite_inputs=any(not bool(torch.isfinite(f[r]).all()) for f in floats),
-            ))
+            rows.append(
+                NanRow(
+                    index=int(index),
+                    micro_batch=mb,
+                    input_ids=ids,
+                    labels=labels,
+                    supervised_tokens=sum(1 for t in labels[1:] if t != -100),
+                    invalid_token_ids=sorted({i for i in ids if i < 0 or i >= vocab_size}),
+                    nonfinite_inputs=any(not bool(torch.isfinite(f[r]).all()) for f in floats),
+                )
+            )
     return rows
 
 
@@ -198,6 +203,7 @@ def first_nonfinite_module(model: Any, batches: Sequence[Mapping[str, Any]], pre
         def fn(_module, _inputs, output):
             if not found and nonfinite(output):
                 found.append(name)
+
         return fn
 
     handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n]
@@ -206,8 +212,12 @@ def first_nonfinite_module(model: Any, batches: Sequence[Mapping[str, Any]], pre
         with torch.no_grad():
             for batch in batches:
                 with precision():
-                    model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                          labels=batch["labels"].to(device), use_cache=False)
+                    model(
+                        input_ids=batch["input_ids"].to(device),
+                        attention_mask=batch["attention_mask"].to(device),
+                        labels=batch["labels"].to(device),
+                        use_cache=False,
+                    )
                 if found:
                     break
     finally:
@@ -267,21 +277,37 @@ def diagnose_nan(
         for r in invalid:
             r.at_fault = True
         worst = max(i for r in invalid for i in r.invalid_token_ids)
-        return NanDiagnosis(cause="data", samples=[r.index for r in invalid], rows=rows, reason=(
-            f"data: {_names([r.index for r in invalid])} hold token id {worst}, outside the model's {vocab_size} "
-            "embedding rows (a tokenizer token the model was not resized for); on CUDA a device-side assert"))
+        return NanDiagnosis(
+            cause="data",
+            samples=[r.index for r in invalid],
+            rows=rows,
+            reason=(
+                f"data: {_names([r.index for r in invalid])} hold token id {worst}, outside the model's {vocab_size} "
+                "embedding rows (a tokenizer token the model was not resized for); on CUDA a device-side assert"
+            ),
+        )
     dirty = [r for r in rows if r.nonfinite_inputs]
     if dirty:
         for r in dirty:
             r.at_fault = True
-        return NanDiagnosis(cause="data", samples=[r.index for r in dirty], rows=rows,
-                            reason=f"data: {_names([r.index for r in dirty])} hold NaN or inf in their inputs")
+        return NanDiagnosis(
+            cause="data",
+            samples=[r.index for r in dirty],
+            rows=rows,
+            reason=f"data: {_names([r.index for r in dirty])} hold NaN or inf in their inputs",
+        )
     if sum(r.supervised_tokens for r in rows) == 0:
         for r in rows:
             r.at_fault = True
-        return NanDiagnosis(cause="data", samples=everyone, rows=rows, reason=(
-            f"data: no supervised token in the step ({_names(everyone)}): max_seq_length={max_seq_length} cuts "
-            "the reply away, and the loss averages over zero tokens"))
+        return NanDiagnosis(
+            cause="data",
+            samples=everyone,
+            rows=rows,
+            reason=(
+                f"data: no supervised token in the step ({_names(everyone)}): max_seq_length={max_seq_length} cuts "
+                "the reply away, and the loss averages over zero tokens"
+            ),
+        )
 
     with_gradient = failed_in == "gradient norm"
     replayed = [r for r in rows if r.supervised_tokens > 0]
@@ -291,32 +317,61 @@ def diagnose_nan(
                 loss, r.fp32_finite = replay_row(model, r, with_gradient=with_gradient)
                 r.fp32_loss = loss if math.isfinite(loss) else None
             bad = [r for r in replayed if not r.fp32_finite]
-            controls = [] if not bad else [
-                r for r in step_rows(control_batches, vocab_size) if r.supervised_tokens > 0][:CONTROL_ROWS]
+            controls = (
+                []
+                if not bad
+                else [r for r in step_rows(control_batches, vocab_size) if r.supervised_tokens > 0][:CONTROL_ROWS]
+            )
             controls_finite = [replay_row(model, c, with_gradient=with_gradient)[1] for c in controls]
         module = None
         if not bad and compute_dtype != "float32":
             module = first_nonfinite_module(model, step_batches, precision)
-    except Exception as exc:  # noqa: BLE001 - an OOM in the replay leaves the NaN undiagnosed, not the trial lost
+    except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
-        return NanDiagnosis(cause=None, samples=everyone, rows=rows,
-                            reason=f"cause unknown: the fp32 replay failed ({type(exc).__name__}: {first})")
+        return NanDiagnosis(
+            cause=None,
+            samples=everyone,
+            rows=rows,
+            reason=f"cause unknown: the fp32 replay failed ({type(exc).__name__}: {first})",
+        )
 
     if not bad:
         if compute_dtype == "float32":
-            return NanDiagnosis(cause=None, samples=everyone, rows=rows, reason=(
-                "cause unknown: every row is finite when replayed alone in float32 (the failure did not reproduce)"))
+            return NanDiagnosis(
+                cause=None,
+                samples=everyone,
+                rows=rows,
+                reason=(
+                    "cause unknown: every row is finite when replayed alone in float32 (the failure did not reproduce)"
+                ),
+            )
         where = f"in {module}" if module else "in the backward pass (the forward was finite)"
-        return NanDiagnosis(cause="precision", samples=everyone, rows=rows, module=module, reason=(
-            f"precision: {compute_dtype} overflowed {where}; an fp32 replay of the same step on the same weights is "
-            "finite"))
+        return NanDiagnosis(
+            cause="precision",
+            samples=everyone,
+            rows=rows,
+            module=module,
+            reason=(
+                f"precision: {compute_dtype} overflowed {where}; an fp32 replay of the same step on the same weights "
+                "is finite"
+            ),
+        )
     growth = _growth(grad_norm_trace)
     if any(not ok for ok in controls_finite) or growth >= GRAD_NORM_GROWTH:
-        why = (f"the gradient norm grew {growth:.3g}x over {len(grad_norm_trace)} steps" if growth >= GRAD_NORM_GROWTH
-               else "rows of the last finite step fail too on these weights")
-        return NanDiagnosis(cause="optimization", samples=everyone, rows=rows, reason=(
-            f"optimization: still non-finite in fp32 on clean data, and {why} (learning_rate {learning_rate:g} x "
-            f"lora_alpha/r {lora_alpha_ratio:g} too large)"))
+        why = (
+            f"the gradient norm grew {growth:.3g}x over {len(grad_norm_trace)} steps"
+            if growth >= GRAD_NORM_GROWTH
+            else "rows of the last finite step fail too on these weights"
+        )
+        return NanDiagnosis(
+            cause="optimization",
+            samples=everyone,
+            rows=rows,
+            reason=(
+                f"optimization: still non-finite in fp32 on clean data, and {why} (learning_rate {learning_rate:g} x "
+                f"lora_alpha/r {lora_alpha_ratio:g} too large)"
+            ),
+        )
     for r in bad:
         r.at_fault = True
     faulty = [r.index for r in bad]
@@ -326,5 +381,9 @@ def diagnose_nan(
         context = "on weights that are finite for the step's other rows"
     else:
         context = "at the first step, before any update of the adapter"
-    return NanDiagnosis(cause="data", samples=faulty, rows=rows, reason=(
-        f"data: {_names(faulty)} stay non-finite on their own in an fp32 replay, {context}"))
+    return NanDiagnosis(
+        cause="data",
+        samples=faulty,
+        rows=rows,
+        reason=(f"data: {_names(faulty)} stay non-finite on their own in an fp32 replay, {context}"),
+    )

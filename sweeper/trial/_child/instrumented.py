@@ -79,8 +79,12 @@ def make_collator(pad_id: int, max_seq_length: int):
             attention_mask[i, :n] = 1
             labels[i, :n] = torch.tensor(row["labels"])
         sample_index = torch.tensor([row["index"] for row in rows], dtype=torch.long)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
-                "sample_index": sample_index}
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "labels": labels,
+            "sample_index": sample_index,
+        }
 
     return collate
 
@@ -97,12 +101,15 @@ def make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, record: 
     class TracingTrainer(Trainer):
         def _get_train_sampler(self, train_dataset=None):
             # The data is shuffled once with dataset.seed; every trial reads it in the same order.
-            return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
+            return torch.utils.data.SequentialSampler(
+                train_dataset if train_dataset is not None else self.train_dataset  # type: ignore[arg-type]
+            )
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             record.phase = "forward"
-            out = super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                       num_items_in_batch=num_items_in_batch)
+            out = super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
             record.phase = "backward"
             return out
 
@@ -115,12 +122,16 @@ def make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, record: 
             record.seen.update(index)
             # Trainer's num_items_in_batch is the step's count of labels[..., 1:] != -100 over all micro-batches.
             supervised = int((kept["labels"][:, 1:] != -100).sum())
-            record.step_supervised = (int(num_items_in_batch) if num_items_in_batch is not None
-                                        else (record.step_supervised or 0) + supervised)
+            record.step_supervised = (
+                int(num_items_in_batch)
+                if num_items_in_batch is not None
+                else (record.step_supervised or 0) + supervised
+            )
             ids = kept["input_ids"]
             if bool(((ids < 0) | (ids >= vocab_size)).any()):
-                raise NonFiniteError("input id", int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min()),
-                                     "forward")
+                raise NonFiniteError(
+                    "input id", int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min()), "forward"
+                )
             record.tokens += int(inputs["attention_mask"].sum())
             loss = super().training_step(model, inputs, num_items_in_batch)
             # The returned loss is this micro-batch's share of the step's mean loss; their sum is the step's loss.
@@ -163,8 +174,9 @@ def make_trainer(model: Any, args: Any, rows: list[dict], collate: Any, record: 
             if not math.isfinite(record.step_grad_norm) and not skipped:
                 raise NonFiniteError("gradient norm", record.step_grad_norm, "backward")
 
-    trainer = TracingTrainer(model=model, args=args, train_dataset=rows, data_collator=collate,
-                             callbacks=[TraceCallback()])
+    trainer = TracingTrainer(
+        model=model, args=args, train_dataset=rows, data_collator=collate, callbacks=[TraceCallback()]
+    )
     return trainer
 
 

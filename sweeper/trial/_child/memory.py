@@ -97,5 +97,5 @@ def oom_cause_chain(exc: BaseException) -> Any:
         if is_oom(exc):
             return exc
         seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return None

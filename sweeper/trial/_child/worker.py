@@ -25,6 +25,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from sweeper.space import TrialConfig
+from sweeper.stability import compute_instability
 from sweeper.trial._child.instrumented import (
     NonFiniteError,
     TrainingRecord,
@@ -33,9 +35,13 @@ from sweeper.trial._child.instrumented import (
     make_trainer,
     track_activations,
 )
-from sweeper.trial._child.memory import mentions_oom, oom_cause_chain, peak_memory_gib, reset_cpu_peak, set_cpu_memory_cap
-from sweeper.space import TrialConfig
-from sweeper.stability import compute_instability
+from sweeper.trial._child.memory import (
+    mentions_oom,
+    oom_cause_chain,
+    peak_memory_gib,
+    reset_cpu_peak,
+    set_cpu_memory_cap,
+)
 from sweeper.trial._devices import cuda_visible
 from sweeper.trial._result import TrialResult
 
@@ -167,14 +173,17 @@ def train(config: TrialConfig, model_path: str, record: TrainingRecord, measured
         gradient_checkpointing_kwargs={"use_reentrant": False},
     )
     transformers.set_seed(config.seed)
-    model = get_peft_model(model, LoraConfig(
-        r=config.r,
-        lora_alpha=config.lora_alpha,
-        target_modules=list(config.target_modules),
-        lora_dropout=config.lora_dropout,
-        bias="none",
-        task_type="CAUSAL_LM",
-    ))
+    model = get_peft_model(  # type: ignore[assignment]
+        model,
+        LoraConfig(
+            r=config.r,
+            lora_alpha=config.lora_alpha,  # type: ignore[arg-type]
+            target_modules=list(config.target_modules),
+            lora_dropout=config.lora_dropout,
+            bias="none",
+            task_type="CAUSAL_LM",
+        ),
+    )
     if config.bnb_4bit_compute_dtype != "float32":
         track_activations(model, record)
 
@@ -221,7 +230,7 @@ def train(config: TrialConfig, model_path: str, record: TrainingRecord, measured
         try:
             exc.diagnosis = _diagnose(exc, trainer, config, record)
             _write_nan_batch(exc.diagnosis, tokenizer, by_index, record.step + 1)
-        except Exception:  # noqa: BLE001 - a failed diagnosis (or a full disk) must not lose the NaN result
+        except Exception:
             traceback.print_exc()
         raise
     finally:
@@ -241,7 +250,7 @@ def _diagnose(exc: NonFiniteError, trainer: Any, config: TrialConfig, record: Tr
         step_batches=record.step_batches,
         control_batches=record.last_batches,
         vocab_size=model.get_input_embeddings().num_embeddings,
-        failed_in=exc.what,
+        failed_in=exc.what,  # type: ignore[arg-type]
         compute_dtype=config.bnb_4bit_compute_dtype,
         grad_norm_trace=record.grad_norm,
         learning_rate=config.learning_rate,
@@ -264,10 +273,13 @@ def _write_nan_batch(diagnosis: Any, tokenizer: Any, samples: dict[int, Any], st
         record = {"step": step, **row.to_dict()}
         sample = samples.get(row.index)
         full = tokenize_samples([sample], tokenizer, sys.maxsize)[0].input_ids if sample is not None else []
-        cut = full[len(row.input_ids):]
-        record.update(tokens_before_truncation=len(full) or None, truncated=bool(cut),
-                      text=tokenizer.decode(row.input_ids, skip_special_tokens=False),
-                      text_cut_away=tokenizer.decode(cut, skip_special_tokens=False))
+        cut = full[len(row.input_ids) :]
+        record.update(
+            tokens_before_truncation=len(full) or None,
+            truncated=bool(cut),
+            text=tokenizer.decode(row.input_ids, skip_special_tokens=False),
+            text_cut_away=tokenizer.decode(cut, skip_special_tokens=False),
+        )
         lines.append(json.dumps(record, ensure_ascii=False))
     tmp = folder / "nan_batch.jsonl.tmp"
     tmp.write_text("".join(line + "\n" for line in lines))
@@ -280,13 +292,18 @@ def _seen_lengths(record: TrainingRecord, n_tokens: dict[int, int], max_seq_leng
     supervised = list(record.supervised)
     if record.step_supervised is not None and len(record.step_batches) > 0:
         supervised.append(record.step_supervised)  # the failing step, when it failed
-    out: dict[str, Any] = {"supervised_tokens_trace": supervised,
-                           "min_supervised_tokens": min(supervised) if supervised else None}
+    out: dict[str, Any] = {
+        "supervised_tokens_trace": supervised,
+        "min_supervised_tokens": min(supervised) if supervised else None,
+    }
     seen = [(n_tokens[i], i) for i in record.seen if i in n_tokens]
     if seen:
         longest, index = max(seen)
-        out.update(longest_sample_tokens=longest, longest_sample_index=index,
-                   truncated_sample_fraction=sum(1 for n, _ in seen if n > max_seq_length) / len(seen))
+        out.update(
+            longest_sample_tokens=longest,
+            longest_sample_index=index,
+            truncated_sample_fraction=sum(1 for n, _ in seen if n > max_seq_length) / len(seen),
+        )
     return out
 
 
@@ -297,36 +314,42 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
         set_cpu_memory_cap(config.memory_limit_gib)
     record = TrainingRecord()
     measured: dict[str, Any] = {}
-    result = TrialResult(status="complete", lora_alpha=config.lora_alpha,
-                         effective_batch_size=config.effective_batch_size)
+    result = TrialResult(
+        status="complete", lora_alpha=config.lora_alpha, effective_batch_size=config.effective_batch_size
+    )
     try:
         train(config, model_path, record, measured)
         result.reason = f"{record.step} steps finished"
     except NonFiniteError as exc:
-        result.status, result.fail_phase = "nan", exc.phase
+        result.status, result.fail_phase = "nan", exc.phase  # type: ignore[assignment]
         result.fail_step = record.step + 1
         result.reason = exc.describe(result.fail_step)
         diagnosis = exc.diagnosis
         if diagnosis is not None:
             result.reason += f"; {diagnosis.reason}"
             result.nan_cause, result.nan_samples, result.nan_module = (
-                diagnosis.cause, diagnosis.samples, diagnosis.module)
+                diagnosis.cause,
+                diagnosis.samples,
+                diagnosis.module,
+            )
     except QuantizationCheckError as exc:
         result.status, result.reason = "error", f"4-bit quantization check failed: {exc}"
         result.fail_phase, result.fail_step = "load", 0
-    except BaseException as exc:  # noqa: BLE001 - every failure becomes a result; the parent decides
-        reserve = None  # after an OOM, room to build and write the result under the cap
+    except BaseException as exc:
+        reserve = None  # type: ignore[assignment]  # after an OOM, room to build and write the result under the cap
         gc.collect()
-        result.fail_phase = record.phase
+        result.fail_phase = record.phase  # type: ignore[assignment]
         result.fail_step = 0 if record.phase == "load" else record.step + 1
         where = "while loading" if record.phase == "load" else f"at step {result.fail_step} ({record.phase})"
         if oom_cause_chain(exc) is not None or (record.phase == "load" and _LOAD_REPORT.mentions_oom()):
             result.status = "oom"
             result.reason = f"out of memory {where} under memory_limit_gib={config.memory_limit_gib:g}"
             if record.phase != "load":  # every row is padded to max_seq_length: that is the step's length
-                result.reason += (f" on a step of {config.per_device_train_batch_size} x {config.max_seq_length} "
-                                  f"tokens (per_device_train_batch_size={config.per_device_train_batch_size}, "
-                                  f"max_seq_length={config.max_seq_length})")
+                result.reason += (
+                    f" on a step of {config.per_device_train_batch_size} x {config.max_seq_length} "
+                    f"tokens (per_device_train_batch_size={config.per_device_train_batch_size}, "
+                    f"max_seq_length={config.max_seq_length})"
+                )
         else:
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             result.status = "error"
