@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         metavar="N",
-        help="trials run at once, each in its own worker process (default 1, or one per --devices entry)",
+        help="trials run at once, each in its own trial process (default 1, or one per --devices entry)",
     )
     run.add_argument(
         "--devices",

@@ -184,7 +184,7 @@ Dimension = Categorical | Range
 
 @dataclass(frozen=True, kw_only=True)
 class TrialConfig:
-    """Everything one trial needs, after the sampler chose its searched values. Sent to the worker as JSON.
+    """Everything one trial needs, after the sampler chose its searched values. Sent to the trial process as JSON.
 
     Attributes:
         r: LoRA rank, ``>= 1``.
@@ -206,8 +206,8 @@ class TrialConfig:
         lora_dropout: Dropout on the adapter's input, in ``[0, 1)``.
         seed: Seed of the Trainer and of LoRA's initialisation.
         target_modules: Module names that get adapters.
-        memory_limit_gib: The card to fit, in GiB: a real cap in the worker.
-        trial_timeout_s: Seconds before the worker is killed (status ``timeout``).
+        memory_limit_gib: The card to fit, in GiB: a real cap in the trial process.
+        trial_timeout_s: Seconds before the trial process is killed (status ``timeout``).
         target_effective_batch_size: Kept by export through ``gradient_accumulation_steps``.
         preflight_margin: A trial whose predicted peak exceeds ``memory_limit_gib`` by more than this fraction is
             pruned as ``predicted_oom`` without running (``sweeper.study._preflight``).

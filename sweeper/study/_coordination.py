@@ -1,4 +1,5 @@
-"""How several sweep processes (and the worker threads of one) share one study without losing or doubling trials.
+"""How several sweep processes (and the worker slots of one, its threads) share one study without losing or
+doubling trials.
 
 * **The ask lock.** Counting the study's finished and running trials and asking for a new one happen under one lock,
   so N workers on M machines never start more than ``n_trials`` trials between them. Within a process it is a

@@ -456,7 +456,7 @@ def run_study(
         study_name: Default ``space.study.name``.
         n_trials: Default ``space.study.n_trials``; counted over the whole study.
         timeout_s: Default ``space.study.timeout_s``; checked between trials (a trial has its own timeout).
-        on_trial: Called after each trial (from the worker's thread, one call at a time).
+        on_trial: Called after each trial (from its worker slot's thread, one call at a time).
         on_note: Called with a line about the study's bookkeeping (a lost trial failed and retried).
         on_start: Called with a trial's number, params and device when its trial process starts.
         study: The study, when the caller already opened it with :func:`open_study`; else it is opened here.
@@ -503,11 +503,11 @@ def run_study(
         # with one seed they would all propose the same first configurations.
         study.sampler = make_sampler(space.study, target, seed=space.study.seed + starts)
     if workers == 1:
-        sweep.run_slot(0)  # in this thread: Ctrl-C reaches run_trial, which kills the worker
+        sweep.run_slot(0)  # in this thread: Ctrl-C reaches run_trial, which kills the trial process
         return study
     done = [threading.Event() for _ in range(workers)]
     threads = [
-        threading.Thread(target=sweep.slot_main, args=(i, done[i]), name=f"sweep-worker-{i}") for i in range(workers)
+        threading.Thread(target=sweep.slot_main, args=(i, done[i]), name=f"sweep-slot-{i}") for i in range(workers)
     ]
     for thread in threads:
         thread.start()

@@ -58,16 +58,17 @@ def run_trial(
     env: Mapping[str, str] | None = None,
     on_start: Callable[[int], None] | None = None,
 ) -> TrialResult:
-    """Run one trial in a fresh worker process and return what it measured.
+    """Run one trial in a fresh trial process and return what it measured.
 
-    Writes ``config.json``, ``result.json`` and ``worker.log`` (the worker's stdout and stderr) into ``trial_dir``.
+    Writes ``config.json``, ``result.json`` and ``worker.log`` (the trial process's stdout and stderr) into
+    ``trial_dir``.
 
     Args:
         config: The trial's settings.
         trial_dir: Folder for this trial's files (created).
         model_path: Resolved by :func:`sweeper.model.resolve_model`.
-        env: Environment of the worker (default: this process's).
-        on_start: Called with the worker's pid once it runs (for bookkeeping), or None.
+        env: Environment of the trial process (default: this process's).
+        on_start: Called with the trial process's pid once it runs (for bookkeeping), or None.
 
     Returns:
         The worker's result, or a ``timeout``/``crash`` result made here.

@@ -27,7 +27,8 @@ class TrialResult:
             ``crash``, ``error``.
         reason: One line: what happened, for people.
         fail_step: 1-based optimizer step being run when it failed (0 during load), else None.
-        fail_phase: ``load``, ``forward``, ``backward`` or ``optimizer`` for failures inside the worker, else None.
+        fail_phase: ``load``, ``forward``, ``backward`` or ``optimizer`` for failures inside the trial process, else
+            None.
         peak_memory_gib: Peak memory of the trial process in GiB (see ``memory_kind``); known for OOM trials too.
             On the CPU, the peak after the model was loaded (see :mod:`sweeper.trial._child.memory`).
         load_peak_memory_gib: Peak memory in GiB while loading, quantizing and attaching LoRA.
@@ -40,7 +41,7 @@ class TrialResult:
         skipped_steps: 1-based steps the fp16 loss scaler skipped.
         steps_done: Optimizer steps finished.
         wall_time_s: Seconds from process start to result, as the parent saw it.
-        import_time_s: Seconds the worker spent importing torch/transformers/peft/bitsandbytes.
+        import_time_s: Seconds the trial process spent importing torch/transformers/peft/bitsandbytes.
         load_time_s: Seconds to read the data, load and quantize the model and attach LoRA.
         train_time_s: Seconds inside ``Trainer.train``.
         tokens_per_s: Non-padding tokens trained per second of ``train_time_s``.

@@ -8,9 +8,9 @@ import signal
 
 
 def die_with_parent() -> None:
-    """In the worker, first thing: be killed with SIGKILL when the sweep that started it dies (Linux
+    """In the trial process, first thing: be killed with SIGKILL when the sweep that started it dies (Linux
     ``prctl(PR_SET_PDEATHSIG)``), so a sweep killed with ``kill -9`` does not leave its worker training on, holding
-    the GPU. Set by the worker itself rather than in a ``preexec_fn`` (unsafe in a process with threads, as the
+    the GPU. Set by the trial process itself rather than in a ``preexec_fn`` (unsafe in a process with threads, as the
     sweep is: heartbeats, workers); a sweep that died before this call is seen by the parent pid check.
     """
     expected = os.environ.get("SWEEPER_PARENT_PID")

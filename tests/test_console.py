@@ -1,0 +1,329 @@
+"""The terminal text of ``sweep run``, ``sweep report``, ``sweep trial`` and ``sweep doctor`` on hand-made inputs: a
+trial line per status, a trace, the front table (from real Optuna trials read through ``stored_trial``), the status
+counts and the data audit's lines. Pure formatting: nothing runs."""
+
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
+
+from sweeper.audit import AuditReport, Finding, NanRisk, NanStep
+from sweeper.report import (
+    format_audit,
+    format_counts,
+    format_data_nan_summary,
+    format_data_warnings,
+    format_front,
+    format_params,
+    format_trace,
+    format_trial_line,
+    status_label,
+)
+from sweeper.space import TrialConfig
+from sweeper.study import stored_trial
+from sweeper.trial import TrialResult
+
+DOCTOR = "sweep doctor space.yaml"
+
+
+def test_params_use_short_names_yes_no_and_short_floats():
+    params = {
+        "r": 4096,
+        "lora_alpha_ratio": 2.0,
+        "bnb_4bit_compute_dtype": "bfloat16",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_quant_type": "nf4",
+        "per_device_train_batch_size": 2,
+        "max_seq_length": 512,
+        "learning_rate": 0.0002,
+        "gradient_accumulation_steps": 4,
+        "gradient_checkpointing": False,
+        "lora_dropout": 0.123456,
+        "weight_decay": 1e-5,
+        "max_grad_norm": 3e6,
+    }
+    assert format_params(params) == (
+        "r=4096 alpha/r=2 compute=bfloat16 dq=yes quant=nf4 batch=2 seq=512 lr=0.0002 ga=4 "
+        "gradient_checkpointing=no lora_dropout=0.123 weight_decay=1e-05 max_grad_norm=3e+06"
+    )
+    assert format_params({"max_seq_length": 64, "r": 8}) == "seq=64 r=8"  # the given order, not the table's
+    assert format_params({}) == ""
+
+
+def test_status_label_names_the_nan_cause_only_for_nan():
+    assert status_label("nan", "precision") == "nan/precision"
+    assert status_label("nan", "data") == "nan/data"
+    assert status_label("nan", None) == "nan"
+    assert status_label("oom", "data") == "oom"
+    assert status_label("complete", None) == "complete"
+
+
+def test_complete_trial_line_has_progress_values_and_no_reason():
+    result = TrialResult(
+        status="complete", reason="finished 30 steps", peak_memory_gib=3.14159, instability=0.12345, wall_time_s=42.0
+    )
+    line = format_trial_line(3, {"r": 16, "lora_alpha_ratio": 2.0, "bnb_4bit_use_double_quant": True}, result, 4, 10)
+    assert line == "[ 4/10] #3   r=16 alpha/r=2 dq=yes  complete   3.14 GiB  instability   0.123    42.0 s"
+
+
+def test_nan_trial_line_shows_its_cause_dashes_and_reason():
+    result = TrialResult(
+        status="nan", nan_cause="data", reason="loss is NaN at step 2", peak_memory_gib=1.0, wall_time_s=5.0
+    )
+    line = format_trial_line(7, {"r": 8}, result, 12, 100)
+    assert line == "[ 12/100] #7   r=8  nan/data   1.00 GiB  instability       -     5.0 s  (loss is NaN at step 2)"
+
+
+def test_oom_trial_line_appends_its_reason():
+    result = TrialResult(status="oom", reason="CUDA out of memory at step 1 (backward)", peak_memory_gib=23.9)
+    line = format_trial_line(12, {"r": 64, "per_device_train_batch_size": 8}, result, 1, 8)
+    assert line == (
+        "[1/8] #12  r=64 batch=8  oom       23.90 GiB  instability       -       - s"
+        "  (CUDA out of memory at step 1 (backward))"
+    )
+
+
+def test_repeat_line_has_no_progress_counter_but_keeps_the_columns():
+    params = {"r": 16}
+    repeat = TrialResult(
+        status="complete", reason="same configuration as trial 1", peak_memory_gib=1.0, instability=0.5
+    )
+    line = format_trial_line(5, params, repeat, 3, 10)
+    assert (
+        line == "        #5   r=16  complete   1.00 GiB  instability   0.500       - s  (same configuration as trial 1)"
+    )
+    first = format_trial_line(1, params, TrialResult(status="complete", peak_memory_gib=1.0, instability=0.5), 2, 10)
+    assert line.index("#") == first.index("#") == 8
+    assert first.endswith("      - s")  # a complete trial that is no repeat adds no reason, even an empty one
+
+
+def test_trace_rows_mark_non_finite_and_skipped_steps():
+    result = TrialResult(
+        status="nan",
+        loss_trace=[2.0, 1.5, None],
+        grad_norm_trace=[1.0, 123456.0, None],
+        max_activation_trace=[10.5, 2000.0],
+        skipped_steps=[2],
+    )
+    assert format_trace(result).splitlines() == [
+        "step        loss   grad_norm  max_activation  skipped",
+        "----  ----------  ----------  --------------  -------",
+        "   1      2.0000           1            10.5         ",
+        "   2      1.5000   1.235e+05            2000      yes",
+        "   3  non-finite  non-finite               -         ",
+    ]
+
+
+def test_trace_runs_to_the_longer_trace_and_is_a_header_for_an_empty_one():
+    result = TrialResult(status="crash", loss_trace=[0.5], grad_norm_trace=[0.25, 0.125])
+    rows = format_trace(result).splitlines()
+    assert [r.split() for r in rows[2:]] == [["1", "0.5000", "0.25", "-"], ["2", "non-finite", "0.125", "-"]]
+    assert format_trace(TrialResult(status="error")).splitlines() == [
+        "step  loss  grad_norm  max_activation  skipped",
+        "----  ----  ---------  --------------  -------",
+    ]
+
+
+def frozen(number, *, config, values, lora_alpha=None):
+    """A COMPLETE trial as sweeper stores it, read back through ``stored_trial``."""
+    attrs = {"status": "complete", "reason": "ok", "config": config.to_dict()}
+    if lora_alpha is not None:
+        attrs["lora_alpha"] = lora_alpha
+    trial = create_trial(
+        state=TrialState.COMPLETE,
+        values=values,
+        params={"r": config.r},
+        distributions={"r": CategoricalDistribution([8, 16])},
+        user_attrs=attrs,
+    )
+    trial.number = number
+    return stored_trial(trial)
+
+
+def test_front_table_reads_each_trials_stored_config():
+    front = [
+        frozen(
+            0,
+            config=TrialConfig(
+                r=8,
+                bnb_4bit_compute_dtype="float16",
+                bnb_4bit_use_double_quant=False,
+                per_device_train_batch_size=2,
+                max_seq_length=256,
+            ),
+            values=[1.5, 0.25],
+            lora_alpha=16.0,
+        ),
+        frozen(
+            12,
+            config=TrialConfig(
+                r=16,
+                lora_alpha_ratio=0.5,
+                bnb_4bit_quant_type="fp4",
+                per_device_train_batch_size=1,
+                max_seq_length=1024,
+            ),
+            values=[3.25, 0.125],
+        ),  # no stored lora_alpha: ratio * r of its config
+    ]
+    lines = format_front(front).splitlines()
+    assert lines[0] == (
+        "trial   r  lora_alpha   compute  double_quant  quant  batch  max_seq_length  peak_GiB  instability"
+    )
+    assert (
+        lines[1] == "-----  --  ----------  --------  ------------  -----  -----  --------------  --------  -----------"
+    )
+    assert lines[2].split() == ["0", "8", "16", "float16", "no", "nf4", "2", "256", "1.500", "0.250"]
+    assert lines[3].split() == ["12", "16", "8", "bfloat16", "yes", "fp4", "1", "1024", "3.250", "0.125"]
+    assert len(lines) == 4 and len({len(line) for line in lines}) == 1  # right-aligned columns
+    assert lines[2].endswith("   1.500        0.250")
+
+
+def test_counts_in_fixed_order_with_nan_causes():
+    counts = {"zeta": 1, "oom": 2, "repeated": 1, "nan": 3, "complete": 7, "alpha": 4, "predicted_oom": 1}
+    causes = {"data": [4], "precision": [5, 6]}
+    assert format_counts(counts, causes) == (
+        "complete 7 · nan 3 (data 1, precision 2) · oom 2 · predicted_oom 1 · repeated 1 · alpha 4 · zeta 1"
+    )
+    assert format_counts({"nan": 2, "complete": 1}) == "complete 1 · nan 2"
+    assert format_counts({"complete": 1}, causes) == "complete 1"  # causes only follow a NaN count
+    assert format_counts({}) == ""
+
+
+def test_data_nan_summary_names_trials_samples_and_folder():
+    trials = "studies/s/trials"
+    assert format_data_nan_summary({}, {}, trials) == ""
+    assert format_data_nan_summary({"precision": [3]}, {3: [1]}, trials) == ""
+    assert format_data_nan_summary({"data": [4]}, {4: [7]}, trials) == (
+        "the NaN trial was caused by the data, not the hyperparameters: trial #4, sample 7 "
+        "(rows in studies/s/trials/4/nan_batch.jsonl)"
+    )
+    assert format_data_nan_summary({"data": [2, 5], "precision": [6]}, {2: [9, 3], 5: [3, 11]}, trials) == (
+        "2 of 3 NaN trials were caused by the data, not the hyperparameters: trials #2, #5, samples 3, 9, 11 "
+        "(rows in studies/s/trials/<trial>/nan_batch.jsonl)"
+    )
+    assert format_data_nan_summary({"data": [1, 2]}, {1: list(range(6)), 2: list(range(4, 10))}, trials) == (
+        "all 2 NaN trials were caused by the data, not the hyperparameters: trials #1, #2, "
+        "samples 0, 1, 2, 3, 4, 5, 6, 7 ... (rows in studies/s/trials/<trial>/nan_batch.jsonl)"
+    )
+    assert format_data_nan_summary({"data": [4], "optimization": [5]}, {4: [7, 8]}, trials).startswith(
+        "1 of 2 NaN trials were caused by the data, not the hyperparameters: trial #4, samples 7, 8 "
+    )
+
+
+NO_SUPERVISED = Finding(
+    kind="no_supervised_tokens",
+    max_seq_length=128,
+    samples=list(range(8, 16)),
+    detail="8 samples have no supervised token at 128",
+    nan_risk=True,
+)
+INVALID_ID = Finding(
+    kind="invalid_token_id", max_seq_length=512, samples=[40], detail="1 sample has id 32001", nan_risk=True
+)
+TOO_LONG = Finding(kind="too_long", max_seq_length=None, samples=[42, 43], detail="2 samples over 900 tokens")
+DUPLICATE = Finding(kind="duplicate", max_seq_length=None, samples=[1, 2], detail="2 samples repeat another")
+
+
+def audit(*findings):
+    return AuditReport(
+        samples=100,
+        length_percentiles={"min": 12.0, "p50": 80.5, "max": 2048.0, "mean": 101.25},
+        max_seq_lengths=[128, 512],
+        vocab_size=32000,
+        findings=list(findings),
+    )
+
+
+def test_audit_table_and_nan_risk_line():
+    assert format_audit(audit(NO_SUPERVISED, INVALID_ID, TOO_LONG)).splitlines() == [
+        "tokens per sample (chat template included, before truncation): min 12  p50 80.5  max 2048  mean 101.25",
+        "",
+        "kind                  max_seq_length  samples  detail",
+        "--------------------  --------------  -------  ------",
+        "no_supervised_tokens  128             8        8 samples have no supervised token at 128",
+        "invalid_token_id      512             1        1 sample has id 32001",
+        "too_long              -               2        2 samples over 900 tokens",
+        "",
+        "NaN risk at max_seq_length 128, 512: no_supervised_tokens at 128 (8 samples); invalid_token_id at 512 "
+        "(1 sample)",
+    ]
+
+
+def test_audit_without_findings_says_nothing_would_make_a_trial_nan():
+    assert format_audit(audit()).splitlines()[1:] == [
+        "",
+        "no findings",
+        "",
+        "no finding would make a trial NaN at max_seq_length 128, 512",
+    ]
+    assert format_audit(audit(TOO_LONG)).splitlines()[-1] == (
+        "no finding would make a trial NaN at max_seq_length 128, 512"
+    )
+
+
+def test_data_warning_names_batch_sizes_and_the_earliest_step():
+    strikes = {
+        (2, 1): NanStep(step=5, samples=[8, 9], kind="no_supervised_tokens"),
+        (1, 1): NanStep(step=9, samples=[8], kind="no_supervised_tokens"),
+        (16, 1): NanStep(step=7, samples=list(range(8, 16)), kind="no_supervised_tokens"),
+        (4, 1): NanStep(step=3, samples=[8, 9, 10, 11], kind="no_supervised_tokens"),
+    }
+    report = audit(NO_SUPERVISED, TOO_LONG, DUPLICATE)
+    lines = format_data_warnings(
+        report,
+        [NanRisk(finding=NO_SUPERVISED, strikes=strikes, max_steps=30)],
+        several_accumulations=False,
+        doctor=DOCTOR,
+    )
+    assert lines == [
+        "WARNING data: at max_seq_length=128, 8 of 100 samples have no supervised token left (the reply is cut away); "
+        "batch 1, 2, 4, 16 go NaN (batch 4: step 3, samples 8, 9, 10, 11): a data fault, not a hyperparameter result "
+        "(sweep doctor space.yaml)",
+        "data    also found: duplicate, too_long (sweep doctor space.yaml)",
+    ]
+
+
+def test_data_warning_with_one_strike_names_accumulation_and_caps_samples():
+    strikes = {(2, 4): NanStep(step=1, samples=list(range(8)), kind="invalid_token_id")}
+    lines = format_data_warnings(
+        audit(INVALID_ID),
+        [NanRisk(finding=INVALID_ID, strikes=strikes, max_steps=30)],
+        several_accumulations=True,
+        doctor=DOCTOR,
+    )
+    assert lines == [
+        "WARNING data: at max_seq_length=512, 1 of 100 samples have token ids outside the model's 32000 embedding "
+        "rows; batch 2 goes NaN (batch 2, gradient_accumulation_steps 4: step 1, samples 0, 1, 2, 3, 4, 5): a data "
+        "fault, not a hyperparameter result (sweep doctor space.yaml)"
+    ]
+    one = {(1, 1): NanStep(step=2, samples=[40], kind="invalid_token_id")}
+    (line,) = format_data_warnings(
+        audit(INVALID_ID),
+        [NanRisk(finding=INVALID_ID, strikes=one, max_steps=30)],
+        several_accumulations=False,
+        doctor=DOCTOR,
+    )
+    assert "; batch 1 goes NaN (batch 1: step 2, sample 40): " in line
+
+
+def test_data_warning_without_strikes_says_a_longer_run_would_be():
+    (line,) = format_data_warnings(
+        audit(NO_SUPERVISED),
+        [NanRisk(finding=NO_SUPERVISED, strikes={}, max_steps=30)],
+        several_accumulations=False,
+        doctor=DOCTOR,
+    )
+    assert line == (
+        "WARNING data: at max_seq_length=128, 8 of 100 samples have no supervised token left (the reply is cut away); "
+        "no step of the first 30 is made only of them, a longer run would be: a data fault, not a hyperparameter "
+        "result (sweep doctor space.yaml)"
+    )
+
+
+def test_no_data_risk_is_one_line_naming_other_findings():
+    assert format_data_warnings(audit(), [], several_accumulations=False, doctor=DOCTOR) == [
+        "data    audited at max_seq_length 128, 512: nothing that would make a trial NaN"
+    ]
+    assert format_data_warnings(audit(DUPLICATE, TOO_LONG), [], several_accumulations=True, doctor=DOCTOR) == [
+        "data    audited at max_seq_length 128, 512: nothing that would make a trial NaN; also found: duplicate, "
+        "too_long (sweep doctor space.yaml)"
+    ]
