@@ -3,10 +3,10 @@
 1. **ask** (:meth:`_Sweep.ask`): under the ask lock, fail stale trials (:func:`fail_stale_trials`), stop at
    ``n_trials``, the time budget or too many repeats, else ask the sampler;
 2. **settle** without running it: a repeat of a configuration already measured reuses that result
-   (:meth:`_Sweep.settle_repeat`), a configuration the memory model or a known OOM says cannot fit is pruned
-   (:meth:`_Sweep.settle_prediction`);
-3. **measure** it in a trial process (:meth:`_Sweep.measure`, :func:`sweeper.trial.run_trial`);
-4. **tell** the study its outcome, with its artifacts (:meth:`_Sweep.tell`), and **retry** what may go differently
+   (:func:`settle_repeat`), a configuration the memory model or a known OOM says cannot fit is pruned
+   (:func:`settle_prediction`);
+3. **measure** it in a trial process (:func:`measure`, :func:`sweeper.trial.run_trial`);
+4. **tell** the study its outcome, with its artifacts (:func:`tell`), and **retry** what may go differently
    another time (crash, timeout; :func:`sweeper.study._recovery.retry`).
 
 Several worker slots (threads) may run in one sweep process and several processes on one study (see
@@ -174,7 +174,7 @@ class _Sweep:
                 continue
             heartbeat = Heartbeat(self.study._storage, trial._trial_id)
             try:
-                self.run_one(trial, env)
+                run_one(self, trial, env)
             finally:
                 heartbeat.stop()
 
@@ -248,174 +248,182 @@ class _Sweep:
                 trial.set_user_attr("heartbeat_interval_s", self.study._storage.get_heartbeat_interval())  # type: ignore[attr-defined]
             return trial
 
-    # -- the steps of one trial ---------------------------------------------------------------------------------
 
-    def run_one(self, trial: optuna.Trial, env: dict[str, str] | None) -> None:
-        """Settle, or measure and tell, one asked trial."""
-        config = self.space.trial_config(trial.params)
-        if not self.wait_for_same(trial):
-            return
-        if self.settle_repeat(trial):
-            return
-        predicted = self.predictor(config.to_dict())
-        if self.settle_prediction(trial, config, predicted):
-            return
-        result = self.measure(trial, config, env)
-        if result is not None:
-            result.predicted_peak_gib = predicted
-            self.tell(trial, config, result)
+# -- the steps of one trial ------------------------------------------------------------------------------------
 
-    def record_interrupted(self, trial: optuna.Trial, reason: str = "interrupted: Ctrl-C") -> None:
-        """Tell ``trial`` FAIL as not run to its end (``interrupted``, not counted) and queue its params again: the
-        next ``sweep run`` measures it."""
-        trial.set_user_attr("status", "crash")
-        trial.set_user_attr("reason", reason)
-        trial.set_user_attr("interrupted", True)
-        retry(self.study, trial, self.max_retries)
-        self.study.tell(trial, state=TrialState.FAIL)
 
-    def wait_for_same(self, trial: optuna.Trial) -> bool:
-        """Wait while an earlier trial with the same params runs (another slot or machine was asked the same
-        configuration: a retry, or a sampler without a lie for it); its result is then reused
-        (:meth:`settle_repeat`) instead of measured twice. Only earlier numbers are waited for, so two such trials
-        never wait on each other.
+def run_one(sweep: _Sweep, trial: optuna.Trial, env: dict[str, str] | None) -> None:
+    """Settle, or measure and tell, one asked trial."""
+    config = sweep.space.trial_config(trial.params)
+    if not wait_for_same(sweep, trial):
+        return
+    if settle_repeat(sweep, trial):
+        return
+    predicted = sweep.predictor(config.to_dict())
+    if settle_prediction(sweep, trial, config, predicted):
+        return
+    result = measure(sweep, trial, config, env)
+    if result is not None:
+        result.predicted_peak_gib = predicted
+        tell(sweep, trial, config, result)
 
-        Returns:
-            False when Ctrl-C came meanwhile: the trial is recorded as interrupted.
-        """
-        params = trial.params
-        try:
-            while not self.interrupted.is_set():
-                with self.lock.held():
-                    self.fail_stale()  # the earlier trial's sweep may be dead or silent: it would never end
-                running = [
-                    t.number
-                    for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                    if t.number < trial.number and t.params == params
-                ]
-                if not running:
-                    break
-                self.interrupted.wait(POLL_S)
-        except KeyboardInterrupt:
-            self.record_interrupted(trial)
-            raise
-        if self.interrupted.is_set():
-            self.record_interrupted(trial)
-            return False
-        return True
 
-    def settle_repeat(self, trial: optuna.Trial) -> bool:
-        """Tell a repeat of a measured configuration with that trial's state, values and attributes, marked
-        ``duplicate_of``; count consecutive repeats.
+def record_interrupted(sweep: _Sweep, trial: optuna.Trial, reason: str = "interrupted: Ctrl-C") -> None:
+    """Tell ``trial`` FAIL as not run to its end (``interrupted``, not counted) and queue its params again: the
+    next ``sweep run`` measures it."""
+    trial.set_user_attr("status", "crash")
+    trial.set_user_attr("reason", reason)
+    trial.set_user_attr("interrupted", True)
+    retry(sweep.study, trial, sweep.max_retries)
+    sweep.study.tell(trial, state=TrialState.FAIL)
 
-        Returns:
-            Whether ``trial`` was a repeat (and is now told).
-        """
-        same = find_duplicate(self.study, trial.params)
-        with self.mutex:
-            self.repeats = self.repeats + 1 if same is not None else 0
-        if same is None:
-            return False
-        for key, value in same.user_attrs.items():
-            if key not in _BOOKKEEPING_ATTRS:
-                trial.set_user_attr(key, value)
-        trial.set_user_attr("duplicate_of", same.number)
-        trial.set_user_attr("reason", f"same configuration as trial {same.number}: its result is reused")
-        trial.set_user_attr("wall_time_s", 0.0)
-        trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(same.user_attrs["status"]))
-        frozen = self.study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)
-        self.emit(frozen, stored_trial(frozen).result)
-        return True
 
-    def settle_prediction(self, trial: optuna.Trial, config: TrialConfig, predicted: float | None) -> bool:
-        """Prune a configuration that cannot fit, without running it (:func:`sweeper.study._preflight.preflight`).
+def wait_for_same(sweep: _Sweep, trial: optuna.Trial) -> bool:
+    """Wait while an earlier trial with the same params runs (another slot or machine was asked the same
+    configuration: a retry, or a sampler without a lie for it); its result is then reused
+    (:func:`settle_repeat`) instead of measured twice. Only earlier numbers are waited for, so two such trials
+    never wait on each other.
 
-        Returns:
-            Whether ``trial`` was pruned (and is now told).
-        """
-        decision = preflight(config.to_dict(), predicted, known_memory(self.study))
-        if decision is None:
-            return False
-        result = TrialResult(
-            status=decision[0],  # type: ignore[arg-type]
-            reason=decision[1],
-            predicted_peak_gib=predicted,
-            wall_time_s=0.0,
-            lora_alpha=config.lora_alpha,
-            effective_batch_size=config.effective_batch_size,
-        )
+    Returns:
+        False when Ctrl-C came meanwhile: the trial is recorded as interrupted.
+    """
+    params = trial.params
+    try:
+        while not sweep.interrupted.is_set():
+            with sweep.lock.held():
+                sweep.fail_stale()  # the earlier trial's sweep may be dead or silent: it would never end
+            running = [
+                t.number
+                for t in sweep.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if t.number < trial.number and t.params == params
+            ]
+            if not running:
+                break
+            sweep.interrupted.wait(POLL_S)
+    except KeyboardInterrupt:
+        record_interrupted(sweep, trial)
+        raise
+    if sweep.interrupted.is_set():
+        record_interrupted(sweep, trial)
+        return False
+    return True
+
+
+def settle_repeat(sweep: _Sweep, trial: optuna.Trial) -> bool:
+    """Tell a repeat of a measured configuration with that trial's state, values and attributes, marked
+    ``duplicate_of``; count consecutive repeats.
+
+    Returns:
+        Whether ``trial`` was a repeat (and is now told).
+    """
+    same = find_duplicate(sweep.study, trial.params)
+    with sweep.mutex:
+        sweep.repeats = sweep.repeats + 1 if same is not None else 0
+    if same is None:
+        return False
+    for key, value in same.user_attrs.items():
+        if key not in _BOOKKEEPING_ATTRS:
+            trial.set_user_attr(key, value)
+    trial.set_user_attr("duplicate_of", same.number)
+    trial.set_user_attr("reason", f"same configuration as trial {same.number}: its result is reused")
+    trial.set_user_attr("wall_time_s", 0.0)
+    trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(same.user_attrs["status"]))
+    frozen = sweep.study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)
+    sweep.emit(frozen, stored_trial(frozen).result)
+    return True
+
+
+def settle_prediction(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, predicted: float | None) -> bool:
+    """Prune a configuration that cannot fit, without running it (:func:`sweeper.study._preflight.preflight`).
+
+    Returns:
+        Whether ``trial`` was pruned (and is now told).
+    """
+    decision = preflight(config.to_dict(), predicted, known_memory(sweep.study))
+    if decision is None:
+        return False
+    result = TrialResult(
+        status=decision[0],  # type: ignore[arg-type]
+        reason=decision[1],
+        predicted_peak_gib=predicted,
+        wall_time_s=0.0,
+        lora_alpha=config.lora_alpha,
+        effective_batch_size=config.effective_batch_size,
+    )
+    record_result(trial, result, config.to_dict())
+    trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
+    sweep.emit(sweep.study.tell(trial, state=TrialState.PRUNED), result)
+    return True
+
+
+def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, env: dict[str, str] | None) -> TrialResult | None:
+    """Run the trial in its own process (:func:`sweeper.trial.run_trial`).
+
+    Returns:
+        Its result, or None when Ctrl-C killed it (it is then recorded as interrupted).
+
+    Raises:
+        RunError: The trial's files cannot be written (it is recorded as not run and queued again).
+        KeyboardInterrupt: Ctrl-C with one worker slot, after recording the trial as interrupted.
+    """
+    pids: list[int] = []
+
+    def started(pid: int) -> None:
+        trial.set_user_attr("worker_pid", pid)
+        pids.append(pid)
+        with sweep.mutex:
+            sweep.trial_pids.add(pid)
+        if sweep.interrupted.is_set():  # Ctrl-C came while this trial process was starting
+            os.killpg(pid, signal.SIGKILL)
+
+    folder = trial_dir(sweep.name, trial.number)
+    if sweep.on_start is not None:
+        with sweep.mutex:
+            sweep.on_start(trial.number, dict(trial.params), trial.user_attrs.get("cuda_visible_devices"))
+    try:
+        result = run_trial(config, folder, model_path=sweep.model_path, env=env, on_start=started)
+    except KeyboardInterrupt:  # one slot, in the main thread: run_trial killed the trial process
+        record_interrupted(sweep, trial)
+        raise
+    except OSError as exc:  # the trial's files cannot be written: disk full, folder made read-only meanwhile
+        record_interrupted(sweep, trial, f"not run: cannot write {folder} ({exc.strerror})")
+        raise RunError(
+            f"{folder}: cannot write the trial's files ({exc.strerror}); trial {trial.number} is "
+            "recorded as not run and queued again; fix the disk and run the same command: finished "
+            "trials are kept"
+        ) from None
+    finally:
+        with sweep.mutex:
+            sweep.trial_pids.difference_update(pids)
+    if sweep.interrupted.is_set():  # Ctrl-C with worker threads: interrupt() killed this trial process
+        record_interrupted(sweep, trial)
+        return None
+    return result
+
+
+def tell(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, result: TrialResult) -> None:
+    """Store the result and its artifacts, tell the study (COMPLETE with both objectives, PRUNED for a result
+    about the configuration, FAIL otherwise) and queue a retry of a crash or timeout."""
+    try:
         record_result(trial, result, config.to_dict())
+        _upload_artifacts(sweep.name, trial, result)
         trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
-        self.emit(self.study.tell(trial, state=TrialState.PRUNED), result)
-        return True
-
-    def measure(self, trial: optuna.Trial, config: TrialConfig, env: dict[str, str] | None) -> TrialResult | None:
-        """Run the trial in its own process (:func:`sweeper.trial.run_trial`).
-
-        Returns:
-            Its result, or None when Ctrl-C killed it (it is then recorded as interrupted).
-
-        Raises:
-            RunError: The trial's files cannot be written (it is recorded as not run and queued again).
-            KeyboardInterrupt: Ctrl-C with one worker slot, after recording the trial as interrupted.
-        """
-        pids: list[int] = []
-
-        def started(pid: int) -> None:
-            trial.set_user_attr("worker_pid", pid)
-            pids.append(pid)
-            with self.mutex:
-                self.trial_pids.add(pid)
-            if self.interrupted.is_set():  # Ctrl-C came while this trial process was starting
-                os.killpg(pid, signal.SIGKILL)
-
-        folder = trial_dir(self.name, trial.number)
-        if self.on_start is not None:
-            with self.mutex:
-                self.on_start(trial.number, dict(trial.params), trial.user_attrs.get("cuda_visible_devices"))
-        try:
-            result = run_trial(config, folder, model_path=self.model_path, env=env, on_start=started)
-        except KeyboardInterrupt:  # one slot, in the main thread: run_trial killed the trial process
-            self.record_interrupted(trial)
-            raise
-        except OSError as exc:  # the trial's files cannot be written: disk full, folder made read-only meanwhile
-            self.record_interrupted(trial, f"not run: cannot write {folder} ({exc.strerror})")
-            raise RunError(
-                f"{folder}: cannot write the trial's files ({exc.strerror}); trial {trial.number} is "
-                "recorded as not run and queued again; fix the disk and run the same command: finished "
-                "trials are kept"
-            ) from None
-        finally:
-            with self.mutex:
-                self.trial_pids.difference_update(pids)
-        if self.interrupted.is_set():  # Ctrl-C with worker threads: interrupt() killed this trial process
-            self.record_interrupted(trial)
-            return None
-        return result
-
-    def tell(self, trial: optuna.Trial, config: TrialConfig, result: TrialResult) -> None:
-        """Store the result and its artifacts, tell the study (COMPLETE with both objectives, PRUNED for a result
-        about the configuration, FAIL otherwise) and queue a retry of a crash or timeout."""
-        try:
-            record_result(trial, result, config.to_dict())
-            _upload_artifacts(self.name, trial, result)
-            trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
-            if result.status == "complete":
-                frozen = self.study.tell(trial, [result.peak_memory_gib, result.instability])  # type: ignore[list-item]
-            elif result.status in PRUNED_STATUSES:
-                frozen = self.study.tell(trial, state=TrialState.PRUNED)
-            else:
-                if result.status in RETRIED_STATUSES and retry(self.study, trial, self.max_retries):
-                    trial.set_user_attr("retried", True)
-                frozen = self.study.tell(trial, state=TrialState.FAIL)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            self.note(
-                f"trial {trial.number}: another sweep marked it lost while it ran (this process sent no "
-                "heartbeat: was it frozen?); its retry measures it again; this run's files are in "
-                f"{trial_dir(self.name, trial.number)}"
-            )
-            return
-        self.emit(frozen, result)
+        if result.status == "complete":
+            frozen = sweep.study.tell(trial, [result.peak_memory_gib, result.instability])  # type: ignore[list-item]
+        elif result.status in PRUNED_STATUSES:
+            frozen = sweep.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            if result.status in RETRIED_STATUSES and retry(sweep.study, trial, sweep.max_retries):
+                trial.set_user_attr("retried", True)
+            frozen = sweep.study.tell(trial, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        sweep.note(
+            f"trial {trial.number}: another sweep marked it lost while it ran (this process sent no "
+            "heartbeat: was it frozen?); its retry measures it again; this run's files are in "
+            f"{trial_dir(sweep.name, trial.number)}"
+        )
+        return
+    sweep.emit(frozen, result)
 
 
 def _upload_artifacts(study_name: str, trial: optuna.Trial, result: TrialResult) -> None:
