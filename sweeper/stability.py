@@ -1,7 +1,16 @@
-"""Instability: one number from a short run's per-step trace, higher = closer to divergence.
+"""Instability: one number from a short run, higher = closer to divergence, 0 for a run that cannot diverge; and the
+rule that calls a run ``diverged`` before it goes NaN.
 
-Pure (no torch import): it runs on the JSON trace a worker returns, so it tests in milliseconds on synthetic traces
-and can be recomputed for stored trials.
+Both read the **probe**: a fixed batch of :data:`PROBE_ROWS` samples (the first of the trial's data that keep a
+supervised token after truncation) whose loss the trial process evaluates without an update, in eval mode (no
+dropout), before the first step and every :func:`probe_interval_steps` steps. The probe sees the same samples every
+time, so its loss changes only when the model does: a run with learning rate 0 has a constant probe loss, whatever
+its batch size or ``max_seq_length``, and scores 0. The training loss, by contrast, changes with each batch's
+samples; its step-to-step variety (which made the first instability score ~0.6 for a run that learned nothing) is
+kept only as a diagnostic (:func:`loss_spike`, :func:`grad_norm_growth`).
+
+Pure (no torch import): it runs on the JSON trace a trial process returns, so it tests in milliseconds on synthetic
+traces and can be recomputed for stored trials.
 """
 
 from __future__ import annotations
@@ -11,18 +20,43 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-#: Names of the terms of :func:`compute_instability`, in order; each is stored on every trial (None when not measured).
-COMPONENTS = ("loss_spike", "grad_norm_growth", "skipped_step_fraction", "activation_pressure")
+#: The terms summed into the instability, in order; each is stored on every trial (None when not measured).
+COMPONENTS = ("probe_rebound", "activation_growth", "skipped_step_fraction")
+#: Recorded for each trial, not summed: they move with the training batches' samples, not only with the model.
+DIAGNOSTICS = ("loss_spike", "grad_norm_growth")
+#: The terms of the first definition (sweeper 0.1.0), stored on the trials of studies it wrote.
+LEGACY_COMPONENTS = ("loss_spike", "grad_norm_growth", "skipped_step_fraction", "activation_pressure")
+#: Every term name a stored trial may carry.
+STORED_COMPONENTS = tuple(dict.fromkeys((*COMPONENTS, *DIAGNOSTICS, *LEGACY_COMPONENTS)))
 
 #: Largest finite value of each compute dtype (``torch.finfo(dtype).max``; IEEE 754 binary16/binary32, bfloat16).
 DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
 
+#: Samples in the probe batch. The probe sees the same rows every time, so two suffice to see the model change; more
+#: rows would make its forward need more memory than a training step at batch 1.
+PROBE_ROWS = 2
+
+#: Target share of training time spent on the probe; the measured share is recorded on each trial
+#: (``probe_time_share``).
+PROBE_SHARE = 0.10
+
+#: Cost of one probe (a forward of its rows, eval mode, no gradients) in training steps of one row: a step runs the
+#: forward, the backward at about twice it, and the forward again under gradient checkpointing, and at short lengths
+#: the fixed cost of each pass (dequantizing every 4-bit weight) dominates. Measured on the built-in model on the CPU
+#: (batch 1 x 64 tokens, bfloat16), see ``benchmarks/validity.py``'s probe share.
+PROBE_COST = 0.4
+
+#: The probe loss at this multiple of its value before the first step (or non-finite) is a divergence once it stays
+#: there: at the next probe, or at the last probe of the run. Chosen on the runs of ``benchmarks/validity.py``: a
+#: stable run's probe loss falls or stays within a few percent; the diverging runs there reach 2-6x.
+DIVERGED_RATIO = 1.5
+
 #: Steps of loss history a spike is measured against (a median over them, so one noisy batch does not set the base).
 SPIKE_WINDOW = 5
 
-#: Headroom, in bits (powers of two), at which activation pressure reaches 0. 16 bits is fp16's whole range above 1
-#: (65504 < 2**16): an activation of magnitude 1 has no pressure, one of 256 has 0.5, one at the dtype's max has 1.
-HEADROOM_SCALE_BITS = 16.0
+#: The fp16 loss scaler starts at 2**16 and halves its scale on each overflow until a step fits: these leading skips
+#: are its calibration (``torch.amp.GradScaler``, ``init_scale=65536``), not instability.
+CALIBRATION_SKIPS = 17
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,18 +64,20 @@ class InstabilityComponents:
     """The terms of :func:`compute_instability`, each dimensionless and >= 0.
 
     Attributes:
-        loss_spike: Largest relative rise of the loss over the median of the ``SPIKE_WINDOW`` steps before it.
-        grad_norm_growth: Doublings of the gradient norm from the first third of the run to the last, floored at 0.
-        skipped_step_fraction: Share of optimizer steps the fp16 loss scaler skipped, in [0, 1].
-        activation_pressure: How close the largest activation came to the compute dtype's largest finite value,
-            in [0, 1]; 0 for float32 compute.
-        instability: Their sum.
+        probe_rebound: Largest relative rise of the probe loss over its lowest value before (:func:`probe_rebound`).
+        activation_growth: Share of the compute dtype's headroom that the probe's largest activation used up over the
+            run, in [0, 1]; 0 for float32 compute (:func:`activation_growth`).
+        skipped_step_fraction: Share of optimizer steps the fp16 loss scaler skipped after its calibration, in [0, 1].
+        loss_spike: Diagnostic, not summed (:func:`loss_spike`).
+        grad_norm_growth: Diagnostic, not summed (:func:`grad_norm_growth`).
+        instability: ``probe_rebound + activation_growth + skipped_step_fraction``.
     """
 
+    probe_rebound: float
+    activation_growth: float
+    skipped_step_fraction: float
     loss_spike: float
     grad_norm_growth: float
-    skipped_step_fraction: float
-    activation_pressure: float
     instability: float
 
     def to_dict(self) -> dict[str, float]:
@@ -49,20 +85,111 @@ class InstabilityComponents:
         return asdict(self)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Divergence:
+    """A run whose probe loss rose to :data:`DIVERGED_RATIO` times its start and stayed there.
+
+    Attributes:
+        step: The optimizer step at which it was confirmed (the probe that showed it stayed).
+        first_step: The first probe step at or above the ratio.
+        ratio: The probe loss at ``step`` over its value before the first step (``inf`` when non-finite).
+        reason: One line with the evidence, for people.
+    """
+
+    step: int
+    first_step: int
+    ratio: float
+    reason: str
+
+
 def _finite(xs: Sequence[float | None]) -> list[float]:
     return [float(x) for x in xs if x is not None and math.isfinite(x)]
 
 
-def loss_spike(loss: Sequence[float | None], window: int = SPIKE_WINDOW) -> float:
-    """Largest ``L_t / median(L_{t-window}..L_{t-1}) - 1`` over the run, floored at 0.
+def probe_interval_steps(per_device_train_batch_size: int, gradient_accumulation_steps: int = 1) -> int:
+    """Optimizer steps between two probes: ``ceil(PROBE_COST / (rows_per_step * PROBE_SHARE))``, at least 1, so that
+    the probe costs about :data:`PROBE_SHARE` of training (less at larger batches, whose steps cost more).
 
-    Why: loss spikes are the first visible sign of an unstable run; they precede divergence in large-scale training
-    (Chowdhery et al. 2022, PaLM, sec. 5.1; Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer
-    training instabilities"). The median base keeps one easy batch from making the next ordinary one a spike.
+    Batch 1 probes every 4 steps, batch 2 every 2, batch 4 and more every step.
+    """
+    rows = max(1, per_device_train_batch_size * gradient_accumulation_steps)
+    return max(1, math.ceil(PROBE_COST / (rows * PROBE_SHARE) - 1e-9))
+
+
+def probe_rebound(probe_loss: Sequence[float | None]) -> float:
+    """``max_t L_t / min_{s<t} L_s - 1`` over the probe losses, floored at 0; a non-finite probe after a finite one
+    counts as :data:`DIVERGED_RATIO` (a rise at least that large).
+
+    Why: on fixed samples a stable fine-tune's loss falls, or holds once learned; any rise is the model getting worse
+    at what it had learned, the first sign of a step size too large for the landscape (the loss spikes that precede
+    divergence: Chowdhery et al. 2022, PaLM, sec. 5.1; Wortsman et al. 2023, "Small-scale proxies for large-scale
+    Transformer training instabilities"). Measuring against the lowest value so far catches a run that learns first
+    and diverges later, which a rise over the start misses. 0 for a constant probe (learning rate 0).
+    """
+    best = math.inf
+    worst = 0.0
+    for x in probe_loss:
+        if x is None or not math.isfinite(x):
+            if math.isfinite(best):
+                worst = max(worst, DIVERGED_RATIO - 1.0)
+            continue
+        if math.isfinite(best) and best > 0:
+            worst = max(worst, x / best - 1.0)
+        best = min(best, x)
+    return worst
+
+
+def activation_growth(probe_max_activation: Sequence[float | None], compute_dtype: str) -> float:
+    """The share of the compute dtype's headroom used up by the probe's largest activation over the run:
+    ``clip(log2(max_t A_t / A_0) / log2(dtype_max / A_0), 0, 1)``; 1 when it overflowed; 0 for float32 compute.
+
+    Why: in fp16 an activation past 65504 becomes inf and the loss NaN. The headroom a model starts with is its own
+    (a property of the weights, the same at any learning rate); a run whose activations grow toward the limit is on
+    its way to overflow, and the share of the headroom it used is how far along that way it is. The probe's
+    activations are measured on the same samples every time, so they grow only when the weights do.
 
     Args:
-        loss: Raw loss per optimizer step (non-finite and None entries are skipped).
-        window: History length the base median is taken over, >= 1.
+        probe_max_activation: Largest absolute input or output of the 4-bit layers during each probe.
+        compute_dtype: ``bfloat16``, ``float16`` or ``float32``.
+    """
+    if compute_dtype == "float32":
+        return 0.0
+    values = [x for x in probe_max_activation if x is not None]
+    if len(values) < 2:
+        return 0.0
+    start = values[0]
+    if not math.isfinite(start) or start <= 0:
+        return 0.0
+    peak = max(values[1:])
+    if not math.isfinite(peak) or peak >= DTYPE_MAX[compute_dtype]:
+        return 1.0
+    headroom = math.log2(DTYPE_MAX[compute_dtype] / start)
+    if headroom <= 0:
+        return 1.0
+    return min(1.0, max(0.0, math.log2(peak / start) / headroom))
+
+
+def skipped_step_fraction(skipped: Sequence[bool], steps: int) -> float:
+    """Share of optimizer steps the fp16 loss scaler skipped, after its calibration (up to :data:`CALIBRATION_SKIPS`
+    skips in a row from the first step).
+
+    Why: ``torch.amp.GradScaler`` skips a step whenever the scaled gradients overflow; its first skips find the
+    scale, a steady rate later means fp16 gradients live at the edge of their range. 0 when ``steps`` is 0.
+    """
+    if steps <= 0:
+        return 0.0
+    flags = list(skipped)
+    lead = 0
+    while lead < len(flags) and lead < CALIBRATION_SKIPS and flags[lead]:
+        lead += 1
+    return sum(1 for s in flags[lead:] if s) / steps
+
+
+def loss_spike(loss: Sequence[float | None], window: int = SPIKE_WINDOW) -> float:
+    """Diagnostic: largest ``L_t / median(L_{t-window}..L_{t-1}) - 1`` of the training loss, floored at 0.
+
+    Not summed into the instability: the training loss of one step depends on its samples, so this term measured the
+    data's variety as much as the run (0.63 for a run with learning rate 1e-9 on the built-in data).
     """
     xs = _finite(loss)
     worst = 0.0
@@ -74,11 +201,10 @@ def loss_spike(loss: Sequence[float | None], window: int = SPIKE_WINDOW) -> floa
 
 
 def grad_norm_growth(grad_norm: Sequence[float | None]) -> float:
-    """``max(0, log2(median(last third) / median(first third)))`` of the pre-clip gradient norm.
+    """Diagnostic: ``max(0, log2(median(last third) / median(first third)))`` of the pre-clip gradient norm.
 
-    Why: a healthy fine-tune's gradient norm is flat or falls; a norm that keeps growing is the optimiser running
-    away (too large a step: learning rate times the adapter scale ``lora_alpha / r``), and clipping hides it from
-    the loss until the run diverges (Wortsman et al. 2023, sec. 3). Fewer than 3 finite values give 0.
+    Not summed into the instability: it moves with the batches' samples, and a norm that explodes in the first third
+    and stays high scores 0.
     """
     xs = _finite(grad_norm)
     if len(xs) < 3:
@@ -90,61 +216,100 @@ def grad_norm_growth(grad_norm: Sequence[float | None]) -> float:
     return max(0.0, math.log2(late / early))
 
 
-def skipped_step_fraction(skipped: Sequence[bool], steps: int) -> float:
-    """Share of optimizer steps the fp16 loss scaler skipped.
-
-    Why: ``torch.amp.GradScaler`` skips a step whenever the scaled gradients overflow; a few skips at the start are
-    its calibration, a steady rate means fp16 gradients live at the edge of their range. 0 when ``steps`` is 0.
-    """
-    return sum(1 for s in skipped if s) / steps if steps > 0 else 0.0
-
-
-def activation_pressure(max_activation: Sequence[float | None], compute_dtype: str) -> float:
-    """``clip(1 - headroom_bits / HEADROOM_SCALE_BITS, 0, 1)``, ``headroom_bits = log2(dtype_max / max|activation|)``.
-
-    Why: in fp16 an activation past 65504 becomes inf and the loss NaN; the headroom left to that limit measures how
-    near a configuration is to it before it happens. bfloat16 shares float32's exponent range, so its pressure is
-    ~0 unless activations are astronomically large; float32 compute is not mixed precision and scores 0.
+def divergence(probe_steps: Sequence[int], probe_loss: Sequence[float | None], *, final: bool) -> Divergence | None:
+    """Whether the run diverged: its probe loss reached :data:`DIVERGED_RATIO` times its value before the first step
+    (or became non-finite) and stayed there at the next probe; with ``final``, the last probe at or above the ratio
+    counts as staying (the run ends there).
 
     Args:
-        max_activation: Largest absolute output of the 4-bit layers (which compute in ``compute_dtype``) per step.
-        compute_dtype: ``bfloat16``, ``float16`` or ``float32``.
+        probe_steps: The optimizer step of each probe (0 before the first step), increasing.
+        probe_loss: The probe loss at each, None where non-finite.
+        final: The last probe is the run's last.
+
+    Returns:
+        The :class:`Divergence`, or None.
     """
-    if compute_dtype == "float32":
-        return 0.0
-    values = [x for x in max_activation if x is not None]
-    if not values:
-        return 0.0
-    peak = max(values)
-    if not math.isfinite(peak):
-        return 1.0
-    if peak <= 0:
-        return 0.0
-    headroom_bits = math.log2(DTYPE_MAX[compute_dtype] / peak)
-    return min(1.0, max(0.0, 1.0 - headroom_bits / HEADROOM_SCALE_BITS))
+    if len(probe_loss) < 2 or probe_loss[0] is None or not math.isfinite(probe_loss[0]) or probe_loss[0] <= 0:
+        return None
+    start = probe_loss[0]
+    ratios = [math.inf if x is None or not math.isfinite(x) else x / start for x in probe_loss]
+    high = [r >= DIVERGED_RATIO for r in ratios]
+    for i in range(1, len(ratios)):
+        confirmed = high[i] and ((i + 1 < len(ratios) and high[i + 1]) or (final and i == len(ratios) - 1))
+        if not confirmed:
+            continue
+        at = i + 1 if i + 1 < len(ratios) else i
+
+        def shown(r: float, x: float | None) -> str:
+            return "non-finite" if x is None or not math.isfinite(x) else f"{x:.3g} ({r:.2f}x)"
+
+        evidence = ", ".join(f"{shown(ratios[j], probe_loss[j])} at step {probe_steps[j]}" for j in range(i, at + 1))
+        return Divergence(
+            step=probe_steps[at],
+            first_step=probe_steps[i],
+            ratio=ratios[at],
+            reason=f"diverged at step {probe_steps[at]}: the probe loss went from {start:.3g} before the first step "
+            f"to {evidence}, and stayed at >= {DIVERGED_RATIO:g}x its start",
+        )
+    return None
+
+
+def projected_fail_step(probe_steps: Sequence[int], probe_loss: Sequence[float | None]) -> int | None:
+    """The step at which the probe loss would reach :data:`DIVERGED_RATIO` times its start, extrapolating the log
+    probe loss linearly (least squares) from its lowest point to the end of the run; None when it is not rising
+    after that point, or fewer than two probes follow it.
+
+    A short trial's probe that has turned upward says when, at that rate, a long run would be called diverged; it is
+    a projection, reported beside the measured outcome, not a result.
+    """
+    pairs = [(s, x) for s, x in zip(probe_steps, probe_loss) if x is not None and math.isfinite(x) and x > 0]
+    if len(pairs) < 3:
+        return None
+    start = pairs[0][1]
+    low = min(range(len(pairs)), key=lambda i: pairs[i][1])
+    tail = pairs[low:]
+    if len(tail) < 2:
+        return None
+    xs = [float(s) for s, _ in tail]
+    ys = [math.log(x) for _, x in tail]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    if slope <= 0:
+        return None
+    target = math.log(start * DIVERGED_RATIO)
+    step = mx + (target - my) / slope
+    return max(math.ceil(step), int(xs[-1]))
 
 
 def compute_instability(
     *,
-    loss: Sequence[float | None],
-    grad_norm: Sequence[float | None],
+    probe_loss: Sequence[float | None],
+    probe_max_activation: Sequence[float | None] = (),
     skipped: Sequence[bool] = (),
-    max_activation: Sequence[float | None] = (),
+    steps: int | None = None,
     compute_dtype: str = "float32",
+    loss: Sequence[float | None] = (),
+    grad_norm: Sequence[float | None] = (),
 ) -> InstabilityComponents:
-    """Instability of a short run: ``loss_spike + grad_norm_growth + skipped_step_fraction + activation_pressure``.
+    """Instability of a short run: ``probe_rebound + activation_growth + skipped_step_fraction``.
 
-    Each term is dimensionless and 0 for a perfectly calm run; see each function for its formula and reason. The
-    terms are summed unweighted so that each reads directly: 0.5 is "the loss jumped 50%", or "the gradient norm
-    grew by 2**0.5", or "half the steps were skipped", or "activations used half of fp16's range above 1".
-    Non-finite entries (the failing step of a NaN trial) are ignored, so a pruned trial still gets its components.
+    Each term is dimensionless and 0 for a run that cannot diverge (learning rate 0: the probe is constant, the
+    activations do not grow, nothing overflows); see each function for its formula and reason. They are summed
+    unweighted so that each reads directly: 0.5 is "the probe loss rose 50% over its best", or "activations used half
+    of the headroom they started with", or "half the steps were skipped". Non-finite entries (the failing step of a
+    NaN trial) are handled by each term, so a pruned trial still gets its components.
 
     Args:
-        loss: Raw training loss per optimizer step, length = steps.
-        grad_norm: Gradient norm before clipping per optimizer step, same length.
+        probe_loss: Probe loss before the first step and at each probe, None where non-finite.
+        probe_max_activation: Largest |activation| of the 4-bit layers during each probe (empty for float32).
         skipped: Per step, whether the fp16 loss scaler skipped it (empty when there is no scaler).
-        max_activation: Per step, the largest |output| of the 4-bit layers.
+        steps: Optimizer steps run (default ``len(loss)``), the denominator of the skipped fraction.
         compute_dtype: ``bfloat16``, ``float16`` or ``float32``.
+        loss: Raw training loss per optimizer step (diagnostic only).
+        grad_norm: Gradient norm before clipping per optimizer step (diagnostic only).
 
     Raises:
         ValueError: ``compute_dtype`` is not one of the three.
@@ -152,9 +317,13 @@ def compute_instability(
     if compute_dtype not in DTYPE_MAX:
         raise ValueError(f"compute_dtype must be one of {sorted(DTYPE_MAX)}, but got {compute_dtype!r}")
     parts = {
-        "loss_spike": loss_spike(loss),
-        "grad_norm_growth": grad_norm_growth(grad_norm),
-        "skipped_step_fraction": skipped_step_fraction(skipped, len(loss)),
-        "activation_pressure": activation_pressure(max_activation, compute_dtype),
+        "probe_rebound": probe_rebound(probe_loss),
+        "activation_growth": activation_growth(probe_max_activation, compute_dtype),
+        "skipped_step_fraction": skipped_step_fraction(skipped, len(loss) if steps is None else steps),
     }
-    return InstabilityComponents(**parts, instability=sum(parts.values()))
+    return InstabilityComponents(
+        **parts,
+        loss_spike=loss_spike(loss),
+        grad_norm_growth=grad_norm_growth(grad_norm),
+        instability=sum(parts.values()),
+    )

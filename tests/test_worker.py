@@ -37,11 +37,13 @@ def test_trial_completes_with_finite_values(tiny_model, tmp_path):
     assert 0.2 < result.peak_memory_gib < 4.0 and result.memory_kind == "cpu_peak_rss"
     assert result.quantized_linear_count == 14  # 2 layers x (q, k, v, o, gate, up, down)
     assert result.instability is not None and set(result.instability_components) == {
+        "probe_rebound",
+        "activation_growth",
+        "skipped_step_fraction",
         "loss_spike",
         "grad_norm_growth",
-        "skipped_step_fraction",
-        "activation_pressure",
     }
+    assert result.probe_steps[0] == 0 and result.probe_steps[-1] == 3 and None not in result.probe_loss_trace
     assert result.max_activation_trace and all(a > 0 for a in result.max_activation_trace)
     assert result.lora_alpha == 8 and result.effective_batch_size == 2 and result.versions["bitsandbytes"]
     assert (tmp_path / "result.json").is_file() and (tmp_path / "worker.log").is_file()
@@ -56,12 +58,10 @@ def test_fp16_overflow_goes_nan_and_fp32_does_not(tiny_model, tmp_path):
     assert fp16.status == "nan", fp16.reason
     assert fp16.fail_phase in ("forward", "backward") and 1 <= fp16.fail_step < 8
     assert fp16.loss_trace[-1] is None or fp16.grad_norm_trace[-1] is None
-    assert fp16.instability_components["activation_pressure"] > 0.5
     fp32 = run_trial(
         _config(tiny_model, bnb_4bit_compute_dtype="float32", **hot), tmp_path / "b", model_path=str(tiny_model)
     )
-    assert fp32.status == "complete", fp32.reason
-    assert fp32.instability > 3  # the gradient norm runs away instead
+    assert fp32.status == "complete", fp32.reason  # fp32 does not overflow
 
 
 def test_real_memory_cap_gives_oom_with_phase(tiny_model, tmp_path):

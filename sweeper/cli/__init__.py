@@ -27,6 +27,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``sweep`` (exposed for tests and docs)."""
+    from sweeper.cli._confirm import cmd_confirm
     from sweeper.cli._dashboard import cmd_dashboard
     from sweeper.cli._doctor import DOCTOR_DEFAULT_LENGTHS, cmd_doctor
     from sweeper.cli._estimate import cmd_estimate
@@ -139,6 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="file to write; its suffix is set by the format (default studies/<study>/exports/)",
     )
     export.set_defaults(func=cmd_export)
+
+    confirm = sub.add_parser("confirm", help="run the front's chosen trials again at a long horizon")
+    confirm.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
+    confirm.add_argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help="steps of the long run (default: study.confirm_steps, else 10x the trial's max_steps)",
+    )
+    chosen = confirm.add_mutually_exclusive_group()
+    chosen.add_argument("--trials", metavar="3,7", help="these trials")
+    chosen.add_argument("--front", action="store_true", help="every trial of the front, the knee first")
+    chosen.add_argument("--pick", choices=PICKS, default="knee", help="a point of the front (default knee)")
+    confirm.set_defaults(func=cmd_confirm)
 
     dashboard = sub.add_parser("dashboard", help="optuna-dashboard on the study, with the trials' artifacts")
     dashboard.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")

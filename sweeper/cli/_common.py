@@ -11,6 +11,7 @@ from typing import Any
 
 from sweeper.errors import SpaceError, SweeperError
 from sweeper.space import DatasetSpec, ModelSpec, SearchSpace, load_space, parse_duration_s
+from sweeper.stability import probe_interval_steps
 
 
 def _print(text: str = "") -> None:
@@ -96,11 +97,16 @@ def _describe_setup(space: SearchSpace, model_path: str, n_samples: int) -> str:
         f"memory  cap {cap:g} GiB per trial. CUDA: allocator cap, peak = max reserved. CPU: cap on private memory "
         "(RLIMIT_DATA), peak = resident set after loading, which also counts shared libraries (+-0.1 GiB between runs)",
     ]
-    steps = space.fixed.get("max_steps")
-    if "max_steps" not in space.search and steps is not None and steps < MIN_INFORMATIVE_STEPS:
+    steps = min(space.values_of("max_steps"))
+    batch = min(space.values_of("per_device_train_batch_size"))
+    accumulation = min(space.values_of("gradient_accumulation_steps"))
+    interval = probe_interval_steps(batch, accumulation)
+    if steps < 2 * interval:
         lines.append(
-            f"note    max_steps={steps}: loss_spike and grad_norm_growth need about {MIN_INFORMATIVE_STEPS}+ "
-            "steps to separate configurations; NaN and OOM are measured at any length"
+            f"note    max_steps={steps}: the probe (sweeper.stability) is evaluated before the first step and every "
+            f"{interval} steps at batch {batch}, and at the last step: the instability sees "
+            f"{len(range(interval, steps, interval)) + 1} change(s) of the probe loss, a divergence after step {steps} "
+            f"is not seen; NaN and OOM are measured at any length; 'sweep confirm' runs the front's knee longer"
         )
     if space.model.trust_remote_code:
         lines.append("WARNING trust_remote_code is on: the checkpoint's own Python code will run")
@@ -116,9 +122,6 @@ def _publish(study: Any) -> None:
     except (OSError, RuntimeError, ValueError) as exc:
         print(f"sweep: the dashboard figure and notes were not stored ({exc})", file=sys.stderr)
 
-
-#: Below this many steps the trend terms of instability are mostly batch-to-batch noise (see sweeper.stability).
-MIN_INFORMATIVE_STEPS = 6
 
 _STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 

@@ -44,10 +44,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``sweep run SPACE.yaml``: create or resume the study and run trials until n_trials or the timeout."""
     import optuna
 
+    from sweeper.cli._confirm import run_confirmations
     from sweeper.report import format_counts, format_data_nan_summary, format_front, format_params, format_trial_line
     from sweeper.study import (
         MAX_CONSECUTIVE_DUPLICATES,
         SweepEvent,
+        candidates,
         check_writable,
         count_finished,
         default_storage,
@@ -149,6 +151,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         workers=workers,
         devices=devices,
     )
+    if space.study.confirm_steps is not None:
+        study.set_user_attr("confirm_steps", space.study.confirm_steps)  # the default of a later 'sweep confirm'
+    top = [t.number for t in candidates(study)[: space.study.confirm_top]]
+    if top:
+        _print(f"confirm the front's {len(top)} best (study.confirm_top={space.study.confirm_top}):")
+        run_confirmations(study, top, space.study.confirm_steps)
     front = pareto_front(study)
     finished = count_finished(study)
     if finished < n_trials and (timeout_s is None or time.monotonic() - start < timeout_s):

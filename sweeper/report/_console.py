@@ -96,8 +96,9 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 def format_front(front: Sequence[StoredTrial]) -> str:
     """The Pareto front as a table: trial, r, lora_alpha, compute dtype, double quant, quant type, batch,
-    max_seq_length, peak GiB, instability (the values come from each trial's stored config)."""
-    rows = [
+    max_seq_length, peak GiB, instability (the values come from each trial's stored config); when any of them was
+    confirmed (``sweep confirm``), a last column ``confirmed``: ``300 ok``, ``diverged@120`` ..., or ``-``."""
+    rows: list[tuple[str, ...]] = [
         (
             "trial",
             "r",
@@ -128,6 +129,9 @@ def format_front(front: Sequence[StoredTrial]) -> str:
                 f"{values[1]:.3f}",
             )
         )
+    if any(t.confirmation is not None for t in front):
+        labels = ["confirmed"] + [t.confirmation.label if t.confirmation else "-" for t in front]
+        rows = [(*row, label) for row, label in zip(rows, labels)]
     return _table(rows)
 
 
@@ -141,6 +145,7 @@ def format_counts(counts: Mapping[str, int], nan_causes: Mapping[str, Sequence[i
     order = [
         "complete",
         "nan",
+        "diverged",
         "oom",
         "predicted_oom",
         "dominated_oom",

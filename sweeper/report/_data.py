@@ -31,7 +31,7 @@ REPORT_KEYS = (
 )
 
 #: Statuses whose trial ran at least one step within the memory cap: their batch shape fits.
-FIT_STATUSES = ("complete", "nan")
+FIT_STATUSES = ("complete", "nan", "diverged")
 
 
 def trial_params(trial: StoredTrial, searched: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
@@ -77,6 +77,7 @@ def trial_record(trial: StoredTrial, searched: list[str], front: set[int]) -> di
         "fail_step": r.fail_step,
         "steps_done": r.steps_done,
         "on_front": trial.number in front,
+        "confirmation": trial.confirmation.to_dict() if trial.confirmation else None,
     }
 
 
@@ -187,17 +188,19 @@ def describe_fit(fit_map: Mapping[str, Any]) -> dict[int, str]:
 
 
 def curves_data(study: optuna.Study) -> list[dict[str, Any]]:
-    """Loss and gradient-norm curves of the front's trials and of the NaN trials (up to the failing step, whose
-    non-finite values are None).
+    """Loss and gradient-norm curves of the front's trials, of the NaN trials (up to the failing step, whose
+    non-finite values are None) and of the diverged trials.
 
     Returns:
-        ``[{"number", "kind": "front" | "nan", "label", "loss": [float | None], "grad_norm": [float | None]}]``.
+        ``[{"number", "kind": "front" | "nan" | "diverged", "label", "loss": [float | None],
+        "grad_norm": [float | None]}]``.
     """
     front = pareto_front(study)
     numbers = {t.number for t in front}
     nan = [t for t in measured_trials(study) if t.status_name == "nan" and t.number not in numbers]
+    diverged = [t for t in measured_trials(study) if t.status_name == "diverged" and t.number not in numbers]
     out = []
-    for kind, trials in (("front", front), ("nan", nan)):
+    for kind, trials in (("front", front), ("nan", nan), ("diverged", diverged)):
         for t in trials:
             out.append(
                 {
@@ -253,6 +256,7 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
         "objectives": list(OBJECTIVES),
         "front": [
             {
+                "confirmation": t.confirmation.to_dict() if t.confirmation else None,
                 "number": t.number,
                 "params": trial_params(t, searched),
                 "peak_memory_gib": t.values[0],

@@ -63,9 +63,12 @@ def knee(front: Sequence[StoredTrial]) -> StoredTrial:
 def pick_trial(study: optuna.Study, *, number: int | None = None, pick: Pick = "knee") -> StoredTrial:
     """The trial to export: trial ``number``, or the front's ``knee``, ``min-memory`` or ``most-stable`` point.
 
+    A pick prefers confirmed trials: when some trials of the front completed their confirmation (``sweep confirm``),
+    the pick is made among those; a trial that failed its confirmation is never picked nor exported.
+
     Raises:
-        StudyError: No such trial, the trial did not complete (its status and reason are named), or the study has
-            no complete trial.
+        StudyError: No such trial, the trial did not complete or failed its confirmation (its status and reason are
+            named), or the study has no complete trial that did not fail its confirmation.
     """
     name = study.study_name
     if number is not None:
@@ -84,15 +87,34 @@ def pick_trial(study: optuna.Study, *, number: int | None = None, pick: Pick = "
                 f"{name}: --trial: trial {number} did not complete ({t.status_name}: {reason}); export a "
                 "complete trial, e.g. --pick knee"
             )
+        _refuse_failed_confirmation(name, t, "--trial")
         return t
     front = pareto_front(study)
     if not front:
         raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with 'sweep run'")
+    passed = [t for t in front if t.confirmation is not None and t.confirmation.passed]
+    usable = [t for t in front if t.confirmation is None or t.confirmation.passed]
+    if not usable:
+        _refuse_failed_confirmation(name, front[0], "--pick")
+    front = passed or usable
     if pick == "min-memory":
         return min(front, key=lambda t: (_objectives(t)[0], _objectives(t)[1]))
     if pick == "most-stable":
         return min(front, key=lambda t: (_objectives(t)[1], _objectives(t)[0]))
     return knee(front)
+
+
+def _refuse_failed_confirmation(study_name: str, trial: StoredTrial, flag: str) -> None:
+    """Raise when ``trial``'s long run failed: its short result does not hold at the horizon of a real run."""
+    done = trial.confirmation
+    if done is None or done.passed:
+        return
+    where = f" at step {done.fail_step}" if done.fail_step is not None else ""
+    raise StudyError(
+        f"{study_name}: {flag}: trial {trial.number} failed its confirmation ({done.status}{where} of {done.steps} "
+        f"steps: {done.reason}); export a trial whose long run completed, or confirm another with 'sweep confirm "
+        f"{study_name} --front'"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,6 +178,18 @@ def _settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
     ]
     if batch * accumulation != target:
         notes.append(f"{target} is not a multiple of {batch}: the effective batch is {batch * accumulation}")
+    done = trial.confirmation
+    if done is None:
+        notes.append(
+            f"not confirmed at a long horizon: its instability comes from {c.max_steps} steps; run 'sweep confirm "
+            f"{study.study_name} --trials {trial.number}' to run it {10 * c.max_steps} steps first"
+        )
+    else:
+        notes.append(
+            f"confirmed: a {done.steps}-step run of this configuration completed (instability "
+            f"{done.instability if done.instability is None else round(done.instability, 4)}, peak "
+            f"{done.peak_memory_gib if done.peak_memory_gib is None else round(done.peak_memory_gib, 3)} GiB)"
+        )
     name = c.model.name_or_path
     local = study.user_attrs.get("model_path")
     if local and (name.startswith("builtin:") or name.lower().endswith(".gguf")):
@@ -172,6 +206,7 @@ def _settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
         "memory_kind": trial.result.memory_kind,
         "memory_limit_gib": c.memory_limit_gib,
         "instability": round(_objectives(trial)[1], 4),
+        "confirmation": trial.confirmation.to_dict() if trial.confirmation else None,
         "device": trial.result.device,
         "versions": {**versions, "sweeper": _version("sweeper")},
         "exported": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -22,6 +22,7 @@ from sweeper.report import _data as data
 SYMBOLS = {
     "complete": "circle",
     "nan": "x",
+    "diverged": "x-open",
     "oom": "triangle-up",
     "timeout": "hourglass",
     "crash": "star",
@@ -33,6 +34,7 @@ COLORS = {
     "front": "#d62728",
     "complete": "#1f77b4",
     "nan": "#ff7f0e",
+    "diverged": "#9467bd",
     "oom": "#7f7f7f",
     "fits": "#2ca02c",
     "not_tried": "#eeeeee",
@@ -46,8 +48,15 @@ def _hover(point: Mapping[str, Any]) -> str:
         memory += f" (predicted {point['predicted_peak_gib']:.2f})"
     stability = "-" if point["instability"] is None else f"{point['instability']:.3f}"
     reason = html.escape(point["reason"])[:200]
+    confirmed = point.get("confirmation")
+    long = ""
+    if confirmed:
+        long = f"<br>confirmed at {confirmed['steps']} steps: {html.escape(str(confirmed['status']))}"
+        if confirmed["status"] != "complete":
+            long += f" at step {confirmed.get('fail_step')}"
     return (
-        f"trial {point['number']}: {point['label']}<br>peak {memory}, instability {stability}<br>{params}<br>{reason}"
+        f"trial {point['number']}: {point['label']}<br>peak {memory}, instability {stability}{long}<br>{params}"
+        f"<br>{reason}"
     )
 
 
@@ -91,6 +100,23 @@ def front_figure(front: Mapping[str, Any]) -> Any:
                 hoverinfo="text",
             )
         )
+    for passed, name, symbol, color in (
+        (True, "confirmed: the long run completed", "circle-open", "#2ca02c"),
+        (False, "failed its confirmation (long run)", "x-open", "#d62728"),
+    ):
+        group = [p for p in complete if p.get("confirmation") and (p["confirmation"]["status"] == "complete") == passed]
+        if group:
+            fig.add_trace(
+                go.Scatter(
+                    x=[p["peak_memory_gib"] for p in group],
+                    y=[p["instability"] for p in group],
+                    mode="markers",
+                    name=name,
+                    marker={"symbol": symbol, "size": 22, "color": color, "line": {"width": 3}},
+                    hovertext=[_hover(p) for p in group],
+                    hoverinfo="text",
+                )
+            )
     failed = [p for p in points if p["instability"] is None and p["peak_memory_gib"] is not None]
     for label in sorted({p["label"] for p in failed}):
         group = [p for p in failed if p["label"] == label]

@@ -105,6 +105,8 @@ class StudySpec:
         sampler: ``tpe`` (default; learns from PRUNED trials), ``random``, or ``nsgaii``.
         seed: Sampler seed, so that a study is reproducible; None for a random seed.
         storage: Optuna storage URL; None means ``sqlite:///studies/<name>.db``.
+        confirm_steps: Steps of a confirmation run (``sweep confirm``); None for 10x the trial's ``max_steps``.
+        confirm_top: At the end of ``sweep run``, confirm this many of the front's trials, the knee first (0: none).
     """
 
     name: str = _key("sweep", "name")
@@ -113,6 +115,8 @@ class StudySpec:
     sampler: Literal["tpe", "random", "nsgaii"] = _key("tpe", "choice", choices=SAMPLERS)
     seed: int | None = _key(0, "int", low=0, high=2**32 - 1, optional=True)
     storage: str | None = _key(None, "str", optional=True)
+    confirm_steps: int | None = _key(None, "int", low=1, high=10**7, optional=True)
+    confirm_top: int = _key(0, "int", low=0, high=100)
 
 
 @dataclass(frozen=True, kw_only=True)

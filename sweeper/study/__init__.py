@@ -9,6 +9,7 @@ learns to avoid their region. Timeouts, crashes and errors are FAIL.
 """
 
 from sweeper.study._artifacts import artifact_dir, artifact_store, loss_curve_svg, upload_trial_artifacts
+from sweeper.study._confirm import candidates, confirm_trials, horizon, long_config
 from sweeper.study._coordination import heartbeat_interval_s, in_memory
 from sweeper.study._loop import MAX_CONSECUTIVE_DUPLICATES, SweepEvent, find_duplicate, run_study
 from sweeper.study._machine import check_disk, check_writable, slot_devices, slot_env
@@ -30,8 +31,10 @@ from sweeper.study._storage import (
     trial_dir,
 )
 from sweeper.study._stored import (
+    Confirmation,
     StoredTrial,
     TrialStatus,
+    confirmations,
     count_finished,
     is_finished,
     measured_trials,
@@ -47,6 +50,7 @@ __all__ = [
     "MAX_CONSECUTIVE_DUPLICATES",
     "OBJECTIVES",
     "STUDIES_DIR",
+    "Confirmation",
     "Known",
     "StaleTrial",
     "StoredTrial",
@@ -54,18 +58,23 @@ __all__ = [
     "TrialStatus",
     "artifact_dir",
     "artifact_store",
+    "candidates",
     "check_disk",
     "check_writable",
+    "confirm_trials",
+    "confirmations",
     "count_finished",
     "default_storage",
     "fail_stale_trials",
     "failure_constraint",
     "find_duplicate",
     "heartbeat_interval_s",
+    "horizon",
     "in_memory",
     "is_finished",
     "known_memory",
     "load_existing_study",
+    "long_config",
     "loss_curve_svg",
     "make_sampler",
     "measured_trials",

@@ -21,7 +21,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 
 from sweeper.errors import StudyError
 from sweeper.space import Categorical, SearchSpace, StudySpec
-from sweeper.stability import COMPONENTS
+from sweeper.stability import COMPONENTS, DIAGNOSTICS
 from sweeper.study._coordination import AskLock, heartbeat_kwargs, sqlite_database, sqlite_file
 from sweeper.trial import PRUNED_STATUSES, TrialResult
 
@@ -246,7 +246,7 @@ def record_result(trial: optuna.Trial | Any, result: TrialResult, config: dict[s
     flattened."""
     data = result.to_dict()
     measured = data.pop("instability_components") or {}
-    components = {name: measured.get(name) for name in COMPONENTS}
+    components = {name: measured.get(name) for name in (*COMPONENTS, *DIAGNOSTICS)}
     for key, value in {**data, **components, "config": config}.items():
         trial.set_user_attr(key, value)
 

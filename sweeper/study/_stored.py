@@ -12,29 +12,30 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.space import TrialConfig
-from sweeper.stability import COMPONENTS
+from sweeper.stability import STORED_COMPONENTS
 from sweeper.trial import TrialResult
 
 
 class TrialStatus(str, enum.Enum):
     """How a trial ended (the ``status`` user attribute), or that it has not yet.
 
-    ``COMPLETE`` trials have both objectives. ``NAN``, ``OOM``, ``PREDICTED_OOM`` and ``DOMINATED_OOM`` are results
-    about the configuration: the trial is PRUNED and infeasible for the sampler. ``TIMEOUT``, ``CRASH`` and ``ERROR``
-    are failures of the run (FAIL), retried where they may go differently. ``RUNNING`` and ``WAITING`` have not
-    ended; ``UNKNOWN`` is a finished trial without a status sweeper knows (a study edited by hand, or a newer
-    version's status).
+    ``COMPLETE`` trials have both objectives. ``NAN``, ``DIVERGED``, ``OOM``, ``PREDICTED_OOM`` and ``DOMINATED_OOM``
+    are results about the configuration: the trial is PRUNED and infeasible for the sampler. ``TIMEOUT``, ``CRASH``
+    and ``ERROR`` are failures of the run (FAIL), retried where they may go differently. ``RUNNING`` and
+    ``WAITING`` have not ended; ``UNKNOWN`` is a finished trial without a status sweeper knows (a study edited by
+    hand, or a newer version's status).
     """
 
     COMPLETE = "complete"
     NAN = "nan"
+    DIVERGED = "diverged"
     OOM = "oom"
     PREDICTED_OOM = "predicted_oom"
     DOMINATED_OOM = "dominated_oom"
@@ -57,12 +58,15 @@ class TrialStatus(str, enum.Enum):
 
     @property
     def fits(self) -> bool | None:
-        """Whether the configuration's memory fit the cap, as measured: True for ``complete`` and ``nan`` (they ran
-        steps within it), False for ``oom``, None when the trial measured nothing about it."""
-        return {TrialStatus.COMPLETE: True, TrialStatus.NAN: True, TrialStatus.OOM: False}.get(self)
+        """Whether the configuration's memory fit the cap, as measured: True for ``complete``, ``nan`` and ``diverged``
+        (they ran steps within it), False for ``oom``, None when the trial measured nothing about it."""
+        fit = {TrialStatus.COMPLETE: True, TrialStatus.NAN: True, TrialStatus.DIVERGED: True, TrialStatus.OOM: False}
+        return fit.get(self)
 
 
-_PRUNED = frozenset({TrialStatus.NAN, TrialStatus.OOM, TrialStatus.PREDICTED_OOM, TrialStatus.DOMINATED_OOM})
+_PRUNED = frozenset(
+    {TrialStatus.NAN, TrialStatus.DIVERGED, TrialStatus.OOM, TrialStatus.PREDICTED_OOM, TrialStatus.DOMINATED_OOM}
+)
 _FAILED = frozenset({TrialStatus.TIMEOUT, TrialStatus.CRASH, TrialStatus.ERROR})
 
 
@@ -86,6 +90,8 @@ class StoredTrial:
         interrupted: Not run to its end (Ctrl-C, its sweep died or went silent); not counted, queued again.
         user_attrs: Every stored user attribute, for bookkeeping keys not typed here (``sweep_pid``, ...).
         frozen: The Optuna trial itself, for Optuna APIs (artifacts, notes).
+        confirmation: Its long run (``sweep confirm``), attached by :func:`stored_trials` and :func:`pareto_front`;
+            None when never confirmed.
     """
 
     number: int
@@ -102,6 +108,7 @@ class StoredTrial:
     interrupted: bool = False
     user_attrs: Mapping[str, Any] = field(default_factory=dict)
     frozen: FrozenTrial | None = None
+    confirmation: Confirmation | None = None
 
     @property
     def is_repeat(self) -> bool:
@@ -146,6 +153,75 @@ class StoredTrial:
         return self.status_name
 
 
+#: Study user attribute holding the confirmation of trial N (:mod:`sweeper.study._confirm`): ``confirmation:N``.
+ATTR_PREFIX = "confirmation:"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Confirmation:
+    """The long run of a trial's configuration.
+
+    Attributes:
+        steps: Optimizer steps it was asked to run.
+        status: How it ended: ``complete``, ``nan``, ``diverged``, ``oom``, ``timeout``, ``crash`` or ``error``.
+        reason: One line: what happened.
+        fail_step: The step it failed at, else None.
+        steps_done: Optimizer steps finished.
+        instability: Its instability over the whole long run (:mod:`sweeper.stability`), None when not measured.
+        peak_memory_gib: Its peak memory (same kind as the trial's).
+        probe_loss_start: The probe loss before its first step.
+        probe_loss_end: The probe loss at its last probe (None where non-finite).
+        wall_time_s: Seconds it took.
+        artifact_id: Id of its trace in the study's artifact store, or None.
+    """
+
+    steps: int
+    status: str
+    reason: str = ""
+    fail_step: int | None = None
+    steps_done: int = 0
+    instability: float | None = None
+    peak_memory_gib: float | None = None
+    probe_loss_start: float | None = None
+    probe_loss_end: float | None = None
+    wall_time_s: float | None = None
+    artifact_id: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """The long run completed."""
+        return self.status == "complete"
+
+    @property
+    def label(self) -> str:
+        """``300 ok`` or ``diverged@120`` / ``nan@57`` / ``oom`` ...: for tables."""
+        if self.passed:
+            return f"{self.steps} ok"
+        return f"{self.status}@{self.fail_step}" if self.fail_step is not None else self.status
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Confirmation:
+        """Inverse of :meth:`to_dict`; unknown keys (a newer version's) are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def confirmations(study: optuna.Study) -> dict[int, Confirmation]:
+    """Every confirmation stored on the study, by trial number."""
+    out = {}
+    for key, value in study.user_attrs.items():
+        if key.startswith(ATTR_PREFIX) and isinstance(value, Mapping):
+            try:
+                out[int(key.removeprefix(ATTR_PREFIX))] = Confirmation.from_dict(value)
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
 def _status(trial: FrozenTrial) -> TrialStatus:
     if trial.state == TrialState.RUNNING:
         return TrialStatus.RUNNING
@@ -172,13 +248,13 @@ def _config(attrs: Mapping[str, Any]) -> TrialConfig | None:
 
 def _result(attrs: Mapping[str, Any]) -> TrialResult:
     """The stored result: the instability terms are stored flattened (see :func:`record_result`)."""
-    components = {name: attrs[name] for name in COMPONENTS if attrs.get(name) is not None}
+    components = {name: attrs[name] for name in STORED_COMPONENTS if attrs.get(name) is not None}
     return TrialResult.from_dict(
         {**attrs, "status": attrs.get("status", "error"), "instability_components": components}
     )
 
 
-def stored_trial(trial: FrozenTrial) -> StoredTrial:
+def stored_trial(trial: FrozenTrial, confirmation: Confirmation | None = None) -> StoredTrial:
     """The typed view of one stored trial (see :class:`StoredTrial`); never raises on a trial it cannot read in
     full: what is missing is None or its default."""
     attrs = trial.user_attrs
@@ -200,12 +276,14 @@ def stored_trial(trial: FrozenTrial) -> StoredTrial:
         interrupted=bool(attrs.get("interrupted", False)),
         user_attrs=attrs,
         frozen=trial,
+        confirmation=confirmation,
     )
 
 
 def stored_trials(study: optuna.Study, states: tuple[TrialState, ...] | None = None) -> list[StoredTrial]:
-    """Every trial of ``study`` (or those in ``states``) as :class:`StoredTrial`, by number."""
-    return [stored_trial(t) for t in study.get_trials(deepcopy=False, states=states)]
+    """Every trial of ``study`` (or those in ``states``) as :class:`StoredTrial`, by number, with its confirmation."""
+    confirmed = confirmations(study)
+    return [stored_trial(t, confirmed.get(t.number)) for t in study.get_trials(deepcopy=False, states=states)]
 
 
 def is_finished(trial: FrozenTrial | StoredTrial) -> bool:
@@ -226,7 +304,9 @@ def measured_trials(study: optuna.Study) -> list[StoredTrial]:
 def pareto_front(study: optuna.Study) -> list[StoredTrial]:
     """The COMPLETE trials no other trial beats on both objectives (``study.best_trials``), by peak memory; a trial
     that reused an earlier one's result (a repeat) is listed once, as the original."""
-    front = [t for t in map(stored_trial, study.best_trials) if not t.is_repeat and t.values is not None]
+    confirmed = confirmations(study)
+    front = [stored_trial(t, confirmed.get(t.number)) for t in study.best_trials]
+    front = [t for t in front if not t.is_repeat and t.values is not None]
     return sorted(front, key=lambda t: t.values)  # type: ignore[arg-type,return-value]
 
 

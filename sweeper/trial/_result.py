@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-Status = Literal["complete", "nan", "oom", "predicted_oom", "dominated_oom", "timeout", "crash", "error"]
+Status = Literal["complete", "nan", "diverged", "oom", "predicted_oom", "dominated_oom", "timeout", "crash", "error"]
 Phase = Literal["load", "forward", "backward", "optimizer"]
 
 #: Statuses whose trial is PRUNED (a result about the configuration); the others but ``complete`` are FAIL.
-PRUNED_STATUSES = ("nan", "oom", "predicted_oom", "dominated_oom")
+PRUNED_STATUSES = ("nan", "diverged", "oom", "predicted_oom", "dominated_oom")
 FAIL_STATUSES = ("timeout", "crash", "error")
 
 
@@ -23,8 +23,9 @@ class TrialResult:
     """What one trial measured. Stored on the optuna trial as user attributes (``docs/contract.md``).
 
     Attributes:
-        status: ``complete``; PRUNED: ``nan``, ``oom``, ``predicted_oom``, ``dominated_oom``; FAIL: ``timeout``,
-            ``crash``, ``error``.
+        status: ``complete``; PRUNED: ``nan``, ``diverged`` (the probe loss rose to
+            :data:`sweeper.stability.DIVERGED_RATIO` times its start and stayed), ``oom``, ``predicted_oom``,
+            ``dominated_oom``; FAIL: ``timeout``, ``crash``, ``error``.
         reason: One line: what happened, for people.
         fail_step: 1-based optimizer step being run when it failed (0 during load), else None.
         fail_phase: ``load``, ``forward``, ``backward`` or ``optimizer`` for failures inside the trial process, else
@@ -61,6 +62,13 @@ class TrialResult:
         truncated_sample_fraction: Share of the samples trained on that ``max_seq_length`` cut, 0-1.
         predicted_peak_gib: The memory model's prediction for this trial (:mod:`sweeper.estimate`), in the same
             kind as ``peak_memory_gib`` (CUDA reserved, or CPU resident set), set by the sweep before it runs.
+        probe_steps: Optimizer steps at which the probe was evaluated (0: before the first step).
+        probe_loss_trace: The probe's loss at each (:mod:`sweeper.stability`), None where non-finite.
+        probe_max_activation_trace: Largest |activation| of the 4-bit layers during each probe (fp16/bf16 compute).
+        probe_time_s: Seconds spent evaluating the probe (inside ``train_time_s``).
+        probe_time_share: ``probe_time_s`` over the rest of ``train_time_s``: the probe's cost as a share of training.
+        projected_fail_step: The step at which the rising probe loss would reach the divergence ratio, extrapolated
+            (:func:`sweeper.stability.projected_fail_step`); None when it is not rising.
     """
 
     status: Status
@@ -96,6 +104,12 @@ class TrialResult:
     longest_sample_index: int | None = None
     truncated_sample_fraction: float | None = None
     predicted_peak_gib: float | None = None
+    probe_steps: list[int] = field(default_factory=list)
+    probe_loss_trace: list[float | None] = field(default_factory=list)
+    probe_max_activation_trace: list[float | None] = field(default_factory=list)
+    probe_time_s: float | None = None
+    probe_time_share: float | None = None
+    projected_fail_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict."""

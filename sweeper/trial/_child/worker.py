@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.space import TrialConfig
-from sweeper.stability import compute_instability
+from sweeper.stability import PROBE_ROWS, compute_instability, probe_interval_steps, projected_fail_step
 from sweeper.trial._child.instrumented import (
+    DivergedError,
     NonFiniteError,
+    Probe,
     TrainingRecord,
     finite_or_none,
     make_collator,
@@ -118,6 +120,24 @@ def check_quantization(model: Any, config: TrialConfig) -> int:
         if state is None:
             raise QuantizationCheckError(f"{name}: weight has no quant_state: it was not quantized")
     return len(layers)
+
+
+def _probe(rows: list[dict[str, Any]], collate: Any, config: TrialConfig) -> Probe | None:
+    """The probe: the first :data:`~sweeper.stability.PROBE_ROWS` rows of the trial's data that keep a supervised
+    token after truncation, collated as training collates them; None when no row has one, or when
+    ``SWEEPER_PROBE_INTERVAL_STEPS=0`` turns it off (a diagnostic: the tests compare training with and without it)."""
+    override = os.environ.get("SWEEPER_PROBE_INTERVAL_STEPS", "").strip()
+    if override == "0":
+        return None
+    chosen = [row for row in rows if any(label != -100 for label in row["labels"][1:])][:PROBE_ROWS]
+    if not chosen:
+        return None
+    batch = collate(chosen)
+    batch.pop("sample_index")
+    interval = probe_interval_steps(config.per_device_train_batch_size, config.gradient_accumulation_steps)
+    if override.isdigit():
+        interval = int(override)
+    return Probe(batch=batch, interval_steps=interval, max_steps=config.max_steps)
 
 
 def train(config: TrialConfig, model_path: str, record: TrainingRecord, measured: dict[str, Any]) -> None:
@@ -213,7 +233,8 @@ def train(config: TrialConfig, model_path: str, record: TrainingRecord, measured
         remove_unused_columns=False,
         dataloader_num_workers=0,
     )
-    trainer = make_trainer(model, args, rows, make_collator(tokenizer.pad_token_id, config.max_seq_length), record)
+    collate = make_collator(tokenizer.pad_token_id, config.max_seq_length)
+    trainer = make_trainer(model, args, rows, collate, record, _probe(rows, collate, config))
     measured["load_time_s"] = time.monotonic() - t_load
     measured["load_peak_memory_gib"] = peak_memory_gib("cuda" if cuda else "cpu")
     if not cuda:
@@ -332,6 +353,9 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
                 diagnosis.samples,
                 diagnosis.module,
             )
+    except DivergedError as exc:
+        result.status, result.fail_step = "diverged", exc.divergence.step
+        result.reason = exc.divergence.reason
     except QuantizationCheckError as exc:
         result.status, result.reason = "error", f"4-bit quantization check failed: {exc}"
         result.fail_phase, result.fail_step = "load", 0
@@ -374,16 +398,26 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
         setattr(result, key, value)
     if measured.get("train_time_s"):
         result.tokens_per_s = record.tokens / measured["train_time_s"]
-    if result.status not in ("complete", "nan"):
+    result.probe_steps, result.probe_loss_trace = record.probe_steps, record.probe_loss
+    result.probe_max_activation_trace = record.probe_max_activation
+    result.probe_time_s = record.probe_time_s
+    training_s = (measured.get("train_time_s") or 0.0) - record.probe_time_s
+    result.probe_time_share = record.probe_time_s / training_s if training_s > 0 and record.probe_steps else None
+    if result.status not in ("complete", "nan", "diverged"):
         return result  # too few steps for the instability terms to mean anything
     if result.nan_cause == "data":
         return result  # the data failed, not the configuration: its trace says nothing about stability
+    if not record.probe_steps:
+        return result  # no probe (no row keeps a supervised token, or turned off): no instability to measure
+    result.projected_fail_step = projected_fail_step(record.probe_steps, record.probe_loss)
     components = compute_instability(
+        probe_loss=record.probe_loss,
+        probe_max_activation=record.probe_max_activation,
+        skipped=[s in record.skipped for s in range(1, len(result.loss_trace) + 1)],
+        steps=len(result.loss_trace),
+        compute_dtype=config.bnb_4bit_compute_dtype,
         loss=result.loss_trace,
         grad_norm=result.grad_norm_trace,
-        skipped=[s in record.skipped for s in range(1, len(result.loss_trace) + 1)],
-        max_activation=result.max_activation_trace,
-        compute_dtype=config.bnb_4bit_compute_dtype,
     )
     result.instability = components.instability
     result.instability_components = {k: v for k, v in components.to_dict().items() if k != "instability"}

@@ -1,0 +1,119 @@
+"""``sweep confirm STUDY``: run the front's chosen configurations again at a long horizon and record the outcome."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from sweeper.cli._common import _print
+from sweeper.errors import SpaceError
+
+
+def model_path_for(study: Any, trial: Any) -> str:
+    """The local checkpoint a confirmation loads: the one the sweep's trials loaded when it is still there, else the
+    trial's model resolved again (the built-in model is converted once and cached)."""
+    from sweeper.model import resolve_model
+
+    local = study.user_attrs.get("model_path")
+    if local and Path(local).exists():
+        return str(local)
+    return resolve_model(trial.config.model)
+
+
+def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> int:
+    """Confirm ``numbers`` (:func:`sweeper.study.confirm_trials`), printing a line as each starts and ends.
+
+    Returns:
+        How many failed their confirmation.
+    """
+    from sweeper.report import format_params
+    from sweeper.study import confirm_trials, stored_trials
+
+    if not numbers:
+        return 0
+    trials = {t.number: t for t in stored_trials(study)}
+    first = trials.get(numbers[0])
+    if first is not None and first.repeat_of is not None:
+        first = trials.get(first.repeat_of)
+    # A number that is not a complete trial is refused by confirm_trials before anything runs.
+    model_path = model_path_for(study, first) if first is not None and first.config is not None else ""
+    failed = 0
+
+    def shown(t: Any) -> str:
+        keys = list(study.user_attrs.get("searched", [])) or ["r", "lora_alpha_ratio", "bnb_4bit_compute_dtype"]
+        return format_params({k: t.params.get(k) for k in keys if k in t.params})
+
+    def on_start(t: Any, n: int) -> None:
+        _print(f"confirm #{t.number:<3} {shown(t)}: {n} steps (the trial ran {t.config.max_steps})")
+
+    def on_result(t: Any, done: Any) -> None:
+        nonlocal failed
+        instability = "-" if done.instability is None else f"{done.instability:.3f}"
+        peak = "-" if done.peak_memory_gib is None else f"{done.peak_memory_gib:.2f} GiB"
+        if done.passed:
+            _print(
+                f"        #{t.number:<3} confirmed: {done.steps} steps complete, instability {instability} (short "
+                f"{t.values[1]:.3f}), peak {peak} ({done.wall_time_s or 0:.0f} s)"
+            )
+        else:
+            failed += 1
+            _print(
+                f"        #{t.number:<3} FAILED its confirmation: {done.status} at step {done.fail_step} of "
+                f"{done.steps}: {done.reason} ({done.wall_time_s or 0:.0f} s)"
+            )
+
+    def on_skip(t: Any, done: Any) -> None:
+        nonlocal failed
+        failed += 0 if done.passed else 1
+        _print(f"confirm #{t.number:<3} already confirmed at {done.steps} steps: {done.label}")
+
+    confirm_trials(
+        study, numbers, steps=steps, model_path=model_path, on_start=on_start, on_result=on_result, on_skip=on_skip
+    )
+    return failed
+
+
+def _numbers(text: str) -> list[int]:
+    try:
+        numbers = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        numbers = []
+    if not numbers or any(n < 0 for n in numbers):
+        raise SpaceError(f"--trials: {text!r} is not a list of trial numbers; write e.g. --trials 3,7")
+    return numbers
+
+
+def cmd_confirm(args: argparse.Namespace) -> int:
+    """``sweep confirm STUDY [--steps N] [--trials 3,7 | --front | --pick knee]``."""
+    import optuna
+
+    from sweeper.report import pick_trial
+    from sweeper.study import candidates, confirmations, load_existing_study
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.steps is not None and not 1 <= args.steps <= 10**7:
+        raise SpaceError(f"--steps: {args.steps} is not a number of steps; give 1 to 10000000, e.g. --steps 300")
+    study, _ = load_existing_study(args.study)
+    if args.trials:
+        numbers = _numbers(args.trials)
+    elif args.front:
+        numbers = [t.number for t in candidates(study)]
+    else:
+        ranked = candidates(study)
+        if not ranked:
+            raise SpaceError(
+                f"{study.study_name}: --pick: the study has no complete trial to confirm; run more "
+                "trials with 'sweep run'"
+            )
+        numbers = [ranked[0].number if args.pick == "knee" else pick_trial(study, pick=args.pick).number]
+    steps = args.steps if args.steps is not None else study.user_attrs.get("confirm_steps")
+    failed = run_confirmations(study, numbers, steps)
+    done = confirmations(study)
+    ok = sum(1 for n in numbers if n in done and done[n].passed)
+    _print(
+        f"confirmed {ok} of {len(set(numbers))}"
+        + (f"; {failed} failed: 'sweep export' refuses them" if failed else "")
+        + f"; see 'sweep report {study.study_name}'"
+    )
+    return 0

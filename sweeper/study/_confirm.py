@@ -1,0 +1,183 @@
+"""Confirmation runs: the front's chosen configurations run again at a long horizon, through the same trial process as
+the sweep (caps, NaN/OOM/divergence, diagnosis, artifacts), so that what a short trial promised is checked before a
+user trusts it. This is multi-fidelity for a two-objective study done after the fact: Optuna's pruners do not support
+multi-objective studies (optuna#3450, #5268), so the low fidelity is the sweep and the high fidelity is this.
+
+Where the outcome is kept: Optuna refuses to change a finished trial's attributes, so each confirmation is a study
+user attribute ``confirmation:<trial number>`` (a :class:`Confirmation` as a dict); :func:`sweeper.study.stored_trials`
+attaches it to its trial. The long run's files are in ``studies/<study>/trials/<number>/confirm-<steps>/``, its
+trace an artifact of the study. A confirmation is written only when its run has ended, so a run killed midway leaves
+nothing half-written: running the same command again runs it again, and skips the trials already confirmed at that
+horizon or longer.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import optuna
+
+from sweeper.errors import StudyError
+from sweeper.space import TrialConfig
+from sweeper.study._artifacts import artifact_store, loss_curve_svg
+from sweeper.study._storage import trial_dir
+from sweeper.study._stored import (
+    ATTR_PREFIX,
+    Confirmation,
+    StoredTrial,
+    TrialStatus,
+    confirmations,
+    pareto_front,
+    stored_trials,
+)
+from sweeper.trial import TrialResult, run_trial
+
+#: A confirmation runs this many times the trial's own ``max_steps`` unless told otherwise.
+DEFAULT_HORIZON_FACTOR = 10
+
+
+def candidates(study: optuna.Study) -> list[StoredTrial]:
+    """The front's trials in order of preference: nearest the ideal point first (after scaling each objective to
+    [0, 1] over the front, as :func:`sweeper.report.knee` does), so that the first is the knee."""
+    front = pareto_front(study)
+    if not front:
+        return []
+    values = [t.values for t in front if t.values is not None]
+    lows = [min(v[i] for v in values) for i in range(2)]
+    spans = [(max(v[i] for v in values) - lows[i]) or 1.0 for i in range(2)]
+
+    def distance(t: StoredTrial) -> tuple[float, float, float]:
+        v = t.values or (math.inf, math.inf)
+        scaled = [(v[i] - lows[i]) / spans[i] for i in range(2)]
+        return (round(math.hypot(*scaled), 12), v[1], v[0])
+
+    return sorted(front, key=distance)
+
+
+def horizon(trial: StoredTrial, steps: int | None) -> int:
+    """The confirmation's length: ``steps``, else :data:`DEFAULT_HORIZON_FACTOR` times the trial's ``max_steps``."""
+    if steps is not None:
+        return steps
+    assert trial.config is not None
+    return DEFAULT_HORIZON_FACTOR * trial.config.max_steps
+
+
+def long_config(config: TrialConfig, steps: int) -> TrialConfig:
+    """The trial's configuration at ``steps`` optimizer steps, its timeout scaled with its length."""
+    scale = max(1.0, steps / max(1, config.max_steps))
+    return replace(config, max_steps=steps, trial_timeout_s=config.trial_timeout_s * scale)
+
+
+def _record(study: optuna.Study, number: int, steps: int, result: TrialResult, folder: Any) -> Confirmation:
+    """Write the long run's trace as an artifact of the study and its outcome as ``confirmation:<number>``."""
+    import json
+
+    probe = result.probe_loss_trace
+    artifact_id = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        trace = {
+            "loss": result.loss_trace,
+            "grad_norm": result.grad_norm_trace,
+            "probe_steps": result.probe_steps,
+            "probe_loss": probe,
+        }
+        (folder / "confirm_trace.json").write_text(json.dumps(trace))
+        (folder / "confirm_loss_curve.svg").write_text(
+            loss_curve_svg(result.loss_trace, result.grad_norm_trace, f"trial {number}, {steps}-step confirmation")
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            artifact_id = optuna.artifacts.upload_artifact(
+                artifact_store=artifact_store(study.study_name),
+                file_path=str(folder / "confirm_trace.json"),
+                study_or_trial=study,
+                mimetype="application/json",
+            )
+    except OSError as exc:
+        warnings.warn(f"trial {number}: the confirmation's artifacts were not stored ({exc})", stacklevel=2)
+    outcome = Confirmation(
+        steps=steps,
+        status=result.status,
+        reason=result.reason,
+        fail_step=result.fail_step,
+        steps_done=result.steps_done,
+        instability=result.instability,
+        peak_memory_gib=result.peak_memory_gib,
+        probe_loss_start=probe[0] if probe else None,
+        probe_loss_end=probe[-1] if probe else None,
+        wall_time_s=result.wall_time_s,
+        artifact_id=artifact_id,
+    )
+    study.set_user_attr(f"{ATTR_PREFIX}{number}", outcome.to_dict())
+    return outcome
+
+
+def confirm_trials(
+    study: optuna.Study,
+    numbers: Sequence[int],
+    *,
+    steps: int | None,
+    model_path: str,
+    on_start: Callable[[StoredTrial, int], None] | None = None,
+    on_result: Callable[[StoredTrial, Confirmation], None] | None = None,
+    on_skip: Callable[[StoredTrial, Confirmation], None] | None = None,
+) -> dict[int, Confirmation]:
+    """Run each trial's configuration for ``steps`` steps (default :func:`horizon`) in a trial process and store the
+    outcome on the study; a trial already confirmed at that horizon or longer is skipped.
+
+    Args:
+        study: A study that ``sweep run`` wrote.
+        numbers: COMPLETE trials of the study (a repeat stands for the trial it repeats).
+        steps: The horizon, or None for :func:`horizon`.
+        model_path: The local checkpoint the trials load (:func:`sweeper.model.resolve_model`).
+        on_start: Called with the trial and the horizon before its run.
+        on_result: Called with the trial and its confirmation after its run.
+        on_skip: Called with the trial and its earlier confirmation when it is skipped.
+
+    Returns:
+        The confirmations of ``numbers``, by trial number.
+
+    Raises:
+        StudyError: A number is not a trial of the study, did not complete, or has no stored config.
+        KeyboardInterrupt: After killing the running trial process; nothing is recorded for it.
+    """
+    trials = {t.number: t for t in stored_trials(study)}
+    chosen = []
+    for number in numbers:
+        t = trials.get(number)
+        if t is None:
+            raise StudyError(
+                f"{study.study_name}: --trials: no trial {number} in this study; see 'sweep report {study.study_name}'"
+            )
+        if t.repeat_of is not None:
+            t = trials[t.repeat_of]
+        if t.status != TrialStatus.COMPLETE or t.config is None:
+            raise StudyError(
+                f"{study.study_name}: --trials: trial {number} did not complete ({t.status_name}); "
+                "confirm a complete trial, e.g. --pick knee or --front"
+            )
+        chosen.append(t)
+    done = confirmations(study)
+    out = {}
+    for t in {t.number: t for t in chosen}.values():  # each once, in the order given
+        assert t.config is not None
+        n = horizon(t, steps)
+        earlier = done.get(t.number)
+        if earlier is not None and earlier.steps >= n:
+            out[t.number] = earlier
+            if on_skip is not None:
+                on_skip(t, earlier)
+            continue
+        if on_start is not None:
+            on_start(t, n)
+        folder = trial_dir(study.study_name, t.number) / f"confirm-{n}"
+        result = run_trial(long_config(t.config, n), folder, model_path=model_path)
+        out[t.number] = _record(study, t.number, n, result, folder)
+        if on_result is not None:
+            on_result(t, out[t.number])
+    return out
