@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from sweeper.cli._common import _print
+from sweeper.cli._common import _print, _publish
 from sweeper.errors import SpaceError
 
 
@@ -109,6 +109,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
         numbers = [ranked[0].number if args.pick == "knee" else pick_trial(study, pick=args.pick).number]
     steps = args.steps if args.steps is not None else study.user_attrs.get("confirm_steps")
     failed = run_confirmations(study, numbers, steps)
+    _publish(study)  # the dashboard's front figure and notes show the confirmations
     done = confirmations(study)
     ok = sum(1 for n in numbers if n in done and done[n].passed)
     _print(

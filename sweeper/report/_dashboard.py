@@ -35,9 +35,27 @@ def failure_note(trial: StoredTrial) -> str:
     return "\n".join(lines)
 
 
+def confirmation_note(trial: StoredTrial) -> str:
+    """A short markdown note on a confirmed trial: how its long run ended, against its short result."""
+    done = trial.confirmation
+    assert done is not None
+    head = (
+        f"### Trial {trial.number}: confirmed at {done.steps} steps"
+        if done.passed
+        else (f"### Trial {trial.number}: FAILED its {done.steps}-step confirmation ({done.status})")
+    )
+    short = trial.values[1] if trial.values else None
+    lines = [head, "", done.reason]
+    if done.instability is not None and short is not None:
+        lines += ["", f"Instability over the long run {done.instability:.3f} (the short trial's: {short:.3f})."]
+    if not done.passed:
+        lines += ["", "`sweep export` refuses this trial."]
+    return "\n".join(lines)
+
+
 def publish_study(study: optuna.Study) -> None:
-    """Put the Pareto-front figure on the study, and a note on every pruned or failed trial and every repeat that has
-    none yet (a user's own notes are never overwritten)."""
+    """Put the Pareto-front figure on the study, and a note on every pruned, failed or confirmed trial and every
+    repeat that has none yet (a user's own notes are never overwritten)."""
     from optuna_dashboard import save_note, save_plotly_graph_object
     from optuna_dashboard._note import get_note_from_system_attrs
 
@@ -56,6 +74,8 @@ def publish_study(study: optuna.Study) -> None:
                 "configuration already measured; its result was reused and nothing ran (it does not count "
                 "toward n_trials)."
             )
+        elif t.state == TrialState.COMPLETE and t.confirmation is not None:
+            body = confirmation_note(t)
         elif t.state == TrialState.COMPLETE:
             continue
         else:
