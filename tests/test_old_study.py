@@ -100,6 +100,8 @@ def test_report(old_study):
     front_rows = [line.split() for line in out.stdout.splitlines() if line.strip()[:1].isdigit()]
     assert {int(row[0]) for row in front_rows if len(row) > 5} >= FRONT, out.stdout
     assert (old_study / "studies" / NAME / "report.html").is_file()
+    # Its instabilities are sweeper 0.1.0's (the training loss's spikes), not the probe's: the report says so.
+    assert "WARNING instability: 3 trials of this study (0, 1, 6) measured it with sweeper 0.1.0" in out.stdout
 
 
 def test_report_json(old_study):

@@ -24,7 +24,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         report_dict,
         write_html_report,
     )
-    from sweeper.study import load_existing_study, nan_causes, pareto_front, status_counts, study_dir
+    from sweeper.study import (
+        legacy_instability_warning,
+        load_existing_study,
+        nan_causes,
+        pareto_front,
+        status_counts,
+        study_dir,
+    )
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study, _ = load_existing_study(args.study)
@@ -39,6 +46,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         _print(format_front(front) if front else "  (no complete trial)")
         _print()
         _print("trials: " + format_counts(status_counts(study), nan_causes(study)))
+        legacy = legacy_instability_warning(study)
+        if legacy:
+            _print(legacy)
         chosen = picks(study)
         if chosen:
             _print(

@@ -55,6 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         default_storage,
         heartbeat_interval_s,
         in_memory,
+        legacy_instability_warning,
         nan_causes,
         open_study,
         pareto_front,
@@ -109,6 +110,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print(line)
     if 0 < already < n_trials:
         _print(f"resume  the study holds {already} finished trials; {n_trials - already} to go")
+    legacy = legacy_instability_warning(study)
+    if legacy:
+        _print(legacy)
     start = time.monotonic()
     statuses: list[str] = []  # of the trials this run measured
 

@@ -137,6 +137,16 @@ class StoredTrial:
         return self.config.lora_alpha if self.config is not None else None
 
     @property
+    def legacy_instability(self) -> bool:
+        """Its instability is sweeper 0.1.0's (``loss_spike + grad_norm_growth + skipped_step_fraction +
+        activation_pressure`` of the training loss), not the probe's: the two are not comparable."""
+        return (
+            self.result.instability is not None
+            and "probe_rebound" not in self.user_attrs
+            and ("activation_pressure" in self.user_attrs)
+        )
+
+    @property
     def status_name(self) -> str:
         """The status as stored (``complete``, ``nan``, ...), or Optuna's state in lower case for a trial without
         one (``running``, ``waiting``, ``fail``)."""
@@ -315,6 +325,24 @@ def status_counts(study: optuna.Study) -> dict[str, int]:
     ``repeated`` for proposals of an already measured configuration, ``interrupted`` for trials a dead sweep or
     Ctrl-C left unfinished, else the status)."""
     return dict(Counter(t.count_label for t in stored_trials(study)))
+
+
+def legacy_instability_trials(study: optuna.Study) -> list[int]:
+    """Numbers of the measured trials whose instability is sweeper 0.1.0's (:attr:`StoredTrial.legacy_instability`)."""
+    return [t.number for t in stored_trials(study) if t.measured and t.legacy_instability]
+
+
+def legacy_instability_warning(study: optuna.Study) -> str | None:
+    """One line when the study mixes, or holds, instabilities of sweeper 0.1.0's definition, else None."""
+    old = legacy_instability_trials(study)
+    if not old:
+        return None
+    shown = ", ".join(map(str, old[:8])) + (" ..." if len(old) > 8 else "")
+    return (
+        f"WARNING instability: {len(old)} trial{'s' if len(old) > 1 else ''} of this study ({shown}) measured it with "
+        "sweeper 0.1.0's definition (the training loss's spikes, which a run that learns nothing scores ~0.6 on), "
+        "not the probe's: the front compares the two; start a new study (--study NAME) to compare like with like"
+    )
 
 
 def nan_causes(study: optuna.Study) -> dict[str, list[int]]:
