@@ -95,6 +95,27 @@ def test_two_sweeps_share_one_postgresql_study(tiny_model, workdir, postgres):
     _no_password_anywhere(workdir, *texts)
 
 
+def _freeze_outside_a_write(pid: int, db: Path) -> None:
+    """SIGSTOP ``pid`` at a moment it holds no SQLite write lock on ``db``: a process frozen inside a write (its
+    ``worker_pid`` attribute or a heartbeat) keeps the database locked for everyone, which is SQLite's nature, not
+    what this test is about. Stop it, try a write transaction, and if the file is locked let it run a moment and
+    stop it again."""
+    import sqlite3
+
+    for _ in range(200):
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            con = sqlite3.connect(db, timeout=0.2)
+            con.execute("BEGIN IMMEDIATE")
+            con.rollback()
+            con.close()
+            return
+        except sqlite3.OperationalError:
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+    raise AssertionError(f"{db} stayed locked by pid {pid}")
+
+
 def test_a_silent_sweep_loses_its_trial_to_another_by_heartbeat(tiny_model, workdir):
     """A sweep frozen mid-trial (SIGSTOP: alive, so its pid says nothing) stops sending heartbeats; a second sweep
     of the study fails its trial as lost after the grace period (4 heartbeats of 1 s) and runs it again."""
@@ -108,7 +129,7 @@ def test_a_silent_sweep_loses_its_trial_to_another_by_heartbeat(tiny_model, work
     while not pid_file.exists():
         assert time.monotonic() < deadline and frozen.poll() is None, "trial 0 never started"
         time.sleep(0.1)
-    os.kill(frozen.pid, signal.SIGSTOP)
+    _freeze_outside_a_write(frozen.pid, workdir / "studies" / "hb.db")
     try:
         other = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
     finally:
