@@ -152,7 +152,14 @@ def test_ctrl_c_with_two_workers_kills_both_and_resumes(tiny_model, workdir):
         tiny_space(tiny_model, name="intr", n_trials=3, search={"r": [4, 8, 16, 32]}, training={"max_steps": 200}),
     )
     proc = subprocess.Popen(
-        [*SWEEP, str(path), "--workers", "2"], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*SWEEP, str(path), "--workers", "2"],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # A shell that starts a job in the background ignores SIGINT for it, and a child inherits that: the sweep
+        # must get the default handler, as a terminal gives it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     trials = workdir / "studies" / "intr" / "trials"
     deadline = time.monotonic() + 120
