@@ -301,13 +301,23 @@ def render_html(study: optuna.Study) -> str:
     by_trial: dict[int, list[str]] = {}
     for name, number in summary["picks"].items():
         by_trial.setdefault(number, []).append(name)
-    front_rows = [["trial", *[SHORT_NAMES.get(k, k) for k in keys], "peak_memory_gib", "instability", "pick"]]
+
+    def confirmed(f: Mapping[str, Any]) -> str:
+        c = f.get("confirmation")
+        if not c:
+            return "-"
+        return f"{c['steps']} ok" if c["status"] == "complete" else f"{c['status']}@{c.get('fail_step')}"
+
+    front_rows = [
+        ["trial", *[SHORT_NAMES.get(k, k) for k in keys], "peak_memory_gib", "instability", "confirmed", "pick"]
+    ]
     front_rows += [
         [
             f["number"],
             *[_fmt(f["params"].get(k)) for k in keys],
             f"{f['peak_memory_gib']:.3f}",
             f"{f['instability']:.3f}",
+            confirmed(f),
             ", ".join(by_trial.get(f["number"], [])),
         ]
         for f in summary["front"]
