@@ -4,7 +4,7 @@ as ``sweep run``; the script prints and writes, per configuration, the short ins
 against the long outcome, and overall the Spearman rank correlation, the AUC of "fails within the long run" and the
 short-vs-long peak memory.
 
-    python benchmarks/validity.py                       # 12 configurations, 30 and 300 steps: about an hour on 2 cores
+    python benchmarks/validity.py                       # 15 configurations, 30 and 300 steps: about 1.5 hours on 2 cores
     python benchmarks/validity.py --short 30 --long 300 --only 0,5 --out /tmp/v
 
 Results go to ``benchmarks/results/validity.json`` and ``validity.md`` (``--out`` to change), rewritten after every
@@ -52,6 +52,10 @@ CONFIGS = [
     (1e-2, 8.0, "float32", 1),
     (2e-2, 8.0, "bfloat16", 1),
     (5e-2, 2.0, "bfloat16", 2),
+    # More candidates for divergence after the short horizon (appended, so the indices above keep their rows).
+    (4e-3, 8.0, "bfloat16", 1),
+    (3e-3, 16.0, "bfloat16", 1),
+    (6e-3, 4.0, "float32", 1),
 ]
 
 #: Everything else, as in the issue's late-divergence space: built-in data, 64 tokens a row, 4 attention projections.
@@ -265,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "validity.json").write_text(json.dumps({"command": command, "summary": summary, "rows": rows}, indent=1))
         (out / "validity.md").write_text(markdown(rows, summary, command))
     summary = summarize(rows, args.short, args.long)
+    (out / "validity.json").write_text(json.dumps({"command": command, "summary": summary, "rows": rows}, indent=1))
+    (out / "validity.md").write_text(markdown(rows, summary, command))
     print(markdown(rows, summary, command))
     return 0
 
