@@ -4,7 +4,7 @@ as ``sweep run``; the script prints and writes, per configuration, the short ins
 against the long outcome, and overall the Spearman rank correlation, the AUC of "fails within the long run" and the
 short-vs-long peak memory.
 
-    python benchmarks/validity.py                       # 15 configurations, 30 and 300 steps: about 1.5 hours on 2 cores
+    python benchmarks/validity.py                       # 15 configurations, 30 and 300 steps: ~1.5 h on 2 cores
     python benchmarks/validity.py --short 30 --long 300 --only 0,5 --out /tmp/v
 
 Results go to ``benchmarks/results/validity.json`` and ``validity.md`` (``--out`` to change), rewritten after every
