@@ -150,6 +150,9 @@ def summarize(rows: list[dict], short: int, long: int) -> dict:
     ]
     worst_peak = max((abs(b - a) / a for a, b in peaks), default=math.nan)
     shares = [r[k]["probe_time_share"] for r in done for k in ("short", "long") if r[k].get("probe_time_share")]
+    # The harder question: among the runs the short trial saw complete, does its instability rank the ones that
+    # fail later above the ones that do not?
+    survivors = [(s, f) for s, f in zip(finite, fails) if s < 1e9]
     return {
         "configurations": len(done),
         "short_steps": short,
@@ -157,6 +160,9 @@ def summarize(rows: list[dict], short: int, long: int) -> dict:
         "failed_long": sum(fails),
         "spearman": spearman(finite, outcomes),
         "auc_fails_within_long": auc(finite, fails),
+        "auc_late_failures": auc([s for s, _ in survivors], [f for _, f in survivors]),
+        "late_failures": sum(f for _, f in survivors),
+        "short_survivors": len(survivors),
         "peak_memory_max_relative_difference": worst_peak,
         "probe_time_share_max": max(shares, default=math.nan),
         "probe_time_share_median": sorted(shares)[len(shares) // 2] if shares else math.nan,
@@ -192,6 +198,8 @@ def markdown(rows: list[dict], summary: dict, command: str) -> str:
         f"{summary['long_steps']} steps; failed within the long run: {summary['failed_long']}",
         f"- Spearman rank correlation, short instability vs long outcome: {_fmt(summary['spearman'])}",
         f'- AUC of short instability for "fails within the long run": {_fmt(summary["auc_fails_within_long"])}',
+        f"- the same AUC among the {summary['short_survivors']} runs the short trial saw complete "
+        f"({summary['late_failures']} of them fail later): {_fmt(summary['auc_late_failures'])}",
         "- largest short-vs-long peak memory difference: "
         f"{_fmt(100 * summary['peak_memory_max_relative_difference'], '.2f')}%",
         f"- probe time as a share of training: median {_fmt(100 * summary['probe_time_share_median'], '.1f')}%, "
