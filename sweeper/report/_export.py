@@ -21,7 +21,7 @@ from typing import Any, Literal
 import optuna
 
 from sweeper.errors import StudyError
-from sweeper.study import StoredTrial, TrialStatus, pareto_front, stored_trials
+from sweeper.study import StoredTrial, TrialStatus, by_knee_distance, pareto_front, stored_trials
 
 Pick = Literal["knee", "min-memory", "most-stable"]
 Format = Literal["hf", "trl", "axolotl", "llama-factory", "json"]
@@ -50,14 +50,7 @@ def knee(front: Sequence[StoredTrial]) -> StoredTrial:
     """
     if not front:
         raise ValueError("the front is empty")
-    lows = [min(_objectives(t)[i] for t in front) for i in range(2)]
-    spans = [(max(_objectives(t)[i] for t in front) - lows[i]) or 1.0 for i in range(2)]
-
-    def distance(t: StoredTrial) -> tuple[float, float, float]:
-        scaled = [(_objectives(t)[i] - lows[i]) / spans[i] for i in range(2)]
-        return (round(math.hypot(*scaled), 12), _objectives(t)[1], _objectives(t)[0])
-
-    return min(front, key=distance)
+    return by_knee_distance(front)[0]
 
 
 def pick_trial(study: optuna.Study, *, number: int | None = None, pick: Pick = "knee") -> StoredTrial:

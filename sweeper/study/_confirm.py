@@ -13,7 +13,6 @@ horizon or longer.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -30,6 +29,7 @@ from sweeper.study._stored import (
     Confirmation,
     StoredTrial,
     TrialStatus,
+    by_knee_distance,
     confirmations,
     pareto_front,
     stored_trials,
@@ -41,21 +41,8 @@ DEFAULT_HORIZON_FACTOR = 10
 
 
 def candidates(study: optuna.Study) -> list[StoredTrial]:
-    """The front's trials in order of preference: nearest the ideal point first (after scaling each objective to
-    [0, 1] over the front, as :func:`sweeper.report.knee` does), so that the first is the knee."""
-    front = pareto_front(study)
-    if not front:
-        return []
-    values = [t.values for t in front if t.values is not None]
-    lows = [min(v[i] for v in values) for i in range(2)]
-    spans = [(max(v[i] for v in values) - lows[i]) or 1.0 for i in range(2)]
-
-    def distance(t: StoredTrial) -> tuple[float, float, float]:
-        v = t.values or (math.inf, math.inf)
-        scaled = [(v[i] - lows[i]) / spans[i] for i in range(2)]
-        return (round(math.hypot(*scaled), 12), v[1], v[0])
-
-    return sorted(front, key=distance)
+    """The front's trials in order of preference, the knee first (:func:`by_knee_distance`)."""
+    return by_knee_distance(pareto_front(study))
 
 
 def horizon(trial: StoredTrial, steps: int | None) -> int:

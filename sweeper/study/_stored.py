@@ -10,8 +10,9 @@ older version is read through the same function: a key its stored ``config`` lac
 from __future__ import annotations
 
 import enum
+import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -318,6 +319,25 @@ def pareto_front(study: optuna.Study) -> list[StoredTrial]:
     front = [stored_trial(t, confirmed.get(t.number)) for t in study.best_trials]
     front = [t for t in front if not t.is_repeat and t.values is not None]
     return sorted(front, key=lambda t: t.values)  # type: ignore[arg-type,return-value]
+
+
+def by_knee_distance(front: Sequence[StoredTrial]) -> list[StoredTrial]:
+    """``front`` nearest the ideal point first: each objective scaled to [0, 1] over the front (min-max), then the
+    Euclidean distance to (0, 0), the "compromise solution" of multi-objective decision making (Zeleny 1973; Deb,
+    *Multi-Objective Optimization using Evolutionary Algorithms*, 2001, 8.2); ties go to the lower instability, then
+    the lower memory. The first is the front's knee."""
+    values = [t.values for t in front if t.values is not None]
+    if not values:
+        return list(front)
+    lows = [min(v[i] for v in values) for i in range(2)]
+    spans = [(max(v[i] for v in values) - lows[i]) or 1.0 for i in range(2)]
+
+    def distance(t: StoredTrial) -> tuple[float, float, float]:
+        v = t.values or (math.inf, math.inf)
+        scaled = [(v[i] - lows[i]) / spans[i] for i in range(2)]
+        return (round(math.hypot(*scaled), 12), v[1], v[0])
+
+    return sorted(front, key=distance)
 
 
 def status_counts(study: optuna.Study) -> dict[str, int]:
