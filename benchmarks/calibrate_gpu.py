@@ -23,18 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sweeper.estimate import MemorySettings, ModelShape, estimate_memory
+from sweeper.estimate import KNOWN_SHAPES, MemorySettings, ModelShape, estimate_memory
 
-LLAMA3_8B = {
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 128256,
-    "tie_word_embeddings": False,
-}
+#: The memory model's own Llama-3-8B shape (one definition: sweeper.estimate.KNOWN_SHAPES).
+LLAMA3_8B = KNOWN_SHAPES["meta-llama/Llama-3.1-8B"]
 TINY = {
     "hidden_size": 256,
     "intermediate_size": 896,
