@@ -42,11 +42,47 @@ class Sample:
         index: Row index in the source dataset (before shuffling), so a sample can be named in reports.
         messages: Chat turns ``[{"role": ..., "content": ...}]`` for chat-like formats, else None.
         text: Raw text for the ``text`` format (all tokens supervised), else None.
+        completion: The row is a completion (``prompt_completion``, ``alpaca``): its reply is followed by the
+            end-of-sequence token, as TRL's ``SFTTrainer`` appends it, unless the chat template's end of turn already
+            is that token.
     """
 
     index: int
     messages: tuple[Mapping[str, str], ...] | None = None
     text: str | None = None
+    completion: bool = False
+
+
+@dataclass(frozen=True)
+class DroppedRow:
+    """A dataset row that is not trained on, and why.
+
+    Attributes:
+        index: The row's 0-based index in the dataset file.
+        reason: Short and the same for rows with the same fault (rows are grouped by it): ``empty text``,
+            ``no assistant turn``, ``unknown role 'function_call'``, ``the chat template refuses it (...)``.
+    """
+
+    index: int
+    reason: str
+
+
+class Samples(list[Sample]):  # a list, so that every caller of load_samples keeps working
+    """What :func:`load_samples` returns: the samples in trial order, plus the rows of the file not used.
+
+    Attributes:
+        dropped: Every row of the dataset that gave no sample, with its reason, by index (before the shuffle and
+            ``max_samples``, which leave the other rows out on purpose).
+        rows: Rows in the dataset (``len(dropped)`` of them unusable).
+    """
+
+    dropped: list[DroppedRow]
+    rows: int
+
+    def __init__(self, samples: Sequence[Sample] = (), dropped: Sequence[DroppedRow] = (), rows: int = 0):
+        super().__init__(samples)
+        self.dropped = list(dropped)
+        self.rows = rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,16 +131,34 @@ def _pydoc_samples() -> list[Sample]:
     return out
 
 
+#: ShareGPT's speaker names (``from``) as chat roles, as axolotl's ``chat_template`` strategy and LLaMA-Factory's
+#: ``sharegpt`` converter read them (``human``/``gpt``; ``observation`` is a tool's output); the chat roles
+#: themselves map to themselves.
+ROLE_ALIASES = {
+    "system": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "tool": "tool",
+    "observation": "tool",
+}
+
+
 def detect_format(columns: Sequence[str], path: str = "<dataset>") -> str:
     """The format of a table from its column names.
 
-    ``messages`` -> ``chat``; ``instruction`` + ``output`` -> ``alpaca``; ``prompt`` + ``completion`` ->
-    ``prompt_completion``; ``text`` -> ``text`` (checked in that order).
+    ``conversations`` -> ``sharegpt``; ``messages`` -> ``chat``; ``instruction`` + ``output`` -> ``alpaca``;
+    ``prompt`` + ``completion`` -> ``prompt_completion``; ``text`` -> ``text`` (checked in that order). ``chat`` and
+    ``sharegpt`` are read alike: each turn as ``role``/``content`` or ``from``/``value``, with ShareGPT's speaker
+    names (:data:`ROLE_ALIASES`), from ``messages`` or ``conversations``.
 
     Raises:
         DataError: None of these column sets is present.
     """
     cols = set(columns)
+    if "conversations" in cols:
+        return "sharegpt"
     if "messages" in cols:
         return "chat"
     if {"instruction", "output"} <= cols:
@@ -114,13 +168,13 @@ def detect_format(columns: Sequence[str], path: str = "<dataset>") -> str:
     if "text" in cols:
         return "text"
     raise DataError(
-        f"{path}: dataset.format: cannot detect the format from columns {sorted(cols)}; give rows with 'messages', "
-        "'instruction'/'output', 'prompt'/'completion' or 'text', or set dataset.format"
+        f"{path}: dataset.format: cannot detect the format from columns {sorted(cols)}; give rows with 'messages' or "
+        "'conversations' (chat or ShareGPT turns), 'instruction'/'output', 'prompt'/'completion' or 'text'"
     )
 
 
-def _row_to_sample(row: Mapping[str, Any], index: int, fmt: str) -> Sample | None:
-    """One row as a :class:`Sample`, or None when it has no usable content."""
+def _row_to_sample(row: Mapping[str, Any], index: int, fmt: str) -> Sample | DroppedRow:
+    """One row as a :class:`Sample`, or a :class:`DroppedRow` saying why it has no usable content."""
 
     def s(key: str) -> str:
         value = row.get(key)
@@ -128,31 +182,58 @@ def _row_to_sample(row: Mapping[str, Any], index: int, fmt: str) -> Sample | Non
 
     if fmt == "text":
         text = s("text")
-        return Sample(index=index, text=text) if text.strip() else None
+        return Sample(index=index, text=text) if text.strip() else DroppedRow(index, "empty text")
     if fmt == "prompt_completion":
         if not s("prompt").strip() and not s("completion").strip():
-            return None
+            return DroppedRow(index, "empty prompt and completion")
         return Sample(
             index=index,
             messages=({"role": "user", "content": s("prompt")}, {"role": "assistant", "content": s("completion")}),
+            completion=True,
         )
     if fmt == "alpaca":
         prompt = s("instruction") + (("\n\n" + s("input")) if s("input").strip() else "")
         if not prompt.strip() and not s("output").strip():
-            return None
+            return DroppedRow(index, "empty instruction and output")
         return Sample(
-            index=index, messages=({"role": "user", "content": prompt}, {"role": "assistant", "content": s("output")})
+            index=index,
+            messages=({"role": "user", "content": prompt}, {"role": "assistant", "content": s("output")}),
+            completion=True,
         )
-    messages = row.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return None
+    return _conversation(row, index)
+
+
+def _conversation(row: Mapping[str, Any], index: int) -> Sample | DroppedRow:
+    """A ``chat`` or ``sharegpt`` row: turns from ``messages`` or ``conversations``, each ``role``/``content`` or
+    ``from``/``value``; a top-level ``system`` string (LLaMA-Factory's ShareGPT column) opens the conversation when it
+    has no system turn."""
+    key = next((k for k in ("messages", "conversations") if row.get(k) is not None), None)
+    turns_in = row.get(key) if key else None
+    if isinstance(turns_in, str):  # a CSV cell or a column saved as JSON text
+        try:
+            turns_in = json.loads(turns_in)
+        except ValueError:
+            return DroppedRow(index, f"'{key}' is text, not a list of turns")
+    if not isinstance(turns_in, list):
+        return DroppedRow(index, "no list of turns in 'messages' or 'conversations'")
+    if not turns_in:
+        return DroppedRow(index, "empty conversation")
     turns = []
-    for m in messages:
-        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-            return None
-        turns.append({"role": str(m["role"]).strip().lower(), "content": _content_text(m["content"])})
+    for m in turns_in:
+        if not isinstance(m, Mapping):
+            return DroppedRow(index, "a turn that is not a mapping")
+        role = m.get("role", m.get("from"))
+        if role is None or ("content" not in m and "value" not in m):
+            return DroppedRow(index, "a turn without role/content (or from/value)")
+        name = str(role).strip().lower()
+        if name not in ROLE_ALIASES:
+            return DroppedRow(index, f"unknown role '{role}'")
+        turns.append({"role": ROLE_ALIASES[name], "content": _content_text(m.get("content", m.get("value")))})
+    system = row.get("system")
+    if isinstance(system, str) and system.strip() and turns[0]["role"] != "system":
+        turns.insert(0, {"role": "system", "content": system})
     if not any(t["role"] == "assistant" for t in turns):
-        return None
+        return DroppedRow(index, "no assistant turn")
     return Sample(index=index, messages=tuple(turns))
 
 
@@ -273,30 +354,55 @@ def _root_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def load_samples(spec: DatasetSpec) -> list[Sample]:
+def load_samples(spec: DatasetSpec) -> Samples:
     """The study's samples: loaded, converted to one format, shuffled with ``spec.seed``, cut to ``max_samples``.
 
-    Every trial calls this with the same spec and so sees the same samples in the same order.
+    Every trial calls this with the same spec and so sees the same samples in the same order. No row is left out
+    silently: the rows that give no sample are in the result's ``dropped``, each with its reason
+    (:func:`describe_dropped` groups them).
 
     Raises:
         DataError: The dataset is missing, unreadable, of an undetectable format, or has no usable row.
     """
+    dropped: list[DroppedRow] = []
     if spec.path == BUILTIN_PYDOC:
         samples = _pydoc_samples()
+        n_rows = len(samples)
     elif spec.path.startswith("builtin:"):
         raise DataError(f"{spec.path}: dataset.path: unknown built-in dataset; the built-in is {BUILTIN_PYDOC}")
     else:
         rows = _load_rows(spec)
         fmt = spec.format if spec.format != "auto" else detect_format(rows.column_names, spec.path)
-        samples = [s for i, row in enumerate(rows) if (s := _row_to_sample(row, i, fmt)) is not None]
+        samples = []
+        n_rows = 0
+        for i, row in enumerate(rows):
+            n_rows += 1
+            got = _row_to_sample(row, i, fmt)
+            (samples if isinstance(got, Sample) else dropped).append(got)  # type: ignore[arg-type]
     if not samples:
+        why = f": {describe_dropped(dropped)}" if dropped else ""
         raise DataError(
-            f"{spec.path}: dataset: no usable rows (all empty or malformed); check the file's "
-            f"columns and dataset.format ({spec.format})"
+            f"{spec.path}: dataset: no usable rows{why}; check the file's columns and dataset.format ({spec.format})"
         )
     order = list(range(len(samples)))
     random.Random(spec.seed).shuffle(order)
-    return [samples[i] for i in order[: spec.max_samples]]
+    return Samples([samples[i] for i in order[: spec.max_samples]], dropped, n_rows)
+
+
+def describe_dropped(dropped: Sequence[DroppedRow], limit: int = 5) -> str:
+    """The rows not used, grouped by reason, most frequent first: ``30 rows: no assistant turn (rows 1, 3, 5, 7, 9
+    and 25 more); 2 rows: unknown role 'function_call' (rows 4, 8)``."""
+    groups: dict[str, list[int]] = {}
+    for d in dropped:
+        groups.setdefault(d.reason, []).append(d.index)
+    parts = []
+    for reason, indices in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0])):
+        indices = sorted(indices)
+        shown = ", ".join(str(i) for i in indices[:limit])
+        more = f" and {len(indices) - limit} more" if len(indices) > limit else ""
+        noun = "row" if len(indices) == 1 else "rows"
+        parts.append(f"{len(indices)} {noun}: {reason} ({noun} {shown}{more})")
+    return "; ".join(parts)
 
 
 def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
@@ -327,74 +433,184 @@ def _chat_template(tokenizer: Any) -> str:
     return tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE
 
 
-def _supervised_spans(messages: Sequence[Mapping[str, str]], tokenizer: Any) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the character spans of its assistant replies (template tokens included).
+#: ``{% generation %}`` (or ``{%- generation -%}``): the template marks the assistant's tokens itself, and
+#: ``apply_chat_template(..., return_assistant_tokens_mask=True)`` returns them (TRL's ``assistant_only_loss``).
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+#: Stands for an assistant reply while its position in the rendered conversation is found; templates copy it
+#: through (no whitespace to trim, no markup to escape).
+_SENTINEL = "\ue000sweeper-reply\ue000"
 
-    Each assistant turn's span is ``[len(render(turns before, add_generation_prompt)), len(render(turns through))``;
-    a template that is not prefix-stable (it rewrites earlier turns) supervises only the last reply.
+
+class TemplateRefusal(Exception):
+    """The chat template cannot render a row (its ``raise_exception``, e.g. roles that do not alternate), or does not
+    show where a reply is."""
+
+
+def _render(tokenizer: Any, messages: Sequence[Mapping[str, str]], template: str) -> str:
+    try:
+        return tokenizer.apply_chat_template(list(messages), tokenize=False, chat_template=template)
+    except Exception as exc:  # jinja2's TemplateError, or a template indexing a missing turn
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:100]
+        raise TemplateRefusal(f"the chat template refuses it ({first})") from None
+
+
+def _supervised_spans(messages: Sequence[Mapping[str, str]], tokenizer: Any) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans of its assistant replies: each reply's content and the
+    template's end of its turn (``Hi.<|im_end|>\\n``), never the template's own text before it (a default system
+    prompt the template injects, the assistant header).
+
+    A reply starts where the template puts it when the conversation is cut after that turn and the reply replaced by
+    a marker (the text before the marker is a prefix of the whole conversation); it ends where the conversation
+    rendered through that turn ends. A template that rewrites earlier turns (not prefix-stable) is read by finding
+    each reply's text in order instead.
+
+    Raises:
+        TemplateRefusal: The template raises on the row, or no reply can be located in what it renders.
     """
     template = _chat_template(tokenizer)
-    full = tokenizer.apply_chat_template(list(messages), tokenize=False, chat_template=template)
-    spans = []
+    full = _render(tokenizer, messages, template)
+    spans: list[tuple[int, int]] = []
+    cursor = 0
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = (
-            tokenizer.apply_chat_template(
-                list(messages[:i]), tokenize=False, add_generation_prompt=True, chat_template=template
-            )
-            if i
-            else ""
-        )
-        through = tokenizer.apply_chat_template(list(messages[: i + 1]), tokenize=False, chat_template=template)
-        if through.startswith(before) and full.startswith(through):
-            spans.append((len(before), len(through)))
+        probe = _render(tokenizer, [*messages[:i], {"role": "assistant", "content": _SENTINEL}], template)
+        k = probe.find(_SENTINEL)
+        through = _render(tokenizer, messages[: i + 1], template)
+        if k >= cursor and full.startswith(probe[:k]) and full.startswith(through) and len(through) >= k:
+            start, end = k, len(through)
+        else:  # not prefix-stable: the reply's own text, then the end of turn the template writes after it
+            content = m["content"].strip()
+            found = full.find(content, cursor) if content else -1
+            if found < 0:
+                continue
+            start, end = found, found + len(content)
+            tail = probe[k + len(_SENTINEL) :] if k >= 0 else ""
+            if tail and full.startswith(tail, end):
+                end += len(tail)
+        spans.append((start, end))
+        cursor = end
     if not spans:
-        before = tokenizer.apply_chat_template(
-            list(messages[:-1]), tokenize=False, add_generation_prompt=True, chat_template=template
-        )
-        spans.append((min(len(before), len(full)), len(full)))
+        raise TemplateRefusal("the chat template does not show where the reply is")
     return full, spans
 
 
-def tokenize_samples(samples: Sequence[Sample], tokenizer: Any, max_seq_length: int) -> list[TokenizedSample]:
+def _generation_mask(messages: Sequence[Mapping[str, str]], tokenizer: Any, ids: Sequence[int]) -> list[int] | None:
+    """transformers' assistant-token mask (1 on the tokens between ``{% generation %}`` and ``{% endgeneration %}``)
+    when the template carries those markers and tokenizes to the same ids, else None."""
+    template = _chat_template(tokenizer)
+    if not _GENERATION_TAG.search(template):
+        return None
+    try:
+        out = tokenizer.apply_chat_template(
+            list(messages),
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+            chat_template=template,
+        )
+    except Exception:
+        return None
+    if list(out["input_ids"]) != list(ids):
+        return None
+    return list(out["assistant_masks"])
+
+
+def assistant_masks(sample: Sample, tokenizer: Any) -> tuple[list[int], list[int], list[int] | None]:
+    """A chat sample's token ids, sweeper's loss mask over them, and transformers' mask for templates with
+    ``{% generation %}`` markers (None otherwise): to check one against the other.
+
+    sweeper's mask is 1 on every token that overlaps a span of :func:`_supervised_spans` (as transformers marks the
+    tokens from the one holding a span's first character to the one holding its last).
+
+    Raises:
+        TemplateRefusal: See :func:`_supervised_spans`.
+    """
+    text, spans = _supervised_spans(sample.messages or (), tokenizer)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    ours = [int(any(a < e and s < b for a, b in spans)) for s, e in enc["offset_mapping"]]
+    return ids, ours, _generation_mask(sample.messages or (), tokenizer, ids)
+
+
+def _encode(sample: Sample, tokenizer: Any) -> tuple[list[int], list[int]]:
+    """One sample's ``(input_ids, labels)`` at full length.
+
+    ``text`` rows and completions end with the end-of-sequence token, as TRL's ``SFTTrainer`` writes them
+    (trl#1623): appended to the text, or after the reply when the chat template's end of turn is not that token.
+    Templates with ``{% generation %}`` markers supervise what they mark (transformers' assistant-token mask).
+    """
+    eos = tokenizer.eos_token
+    if sample.text is not None:
+        text = sample.text if not eos or sample.text.endswith(eos) else sample.text + eos
+        ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+        return ids, list(ids)
+    text, spans = _supervised_spans(sample.messages or (), tokenizer)
+    if sample.completion and eos:
+        a, b = spans[-1]
+        if eos not in text[a:b]:
+            text = text[:b] + eos + text[b:]
+            spans[-1] = (a, b + len(eos))
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:
+        raise DataError(
+            "tokenizer: model.name_or_path: the tokenizer is not a fast tokenizer (no offsets); "
+            "use a checkpoint with tokenizer.json"
+        ) from None
+    ids = list(enc["input_ids"])
+    marked = _generation_mask(sample.messages or (), tokenizer, ids)
+    if marked is None:
+        marked = [int(any(a < e and s < b for a, b in spans)) for s, e in enc["offset_mapping"]]
+    return ids, [tok if m else -100 for tok, m in zip(ids, marked)]
+
+
+def tokenize_samples(
+    samples: Sequence[Sample], tokenizer: Any, max_seq_length: int, dropped: list[DroppedRow] | None = None
+) -> list[TokenizedSample]:
     """Tokenize with the tokenizer's chat template (or :data:`DEFAULT_CHAT_TEMPLATE`), loss on replies only.
 
-    A token is supervised when its first character lies inside an assistant reply (offsets from the fast
-    tokenizer); ``text`` samples are supervised throughout. Rows longer than ``max_seq_length`` are truncated from
-    the right (the reply's tail is cut, as TRL's SFTTrainer does).
+    A token is supervised when it overlaps an assistant reply or the end of its turn (offsets from the fast
+    tokenizer; the template's own text, such as a default system prompt or the assistant header, is not); ``text``
+    samples are supervised throughout. ``text`` rows and completions end with the end-of-sequence token (see
+    :func:`_encode`). Rows longer than ``max_seq_length`` are truncated from the right (the reply's tail is cut, as
+    TRL's SFTTrainer does).
 
     Args:
         samples: From :func:`load_samples`.
         tokenizer: A ``transformers`` fast tokenizer (offset mapping needed).
         max_seq_length: Tokens per row after truncation, >= 1.
+        dropped: The rows the chat template refuses are left out of the result (a trial trains without them);
+            when given, they are appended to it with the reason, to be reported (:func:`unused_rows`).
 
     Raises:
         DataError: The tokenizer cannot return offsets (not a fast tokenizer).
     """
     out = []
     for sample in samples:
-        if sample.text is not None:
-            enc = tokenizer(sample.text, add_special_tokens=True)
-            ids = list(enc["input_ids"])
-            labels = list(ids)
-        else:
-            text, spans = _supervised_spans(sample.messages or (), tokenizer)
-            try:
-                enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-            except NotImplementedError:
-                raise DataError(
-                    "tokenizer: model.name_or_path: the tokenizer is not a fast tokenizer (no offsets); "
-                    "use a checkpoint with tokenizer.json"
-                ) from None
-            ids = list(enc["input_ids"])
-            labels = [
-                tok if any(a <= start < b for a, b in spans) else -100
-                for tok, (start, _end) in zip(ids, enc["offset_mapping"])
-            ]
+        try:
+            ids, labels = _encode(sample, tokenizer)
+        except TemplateRefusal as exc:
+            if dropped is not None:
+                dropped.append(DroppedRow(sample.index, str(exc)))
+            continue
         out.append(
             TokenizedSample(
                 index=sample.index, input_ids=ids[:max_seq_length], labels=labels[:max_seq_length], n_tokens=len(ids)
             )
         )
     return out
+
+
+def unused_rows(samples: Sequence[Sample], tokenizer: Any) -> list[DroppedRow]:
+    """Every dataset row a trial will not train on, with its reason: those :func:`load_samples` could not read
+    (``samples.dropped`` when ``samples`` is its result) and those the chat template refuses, by index."""
+    dropped = list(getattr(samples, "dropped", []))
+    refused: list[DroppedRow] = []
+    for sample in samples:
+        if sample.messages is not None:
+            try:
+                _supervised_spans(sample.messages, tokenizer)
+            except TemplateRefusal as exc:
+                refused.append(DroppedRow(sample.index, str(exc)))
+    return sorted(dropped + refused, key=lambda d: d.index)
