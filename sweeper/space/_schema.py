@@ -37,7 +37,7 @@ OPTIMIZERS = (
 
 SAMPLERS = ("tpe", "random", "nsgaii")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
-DATA_FORMATS = ("auto", "text", "prompt_completion", "alpaca", "chat")
+DATA_FORMATS = ("auto", "text", "prompt_completion", "alpaca", "chat", "sharegpt")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,14 +142,15 @@ class DatasetSpec:
 
     Attributes:
         path: ``builtin:pydoc-topics``, a local ``.jsonl``/``.json``/``.csv``/``.parquet`` file, or a hub id.
-        format: ``auto`` (detected from the columns), ``text``, ``prompt_completion``, ``alpaca`` or ``chat``.
+        format: ``auto`` (detected from the columns), ``text``, ``prompt_completion``, ``alpaca``, ``chat`` or
+            ``sharegpt``.
         max_samples: At most this many samples, taken after a seeded shuffle.
         seed: Shuffle seed; every trial of a study sees the same samples in the same order.
         split: Split of a hub dataset or of a local file loaded through ``datasets``.
     """
 
     path: str = _key("builtin:pydoc-topics", "str")
-    format: Literal["auto", "text", "prompt_completion", "alpaca", "chat"] = _key(
+    format: Literal["auto", "text", "prompt_completion", "alpaca", "chat", "sharegpt"] = _key(
         "auto", "choice", choices=DATA_FORMATS
     )
     max_samples: int = _key(512, "int", low=1, high=10**9)
