@@ -152,3 +152,237 @@ def test_broken_tokenizer_folder_is_one_line(tiny_model, tmp_path):
         load_tokenizer(str(broken))
     [line] = info.value.problems
     assert line.startswith(f"{broken}: model.name_or_path: cannot load its tokenizer")
+
+
+# --- The loss mask: exactly the replies and the end of their turns, in every template case -------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """The built-in model's tokenizer (SmolLM2's template injects a default system prompt)."""
+    from sweeper.data import load_tokenizer
+    from sweeper.model import resolve_model
+    from sweeper.space import ModelSpec
+
+    return load_tokenizer(resolve_model(ModelSpec()))
+
+
+def _chat(*turns: tuple[str, str], completion: bool = False):
+    from sweeper.data import Sample
+
+    return Sample(index=0, messages=tuple({"role": r, "content": c} for r, c in turns), completion=completion)
+
+
+def _trained(sample, tokenizer) -> tuple[list[int], str]:
+    """``(input_ids, the supervised text)`` of one sample at full length."""
+    [tok] = tokenize_samples([sample], tokenizer, max_seq_length=10**6)
+    return tok.input_ids, tokenizer.decode([t for t in tok.labels if t != -100])
+
+
+@pytest.mark.parametrize(
+    ("turns", "supervised"),
+    [
+        ((("assistant", "Hi."),), "Hi.<|im_end|>\n"),  # the issue's example: 4 tokens, not 28
+        ((("system", "Be brief."), ("assistant", "Hi.")), "Hi.<|im_end|>\n"),
+        ((("user", "Yo"), ("assistant", "Hi."), ("assistant", "Again.")), "Hi.<|im_end|>\nAgain.<|im_end|>\n"),
+        ((("user", "Yo"), ("assistant", "")), "<|im_end|>\n"),
+        ((("assistant", "A"), ("user", "B"), ("assistant", "C")), "A<|im_end|>\nC<|im_end|>\n"),
+    ],
+)
+def test_smollm2_supervises_replies_not_the_default_system_prompt(smollm2, turns, supervised):
+    ids, text = _trained(_chat(*turns), smollm2)
+    assert text == supervised
+    if turns == (("assistant", "Hi."),):
+        [tok] = tokenize_samples([_chat(*turns)], smollm2, max_seq_length=10**6)
+        assert sum(1 for t in tok.labels[1:] if t != -100) == 4
+        assert "You are a helpful AI assistant" in smollm2.decode(ids)  # trained on as context, not as target
+
+
+def test_text_rows_and_completions_end_with_eos_as_trl_writes_them(smollm2, tmp_path):
+    from sweeper.audit import supervised_tokens
+
+    [tok] = tokenize_samples(
+        load_samples(
+            DatasetSpec(path=str(_rows(tmp_path, [{"text": "The quick brown fox jumps over the lazy dog."}])))
+        ),
+        smollm2,
+        max_seq_length=10**6,
+    )
+    assert len(tok.input_ids) == 11 and supervised_tokens(tok.labels, 10**6) == 10
+    assert tok.input_ids[-1] == smollm2.eos_token_id
+    # Already ending with it: not twice (TRL checks endswith too).
+    [again] = tokenize_samples(
+        load_samples(DatasetSpec(path=str(_rows(tmp_path, [{"text": "Done.<|im_end|>"}])))), smollm2, 10**6
+    )
+    assert again.input_ids.count(smollm2.eos_token_id) == 1
+    # SmolLM2's end of turn is its EOS: a completion ends with it once.
+    [pc] = load_samples(DatasetSpec(path=str(_rows(tmp_path, [{"prompt": "2+2?", "completion": "4."}]))))
+    assert pc.completion
+    assert _trained(pc, smollm2)[1] == "4.<|im_end|>\n"
+
+
+def test_completions_get_eos_when_the_end_of_turn_is_not_eos(tiny_model, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.chat_template = "{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    for row in ({"prompt": "2+2?", "completion": "4."}, {"instruction": "Add", "input": "2+2", "output": "4."}):
+        [sample] = load_samples(DatasetSpec(path=str(_rows(tmp_path, [row]))))
+        ids, text = _trained(sample, tokenizer)
+        assert text == "4.\n<|im_end|>" and ids[-1] == tokenizer.eos_token_id
+    # A chat row is conversational: the template decides (TRL adds no EOS to conversations either).
+    assert _trained(_chat(("user", "2+2?"), ("assistant", "4.")), tokenizer)[1] == "4.\n"
+
+
+#: ChatML with a default system prompt and transformers' generation markers around each reply and its end of turn.
+GENERATION_CHATML = (
+    "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<|im_start|>system\nYou help.<|im_end|>\n"
+    "{% endif %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}"
+    "<|im_end|>\n{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+#: Llama-3-like: a header per turn, contents trimmed, an end-of-turn marker, a default system turn.
+LLAMA3_LIKE = (
+    "{{ bos_token }}{% if messages[0]['role'] != 'system' %}<|start|>system<|end|>\n\nDefault.<|eot|>{% endif %}"
+    "{% for m in messages %}<|start|>{{ m['role'] }}<|end|>\n\n{{ m['content'] | trim }}<|eot|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant<|end|>\n\n{% endif %}"
+)
+#: Not prefix-stable: the last turn is marked, so a conversation cut after an earlier reply renders differently.
+LAST_MARKED = (
+    "{% for m in messages %}{% if loop.last %}[final] {% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "<|im_end|>\n{% endfor %}"
+)
+CASES = [
+    (("assistant", "Hi."),),
+    (("system", "Be brief."), ("assistant", "Hi.")),
+    (("user", "Yo"), ("assistant", "Hi."), ("assistant", "Again.")),
+    (("user", "Yo"), ("assistant", "")),
+    (("system", "S"), ("user", "Q1"), ("assistant", "A1"), ("user", "Q2"), ("assistant", "A2")),
+]
+
+
+@pytest.mark.parametrize("turns", CASES)
+def test_generation_markers_agree_with_our_mask(tiny_model, turns):
+    from transformers import AutoTokenizer
+
+    from sweeper.data import assistant_masks
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.chat_template = GENERATION_CHATML
+    ids, ours, theirs = assistant_masks(_chat(*turns), tokenizer)
+    assert theirs is not None and ours == theirs and len(ids) == len(ours)
+    replies = "".join(f"{c}<|im_end|>\n" for r, c in turns if r == "assistant")
+    assert _trained(_chat(*turns), tokenizer)[1] == replies
+
+
+@pytest.mark.parametrize("turns", CASES)
+@pytest.mark.parametrize("template", [LLAMA3_LIKE, LAST_MARKED])
+def test_other_templates_supervise_contents_and_end_of_turn_only(tiny_model, turns, template):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|start|>", "<|end|>", "<|eot|>"]})
+    tokenizer.chat_template = template
+    end = "<|eot|>" if template is LLAMA3_LIKE else "<|im_end|>\n"
+    replies = "".join(f"{c}{end}" for r, c in turns if r == "assistant")
+    assert _trained(_chat(*turns), tokenizer)[1] == replies
+
+
+def test_rows_the_template_refuses_are_counted_not_trained(tiny_model):
+    from transformers import AutoTokenizer
+
+    from sweeper.data import DroppedRow, Sample, unused_rows
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
+    good = Sample(index=0, messages=({"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}))
+    bad = Sample(index=1, messages=({"role": "assistant", "content": "A"},))
+    dropped: list = []
+    tokenized = tokenize_samples([good, bad], tokenizer, 64, dropped=dropped)
+    assert [t.index for t in tokenized] == [0]
+    reason = "the chat template refuses it (Conversation roles must alternate user/assistant)"
+    assert dropped == [DroppedRow(1, reason)] == unused_rows([good, bad], tokenizer)
+
+
+# --- ShareGPT, and no row left out silently ------------------------------------------------------------------------
+
+
+def _rows(tmp_path, rows, name="rows.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+SHAREGPT = {
+    "conversations": [
+        {"from": "system", "value": "Be brief."},
+        {"from": "human", "value": "2+2?"},
+        {"from": "gpt", "value": "4."},
+    ]
+}
+
+
+@pytest.mark.parametrize(
+    ("row", "fmt"),
+    [
+        (SHAREGPT, "auto"),
+        (SHAREGPT, "sharegpt"),
+        ({"messages": SHAREGPT["conversations"]}, "auto"),  # the issue's case: from/value under 'messages'
+        ({"messages": SHAREGPT["conversations"]}, "sharegpt"),
+        (
+            {
+                "messages": [{"role": "human", "content": "2+2?"}, {"role": "gpt", "content": "4."}],
+                "system": "Be brief.",
+            },
+            "chat",
+        ),
+        ({"conversations": SHAREGPT["conversations"][1:], "system": "Be brief."}, "auto"),  # LLaMA-Factory's column
+    ],
+)
+def test_sharegpt_is_read_as_axolotl_and_llama_factory_read_it(tmp_path, row, fmt):
+    samples = load_samples(DatasetSpec(path=str(_rows(tmp_path, [row])), format=fmt))
+    assert [dict(m) for m in samples[0].messages] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4."},
+    ]
+    assert samples.dropped == [] and samples.rows == 1
+
+
+def test_sharegpt_format_is_detected_and_declared():
+    from sweeper.space import DATA_FORMATS
+
+    assert detect_format(["conversations", "id"]) == "sharegpt" and "sharegpt" in DATA_FORMATS
+
+
+def test_every_row_not_used_is_counted_with_its_reason(tmp_path):
+    from sweeper.data import DroppedRow, describe_dropped
+
+    good = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]}
+    half = {"messages": [{"role": "human", "content": "Q"}, {"role": "gpt", "content": "A"}]}
+    rows = [good, half] * 30  # the issue's file: 30 rows of each, all 60 are read now
+    rows += [
+        {"messages": [{"role": "system", "content": "only a system turn"}]},
+        {"messages": [{"from": "human", "value": "Q"}, {"from": "function_call", "value": "f()"}]},
+        {"messages": []},
+        {"messages": [{"role": "user"}]},
+        {"messages": None},
+    ]
+    samples = load_samples(DatasetSpec(path=str(_rows(tmp_path, rows)), max_samples=10**6))
+    assert len(samples) == 60 and samples.rows == 65
+    assert samples.dropped == [
+        DroppedRow(60, "no assistant turn"),
+        DroppedRow(61, "unknown role 'function_call'"),
+        DroppedRow(62, "empty conversation"),
+        DroppedRow(63, "a turn without role/content (or from/value)"),
+        DroppedRow(64, "no list of turns in 'messages' or 'conversations'"),
+    ]
+    assert describe_dropped([DroppedRow(i, "empty text") for i in range(7)] + [DroppedRow(9, "x")]) == (
+        "7 rows: empty text (rows 0, 1, 2, 3, 4 and 2 more); 1 row: x (row 9)"
+    )
+    with pytest.raises(DataError, match=r"no usable rows: 2 rows: empty text \(rows 0, 1\)"):
+        load_samples(DatasetSpec(path=str(_rows(tmp_path, [{"text": " "}, {"text": ""}], "blank.jsonl"))))
