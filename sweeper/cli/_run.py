@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from sweeper.cli._common import (
     _audit,
@@ -40,6 +42,23 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> list[s
     )
 
 
+def _nothing_fits(space: SearchSpace, model_path: str, study: Any) -> str | None:
+    """One line when no configuration of the space is predicted to fit its cap, by the memory model corrected with
+    what the study measured on this kind of machine (:func:`sweeper.study.nothing_fits`); None when something does,
+    or the study already holds a trial that fit."""
+    from sweeper.study import device_kind, known_memory, memory_predictor, nothing_fits, stored_calibration
+
+    kind = device_kind()
+    raw = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation)
+    calibration = stored_calibration(study, kind)
+
+    def predict(config: Mapping[str, Any]) -> float | None:
+        peak = raw(config)
+        return calibration.correct(config, peak) if calibration is not None and peak is not None else peak
+
+    return nothing_fits(space, predict, known_fit=any(k.fits for k in known_memory(study, kind)))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``sweep run SPACE.yaml``: create or resume the study and run trials until n_trials or the timeout."""
     import optuna
@@ -50,6 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         MAX_CONSECUTIVE_DUPLICATES,
         SweepEvent,
         candidates,
+        check_setup,
         check_writable,
         count_finished,
         default_storage,
@@ -91,8 +111,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"--workers {workers} cannot share; give a file, e.g. --storage sqlite:///studies/{name}.db"
         )
     model_path, samples = _prepare(space.dataset, space.model)
+    setup = check_setup(space, model_path)  # what would fail every trial the same way: once, here
+    if setup:
+        raise SpaceError(setup)
     check_writable(study_dir(name))  # before the storage is touched
     study = open_study(space, storage, name, n_trials)  # a storage problem is one line before any output
+    unfit = _nothing_fits(space, model_path, study)
+    if unfit:
+        raise SpaceError(unfit)
     already = count_finished(study)
     _print(f"sweep: study '{name}' in {redact_url(storage)}, {n_trials} trials, searching {', '.join(space.search)}")
     if workers > 1 or devices:

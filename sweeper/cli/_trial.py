@@ -7,17 +7,21 @@ import json
 import time
 
 from sweeper.cli._common import _describe_setup, _load, _prepare, _print
+from sweeper.errors import SpaceError
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
     from sweeper.report import format_params, format_trace
-    from sweeper.study import STUDIES_DIR
+    from sweeper.study import STUDIES_DIR, check_setup
     from sweeper.trial import run_trial
 
     space = _load(args)
     config = space.trial_config(space.first_choices())
     model_path, samples = _prepare(space.dataset, space.model)
+    setup = check_setup(space, model_path)  # what would fail the trial before it trains: one line each, exit 2
+    if setup:
+        raise SpaceError(setup)
     folder = STUDIES_DIR / space.study.name / "manual" / time.strftime("%Y%m%d-%H%M%S")
     if not args.json:
         shown = (

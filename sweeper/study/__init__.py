@@ -9,12 +9,40 @@ learns to avoid their region. Timeouts, crashes and errors are FAIL.
 """
 
 from sweeper.study._artifacts import artifact_dir, artifact_store, loss_curve_svg, upload_trial_artifacts
+from sweeper.study._calibration import (
+    CALIBRATION_ATTR,
+    CORRECTED_ATTR,
+    Calibration,
+    CalibrationPoint,
+    calibration_points,
+    device_kind,
+    fit_calibration,
+    median_abs,
+    prediction_errors,
+    stored_calibration,
+    update_calibration,
+)
 from sweeper.study._confirm import candidates, confirm_trials, horizon, long_config
 from sweeper.study._coordination import heartbeat_interval_s, in_memory
 from sweeper.study._loop import MAX_CONSECUTIVE_DUPLICATES, SweepEvent, find_duplicate, run_study
 from sweeper.study._machine import check_disk, check_writable, slot_devices, slot_env
-from sweeper.study._preflight import Known, known_memory, memory_predictor, preflight
+from sweeper.study._preflight import (
+    DIRECTIONS,
+    Known,
+    at_least_as_large,
+    known_memory,
+    memory_predictor,
+    preflight,
+    trial_device,
+)
 from sweeper.study._recovery import StaleTrial, fail_stale_trials, retry
+from sweeper.study._setup_checks import (
+    check_setup,
+    module_names,
+    nothing_fits,
+    safetensors_names,
+    unmatched_targets,
+)
 from sweeper.study._storage import (
     FAILURE_CONSTRAINT,
     OBJECTIVES,
@@ -49,10 +77,15 @@ from sweeper.study._stored import (
 )
 
 __all__ = [
+    "CALIBRATION_ATTR",
+    "CORRECTED_ATTR",
+    "DIRECTIONS",
     "FAILURE_CONSTRAINT",
     "MAX_CONSECUTIVE_DUPLICATES",
     "OBJECTIVES",
     "STUDIES_DIR",
+    "Calibration",
+    "CalibrationPoint",
     "Confirmation",
     "Known",
     "StaleTrial",
@@ -61,17 +94,22 @@ __all__ = [
     "TrialStatus",
     "artifact_dir",
     "artifact_store",
+    "at_least_as_large",
     "by_knee_distance",
+    "calibration_points",
     "candidates",
     "check_disk",
+    "check_setup",
     "check_writable",
     "confirm_trials",
     "confirmations",
     "count_finished",
     "default_storage",
+    "device_kind",
     "fail_stale_trials",
     "failure_constraint",
     "find_duplicate",
+    "fit_calibration",
     "heartbeat_interval_s",
     "horizon",
     "in_memory",
@@ -84,22 +122,31 @@ __all__ = [
     "loss_curve_svg",
     "make_sampler",
     "measured_trials",
+    "median_abs",
     "memory_predictor",
+    "module_names",
     "nan_causes",
+    "nothing_fits",
     "open_study",
     "pareto_front",
+    "prediction_errors",
     "preflight",
     "record_result",
     "redact_url",
     "retry",
     "run_study",
+    "safetensors_names",
     "slot_devices",
     "slot_env",
     "status_counts",
+    "stored_calibration",
     "stored_trial",
     "stored_trials",
     "study_dir",
     "to_distributions",
+    "trial_device",
     "trial_dir",
+    "unmatched_targets",
+    "update_calibration",
     "upload_trial_artifacts",
 ]

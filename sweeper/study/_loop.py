@@ -32,9 +32,10 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.errors import RunError
 from sweeper.space import SearchSpace, TrialConfig
 from sweeper.study._artifacts import artifact_store, upload_trial_artifacts
+from sweeper.study._calibration import CORRECTED_ATTR, device_kind, stored_calibration, update_calibration
 from sweeper.study._coordination import AskLock, Heartbeat, heartbeat_enabled
 from sweeper.study._machine import check_disk, check_writable, slot_devices, slot_env
-from sweeper.study._preflight import known_memory, memory_predictor, preflight
+from sweeper.study._preflight import known_memory, memory_predictor, preflight, trial_device
 from sweeper.study._recovery import fail_stale_trials, retry
 from sweeper.study._storage import (
     FAILURE_CONSTRAINT,
@@ -266,6 +267,8 @@ def run_one(sweep: _Sweep, trial: optuna.Trial, env: dict[str, str] | None) -> N
     if result is not None:
         result.predicted_peak_gib = predicted
         tell(sweep, trial, config, result)
+        if result.status == "complete":  # a measured peak: the preflight learns the machine from it
+            update_calibration(sweep.study, sweep.predictor, device_kind())
 
 
 def record_interrupted(sweep: _Sweep, trial: optuna.Trial, reason: str = "interrupted: Ctrl-C") -> None:
@@ -334,12 +337,20 @@ def settle_repeat(sweep: _Sweep, trial: optuna.Trial) -> bool:
 
 
 def settle_prediction(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, predicted: float | None) -> bool:
-    """Prune a configuration that cannot fit, without running it (:func:`sweeper.study._preflight.preflight`).
+    """Prune a configuration that cannot fit, without running it (:func:`sweeper.study._preflight.preflight`): its
+    prediction corrected by the study's measured/predicted ratio (:mod:`sweeper.study._calibration`, recorded as
+    ``corrected_peak_gib``), the dominance rule of this machine's device.
 
     Returns:
         Whether ``trial`` was pruned (and is now told).
     """
-    decision = preflight(config.to_dict(), predicted, known_memory(sweep.study))
+    values, kind = config.to_dict(), device_kind()
+    calibration = stored_calibration(sweep.study, kind)
+    if calibration is not None and predicted is not None:
+        trial.set_user_attr(CORRECTED_ATTR, calibration.correct(values, predicted))
+    decision = preflight(
+        values, predicted, known_memory(sweep.study, kind), device=trial_device(), calibration=calibration
+    )
     if decision is None:
         return False
     result = TrialResult(
@@ -350,7 +361,7 @@ def settle_prediction(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, p
         lora_alpha=config.lora_alpha,
         effective_batch_size=config.effective_batch_size,
     )
-    record_result(trial, result, config.to_dict())
+    record_result(trial, result, values)
     trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
     sweep.emit(sweep.study.tell(trial, state=TrialState.PRUNED), result)
     return True

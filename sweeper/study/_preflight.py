@@ -1,6 +1,6 @@
-"""Before a trial runs: prune what cannot fit (``predicted_oom``, from :mod:`sweeper.estimate`) and what is at least as
-large as a configuration that already ran out of memory (``dominated_oom``); a configuration no larger than one that
-fit is never pruned by prediction.
+"""Before a trial runs: prune what cannot fit (``predicted_oom``, from :mod:`sweeper.estimate` corrected by what the
+study measured, :mod:`sweeper.study._calibration`) and what is at least as large as a configuration that already ran
+out of memory (``dominated_oom``); a configuration no larger than one that fit is never pruned by prediction.
 
 The rules work on trial configs as dicts (``TrialConfig.to_dict()``); no torch. :func:`memory_predictor` and
 :func:`known_memory` gather what they need from the model's shape and the study.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -18,63 +18,109 @@ from sweeper.estimate import ModelShape, estimate_memory, known_shape, settings_
 from sweeper.study._stored import stored_trials
 from sweeper.trial import cuda_visible
 
+if TYPE_CHECKING:
+    from sweeper.study._calibration import Calibration
+
 #: Keys whose larger value needs more memory (all else equal), and how to compare them.
 _GROWS = ("per_device_train_batch_size", "max_seq_length", "r")
-#: Keys that change memory in ways the dominance rule does not order: they must be equal.
-_SAME = ("gradient_accumulation_steps", "optim", "lora_dropout", "model", "dataset", "memory_limit_gib")
-_WIDTH = {"bfloat16": 2, "float16": 2, "float32": 4}
+#: Keys that change memory in ways the dominance rule does not order: they must be equal. The compute dtype is one:
+#: a wider dtype is not always larger. Measured on the CPU (tests/test_preflight.py): at a 64k vocabulary a bf16
+#: trial holds more than an fp32 one of the same shape (under autocast the logits exist in bf16 and as their fp32
+#: copy; in fp32 the upcast is the same tensor), while at SmolLM2's 49k vocabulary and hidden 576 fp32 is larger.
+#: The same logits arithmetic holds under CUDA autocast, so no device orders the dtypes.
+_SAME = (
+    "gradient_accumulation_steps",
+    "optim",
+    "lora_dropout",
+    "model",
+    "dataset",
+    "memory_limit_gib",
+    "bnb_4bit_compute_dtype",
+)
+
+#: The directions the dominance rule may use on each device (``cpu``: the resident set; ``cuda``: reserved memory),
+#: each measured on the CPU by ``tests/test_preflight.py`` with real trials: a larger batch, ``max_seq_length`` or
+#: ``r``, a superset of target modules, gradient checkpointing off against on, double quant off against on. The CUDA
+#: set is the same by the memory model's terms (sweeper.estimate); no GPU measurement yet.
+DIRECTIONS: dict[str, tuple[str, ...]] = {
+    "cpu": ("per_device_train_batch_size", "max_seq_length", "r", "target_modules", "no_checkpointing", "no_dq"),
+    "cuda": ("per_device_train_batch_size", "max_seq_length", "r", "target_modules", "no_checkpointing", "no_dq"),
+}
 
 
-def at_least_as_large(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether configuration ``a`` needs at least the memory of ``b`` by the dominance rule: ``a`` is at least as
-    large in batch, ``max_seq_length`` and ``r``, adapts a superset of ``b``'s target modules, computes in a dtype at
-    least as wide, has gradient checkpointing off where ``b`` has it off, and double quant off where ``b`` has it
-    off; every other memory-relevant key (:data:`_SAME`) is equal. Keys that do not change memory (lora_alpha_ratio,
-    learning_rate, quant type, seed, ...) may differ."""
+def trial_device() -> str:
+    """``cuda`` when the trials of this machine run on a GPU, else ``cpu`` (:func:`sweeper.trial.cuda_visible`)."""
+    return "cuda" if cuda_visible() else "cpu"
+
+
+def at_least_as_large(a: Mapping[str, Any], b: Mapping[str, Any], device: str = "cpu") -> bool:
+    """Whether configuration ``a`` needs at least the memory of ``b`` on ``device`` by the dominance rule: along each
+    direction of :data:`DIRECTIONS` for that device ``a`` is at least as large (batch, ``max_seq_length`` and ``r``;
+    a superset of ``b``'s target modules; gradient checkpointing off where ``b`` has it off; double quant off where
+    ``b`` has it off), and every other memory-relevant key (:data:`_SAME`, the compute dtype among them) is equal.
+    Keys that do not change memory (lora_alpha_ratio, learning_rate, quant type, seed, ...) may differ."""
     if any(a.get(k) != b.get(k) for k in _SAME):
         return False
-    if any(a[k] < b[k] for k in _GROWS):
+    directions = DIRECTIONS.get(device, DIRECTIONS["cpu"])
+    for key in _GROWS:
+        if a[key] < b[key] if key in directions else a[key] != b[key]:
+            return False
+    targets_a, targets_b = set(a["target_modules"]), set(b["target_modules"])
+    if not (targets_b <= targets_a if "target_modules" in directions else targets_a == targets_b):
         return False
-    if not set(b["target_modules"]) <= set(a["target_modules"]):
-        return False
-    if _WIDTH[a["bnb_4bit_compute_dtype"]] < _WIDTH[b["bnb_4bit_compute_dtype"]]:
-        return False
-    if a["gradient_checkpointing"] and not b["gradient_checkpointing"]:
-        return False
-    return not (a["bnb_4bit_use_double_quant"] and not b["bnb_4bit_use_double_quant"])
+    for key, direction in (("gradient_checkpointing", "no_checkpointing"), ("bnb_4bit_use_double_quant", "no_dq")):
+        # the larger setting is False (off): a may be off where b is on, never on where b is off
+        if a[key] != b[key] and (direction not in directions or a[key]):
+            return False
+    return True
 
 
 @dataclass(frozen=True, kw_only=True)
 class Known:
-    """A finished trial's configuration and whether its memory fit: ``fits`` (complete or NaN) or ``oom``."""
+    """A finished trial's configuration and whether its memory fit: ``fits`` (complete or NaN) or ``oom``;
+    ``memory_kind`` is how it was measured (``cpu_peak_rss``, ``cuda_max_reserved``; None when unknown)."""
 
     number: int
     config: Mapping[str, Any]
     fits: bool
+    memory_kind: str | None = None
 
 
-def dominating_oom(config: Mapping[str, Any], known: Iterable[Known]) -> Known | None:
-    """The first known OOM that ``config`` is at least as large as, or None."""
-    return next((k for k in known if not k.fits and at_least_as_large(config, k.config)), None)
+def dominating_oom(config: Mapping[str, Any], known: Iterable[Known], device: str = "cpu") -> Known | None:
+    """The first known OOM that ``config`` is at least as large as on ``device``, or None."""
+    return next((k for k in known if not k.fits and at_least_as_large(config, k.config, device)), None)
 
 
-def known_to_fit(config: Mapping[str, Any], known: Iterable[Known]) -> Known | None:
-    """A known fit that is at least as large as ``config`` (so ``config`` fits too), or None."""
-    return next((k for k in known if k.fits and at_least_as_large(k.config, config)), None)
+def known_to_fit(config: Mapping[str, Any], known: Iterable[Known], device: str = "cpu") -> Known | None:
+    """A known fit that is at least as large as ``config`` on ``device`` (so ``config`` fits too), or None."""
+    return next((k for k in known if k.fits and at_least_as_large(k.config, config, device)), None)
 
 
 def preflight(
-    config: Mapping[str, Any], predicted_peak_gib: float | None, known: Iterable[Known]
+    config: Mapping[str, Any],
+    predicted_peak_gib: float | None,
+    known: Iterable[Known],
+    *,
+    device: str = "cpu",
+    calibration: Calibration | None = None,
 ) -> tuple[str, str] | None:
     """Whether to prune a configuration before running it.
 
+    Args:
+        config: The trial config (``TrialConfig.to_dict()``).
+        predicted_peak_gib: The memory model's prediction (GiB), None when unknown.
+        known: What the study measured (:func:`known_memory`), of the same memory kind as this machine's trials.
+        device: ``cpu`` or ``cuda``: which dominance directions hold (:data:`DIRECTIONS`).
+        calibration: The study's correction of the memory model (:mod:`sweeper.study._calibration`); the prediction
+            is multiplied by its ratio before it is compared with the cap.
+
     Returns:
         ``("dominated_oom", reason)`` when it is at least as large as a known OOM; ``("predicted_oom", reason)`` when
-        its predicted peak exceeds ``memory_limit_gib * (1 + preflight_margin)`` and no known fit is at least as
-        large; None to run it.
+        its (corrected) predicted peak exceeds ``memory_limit_gib * (1 + preflight_margin)`` and no known fit is at
+        least as large; None to run it.
     """
     known = list(known)
-    oom = dominating_oom(config, known)
+    oom = dominating_oom(config, known, device)
     if oom is not None:
         return (
             "dominated_oom",
@@ -82,11 +128,18 @@ def preflight(
             f"(batch {oom.config['per_device_train_batch_size']} x "
             f"{oom.config['max_seq_length']} tokens, r={oom.config['r']}): not run",
         )
+    if predicted_peak_gib is None:
+        return None
+    peak, how = predicted_peak_gib, ""
+    if calibration is not None:
+        ratio, source = calibration.factor(config)
+        peak = predicted_peak_gib * ratio
+        how = f" (memory model {predicted_peak_gib:.2f} GiB x {ratio:.2f}, the measured/predicted ratio of {source})"
     limit = config["memory_limit_gib"] * (1 + config.get("preflight_margin", 0.10))
-    if predicted_peak_gib is not None and predicted_peak_gib > limit and known_to_fit(config, known) is None:
+    if peak > limit and known_to_fit(config, known, device) is None:
         return (
             "predicted_oom",
-            f"predicted peak {predicted_peak_gib:.2f} GiB exceeds memory_limit_gib="
+            f"predicted peak {peak:.2f} GiB{how} exceeds memory_limit_gib="
             f"{config['memory_limit_gib']:g} by more than preflight_margin="
             f"{config.get('preflight_margin', 0.10):g}: not run (sweep estimate)",
         )
@@ -112,13 +165,17 @@ def memory_predictor(
     return predict
 
 
-def known_memory(study: optuna.Study) -> list[Known]:
+def known_memory(study: optuna.Study, memory_kind: str | None = None) -> list[Known]:
     """What the study knows about memory: each measured trial's config, and whether it fit (complete or NaN) or ran
-    out of memory (:attr:`sweeper.study.TrialStatus.fits`); repeats and trials without a stored config left out."""
+    out of memory (:attr:`sweeper.study.TrialStatus.fits`); repeats and trials without a stored config left out.
+    With ``memory_kind``, only trials measured that way (a CPU trial's OOM says nothing about a GPU's)."""
     out = []
     for t in stored_trials(study):
         fits = t.status.fits
         if t.is_repeat or fits is None or "config" not in t.user_attrs or not t.state.is_finished():
             continue
-        out.append(Known(number=t.number, config=t.user_attrs["config"], fits=fits))
+        kind = t.result.memory_kind
+        if memory_kind is not None and kind is not None and kind != memory_kind:
+            continue
+        out.append(Known(number=t.number, config=t.user_attrs["config"], fits=fits, memory_kind=kind))
     return out
