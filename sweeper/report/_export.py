@@ -266,9 +266,126 @@ def _py_value(value: Any) -> str:
     return repr(value)
 
 
+#: ``TrainingArguments`` keys the ``.py`` exports write by another name: transformers 5.23 renamed
+#: ``gradient_checkpointing`` to ``activation_checkpointing`` (the old name warns there and goes in v6), while the
+#: production stacks pin older releases (axolotl 0.21: 5.20.1, LLaMA-Factory 0.9.5: at most 5.6.0). The file asks
+#: the installed transformers which name it has.
+_CHECKPOINTING_LINES = [
+    "# transformers 5.23 renamed gradient_checkpointing to activation_checkpointing (the old name warns there and is",
+    "# removed in v6); older releases, such as axolotl's 5.20 and LLaMA-Factory's 5.6, know only the old name.",
+    'CHECKPOINTING = "activation_checkpointing"',
+    "if CHECKPOINTING not in {0}.__dataclass_fields__:",
+    '    CHECKPOINTING = "gradient_checkpointing"',
+]
+
+_TRL_HELPERS = '''
+
+def chat_template_masks_assistant(tokenizer):
+    """Whether TRL can mask the assistant turns itself with this tokenizer's chat template (assistant_only_loss):
+    the template has {% generation %} markers, or TRL ships a training version of it (Qwen3, Llama 3, ...)."""
+    import re
+
+    template = tokenizer.chat_template
+    if isinstance(template, dict):
+        template = template.get("default")
+    if re.search(r"\\{%-?\\s*generation\\s*-?%\\}", template or ""):
+        return True
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+    except ImportError:  # a TRL without training templates
+        return False
+    try:
+        get_training_chat_template(tokenizer)
+    except ValueError:  # "The chat template is not training-compatible ..."
+        return False
+    return True
+
+
+def _turns(row):
+    """A row's conversation as role/content turns (OpenAI "messages", or ShareGPT "conversations" from/value)."""
+    raw = row.get("messages") or row.get("conversations") or []
+    roles = {"human": "user", "gpt": "assistant"}
+    turns = []
+    for m in raw:
+        role = str(m.get("role", m.get("from", ""))).strip().lower()
+        content = m.get("content", m.get("value"))
+        turns.append({"role": roles.get(role, role), "content": "" if content is None else str(content)})
+    return turns
+
+
+def trl_dataset(rows, tokenizer):
+    """The rows (chat "messages" or ShareGPT "conversations", alpaca instruction/input/output, prompt/completion or
+    text) as TRL trains them the way the trial did, and the SFTConfig keys that go with them.
+
+    The trial supervised every assistant reply with its end-of-turn token, the completion of prompt/completion and
+    alpaca rows (rendered as a user and an assistant turn), and all of a text row. Where the chat template lets TRL
+    mask assistant turns, a conversation stays one row (assistant_only_loss); otherwise each assistant reply becomes
+    a prompt/completion row (the conversation up to it, then the reply) and TRL masks the prompt
+    (completion_only_loss), which supervises the same tokens."""
+    from datasets import Dataset
+
+    masks = chat_template_masks_assistant(tokenizer)
+    out, kind = [], None
+    for row in rows:
+        if "messages" in row or "conversations" in row:
+            turns = _turns(row)
+            if masks:
+                out.append({"messages": turns})
+                kind = "messages"
+                continue
+            for i, turn in enumerate(turns):
+                if turn["role"] == "assistant":
+                    out.append({"prompt": turns[:i], "completion": [turn]})
+            kind = "prompt_completion"
+        elif "instruction" in row and "output" in row:
+            prompt = str(row["instruction"]) + (f"\\n\\n{row['input']}" if str(row.get("input") or "").strip() else "")
+            out.append({"prompt": [{"role": "user", "content": prompt}],
+                        "completion": [{"role": "assistant", "content": str(row["output"])}]})
+            kind = "prompt_completion"
+        elif "prompt" in row and "completion" in row:
+            out.append({"prompt": [{"role": "user", "content": str(row["prompt"])}],
+                        "completion": [{"role": "assistant", "content": str(row["completion"])}]})
+            kind = "prompt_completion"
+        else:
+            out.append({"text": str(row["text"])})  # TRL appends the end-of-sequence token, as the trial does
+            kind = "text"
+    loss = {"messages": {"assistant_only_loss": True}, "prompt_completion": {"completion_only_loss": True}}
+    return Dataset.from_list(out), loss.get(kind, {})
+
+
+def build_trainer(model, tokenizer, rows, **overrides):
+    """An SFTTrainer for the model loaded with bnb_config (see below), training the LoRA of lora_config on rows
+    (any format of trl_dataset) with training_args; overrides replace SFTConfig keys (max_steps, output_dir, ...)."""
+    import torch
+
+    if tokenizer.chat_template is None:
+        tokenizer.chat_template = TRIAL_CHAT_TEMPLATE  # the template the trials used for this tokenizer
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # as the trial did
+    dataset, loss = trl_dataset(rows, tokenizer)
+    args = make_sft_config(**{**loss, **overrides})
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         peft_config=lora_config)
+    # TRL casts the LoRA weights of a 4-bit model to bfloat16; the trial trained them in float32 (peft's default).
+    for param in trainer.model.parameters():
+        if param.requires_grad:
+            param.data = param.data.to(torch.float32)
+    return trainer
+'''
+
+
 def render_hf(s: ExportSettings, *, trl: bool = False) -> str:
-    """A Python file building ``BitsAndBytesConfig``, ``LoraConfig`` and ``TrainingArguments`` (or TRL's
-    ``SFTConfig`` with ``max_length``) from the settings; importing it builds the objects, nothing is trained."""
+    """A Python file building ``BitsAndBytesConfig``, ``LoraConfig`` and ``TrainingArguments`` from the settings
+    (``hf``), or TRL's ``SFTConfig`` and a ``build_trainer(model, tokenizer, rows)`` that builds the ``SFTTrainer``
+    (``trl``); importing it builds the config objects, nothing is loaded or trained.
+
+    It runs on every transformers 5 release (the checkpointing key's name is asked of the installed one). The
+    ``trl`` file chooses at run time how TRL supervises what the trial supervised: ``assistant_only_loss`` where the
+    tokenizer's chat template lets TRL mask assistant turns, else each reply as a prompt/completion row
+    (``completion_only_loss``), the template's end-of-turn token included either way.
+    """
+    from sweeper.data import DEFAULT_CHAT_TEMPLATE
+
     q = dict(s.quantization)
     dtype = q.pop("bnb_4bit_compute_dtype")
     args_class = "SFTConfig" if trl else "TrainingArguments"
@@ -279,42 +396,66 @@ def render_hf(s: ExportSettings, *, trl: bool = False) -> str:
         "from transformers import BitsAndBytesConfig" + ("" if trl else ", TrainingArguments"),
     ]
     if trl:
-        lines.append("from trl import SFTConfig")
+        lines.append("from trl import SFTConfig, SFTTrainer")
     lines += [
         "",
         f"MODEL_NAME = {s.model!r}",
         f"MAX_SEQ_LENGTH = {s.max_seq_length}",
-        "",
-        "bnb_config = BitsAndBytesConfig(",
     ]
+    if trl:
+        lines += [
+            "# The chat template the trials applied when the tokenizer has none (build_trainer sets it then).",
+            f"TRIAL_CHAT_TEMPLATE = {DEFAULT_CHAT_TEMPLATE!r}",
+        ]
+    lines += ["", *[line.format(args_class) for line in _CHECKPOINTING_LINES], "", "bnb_config = BitsAndBytesConfig("]
     lines += [f"    {k}={_py_value(v)}," for k, v in q.items()]
     lines += [f"    bnb_4bit_compute_dtype=torch.{dtype},", ")", "", "lora_config = LoraConfig("]
     lines += [f"    {k}={_py_value(v)}," for k, v in s.lora.items()]
-    lines += [")", "", f"training_args = {args_class}("]
-    lines.append(f"    output_dir={('outputs/' + s.provenance['study'] + '-trial' + str(s.provenance['trial']))!r},")
+    lines.append(")")
+    lines.append("")
+    if trl:
+        lines += ["", "def make_sft_config(**overrides):", '    """training_args with some keys replaced."""']
+        lines.append("    settings = dict(")
+        indent = "        "
+    else:
+        lines.append(f"training_args = {args_class}(")
+        indent = "    "
+    out_dir = "outputs/" + str(s.provenance["study"]) + "-trial" + str(s.provenance["trial"])
+    lines.append(f"{indent}output_dir={out_dir!r},")
     for k, v in s.training.items():
-        if k == "gradient_checkpointing":  # transformers 5 renamed it; the old name warns (removed in v6)
-            lines.append(
-                f"    activation_checkpointing={_py_value(v)},  # gradient_checkpointing before transformers 5"
-            )
-        else:
-            lines.append(f"    {k}={_py_value(v)},")
-    lines.append("    use_cpu=not torch.cuda.is_available(),  # so that the file also loads on a machine without a GPU")
+        if k != "gradient_checkpointing":
+            lines.append(f"{indent}{k}={_py_value(v)},")
+    lines.append(f"{indent}use_cpu=not torch.cuda.is_available(),  # so that the file also loads without a GPU")
     if trl:
         lines += [
-            "    max_length=MAX_SEQ_LENGTH,  # TRL's name for max_seq_length",
-            "    # Conversational data: train on the assistant turns only, as the trial did (needs a chat",
-            "    # template with generation tags); for prompt/completion data use completion_only_loss=True.",
-            "    assistant_only_loss=True,",
+            f"{indent}max_length=MAX_SEQ_LENGTH,  # TRL's name for max_seq_length",
+            f'{indent}truncation_mode="keep_start",  # longer rows are cut at the end, as the trial cut them',
+            f"{indent}packing=False,  # one sample a row, as in the trial",
+            "    )",
+            f"    settings[CHECKPOINTING] = {_py_value(s.training['gradient_checkpointing'])}",
+            f"    return {args_class}(**{{**settings, **overrides}})",
+            "",
+            "",
+            "training_args = make_sft_config()",
         ]
-    lines += [
-        ")",
-        "",
-        "# Load the model with: AutoModelForCausalLM.from_pretrained(MODEL_NAME, "
-        "quantization_config=bnb_config, dtype=bnb_config.bnb_4bit_compute_dtype)",
-    ]
-    if not trl:
-        lines.append("# Truncate or pack samples to MAX_SEQ_LENGTH tokens when tokenizing.")
+        lines += _TRL_HELPERS.rstrip("\n").split("\n")
+        lines += [
+            "",
+            "",
+            "# Train with: tokenizer = AutoTokenizer.from_pretrained(MODEL_NAME); model = AutoModelForCausalLM."
+            "from_pretrained(",
+            "#     MODEL_NAME, quantization_config=bnb_config, dtype=bnb_config.bnb_4bit_compute_dtype)",
+            "# build_trainer(model, tokenizer, rows).train()  # rows: your dataset, e.g. datasets.load_dataset(...)",
+        ]
+    else:
+        lines += [
+            f"    **{{CHECKPOINTING: {_py_value(s.training['gradient_checkpointing'])}}},",
+            ")",
+            "",
+            "# Load the model with: AutoModelForCausalLM.from_pretrained(MODEL_NAME, "
+            "quantization_config=bnb_config, dtype=bnb_config.bnb_4bit_compute_dtype)",
+            "# Truncate or pack samples to MAX_SEQ_LENGTH tokens when tokenizing.",
+        ]
     return "\n".join(lines) + "\n"
 
 

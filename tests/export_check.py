@@ -1,0 +1,106 @@
+"""Run a ``sweep export`` file as its production stack would: the ``hf`` file's objects train a transformers
+``Trainer``, the ``trl`` file's ``build_trainer`` builds and trains a real ``SFTTrainer``, both for two steps on the
+CPU. Imported by the tests, and run as a script in a side environment with other library versions
+(``python export_check.py HF.py TRL.py MODEL_DIR OUT_DIR``: prints one JSON object)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import runpy
+import sys
+from pathlib import Path
+
+#: A chat row, an assistant-first row and a multi-turn row, as the trial reads them.
+CHAT_ROWS = [
+    {
+        "messages": [
+            {"role": "user", "content": "What does the for statement do?"},
+            {"role": "assistant", "content": "It iterates over the elements of a sequence."},
+        ]
+    },
+    {
+        "messages": [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "What is a module?"},
+            {"role": "assistant", "content": "A file of definitions."},
+            {"role": "user", "content": "And a package?"},
+            {"role": "assistant", "content": "A folder of modules."},
+        ]
+    },
+]
+
+
+def versions() -> dict[str, str]:
+    from importlib import metadata
+
+    return {p: metadata.version(p) for p in ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes")}
+
+
+def _short(out: Path) -> dict:
+    return dict(output_dir=str(out), max_steps=2, use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True)
+
+
+def train_hf(py: Path, model_dir: Path, out: Path) -> dict:
+    """The hf export's objects: the 4-bit model of ``bnb_config``, ``lora_config``, two steps of ``Trainer``."""
+    from peft import get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
+
+    ns = runpy.run_path(str(py))
+    bnb, lora, args = ns["bnb_config"], ns["lora_config"], ns["training_args"]
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    ids = tokenizer("The for statement is used to iterate over the elements of a sequence. " * 4)["input_ids"]
+    rows = [{"input_ids": ids[:32], "attention_mask": [1] * 32, "labels": ids[:32]} for _ in range(32)]
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype)
+    model = get_peft_model(prepare_model_for_kbit_training(model), lora)
+    short = dataclasses.replace(args, **_short(out))
+    result = Trainer(model=model, args=short, train_dataset=rows).train()
+    return {
+        "global_step": result.global_step,
+        "loss": result.training_loss,
+        "checkpointing": bool(getattr(args, ns["CHECKPOINTING"])),
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+    }
+
+
+def build_trl(py: Path, model_dir: Path, out: Path, rows: list[dict]) -> tuple[dict, object]:
+    """The trl export's ``build_trainer`` on the model and tokenizer at ``model_dir``; returns its namespace and the
+    trainer (not trained)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ns = runpy.run_path(str(py))
+    bnb = ns["bnb_config"]
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype)
+    return ns, ns["build_trainer"](model, tokenizer, rows, **_short(out))
+
+
+def train_trl(py: Path, model_dir: Path, out: Path, rows: list[dict] | None = None) -> dict:
+    """Build the trl export's ``SFTTrainer`` and train two steps; what it trained on and how."""
+    import torch
+
+    ns, trainer = build_trl(py, model_dir, out, rows or CHAT_ROWS)
+    args = trainer.args
+    first = trainer.train_dataset[0]
+    supervised = [t for t in first["labels"] if t != -100] if "labels" in first else None
+    adapters = {str(p.dtype) for p in trainer.model.parameters() if p.requires_grad}
+    result = trainer.train()
+    return {
+        "global_step": result.global_step,
+        "loss": result.training_loss,
+        "rows": len(trainer.train_dataset),
+        "assistant_only_loss": bool(args.assistant_only_loss),
+        "completion_only_loss": bool(args.completion_only_loss),
+        "supervised_first_row": supervised,
+        "adapter_dtypes": sorted(adapters),
+        "checkpointing": bool(getattr(args, ns["CHECKPOINTING"])),
+        "bf16": bool(args.bf16),
+        "max_length": args.max_length,
+        "finite": bool(torch.isfinite(torch.tensor(result.training_loss))),
+    }
+
+
+if __name__ == "__main__":
+    hf, trl, model_dir, out = (Path(a) for a in sys.argv[1:5])
+    report = {"versions": versions(), "hf": train_hf(hf, model_dir, out / "hf"), "trl": train_trl(trl, model_dir, out / "trl")}
+    print(json.dumps(report))
