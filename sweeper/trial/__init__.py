@@ -6,7 +6,7 @@ child side (:mod:`sweeper.trial._child`) is the only code that imports torch, tr
 """
 
 from sweeper.trial._devices import cuda_visible, visible_gpus
-from sweeper.trial._launch import run_trial
+from sweeper.trial._launch import TrialProcess, run_trial
 from sweeper.trial._result import FAIL_STATUSES, PRUNED_STATUSES, Phase, Status, TrialResult
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "PRUNED_STATUSES",
     "Phase",
     "Status",
+    "TrialProcess",
     "TrialResult",
     "cuda_visible",
     "run_trial",

@@ -1,15 +1,19 @@
-"""The parent side of a trial: start ``python -m sweeper.trial._child.worker`` on a config, wait, and map what
-happened to a :class:`TrialResult`.
+"""The parent side of a trial: hand a config to a trial process (``python -m sweeper.trial._child.worker --serve``),
+wait, and map what happened to a :class:`TrialResult`.
 
-A fresh process per trial is what really frees GPU memory, contains a segfault inside a CUDA kernel, and lets a hung
-trial be killed. The worker writes its result as JSON; a worker that dies without one is a ``crash``, one that
-outlives ``trial_timeout_s`` is killed and is a ``timeout``.
+A :class:`TrialProcess` serves trial after trial (a *warm* process: imports paid once, the 4-bit model kept when the
+next trial's model-level settings match), and is replaced by a fresh one whenever a trial ends in anything but
+``complete`` or ``diverged``: a process is what really frees GPU memory, contains a segfault inside a CUDA kernel, and
+lets a hung trial be killed. The worker writes its result as JSON, then one line on a control pipe; a process that
+dies without one is a ``crash``, one whose trial outlives ``trial_timeout_s`` is killed and is a ``timeout``.
+:func:`run_trial` runs one trial in a fresh process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -50,6 +54,196 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _made_here(config: TrialConfig, status: str, reason: str, wall: float, warm: bool) -> TrialResult:
+    return TrialResult(
+        status=status,  # type: ignore[arg-type]
+        reason=reason,
+        wall_time_s=wall,
+        warm=warm,
+        lora_alpha=config.lora_alpha,
+        effective_batch_size=config.effective_batch_size,
+    )
+
+
+class TrialProcess:
+    """A trial process that serves trials one after another; started at the first :meth:`run`, replaced by a fresh
+    one after a trial that leaves it unfit (anything but ``complete``/``diverged``), and ended by :meth:`close`.
+
+    Its stdout and stderr go to each trial's ``worker.log``. It dies with the sweep (``PR_SET_PDEATHSIG``, see
+    :mod:`sweeper.trial._child._process`) and runs in its own process group, which a timeout or Ctrl-C kills whole.
+
+    Args:
+        env: Environment of the trial process (default: this process's), e.g. its ``CUDA_VISIBLE_DEVICES``.
+        warm: False to start a fresh process for every trial (the cold path, as before warm processes).
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None, *, warm: bool = True):
+        self.env, self.warm = env, warm
+        self._proc: subprocess.Popen | None = None
+        self._control: int | None = None
+        self._buffer = b""
+        self.trials = 0  # trials served by the current process
+
+    @property
+    def pid(self) -> int | None:
+        """The running trial process's pid, or None."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def _start(self, log_path: Path) -> subprocess.Popen:
+        read_fd, write_fd = os.pipe()
+        env = {
+            **(self.env if self.env is not None else os.environ),
+            "SWEEPER_PARENT_PID": str(os.getpid()),
+            "SWEEPER_CONTROL_FD": str(write_fd),
+            # `-m` would put the working directory first on sys.path, and a folder named sweeper/ there (a checkout
+            # of another version) would be imported instead of the installed package.
+            "PYTHONSAFEPATH": "1",
+        }
+        try:
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", CHILD_MODULE, "--serve"],
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # Ctrl-C reaches the sweep, which kills the process's whole group itself
+                    pass_fds=(write_fd,),
+                    env=env,
+                )
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        self._proc, self._control, self._buffer, self.trials = proc, read_fd, b"", 0
+        return proc
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """The next control line; None at EOF (the process died). Raises TimeoutError past ``deadline``."""
+        assert self._control is not None
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self._control], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(self._control, 4096)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def close(self) -> None:
+        """End the trial process (closing its stdin lets it exit; its group is killed if it does not at once)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            _kill_group(proc)
+        if self._control is not None:
+            os.close(self._control)
+            self._control = None
+
+    def run(
+        self,
+        config: TrialConfig,
+        trial_dir: str | Path,
+        *,
+        model_path: str,
+        on_start: Callable[[int], None] | None = None,
+    ) -> TrialResult:
+        """Run one trial in this trial process (started first when there is none) and return what it measured.
+
+        Writes ``config.json``, ``result.json``, ``worker.log`` (the trial process's output during this trial) and
+        ``worker.pid`` into ``trial_dir``.
+
+        Args:
+            config: The trial's settings.
+            trial_dir: Folder for this trial's files (created).
+            model_path: Resolved by :func:`sweeper.model.resolve_model`.
+            on_start: Called with the trial process's pid once it has the trial (for bookkeeping), or None.
+
+        Returns:
+            The worker's result, or a ``timeout``/``crash`` result made here.
+
+        Raises:
+            KeyboardInterrupt: After killing the trial process, so the caller can record the trial as interrupted.
+            OSError: The trial's files cannot be written.
+        """
+        trial_dir = Path(trial_dir)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        config_path, result_path = trial_dir / "config.json", trial_dir / "result.json"
+        log_path = trial_dir / "worker.log"
+        result_path.unlink(missing_ok=True)
+        config_path.write_text(json.dumps({"config": config.to_dict(), "model_path": model_path}, indent=1))
+        log_path.write_bytes(b"")
+        start = time.monotonic()
+        if self._proc is None or self._proc.poll() is not None or not self.warm:
+            self.close()
+            self._start(log_path)
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None
+        warm = self.trials > 0
+        (trial_dir / "worker.pid").write_text(str(proc.pid))
+        if on_start is not None:
+            on_start(proc.pid)
+        job = {
+            "config_path": str(config_path),
+            "result_path": str(result_path),
+            "log_path": str(log_path),
+            "trial_dir": str(trial_dir),
+        }
+        try:
+            try:
+                proc.stdin.write((json.dumps(job) + "\n").encode())
+                proc.stdin.flush()
+            except BrokenPipeError:
+                pass  # it died meanwhile: the control pipe's EOF says so below
+            line = self._read_line(start + config.trial_timeout_s)
+        except TimeoutError:
+            self.close()
+            return _made_here(
+                config,
+                "timeout",
+                f"killed after trial_timeout={config.trial_timeout_s:g} s",
+                time.monotonic() - start,
+                warm,
+            )
+        except BaseException:
+            self.close()
+            raise
+        wall = time.monotonic() - start
+        if line is None:  # the process died without a result
+            try:
+                rc = proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                rc = 0
+            self.close()
+            why = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
+            tail = _log_tail(log_path)
+            reason = f"worker {why} without a result" + (f": {tail}" if tail else "")
+            return _made_here(config, "crash", reason, wall, warm)
+        self.trials += 1
+        try:
+            reusable = bool(json.loads(line).get("reusable"))
+        except ValueError:
+            reusable = False
+        if not reusable:
+            self.close()
+        try:
+            result = TrialResult.from_dict(json.loads(result_path.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            return _made_here(config, "crash", f"worker wrote no readable result ({exc})", wall, warm)
+        result.wall_time_s = wall
+        return result
+
+
 def run_trial(
     config: TrialConfig,
     trial_dir: str | Path,
@@ -58,10 +252,8 @@ def run_trial(
     env: Mapping[str, str] | None = None,
     on_start: Callable[[int], None] | None = None,
 ) -> TrialResult:
-    """Run one trial in a fresh trial process and return what it measured.
-
-    Writes ``config.json``, ``result.json`` and ``worker.log`` (the trial process's stdout and stderr) into
-    ``trial_dir``.
+    """Run one trial in a fresh trial process and return what it measured (:meth:`TrialProcess.run`); the process
+    ends with it.
 
     Args:
         config: The trial's settings.
@@ -76,58 +268,8 @@ def run_trial(
     Raises:
         KeyboardInterrupt: After killing the worker, so the caller can record the trial as interrupted.
     """
-    trial_dir = Path(trial_dir)
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    config_path, result_path, log_path = trial_dir / "config.json", trial_dir / "result.json", trial_dir / "worker.log"
-    result_path.unlink(missing_ok=True)
-    config_path.write_text(json.dumps({"config": config.to_dict(), "model_path": model_path}, indent=1))
-    start = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", CHILD_MODULE, str(config_path), str(result_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the sweep, which kills the worker's whole group itself
-            # PYTHONSAFEPATH: `-m` would put the working directory first on sys.path, and a folder named sweeper/
-            # there (a checkout of another version) would be imported instead of the installed package.
-            env={
-                **(env if env is not None else os.environ),
-                "SWEEPER_PARENT_PID": str(os.getpid()),
-                "PYTHONSAFEPATH": "1",
-            },
-        )
-        (trial_dir / "worker.pid").write_text(str(proc.pid))
-        if on_start is not None:
-            on_start(proc.pid)
-        try:
-            rc = proc.wait(timeout=config.trial_timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            return TrialResult(
-                status="timeout",
-                reason=f"killed after trial_timeout={config.trial_timeout_s:g} s",
-                wall_time_s=time.monotonic() - start,
-                lora_alpha=config.lora_alpha,
-                effective_batch_size=config.effective_batch_size,
-            )
-        except BaseException:
-            _kill_group(proc)
-            raise
-    wall = time.monotonic() - start
-    if result_path.is_file():
-        try:
-            result = TrialResult.from_dict(json.loads(result_path.read_text()))
-            result.wall_time_s = wall
-            return result
-        except (ValueError, TypeError):
-            pass
-    why = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
-    tail = _log_tail(log_path)
-    return TrialResult(
-        status="crash",
-        reason=f"worker {why} without a result" + (f": {tail}" if tail else ""),
-        wall_time_s=wall,
-        lora_alpha=config.lora_alpha,
-        effective_batch_size=config.effective_batch_size,
-    )
+    process = TrialProcess(env, warm=False)
+    try:
+        return process.run(config, trial_dir, model_path=model_path, on_start=on_start)
+    finally:
+        process.close()

@@ -41,10 +41,15 @@ class TrialResult:
         max_activation_trace: Largest |output| of the 4-bit layers per step (for fp16/bf16 compute).
         skipped_steps: 1-based steps the fp16 loss scaler skipped.
         steps_done: Optimizer steps finished.
-        wall_time_s: Seconds from process start to result, as the parent saw it.
+        wall_time_s: Seconds from handing the trial to its trial process (starting it, for a cold trial) to its
+            result, as the parent saw it.
         import_time_s: Seconds the trial process spent importing torch/transformers/peft/bitsandbytes.
         load_time_s: Seconds to read the data, load and quantize the model and attach LoRA.
         train_time_s: Seconds inside ``Trainer.train``.
+        setup_time_s: Seconds the trial process spent before training started: imports (paid by the first trial of
+            a process only), reading the data, loading or reusing the 4-bit model, attaching LoRA.
+        warm: Whether the trial ran in a trial process that had already run another trial (imports paid).
+        model_reused: Whether it also kept that trial's 4-bit base model (same model-level settings).
         tokens_per_s: Non-padding tokens trained per second of ``train_time_s``.
         quantized_linear_count: ``bitsandbytes.nn.Linear4bit`` modules found after loading.
         lora_alpha: ``lora_alpha_ratio * r``.
@@ -89,6 +94,9 @@ class TrialResult:
     import_time_s: float | None = None
     load_time_s: float | None = None
     train_time_s: float | None = None
+    setup_time_s: float | None = None
+    warm: bool | None = None
+    model_reused: bool | None = None
     tokens_per_s: float | None = None
     quantized_linear_count: int | None = None
     lora_alpha: float | None = None

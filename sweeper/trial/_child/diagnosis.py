@@ -6,11 +6,17 @@ before the optimizer has applied that step, so the weights are the ones that fai
 1. **Static checks of the step's rows** (no compute): an input id outside the embedding, a non-finite value in a
    float input, or no supervised token in the whole step (cross-entropy averaged over zero tokens is 0/0). Any of
    them: ``data``, naming the rows.
-2. **fp32 replay, row by row**: every row with a supervised token runs again alone on the same weights with the
-   4-bit layers computing in float32 and autocast off (and its backward, when the gradient norm was the non-finite
-   value). All finite: the compute dtype overflowed, ``precision``; the first module whose output is non-finite in a
-   replay in the original compute dtype is named.
-3. **Rows still non-finite in fp32**: ``optimization`` when the weights fail on clean rows too (up to
+2. **The embedding rows of the step's tokens, padding included**: a token whose input-embedding row is NaN or
+   infinite in the trial's weights (a value beyond float16's range becomes inf when the model loads in float16)
+   makes every row that holds it non-finite, even as padding: a masked position still enters attention with weight
+   0, and 0 x NaN is NaN (the pad-token case of unsloth#4104). ``data``, naming the token, its id and the rows it is
+   in or pads.
+3. **fp32 replay, row by row, as trained**: every row with a supervised token runs again alone on the same weights,
+   with its padding and attention mask, the 4-bit layers computing in float32 and autocast off (and its backward,
+   when the gradient norm was the non-finite value). All finite: the compute dtype overflowed, ``precision``; the
+   first module whose output is non-finite in a replay in the original compute dtype is named. A row non-finite with
+   its padding and finite without it: ``data``, the padding.
+4. **Rows still non-finite in fp32**: ``optimization`` when the weights fail on clean rows too (up to
    :data:`CONTROL_ROWS` rows of the last finite step, replayed the same way) or the gradient norm grew by
    :data:`GRAD_NORM_GROWTH` or more over the run (learning_rate times lora_alpha/r too large); otherwise those rows
    are non-finite on their own on weights that handle other rows: ``data``.
@@ -43,6 +49,8 @@ class NanRow:
         micro_batch: 0-based micro-batch of the step it was in (``gradient_accumulation_steps`` > 1).
         input_ids: The row's tokens as trained (padding removed), ``len <= max_seq_length``.
         labels: Same length; -100 where no loss is computed.
+        padded_ids, attention_mask, padded_labels: The row exactly as the collator built it (padding included), for
+            the replay; not written to ``nan_batch.jsonl``.
         supervised_tokens: ``labels[1:] != -100`` (the causal shift drops position 0).
         invalid_token_ids: Ids outside ``[0, vocab_size)``, sorted, unique.
         nonfinite_inputs: A float input of the row holds NaN or inf.
@@ -61,12 +69,21 @@ class NanRow:
     fp32_loss: float | None = None
     fp32_finite: bool | None = None
     at_fault: bool = False
+    padded_ids: list[int] = field(default_factory=list)
+    attention_mask: list[int] = field(default_factory=list)
+    padded_labels: list[int] = field(default_factory=list)
+
+    @property
+    def padding(self) -> int:
+        """Positions of the row the attention mask hides (the collator's padding)."""
+        return sum(1 for m in self.attention_mask if not m)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, ``input_ids`` and ``labels`` replaced by ``tokens_trained`` (the artifact carries the decoded
         text instead)."""
         out = asdict(self)
-        out.pop("labels")
+        for key in ("labels", "padded_ids", "attention_mask", "padded_labels"):
+            out.pop(key)
         return {"index": out.pop("index"), "tokens_trained": len(out.pop("input_ids")), **out}
 
 
@@ -105,9 +122,12 @@ def step_rows(batches: Sequence[Mapping[str, Any]], vocab_size: int) -> list[Nan
     for mb, batch in enumerate(batches):
         floats = [v for v in batch.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
         for r, index in enumerate(batch["sample_index"]):
-            n = int(batch["attention_mask"][r].sum())
-            ids = batch["input_ids"][r, :n].tolist()
-            labels = batch["labels"][r, :n].tolist()
+            mask = batch["attention_mask"][r].tolist()
+            keep = [j for j, m in enumerate(mask) if m]
+            padded_ids = batch["input_ids"][r].tolist()
+            padded_labels = batch["labels"][r].tolist()
+            ids = [padded_ids[j] for j in keep]
+            labels = [padded_labels[j] for j in keep]
             rows.append(
                 NanRow(
                     index=int(index),
@@ -117,6 +137,9 @@ def step_rows(batches: Sequence[Mapping[str, Any]], vocab_size: int) -> list[Nan
                     supervised_tokens=sum(1 for t in labels[1:] if t != -100),
                     invalid_token_ids=sorted({i for i in ids if i < 0 or i >= vocab_size}),
                     nonfinite_inputs=any(not bool(torch.isfinite(f[r]).all()) for f in floats),
+                    padded_ids=padded_ids,
+                    attention_mask=mask,
+                    padded_labels=padded_labels,
                 )
             )
     return rows
@@ -141,14 +164,16 @@ def _fp32_compute(model: Any) -> Iterator[None]:
             m.compute_dtype = dtype
 
 
-def replay_row(model: Any, row: NanRow, *, with_gradient: bool) -> tuple[float, bool]:
+def replay_row(model: Any, row: NanRow, *, with_gradient: bool, padded: bool = True) -> tuple[float, bool]:
     """Run one row alone through ``model`` in the current precision context (train mode, weights untouched).
 
     Args:
         model: The peft model of the trial.
-        row: Its tokens form a ``[1, len(row.input_ids)]`` batch.
+        row: As trained: its padded tokens, attention mask and labels form a ``[1, max_seq_length]`` batch; without
+            ``padded`` (or when the row carries no padded form), its tokens alone, ``[1, len(row.input_ids)]``.
         with_gradient: Also compute the gradient of the trainable parameters (``torch.autograd.grad``: the
             parameters' ``.grad`` is left alone) and require its norm to be finite.
+        padded: Replay with the padding (the default), or without it.
 
     Returns:
         ``(loss, finite)``: the row's mean loss over its supervised tokens, and whether loss (and gradient) were
@@ -157,9 +182,15 @@ def replay_row(model: Any, row: NanRow, *, with_gradient: bool) -> tuple[float, 
     import torch
 
     device = next(model.parameters()).device
-    ids = torch.tensor([row.input_ids], device=device)
-    labels = torch.tensor([row.labels], device=device)
-    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels, "use_cache": False}
+    if padded and row.padded_ids:
+        ids = torch.tensor([row.padded_ids], device=device)
+        labels = torch.tensor([row.padded_labels], device=device)
+        mask = torch.tensor([row.attention_mask], device=device)
+    else:
+        ids = torch.tensor([row.input_ids], device=device)
+        labels = torch.tensor([row.labels], device=device)
+        mask = torch.ones_like(ids)
+    kwargs = {"input_ids": ids, "attention_mask": mask, "labels": labels, "use_cache": False}
     if not with_gradient:
         with torch.no_grad():
             loss = model(**kwargs).loss
@@ -237,6 +268,90 @@ def _names(indices: Sequence[int]) -> str:
     return ("sample " if len(indices) == 1 else "samples ") + shown + (" ..." if len(indices) > 6 else "")
 
 
+#: Special-token roles read from a tokenizer (or the model's config), to name a token in a reason.
+SPECIAL_ROLES = ("pad", "eos", "bos", "unk")
+
+
+def bad_embedding_rows(model: Any, ids: Sequence[int], compute_dtype: str) -> dict[int, str]:
+    """The ids among ``ids`` whose input-embedding row cannot be computed with: NaN, infinite, or beyond the compute
+    dtype's largest finite value (the input of the first 4-bit layer is cast to it).
+
+    Returns:
+        ``{id: what}``, ``what`` one of ``nan``, ``inf`` or ``beyond float16's range (largest |value| 7.0e+04)``.
+    """
+    import torch
+
+    weight = model.get_input_embeddings().weight
+    wanted = sorted({i for i in ids if 0 <= i < weight.shape[0]})
+    if not wanted:
+        return {}
+    with torch.no_grad():
+        rows = weight[torch.tensor(wanted, device=weight.device)].float()
+    limit = torch.finfo(getattr(torch, compute_dtype)).max if compute_dtype != "float32" else math.inf
+    out = {}
+    for token, row in zip(wanted, rows):
+        if bool(torch.isnan(row).any()):
+            out[token] = "nan"
+        elif bool(torch.isinf(row).any()):
+            out[token] = "inf"
+        elif float(row.abs().max()) > limit:
+            out[token] = f"beyond {compute_dtype}'s range (largest |value| {float(row.abs().max()):.1e})"
+    return out
+
+
+def token_name(token: int, tokenizer: Any = None, model: Any = None) -> str:
+    """``the pad token '<pad>' (id 512)``: the token's special roles and text from the tokenizer, or its roles from
+    the model's config without one, or ``token '<x>' (id 7)``."""
+    roles: list[str] = []
+    text = None
+    for role in SPECIAL_ROLES:
+        owner = tokenizer if tokenizer is not None else getattr(model, "config", None)
+        if owner is not None and getattr(owner, f"{role}_token_id", None) == token and role not in roles:
+            roles.append(role)
+    if tokenizer is not None:
+        try:
+            text = tokenizer.convert_ids_to_tokens(token)
+        except Exception:
+            text = None
+    what = f"the {'/'.join(roles)} token" if roles else "token"
+    return f"{what} '{text}' (id {token})" if text else f"{what} (id {token})"
+
+
+def _bad_token_diagnosis(
+    rows: list[NanRow], bad: Mapping[int, str], compute_dtype: str, tokenizer: Any, model: Any
+) -> NanDiagnosis:
+    """``data``: the rows holding or padded with a token whose embedding row is bad (see :func:`bad_embedding_rows`)."""
+    token = min(bad, key=lambda t: (bad[t] not in ("nan", "inf"), t))
+    holders = [r for r in rows if token in r.input_ids]
+    padded = [r for r in rows if r not in holders and token in r.padded_ids]
+    for r in holders + padded:
+        r.at_fault = True
+    faulty = [r.index for r in holders + padded]
+    what = bad[token]
+    row_kind = f"a non-finite ({what}) embedding row" if what in ("nan", "inf") else f"an embedding row {what}"
+    if what == "inf" and compute_dtype == "float16":
+        row_kind += " (a value beyond float16's 65504 becomes inf when the model loads in float16)"
+    where = []
+    if padded:
+        where.append(
+            f"it pads {_names([r.index for r in padded])}, and a masked position still enters attention with weight "
+            "0 (0 x NaN = NaN)"
+        )
+    if holders:
+        where.append(f"{_names([r.index for r in holders])} hold{'s' if len(holders) == 1 else ''} it")
+    others = len(bad) - 1
+    return NanDiagnosis(
+        cause="data",
+        samples=faulty,
+        rows=rows,
+        reason=(
+            f"data: {token_name(token, tokenizer, model)} has {row_kind}; {'; '.join(where)}"
+            + (f" ({others} other token{'s' if others > 1 else ''} of the step too)" if others else "")
+            + "; fix that row of the checkpoint's embedding, or pad with another token"
+        ),
+    )
+
+
 def diagnose_nan(
     model: Any,
     *,
@@ -250,6 +365,7 @@ def diagnose_nan(
     lora_alpha_ratio: float,
     max_seq_length: int,
     precision: Any = contextlib.nullcontext,
+    tokenizer: Any = None,
 ) -> NanDiagnosis:
     """Decide why the step went non-finite (see the module docstring for the rules).
 
@@ -264,6 +380,7 @@ def diagnose_nan(
         learning_rate, lora_alpha_ratio: For the reason of an ``optimization`` NaN.
         max_seq_length: For the reason of a step without supervised tokens.
         precision: Context manager factory of the training's autocast, for naming the overflowing module.
+        tokenizer: The trial's tokenizer, to name a token by its text (without it, by its id and special role).
 
     Returns:
         The diagnosis. A replay that itself fails (out of memory under the trial's cap) gives ``cause=None`` and says
@@ -309,14 +426,25 @@ def diagnose_nan(
             ),
         )
 
+    try:
+        bad_tokens = bad_embedding_rows(model, [i for r in rows for i in r.padded_ids or r.input_ids], compute_dtype)
+    except Exception:  # a model without an input embedding to read: the replay decides
+        bad_tokens = {}
+    if bad_tokens:
+        return _bad_token_diagnosis(rows, bad_tokens, compute_dtype, tokenizer, model)
+
     with_gradient = failed_in == "gradient norm"
     replayed = [r for r in rows if r.supervised_tokens > 0]
+    padding_only: list[NanRow] = []
     try:
         with _fp32_compute(model):
             for r in replayed:
                 loss, r.fp32_finite = replay_row(model, r, with_gradient=with_gradient)
                 r.fp32_loss = loss if math.isfinite(loss) else None
             bad = [r for r in replayed if not r.fp32_finite]
+            padding_only = [
+                r for r in bad if r.padding and replay_row(model, r, with_gradient=with_gradient, padded=False)[1]
+            ]
             controls = (
                 []
                 if not bad
@@ -335,6 +463,21 @@ def diagnose_nan(
             reason=f"cause unknown: the fp32 replay failed ({type(exc).__name__}: {first})",
         )
 
+    if padding_only:
+        for r in padding_only:
+            r.at_fault = True
+        pads = sorted({r.padded_ids[j] for r in padding_only for j, m in enumerate(r.attention_mask) if not m})
+        names = ", ".join(token_name(t, tokenizer, model) for t in pads)
+        return NanDiagnosis(
+            cause="data",
+            samples=[r.index for r in padding_only],
+            rows=rows,
+            reason=(
+                f"data: {_names([r.index for r in padding_only])} {'is' if len(padding_only) == 1 else 'are'} "
+                f"non-finite in an fp32 replay with {'its' if len(padding_only) == 1 else 'their'} padding "
+                f"({names}) and finite without it: the padding token breaks the step"
+            ),
+        )
     if not bad:
         if compute_dtype == "float32":
             return NanDiagnosis(

@@ -268,12 +268,15 @@ def make_trainer(
     return trainer
 
 
-def track_activations(model: Any, record: TrainingRecord) -> None:
+def track_activations(model: Any, record: TrainingRecord) -> list[Any]:
     """Forward hooks on every ``bitsandbytes.nn.Linear4bit`` keeping the step's largest |input| and |output|.
 
     Those are the tensors that exist in the compute dtype: bitsandbytes casts the layer's input to it, runs the
     matmul in it and casts the result back (peft's LoRA branch and the residual stream stay in float32). The running
     maximum stays on the device and is read once per step.
+
+    Returns:
+        The hooks' handles: a warm trial process removes them before it keeps the model for the next trial.
     """
     import bitsandbytes as bnb
     import torch
@@ -289,6 +292,4 @@ def track_activations(model: Any, record: TrainingRecord) -> None:
             cur = record.step_max_activation
             record.step_max_activation = peak if cur is None else torch.maximum(cur, peak)
 
-    for module in model.modules():
-        if isinstance(module, bnb.nn.Linear4bit):
-            module.register_forward_hook(hook)
+    return [module.register_forward_hook(hook) for module in model.modules() if isinstance(module, bnb.nn.Linear4bit)]

@@ -1,10 +1,18 @@
 """The child side of a trial: the only place that trains.
 
-``python -m sweeper.trial._child.worker CONFIG.json RESULT.json`` caps its own memory, loads the model in 4 bits with
-bitsandbytes, checks the quantization took effect, attaches a peft LoRA adapter, trains ``max_steps`` optimizer steps
-with ``transformers.Trainer`` while recording the raw loss, the pre-clip gradient norm, fp16 scaler skips and the
-largest activation of every step, and writes a :class:`~sweeper.trial.TrialResult` as JSON. It stops at the first
-non-finite loss or gradient norm (``nan``) and turns a real allocation failure into ``oom``, naming the phase.
+``python -m sweeper.trial._child.worker --serve`` is a trial process that serves trials one after another (a *warm*
+process, as Ray Tune's ``reuse_actors``): it imports torch, transformers, peft and bitsandbytes once, reads jobs as
+JSON lines on stdin (``config_path``, ``result_path``, ``log_path``, ``trial_dir``), and after each writes the
+:class:`~sweeper.trial.TrialResult` as JSON and one line on the control pipe (``SWEEPER_CONTROL_FD``) saying whether
+it can take another trial. Per trial it caps its own memory, loads the model in 4 bits with bitsandbytes (or keeps
+the one it loaded for the previous trial when the model-level settings match, :func:`model_key`), checks the
+quantization took effect, attaches a peft LoRA adapter, trains ``max_steps`` optimizer steps with
+``transformers.Trainer`` while recording the raw loss, the pre-clip gradient norm, fp16 scaler skips and the largest
+activation of every step, and restores the base model afterwards. It stops at the first non-finite loss or gradient
+norm (``nan``) and turns a real allocation failure into ``oom``, naming the phase. After anything but a ``complete``
+or ``diverged`` trial it exits: the next trial runs in a fresh process.
+
+``python -m sweeper.trial._child.worker CONFIG.json RESULT.json`` runs one trial and exits (for debugging).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ if __name__ == "__main__":  # first thing, before the heavy imports below (secon
 
     die_with_parent()
 
+import ctypes
 import gc
 import json
 import logging
@@ -21,6 +30,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -140,23 +150,193 @@ def _probe(rows: list[dict[str, Any]], collate: Any, config: TrialConfig) -> Pro
     return Probe(batch=batch, interval_steps=interval, max_steps=config.max_steps)
 
 
-def train(config: TrialConfig, model_path: str, record: TrainingRecord, measured: dict[str, Any]) -> None:
-    """Load, check, adapt and train, writing measurements (named as :class:`TrialResult` fields) into ``measured``
-    as they become known. Exceptions propagate to :func:`run`."""
-    t_import = time.monotonic()
-    import torch
-    import transformers
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, TrainingArguments
+#: Compute dtypes a checkpoint of each dtype casts into without changing a value: loading in any of them gives the
+#: same weights, so the same 4-bit weights (measured: fp16 and fp32 loads of the built-in fp16 checkpoint quantize to
+#: identical bytes and absmax) and, after peft's float32 upcast, the same float32 norms and embeddings.
+_EXACT_CASTS = {
+    "float16": ("float16", "float32"),
+    "bfloat16": ("bfloat16", "float32"),
+    "float32": ("float32",),
+}
 
-    from sweeper.data import load_samples, load_tokenizer, tokenize_samples
+
+def checkpoint_dtype(model_path: str) -> str | None:
+    """The dtype a local checkpoint's ``config.json`` declares (``dtype``, or ``torch_dtype`` before transformers 5),
+    or None when it declares none or is not a local folder."""
+    try:
+        data = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = data.get("dtype") or data.get("torch_dtype")
+    return value if isinstance(value, str) else None
+
+
+def model_key(config: TrialConfig, model_path: str) -> tuple[Any, ...]:
+    """What decides the loaded 4-bit base model: two trials with the same key can share it.
+
+    The model, its attention implementation and remote-code setting, ``bnb_4bit_quant_type``,
+    ``bnb_4bit_use_double_quant``, and the dtype the weights are loaded in (the compute dtype: a cold trial loads in
+    it) unless the checkpoint's own dtype casts exactly into it (:data:`_EXACT_CASTS`): then every such compute dtype
+    loads the same weights, and the compute dtype is switched in place on the ``Linear4bit`` layers."""
+    stored = checkpoint_dtype(model_path)
+    load: str = config.bnb_4bit_compute_dtype
+    if stored in _EXACT_CASTS and load in _EXACT_CASTS[stored]:
+        load = f"exact from {stored}"
+    return (
+        model_path,
+        config.model.attn_implementation,
+        config.model.trust_remote_code,
+        config.bnb_4bit_quant_type,
+        config.bnb_4bit_use_double_quant,
+        load,
+    )
+
+
+@dataclass
+class WarmState:
+    """What a trial process keeps between the trials it serves.
+
+    Attributes:
+        trials: Trials this process finished before the current one (0: a cold trial).
+        model: The 4-bit base model of the last trial, restored (no adapter, no hooks, no checkpointing), or None.
+        model_key: Its :func:`model_key`.
+        tokenizers: Loaded tokenizers by (model path, trust_remote_code).
+        samples: The last dataset read, as (key, samples).
+        reusable: Whether this process may take another trial (set by :func:`run`).
+    """
+
+    trials: int = 0
+    model: Any = None
+    model_key: tuple[Any, ...] | None = None
+    tokenizers: dict[tuple[str, bool], Any] = field(default_factory=dict)
+    samples: tuple[str, Any] | None = None
+    reusable: bool = True
+
+    def drop_model(self) -> None:
+        """Forget the kept model and hand its memory back to the system (so it counts in no later trial's peak)."""
+        self.model, self.model_key = None, None
+        release_memory()
+
+
+def release_memory() -> None:
+    """Collect garbage and return freed heap to the system (glibc ``malloc_trim``), and empty CUDA's cache: what a
+    finished trial freed must not count in the next trial's peak or cap."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _import_heavy() -> float:
+    """Import torch, transformers, peft and bitsandbytes; seconds it took (about 0 when already imported)."""
+    start = time.monotonic()
+    import bitsandbytes  # noqa: F401
+    import peft  # noqa: F401
+    import torch  # noqa: F401
+    import transformers
+    from transformers import Trainer  # noqa: F401
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     report_logger = logging.getLogger("transformers.utils.loading_report")
     report_logger.setLevel(logging.WARNING)
-    report_logger.addHandler(_LOAD_REPORT)
-    measured["import_time_s"] = time.monotonic() - t_import
+    if _LOAD_REPORT not in report_logger.handlers:
+        report_logger.addHandler(_LOAD_REPORT)
+    return time.monotonic() - start
+
+
+def _load_model(config: TrialConfig, model_path: str, cuda: bool) -> Any:
+    """``from_pretrained`` in 4 bits, as a cold trial (and the production run) loads it."""
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    compute_dtype = getattr(torch, config.bnb_4bit_compute_dtype)
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=config.bnb_4bit_quant_type,
+        bnb_4bit_use_double_quant=config.bnb_4bit_use_double_quant,
+        bnb_4bit_compute_dtype=compute_dtype,
+    )
+    return AutoModelForCausalLM.from_pretrained(
+        model_path,
+        quantization_config=quantization,
+        dtype=compute_dtype,  # unquantized layers load in the compute dtype; peft upcasts them to fp32 below
+        attn_implementation=config.model.attn_implementation,
+        trust_remote_code=config.model.trust_remote_code,
+        device_map={"": 0} if cuda else None,
+    )
+
+
+def _base_model(
+    config: TrialConfig, model_path: str, cuda: bool, warm: WarmState, measured: dict[str, Any]
+) -> tuple[Any, tuple[Any, ...]]:
+    """The trial's 4-bit base model: the kept one when its :func:`model_key` matches (its compute dtype switched in
+    place), else a fresh load after the kept one was dropped (two never coexist)."""
+    import bitsandbytes as bnb
+    import torch
+
+    key = model_key(config, model_path)
+    measured["model_reused"] = warm.model is not None and warm.model_key == key
+    if not measured["model_reused"]:
+        warm.drop_model()
+        return _load_model(config, model_path, cuda), key
+    model, warm.model, warm.model_key = warm.model, None, None
+    compute_dtype = getattr(torch, config.bnb_4bit_compute_dtype)
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.compute_dtype = compute_dtype
+            module.compute_type_is_set = True
+            # The dtype the 4-bit weight dequantizes to: a cold load records the dtype it quantized from, the
+            # compute dtype (with another one, bf16 -> fp32 the trace differed from step 1 on: measured).
+            module.weight.quant_state.dtype = compute_dtype
+    model.config.dtype = compute_dtype
+    return model, key
+
+
+def _restore_base(peft_model: Any, hooks: list[Any]) -> Any | None:
+    """The base model with everything the trial added taken off: the activation hooks, the LoRA layers (peft
+    ``unload``, no merge), gradient checkpointing and the input-grad hook of ``prepare_model_for_kbit_training``.
+    None when a base weight is no longer finite (the next trial must load afresh)."""
+    import torch
+
+    for handle in hooks:
+        handle.remove()
+    base = peft_model.unload()
+    if hasattr(base, "peft_config"):
+        del base.peft_config
+    if getattr(base, "is_gradient_checkpointing", False):
+        base.gradient_checkpointing_disable()
+    if getattr(base, "_require_grads_hook", None) is not None:
+        base.disable_input_require_grads()
+    for param in base.parameters():
+        param.grad = None
+        if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+            return None
+    return base
+
+
+def train(
+    config: TrialConfig,
+    model_path: str,
+    record: TrainingRecord,
+    measured: dict[str, Any],
+    warm: WarmState | None = None,
+) -> None:
+    """Load (or reuse), check, adapt and train, writing measurements (named as :class:`TrialResult` fields) into
+    ``measured`` as they become known; with ``warm``, keep the restored base model there for the next trial when
+    training ended as ``complete`` or ``diverged``. Exceptions propagate to :func:`run`."""
+    warm = warm if warm is not None else WarmState()
+    measured["import_time_s"] = _import_heavy()
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import TrainingArguments
+
+    from sweeper.data import load_samples, load_tokenizer, tokenize_samples
 
     t_load = time.monotonic()
     cuda = torch.cuda.is_available()
@@ -166,26 +346,18 @@ def train(config: TrialConfig, model_path: str, record: TrainingRecord, measured
         set_cuda_memory_cap(config.memory_limit_gib)
     measured["device"] = f"cuda:0 ({torch.cuda.get_device_name(0)})" if cuda else "cpu"
 
-    tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
-    samples = load_samples(config.dataset)
+    tokenizer_key = (model_path, config.model.trust_remote_code)
+    if tokenizer_key not in warm.tokenizers:
+        warm.tokenizers[tokenizer_key] = load_tokenizer(model_path, config.model.trust_remote_code)
+    tokenizer = warm.tokenizers[tokenizer_key]
+    dataset_key = json.dumps(config.to_dict()["dataset"], sort_keys=True, default=str)
+    if warm.samples is None or warm.samples[0] != dataset_key:
+        warm.samples = (dataset_key, load_samples(config.dataset))
+    samples = warm.samples[1]
     tokenized = tokenize_samples(samples, tokenizer, config.max_seq_length)
     rows = [{"input_ids": t.input_ids, "labels": t.labels, "index": t.index} for t in tokenized]
 
-    compute_dtype = getattr(torch, config.bnb_4bit_compute_dtype)
-    quantization = BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type=config.bnb_4bit_quant_type,
-        bnb_4bit_use_double_quant=config.bnb_4bit_use_double_quant,
-        bnb_4bit_compute_dtype=compute_dtype,
-    )
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path,
-        quantization_config=quantization,
-        dtype=compute_dtype,  # unquantized layers load in the compute dtype; peft upcasts them to fp32 below
-        attn_implementation=config.model.attn_implementation,
-        trust_remote_code=config.model.trust_remote_code,
-        device_map={"": 0} if cuda else None,
-    )
+    model, key = _base_model(config, model_path, cuda, warm, measured)
     measured["quantized_linear_count"] = check_quantization(model, config)
     model = prepare_model_for_kbit_training(
         model,
@@ -193,7 +365,7 @@ def train(config: TrialConfig, model_path: str, record: TrainingRecord, measured
         gradient_checkpointing_kwargs={"use_reentrant": False},
     )
     transformers.set_seed(config.seed)
-    model = get_peft_model(  # type: ignore[assignment]
+    model = get_peft_model(
         model,
         LoraConfig(
             r=config.r,
@@ -204,8 +376,7 @@ def train(config: TrialConfig, model_path: str, record: TrainingRecord, measured
             task_type="CAUSAL_LM",
         ),
     )
-    if config.bnb_4bit_compute_dtype != "float32":
-        track_activations(model, record)
+    hooks = track_activations(model, record) if config.bnb_4bit_compute_dtype != "float32" else []
 
     args = TrainingArguments(
         output_dir=str(Path(os.environ.get("SWEEPER_TRIAL_DIR", ".")) / "trainer"),
@@ -240,12 +411,17 @@ def train(config: TrialConfig, model_path: str, record: TrainingRecord, measured
     if not cuda:
         reset_cpu_peak()  # see sweeper.trial._child.memory: on the CPU the training-phase peak stands for the card
 
-    t_train = time.monotonic()
+    t_train = measured["t_train_start"] = time.monotonic()
     record.phase = "forward"
     n_tokens = {t.index: t.n_tokens for t in tokenized}
     by_index = {s.index: s for s in samples}
+    kept = False
     try:
         trainer.train()
+        kept = True
+    except DivergedError:
+        kept = True
+        raise
     except NonFiniteError as exc:
         measured["train_time_s"] = time.monotonic() - t_train
         try:
@@ -257,6 +433,15 @@ def train(config: TrialConfig, model_path: str, record: TrainingRecord, measured
     finally:
         measured.setdefault("train_time_s", time.monotonic() - t_train)
         measured.update(_seen_lengths(record, n_tokens, config.max_seq_length))
+        if kept:  # the next trial of this process may reuse the base model
+            peft_model = trainer.model
+            trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = None
+            del trainer
+            warm.model = _restore_base(peft_model, hooks)
+            warm.model_key = key if warm.model is not None else None
+            del peft_model, model
+        else:
+            del trainer, model
 
 
 def _diagnose(exc: NonFiniteError, trainer: Any, config: TrialConfig, record: TrainingRecord) -> Any:
@@ -328,18 +513,40 @@ def _seen_lengths(record: TrainingRecord, n_tokens: dict[int, int], max_seq_leng
     return out
 
 
-def run(config: TrialConfig, model_path: str) -> TrialResult:
-    """Run one trial in this process and return its result; never raises for a trial's own failure."""
+def _reset_peaks() -> None:
+    """Start this trial's peak statistics from what the process holds now (CUDA and the CPU high-water mark)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    reset_cpu_peak()
+
+
+def run(config: TrialConfig, model_path: str, warm: WarmState | None = None) -> TrialResult:
+    """Run one trial in this process and return its result; never raises for a trial's own failure.
+
+    Args:
+        config: The trial.
+        model_path: A local checkpoint (:func:`sweeper.model.resolve_model`).
+        warm: What this process kept from earlier trials (:class:`WarmState`); updated in place, and its
+            ``reusable`` says whether the process may take another trial: only after ``complete`` or ``diverged``
+            (an OOM, error or NaN leaves the process as a fresh one would not be: the NaN diagnosis replays rows
+            outside training mode, which on some CPUs repacks the 4-bit weights).
+    """
+    warm = warm if warm is not None else WarmState()
+    t_setup = time.monotonic()
+    release_memory()
+    _LOAD_REPORT.messages.clear()
     reserve = bytearray(_RESERVE_BYTES)
     if not cuda_visible():
         set_cpu_memory_cap(config.memory_limit_gib)
+    _reset_peaks()
     record = TrainingRecord()
-    measured: dict[str, Any] = {}
+    measured: dict[str, Any] = {"warm": warm.trials > 0, "model_reused": False}
     result = TrialResult(
         status="complete", lora_alpha=config.lora_alpha, effective_batch_size=config.effective_batch_size
     )
     try:
-        train(config, model_path, record, measured)
+        train(config, model_path, record, measured, warm)
         result.reason = f"{record.step} steps finished"
     except NonFiniteError as exc:
         result.status, result.fail_phase = "nan", exc.phase  # type: ignore[assignment]
@@ -380,6 +587,10 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
             result.reason = f"{type(exc).__name__} {where}" + (f": {first}" if first else "")
             traceback.print_exc()
     del reserve
+    warm.trials += 1
+    warm.reusable = result.status in ("complete", "diverged") and warm.model is not None
+    if not warm.reusable:
+        warm.drop_model()
     gc.collect()
     torch = sys.modules.get("torch")
     device_type = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
@@ -395,7 +606,10 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
         result.loss_trace = record.loss + [finite_or_none(record.step_loss)]
         result.grad_norm_trace = record.grad_norm + [finite_or_none(record.step_grad_norm)]
     for key, value in measured.items():
-        setattr(result, key, value)
+        if hasattr(result, key):
+            setattr(result, key, value)
+    if "load_time_s" in measured:
+        result.setup_time_s = measured["t_train_start"] - t_setup
     if measured.get("train_time_s"):
         result.tokens_per_s = record.tokens / measured["train_time_s"]
     result.probe_steps, result.probe_loss_trace = record.probe_steps, record.probe_loss
@@ -424,20 +638,63 @@ def run(config: TrialConfig, model_path: str) -> TrialResult:
     return result
 
 
+def _write_result(result: TrialResult, result_path: Path) -> None:
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result.to_dict(), allow_nan=False))
+    os.replace(tmp, result_path)
+
+
+def _log_to(path: str) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2, so native libraries too) to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def serve(control_fd: int) -> None:
+    """Serve trials read as JSON lines on stdin until stdin closes or a trial leaves the process unfit for another
+    (:attr:`WarmState.reusable`); after each, write its result file, then ``{"reusable": bool}`` and a newline on
+    ``control_fd``. The heavy imports happen once, before the first job is read; the first trial's
+    ``import_time_s`` and ``setup_time_s`` include them."""
+    warm = WarmState()
+    process_import_s = _import_heavy()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        _log_to(job["log_path"])
+        os.environ["SWEEPER_TRIAL_DIR"] = job["trial_dir"]
+        payload = json.loads(Path(job["config_path"]).read_text())
+        result = run(TrialConfig.from_dict(payload["config"]), payload["model_path"], warm)
+        if warm.trials == 1:
+            result.import_time_s = process_import_s
+            if result.setup_time_s is not None:
+                result.setup_time_s += process_import_s
+        _write_result(result, Path(job["result_path"]))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.write(control_fd, (json.dumps({"reusable": warm.reusable}) + "\n").encode())
+        if not warm.reusable:
+            break
+
+
 def main(argv: list[str]) -> int:
-    """``python -m sweeper.trial._child.worker CONFIG.json RESULT.json``; writes the result atomically, exit 0 unless it
-    could not."""
-    config_path, result_path = Path(argv[0]), Path(argv[1])
+    """``python -m sweeper.trial._child.worker --serve`` (:func:`serve`, control pipe in ``SWEEPER_CONTROL_FD``) or
+    ``... CONFIG.json RESULT.json`` (one trial); writes results atomically, exit 0 unless it could not."""
     # pyarrow (imported by datasets and the Trainer) reserves 1 GiB of virtual memory for mimalloc at import; under
     # RLIMIT_DATA that reservation would count as used. The system allocator reserves nothing (measured: VmData
     # 1.43 -> 0.46 GiB after importing transformers' Trainer).
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
-    payload = json.loads(config_path.read_text())
-    os.environ.setdefault("SWEEPER_TRIAL_DIR", str(config_path.parent))
-    result = run(TrialConfig.from_dict(payload["config"]), payload["model_path"])
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result.to_dict(), allow_nan=False))
-    os.replace(tmp, result_path)
+    if argv[:1] == ["--serve"]:
+        serve(int(os.environ["SWEEPER_CONTROL_FD"]))
+    else:
+        config_path, result_path = Path(argv[0]), Path(argv[1])
+        payload = json.loads(config_path.read_text())
+        os.environ.setdefault("SWEEPER_TRIAL_DIR", str(config_path.parent))
+        _write_result(run(TrialConfig.from_dict(payload["config"]), payload["model_path"]), result_path)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: it can take seconds after a large model and changes nothing

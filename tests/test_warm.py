@@ -1,0 +1,144 @@
+"""Warm trial processes (:class:`sweeper.trial.TrialProcess`): a trial run in a process that already ran another one
+gives the same result as in a fresh process, and the process is replaced after what could leave it changed.
+
+Real trials on the tiny Llama; the comparisons are bitwise on the CPU (same kernels, same seed)."""
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
+from sweeper.trial import TrialProcess, run_trial
+
+pytestmark = pytest.mark.slow
+
+
+def _config(model, **kw) -> TrialConfig:
+    base = dict(
+        max_steps=4,
+        max_seq_length=64,
+        per_device_train_batch_size=2,
+        r=4,
+        learning_rate=1e-3,
+        optim="adamw_torch",
+        memory_limit_gib=4.0,
+        trial_timeout_s=180.0,
+        model=ModelSpec(name_or_path=str(model)),
+        dataset=DatasetSpec(max_samples=32),
+    )
+    return TrialConfig(**{**base, **kw})
+
+
+def _same_training(a, b) -> None:
+    assert a.status == b.status == "complete", (a.reason, b.reason)
+    assert a.loss_trace == b.loss_trace
+    assert a.grad_norm_trace == b.grad_norm_trace
+    assert a.probe_loss_trace == b.probe_loss_trace
+    assert a.instability == b.instability
+    assert abs(a.peak_memory_gib - b.peak_memory_gib) <= 0.05, (a.peak_memory_gib, b.peak_memory_gib)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_bf16(tiny_model, tmp_path_factory):
+    """The tiny Llama stored in bfloat16, as most checkpoints are: bf16 and fp32 compute load the same weights."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    target = tmp_path_factory.mktemp("tiny-bf16")
+    AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).save_pretrained(target)
+    for f in tiny_model.iterdir():
+        if "token" in f.name or f.name.endswith(".jinja"):
+            shutil.copy(f, target / f.name)
+    return target
+
+
+def test_a_warm_trial_trains_as_a_cold_one(tiny_model_bf16, tmp_path):
+    """Cold, then in one warm process: a trial with other model-level and LoRA settings, the same trial (its model
+    loaded afresh), and trials that reuse that model, one with another compute dtype (the checkpoint is stored in
+    bf16, so bf16 and fp32 compute load the same weights)."""
+    tiny_model = tiny_model_bf16
+    path = str(tiny_model)
+    want = _config(tiny_model, bnb_4bit_compute_dtype="bfloat16")
+    other = _config(
+        tiny_model,
+        bnb_4bit_compute_dtype="float32",
+        bnb_4bit_quant_type="fp4",
+        bnb_4bit_use_double_quant=False,
+        r=16,
+        per_device_train_batch_size=4,
+        gradient_checkpointing=False,
+    )
+    cold = run_trial(want, tmp_path / "cold", model_path=path)
+    cold_other = run_trial(other, tmp_path / "cold-other", model_path=path)
+    assert cold.warm is False and cold.model_reused is False and cold.setup_time_s > cold.import_time_s > 0
+    process = TrialProcess()
+    try:
+        first = process.run(other, tmp_path / "w1", model_path=path)
+        pid = process.pid
+        again = process.run(want, tmp_path / "w2", model_path=path)
+        fp32 = process.run(
+            dataclasses.replace(want, bnb_4bit_compute_dtype="float32"), tmp_path / "w3", model_path=path
+        )
+        reused = process.run(want, tmp_path / "w4", model_path=path)
+        assert process.pid == pid
+    finally:
+        process.close()
+    assert first.warm is False and again.warm is True and again.model_reused is False
+    assert fp32.model_reused is True and reused.model_reused is True
+    assert again.import_time_s < 0.5 < first.import_time_s
+    _same_training(cold_other, first)
+    _same_training(cold, again)
+    _same_training(cold, reused)
+    cold_fp32 = run_trial(
+        dataclasses.replace(want, bnb_4bit_compute_dtype="float32"), tmp_path / "cold-fp32", model_path=path
+    )
+    _same_training(cold_fp32, fp32)
+
+
+def test_after_an_oom_a_kill_or_a_timeout_the_next_trial_gets_a_fresh_process(tiny_model, tmp_path):
+    path = str(tiny_model)
+    process = TrialProcess()
+    try:
+        ok = process.run(_config(tiny_model), tmp_path / "1", model_path=path)
+        warm_pid = process.pid
+        assert ok.status == "complete" and warm_pid is not None
+        # A real allocation failure under the cap, in the warm process: it is replaced.
+        big = _config(tiny_model, per_device_train_batch_size=64, max_seq_length=1024, memory_limit_gib=0.75)
+        oom = process.run(big, tmp_path / "2", model_path=path)
+        assert oom.status == "oom" and oom.warm is True, oom.reason
+        assert process.pid is None
+        with pytest.raises(ProcessLookupError):
+            os.kill(warm_pid, 0)
+        after_oom = process.run(_config(tiny_model), tmp_path / "3", model_path=path)
+        assert after_oom.status == "complete" and after_oom.warm is False
+        assert after_oom.loss_trace == ok.loss_trace
+
+        # Killed mid-trial while warm: a crash, and the next trial runs in a fresh process.
+        warm_pid = process.pid
+
+        def kill_soon():
+            time.sleep(1.5)
+            os.kill(warm_pid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_soon)
+        killer.start()
+        crashed = process.run(_config(tiny_model, max_steps=400), tmp_path / "4", model_path=path)
+        killer.join()
+        assert crashed.status == "crash" and "SIGKILL" in crashed.reason and crashed.warm is True
+        again = process.run(_config(tiny_model), tmp_path / "5", model_path=path)
+        assert again.status == "complete" and again.warm is False and process.pid != warm_pid
+
+        # A timeout kills the warm process's whole group.
+        warm_pid = process.pid
+        slow = process.run(_config(tiny_model, max_steps=400, trial_timeout_s=3.0), tmp_path / "6", model_path=path)
+        assert slow.status == "timeout" and process.pid is None
+        with pytest.raises(ProcessLookupError):
+            os.kill(warm_pid, 0)
+    finally:
+        process.close()
