@@ -10,6 +10,10 @@ Finding kinds (``Finding.kind``):
   on. A step whose rows all are like that averages cross-entropy over zero tokens: the loss is 0/0 = NaN. NaN risk.
 - ``invalid_token_id`` (per ``max_seq_length``): a token id outside the model's embedding (a tokenizer with added
   tokens the model was never resized for). An index error on the CPU, a device-side assert on CUDA. NaN risk.
+- ``bad_embedding_row``: a special token the trials use (pad, eos, bos) whose input-embedding row in the checkpoint
+  is NaN or infinite, or beyond float16's range when float16 compute is searched (the model loads in the compute
+  dtype). Every row holding it or padded with it goes NaN: a masked position still enters attention with weight 0,
+  and 0 x NaN is NaN (unsloth#4104). NaN risk.
 - ``truncated`` (per ``max_seq_length``): samples longer than the limit; their tails are not trained on.
 - ``too_long``: extreme outliers of the token-length distribution (beyond Tukey's far-out fence), the samples that
   set the memory peak of a run that pads to the longest row.
@@ -19,6 +23,8 @@ Finding kinds (``Finding.kind``):
 - ``duplicate``: samples with the same content (after collapsing whitespace).
 - ``unusual_characters``: control characters, U+FFFD replacement characters (a decoding error upstream), or
   full-width punctuation in text that has no CJK characters (copy-paste from an IME).
+- ``dropped_row`` (one per reason): dataset rows that give no sample (:class:`sweeper.data.DroppedRow`): a trial
+  does not train on them. Indices are the rows'; ``samples`` of the report does not count them.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from sweeper.data import Sample, TokenizedSample
+from sweeper.data import DroppedRow, Sample, SpecialTokenRow, TokenizedSample
 
 FindingKind = Literal[
     "no_supervised_tokens",
@@ -42,10 +48,14 @@ FindingKind = Literal[
     "empty_response",
     "duplicate",
     "unusual_characters",
+    "dropped_row",
+    "bad_embedding_row",
 ]
 
 #: Kinds that make a trial NaN (or crash) when a step consists of such samples; ``sweep doctor --strict`` exits 1.
-NAN_KINDS = ("no_supervised_tokens", "invalid_token_id")
+NAN_KINDS = ("no_supervised_tokens", "invalid_token_id", "bad_embedding_row")
+#: Largest finite value per compute dtype (``torch.finfo(dtype).max``), for ``bad_embedding_row``.
+DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
 
 #: Longest repeating unit looked for by ``repeated_span``, in tokens.
 MAX_PERIOD = 8
@@ -224,6 +234,10 @@ def audit_samples(
     tokenized: Sequence[TokenizedSample],
     max_seq_lengths: Iterable[int],
     vocab_size: int | None = None,
+    *,
+    dropped: Sequence[DroppedRow] = (),
+    special_tokens: Sequence[SpecialTokenRow] = (),
+    compute_dtypes: Sequence[str] = ("bfloat16", "float16", "float32"),
 ) -> AuditReport:
     """Audit samples as the trials would see them at each ``max_seq_length``.
 
@@ -234,13 +248,20 @@ def audit_samples(
         max_seq_lengths: Limits to audit (each >= 2); duplicates are merged.
         vocab_size: Rows of the model's input embedding (``config.vocab_size``), or None to skip
             ``invalid_token_id``.
+        dropped: Rows of the dataset that give no sample (:func:`sweeper.data.unused_rows`): ``dropped_row``.
+        special_tokens: :func:`sweeper.data.special_token_rows` of the checkpoint: ``bad_embedding_row``.
+        compute_dtypes: The ``bnb_4bit_compute_dtype`` values the trials use (a row beyond float16's range matters
+            only to float16 trials).
 
     Returns:
         The report; ``findings`` is empty for a clean dataset.
 
     Raises:
-        ValueError: ``samples`` and ``tokenized`` differ in length or order.
+        ValueError: ``tokenized`` does not follow ``samples``' order (samples left out of ``tokenized``, such as rows
+            the chat template refuses, are left out of the audit too).
     """
+    kept = {t.index for t in tokenized}
+    samples = [s for s in samples if s.index in kept]
     if [s.index for s in samples] != [t.index for t in tokenized]:
         raise ValueError("samples and tokenized must hold the same samples in the same order")
     lengths = sorted(set(max_seq_lengths))
@@ -289,6 +310,7 @@ def audit_samples(
                         "model was not resized for (model.resize_token_embeddings), or the data holds raw ids",
                     )
                 )
+    findings += _embedding_findings(special_tokens, tokenized, lengths, compute_dtypes)
     for limit in lengths:
         longer = sorted(t.index for t in tokenized if t.n_tokens > limit)
         if longer:
@@ -387,6 +409,7 @@ def audit_samples(
             )
         )
 
+    findings += dropped_findings(dropped)
     return AuditReport(
         samples=len(samples),
         length_percentiles=length_percentiles(n_tokens),
@@ -394,6 +417,68 @@ def audit_samples(
         vocab_size=vocab_size,
         findings=findings,
     )
+
+
+def dropped_findings(dropped: Sequence[DroppedRow]) -> list[Finding]:
+    """One ``dropped_row`` finding per reason, the most frequent first, with the rows' indices."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for d in dropped:
+        groups[d.reason].append(d.index)
+    return [
+        Finding(
+            kind="dropped_row",
+            max_seq_length=None,
+            samples=sorted(indices),
+            detail=f"{len(indices)} row{'s' if len(indices) != 1 else ''} not trained on: {reason}: "
+            f"{_examples(sorted(indices))}",
+        )
+        for reason, indices in sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+    ]
+
+
+def _embedding_findings(
+    special_tokens: Sequence[SpecialTokenRow],
+    tokenized: Sequence[TokenizedSample],
+    lengths: Sequence[int],
+    compute_dtypes: Sequence[str],
+) -> list[Finding]:
+    """``bad_embedding_row``: special tokens whose embedding row is non-finite, or beyond the range of a searched
+    compute dtype; the samples are those holding the token, and for the pad token those padded at the longest
+    audited ``max_seq_length`` (the collator pads every row to it)."""
+    out = []
+    longest = max(lengths) if lengths else 0
+    for row in special_tokens:
+        if math.isfinite(row.max_abs):
+            over = [d for d in compute_dtypes if row.max_abs > DTYPE_MAX.get(d, math.inf)]
+            if not over:
+                continue
+            what = (
+                f"reaches {row.max_abs:.3g}, beyond {'/'.join(over)}'s largest value {DTYPE_MAX[over[0]]:g}: it "
+                f"becomes inf when a {'/'.join(over)} trial loads the model"
+            )
+        else:
+            what = f"holds {'NaN' if math.isnan(row.max_abs) else 'inf'}"
+        holders = {t.index for t in tokenized if row.id in t.input_ids[:longest]}
+        padded = {t.index for t in tokenized if "pad" in row.roles and t.n_tokens < longest}
+        affected = sorted(holders | padded)
+        reach = []
+        if padded:
+            reach.append(f"it pads {_samples(len(padded))} at max_seq_length {longest}")
+        if holders:
+            reach.append(f"{_samples(len(holders), verb=('holds', 'hold'))} it")
+        out.append(
+            Finding(
+                kind="bad_embedding_row",
+                max_seq_length=None,
+                samples=affected,
+                nan_risk=True,
+                detail=f"the {'/'.join(row.roles)} token {row.token!r} (id {row.id}): its embedding row in the "
+                f"checkpoint {what}; {', '.join(reach) or 'no sample uses it'}, and a step with such a row goes NaN "
+                "(a masked position still enters attention with weight 0, and 0 x NaN is NaN); fix that row of the "
+                "checkpoint, or set another pad token",
+            )
+        )
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -438,13 +523,7 @@ def first_nan_step(
     Returns:
         The first such step, or None.
     """
-    batches = [
-        tokenized[i : i + per_device_train_batch_size] for i in range(0, len(tokenized), per_device_train_batch_size)
-    ]
-    epoch = [
-        [row for b in batches[i : i + gradient_accumulation_steps] for row in b]
-        for i in range(0, len(batches), gradient_accumulation_steps)
-    ]
+    epoch = _epoch_steps(tokenized, per_device_train_batch_size, gradient_accumulation_steps)
     if not epoch:
         return None
     for step in range(min(max_steps, len(epoch))):  # later epochs repeat the same steps
@@ -455,6 +534,38 @@ def first_nan_step(
                 return NanStep(step=step + 1, samples=bad, kind="invalid_token_id")
         if all(supervised_tokens(t.labels, max_seq_length) == 0 for t in rows):
             return NanStep(step=step + 1, samples=[t.index for t in rows], kind="no_supervised_tokens")
+    return None
+
+
+def _epoch_steps(
+    tokenized: Sequence[TokenizedSample], per_device_train_batch_size: int, gradient_accumulation_steps: int
+) -> list[list[TokenizedSample]]:
+    """The rows of each optimizer step of one epoch, read as a trial reads them (see :func:`first_nan_step`)."""
+    batches = [
+        tokenized[i : i + per_device_train_batch_size] for i in range(0, len(tokenized), per_device_train_batch_size)
+    ]
+    return [
+        [row for b in batches[i : i + gradient_accumulation_steps] for row in b]
+        for i in range(0, len(batches), gradient_accumulation_steps)
+    ]
+
+
+def first_step_with(
+    tokenized: Sequence[TokenizedSample],
+    samples: Iterable[int],
+    per_device_train_batch_size: int,
+    gradient_accumulation_steps: int,
+    max_steps: int,
+    kind: str,
+) -> NanStep | None:
+    """The first step within ``max_steps`` that holds one of ``samples`` (dataset indices), as a ``kind`` NaN step:
+    for faults that fail any step with such a row (``bad_embedding_row``)."""
+    wanted = set(samples)
+    epoch = _epoch_steps(tokenized, per_device_train_batch_size, gradient_accumulation_steps)
+    for step in range(min(max_steps, len(epoch))):
+        hit = [t.index for t in epoch[step] if t.index in wanted]
+        if hit:
+            return NanStep(step=step + 1, samples=hit, kind=kind)
     return None
 
 
@@ -488,7 +599,10 @@ def nan_risks(
         strikes = {}
         for b in batch_sizes:
             for ga in accumulation_steps:
-                hit = first_nan_step(tokenized, finding.max_seq_length or 0, b, ga, max_steps, report.vocab_size)
+                if finding.max_seq_length is None:
+                    hit = first_step_with(tokenized, finding.samples, b, ga, max_steps, finding.kind)
+                else:
+                    hit = first_nan_step(tokenized, finding.max_seq_length, b, ga, max_steps, report.vocab_size)
                 if hit is not None and hit.kind == finding.kind:
                     strikes[(b, ga)] = hit
         out.append(NanRisk(finding=finding, strikes=strikes, max_steps=max_steps))

@@ -6,8 +6,9 @@ import argparse
 import json
 import re
 from pathlib import Path
+from typing import Any
 
-from sweeper.cli._common import _audit, _prepare, _print
+from sweeper.cli._common import _prepare, _print
 from sweeper.errors import SpaceError
 from sweeper.space import TRIAL_KEYS, DatasetSpec, ModelSpec, load_space
 
@@ -24,6 +25,33 @@ def _compact_json(data: object) -> str:
     return re.sub(
         r"\[\s+(-?[\d.]+(?:,\s+-?[\d.]+)*)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text
     )
+
+
+def audit_dataset(
+    samples: list[Any], model: ModelSpec, model_path: str, max_seq_lengths: list[int], compute_dtypes: list[str]
+) -> tuple[Any, Any]:
+    """The samples tokenized as the trials tokenize them and audited at each length, with every dataset row not
+    trained on (unreadable, or refused by the chat template) and the embedding rows of the special tokens the trials
+    use: ``(report, tokenized)``."""
+    import sys
+
+    from sweeper.audit import audit_samples
+    from sweeper.data import load_tokenizer, special_token_rows, tokenize_samples
+    from sweeper.model import model_vocab_size
+
+    tokenizer = load_tokenizer(model_path, model.trust_remote_code)
+    refused: list[Any] = []
+    tokenized = tokenize_samples(samples, tokenizer, sys.maxsize, dropped=refused)  # full length; cut per limit
+    report = audit_samples(
+        samples,
+        tokenized,
+        max_seq_lengths,
+        model_vocab_size(model_path, model.trust_remote_code),
+        dropped=sorted([*getattr(samples, "dropped", []), *refused], key=lambda d: d.index),
+        special_tokens=special_token_rows(model_path, tokenizer) or [],
+        compute_dtypes=compute_dtypes,
+    )
+    return report, tokenized
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -48,6 +76,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             else ModelSpec(name_or_path=args.model, trust_remote_code=space.model.trust_remote_code)
         )
         lengths = args.max_seq_length or space.values_of("max_seq_length")
+        dtypes = [str(d) for d in space.values_of("bnb_4bit_compute_dtype")]
     else:
         if args.set:
             raise SpaceError(
@@ -57,14 +86,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         dataset = DatasetSpec(path=args.target, max_samples=10**9)  # a bare dataset: every row
         model = ModelSpec(name_or_path=args.model or ModelSpec().name_or_path)
         lengths = args.max_seq_length or list(DOCTOR_DEFAULT_LENGTHS)
+        dtypes = list(TRIAL_KEYS["bnb_4bit_compute_dtype"].choices or ())
     model_path, samples = _prepare(dataset, model)
-    report, _ = _audit(samples, model, model_path, lengths)
+    report, _ = audit_dataset(samples, model, model_path, lengths, dtypes)
     if args.json:
         _print(_compact_json(report.to_dict()))
     else:
+        unused = sum(len(f.samples) for f in report.findings if f.kind == "dropped_row")
+        rows = getattr(samples, "rows", 0)
         _print(
-            f"sweep doctor: {dataset.path}, {report.samples} sample{'s' if report.samples != 1 else ''}, tokenized "
-            "as the trials do with "
+            f"sweep doctor: {dataset.path}, {report.samples} sample{'s' if report.samples != 1 else ''}"
+            + (f" ({unused} of {rows} rows not trained on: dropped_row below)" if unused else "")
+            + ", tokenized as the trials do with "
             f"{model.name_or_path}'s tokenizer" + (f" (vocabulary {report.vocab_size})" if report.vocab_size else "")
         )
         _print(format_audit(report))

@@ -225,9 +225,10 @@ def format_audit(report: AuditReport) -> str:
     if nan:
         where = sorted({f.max_seq_length for f in nan if f.max_seq_length is not None})
         lines.append(
-            f"NaN risk at max_seq_length {', '.join(map(str, where))}: "
+            (f"NaN risk at max_seq_length {', '.join(map(str, where))}: " if where else "NaN risk: ")
             + "; ".join(
-                f"{f.kind} at {f.max_seq_length} ({len(f.samples)} sample{'s' if len(f.samples) != 1 else ''})"
+                f"{f.kind}{'' if f.max_seq_length is None else f' at {f.max_seq_length}'} "
+                f"({len(f.samples)} sample{'s' if len(f.samples) != 1 else ''})"
                 for f in nan
             )
         )
@@ -262,10 +263,15 @@ def format_data_warnings(
             )
         else:
             strikes = f"no step of the first {risk.max_steps} is made only of them, a longer run would be"
+        if finding.kind == "bad_embedding_row":
+            lines.append(
+                f"WARNING data: {finding.detail}; {strikes}: a data fault, not a hyperparameter result ({doctor})"
+            )
+            continue
         what = {
             "no_supervised_tokens": "no supervised token left (the reply is cut away)",
             "invalid_token_id": f"token ids outside the model's {report.vocab_size} embedding rows",
-        }[finding.kind]
+        }.get(finding.kind, finding.kind)
         lines.append(
             f"WARNING data: at max_seq_length={finding.max_seq_length}, {len(finding.samples)} of "
             f"{report.samples} samples have {what}; {strikes}: a data fault, not a hyperparameter result "
@@ -280,3 +286,30 @@ def format_data_warnings(
     elif others:
         lines.append(f"data    also found: {', '.join(others)} ({doctor})")
     return lines
+
+
+def format_dropped_rows(dropped: Sequence[Any], rows: int, path: str, *, doctor: str) -> str | None:
+    """One ``WARNING data:`` line for the dataset rows a trial will not train on, counted by reason (None when
+    every row is used), so that no row is left out silently.
+
+    Args:
+        dropped: :func:`sweeper.data.unused_rows` (``index`` and ``reason`` each).
+        rows: Rows in the dataset (``load_samples(...).rows``).
+        path: ``dataset.path``, to name the file.
+        doctor: The ``sweep doctor`` command that lists them.
+    """
+    if not dropped:
+        return None
+    groups: dict[str, list[int]] = {}
+    for d in dropped:
+        groups.setdefault(d.reason, []).append(d.index)
+    parts = []
+    for reason, indices in sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(kv[1]))):
+        indices = sorted(indices)
+        shown = ", ".join(str(i) for i in indices[:5]) + (f" and {len(indices) - 5} more" if len(indices) > 5 else "")
+        parts.append(f"{len(indices)} {reason} (row{'s' if len(indices) != 1 else ''} {shown})")
+    total = len(dropped)
+    return (
+        f"WARNING data: {total} of {rows} rows of {path} {'is' if total == 1 else 'are'} not trained on: "
+        f"{'; '.join(parts)} ({doctor})"
+    )
