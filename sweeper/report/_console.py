@@ -51,7 +51,8 @@ def status_label(status: str, nan_cause: str | None) -> str:
 
 def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResult, finished: int, n_trials: int) -> str:
     """One line per finished trial: progress, number, searched values, status (with the NaN cause), peak GiB,
-    instability, seconds; non-complete trials add their reason."""
+    instability, seconds, whether its trial process was ``cold`` (a fresh process), ``warm`` (imports paid by an
+    earlier trial) or ``warm, model kept`` (the 4-bit model too); non-complete trials add their reason."""
     duplicate = result.reason.startswith("same configuration")
     progress = " " * (len(str(n_trials)) * 2 + 3) if duplicate else f"[{finished:>{len(str(n_trials))}}/{n_trials}]"
     line = (
@@ -59,6 +60,8 @@ def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResul
         f"{status_label(result.status, result.nan_cause):<8} {_num(result.peak_memory_gib, '6.2f'):>6} GiB  "
         f"instability {_num(result.instability, '7.3f'):>7}  {_num(result.wall_time_s, '6.1f'):>6} s"
     )
+    if result.warm is not None and not duplicate:  # measured in a trial process: did it pay the imports, the load?
+        line += "  " + ("warm, model kept" if result.model_reused else "warm" if result.warm else "cold")
     if result.status != "complete" or duplicate:
         line += f"  ({result.reason})"
     return line

@@ -49,7 +49,7 @@ from sweeper.study._storage import (
     trial_dir,
 )
 from sweeper.study._stored import TrialStatus, count_finished, stored_trial
-from sweeper.trial import PRUNED_STATUSES, TrialResult, run_trial
+from sweeper.trial import PRUNED_STATUSES, TrialProcess, TrialResult, run_trial
 
 #: Consecutive repeats of measured configurations after which the sweep stops: the sampler has nothing new to offer.
 MAX_CONSECUTIVE_DUPLICATES = 25
@@ -143,6 +143,8 @@ class _Sweep:
         self.stop = threading.Event()
         self.interrupted = threading.Event()
         self.trial_pids: set[int] = set()
+        self.local = threading.local()  # per worker slot: its TrialProcess
+        self.warm = os.environ.get("SWEEPER_WARM", "1") != "0"
         self.errors: list[BaseException] = []
 
     # -- reporting ----------------------------------------------------------------------------------------------
@@ -164,20 +166,26 @@ class _Sweep:
         """Run trials in this worker slot until the sweep stops."""
         device = self.devices[slot]
         env = slot_env(device, self.workers)
-        while not self.stop.is_set():
-            check_disk(study_dir(self.name))
-            try:
-                trial = self.ask(device)
-            except _Stop:
-                return
-            if trial is None:
-                self.stop.wait(POLL_S)
-                continue
-            heartbeat = Heartbeat(self.study._storage, trial._trial_id)
-            try:
-                run_one(self, trial, env)
-            finally:
-                heartbeat.stop()
+        # The slot's warm trial process (sweeper.trial.TrialProcess): started at its first trial, reused while
+        # trials end complete or diverged, ended with the slot.
+        self.local.process = TrialProcess(env, warm=self.warm)
+        try:
+            while not self.stop.is_set():
+                check_disk(study_dir(self.name))
+                try:
+                    trial = self.ask(device)
+                except _Stop:
+                    return
+                if trial is None:
+                    self.stop.wait(POLL_S)
+                    continue
+                heartbeat = Heartbeat(self.study._storage, trial._trial_id)
+                try:
+                    run_one(self, trial, env)
+                finally:
+                    heartbeat.stop()
+        finally:
+            self.local.process.close()
 
     def slot_main(self, slot: int, done: threading.Event) -> None:
         """A worker slot's thread: an error stops every slot from starting more trials and is raised by the main
@@ -391,8 +399,12 @@ def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, env: dict[s
     if sweep.on_start is not None:
         with sweep.mutex:
             sweep.on_start(trial.number, dict(trial.params), trial.user_attrs.get("cuda_visible_devices"))
+    process: TrialProcess | None = getattr(sweep.local, "process", None)
     try:
-        result = run_trial(config, folder, model_path=sweep.model_path, env=env, on_start=started)
+        if process is None:
+            result = run_trial(config, folder, model_path=sweep.model_path, env=env, on_start=started)
+        else:
+            result = process.run(config, folder, model_path=sweep.model_path, on_start=started)
     except KeyboardInterrupt:  # one slot, in the main thread: run_trial killed the trial process
         record_interrupted(sweep, trial)
         raise

@@ -292,7 +292,7 @@ def _base_model(
             module.compute_type_is_set = True
             # The dtype the 4-bit weight dequantizes to: a cold load records the dtype it quantized from, the
             # compute dtype (with another one, bf16 -> fp32 the trace differed from step 1 on: measured).
-            module.weight.quant_state.dtype = compute_dtype
+            module.weight.quant_state.dtype = compute_dtype  # type: ignore[attr-defined]
     model.config.dtype = compute_dtype
     return model, key
 
