@@ -108,10 +108,10 @@ class Calibration:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able, as stored in the study user attribute :data:`CALIBRATION_ATTR`."""
         return {
-            "ratios": {k: round(v, 4) for k, v in self.ratios.items()},
+            "ratios": dict(self.ratios),
             "points": dict(self.points),
             "trials": list(self.trials),
-            "median_error_raw": None if self.median_error_raw is None else round(self.median_error_raw, 4),
+            "median_error_raw": self.median_error_raw,
         }
 
     @classmethod

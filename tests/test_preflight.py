@@ -1,0 +1,231 @@
+"""The preflight: the correction it learns from measured trials (sweeper.study._calibration) and the dominance rule,
+each direction of which is measured with real trials on the CPU (the slow tests)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import optuna
+import pytest
+
+from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
+from sweeper.study import (
+    CALIBRATION_ATTR,
+    DIRECTIONS,
+    Calibration,
+    CalibrationPoint,
+    Known,
+    at_least_as_large,
+    fit_calibration,
+    prediction_errors,
+    preflight,
+    stored_calibration,
+    update_calibration,
+)
+
+BASE = {
+    "per_device_train_batch_size": 2,
+    "max_seq_length": 512,
+    "r": 16,
+    "target_modules": ["q_proj", "v_proj"],
+    "bnb_4bit_compute_dtype": "bfloat16",
+    "gradient_checkpointing": True,
+    "bnb_4bit_use_double_quant": True,
+    "gradient_accumulation_steps": 1,
+    "optim": "paged_adamw_8bit",
+    "lora_dropout": 0.05,
+    "model": {"n": 1},
+    "dataset": {"p": 1},
+    "memory_limit_gib": 1.7,
+    "preflight_margin": 0.1,
+}
+
+#: One larger setting per direction of the dominance rule.
+LARGER = {
+    "per_device_train_batch_size": {"per_device_train_batch_size": 4},
+    "max_seq_length": {"max_seq_length": 1024},
+    "r": {"r": 64},
+    "target_modules": {"target_modules": ["q_proj", "v_proj", "o_proj"]},
+    "no_checkpointing": {"gradient_checkpointing": False},
+    "no_dq": {"bnb_4bit_use_double_quant": False},
+}
+
+
+def _point(n, dtype, predicted, measured):
+    return CalibrationPoint(number=n, group=f"{dtype}/ckpt", predicted_gib=predicted, measured_gib=measured)
+
+
+def test_the_correction_is_a_median_ratio_per_group_and_an_unseen_group_borrows_the_smallest():
+    fit = fit_calibration(
+        [_point(0, "float32", 0.8, 1.52), _point(1, "float16", 1.0, 1.5), _point(2, "float16", 0.6, 1.2)],
+        "cpu_peak_rss",
+    )
+    assert fit.ratios == pytest.approx({"float32/ckpt": 1.9, "float16/ckpt": 1.75})
+    assert fit.points == {"float32/ckpt": 1, "float16/ckpt": 2} and fit.trials == [0, 1, 2]
+    assert fit.correct({**BASE, "bnb_4bit_compute_dtype": "float32"}, 1.0) == pytest.approx(1.9)
+    ratio, source = fit.factor(BASE)  # bfloat16: never measured, the smallest ratio
+    assert ratio == pytest.approx(1.75) and "none of bfloat16/ckpt" in source
+    assert Calibration.from_dict("cpu_peak_rss", fit.to_dict()) == fit
+    assert Calibration.from_dict("cpu_peak_rss", {"ratios": {"a": -1}, "points": {"a": 1}}) is None
+    assert fit_calibration([], "cpu_peak_rss") is None
+    assert fit_calibration([_point(0, "float32", 0.01, 5.0)], "k").ratios["float32/ckpt"] == 4.0  # bounded
+
+
+def test_a_corrected_prediction_over_the_cap_is_pruned_but_never_one_no_larger_than_a_fit():
+    calibration = fit_calibration([_point(0, "bfloat16", 0.82, 1.23)], "cpu_peak_rss")  # ratio 1.5
+    big = {**BASE, "per_device_train_batch_size": 8}
+    assert preflight(big, 1.31, []) is None  # the raw model says 1.31 GiB: under 1.7 x 1.1
+    status, reason = preflight(big, 1.31, [], calibration=calibration)
+    assert status == "predicted_oom"
+    assert reason.startswith("predicted peak 1.97 GiB (memory model 1.31 GiB x 1.50, the measured/predicted ratio")
+    fit = Known(number=4, config={**big, "max_seq_length": 1024}, fits=True)  # a larger configuration fit
+    assert preflight(big, 1.31, [fit], calibration=calibration) is None
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_dominance_uses_only_the_directions_of_the_device(device):
+    assert set(DIRECTIONS[device]) == set(LARGER)
+    for direction, bigger in LARGER.items():
+        a = {**BASE, **bigger}
+        assert at_least_as_large(a, BASE, device) and not at_least_as_large(BASE, a, device), direction
+    # the compute dtype is never ordered: at a large vocabulary a bf16 trial holds more than an fp32 one
+    for dtype in ("float32", "float16"):
+        wider = {**BASE, "bnb_4bit_compute_dtype": dtype}
+        assert not at_least_as_large(wider, BASE, device) and not at_least_as_large(BASE, wider, device)
+    assert at_least_as_large({**BASE, "learning_rate": 1.0}, BASE, device)  # memory does not depend on it
+    oom = Known(number=3, config={**BASE, "bnb_4bit_compute_dtype": "bfloat16"}, fits=False)
+    fp32 = {**BASE, "bnb_4bit_compute_dtype": "float32"}
+    assert preflight(fp32, 1.0, [oom], device=device) is None  # issue 14.8: no false dominated_oom
+
+
+def _fake_trial(study, config, status, peak, predicted, kind="cpu_peak_rss"):
+    trial = study.ask()
+    for key, value in {
+        "status": status,
+        "peak_memory_gib": peak,
+        "predicted_peak_gib": predicted,
+        "memory_kind": kind,
+        "config": config,
+    }.items():
+        trial.set_user_attr(key, value)
+    if status == "complete":
+        study.tell(trial, [peak, 0.0])
+    else:
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+
+
+def test_the_correction_is_stored_on_the_study_per_memory_kind():
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    raw = {"bfloat16": 0.8, "float32": 0.9}
+
+    def predict(config):
+        return raw[config["bnb_4bit_compute_dtype"]]
+
+    assert update_calibration(study, predict, "cpu_peak_rss") is None and CALIBRATION_ATTR not in study.user_attrs
+    _fake_trial(study, BASE, "complete", 1.2, 0.8)
+    _fake_trial(study, {**BASE, "bnb_4bit_compute_dtype": "float32"}, "complete", 1.8, 0.9)
+    _fake_trial(study, {**BASE, "r": 64}, "oom", 1.6, 0.8)  # a peak where it died: a lower bound, left out
+    _fake_trial(study, BASE, "complete", 0.4, 0.8, kind="cuda_max_reserved")  # another machine
+    fitted = update_calibration(study, predict, "cpu_peak_rss")
+    assert fitted.ratios == pytest.approx({"bfloat16/ckpt": 1.5, "float32/ckpt": 2.0}) and fitted.trials == [0, 1]
+    update_calibration(study, predict, "cuda_max_reserved")
+    assert set(study.user_attrs[CALIBRATION_ATTR]) == {"cpu_peak_rss", "cuda_max_reserved"}
+    assert stored_calibration(study, "cpu_peak_rss") == fitted
+    assert stored_calibration(study, "cuda_max_reserved").ratios == pytest.approx({"bfloat16/ckpt": 0.5})
+    rows = prediction_errors(study)
+    assert [r["number"] for r in rows] == [0, 1, 3] and rows[0]["error"] == pytest.approx(-1 / 3)
+
+
+# -- real measurements on the CPU ---------------------------------------------------------------------------------
+
+
+def _model(folder: Path, tokenizer_from: Path, *, vocab: int, hidden: int, intermediate: int) -> Path:
+    """A 2-layer Llama of the given shape, with the tiny model's tokenizer (ids beyond it are never used)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True)
+    for f in tokenizer_from.glob("tokenizer*"):
+        shutil.copy(f, folder / f.name)
+    ids = json.loads((tokenizer_from / "config.json").read_text())
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        **{k: ids[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")},
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def _peak(model: Path, folder: Path, **kw) -> float:
+    from sweeper.trial import run_trial
+
+    base = dict(
+        max_steps=1,
+        max_seq_length=512,
+        per_device_train_batch_size=8,
+        r=8,
+        optim="adamw_torch",
+        memory_limit_gib=8.0,
+        trial_timeout_s=300.0,
+        bnb_4bit_compute_dtype="bfloat16",
+        target_modules=("q_proj", "v_proj"),
+        model=ModelSpec(name_or_path=str(model)),
+        dataset=DatasetSpec(max_samples=32),
+    )
+    result = run_trial(TrialConfig(**{**base, **kw}), folder, model_path=str(model))
+    assert result.status == "complete", result.reason
+    assert result.memory_kind == "cpu_peak_rss"
+    return result.peak_memory_gib
+
+
+#: Two runs of one configuration differ by about 0.012 GiB on this CPU (0.800 and 0.788 GiB for the base below).
+NOISE_GIB = 0.03
+
+
+@pytest.mark.slow
+def test_each_dominance_direction_kept_on_the_cpu_holds_in_real_trials(tiny_model, tmp_path):
+    # A wider tiny Llama (hidden 256, MLP 1024) so that activations are tens of MB at 8 x 512 tokens. Measured
+    # (GiB): base 0.80, batch 16 1.06, max_seq_length 1024 1.08, r 256 0.81, all seven targets 0.94, checkpointing
+    # off 0.87, double quant off 0.82. r and double quant change the peak by less than the noise here (LoRA and the
+    # quantization constants are small): for them the test shows the direction is never reversed beyond it.
+    model = _model(tmp_path / "wide", tiny_model, vocab=512, hidden=256, intermediate=1024)
+    larger = {
+        "per_device_train_batch_size": {"per_device_train_batch_size": 16},
+        "max_seq_length": {"max_seq_length": 1024},
+        "r": {"r": 256},
+        "target_modules": {
+            "target_modules": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+        },
+        "no_checkpointing": {"gradient_checkpointing": False},
+        "no_dq": {"bnb_4bit_use_double_quant": False},
+    }
+    assert set(larger) == set(DIRECTIONS["cpu"])
+    base = _peak(model, tmp_path / "base")
+    peaks = {d: _peak(model, tmp_path / d, **kw) for d, kw in larger.items()}
+    for direction, peak in peaks.items():
+        assert peak >= base - NOISE_GIB, (direction, peak, base)
+    for direction in ("per_device_train_batch_size", "max_seq_length", "target_modules", "no_checkpointing"):
+        assert peaks[direction] > base + NOISE_GIB, (direction, peaks[direction], base)
+
+
+@pytest.mark.slow
+def test_on_the_cpu_no_compute_dtype_is_always_larger(tiny_model, tmp_path):
+    # Issue 14.8: at a 64k vocabulary and batch 1 x 512 a bf16 trial peaks above the fp32 one (measured 1.215 against
+    # 1.047 GiB: under autocast the logits exist in bf16 and as their fp32 copy); on a hidden-heavy model fp32 is the
+    # larger (0.87 against 0.80 GiB above). So neither order is a dominance direction, and after a bf16 OOM the fp32
+    # configuration runs.
+    vocab = _model(tmp_path / "vocab", tiny_model, vocab=65536, hidden=64, intermediate=128)
+    bf16 = _peak(vocab, tmp_path / "bf16", per_device_train_batch_size=1)
+    fp32 = _peak(vocab, tmp_path / "fp32", per_device_train_batch_size=1, bnb_4bit_compute_dtype="float32")
+    assert bf16 > fp32 + NOISE_GIB, (bf16, fp32)
+    oom = Known(number=0, config={**BASE, "bnb_4bit_compute_dtype": "bfloat16"}, fits=False)
+    assert preflight({**BASE, "bnb_4bit_compute_dtype": "float32"}, 1.0, [oom], device="cpu") is None

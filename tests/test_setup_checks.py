@@ -1,0 +1,148 @@
+"""Setup errors that would fail every trial the same way are found once, before the first trial: ``sweep run`` and
+``sweep trial`` exit 2 with one line (file, key, fix). No trial runs in these tests."""
+
+import json
+import shutil
+
+import pytest
+from conftest import sweep, tiny_space, write_space
+
+from sweeper.space import load_space
+from sweeper.study import check_setup, module_names, nothing_fits, safetensors_names, unmatched_targets
+
+
+def _one_line(out) -> str:
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "Traceback" not in out.stderr and "[ 1/" not in out.stdout  # refused before any trial
+    return lines[0]
+
+
+def test_module_names_come_from_the_safetensors_header(tiny_model):
+    names = safetensors_names(tiny_model / "model.safetensors")
+    assert "model.layers.0.self_attn.q_proj.weight" in names
+    modules = module_names(str(tiny_model))
+    assert "model.layers.1.mlp.down_proj" in modules and "lm_head" in modules
+    # peft's rule for a list: the name, or a suffix after a dot
+    assert unmatched_targets(["q_proj", "self_attn.v_proj", "v_projj", "proj", "lm_head"], modules) == [
+        "v_projj",
+        "proj",
+    ]
+
+
+def test_sharded_index_is_read_and_a_missing_shard_is_refused(tiny_model, tmp_path):
+    model = tmp_path / "sharded"
+    shutil.copytree(tiny_model, model)
+    names = safetensors_names(model / "model.safetensors")
+    (model / "model.safetensors").rename(model / "model-00001-of-00002.safetensors")
+    weight_map = dict.fromkeys(names, "model-00001-of-00002.safetensors")
+    weight_map["model.layers.9.self_attn.q_proj.weight"] = "model-00002-of-00002.safetensors"
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert "model.layers.9.self_attn.q_proj" in module_names(str(model))
+    space = load_space(write_space(tmp_path, tiny_space(model)))
+    [problem] = check_setup(space, str(model))
+    assert "model.name_or_path: 1 of 2 weight shards are missing (model-00002-of-00002.safetensors)" in problem
+
+
+@pytest.mark.parametrize("command", ["run", "trial"])
+def test_a_target_module_that_matches_nothing_is_refused_before_the_first_trial(tiny_model, workdir, command):
+    space = write_space(workdir, tiny_space(tiny_model, training={"target_modules": ["q_proj", "v_projj"]}))
+    line = _one_line(sweep(command, str(space), cwd=workdir))
+    assert line.startswith(f"{space}: training.target_modules: 'v_projj' matches no module of {tiny_model}")
+    assert "the model's modules: down_proj, embed_tokens, gate_proj," in line and "fix the name" in line
+    assert not (workdir / "studies" / "t" / "trials").exists()
+
+
+def test_a_model_folder_without_weights_is_refused_once(tiny_model, workdir):
+    folder = workdir / "no-weights"
+    folder.mkdir()
+    for f in tiny_model.glob("*.json"):
+        shutil.copy(f, folder / f.name)
+    space = write_space(workdir, tiny_space(folder))
+    line = _one_line(sweep("run", str(space), cwd=workdir))
+    assert line.startswith(f"{folder}: model.name_or_path: no weights in this folder")
+    assert "give the folder that save_pretrained wrote with its weights" in line
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="flash-attn may be installed on a GPU machine")
+def test_flash_attention_without_the_package_is_refused_once(tiny_model, workdir):
+    space = tiny_space(tiny_model)
+    space["model"]["attn_implementation"] = "flash_attention_2"
+    path = write_space(workdir, space)
+    line = _one_line(sweep("trial", str(path), cwd=workdir))
+    assert line == (
+        f"{path}: model.attn_implementation: flash_attention_2 needs the flash-attn package, which is not installed "
+        "here; install it (pip install flash-attn, on a CUDA machine) or use sdpa"
+    )
+
+
+def test_a_checkpoint_with_its_own_quantization_config_names_what_it_forces(tiny_model, workdir):
+    model = workdir / "prequantized"
+    shutil.copytree(tiny_model, model)
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "bitsandbytes",
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "bfloat16",
+    }
+    (model / "config.json").write_text(json.dumps(config))
+    searched = tiny_space(model, search={"bnb_4bit_quant_type": ["nf4", "fp4"]})
+    line = _one_line(sweep("run", str(write_space(workdir, searched)), cwd=workdir))
+    assert line.startswith(f"{model / 'config.json'}: quantization_config: the checkpoint is already 4-bit")
+    assert "force bnb_4bit_quant_type=nf4, bnb_4bit_use_double_quant=true, bnb_4bit_compute_dtype=bfloat16" in line
+    assert "the searched bnb_4bit_quant_type cannot take effect" in line
+    # the same values, fixed: nothing is overridden, nothing to refuse
+    same = tiny_space(
+        model,
+        training={
+            "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_compute_dtype": "bfloat16",
+        },
+    )
+    assert check_setup(load_space(write_space(workdir, same, "same.yaml")), str(model)) == []
+    # another method: no 4-bit key can take effect
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    (model / "config.json").write_text(json.dumps(config))
+    [problem] = check_setup(load_space(write_space(workdir, same, "same.yaml")), str(model))
+    assert "already quantized (quant_method=gptq, bits=4)" in problem and "cannot take effect" in problem
+
+
+def test_nothing_predicted_to_fit_is_one_line_before_starting(tiny_model, workdir):
+    space = tiny_space(
+        tiny_model,
+        search={"per_device_train_batch_size": [4, 8], "max_seq_length": [512, 1024]},
+        training={"memory_limit_gib": 0.3, "optim": "adamw_torch", "gradient_checkpointing": False},
+    )
+    del space["training"]["max_seq_length"]
+    path = write_space(workdir, space)
+    line = _one_line(sweep("run", str(path), cwd=workdir))
+    assert line.startswith(f"{path}: training.memory_limit_gib: no configuration of the space is predicted to fit 0.3")
+    assert "the smallest predicted peak is" in line and "per_device_train_batch_size=4 max_seq_length=512" in line
+    # the tiny model's CPU prediction is mostly the process baseline: no single setting brings it under 0.33 GiB
+    assert "raise memory_limit_gib to" in line
+
+
+def test_nothing_fits_names_the_cheapest_setting(tiny_model, tmp_path):
+    space = load_space(
+        write_space(
+            tmp_path,
+            tiny_space(
+                tiny_model,
+                search={"per_device_train_batch_size": [4, 8]},
+                training={"memory_limit_gib": 1.0, "gradient_checkpointing": False, "max_seq_length": 512},
+            ),
+        )
+    )
+
+    def predict(config):  # a made-up model: checkpointing halves the peak, batch adds
+        return (0.6 + 0.2 * config["per_device_train_batch_size"]) * (0.5 if config["gradient_checkpointing"] else 1)
+
+    line = nothing_fits(space, predict)
+    assert "the smallest predicted peak is 1.40 GiB (per_device_train_batch_size=4 max_seq_length=512)" in line
+    assert "the cheapest setting to change: gradient_checkpointing: true (0.70 GiB)" in line
+    assert nothing_fits(space, predict, known_fit=True) is None
+    assert nothing_fits(space, lambda c: 0.5) is None
