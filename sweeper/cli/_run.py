@@ -59,6 +59,27 @@ def _nothing_fits(space: SearchSpace, model_path: str, study: Any) -> str | None
     return nothing_fits(space, predict, known_fit=any(k.fits for k in known_memory(study, kind)))
 
 
+def _memory_line(study: Any) -> str | None:
+    """How far the preflight's predictions were from the measured peaks, before and after the study's correction
+    (:func:`sweeper.study.prediction_errors`), and the correction now stored; None without a measured peak."""
+    from sweeper.study import device_kind, median_abs, prediction_errors, stored_calibration
+
+    rows = prediction_errors(study)
+    raw = median_abs(r["error"] for r in rows)
+    if raw is None:
+        return None
+    line = f"memory  predicted vs measured peak: median error {100 * raw:.0f}% (memory model)"
+    corrected = [r["corrected_error"] for r in rows if r["corrected_error"] is not None]
+    if corrected:
+        line += (
+            f", {100 * median_abs(corrected):.0f}% corrected ({len(corrected)} trials predicted with the correction)"  # type: ignore[operator]
+        )
+    calibration = stored_calibration(study, device_kind())
+    if calibration is not None:
+        line += "; correction now " + ", ".join(f"{g} x{r:.2f}" for g, r in sorted(calibration.ratios.items()))
+    return line
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``sweep run SPACE.yaml``: create or resume the study and run trials until n_trials or the timeout."""
     import optuna
@@ -202,6 +223,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _publish(study)
     causes = nan_causes(study)
     _print("trials: " + format_counts(status_counts(study), causes))
+    memory = _memory_line(study)
+    if memory:
+        _print(memory)
     if "data" in causes:
         blamed = {t.number: t.result.nan_samples for t in stored_trials(study) if t.number in causes["data"]}
         trials_dir = trial_dir(name, 0).parent.as_posix()

@@ -316,3 +316,18 @@ def format_dropped_rows(dropped: Sequence[Any], rows: int, path: str, *, doctor:
         f"WARNING data: {total} of {rows} rows of {path} {'is' if total == 1 else 'are'} not trained on: "
         f"{'; '.join(parts)} ({doctor})"
     )
+
+
+def format_memory_prediction(prediction: Mapping[str, Any]) -> str | None:
+    """One line of ``sweep report``: the preflight's median error before and after its correction
+    (:func:`sweeper.report._data.memory_prediction_data`); None without a complete trial that had a prediction."""
+    if prediction.get("median_error") is None:
+        return None
+    n = sum(1 for r in prediction["trials"] if r["error"] is not None)
+    line = f"memory  predicted vs measured peak: median error {100 * prediction['median_error']:.0f}% over {n} trials"
+    if prediction.get("median_corrected_error") is not None:
+        line += (
+            f", {100 * prediction['median_corrected_error']:.0f}% after the study's correction "
+            f"({prediction['corrected_trials']} trials predicted with it)"
+        )
+    return line

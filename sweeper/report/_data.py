@@ -15,7 +15,17 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from sweeper.study import OBJECTIVES, StoredTrial, measured_trials, nan_causes, pareto_front, status_counts
+from sweeper.study import (
+    CALIBRATION_ATTR,
+    OBJECTIVES,
+    StoredTrial,
+    measured_trials,
+    median_abs,
+    nan_causes,
+    pareto_front,
+    prediction_errors,
+    status_counts,
+)
 
 #: Per-trial settings shown in the report and its hover texts (``lora_alpha`` is derived: ``lora_alpha_ratio * r``).
 REPORT_KEYS = (
@@ -242,10 +252,29 @@ def importance_data(study: optuna.Study) -> dict[str, dict[str, float]]:
     return out
 
 
+def memory_prediction_data(study: optuna.Study) -> dict[str, Any]:
+    """Predicted vs measured peak memory of the complete trials, as the preflight predicted each before running it
+    (:func:`sweeper.study.prediction_errors`): ``{"trials": [{"number", "memory_kind", "predicted_gib",
+    "corrected_gib", "measured_gib", "error", "corrected_error"}], "median_error", "median_corrected_error",
+    "corrected_trials", "calibration"}``. Errors are fractions of the measured peak (``-0.33``: a third under); the
+    medians are of their absolute values, ``median_corrected_error`` over the trials that had a correction
+    (``corrected_trials`` of them); ``calibration`` is the study's stored correction
+    (:data:`sweeper.study.CALIBRATION_ATTR`, by memory kind), or None."""
+    rows = prediction_errors(study)
+    corrected = [r["corrected_error"] for r in rows if r["corrected_error"] is not None]
+    return {
+        "trials": rows,
+        "median_error": median_abs(r["error"] for r in rows),
+        "median_corrected_error": median_abs(corrected),
+        "corrected_trials": len(corrected),
+        "calibration": study.user_attrs.get(CALIBRATION_ATTR),
+    }
+
+
 def report_dict(study: optuna.Study) -> dict[str, Any]:
     """``sweep report --json``: ``{"study", "directions", "front": [{"number", "params", "peak_memory_gib",
     "instability"}], "trials": [record], "status_counts", "nan_causes", "largest_max_seq_length_by_batch",
-    "importance", "picks"}``."""
+    "importance", "picks", "memory_prediction"}`` (:func:`memory_prediction_data`)."""
     searched = list(study.user_attrs.get("searched", []))
     front = pareto_front(study)
     numbers = {t.number for t in front}
@@ -271,4 +300,5 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
         "largest_max_seq_length_by_batch": {str(b): s for b, s in largest_fitting_seq(fit).items()},
         "importance": importance_data(study),
         "picks": picks(study),
+        "memory_prediction": memory_prediction_data(study),
     }

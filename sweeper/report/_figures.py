@@ -277,6 +277,41 @@ def _table(rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out) + "</tbody></table>"
 
 
+def _memory_section(prediction: Mapping[str, Any]) -> str:
+    """The preflight's predictions against the measured peaks (:func:`sweeper.report._data.memory_prediction_data`)
+    as HTML: the median errors and one row per complete trial."""
+    from sweeper.report._console import format_memory_prediction
+
+    line = format_memory_prediction(prediction)
+    if line is None:
+        return "<p>No complete trial with a prediction.</p>"
+
+    def gib(x: Any) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    def pct(x: Any) -> str:
+        return "-" if x is None else f"{100 * x:+.0f}%"
+
+    rows: list[list[Any]] = [["trial", "memory model GiB", "error", "corrected GiB", "error", "measured GiB", "kind"]]
+    rows += [
+        [
+            r["number"],
+            gib(r["predicted_gib"]),
+            pct(r["error"]),
+            gib(r["corrected_gib"]),
+            pct(r["corrected_error"]),
+            gib(r["measured_gib"]),
+            r["memory_kind"] or "-",
+        ]
+        for r in prediction["trials"]
+    ]
+    return (
+        f"<p>{html.escape(line.removeprefix('memory  '))}. The preflight multiplies the memory model by the median "
+        "measured/predicted ratio of the study's complete trials (per compute dtype and checkpointing); each "
+        "corrected value is the one it used before the trial ran.</p>\n" + _table(rows)
+    )
+
+
 def render_html(study: optuna.Study) -> str:
     """The whole report as one HTML page: front table, counts, fit frontier, and the four figures, with plotly.js
     inline (about 4.7 MB) so that it opens offline."""
@@ -329,6 +364,7 @@ def render_html(study: optuna.Study) -> str:
     failed = [t for t in summary["trials"] if t["state"] != "COMPLETE"]
     failed_rows = [["trial", "status", "reason"]] + [[t["number"], t["label"], t["reason"]] for t in failed]
     title = f"sweeper report: {html.escape(study.study_name)}"
+    memory = _memory_section(summary["memory_prediction"])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;font-size:13px}}
@@ -350,6 +386,7 @@ the ideal after scaling both objectives to [0, 1].</p>
 <h2 id="importance">Parameter importance</h2>
 <p>From {n_complete} complete trials: with few trials, and short ones, read it as a hint of what to search next.</p>
 {divs[3]}
+<h2 id="memory">Predicted vs measured peak memory</h2>{memory}
 <h2 id="failed">Pruned and failed trials</h2>{_table(failed_rows) if failed else "<p>none</p>"}
 <script type="application/json" id="report-data">{html.escape(json.dumps(summary))}</script>
 </body></html>
