@@ -1,0 +1,124 @@
+"""How well the preflight's corrected memory model predicts a study's measured peaks (issue 13, part 2).
+
+Reads a study (a name, a .db path or a storage URL, as `sweep report` does), predicts each trial's peak with the
+current memory model (sweeper.estimate, on the device kind the trials were measured on) and replays the sweep's
+correction (sweeper.study._calibration) in trial order: after the first k measured trials (complete, nan, diverged or
+oom; repeats and pruned trials left out), the correction fitted on them predicts every later complete trial.
+It prints, per k, the median |error| of the raw and the corrected prediction, and which later OOM trials the
+corrected preflight would have pruned without running, and which later fits it would have pruned wrongly; then the
+errors the sweep itself recorded before each trial ran (`corrected_peak_gib`), when the study has them. Usage:
+
+    .venv/bin/python benchmarks/preflight_calibration.py STUDY [--model PATH] [--k 3]
+
+Goal (issue 13): on the demo, a median error of the corrected prediction of at most 10% after 3 measured trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import optuna
+
+from sweeper.estimate import ModelShape, estimate_memory, settings_from
+from sweeper.study import (
+    CalibrationPoint,
+    TrialStatus,
+    fit_calibration,
+    load_existing_study,
+    median_abs,
+    prediction_errors,
+    stored_trials,
+)
+from sweeper.study._calibration import group_of
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study")
+    parser.add_argument("--model", help="checkpoint folder (default: the study's model_path)")
+    parser.add_argument("--k", type=int, default=3, help="the number of measured trials the goal is stated at")
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study, _ = load_existing_study(args.study)
+    model = args.model or study.user_attrs.get("model_path")
+    shape = ModelShape.from_dir(model)
+    measured = [
+        t
+        for t in stored_trials(study)
+        if not t.is_repeat and t.status.fits is not None and "config" in t.user_attrs and t.result.peak_memory_gib
+    ]
+    if not measured:
+        raise SystemExit(f"{args.study}: no measured trial")
+    attn = measured[0].user_attrs["config"].get("model", {}).get("attn_implementation", "sdpa")
+
+    def predict(t) -> float:
+        device = "cuda" if t.result.memory_kind == "cuda_max_reserved" else "cpu"
+        return estimate_memory(shape, settings_from(t.user_attrs["config"], attn, device)).predicted_peak_gib
+
+    print(f"study {study.study_name}: {len(measured)} measured trials, model {model}")
+    print(f"{'trial':>5} {'status':>8} {'group':>18} {'predicted':>9} {'measured':>8} {'ratio':>6}  cap")
+    for t in measured:
+        p, m = predict(t), t.result.peak_memory_gib
+        print(
+            f"{t.number:>5} {t.status.value:>8} {group_of(t.user_attrs['config']):>18} {p:9.3f} {m:8.3f} "
+            f"{m / p:6.2f}  {t.user_attrs['config']['memory_limit_gib']:g}"
+        )
+    raw_all = median_abs(
+        (predict(t) - t.result.peak_memory_gib) / t.result.peak_memory_gib
+        for t in measured
+        if t.status == TrialStatus.COMPLETE
+    )
+    print(f"\nraw memory model: median |error| {100 * raw_all:.1f}% over the complete trials\n")
+    print(f"{'k':>3} {'points':>6} {'later':>5} {'raw':>6} {'corrected':>9}  pruned OOMs / pruned fits")
+    for k in range(1, len(measured)):
+        seen, later = measured[:k], measured[k:]
+        points = [
+            CalibrationPoint(
+                number=t.number,
+                group=group_of(t.user_attrs["config"]),
+                predicted_gib=predict(t),
+                measured_gib=t.result.peak_memory_gib,
+            )
+            for t in seen
+            if t.status == TrialStatus.COMPLETE
+        ]
+        fit = fit_calibration(points, measured[0].result.memory_kind or "cpu_peak_rss")
+        complete = [t for t in later if t.status == TrialStatus.COMPLETE]
+        raw = [(predict(t) - t.result.peak_memory_gib) / t.result.peak_memory_gib for t in complete]
+        corrected = [
+            ((fit.correct(t.user_attrs["config"], predict(t)) if fit else predict(t)) - t.result.peak_memory_gib)
+            / t.result.peak_memory_gib
+            for t in complete
+        ]
+        pruned_oom, pruned_fit = [], []
+        for t in later:
+            config = t.user_attrs["config"]
+            bound = config["memory_limit_gib"] * (1 + config.get("preflight_margin", 0.1))
+            peak = fit.correct(config, predict(t)) if fit else predict(t)
+            if peak > bound:
+                (pruned_oom if t.status == TrialStatus.OOM else pruned_fit).append(t.number)
+        mark = "  <- goal" if k == args.k else ""
+        print(
+            f"{k:>3} {len(points):>6} {len(complete):>5} {_pct(median_abs(raw)):>6} "
+            f"{_pct(median_abs(corrected)):>9}  {pruned_oom or '-'} / {pruned_fit or '-'}{mark}"
+        )
+    rows = [r for r in prediction_errors(study) if r["corrected_error"] is not None]
+    if rows:
+        print(
+            f"\nrecorded by the sweep before each trial ran: median |error| "
+            f"{100 * statistics.median(abs(r['error']) for r in rows):.1f}% raw, "
+            f"{100 * statistics.median(abs(r['corrected_error']) for r in rows):.1f}% corrected, over "
+            f"{len(rows)} trials (#{', #'.join(str(r['number']) for r in rows)})"
+        )
+    pruned = [t for t in stored_trials(study) if t.status == TrialStatus.PREDICTED_OOM]
+    for t in pruned:
+        print(f"predicted_oom #{t.number}: {t.result.reason}")
+
+
+if __name__ == "__main__":
+    main()
