@@ -108,3 +108,46 @@ def test_complete_trial_records_supervised_tokens_and_sample_lengths(tiny_model,
     assert result.longest_sample_tokens > 64 and 0 < result.truncated_sample_fraction <= 1
     assert result.nan_cause is None and result.nan_samples == []
     assert not (tmp_path / "nan_batch.jsonl").exists()
+
+
+@pytest.fixture(scope="module")
+def pad_models(tmp_path_factory):
+    """The tiny Llama with an added ``<pad>`` whose embedding row is NaN, and one whose row is 1e5 (finite, beyond
+    float16's 65504)."""
+    from pad_model import build_pad_token_model
+
+    return {
+        "nan": build_pad_token_model(tmp_path_factory.mktemp("pad-nan")),
+        "1e5": build_pad_token_model(tmp_path_factory.mktemp("pad-1e5"), 1e5),
+    }
+
+
+@pytest.mark.parametrize(
+    ("row", "dtype"), [("nan", "bfloat16"), ("nan", "float32"), ("1e5", "float16"), ("1e5", "bfloat16")]
+)
+def test_a_bad_pad_embedding_row_is_a_data_nan_only_in_padded_steps(pad_models, tmp_path, row, dtype):
+    # The issue's case: before, "precision: bfloat16 overflowed in model.embed_tokens" in bf16 and "cause unknown"
+    # in fp32, because each row was replayed alone without its padding.
+    from pad_model import PAD_ID, long_reply_rows
+
+    data = write_jsonl(tmp_path / "d.jsonl", long_reply_rows(6, short=3))  # trial order 4, 2, 1, 0, 5, 3
+    config = _config(
+        pad_models[row],
+        per_device_train_batch_size=1,
+        max_seq_length=32,
+        max_steps=6,
+        bnb_4bit_compute_dtype=dtype,
+        dataset=DatasetSpec(path=str(data)),
+    )
+    result = run_trial(config, tmp_path / "t", model_path=str(pad_models[row]))
+    if (row, dtype) == ("1e5", "bfloat16"):  # bfloat16 holds 1e5: nothing to blame
+        assert result.status == "complete", result.reason
+        return
+    assert result.status == "nan" and result.fail_step == 6 and result.nan_cause == "data", result.reason
+    assert all(x is not None for x in result.loss_trace[:5])  # the unpadded steps train
+    assert result.nan_samples == [3] and "pad token" in result.reason and f"(id {PAD_ID})" in result.reason
+    assert "pads sample 3" in result.reason and "precision" not in result.reason
+    if dtype == "float16":
+        assert "beyond float16's 65504" in result.reason
+    (nan_row,) = _nan_batch(tmp_path / "t")
+    assert nan_row["index"] == 3 and nan_row["at_fault"]
