@@ -126,3 +126,61 @@ def test_first_nan_step_follows_trial_order(tiny_model, tmp_path):
     assert first_nan_step(tokenized, 48, 1, 1, max_steps=position) is None  # the run ends before reaching it
     assert first_nan_step(tokenized, 48, 2, 1, max_steps=len(rows)) is None  # its batch has another row to learn from
     assert first_nan_step(tokenized, 512, 1, 1, max_steps=len(rows)) is None
+
+
+def test_dropped_rows_and_bad_special_token_rows_are_findings(tiny_model, tmp_path):
+    import math
+
+    from sweeper.audit import nan_risks
+    from sweeper.data import DroppedRow, SpecialTokenRow
+    from sweeper.report._console import format_audit, format_data_warnings, format_dropped_rows
+
+    samples = load_samples(DatasetSpec(path=str(write_jsonl(tmp_path / "d.jsonl", clean_rows()))))
+    tokenizer = load_tokenizer(str(tiny_model))
+    tokenized = tokenize_samples(samples, tokenizer, sys.maxsize)
+    eos = tokenizer.eos_token_id
+    dropped = [DroppedRow(12, "no assistant turn"), DroppedRow(10, "no assistant turn"), DroppedRow(11, "empty text")]
+    special = [
+        SpecialTokenRow(roles=("pad",), token="<pad>", id=600, max_abs=math.nan),
+        SpecialTokenRow(roles=("eos",), token="<|im_end|>", id=eos, max_abs=1e5),
+        SpecialTokenRow(roles=("bos",), token="<s>", id=601, max_abs=0.5),
+    ]
+    report = audit_samples(
+        samples, tokenized, [256], dropped=dropped, special_tokens=special, compute_dtypes=["bfloat16"]
+    )
+    by_reason = [(f.samples, f.detail) for f in report.findings if f.kind == "dropped_row"]
+    assert by_reason == [
+        ([10, 12], "2 rows not trained on: no assistant turn: 10, 12"),
+        ([11], "1 row not trained on: empty text: 11"),
+    ]
+    assert report.samples == 10
+    bad = [f for f in report.findings if f.kind == "bad_embedding_row"]
+    # The pad row holds NaN: every padded sample; the eos row's 1e5 fits bfloat16, the only dtype searched.
+    assert len(bad) == 1 and bad[0].nan_risk and bad[0].samples == sorted(s.index for s in samples)
+    assert "'<pad>' (id 600)" in bad[0].detail and "holds NaN" in bad[0].detail
+    fp16 = audit_samples(samples, tokenized, [256], special_tokens=special, compute_dtypes=["bfloat16", "float16"])
+    [eos_finding] = [f for f in fp16.findings if f.kind == "bad_embedding_row" and "(id 600)" not in f.detail]
+    assert "beyond float16's largest value 65504" in eos_finding.detail
+    assert eos_finding.samples == sorted(t.index for t in tokenized if eos in t.input_ids)
+    [risk] = [r for r in nan_risks(report, tokenized, [2], [1], 3) if r.finding.kind == "bad_embedding_row"]
+    assert risk.strikes[(2, 1)].step == 1
+    warnings = format_data_warnings(report, [risk], several_accumulations=False, doctor="sweep doctor s.yaml")
+    assert warnings[0].startswith("WARNING data: the pad token '<pad>' (id 600)") and "step 1" in warnings[0]
+    assert "NaN risk: bad_embedding_row (10 samples)" in format_audit(report)
+    line = format_dropped_rows(dropped, 13, "d.jsonl", doctor="sweep doctor s.yaml")
+    assert line == (
+        "WARNING data: 3 of 13 rows of d.jsonl are not trained on: 2 no assistant turn (rows 10, 12); "
+        "1 empty text (row 11) (sweep doctor s.yaml)"
+    )
+    assert format_dropped_rows([], 10, "d.jsonl", doctor="x") is None
+
+
+def test_audit_leaves_out_rows_the_template_refuses(tiny_model, tmp_path):
+    from sweeper.data import Sample
+
+    good = Sample(index=0, messages=({"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}))
+    other = Sample(index=1, messages=({"role": "user", "content": "Q2"}, {"role": "assistant", "content": "B"}))
+    tokenized = tokenize_samples([good, other], load_tokenizer(str(tiny_model)), sys.maxsize)[:1]
+    assert audit_samples([good, other], tokenized, [64]).samples == 1
+    with pytest.raises(ValueError, match="same order"):
+        audit_samples([good, other], tokenize_samples([other, good], load_tokenizer(str(tiny_model)), 64), [64])

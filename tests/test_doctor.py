@@ -98,3 +98,38 @@ def test_sweep_whose_only_nans_come_from_the_data_says_so(tiny_model, workdir):
         nan.user_attrs["nan_samples"]
         and (workdir / "studies" / "t" / "trials" / str(nan.number) / "nan_batch.jsonl").is_file()
     )
+
+
+def test_doctor_reads_sharegpt_and_counts_every_row_it_does_not_use(tiny_model, workdir):
+    # The file: 30 chat rows and 30 rows with ShareGPT's roles (all 60 read now), plus rows no trial can use.
+    good = [
+        {"messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": f"A{i}"}]}
+        for i in range(30)
+    ]
+    human = [
+        {"messages": [{"role": "human", "content": f"Q{i}"}, {"role": "gpt", "content": f"B{i}"}]} for i in range(30)
+    ]
+    bad = [
+        {"messages": [{"role": "system", "content": "only a system turn"}]},
+        {"messages": [{"from": "human", "value": "Q"}, {"from": "function_call", "value": "f()"}]},
+        {"messages": [{"role": "system", "content": "again"}]},
+    ]
+    data = write_jsonl(workdir / "mixed.jsonl", good + human + bad)
+    out = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "64", "--json", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["samples"] == 60
+    dropped = [f for f in report["findings"] if f["kind"] == "dropped_row"]
+    assert [(f["samples"], f["nan_risk"]) for f in dropped] == [([60, 62], False), ([61], False)]
+    assert "no assistant turn" in dropped[0]["detail"] and "unknown role 'function_call'" in dropped[1]["detail"]
+
+
+def test_doctor_checks_the_pad_tokens_embedding_row(workdir, tmp_path_factory):
+    from pad_model import PAD_ID, build_pad_token_model
+
+    model = build_pad_token_model(tmp_path_factory.mktemp("pad-nan"))
+    data = write_jsonl(workdir / "clean.jsonl", clean_rows())
+    out = sweep("doctor", str(data), "--model", str(model), "--max-seq-length", "256", "--strict", cwd=workdir)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "bad_embedding_row" in out.stdout and f"'<pad>' (id {PAD_ID})" in out.stdout
+    assert "holds NaN" in out.stdout and "NaN risk: bad_embedding_row (10 samples)" in out.stdout
