@@ -354,12 +354,12 @@ def _root_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def load_samples(spec: DatasetSpec) -> Samples:
+def load_samples(spec: DatasetSpec) -> list[Sample]:
     """The study's samples: loaded, converted to one format, shuffled with ``spec.seed``, cut to ``max_samples``.
 
     Every trial calls this with the same spec and so sees the same samples in the same order. No row is left out
-    silently: the rows that give no sample are in the result's ``dropped``, each with its reason
-    (:func:`describe_dropped` groups them).
+    silently: the result is a :class:`Samples`, whose ``dropped`` holds the rows that give no sample, each with its
+    reason (:func:`unused_rows` adds the rows the chat template refuses, :func:`dataset_rows` counts the file's rows).
 
     Raises:
         DataError: The dataset is missing, unreadable, of an undetectable format, or has no usable row.
@@ -600,6 +600,12 @@ def tokenize_samples(
             )
         )
     return out
+
+
+def dataset_rows(samples: Sequence[Sample]) -> int:
+    """Rows in the dataset file that :func:`load_samples` read (those it dropped included); ``len(samples)`` for a
+    plain list."""
+    return int(getattr(samples, "rows", len(samples)))
 
 
 def unused_rows(samples: Sequence[Sample], tokenizer: Any) -> list[DroppedRow]:
