@@ -230,3 +230,53 @@ def test_on_the_cpu_no_compute_dtype_is_always_larger(tiny_model, tmp_path):
     assert bf16 > fp32 + NOISE_GIB, (bf16, fp32)
     oom = Known(number=0, config={**BASE, "bnb_4bit_compute_dtype": "bfloat16"}, fits=False)
     assert preflight({**BASE, "bnb_4bit_compute_dtype": "float32"}, 1.0, [oom], device="cpu") is None
+
+
+@pytest.mark.slow
+def test_a_sweep_learns_its_correction_and_a_stored_one_prunes_before_running(tiny_model, workdir):
+    from conftest import tiny_space, write_space
+
+    from sweeper.space import load_space
+    from sweeper.study import CORRECTED_ATTR, device_kind, open_study, run_study
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    kind = device_kind()
+    space = load_space(
+        write_space(
+            workdir,
+            tiny_space(
+                tiny_model,
+                name="cal",
+                n_trials=3,
+                training={"memory_limit_gib": 1.0, "bnb_4bit_compute_dtype": "bfloat16"},
+                search={"r": [4, 8, 16]},
+            ),
+        )
+    )
+    # A correction stored by an earlier sweep (another machine of the same kind): the memory model times 4 is above
+    # 1.1 GiB for every configuration, so the first trial is pruned without running.
+    study = open_study(space)
+    study.set_user_attr(
+        CALIBRATION_ATTR, {kind: {"ratios": {"bfloat16/ckpt": 4.0}, "points": {"bfloat16/ckpt": 1}, "trials": [99]}}
+    )
+    study.enqueue_trial({"r": 4})
+    study = run_study(space, model_path=str(tiny_model), n_trials=1)
+    [pruned] = study.get_trials()
+    assert pruned.user_attrs["status"] == "predicted_oom", pruned.user_attrs["reason"]
+    assert "x 4.00, the measured/predicted ratio of 1 measured trial of bfloat16/ckpt" in pruned.user_attrs["reason"]
+    assert pruned.user_attrs[CORRECTED_ATTR] == pytest.approx(4 * pruned.user_attrs["predicted_peak_gib"])
+    assert not (workdir / "studies" / "cal" / "trials" / "0").exists()
+
+    # Without it the sweep measures, fits its own ratio after each complete trial and predicts the next with it.
+    study.set_user_attr(CALIBRATION_ATTR, {})
+    for r in (8, 16):
+        study.enqueue_trial({"r": r})
+    study = run_study(space, model_path=str(tiny_model), n_trials=3)
+    first, second = study.get_trials()[1:3]
+    assert first.user_attrs["status"] == second.user_attrs["status"] == "complete"
+    assert CORRECTED_ATTR not in first.user_attrs  # nothing measured yet when it was asked
+    stored = stored_calibration(study, kind)
+    assert stored.trials == [1, 2] and stored.points == {"bfloat16/ckpt": 2}
+    ratio = first.user_attrs["peak_memory_gib"] / first.user_attrs["predicted_peak_gib"]
+    assert second.user_attrs[CORRECTED_ATTR] == pytest.approx(ratio * second.user_attrs["predicted_peak_gib"])
+    assert 0.5 < ratio < 3  # the CPU resident set against the memory model: the same order of magnitude
