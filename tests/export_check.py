@@ -51,7 +51,9 @@ def train_hf(py: Path, model_dir: Path, out: Path) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     ids = tokenizer("The for statement is used to iterate over the elements of a sequence. " * 4)["input_ids"]
     rows = [{"input_ids": ids[:32], "attention_mask": [1] * 32, "labels": ids[:32]} for _ in range(32)]
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype
+    )
     model = get_peft_model(prepare_model_for_kbit_training(model), lora)
     short = dataclasses.replace(args, **_short(out))
     result = Trainer(model=model, args=short, train_dataset=rows).train()
@@ -71,7 +73,9 @@ def build_trl(py: Path, model_dir: Path, out: Path, rows: list[dict]) -> tuple[d
     ns = runpy.run_path(str(py))
     bnb = ns["bnb_config"]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype
+    )
     return ns, ns["build_trainer"](model, tokenizer, rows, **_short(out))
 
 
@@ -102,5 +106,9 @@ def train_trl(py: Path, model_dir: Path, out: Path, rows: list[dict] | None = No
 
 if __name__ == "__main__":
     hf, trl, model_dir, out = (Path(a) for a in sys.argv[1:5])
-    report = {"versions": versions(), "hf": train_hf(hf, model_dir, out / "hf"), "trl": train_trl(trl, model_dir, out / "trl")}
+    report = {
+        "versions": versions(),
+        "hf": train_hf(hf, model_dir, out / "hf"),
+        "trl": train_trl(trl, model_dir, out / "trl"),
+    }
     print(json.dumps(report))

@@ -1,7 +1,8 @@
 """``sweep export``: every format carries every value of the trial; the ``hf`` file's objects train two real steps on
-the tiny model; the ``trl`` file builds a real ``SFTConfig``; a trial that did not complete is refused in one line."""
+the tiny model; the ``trl`` file builds a real ``SFTTrainer`` that trains the trial's tokens; LLaMA-Factory is given
+only trials it can express; a trial that did not complete is refused in one line. ``test_export_stacks.py`` runs the
+files under the production stacks' older library versions."""
 
-import dataclasses
 import json
 import runpy
 
@@ -36,13 +37,17 @@ def test_yaml_and_json_exports_carry_every_value(study_and_knee, tmp_path):
         "bnb_4bit_compute_dtype": "bfloat16",
     }
     assert "ties bnb_4bit_compute_dtype" in text  # what axolotl cannot express the same way is said
+    # axolotl's defaults would train otherwise than the trial: TF32 matmuls on Ampere+, rows over sequence_len dropped
+    assert a["tf32"] is False and a["excess_length_strategy"] == "truncate" and a["sample_packing"] is False
     [lf] = write_export(study, trial, "llama-factory", tmp_path / "lf.yaml")
     f = yaml.safe_load(lf.read_text())
     assert f["finetuning_type"] == "lora" and f["quantization_bit"] == 4 and f["quantization_type"] == "nf4"
     assert f["double_quantization"] is True and f["lora_rank"] == 8 and f["lora_alpha"] == 16
     assert f["lora_target"] == "q_proj,v_proj" and f["cutoff_len"] == 64
     assert f["per_device_train_batch_size"] == 2 and f["gradient_accumulation_steps"] == 8 and f["bf16"] is True
-    assert "bnb_4bit_compute_dtype=bfloat16 in the trial; LLaMA-Factory has no key for it" in lf.read_text()
+    text = lf.read_text()
+    assert "bf16: true  # LLaMA-Factory computes the 4-bit layers in bfloat16, as the trial" in text
+    assert "float16 on other GPUs and for a float16 or float32 checkpoint" in text  # the case without bf16/fp16
     [js] = write_export(study, trial, "json", tmp_path / "x.json")
     j = json.loads(js.read_text())
     assert j["provenance"]["trial"] == 1 and j["provenance"]["memory_kind"] == "cpu_peak_rss"
@@ -51,35 +56,27 @@ def test_yaml_and_json_exports_carry_every_value(study_and_knee, tmp_path):
 
 @pytest.mark.slow
 def test_hf_export_trains_two_steps(study_and_knee, tmp_path, tiny_model):
-    import torch
-    from peft import get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
+    import transformers
+    from export_check import train_hf
 
     study, trial = study_and_knee
     py, js = write_export(study, trial, "hf", tmp_path / "knee")
     assert py.suffix == ".py" and js.suffix == ".json"
     ns = runpy.run_path(str(py))
     bnb, lora, args = ns["bnb_config"], ns["lora_config"], ns["training_args"]
-    assert bnb.bnb_4bit_compute_dtype == torch.bfloat16 and bnb.bnb_4bit_quant_type == "nf4"
+    assert bnb.bnb_4bit_compute_dtype == torch_dtype("bfloat16") and bnb.bnb_4bit_quant_type == "nf4"
     assert lora.r == 8 and lora.lora_alpha == 16 and args.gradient_accumulation_steps == 8 and args.bf16
-    tokenizer = AutoTokenizer.from_pretrained(ns["MODEL_NAME"])
-    ids = tokenizer("The for statement is used to iterate over the elements of a sequence. " * 4)["input_ids"]
-    rows = [{"input_ids": ids[:32], "attention_mask": [1] * 32, "labels": ids[:32]} for _ in range(32)]
-    model = AutoModelForCausalLM.from_pretrained(
-        ns["MODEL_NAME"], quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype
-    )
-    model = get_peft_model(prepare_model_for_kbit_training(model), lora)
-    short = dataclasses.replace(
-        args,
-        output_dir=str(tmp_path / "run"),
-        max_steps=2,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-    )
-    out = Trainer(model=model, args=short, train_dataset=rows).train()
-    assert out.global_step == 2 and out.training_loss > 0
+    # The checkpointing key by the name the installed transformers has (activation_checkpointing from 5.23).
+    new_name = "activation_checkpointing" in transformers.TrainingArguments.__dataclass_fields__
+    assert ns["CHECKPOINTING"] == ("activation_checkpointing" if new_name else "gradient_checkpointing")
+    out = train_hf(py, tiny_model, tmp_path / "run")
+    assert out["global_step"] == 2 and out["loss"] > 0 and out["checkpointing"]
+
+
+def torch_dtype(name):
+    import torch
+
+    return getattr(torch, name)
 
 
 def test_trl_export_builds_a_real_sft_config(study_and_knee, tmp_path):
@@ -89,8 +86,148 @@ def test_trl_export_builds_a_real_sft_config(study_and_knee, tmp_path):
     [py] = write_export(study, trial, "trl", tmp_path / "trl")
     ns = runpy.run_path(str(py))
     args = ns["training_args"]
-    assert isinstance(args, SFTConfig) and args.max_length == 64 and args.assistant_only_loss
+    assert isinstance(args, SFTConfig) and args.max_length == 64 and args.truncation_mode == "keep_start"
     assert args.per_device_train_batch_size == 2 and args.gradient_accumulation_steps == 8 and args.bf16
+    assert not args.packing and args.gradient_checkpointing
+    assert ns["make_sft_config"](max_steps=3).max_steps == 3 and callable(ns["build_trainer"])
+
+
+#: ChatML with transformers' generation markers around each reply and its end of turn.
+GENERATION_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}{% generation %}"
+    "{{ m['content'] }}<|im_end|>\n{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _trial_rows(tokenizer, rows, max_seq_length):
+    """What the trial trains on for ``rows``: input ids and labels, as the worker tokenizes them."""
+    from sweeper.data import Sample, tokenize_samples
+
+    samples = [Sample(index=i, messages=tuple(r["messages"])) for i, r in enumerate(rows)]
+    return [(t.input_ids, t.labels) for t in tokenize_samples(samples, tokenizer, max_seq_length)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("template", ["none", "generation"])
+def test_trl_export_builds_an_sft_trainer_that_trains_what_the_trial_trained(
+    study_and_knee, tmp_path, tiny_model, template
+):
+    """The tiny model's tokenizer has no chat template (the trial used sweeper's ChatML, without generation markers):
+    TRL cannot mask assistant turns with it, so the file gives TRL each reply as a prompt/completion row. With a
+    template that has generation markers, assistant_only_loss keeps a conversation one row. Either way the first row's
+    tokens and labels are the trial's."""
+    import shutil
+
+    from export_check import CHAT_ROWS, train_trl
+    from transformers import AutoTokenizer
+
+    model_dir = tiny_model
+    if template == "generation":
+        model_dir = tmp_path / "model"
+        shutil.copytree(tiny_model, model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer.chat_template = GENERATION_CHATML
+        tokenizer.save_pretrained(model_dir)
+    study, trial = study_and_knee
+    [py] = write_export(study, trial, "trl", tmp_path / "trl")
+    out = train_trl(py, model_dir, tmp_path / "run")
+    assert out["global_step"] == 2 and out["finite"] and out["adapter_dtypes"] == ["torch.float32"]
+    assert out["assistant_only_loss"] is (template == "generation")
+    assert out["completion_only_loss"] is (template == "none")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.chat_template is None:
+        tokenizer.chat_template = runpy.run_path(str(py))["TRIAL_CHAT_TEMPLATE"]
+    ids, labels = _trial_rows(tokenizer, CHAT_ROWS, 64)[0]
+    assert out["supervised_first_row"] == [t for t in labels if t != -100]
+    assert tokenizer.decode(out["supervised_first_row"]).endswith("sequence.<|im_end|>\n")
+
+
+@pytest.mark.slow
+def test_trl_export_builds_an_sft_trainer_with_smollm2s_tokenizer(study_and_knee, tmp_path, tiny_model):
+    """SmolLM2's template has no generation markers and TRL has no training version of it: assistant_only_loss
+    would fail ("The chat template is not training-compatible"); the file chooses prompt/completion rows."""
+    from export_check import CHAT_ROWS
+    from transformers import AutoModelForCausalLM
+
+    from sweeper.data import load_tokenizer
+    from sweeper.model import resolve_model
+    from sweeper.space import ModelSpec
+
+    smollm2 = load_tokenizer(resolve_model(ModelSpec()))
+    study, trial = study_and_knee
+    [py] = write_export(study, trial, "trl", tmp_path / "trl")
+    ns = runpy.run_path(str(py))
+    assert not ns["chat_template_masks_assistant"](smollm2)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model))  # the trainer is built, not trained
+    trainer = ns["build_trainer"](model, smollm2, CHAT_ROWS, output_dir=str(tmp_path / "run"), report_to="none")
+    assert trainer.args.completion_only_loss and not trainer.args.assistant_only_loss
+    [(ids, labels)] = _trial_rows(smollm2, CHAT_ROWS[:1], 64)
+    first = trainer.train_dataset[0]
+    assert first["input_ids"] == ids and [t for t in first["labels"] if t != -100] == [t for t in labels if t != -100]
+
+
+def _float32_study(tmp_path, tiny_model):
+    """The report's study (trials 0-5) and three more: trial 6 computes in float32 and is the knee of the front
+    (trials 0 and 6); trial 7 is its configuration in bfloat16 again (as trial 1), measured higher; trial 8 is another
+    bfloat16 trial, dominated by trial 6 only."""
+    import optuna
+    from test_report import add_trial
+
+    study = make_study(tmp_path, model=str(tiny_model))
+    scratch = optuna.create_study(directions=["minimize", "minimize"])
+    add_trial(scratch, r=8, batch=2, seq=64, status="complete", peak=1.0, instability=0.1, model=str(tiny_model))
+    config = dict(scratch.trials[0].user_attrs["config"])
+    for dtype, peak, instability in (("float32", 1.4, 0.15), ("bfloat16", 1.6, 0.25)):
+        add_trial(
+            study,
+            r=8,
+            batch=2,
+            seq=64,
+            status="complete",
+            peak=peak,
+            instability=instability,
+            extra={"config": dict(config, bnb_4bit_compute_dtype=dtype)},
+        )
+    add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.45, instability=0.8, model=str(tiny_model))
+    return study
+
+
+def test_llama_factory_picks_among_the_trials_it_can_express(tmp_path, tiny_model):
+    from sweeper.errors import StudyError
+
+    study = _float32_study(tmp_path, tiny_model)
+    assert pick_trial(study, pick="knee").number == 6  # the front's knee computes in float32
+    assert pick_trial(study, pick="knee", fmt="axolotl").number == 6  # axolotl expresses it
+    # LLaMA-Factory cannot: its pick is made on the front of the bf16/fp16 trials (0, 1, 8 without the float32 one).
+    assert pick_trial(study, pick="knee", fmt="llama-factory").number == 1
+    assert pick_trial(study, pick="min-memory", fmt="llama-factory").number == 0
+    # The nearest it can express: its configuration in bfloat16 (trials 1 and 7), the nearer measurement first.
+    with pytest.raises(StudyError, match=r"trial 6: it computed in float32.*nearest trial it can express is 1 "):
+        pick_trial(study, number=6, fmt="llama-factory")
+    with pytest.raises(StudyError, match="cannot express"):
+        write_export(study, pick_trial(study, number=6), "llama-factory", tmp_path / "lf")
+    [ax] = write_export(study, pick_trial(study, number=6), "axolotl", tmp_path / "ax")
+    a = yaml.safe_load(ax.read_text())
+    assert a["bf16"] is False and a["fp16"] is False and a["tf32"] is False
+    assert a["bnb_config_kwargs"]["bnb_4bit_compute_dtype"] == "float32"
+    [trl] = write_export(study, pick_trial(study, number=6), "trl", tmp_path / "trl")
+    args = runpy.run_path(str(trl))["training_args"]
+    assert not args.bf16 and not args.fp16  # TRL's SFTConfig would default to bf16
+
+
+def test_export_cli_llama_factory_pick_and_refusal(tmp_path, tiny_model):
+    _float32_study(tmp_path, tiny_model)
+    db = tmp_path / "rep.db"
+    ok = sweep("export", str(db), "--format", "llama-factory", "-o", "lf", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "knee of the front of the trials llama-factory can express: trial 1" in ok.stdout
+    assert "study's knee is trial 6, computed in float32" in ok.stdout
+    f = yaml.safe_load((tmp_path / "lf.yaml").read_text())
+    assert f["bf16"] is True and f["lora_rank"] == 8
+    out = sweep("export", str(db), "--trial", "6", "--format", "llama-factory", cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "--trial 1" in lines[0], out.stderr
 
 
 def test_export_cli_refuses_an_incomplete_trial(study_and_knee, tmp_path):

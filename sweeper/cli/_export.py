@@ -11,14 +11,26 @@ def cmd_export(args: argparse.Namespace) -> int:
     """``sweep export STUDY``: the chosen trial as a production config."""
     import optuna
 
+    from sweeper.errors import StudyError
     from sweeper.report import export_path, pick_trial, write_export
     from sweeper.study import load_existing_study, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study, _ = load_existing_study(args.study)
-    trial = pick_trial(study, number=args.trial, pick=args.pick)
+    trial = pick_trial(study, number=args.trial, pick=args.pick, fmt=args.format)
     if args.trial is None:
         how = f"{args.pick} of the front: trial {trial.number}"
+        try:
+            overall = pick_trial(study, pick=args.pick)
+        except StudyError:  # every trial of the front failed its confirmation: the format's pick stands alone
+            overall = trial
+        if overall.number != trial.number:  # picked on the front of the trials the format can express
+            dtype = overall.config.bnb_4bit_compute_dtype if overall.config is not None else "?"
+            why = f", computed in {dtype}, which {args.format} cannot express" if dtype == "float32" else ""
+            how = (
+                f"{args.pick} of the front of the trials {args.format} can express: trial {trial.number} (the "
+                f"study's {args.pick} is trial {overall.number}{why})"
+            )
     elif trial.number != args.trial:
         how = f"trial {args.trial}, a repeat of trial {trial.number} (its measured result)"
     else:

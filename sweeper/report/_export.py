@@ -53,15 +53,92 @@ def knee(front: Sequence[StoredTrial]) -> StoredTrial:
     return by_knee_distance(front)[0]
 
 
-def pick_trial(study: optuna.Study, *, number: int | None = None, pick: Pick = "knee") -> StoredTrial:
+#: What LLaMA-Factory computes a 4-bit model in: it has no key for the compute dtype and derives it from ``bf16`` /
+#: ``fp16`` (LLaMA-Factory 0.9.5, ``hparams/parser.py``), or with neither from the GPU and the checkpoint's dtype
+#: (``extras/misc.py: infer_optim_dtype``).
+LLAMA_FACTORY_DTYPES = (
+    "LLaMA-Factory has no key for the 4-bit compute dtype: bf16: true computes in bfloat16 (a GPU with bfloat16 "
+    "support, Ampere or newer), fp16: true in float16; with neither it picks bfloat16 on a GPU with bfloat16 support "
+    "when the checkpoint is bfloat16 or names no dtype, float16 on other GPUs and for a float16 or float32 checkpoint "
+    "(a local float16 conversion included), float32 only without a GPU"
+)
+
+
+def inexpressible(trial: StoredTrial, fmt: str) -> str | None:
+    """Why ``fmt`` cannot train ``trial`` as it ran, or None when it can: LLaMA-Factory has no float32 compute dtype
+    on a GPU (see :data:`LLAMA_FACTORY_DTYPES`). The other formats express every trial."""
+    dtype = trial.config.bnb_4bit_compute_dtype if trial.config is not None else None
+    if fmt == "llama-factory" and dtype == "float32":
+        return (
+            "it computed in float32, which LLaMA-Factory cannot express (it computes a 4-bit model in bfloat16 or "
+            "float16 on a GPU)"
+        )
+    return None
+
+
+def _non_dominated(trials: Sequence[StoredTrial]) -> list[StoredTrial]:
+    """The trials no other of ``trials`` beats on both objectives (lower is better), by peak memory."""
+    front = []
+    for t in trials:
+        a = _objectives(t)
+        beaten = any(
+            (b := _objectives(u))[0] <= a[0] and b[1] <= a[1] and b != a for u in trials if u.number != t.number
+        )
+        if not beaten:
+            front.append(t)
+    return sorted(front, key=_objectives)
+
+
+def _expressible_trials(study: optuna.Study, fmt: str) -> list[StoredTrial]:
+    """The measured COMPLETE trials ``fmt`` can express whose confirmation did not fail."""
+    return [
+        t
+        for t in stored_trials(study)
+        if t.status == TrialStatus.COMPLETE
+        and t.values is not None
+        and not t.is_repeat
+        and (t.confirmation is None or t.confirmation.passed)
+        and inexpressible(t, fmt) is None
+    ]
+
+
+def nearest_expressible(study: optuna.Study, trial: StoredTrial, fmt: str) -> StoredTrial | None:
+    """The trial ``fmt`` can express nearest ``trial``: the fewest settings changed (the same configuration in
+    another compute dtype first), then the nearest objectives (each scaled to [0, 1] over the candidates); None when
+    ``fmt`` can express no complete trial."""
+    candidates = _expressible_trials(study, fmt)
+    if not candidates:
+        return None
+    values = [_objectives(t) for t in candidates] + [_objectives(trial)]
+    lows = [min(v[i] for v in values) for i in range(2)]
+    spans = [(max(v[i] for v in values) - lows[i]) or 1.0 for i in range(2)]
+    mine = trial.config.to_dict() if trial.config is not None else {}
+
+    def key(t: StoredTrial) -> tuple[int, float, int]:
+        theirs = t.config.to_dict() if t.config is not None else {}
+        changed = sum(1 for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        a, b = _objectives(trial), _objectives(t)
+        distance = math.hypot(*((a[i] - b[i]) / spans[i] for i in range(2)))
+        return (changed, round(distance, 12), t.number)
+
+    return min(candidates, key=key)
+
+
+def pick_trial(
+    study: optuna.Study, *, number: int | None = None, pick: Pick = "knee", fmt: str | None = None
+) -> StoredTrial:
     """The trial to export: trial ``number``, or the front's ``knee``, ``min-memory`` or ``most-stable`` point.
 
     A pick prefers confirmed trials: when some trials of the front completed their confirmation (``sweep confirm``),
-    the pick is made among those; a trial that failed its confirmation is never picked nor exported.
+    the pick is made among those; a trial that failed its confirmation is never picked nor exported. With ``fmt``, a
+    pick is made on the front of the trials that format can express (:func:`inexpressible`: LLaMA-Factory has no
+    float32 compute), and trial ``number`` is refused when the format cannot express it, naming the nearest trial it
+    can (:func:`nearest_expressible`).
 
     Raises:
         StudyError: No such trial, the trial did not complete or failed its confirmation (its status and reason are
-            named), or the study has no complete trial that did not fail its confirmation.
+            named), the format cannot express it, or the study has no complete trial (that the format can express)
+            that did not fail its confirmation.
     """
     name = study.study_name
     if number is not None:
@@ -81,10 +158,20 @@ def pick_trial(study: optuna.Study, *, number: int | None = None, pick: Pick = "
                 "complete trial, e.g. --pick knee"
             )
         _refuse_failed_confirmation(name, t, "--trial")
+        if fmt is not None and (why := inexpressible(t, fmt)) is not None:
+            raise StudyError(f"{name}: --format {fmt}: trial {number}: {why}; " + _instead(study, t, fmt))
         return t
     front = pareto_front(study)
     if not front:
         raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with 'sweep run'")
+    if fmt is not None and any(inexpressible(t, fmt) for t in front):
+        front = _non_dominated(_expressible_trials(study, fmt))
+        if not front:
+            raise StudyError(
+                f"{name}: --format {fmt}: no complete trial of the study can be expressed in it (every one "
+                f"computed in float32, which LLaMA-Factory cannot express); export with --format hf, trl or axolotl, "
+                "or run trials with bnb_4bit_compute_dtype bfloat16 or float16"
+            )
     passed = [t for t in front if t.confirmation is not None and t.confirmation.passed]
     usable = [t for t in front if t.confirmation is None or t.confirmation.passed]
     if not usable:
@@ -95,6 +182,19 @@ def pick_trial(study: optuna.Study, *, number: int | None = None, pick: Pick = "
     if pick == "most-stable":
         return min(front, key=lambda t: (_objectives(t)[1], _objectives(t)[0]))
     return knee(front)
+
+
+def _instead(study: optuna.Study, trial: StoredTrial, fmt: str) -> str:
+    """The fix for a trial ``fmt`` cannot express: the nearest trial it can, or the formats that express it."""
+    near = nearest_expressible(study, trial, fmt)
+    if near is None:
+        return "no complete trial of the study can be; export with --format hf, trl or axolotl"
+    peak, instability = _objectives(near)
+    dtype = near.config.bnb_4bit_compute_dtype if near.config is not None else "?"
+    return (
+        f"the nearest trial it can express is {near.number} ({dtype}, peak {peak:.3f} GiB, instability "
+        f"{instability:.3f}): --trial {near.number}; or export trial {trial.number} with --format hf, trl or axolotl"
+    )
 
 
 def _refuse_failed_confirmation(study_name: str, trial: StoredTrial, flag: str) -> None:
@@ -498,9 +598,12 @@ def _same_named_training(t: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def render_axolotl(s: ExportSettings) -> str:
-    """An axolotl config (``adapter: qlora``). axolotl derives ``bnb_4bit_compute_dtype`` from its ``bf16``/
-    ``fp16`` flags; the trial's value is passed through ``bnb_config_kwargs``, which axolotl merges into its
-    ``BitsAndBytesConfig``."""
+    """An axolotl config (``adapter: qlora``), in the keys of axolotl 0.21's schema. axolotl derives
+    ``bnb_4bit_compute_dtype`` from its ``bf16``/``fp16`` flags; the trial's value is passed through
+    ``bnb_config_kwargs``, which axolotl merges into its ``BitsAndBytesConfig``. Two of axolotl's defaults would
+    train otherwise than the trial: ``tf32: auto`` turns TF32 matmuls on for Ampere and newer GPUs (the trial ran
+    PyTorch's default, full float32 matmuls), and ``excess_length_strategy`` defaults to ``drop`` for rows longer
+    than ``sequence_len`` (the trial truncated them): both are written out."""
     t, q = s.training, s.quantization
     data = {
         "base_model": s.model,
@@ -516,29 +619,48 @@ def render_axolotl(s: ExportSettings) -> str:
             "bnb_4bit_compute_dtype": q["bnb_4bit_compute_dtype"],
         },
         "sequence_len": s.max_seq_length,
+        "excess_length_strategy": "truncate",
+        "sample_packing": False,
         "micro_batch_size": t["per_device_train_batch_size"],
         "gradient_accumulation_steps": t["gradient_accumulation_steps"],
         "learning_rate": t["learning_rate"],
         "optimizer": t["optim"],
         "gradient_checkpointing": t["gradient_checkpointing"],
         **_same_named_training(t),
+        "tf32": False,
         "output_dir": f"./outputs/{s.provenance['study']}-trial{s.provenance['trial']}",
     }
     comments = {
         "bnb_config_kwargs": "axolotl ties bnb_4bit_compute_dtype to bf16/fp16; this entry sets the trial's value "
         "explicitly",
         "sequence_len": "sweeper's max_seq_length",
+        "excess_length_strategy": "longer rows are cut to sequence_len, as the trial cut them (axolotl's default, "
+        "drop, would leave them out)",
+        "sample_packing": "one sample a row, as in the trial",
         "micro_batch_size": "per_device_train_batch_size",
+        "tf32": "the trial ran float32 matmuls in full float32 (PyTorch's default); axolotl's default, auto, turns "
+        "TF32 on for Ampere and newer GPUs",
     }
     if not t["bf16"] and not t["fp16"]:
-        comments["bf16"] = "the trial computed in float32: no mixed precision"
+        comments["bf16"] = "the trial computed in float32: no mixed precision (axolotl's default, auto, would use bf16)"
     return _yaml(_header(s, "#"), data, comments)
 
 
 def render_llama_factory(s: ExportSettings) -> str:
     """A LLaMA-Factory training config (``finetuning_type: lora``, ``quantization_bit: 4``). LLaMA-Factory derives
-    the 4-bit compute dtype from ``bf16``/``fp16`` and has no key for it: the comment says what the trial used."""
+    the 4-bit compute dtype from ``bf16``/``fp16`` and has no key for it (see :data:`LLAMA_FACTORY_DTYPES`): the
+    comment states what it computes in. A float32 trial cannot be expressed (:func:`inexpressible`).
+
+    Raises:
+        StudyError: The trial computed in float32.
+    """
     t, q = s.training, s.quantization
+    dtype = q["bnb_4bit_compute_dtype"]
+    if dtype == "float32":
+        raise StudyError(
+            f"{s.provenance['study']}: --format llama-factory: trial {s.provenance['trial']} computed in float32, "
+            "which LLaMA-Factory cannot express; export it with --format hf, trl or axolotl"
+        )
     data = {
         "model_name_or_path": s.model,
         "stage": "sft",
@@ -560,22 +682,20 @@ def render_llama_factory(s: ExportSettings) -> str:
         **_same_named_training(t),
         "output_dir": f"outputs/{s.provenance['study']}-trial{s.provenance['trial']}",
     }
-    dtype = q["bnb_4bit_compute_dtype"]
+    effective = (
+        "bfloat16, as the trial (needs a GPU with bfloat16 support: Ampere or newer)"
+        if dtype == "bfloat16"
+        else "float16, as the trial, on any GPU and whatever the checkpoint's dtype"
+    )
     comments = {
         "quantization_bit": "bitsandbytes: LLaMA-Factory's default quantization_method",
         "quantization_type": "bnb_4bit_quant_type",
         "double_quantization": "bnb_4bit_use_double_quant",
         "cutoff_len": "sweeper's max_seq_length",
-        "bf16": f"bnb_4bit_compute_dtype={dtype} in the trial; LLaMA-Factory has no key for it and derives it from "
-        "bf16/fp16",
+        "bf16" if dtype == "bfloat16" else "fp16": f"LLaMA-Factory computes the 4-bit layers in {effective}",
     }
-    if dtype == "float32":
-        comments["bf16"] = (
-            "NOT EXPRESSIBLE: the trial computed in float32; with neither bf16 nor fp16 set, "
-            "LLaMA-Factory picks bf16 itself where the GPU supports it, so its run would not match "
-            "the trial's precision (export another trial or use the hf format)"
-        )
-    return _yaml(_header(s, "#"), data, comments)
+    header = _header(s, "#") + [f"# {LLAMA_FACTORY_DTYPES}"]
+    return _yaml(header, data, comments)
 
 
 def render(s: ExportSettings, fmt: Format) -> dict[str, str]:
