@@ -1,77 +1,126 @@
-"""Per-trial overhead: seconds of process start, imports and model load against seconds of training.
+"""Per-trial overhead of warm and cold trial processes, side by side, from one run.
 
-Runs a few real trials of the demo's model (SmolLM2-135M-Instruct, built in) one after another, each in its own
-worker process as `sweep run` does, and prints where the wall time goes. Usage:
+Runs a real sweep of a space (default: the demo, ``search_spaces/demo.yaml``) as ``sweep run`` does, each worker slot
+keeping a warm trial process (:class:`sweeper.trial.TrialProcess`); then runs each configuration that sweep measured
+again in a fresh process of its own (the cold path, :func:`sweeper.trial.run_trial`). For every trial it prints the
+seconds outside training (process start, imports, data, 4-bit load and LoRA, writing the result: ``wall_time_s -
+train_time_s``) and inside it (``train_time_s``), and their ratio, warm and cold; then the medians over all trials
+(the warm sweep's cold first trial and the trials after a replaced process included) and the share of warm trials.
 
-    .venv/bin/python benchmarks/trial_overhead.py [--max-steps 5] [--repeats 2]
+    .venv/bin/python benchmarks/trial_overhead.py [--space search_spaces/demo.yaml] [--set study.n_trials=10] [--json F]
+
+The sweep runs in a temporary folder (its own study); nothing is written under ``studies/``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 from sweeper.model import resolve_model
-from sweeper.space import ModelSpec, TrialConfig
+from sweeper.space import load_space
+from sweeper.study import run_study, stored_trials
 from sweeper.trial import run_trial
 
-CONFIGS = [
-    {"bnb_4bit_compute_dtype": "bfloat16", "per_device_train_batch_size": 1, "max_seq_length": 128},
-    {"bnb_4bit_compute_dtype": "bfloat16", "per_device_train_batch_size": 2, "max_seq_length": 256},
-    {"bnb_4bit_compute_dtype": "float32", "per_device_train_batch_size": 1, "max_seq_length": 128},
-    {"bnb_4bit_compute_dtype": "float16", "per_device_train_batch_size": 1, "max_seq_length": 128},
-]
+
+def _ratio(outside: float | None, inside: float | None) -> float | None:
+    return outside / inside if outside is not None and inside else None
+
+
+def _fmt(x: float | None, spec: str = "6.2f") -> str:
+    return format(x, spec) if x is not None else "-".rjust(len(format(0.0, spec)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-steps", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--space", default=str(Path(__file__).resolve().parent.parent / "search_spaces" / "demo.yaml"))
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    parser.add_argument("--json", help="also write the figures as JSON to this file")
     args = parser.parse_args()
-    model_path = resolve_model(ModelSpec())
+    space = load_space(args.space, args.overrides)
+    model_path = resolve_model(space.model)
+    json_path = Path(args.json).resolve() if args.json else None
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        os.chdir(folder)
+        t0 = time.monotonic()
+        study = run_study(space, model_path=model_path, storage=f"sqlite:///{folder}/overhead.db")
+        sweep_s = time.monotonic() - t0
+        for t in stored_trials(study):
+            result = t.result
+            if t.repeat_of is not None or t.config is None or result.train_time_s is None or result.wall_time_s is None:
+                continue  # repeats, preflight prunes: nothing ran
+            cold = run_trial(t.config, Path(folder) / "cold" / str(t.number), model_path=model_path)
+            rows.append((t, result, cold))
     header = (
-        f"{'config':<34} {'start_s':>8} {'import_s':>8} {'load_s':>8} {'train_s':>8} {'wall_s':>8} {'s/step':>7} "
-        f"{'tokens/s':>9}"
+        f"{'#':>3} {'status':<9} {'warm process':<17} {'setup_s':>7} {'out_s':>6} {'train_s':>7} {'ratio':>6}   "
+        f"{'cold: setup_s':>13} {'out_s':>6} {'train_s':>7} {'ratio':>6}"
     )
     print(header)
     print("-" * len(header))
-    overhead, training = [], []
-    for values in CONFIGS:
-        rows = []
-        for _ in range(args.repeats):
-            config = TrialConfig(
-                max_steps=args.max_steps, memory_limit_gib=20.0, r=8, learning_rate=1e-3, trial_timeout_s=900, **values
-            )
-            with tempfile.TemporaryDirectory() as folder:
-                result = run_trial(config, folder, model_path=model_path)
-            assert result.status == "complete", result.reason
-            start = result.wall_time_s - result.import_time_s - result.load_time_s - result.train_time_s
-            rows.append(
-                (
-                    start,
-                    result.import_time_s,
-                    result.load_time_s,
-                    result.train_time_s,
-                    result.wall_time_s,
-                    result.tokens_per_s,
-                )
-            )
-        med = [statistics.median(col) for col in zip(*rows)]
-        overhead.append(med[0] + med[1] + med[2])
-        training.append(med[3])
-        name = (
-            f"{values['bnb_4bit_compute_dtype']} b={values['per_device_train_batch_size']} s={values['max_seq_length']}"
-        )
+    warm_ratios, cold_ratios, figures = [], [], []
+    for t, warm, cold in rows:
+        kind = "warm, model kept" if warm.model_reused else "warm" if warm.warm else "cold (first)"
+        warm_out = warm.wall_time_s - warm.train_time_s
+        cold_out = cold.wall_time_s - cold.train_time_s if cold.train_time_s is not None else None
+        wr, cr = _ratio(warm_out, warm.train_time_s), _ratio(cold_out, cold.train_time_s)
+        warm_ratios.append(wr)
+        if cr is not None:
+            cold_ratios.append(cr)
         print(
-            f"{name:<34} {med[0]:8.1f} {med[1]:8.1f} {med[2]:8.1f} {med[3]:8.1f} {med[4]:8.1f} "
-            f"{med[3] / args.max_steps:7.2f} {med[5]:9.0f}"
+            f"{t.number:>3} {warm.status:<9} {kind:<17} {_fmt(warm.setup_time_s, '7.2f')} {_fmt(warm_out)} "
+            f"{_fmt(warm.train_time_s, '7.2f')} {_fmt(wr)}   {_fmt(cold.setup_time_s, '13.2f')} {_fmt(cold_out)} "
+            f"{_fmt(cold.train_time_s, '7.2f')} {_fmt(cr)}"
         )
+        figures.append(
+            {
+                "number": t.number,
+                "params": t.params,
+                "status": warm.status,
+                "warm": warm.warm,
+                "model_reused": warm.model_reused,
+                "warm_setup_time_s": warm.setup_time_s,
+                "warm_outside_s": warm_out,
+                "warm_train_time_s": warm.train_time_s,
+                "warm_ratio": wr,
+                "cold_status": cold.status,
+                "cold_setup_time_s": cold.setup_time_s,
+                "cold_outside_s": cold_out,
+                "cold_train_time_s": cold.train_time_s,
+                "cold_ratio": cr,
+            }
+        )
+    ran_warm = sum(1 for _, w, _ in rows if w.warm)
+    kept = sum(1 for _, w, _ in rows if w.model_reused)
+    summary = {
+        "trials_measured": len(rows),
+        "warm_trials": ran_warm,
+        "model_kept_trials": kept,
+        "median_ratio_warm_sweep": statistics.median(warm_ratios) if warm_ratios else None,
+        "median_ratio_cold": statistics.median(cold_ratios) if cold_ratios else None,
+        "median_outside_s_warm_sweep": statistics.median(f["warm_outside_s"] for f in figures) if figures else None,
+        "median_outside_s_cold": statistics.median(f["cold_outside_s"] for f in figures if f["cold_outside_s"])
+        if figures
+        else None,
+        "sweep_wall_time_s": sweep_s,
+        "space": args.space,
+        "overrides": args.overrides,
+        "threads": os.environ.get("OMP_NUM_THREADS"),
+    }
     print(
-        f"\nmedian of {args.repeats} runs each, {args.max_steps} steps; overhead (start + import + load) "
-        f"{statistics.median(overhead):.1f} s per trial against {statistics.median(training):.1f} s of training"
+        f"\n{len(rows)} trials measured; {ran_warm} ran warm ({kept} with the 4-bit model kept). "
+        f"(time outside training)/(time inside): median {_fmt(summary['median_ratio_warm_sweep'], '.2f')} in the "
+        f"warm sweep (its cold trials included) against {_fmt(summary['median_ratio_cold'], '.2f')} cold; "
+        f"outside training a median {_fmt(summary['median_outside_s_warm_sweep'], '.1f')} s against "
+        f"{_fmt(summary['median_outside_s_cold'], '.1f')} s"
     )
+    if json_path is not None:
+        json_path.write_text(json.dumps({"summary": summary, "trials": figures}, indent=1))
 
 
 if __name__ == "__main__":

@@ -140,7 +140,7 @@ BAD = [
     ("training:\n  lora_dropout: 1.0\n", ["training.lora_dropout", "< 1"]),
     ("training:\n  trial_timeout: -5\n", ["training.trial_timeout", "duration"]),
     ("model: {attn_implementation: flash}\n", ["model.attn_implementation", "sdpa"]),
-    ("dataset: {format: sharegpt}\n", ["dataset.format", "chat"]),
+    ("dataset: {format: xml}\n", ["dataset.format", "sharegpt"]),
     ("search: [r, 8]\n", ["search", "expected a mapping"]),
     ("- a\n- b\n", ["(top level)", "expected a mapping"]),
     ("search:\n  r: [8\n", ["line", "YAML"]),

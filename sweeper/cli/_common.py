@@ -143,3 +143,19 @@ def _study_ref(ref: str) -> str:
     from sweeper.study import redact_url
 
     return f"'{redact_url(ref)}'" if "://" in ref else ref
+
+
+def _dropped_rows_line(space: SearchSpace, model_path: str, samples: Any) -> str | None:
+    """One ``WARNING data:`` line counting the dataset rows no trial will train on, by reason (None when every row
+    is used): rows :func:`sweeper.data.load_samples` could not read and rows the chat template refuses
+    (:func:`sweeper.data.unused_rows`); ``sweep doctor`` lists them by index."""
+    from sweeper.data import dataset_rows, load_tokenizer, unused_rows
+    from sweeper.report import format_dropped_rows
+
+    tokenizer = load_tokenizer(model_path, space.model.trust_remote_code)
+    return format_dropped_rows(
+        unused_rows(samples, tokenizer),
+        dataset_rows(samples),
+        space.dataset.path,
+        doctor=f"sweep doctor {space.path}",
+    )

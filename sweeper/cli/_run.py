@@ -13,6 +13,7 @@ from sweeper.cli._common import (
     _audit,
     _describe_setup,
     _devices,
+    _dropped_rows_line,
     _load,
     _prepare,
     _print,
@@ -153,6 +154,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if devices and not cuda_visible():
             _print("note    --devices names GPUs, but none is visible here: the trials run on the CPU")
     _print(_describe_setup(space, model_path, len(samples)))
+    dropped = _dropped_rows_line(space, model_path, samples)
+    if dropped:
+        _print(dropped)
     for line in _data_warnings(space, model_path, samples):
         _print(line)
     if 0 < already < n_trials:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
-from sweeper.cli._common import _describe_setup, _load, _prepare, _print
+from sweeper.cli._common import _describe_setup, _dropped_rows_line, _load, _prepare, _print
 from sweeper.errors import SpaceError
 
 
@@ -37,6 +38,11 @@ def cmd_trial(args: argparse.Namespace) -> int:
         _print(f"sweep trial: {format_params({k: getattr(config, k) for k in shown})}")
         _print(_describe_setup(space, model_path, len(samples)))
         _print(f"files   {folder}")
+    dropped = _dropped_rows_line(space, model_path, samples)
+    if dropped and args.json:  # stdout stays one JSON document
+        print(dropped, file=sys.stderr)
+    elif dropped:
+        _print(dropped)
     result = run_trial(config, folder, model_path=model_path)
     if args.json:
         payload = {**result.to_dict(), "config": config.to_dict()}

@@ -225,7 +225,7 @@ def make_trainer(
         act = record.probe_step_max_activation
         record.probe_steps.append(step)
         record.probe_loss.append(finite_or_none(value))
-        record.probe_max_activation.append(None if act is None else float(act))
+        record.probe_max_activation.append(None if act is None else finite_or_none(float(act)))
         record.probe_time_s += time.monotonic() - start
         found = divergence(record.probe_steps, record.probe_loss, final=step >= probe.max_steps)
         if found is not None:
@@ -250,7 +250,7 @@ def make_trainer(
             act = record.step_max_activation
             record.loss.append(finite_or_none(record.step_loss))
             record.grad_norm.append(finite_or_none(record.step_grad_norm))
-            record.max_activation.append(None if act is None else float(act))
+            record.max_activation.append(None if act is None else finite_or_none(float(act)))
             if skipped:
                 record.skipped.append(step)
             record.step = step

@@ -425,7 +425,7 @@ def train(
     except NonFiniteError as exc:
         measured["train_time_s"] = time.monotonic() - t_train
         try:
-            exc.diagnosis = _diagnose(exc, trainer, config, record)
+            exc.diagnosis = _diagnose(exc, trainer, config, record, tokenizer)
             _write_nan_batch(exc.diagnosis, tokenizer, by_index, record.step + 1)
         except Exception:
             traceback.print_exc()
@@ -444,7 +444,7 @@ def train(
             del trainer, model
 
 
-def _diagnose(exc: NonFiniteError, trainer: Any, config: TrialConfig, record: TrainingRecord) -> Any:
+def _diagnose(exc: NonFiniteError, trainer: Any, config: TrialConfig, record: TrainingRecord, tokenizer: Any) -> Any:
     """Why the step failed (:func:`sweeper.trial._child.diagnosis.diagnose_nan`), on the weights it failed on."""
     from sweeper.trial._child.diagnosis import diagnose_nan
 
@@ -463,6 +463,7 @@ def _diagnose(exc: NonFiniteError, trainer: Any, config: TrialConfig, record: Tr
         lora_alpha_ratio=config.lora_alpha_ratio,
         max_seq_length=config.max_seq_length,
         precision=trainer.compute_loss_context_manager,
+        tokenizer=tokenizer,
     )
 
 
