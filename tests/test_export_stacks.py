@@ -1,0 +1,93 @@
+"""The package at its lower bounds, and the ``hf``/``trl`` exports under the older transformers and TRL that the
+production stacks pin, each in a venv of its own (``tests/fixtures/stacks/<name>.txt``: pip constraints).
+
+The venv is built once (torch first, pinned, then this package with ``-c`` the constraints) under
+``$SWEEPER_STACK_VENVS/<name>`` when that is set, and reused while its constraints are unchanged; else in a temporary
+folder (about 90 s with the torch wheel cached). Needs the package registry, not the model hub."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, tiny_space
+from test_report import make_study
+
+from sweeper.report._export import pick_trial, write_export
+
+STACKS = REPO / "tests" / "fixtures" / "stacks"
+
+
+def stack_venv(name: str, tmp_path_factory) -> Path:
+    """The venv of ``tests/fixtures/stacks/<name>.txt``, built or reused; its python."""
+    constraints = STACKS / f"{name}.txt"
+    stamp = hashlib.sha256(constraints.read_bytes()).hexdigest()[:16]
+    root = os.environ.get("SWEEPER_STACK_VENVS")
+    venv = Path(root) / name if root else tmp_path_factory.mktemp(f"venv-{name}")
+    python = venv / "bin" / "python"
+    if (venv / ".stamp").is_file() and (venv / ".stamp").read_text() == stamp:
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    pins = {line.split("==")[0]: line for line in constraints.read_text().split() if "==" in line}
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, pins["torch"]], check=True, timeout=900)
+    subprocess.run([*pip, "-c", str(constraints), "-e", str(REPO), "trl"], check=True, timeout=900)
+    (venv / ".stamp").write_text(stamp)
+    return python
+
+
+@pytest.fixture(scope="module")
+def lower_bounds(tmp_path_factory):
+    return stack_venv("lower-bounds", tmp_path_factory)
+
+
+def _run(python: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(python), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": "", **env},
+    )
+
+
+@pytest.mark.slow
+def test_hf_and_trl_exports_train_under_the_lower_bounds(lower_bounds, tmp_path, tiny_model):
+    """transformers 5.3 (before activation_checkpointing, as axolotl's 5.20 and LLaMA-Factory's 5.6) and TRL 1.14.1:
+    the hf file's objects train two steps, the trl file builds its SFTTrainer and trains two steps."""
+    study = make_study(tmp_path, model=str(tiny_model))
+    trial = pick_trial(study, pick="knee")
+    hf, _ = write_export(study, trial, "hf", tmp_path / "hf")
+    [trl] = write_export(study, trial, "trl", tmp_path / "trl")
+    out = _run(
+        lower_bounds, str(REPO / "tests" / "export_check.py"), str(hf), str(trl), str(tiny_model), "run", cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    pins = dict(line.split("==") for line in (STACKS / "lower-bounds.txt").read_text().split() if "==" in line)
+    assert report["versions"]["transformers"] == pins["transformers"] and report["versions"]["trl"] == pins["trl"]
+    assert report["hf"]["global_step"] == 2 and report["hf"]["checkpointing"]
+    trl_out = report["trl"]
+    assert trl_out["global_step"] == 2 and trl_out["finite"] and trl_out["completion_only_loss"]
+    assert trl_out["adapter_dtypes"] == ["torch.float32"] and trl_out["checkpointing"]
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_at_the_lower_bounds(lower_bounds, tmp_path, tiny_model):
+    """The package's own lower bounds (pyproject.toml): two real trials (bfloat16 and float32) and the report."""
+    space = tiny_space(tiny_model, name="low", search={"bnb_4bit_compute_dtype": ["bfloat16", "float32"]})
+    space["training"]["gradient_checkpointing"] = True
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    env = {"SWEEPER_CACHE": str(tmp_path / "cache")}
+    run = _run(lower_bounds, "-m", "sweeper.cli", "run", "space.yaml", cwd=tmp_path, **env)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "trials: complete 2" in run.stdout, run.stdout[-2000:]
+    report = _run(lower_bounds, "-m", "sweeper.cli", "report", "low", "--json", cwd=tmp_path, **env)
+    assert report.returncode == 0 and len(json.loads(report.stdout)["front"]) >= 1, report.stderr[-2000:]
