@@ -4,6 +4,7 @@ gradient checkpointing and double quant. Prints measured, predicted and the erro
 
     python benchmarks/calibrate_gpu.py                 # on a GPU: a Llama-3-8B-shaped model, within ~10 minutes
     python benchmarks/calibrate_gpu.py --tiny          # on the CPU: a 2-layer model of the same proportions
+    python benchmarks/calibrate_gpu.py --max-rows 4 --json F   # the short grid of benchmarks/gpu_check.sh
 
 On CUDA the measured value is ``torch.cuda.max_memory_reserved()`` after two optimizer steps (reset per row). On the
 CPU the measured column stays empty: the run checks the harness (model build, loading in 4 bits, QLoRA steps), not
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import json
 import sys
 import tempfile
 import time
@@ -45,9 +47,17 @@ def build_checkpoint(shape: dict, folder: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    try:  # memory does not depend on the weights: skip the random init (minutes for 8B parameters on a CPU)
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        import contextlib
+
+        no_init_weights = contextlib.nullcontext
+
     torch.manual_seed(0)
-    with torch.device("cpu"):
-        model = LlamaForCausalLM(LlamaConfig(**shape, max_position_embeddings=8192)).to(torch.bfloat16)
+    with torch.device("cpu"), no_init_weights():
+        model = LlamaForCausalLM(LlamaConfig(**shape, max_position_embeddings=8192, dtype=torch.bfloat16))
+    model = model.to(torch.bfloat16)
     model.save_pretrained(folder, max_shard_size="5GB")
     del model
     gc.collect()
@@ -109,6 +119,8 @@ def measure(folder: Path, s: MemorySettings, cuda: bool) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model (the CPU path)")
+    parser.add_argument("--max-rows", type=int, default=None, help="measure only the first N rows of the grid")
+    parser.add_argument("--json", help="also write the rows (measured, predicted, terms) as JSON to this file")
     args = parser.parse_args()
     import torch
 
@@ -138,6 +150,9 @@ def main() -> int:
             device="cuda" if cuda else "cpu",
         )
     )
+    if args.max_rows is not None:
+        grid = grid[: args.max_rows]
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         start = time.monotonic()
         build_checkpoint(shape_dict, Path(tmp))
@@ -147,7 +162,8 @@ def main() -> int:
         )
         print(f"{'r':>3} {'batch':>5} {'seq':>5} {'ckpt':>5} {'dq':>3} {'measured':>9} {'predicted':>9} {'error':>7}")
         for s in grid:
-            predicted = estimate_memory(shape, s).predicted_peak_gib
+            estimate = estimate_memory(shape, s)
+            predicted = estimate.predicted_peak_gib
             try:
                 measured = measure(Path(tmp), s, cuda)
             except torch.OutOfMemoryError:
@@ -163,7 +179,24 @@ def main() -> int:
                 f"{measured:9.2f} {predicted:9.2f} {100 * error:+6.1f}%",
                 flush=True,
             )
+            rows.append(
+                {
+                    "r": s.r,
+                    "per_device_train_batch_size": s.per_device_train_batch_size,
+                    "max_seq_length": s.max_seq_length,
+                    "gradient_checkpointing": s.gradient_checkpointing,
+                    "bnb_4bit_use_double_quant": s.bnb_4bit_use_double_quant,
+                    "measured_gib": measured if measured == measured and measured != float("inf") else None,
+                    "predicted_gib": predicted,
+                    "terms_gib": estimate.terms_gib,
+                }
+            )
         print(f"total {time.monotonic() - start:.0f} s")
+    if args.json:
+        device = torch.cuda.get_device_name(0) if cuda else "cpu"
+        Path(args.json).write_text(
+            json.dumps({"device": device, "date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1, default=str)
+        )
     return 0
 
 

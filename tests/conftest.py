@@ -18,6 +18,19 @@ from tiny import build_tiny_model
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``gpu`` where no CUDA device is visible (CI, this project's CPU machines): they run in
+    ``benchmarks/gpu_check.sh`` on a GPU. Whether CUDA is visible is asked of the driver without importing torch."""
+    from sweeper.trial import cuda_visible
+
+    if cuda_visible():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (run benchmarks/gpu_check.sh on a GPU)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer Llama (hidden 64) and its BPE tokenizer, saved as a checkpoint directory."""

