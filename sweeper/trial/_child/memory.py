@@ -37,6 +37,13 @@ def set_cpu_memory_cap(limit_gib: float) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
+def lift_cpu_memory_cap() -> None:
+    """Lift the cap of :func:`set_cpu_memory_cap` (back to the hard limit): once a trial has ended, writing its result
+    must not fail under the trial's cap, and a warm process sets the next trial's cap itself."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+
+
 def set_cuda_memory_cap(limit_gib: float, device: int = 0) -> None:
     """Cap the caching allocator of ``device`` at ``limit_gib`` (a fraction of the card's total, at most 1)."""
     import torch

@@ -48,6 +48,7 @@ from sweeper.trial._child.instrumented import (
     track_activations,
 )
 from sweeper.trial._child.memory import (
+    lift_cpu_memory_cap,
     mentions_oom,
     oom_cause_chain,
     peak_memory_gib,
@@ -588,6 +589,8 @@ def run(config: TrialConfig, model_path: str, warm: WarmState | None = None) -> 
             result.reason = f"{type(exc).__name__} {where}" + (f": {first}" if first else "")
             traceback.print_exc()
     del reserve
+    if not cuda_visible():
+        lift_cpu_memory_cap()
     warm.trials += 1
     warm.reusable = result.status in ("complete", "diverged") and warm.model is not None
     if not warm.reusable:
