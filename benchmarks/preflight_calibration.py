@@ -107,6 +107,31 @@ def main() -> None:
             f"{k:>3} {len(points):>6} {len(complete):>5} {_pct(median_abs(raw)):>6} "
             f"{_pct(median_abs(corrected)):>9}  {pruned_oom or '-'} / {pruned_fit or '-'}{mark}"
         )
+    # As the sweep does it: each trial predicted with the correction fitted on every complete trial before it.
+    sequential = []
+    for i, t in enumerate(measured):
+        if i < args.k or t.status != TrialStatus.COMPLETE:
+            continue
+        points = [
+            CalibrationPoint(
+                number=s.number,
+                group=group_of(s.user_attrs["config"]),
+                predicted_gib=predict(s),
+                measured_gib=s.result.peak_memory_gib,
+            )
+            for s in measured[:i]
+            if s.status == TrialStatus.COMPLETE
+        ]
+        fit = fit_calibration(points, t.result.memory_kind or "cpu_peak_rss")
+        p, m = predict(t), t.result.peak_memory_gib
+        sequential.append((t.number, p, fit.correct(t.user_attrs["config"], p) if fit else p, m))
+    if sequential:
+        print(
+            f"\nsequential, after {args.k} measured trials (each trial predicted from all before it): median |error| "
+            f"{_pct(median_abs((p - m) / m for _, p, _, m in sequential))} raw, "
+            f"{_pct(median_abs((c - m) / m for _, _, c, m in sequential))} corrected over {len(sequential)} trials: "
+            + ", ".join(f"#{n} {c:.2f} vs {m:.2f}" for n, _, c, m in sequential)
+        )
     rows = [r for r in prediction_errors(study) if r["corrected_error"] is not None]
     if rows:
         print(

@@ -63,10 +63,16 @@ def test_the_correction_is_a_median_ratio_per_group_and_an_unseen_group_borrows_
     assert fit.ratios == pytest.approx({"float32/ckpt": 1.9, "float16/ckpt": 1.75})
     assert fit.points == {"float32/ckpt": 1, "float16/ckpt": 2} and fit.trials == [0, 1, 2]
     assert fit.correct({**BASE, "bnb_4bit_compute_dtype": "float32"}, 1.0) == pytest.approx(1.9)
-    ratio, source = fit.factor(BASE)  # bfloat16: never measured, the smallest ratio
-    assert ratio == pytest.approx(1.75) and "none of bfloat16/ckpt" in source
+    # float16: two predictions 0.4 GiB apart, a line through them: 0.75 + 0.75 x predicted
+    assert list(fit.lines) == ["float16/ckpt"] and fit.lines["float16/ckpt"] == pytest.approx((0.75, 0.75))
+    corrected, source = fit.explain({**BASE, "bnb_4bit_compute_dtype": "float16"}, 2.0)
+    assert corrected == pytest.approx(2.25) and "line +0.75 + 0.75 x predicted fitted on 2 measured trials" in source
+    corrected, source = fit.explain(BASE, 1.0)  # bfloat16: never measured, the smallest ratio
+    assert corrected == pytest.approx(1.75) and "none of bfloat16/ckpt" in source
     assert Calibration.from_dict("cpu_peak_rss", fit.to_dict()) == fit
     assert Calibration.from_dict("cpu_peak_rss", {"ratios": {"a": -1}, "points": {"a": 1}}) is None
+    close = fit_calibration([_point(0, "bfloat16", 0.80, 1.2), _point(1, "bfloat16", 0.82, 1.3)], "k")
+    assert close.lines == {} and close.ratios == pytest.approx({"bfloat16/ckpt": (1.5 + 1.3 / 0.82) / 2})
     assert fit_calibration([], "cpu_peak_rss") is None
     assert fit_calibration([_point(0, "float32", 0.01, 5.0)], "k").ratios["float32/ckpt"] == 4.0  # bounded
 

@@ -77,7 +77,13 @@ def _memory_line(study: Any) -> str | None:
         )
     calibration = stored_calibration(study, device_kind())
     if calibration is not None:
-        line += "; correction now " + ", ".join(f"{g} x{r:.2f}" for g, r in sorted(calibration.ratios.items()))
+        shown = [
+            f"{g} {calibration.lines[g][0]:+.2f} + {calibration.lines[g][1]:.2f} x predicted"
+            if g in calibration.lines
+            else f"{g} x{r:.2f}"
+            for g, r in sorted(calibration.ratios.items())
+        ]
+        line += "; correction now " + ", ".join(shown)
     return line
 
 

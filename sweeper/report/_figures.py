@@ -306,9 +306,10 @@ def _memory_section(prediction: Mapping[str, Any]) -> str:
         for r in prediction["trials"]
     ]
     return (
-        f"<p>{html.escape(line.removeprefix('memory  '))}. The preflight multiplies the memory model by the median "
-        "measured/predicted ratio of the study's complete trials (per compute dtype and checkpointing); each "
-        "corrected value is the one it used before the trial ran.</p>\n" + _table(rows)
+        f"<p>{html.escape(line.removeprefix('memory  '))}. The preflight corrects the memory model by what the study's "
+        "complete trials measured (per compute dtype and checkpointing: the median measured/predicted ratio, or a "
+        "line through the measured peaks once their predictions spread); each corrected value is the one it used "
+        "before the trial ran.</p>\n" + _table(rows)
     )
 
 

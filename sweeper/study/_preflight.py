@@ -111,8 +111,8 @@ def preflight(
         predicted_peak_gib: The memory model's prediction (GiB), None when unknown.
         known: What the study measured (:func:`known_memory`), of the same memory kind as this machine's trials.
         device: ``cpu`` or ``cuda``: which dominance directions hold (:data:`DIRECTIONS`).
-        calibration: The study's correction of the memory model (:mod:`sweeper.study._calibration`); the prediction
-            is multiplied by its ratio before it is compared with the cap.
+        calibration: The study's correction of the memory model (:mod:`sweeper.study._calibration`), applied to the
+            prediction before it is compared with the cap.
 
     Returns:
         ``("dominated_oom", reason)`` when it is at least as large as a known OOM; ``("predicted_oom", reason)`` when
@@ -132,9 +132,8 @@ def preflight(
         return None
     peak, how = predicted_peak_gib, ""
     if calibration is not None:
-        ratio, source = calibration.factor(config)
-        peak = predicted_peak_gib * ratio
-        how = f" (memory model {predicted_peak_gib:.2f} GiB x {ratio:.2f}, the measured/predicted ratio of {source})"
+        peak, source = calibration.explain(config, predicted_peak_gib)
+        how = f" ({source})"
     limit = config["memory_limit_gib"] * (1 + config.get("preflight_margin", 0.10))
     if peak > limit and known_to_fit(config, known, device) is None:
         return (
