@@ -379,6 +379,15 @@ def train(
     )
     hooks = track_activations(model, record) if config.bnb_4bit_compute_dtype != "float32" else []
 
+    # transformers 5.23 renamed gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs); the old names
+    # warn there (removed in v6), and releases before 5.23 know only them.
+    checkpointing = "activation_checkpointing"
+    if checkpointing not in TrainingArguments.__dataclass_fields__:
+        checkpointing = "gradient_checkpointing"
+    checkpointing_args: dict[str, Any] = {
+        checkpointing: config.gradient_checkpointing,
+        f"{checkpointing}_kwargs": {"use_reentrant": False},
+    }
     args = TrainingArguments(
         output_dir=str(Path(os.environ.get("SWEEPER_TRIAL_DIR", ".")) / "trainer"),
         max_steps=config.max_steps,
@@ -391,8 +400,7 @@ def train(
         warmup_steps=config.warmup_steps,
         weight_decay=config.weight_decay,
         optim=config.optim,
-        activation_checkpointing=config.gradient_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": False},
+        **checkpointing_args,
         max_grad_norm=config.max_grad_norm,
         bf16=config.bnb_4bit_compute_dtype == "bfloat16",
         fp16=config.bnb_4bit_compute_dtype == "float16",
