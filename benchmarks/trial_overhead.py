@@ -4,8 +4,9 @@ Runs a real sweep of a space (default: the demo, ``search_spaces/demo.yaml``) as
 keeping a warm trial process (:class:`sweeper.trial.TrialProcess`); then runs each configuration that sweep measured
 again in a fresh process of its own (the cold path, :func:`sweeper.trial.run_trial`). For every trial it prints the
 seconds outside training (process start, imports, data, 4-bit load and LoRA, writing the result: ``wall_time_s -
-train_time_s``) and inside it (``train_time_s``), and their ratio, warm and cold; then the medians over all trials
-(the warm sweep's cold first trial and the trials after a replaced process included) and the share of warm trials.
+train_time_s``) and inside it (``train_time_s``), their ratio, warm and cold, and the peak memory warm and cold (a
+warm process must not change it); then the medians over all trials (the warm sweep's cold first trial and the trials
+after a replaced process included) and the share of warm trials.
 
     .venv/bin/python benchmarks/trial_overhead.py [--space search_spaces/demo.yaml] [--set study.n_trials=10] [--json F]
 
@@ -59,7 +60,7 @@ def main() -> None:
             rows.append((t, result, cold))
     header = (
         f"{'#':>3} {'status':<9} {'warm process':<17} {'setup_s':>7} {'out_s':>6} {'train_s':>7} {'ratio':>6}   "
-        f"{'cold: setup_s':>13} {'out_s':>6} {'train_s':>7} {'ratio':>6}"
+        f"{'cold: setup_s':>13} {'out_s':>6} {'train_s':>7} {'ratio':>6}   {'peak GiB warm':>13} {'cold':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -75,7 +76,8 @@ def main() -> None:
         print(
             f"{t.number:>3} {warm.status:<9} {kind:<17} {_fmt(warm.setup_time_s, '7.2f')} {_fmt(warm_out)} "
             f"{_fmt(warm.train_time_s, '7.2f')} {_fmt(wr)}   {_fmt(cold.setup_time_s, '13.2f')} {_fmt(cold_out)} "
-            f"{_fmt(cold.train_time_s, '7.2f')} {_fmt(cr)}"
+            f"{_fmt(cold.train_time_s, '7.2f')} {_fmt(cr)}   {_fmt(warm.peak_memory_gib, '13.3f')} "
+            f"{_fmt(cold.peak_memory_gib, '6.3f')}"
         )
         figures.append(
             {
@@ -93,6 +95,8 @@ def main() -> None:
                 "cold_outside_s": cold_out,
                 "cold_train_time_s": cold.train_time_s,
                 "cold_ratio": cr,
+                "warm_peak_memory_gib": warm.peak_memory_gib,
+                "cold_peak_memory_gib": cold.peak_memory_gib,
             }
         )
     ran_warm = sum(1 for _, w, _ in rows if w.warm)
