@@ -20,6 +20,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         fit_map_data,
         format_counts,
         format_front,
+        format_memory_prediction,
+        memory_prediction_data,
         picks,
         report_dict,
         write_html_report,
@@ -59,6 +61,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         fits = describe_fit(fit_map_data(study))
         if fits:
             _print("largest max_seq_length that fit: " + ", ".join(f"batch {b}: {s}" for b, s in fits.items()))
+        memory = format_memory_prediction(memory_prediction_data(study))
+        if memory:
+            _print(memory)
     if args.json and not args.html:
         return 0  # JSON for a script: no file unless --html asks for one
     try:
