@@ -138,3 +138,12 @@ def test_quantization_check_catches_a_mismatch(tiny_model):
     plain = AutoModelForCausalLM.from_pretrained(tiny_model)
     with pytest.raises(QuantizationCheckError, match="no bitsandbytes 4-bit"):
         check_quantization(plain, asked)
+
+
+def test_a_target_that_matches_nothing_is_an_error_even_when_another_matches(tiny_model, tmp_path):
+    # peft raises only when no target matches at all; q_proj matches, v_projj does not: the trial must not train on
+    # q_proj alone as if v_projj had taken effect.
+    config = _config(tiny_model, target_modules=("q_proj", "v_projj"))
+    result = run_trial(config, tmp_path, model_path=str(tiny_model))
+    assert result.status == "error" and result.fail_phase == "load", result.reason
+    assert "LoRA target check failed" in result.reason and "['v_projj']" in result.reason and "q_proj" in result.reason

@@ -63,7 +63,7 @@ _RESERVE_BYTES = 32 * 2**20
 
 
 class QuantizationCheckError(Exception):
-    """The loaded model is not quantized as the trial asked."""
+    """The loaded model is not quantized, or not adapted, as the trial asked."""
 
 
 class _LoadReport(logging.Handler):
@@ -131,6 +131,27 @@ def check_quantization(model: Any, config: TrialConfig) -> int:
         if state is None:
             raise QuantizationCheckError(f"{name}: weight has no quant_state: it was not quantized")
     return len(layers)
+
+
+def check_lora_targets(model: Any, config: TrialConfig) -> int:
+    """Check that every name in ``config.target_modules`` got a LoRA adapter, by peft's own record of what it wrapped
+    (``PeftModel.targeted_module_names``; a target matches a module whose name is it or ends with ``.<target>``, as
+    peft's ``check_target_module_exists`` does).
+
+    Returns:
+        The number of modules wrapped.
+
+    Raises:
+        QuantizationCheckError: A target wrapped nothing (peft itself raises only when no target matched at all).
+    """
+    wrapped = list(getattr(model, "targeted_module_names", []))
+    unmatched = [t for t in config.target_modules if not any(n == t or n.endswith(f".{t}") for n in wrapped)]
+    if unmatched:
+        raise QuantizationCheckError(
+            f"target_modules {unmatched} matched no module of the model: LoRA would train only on "
+            f"{sorted({n.rsplit('.', 1)[-1] for n in wrapped})}"
+        )
+    return len(wrapped)
 
 
 def _probe(rows: list[dict[str, Any]], collate: Any, config: TrialConfig) -> Probe | None:
@@ -377,6 +398,7 @@ def train(
             task_type="CAUSAL_LM",
         ),
     )
+    check_lora_targets(model, config)
     hooks = track_activations(model, record) if config.bnb_4bit_compute_dtype != "float32" else []
 
     # transformers 5.23 renamed gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs); the old names
@@ -574,7 +596,8 @@ def run(config: TrialConfig, model_path: str, warm: WarmState | None = None) -> 
         result.status, result.fail_step = "diverged", exc.divergence.step
         result.reason = exc.divergence.reason
     except QuantizationCheckError as exc:
-        result.status, result.reason = "error", f"4-bit quantization check failed: {exc}"
+        what = "LoRA target check" if "target_modules" in str(exc) else "4-bit quantization check"
+        result.status, result.reason = "error", f"{what} failed: {exc}"
         result.fail_phase, result.fail_step = "load", 0
     except BaseException as exc:
         reserve = None  # type: ignore[assignment]  # after an OOM, room to build and write the result under the cap
