@@ -254,3 +254,20 @@ def test_report_html_path_must_be_html_and_dashboard_port_must_be_free(study_and
         out = sweep("dashboard", str(db), "--port", str(port), cwd=tmp_path, timeout=60)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "cannot listen there" in lines[0], out.stderr
+
+
+def test_a_trial_whose_target_matched_nothing_is_not_exported(tmp_path, tiny_model):
+    """A study from before sweep run checked target_modules: its trial trained LoRA on q_proj only, and an export
+    would write v_projj into the production config as if it had taken effect."""
+    from test_report import add_trial
+
+    study = make_study(tmp_path, model=str(tiny_model))
+    study.set_user_attr("model_path", str(tiny_model))
+    bad = dict(study.trials[0].user_attrs["config"], target_modules=["q_proj", "v_projj"])
+    add_trial(study, r=16, batch=1, seq=64, status="complete", peak=0.5, instability=0.01, extra={"config": bad})
+    number = len(study.trials) - 1
+    out = sweep("export", f"{tmp_path}/rep.db", "--trial", str(number), "--format", "hf", cwd=tmp_path)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "['v_projj'] match no module" in out.stderr and "q_proj" in out.stderr and "not exported" in out.stderr
+    ok = sweep("export", f"{tmp_path}/rep.db", "--trial", "0", "--format", "hf", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from sweeper.cli._common import _print
 
@@ -35,6 +36,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         how = f"trial {args.trial}, a repeat of trial {trial.number} (its measured result)"
     else:
         how = f"trial {trial.number}"
+    _refuse_unmatched_targets(study, trial)
     values = trial.values or (float("nan"), float("nan"))
     where = args.output or f"{study_dir(study.study_name) / 'exports'}/"
     target = export_path(where, args.format, f"trial{trial.number}-{args.format}")
@@ -48,3 +50,26 @@ def cmd_export(args: argparse.Namespace) -> int:
         + (f" (replaced {len(replaced)} earlier file{'s' if len(replaced) > 1 else ''})" if replaced else "")
     )
     return 0
+
+
+def _refuse_unmatched_targets(study: Any, trial: Any) -> None:
+    """A trial whose ``target_modules`` name a module the model does not have (a study from before sweep run checked
+    them) trained LoRA on the others only: the production config would name a module that takes no effect.
+
+    Raises:
+        StudyError: One line naming the targets, the model's modules and the fix.
+    """
+    from sweeper.errors import StudyError
+    from sweeper.study import module_names, short_names, unmatched_targets
+
+    model_path = study.user_attrs.get("model_path")
+    if trial.config is None or not model_path:
+        return
+    modules = module_names(model_path)
+    missing = unmatched_targets(trial.config.target_modules, modules) if modules is not None else []
+    if missing:
+        raise StudyError(
+            f"{study.study_name}: trial {trial.number}: target_modules {missing} match no module of "
+            f"{model_path}, so its LoRA trained without them; not exported: fix training.target_modules "
+            f"(the model's modules: {', '.join(short_names(modules or []))}) and run the study again"
+        )

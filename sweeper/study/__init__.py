@@ -41,6 +41,7 @@ from sweeper.study._setup_checks import (
     module_names,
     nothing_fits,
     safetensors_names,
+    short_names,
     unmatched_targets,
 )
 from sweeper.study._storage import (
@@ -136,6 +137,7 @@ __all__ = [
     "retry",
     "run_study",
     "safetensors_names",
+    "short_names",
     "slot_devices",
     "slot_env",
     "status_counts",
