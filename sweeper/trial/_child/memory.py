@@ -70,6 +70,20 @@ def peak_memory_gib(device_type: str) -> float:
     return rss / GIB if sys.platform == "darwin" else rss * 1024 / GIB
 
 
+def process_memory_gib() -> dict[str, float]:
+    """The process's resident set (``VmRSS``) and data segment (``VmData``, what ``RLIMIT_DATA`` counts) in GiB, from
+    ``/proc/self/status``; empty where there is no procfs."""
+    out = {}
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(("VmRSS:", "VmData:")):
+                    out[line.split(":")[0]] = int(line.split()[1]) * 1024 / GIB
+    except OSError:
+        pass
+    return out
+
+
 def reset_cpu_peak() -> bool:
     """Reset the process's peak resident set to its current resident set (Linux >= 4.0: ``echo 5 >
     /proc/self/clear_refs``). Returns whether it could."""
