@@ -11,6 +11,7 @@ import json
 import optuna
 import pytest
 from conftest import sweep, tiny_space, write_space
+from tiny import tiny_trial_config
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
 from sweeper.trial import run_trial
@@ -98,17 +99,7 @@ def test_confirm_bad_input_is_one_line(confirmed_study):
 
 
 def _config(model, **kw) -> TrialConfig:
-    base = dict(
-        r=4,
-        max_steps=8,
-        max_seq_length=64,
-        optim="adamw_torch",
-        memory_limit_gib=4.0,
-        trial_timeout_s=300.0,
-        model=ModelSpec(name_or_path=str(model)),
-        dataset=DatasetSpec(max_samples=32),
-    )
-    return TrialConfig(**{**base, **kw})
+    return tiny_trial_config(model, **{**dict(max_steps=8, trial_timeout_s=300.0, per_device_train_batch_size=1), **kw})
 
 
 @pytest.mark.slow

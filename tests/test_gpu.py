@@ -6,27 +6,28 @@ allocation past ``memory_limit_gib`` into ``torch.OutOfMemoryError``, and the pe
 """
 
 import pytest
+from tiny import tiny_trial_config
 
-from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
+from sweeper.space import DatasetSpec, TrialConfig
 from sweeper.trial import TrialProcess, run_trial
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 
 def _config(model, **kw) -> TrialConfig:
-    base = dict(
-        max_steps=4,
-        max_seq_length=64,
-        per_device_train_batch_size=2,
-        r=4,
-        learning_rate=1e-3,
-        optim="adamw_torch",
-        memory_limit_gib=8.0,
-        trial_timeout_s=300.0,
-        model=ModelSpec(name_or_path=str(model)),
-        dataset=DatasetSpec(max_samples=64),
+    return tiny_trial_config(
+        model,
+        **{
+            **dict(
+                max_steps=4,
+                learning_rate=1e-3,
+                memory_limit_gib=8.0,
+                trial_timeout_s=300.0,
+                dataset=DatasetSpec(max_samples=64),
+            ),
+            **kw,
+        },
     )
-    return TrialConfig(**{**base, **kw})
 
 
 def test_the_peak_is_max_memory_reserved_on_the_card(tiny_model, tmp_path):

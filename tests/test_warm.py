@@ -10,27 +10,16 @@ import threading
 import time
 
 import pytest
+from tiny import tiny_trial_config
 
-from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
+from sweeper.space import TrialConfig
 from sweeper.trial import TrialProcess, run_trial
 
 pytestmark = pytest.mark.slow
 
 
 def _config(model, **kw) -> TrialConfig:
-    base = dict(
-        max_steps=4,
-        max_seq_length=64,
-        per_device_train_batch_size=2,
-        r=4,
-        learning_rate=1e-3,
-        optim="adamw_torch",
-        memory_limit_gib=4.0,
-        trial_timeout_s=180.0,
-        model=ModelSpec(name_or_path=str(model)),
-        dataset=DatasetSpec(max_samples=32),
-    )
-    return TrialConfig(**{**base, **kw})
+    return tiny_trial_config(model, **{**dict(max_steps=4, learning_rate=1e-3), **kw})
 
 
 def _same_training(a, b) -> None:

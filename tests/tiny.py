@@ -56,3 +56,22 @@ def build_tiny_model(target: Path, *, vocab_size: int = TINY_VOCAB, added_tokens
         tokenizer.add_special_tokens({"additional_special_tokens": list(added_tokens)})
         tokenizer.save_pretrained(target)
     return target
+
+
+def tiny_trial_config(model: Path, **overrides):
+    """A short trial of the tiny Llama as the tests run it (3 steps of 2 x 64 tokens, r=4, adamw_torch, a 4 GiB cap,
+    32 samples), with ``overrides`` (``TrialConfig`` field names) on top."""
+    from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
+
+    base = dict(
+        max_steps=3,
+        max_seq_length=64,
+        per_device_train_batch_size=2,
+        r=4,
+        optim="adamw_torch",
+        memory_limit_gib=4.0,
+        trial_timeout_s=180.0,
+        model=ModelSpec(name_or_path=str(model)),
+        dataset=DatasetSpec(max_samples=32),
+    )
+    return TrialConfig(**{**base, **overrides})
