@@ -55,6 +55,16 @@ CASES = [
     ("no-usable-rows", lambda s: _with(s, "dataset", path="rows.jsonl"), ["rows.jsonl", "dataset"]),
     ("unknown-optimizer", lambda s: _with(s, "training", optim="adamw_bogus"), ["training.optim", "adamw_bogus"]),
     ("unknown-key", lambda s: _with(s, "training", lerning_rate=1e-4), ["training.lerning_rate", "did you mean"]),
+    (
+        "changed-search-values",
+        lambda s: {**s, "search": {"r": [4, 8, 16]}},
+        ["broken.yaml", "search.r", "choices 4, 8; now choices 4, 8, 16", "--study NAME"],
+    ),
+    (
+        "changed-search-kind",
+        lambda s: {**s, "search": {"r": {"low": 4, "high": 16, "step": 4}}},
+        ["search.r", "a range 4 to 16", "--study NAME"],
+    ),
     ("bad-workers", ["--workers", "0"], ["--workers: 0"]),
     ("bad-devices", ["--devices", "0,,0"], ["--devices", "--devices 0,1,2,3"]),
     ("bad-storage", ["--storage", "sqlite:////proc/no/such/dir/x.db"], ["study.storage", "--storage"]),

@@ -299,3 +299,25 @@ def test_timeouts_are_retried_up_to_max_retries(tiny_model, workdir):
     assert not timeouts[2].user_attrs.get("retried")  # the third attempt is the last
     assert all(t.user_attrs.get("retry_of") in (None, 0) for t in timeouts[:3])
     assert count_finished(study) == 2
+
+
+def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
+    """A study resumed with another memory_limit_gib (or learning rate, dataset, ...) measures its configurations
+    again instead of reusing results measured under the old settings; trial_timeout alone changes nothing."""
+    import dataclasses
+
+    from test_report import add_trial
+
+    from sweeper.space import TrialConfig
+    from sweeper.study import find_duplicate, stored_trial
+
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    add_trial(study, r=8, batch=2, seq=64, status="complete", peak=1.0, instability=0.1)
+    params = study.trials[0].params
+    measured = stored_trial(study.trials[0]).config
+    assert isinstance(measured, TrialConfig)
+    assert find_duplicate(study, params, measured).number == 0
+    assert find_duplicate(study, params, dataclasses.replace(measured, trial_timeout_s=999.0)).number == 0
+    assert find_duplicate(study, params, dataclasses.replace(measured, memory_limit_gib=0.05)) is None
+    assert find_duplicate(study, params, dataclasses.replace(measured, learning_rate=5.0)) is None
+    assert find_duplicate(study, params).number == 0  # without a config: params only

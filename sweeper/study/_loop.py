@@ -16,6 +16,7 @@ trials are failed and retried, and the loop stops when the study holds ``n_trial
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -75,16 +76,26 @@ _BOOKKEEPING_ATTRS = (
 )
 
 
-def find_duplicate(study: optuna.Study, params: Mapping[str, Any]) -> FrozenTrial | None:
+def find_duplicate(
+    study: optuna.Study, params: Mapping[str, Any], config: TrialConfig | None = None
+) -> FrozenTrial | None:
     """A COMPLETE or PRUNED trial with exactly these params and a result of its own, or None.
 
     TPE re-proposes configurations it already measured, often in small categorical spaces; a trial's outcome is
     deterministic up to measurement noise (fixed seed, same samples), so a repeat costs GPU time and teaches nothing.
-    FAIL trials (timeout, crash, error) are not reused: they may go differently another time.
+    FAIL trials (timeout, crash, error) are not reused: they may go differently another time. With ``config``, the
+    earlier trial must also have been measured with the same fixed settings (``trial_timeout_s`` aside): a study
+    resumed with another ``memory_limit_gib``, learning rate or dataset measures its configurations again.
     """
+    want = dataclasses.replace(config, trial_timeout_s=0.0) if config is not None else None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        if t.params == params and "status" in t.user_attrs:
-            return t
+        if t.params != params or "status" not in t.user_attrs:
+            continue
+        if want is not None:
+            had = stored_trial(t).config
+            if had is None or dataclasses.replace(had, trial_timeout_s=0.0) != want:
+                continue
+        return t
     return None
 
 
@@ -327,7 +338,7 @@ def settle_repeat(sweep: _Sweep, trial: optuna.Trial) -> bool:
     Returns:
         Whether ``trial`` was a repeat (and is now told).
     """
-    same = find_duplicate(sweep.study, trial.params)
+    same = find_duplicate(sweep.study, trial.params, sweep.space.trial_config(trial.params))
     with sweep.mutex:
         sweep.repeats = sweep.repeats + 1 if same is not None else 0
     if same is None:

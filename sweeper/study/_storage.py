@@ -234,11 +234,48 @@ def open_study(
             f"{url}: study.name: study '{name}' is not a sweeper study (directions "
             f"{study.directions}); choose another --study name"
         )
+    _check_same_search(study, space, url)
     if not study.metric_names:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(list(OBJECTIVES))
     return study
+
+
+def _check_same_search(study: optuna.Study, space: SearchSpace, url: str) -> None:
+    """Refuse a space whose searched values differ from those the study's trials were sampled from: Optuna cannot
+    change a parameter's distribution in a study (``check_distribution_compatibility``), and would fail inside
+    ``ask`` after the trial was created, leaving a RUNNING trial with no parameters.
+
+    Raises:
+        StudyError: One line naming the key, the values the study was measured with, and the fix.
+    """
+    wanted = to_distributions(space)
+    seen: dict[str, BaseDistribution] = {}
+    for t in study.get_trials(deepcopy=False):
+        for key, dist in t.distributions.items():
+            seen.setdefault(key, dist)
+    problems = []
+    for key, dist in seen.items():
+        if key not in wanted:
+            continue
+        try:
+            optuna.distributions.check_distribution_compatibility(dist, wanted[key])
+        except ValueError:
+            problems.append(f"{key} ({_describe(dist)}; now {_describe(wanted[key])})")
+    if problems:
+        raise StudyError(
+            f"{space.path}: search.{problems[0].split(' ')[0]}: study '{study.study_name}' in {redact_url(url)} was "
+            f"measured with other values of {', '.join(problems)}; a study's searched values cannot change: keep "
+            f"them, or start a new study (--study NAME)"
+        )
+
+
+def _describe(dist: BaseDistribution) -> str:
+    if isinstance(dist, CategoricalDistribution):
+        return "choices " + ", ".join(map(str, dist.choices))
+    low, high = getattr(dist, "low", None), getattr(dist, "high", None)
+    return f"a range {low} to {high}"
 
 
 def record_result(trial: optuna.Trial | Any, result: TrialResult, config: dict[str, Any]) -> None:
