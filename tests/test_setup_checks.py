@@ -65,6 +65,16 @@ def test_a_model_folder_without_weights_is_refused_once(tiny_model, workdir):
     assert "give the folder that save_pretrained wrote with its weights" in line
 
 
+def test_a_corrupt_safetensors_file_is_refused_once(tiny_model, workdir):
+    folder = workdir / "corrupt"
+    shutil.copytree(tiny_model, folder)
+    (folder / "model.safetensors").write_bytes(b"\xff" * 64)  # a header length far beyond the file
+    space = write_space(workdir, tiny_space(folder))
+    line = _one_line(sweep("run", str(space), cwd=workdir))
+    assert line.startswith(f"{folder / 'model.safetensors'}: model.name_or_path: not a readable safetensors file")
+    assert "copy or download the file again" in line
+
+
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="flash-attn may be installed on a GPU machine")
 def test_flash_attention_without_the_package_is_refused_once(tiny_model, workdir):
     space = tiny_space(tiny_model)

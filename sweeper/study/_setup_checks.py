@@ -158,8 +158,8 @@ def check_target_modules(space: SearchSpace, model_path: str) -> list[str]:
 
 
 def check_weights(space: SearchSpace, model_path: str) -> list[str]:
-    """A problem line when a local checkpoint folder has no weight files, or its index names shards that are not
-    there."""
+    """A problem line when a local checkpoint folder has no weight files, a safetensors file whose header cannot be
+    read (truncated, not safetensors), or an index that names shards that are not there."""
     folder = Path(model_path)
     if not folder.is_dir():
         return []
@@ -180,7 +180,18 @@ def check_weights(space: SearchSpace, model_path: str) -> list[str]:
                     "the model; download or copy the missing files"
                 ]
             return []
-    if weight_files(folder):
+    files = weight_files(folder)
+    for f in files:
+        if f.suffix != ".safetensors":
+            continue
+        try:
+            safetensors_names(f)
+        except (OSError, ValueError) as exc:
+            return [
+                f"{f}: model.name_or_path: not a readable safetensors file ({exc}); every trial would fail to load "
+                "it; copy or download the file again"
+            ]
+    if files:
         return []
     return [
         f"{folder}: model.name_or_path: no weights in this folder (no *.safetensors or pytorch_model*.bin), only "
