@@ -325,8 +325,10 @@ def _load_rows(spec: DatasetSpec) -> Any:
                 raise DataError(
                     f"{spec.path}: dataset.path: the file has no data rows; give a file with one sample per row"
                 ) from None
+            bad_line = _first_bad_json_line(path) if path.suffix.lower() in (".jsonl", ".json") else None
             raise DataError(
-                f"{spec.path}: dataset.path: cannot read it as {builder} ({cause}); check the file"
+                f"{spec.path}: dataset.path: cannot read it as {builder} ({bad_line or cause}); "
+                + ("fix that line" if bad_line else "check the file")
             ) from None
     offline = _hub_unreachable(spec.path)
     try:
@@ -344,6 +346,29 @@ def _load_rows(spec: DatasetSpec) -> Any:
             f"({_root_cause(exc)}); give a local file, or a hub id already in the local datasets cache "
             "when offline"
         ) from None
+
+
+def _first_bad_json_line(path: Path) -> str | None:
+    """``line N: <why>`` for the first line of a JSON-lines file that is not a JSON object (a ``.json`` file that
+    is one JSON document is read whole), or None when every line is one; files over 256 MiB are not scanned."""
+    if path.stat().st_size > 256 * 2**20:
+        return None
+    text = path.read_text(errors="replace")
+    try:
+        json.loads(text)
+        return None  # one JSON document: its own error stands
+    except ValueError:
+        pass
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            return f"line {number}: {exc.msg} at column {exc.colno}"
+        if not isinstance(value, dict):
+            return f"line {number}: a JSON {type(value).__name__}, not an object with the sample's fields"
+    return None
 
 
 def _root_cause(exc: BaseException) -> str:

@@ -103,7 +103,10 @@ def test_unreadable_files_name_the_cause(tmp_path):
     with pytest.raises(DataError) as info:
         load_samples(DatasetSpec(path=str(bad)))
     [line] = info.value.problems
-    assert line.startswith(f"{bad}: dataset.path: cannot read it as json") and "Error" in line
+    assert line.startswith(f"{bad}: dataset.path: cannot read it as json (line 2: ") and line.endswith("fix that line")
+    bad.write_text('{"text": "ok"}\n{"text": "fine"}\n[1, 2, 3]\n')  # valid JSON, not a sample: the line is named too
+    with pytest.raises(DataError, match=r"\(line 3: a JSON list, not an object"):
+        load_samples(DatasetSpec(path=str(bad)))
     with pytest.raises(DataError, match="is a directory"):
         load_samples(DatasetSpec(path=str(tmp_path)))
     with pytest.raises(DataError, match="unsupported file type '.txt'"):
