@@ -21,6 +21,7 @@ def faulty_rows() -> list[dict]:
     return rows
 
 
+@pytest.mark.slow  # a sweep subprocess importing transformers: seconds
 def test_doctor_json_names_each_fault(tiny_model, workdir):
     data = write_jsonl(workdir / "faulty.jsonl", faulty_rows())
     out = sweep(
@@ -48,12 +49,14 @@ def test_doctor_json_names_each_fault(tiny_model, workdir):
     assert loose.returncode == 0 and "no finding would make a trial NaN" in loose.stdout
 
 
+@pytest.mark.slow  # a sweep subprocess importing transformers: seconds
 def test_doctor_on_a_clean_dataset(tiny_model, workdir):
     data = write_jsonl(workdir / "clean.jsonl", clean_rows())
     out = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "256", "--strict", cwd=workdir)
     assert out.returncode == 0 and "no findings" in out.stdout and "tokens per sample" in out.stdout
 
 
+@pytest.mark.slow  # a sweep subprocess importing transformers: seconds
 def test_doctor_on_the_demo_space_reads_its_data_and_lengths(tiny_model, workdir):
     # The demo space's built-in data and max_seq_length values, with the tiny model's tokenizer (no GGUF conversion).
     out = sweep("doctor", str(REPO / "search_spaces" / "demo.yaml"), "--model", str(tiny_model), cwd=workdir)
@@ -100,6 +103,7 @@ def test_sweep_whose_only_nans_come_from_the_data_says_so(tiny_model, workdir):
     )
 
 
+@pytest.mark.slow  # a sweep subprocess importing transformers: seconds
 def test_doctor_reads_sharegpt_and_counts_every_row_it_does_not_use(tiny_model, workdir):
     # The file: 30 chat rows and 30 rows with ShareGPT's roles (all 60 read now), plus rows no trial can use.
     good = [
@@ -124,6 +128,7 @@ def test_doctor_reads_sharegpt_and_counts_every_row_it_does_not_use(tiny_model, 
     assert "no assistant turn" in dropped[0]["detail"] and "unknown role 'function_call'" in dropped[1]["detail"]
 
 
+@pytest.mark.slow  # a sweep subprocess importing transformers: seconds
 def test_doctor_checks_the_pad_tokens_embedding_row(workdir, tmp_path_factory):
     from pad_model import PAD_ID, build_pad_token_model
 

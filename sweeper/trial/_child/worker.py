@@ -365,7 +365,11 @@ def _restore_base(peft_model: Any, hooks: list[Any]) -> Any | None:
     base = peft_model.unload()
     if hasattr(base, "peft_config"):
         del base.peft_config
-    if getattr(base, "is_gradient_checkpointing", False):
+    # transformers 5.23 renamed gradient checkpointing to activation checkpointing (the old names warn there).
+    if hasattr(base, "is_activation_checkpointing"):
+        if base.is_activation_checkpointing:
+            base.activation_checkpointing_disable()
+    elif getattr(base, "is_gradient_checkpointing", False):
         base.gradient_checkpointing_disable()
     if getattr(base, "_require_grads_hook", None) is not None:
         base.disable_input_require_grads()
