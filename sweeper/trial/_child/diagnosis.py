@@ -108,6 +108,13 @@ class NanDiagnosis:
     rows: list[NanRow] = field(default_factory=list)
 
 
+def _data_fault(rows: list[NanRow], faulty: Sequence[NanRow], reason: str) -> NanDiagnosis:
+    """``data``: mark ``faulty`` (rows of ``rows``) at fault and blame them, with ``reason``."""
+    for r in faulty:
+        r.at_fault = True
+    return NanDiagnosis(cause="data", samples=[r.index for r in faulty], rows=rows, reason=reason)
+
+
 def step_rows(batches: Sequence[Mapping[str, Any]], vocab_size: int) -> list[NanRow]:
     """The rows of a step's micro-batches (as the collator built them, on any device), padding removed.
 
@@ -324,9 +331,6 @@ def _bad_token_diagnosis(
     token = min(bad, key=lambda t: (bad[t] not in ("nan", "inf"), t))
     holders = [r for r in rows if token in r.input_ids]
     padded = [r for r in rows if r not in holders and token in r.padded_ids]
-    for r in holders + padded:
-        r.at_fault = True
-    faulty = [r.index for r in holders + padded]
     what = bad[token]
     row_kind = f"a non-finite ({what}) embedding row" if what in ("nan", "inf") else f"an embedding row {what}"
     if what == "inf" and compute_dtype == "float16":
@@ -340,15 +344,12 @@ def _bad_token_diagnosis(
     if holders:
         where.append(f"{_names([r.index for r in holders])} hold{'s' if len(holders) == 1 else ''} it")
     others = len(bad) - 1
-    return NanDiagnosis(
-        cause="data",
-        samples=faulty,
-        rows=rows,
-        reason=(
-            f"data: {token_name(token, tokenizer, model)} has {row_kind}; {'; '.join(where)}"
-            + (f" ({others} other token{'s' if others > 1 else ''} of the step too)" if others else "")
-            + "; fix that row of the checkpoint's embedding, or pad with another token"
-        ),
+    return _data_fault(
+        rows,
+        holders + padded,
+        f"data: {token_name(token, tokenizer, model)} has {row_kind}; {'; '.join(where)}"
+        + (f" ({others} other token{'s' if others > 1 else ''} of the step too)" if others else "")
+        + "; fix that row of the checkpoint's embedding, or pad with another token",
     )
 
 
@@ -391,39 +392,22 @@ def diagnose_nan(
 
     invalid = [r for r in rows if r.invalid_token_ids]
     if invalid:
-        for r in invalid:
-            r.at_fault = True
         worst = max(i for r in invalid for i in r.invalid_token_ids)
-        return NanDiagnosis(
-            cause="data",
-            samples=[r.index for r in invalid],
-            rows=rows,
-            reason=(
-                f"data: {_names([r.index for r in invalid])} hold token id {worst}, outside the model's {vocab_size} "
-                "embedding rows (a tokenizer token the model was not resized for); on CUDA a device-side assert"
-            ),
+        return _data_fault(
+            rows,
+            invalid,
+            f"data: {_names([r.index for r in invalid])} hold token id {worst}, outside the model's {vocab_size} "
+            "embedding rows (a tokenizer token the model was not resized for); on CUDA a device-side assert",
         )
     dirty = [r for r in rows if r.nonfinite_inputs]
     if dirty:
-        for r in dirty:
-            r.at_fault = True
-        return NanDiagnosis(
-            cause="data",
-            samples=[r.index for r in dirty],
-            rows=rows,
-            reason=f"data: {_names([r.index for r in dirty])} hold NaN or inf in their inputs",
-        )
+        return _data_fault(rows, dirty, f"data: {_names([r.index for r in dirty])} hold NaN or inf in their inputs")
     if sum(r.supervised_tokens for r in rows) == 0:
-        for r in rows:
-            r.at_fault = True
-        return NanDiagnosis(
-            cause="data",
-            samples=everyone,
-            rows=rows,
-            reason=(
-                f"data: no supervised token in the step ({_names(everyone)}): max_seq_length={max_seq_length} cuts "
-                "the reply away, and the loss averages over zero tokens"
-            ),
+        return _data_fault(
+            rows,
+            rows,
+            f"data: no supervised token in the step ({_names(everyone)}): max_seq_length={max_seq_length} cuts "
+            "the reply away, and the loss averages over zero tokens",
         )
 
     try:
@@ -464,19 +448,14 @@ def diagnose_nan(
         )
 
     if padding_only:
-        for r in padding_only:
-            r.at_fault = True
         pads = sorted({r.padded_ids[j] for r in padding_only for j, m in enumerate(r.attention_mask) if not m})
         names = ", ".join(token_name(t, tokenizer, model) for t in pads)
-        return NanDiagnosis(
-            cause="data",
-            samples=[r.index for r in padding_only],
-            rows=rows,
-            reason=(
-                f"data: {_names([r.index for r in padding_only])} {'is' if len(padding_only) == 1 else 'are'} "
-                f"non-finite in an fp32 replay with {'its' if len(padding_only) == 1 else 'their'} padding "
-                f"({names}) and finite without it: the padding token breaks the step"
-            ),
+        return _data_fault(
+            rows,
+            padding_only,
+            f"data: {_names([r.index for r in padding_only])} {'is' if len(padding_only) == 1 else 'are'} "
+            f"non-finite in an fp32 replay with {'its' if len(padding_only) == 1 else 'their'} padding "
+            f"({names}) and finite without it: the padding token breaks the step",
         )
     if not bad:
         if compute_dtype == "float32":
@@ -515,8 +494,6 @@ def diagnose_nan(
                 f"lora_alpha/r {lora_alpha_ratio:g} too large)"
             ),
         )
-    for r in bad:
-        r.at_fault = True
     faulty = [r.index for r in bad]
     if controls:
         context = "on weights that are finite for the last finite step's rows"
@@ -524,9 +501,4 @@ def diagnose_nan(
         context = "on weights that are finite for the step's other rows"
     else:
         context = "at the first step, before any update of the adapter"
-    return NanDiagnosis(
-        cause="data",
-        samples=faulty,
-        rows=rows,
-        reason=(f"data: {_names(faulty)} stay non-finite on their own in an fp32 replay, {context}"),
-    )
+    return _data_fault(rows, bad, f"data: {_names(faulty)} stay non-finite on their own in an fp32 replay, {context}")
