@@ -22,8 +22,8 @@ import optuna
 
 from sweeper.estimate import ModelShape, estimate_memory, settings_from
 from sweeper.study import (
-    CalibrationPoint,
     TrialStatus,
+    calibration_points,
     fit_calibration,
     load_existing_study,
     median_abs,
@@ -56,9 +56,14 @@ def main() -> None:
         raise SystemExit(f"{args.study}: no measured trial")
     attn = measured[0].user_attrs["config"].get("model", {}).get("attn_implementation", "sdpa")
 
+    kind = measured[0].result.memory_kind or "cpu_peak_rss"
+    device = "cuda" if kind == "cuda_max_reserved" else "cpu"
+
+    def predict_config(config) -> float:
+        return estimate_memory(shape, settings_from(config, attn, device)).predicted_peak_gib
+
     def predict(t) -> float:
-        device = "cuda" if t.result.memory_kind == "cuda_max_reserved" else "cpu"
-        return estimate_memory(shape, settings_from(t.user_attrs["config"], attn, device)).predicted_peak_gib
+        return predict_config(t.user_attrs["config"])
 
     print(f"study {study.study_name}: {len(measured)} measured trials, model {model}")
     print(f"{'trial':>5} {'status':>8} {'group':>18} {'predicted':>9} {'measured':>8} {'ratio':>6}  cap")
@@ -77,17 +82,8 @@ def main() -> None:
     print(f"{'k':>3} {'points':>6} {'later':>5} {'raw':>6} {'corrected':>9}  pruned OOMs / pruned fits")
     for k in range(1, len(measured)):
         seen, later = measured[:k], measured[k:]
-        points = [
-            CalibrationPoint(
-                number=t.number,
-                group=group_of(t.user_attrs["config"]),
-                predicted_gib=predict(t),
-                measured_gib=t.result.peak_memory_gib,
-            )
-            for t in seen
-            if t.status == TrialStatus.COMPLETE
-        ]
-        fit = fit_calibration(points, measured[0].result.memory_kind or "cpu_peak_rss")
+        points = calibration_points(seen, predict_config, kind)
+        fit = fit_calibration(points, kind)
         complete = [t for t in later if t.status == TrialStatus.COMPLETE]
         raw = [(predict(t) - t.result.peak_memory_gib) / t.result.peak_memory_gib for t in complete]
         corrected = [
@@ -112,17 +108,8 @@ def main() -> None:
     for i, t in enumerate(measured):
         if i < args.k or t.status != TrialStatus.COMPLETE:
             continue
-        points = [
-            CalibrationPoint(
-                number=s.number,
-                group=group_of(s.user_attrs["config"]),
-                predicted_gib=predict(s),
-                measured_gib=s.result.peak_memory_gib,
-            )
-            for s in measured[:i]
-            if s.status == TrialStatus.COMPLETE
-        ]
-        fit = fit_calibration(points, t.result.memory_kind or "cpu_peak_rss")
+        points = calibration_points(measured[:i], predict_config, kind)
+        fit = fit_calibration(points, kind)
         p, m = predict(t), t.result.peak_memory_gib
         sequential.append((t.number, p, fit.correct(t.user_attrs["config"], p) if fit else p, m))
     if sequential:

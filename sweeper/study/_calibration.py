@@ -31,7 +31,7 @@ from typing import Any
 
 import optuna
 
-from sweeper.study._stored import TrialStatus, stored_trials
+from sweeper.study._stored import StoredTrial, TrialStatus, stored_trials
 from sweeper.trial import cuda_visible
 
 #: Study user attribute holding the fitted correction, ``{memory_kind: Calibration.to_dict()}``.
@@ -170,12 +170,13 @@ class Calibration:
 
 
 def calibration_points(
-    study: optuna.Study, predict: Callable[[Mapping[str, Any]], float | None], kind: str
+    trials: Iterable[StoredTrial], predict: Callable[[Mapping[str, Any]], float | None], kind: str
 ) -> list[CalibrationPoint]:
-    """The study's ``complete`` trials of memory kind ``kind`` with a measured peak, repeats left out, in trial order;
-    ``predict`` gives the memory model's prediction of a stored config (None when unknown: the trial is left out)."""
+    """The ``complete`` trials of memory kind ``kind`` with a measured peak among ``trials`` (e.g.
+    :func:`sweeper.study.stored_trials` of a study), repeats left out, in their order; ``predict`` gives the memory
+    model's prediction of a stored config (None when unknown: the trial is left out)."""
     out = []
-    for t in stored_trials(study):
+    for t in trials:
         if t.is_repeat or t.status != TrialStatus.COMPLETE or "config" not in t.user_attrs:
             continue
         measured = t.result.peak_memory_gib
@@ -252,7 +253,7 @@ def update_calibration(
     Returns:
         The stored correction, or None when the study has no point yet (nothing is stored then).
     """
-    fitted = fit_calibration(calibration_points(study, predict, kind), kind)
+    fitted = fit_calibration(calibration_points(stored_trials(study), predict, kind), kind)
     if fitted is None:
         return None
     data = study.user_attrs.get(CALIBRATION_ATTR)
