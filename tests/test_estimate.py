@@ -283,25 +283,11 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
 
 
 def test_dominance_rule():
+    from test_preflight import BASE
+
     from sweeper.study._preflight import Known, at_least_as_large, preflight
 
-    base = {
-        "per_device_train_batch_size": 2,
-        "max_seq_length": 512,
-        "r": 16,
-        "target_modules": ["q_proj", "v_proj"],
-        "bnb_4bit_compute_dtype": "bfloat16",
-        "gradient_checkpointing": True,
-        "bnb_4bit_use_double_quant": True,
-        "gradient_accumulation_steps": 1,
-        "optim": "paged_adamw_8bit",
-        "lora_dropout": 0.05,
-        "model": {"n": 1},
-        "dataset": {"p": 1},
-        "memory_limit_gib": 24,
-        "learning_rate": 1e-4,
-        "preflight_margin": 0.1,
-    }
+    base = {**BASE, "memory_limit_gib": 24, "learning_rate": 1e-4}
     for bigger in (
         {"per_device_train_batch_size": 4},
         {"max_seq_length": 1024},
