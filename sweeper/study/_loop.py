@@ -5,7 +5,7 @@
 2. **settle** without running it: a repeat of a configuration already measured reuses that result
    (:func:`settle_repeat`), a configuration the memory model or a known OOM says cannot fit is pruned
    (:func:`settle_prediction`);
-3. **measure** it in a trial process (:func:`measure`, :func:`sweeper.trial.run_trial`);
+3. **measure** it in a trial process (:func:`measure`, the worker slot's :class:`sweeper.trial.TrialProcess`);
 4. **tell** the study its outcome, with its artifacts (:func:`tell`), and **retry** what may go differently
    another time (crash, timeout; :func:`sweeper.study._recovery.retry`).
 
@@ -50,7 +50,7 @@ from sweeper.study._storage import (
     trial_dir,
 )
 from sweeper.study._stored import TrialStatus, count_finished, stored_trial
-from sweeper.trial import PRUNED_STATUSES, TrialProcess, TrialResult, run_trial
+from sweeper.trial import PRUNED_STATUSES, TrialProcess, TrialResult
 
 #: Consecutive repeats of measured configurations after which the sweep stops: the sampler has nothing new to offer.
 MAX_CONSECUTIVE_DUPLICATES = 25
@@ -192,7 +192,7 @@ class _Sweep:
                     continue
                 heartbeat = Heartbeat(self.study._storage, trial._trial_id)
                 try:
-                    run_one(self, trial, env)
+                    run_one(self, trial)
                 finally:
                     heartbeat.stop()
         finally:
@@ -272,7 +272,7 @@ class _Sweep:
 # -- the steps of one trial ------------------------------------------------------------------------------------
 
 
-def run_one(sweep: _Sweep, trial: optuna.Trial, env: dict[str, str] | None) -> None:
+def run_one(sweep: _Sweep, trial: optuna.Trial) -> None:
     """Settle, or measure and tell, one asked trial."""
     config = sweep.space.trial_config(trial.params)
     if not wait_for_same(sweep, trial):
@@ -282,7 +282,7 @@ def run_one(sweep: _Sweep, trial: optuna.Trial, env: dict[str, str] | None) -> N
     predicted = sweep.predictor(config.to_dict())
     if settle_prediction(sweep, trial, config, predicted):
         return
-    result = measure(sweep, trial, config, env)
+    result = measure(sweep, trial, config)
     if result is not None:
         result.predicted_peak_gib = predicted
         tell(sweep, trial, config, result)
@@ -386,8 +386,8 @@ def settle_prediction(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, p
     return True
 
 
-def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, env: dict[str, str] | None) -> TrialResult | None:
-    """Run the trial in its own process (:func:`sweeper.trial.run_trial`).
+def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig) -> TrialResult | None:
+    """Run the trial in this worker slot's trial process (:class:`sweeper.trial.TrialProcess`, warm or fresh).
 
     Returns:
         Its result, or None when Ctrl-C killed it (it is then recorded as interrupted).
@@ -410,13 +410,10 @@ def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, env: dict[s
     if sweep.on_start is not None:
         with sweep.mutex:
             sweep.on_start(trial.number, dict(trial.params), trial.user_attrs.get("cuda_visible_devices"))
-    process: TrialProcess | None = getattr(sweep.local, "process", None)
+    process: TrialProcess = sweep.local.process  # set by run_slot for this thread
     try:
-        if process is None:
-            result = run_trial(config, folder, model_path=sweep.model_path, env=env, on_start=started)
-        else:
-            result = process.run(config, folder, model_path=sweep.model_path, on_start=started)
-    except KeyboardInterrupt:  # one slot, in the main thread: run_trial killed the trial process
+        result = process.run(config, folder, model_path=sweep.model_path, on_start=started)
+    except KeyboardInterrupt:  # one slot, in the main thread: the trial process was killed
         record_interrupted(sweep, trial)
         raise
     except OSError as exc:  # the trial's files cannot be written: disk full, folder made read-only meanwhile
@@ -545,7 +542,7 @@ def run_study(
         # with one seed they would all propose the same first configurations.
         study.sampler = make_sampler(space.study, target, seed=space.study.seed + starts)
     if workers == 1:
-        sweep.run_slot(0)  # in this thread: Ctrl-C reaches run_trial, which kills the trial process
+        sweep.run_slot(0)  # in this thread: Ctrl-C reaches TrialProcess.run, which kills the trial process
         return study
     done = [threading.Event() for _ in range(workers)]
     threads = [
