@@ -31,6 +31,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _own_working_directory(tmp_path, monkeypatch):
+    """Every test runs in its own empty working directory, so that the ``studies/`` folder which in-process code
+    writes (trial folders, ``study.json``, exports) is the test's own, never the checkout's or another test's."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer Llama (hidden 64) and its BPE tokenizer, saved as a checkpoint directory."""

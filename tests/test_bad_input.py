@@ -68,6 +68,11 @@ CASES = [
     ("bad-workers", ["--workers", "0"], ["--workers: 0"]),
     ("bad-devices", ["--devices", "0,,0"], ["--devices", "--devices 0,1,2,3"]),
     ("bad-storage", ["--storage", "sqlite:////proc/no/such/dir/x.db"], ["study.storage", "--storage"]),
+    (
+        "same-name-other-storage",
+        ["--storage", "sqlite:///elsewhere.db"],
+        ["--storage", "studies/keep/", "studies/keep.db", "--study NAME"],
+    ),
     ("storage-is-a-folder", ["--storage", "sqlite:///studies"], ["study.storage", "is a folder", ".db"]),
     ("storage-password-in-error", ["--storage", "postgresql://u:p@ss:s3cretPW@127.0.0.1:1/x"], ["--storage", "u:***@"]),
     ("in-memory-with-workers", ["--storage", "sqlite:///:memory:", "--workers", "2"], ["--storage", "in-memory"]),

@@ -321,3 +321,30 @@ def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
     assert find_duplicate(study, params, dataclasses.replace(measured, memory_limit_gib=0.05)) is None
     assert find_duplicate(study, params, dataclasses.replace(measured, learning_rate=5.0)) is None
     assert find_duplicate(study, params).number == 0  # without a config: params only
+
+
+def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir):
+    """Two databases holding a study of the same name would share studies/<name>/trials/<N>/ (numbers start at 0 in
+    each): the second is refused before a study is created in its storage, and readers refuse too; a study file that is gone,
+    or the same file, no longer owns the folder."""
+    from sweeper.errors import StudyError
+    from sweeper.study import load_existing_study
+
+    space = load_space(write_space(workdir, tiny_space(tiny_model, name="same")))
+    open_study(space, "sqlite:///studies/same.db")
+    owner = (workdir / "studies" / "same" / "study.json").read_text()
+    assert str(workdir / "studies" / "same.db") in owner
+    open_study(space, f"sqlite:///{workdir / 'studies' / 'same.db'}")  # the same file by another path
+    with pytest.raises(StudyError) as refused:
+        open_study(space, "sqlite:///other.db")
+    line = str(refused.value)
+    assert "studies/same/" in line and "sqlite:///studies/same.db" in line and "--study NAME" in line
+    assert optuna.get_all_study_summaries("sqlite:///other.db") == []  # refused before a study was created there
+    assert (workdir / "studies" / "same" / "study.json").read_text() == owner
+    optuna.create_study(study_name="same", storage="sqlite:///other.db", directions=["minimize"] * 2)
+    with pytest.raises(StudyError, match="another name"):
+        load_existing_study("other.db")  # report, export, dashboard and confirm read through it
+    (workdir / "studies" / "same.db").unlink()  # the owner is gone: the other study takes the folder over
+    open_study(space, "sqlite:///other.db")
+    assert str(workdir / "other.db") in (workdir / "studies" / "same" / "study.json").read_text()
+    load_existing_study("other.db")

@@ -10,6 +10,7 @@ learns to avoid their region. Timeouts, crashes and errors are FAIL. The loop th
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import warnings
@@ -22,7 +23,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from sweeper.errors import StudyError
 from sweeper.space import Categorical, SearchSpace, StudySpec
 from sweeper.stability import COMPONENTS, DIAGNOSTICS
-from sweeper.study._coordination import AskLock, heartbeat_kwargs, sqlite_database, sqlite_file
+from sweeper.study._coordination import AskLock, heartbeat_kwargs, in_memory, sqlite_database, sqlite_file
 from sweeper.trial import PRUNED_STATUSES, TrialResult
 
 #: The two objectives, both minimized, in this order.
@@ -206,21 +207,110 @@ def study_dir(study_name: str) -> Path:
     return STUDIES_DIR / f"{safe}-{hashlib.sha256(study_name.encode()).hexdigest()[:8]}"
 
 
+#: The file in a study's folder that names the study whose trials, artifacts and exports it holds.
+OWNER_FILE = "study.json"
+
+
+def _identity(url: str) -> dict[str, Any]:
+    """The storage a study folder's owner lives in: a SQLite file's real path, else the URL without its password."""
+    database = sqlite_file(url)
+    return {"storage": redact_url(url), "sqlite_file": os.path.realpath(database) if database is not None else None}
+
+
+def _owner_conflict(study_name: str, url: str) -> str | None:
+    """A line saying that ``studies/<study_name>/`` belongs to a study of that name in another storage, or None.
+
+    It does when its :data:`OWNER_FILE` names another storage that may still hold that study: a SQLite file that is
+    still there, or any other database. An owner file naming a SQLite file that is gone (deleted, or the project
+    moved) is not a conflict: that study's trials can no longer be read anyway, and the folder is taken over as before.
+    """
+    if in_memory(url):
+        return None
+    mine = _identity(url)
+    folder = study_dir(study_name)
+    try:
+        owner = json.loads((folder / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(owner, dict):
+        return None
+    other = owner.get("sqlite_file")
+    if isinstance(other, str):
+        if other == mine["sqlite_file"] or not Path(other).is_file():
+            return None
+    elif owner.get("storage") == mine["storage"]:
+        return None
+    return (
+        f"{redact_url(url)}: --storage: {folder}/ holds the trials, artifacts and exports of the study "
+        f"'{study_name}' in {owner.get('storage', 'another storage')}; give this one another name (--study NAME), "
+        "or run it from another folder, so that neither overwrites the other's files"
+    )
+
+
+def claim_study_dir(study_name: str, url: str) -> None:
+    """Make ``studies/<study_name>/`` the folder of the study of that name in ``url`` (write its
+    :data:`OWNER_FILE`), so that a study of the same name in another storage cannot write its trial folders over
+    this one's (trial numbers start at 0 in each). Nothing is written for an in-memory storage.
+
+    Raises:
+        StudyError: The folder belongs to a study of that name in another storage (one line: both storages, the
+            fix), or it cannot be written.
+    """
+    conflict = _owner_conflict(study_name, url)
+    if conflict:
+        raise StudyError(conflict)
+    if in_memory(url):
+        return
+    folder = study_dir(study_name)
+    path = folder / OWNER_FILE
+    mine = {"study": study_name, **_identity(url)}
+    try:
+        if path.is_file():
+            owner = json.loads(path.read_text())
+            same = mine["sqlite_file"] if mine["sqlite_file"] is not None else mine["storage"]
+            if isinstance(owner, dict) and same in (owner.get("sqlite_file"), owner.get("storage")):
+                return
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{OWNER_FILE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(mine, indent=1) + "\n")
+        os.replace(tmp, path)
+    except (OSError, ValueError) as exc:
+        raise StudyError(
+            f"{folder}: cannot write the study's folder ({getattr(exc, 'strerror', None) or exc}); run from a folder "
+            "you can write, or fix its permissions"
+        ) from None
+
+
+def check_study_dir(study_name: str, url: str) -> None:
+    """Refuse to use ``studies/<study_name>/`` (artifacts, report, exports) for the study in ``url`` when the folder
+    belongs to a study of that name in another storage (:func:`claim_study_dir`); writes nothing.
+
+    Raises:
+        StudyError: One line naming both storages and the fix.
+    """
+    conflict = _owner_conflict(study_name, url)
+    if conflict:
+        raise StudyError(conflict)
+
+
 def open_study(
     space: SearchSpace, storage: str | None = None, study_name: str | None = None, n_trials: int | None = None
 ) -> optuna.Study:
     """Create the study, or load it when it exists (``load_if_exists``).
 
     Raises:
-        StudyError: The storage cannot be created or written, or an existing study of that name has other directions.
+        StudyError: The storage cannot be created or written, an existing study of that name has other directions, or
+            ``studies/<name>/`` holds the trials of a study of that name in another storage (:func:`claim_study_dir`).
     """
     name = study_name or space.study.name
     url = storage or space.study.storage or default_storage(name)
     sampler = make_sampler(space.study, n_trials or space.study.n_trials)
+    opened = _storage(url)  # a storage that cannot be opened is the first thing to say
+    check_study_dir(name, url)  # before a study is created in it
     try:
         study = optuna.create_study(
             study_name=name,
-            storage=_storage(url),
+            storage=opened,
             sampler=sampler,
             directions=["minimize", "minimize"],
             load_if_exists=True,
@@ -235,6 +325,7 @@ def open_study(
             f"{study.directions}); choose another --study name"
         )
     _check_same_search(study, space, url)
+    claim_study_dir(name, url)
     if not study.metric_names:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -348,4 +439,5 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
             f"{study.metric_names or [d.name.lower() for d in study.directions]}); give a study that "
             "'sweep run' made"
         )
+    check_study_dir(name, url)
     return study, url
