@@ -12,6 +12,7 @@ from sweeper.report import (
     format_data_nan_summary,
     format_data_warnings,
     format_front,
+    format_instability,
     format_params,
     format_trace,
     format_trial_line,
@@ -175,6 +176,25 @@ def test_front_table_reads_each_trials_stored_config():
     assert lines[3].split() == ["12", "16", "8", "bfloat16", "yes", "fp4", "1", "1024", "3.250", "0.125"]
     assert len(lines) == 4 and len({len(line) for line in lines}) == 1  # right-aligned columns
     assert lines[2].endswith("   1.500        0.250")
+    tiny = [
+        frozen(1, config=TrialConfig(r=8), values=[1.0, 6.85e-05]),
+        frozen(2, config=TrialConfig(r=8), values=[2.0, 0.0]),
+    ]
+    assert [line.split()[-1] for line in format_front(tiny).splitlines()[2:]] == ["6.85e-05", "0"]  # not 0.000 twice
+
+
+def test_an_instability_below_a_thousandth_is_not_shown_as_zero():
+    assert [format_instability(v) for v in (0.12345, 0.001, 6.85e-05, 0.0, None)] == [
+        "0.123",
+        "0.001",
+        "6.85e-05",
+        "0",
+        "-",
+    ]
+    line = format_trial_line(
+        0, {"r": 8}, TrialResult(status="complete", peak_memory_gib=1.0, instability=6.85e-05), 1, 1
+    )
+    assert "instability 6.85e-05" in line
 
 
 def test_counts_in_fixed_order_with_nan_causes():

@@ -325,8 +325,8 @@ def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
 
 def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir):
     """Two databases holding a study of the same name would share studies/<name>/trials/<N>/ (numbers start at 0 in
-    each): the second is refused before a study is created in its storage, and readers refuse too; a study file that is gone,
-    or the same file, no longer owns the folder."""
+    each): the second is refused before a study is created in its storage, and readers refuse too; a study file that
+    is gone, or the same file, no longer owns the folder."""
     from sweeper.errors import StudyError
     from sweeper.study import load_existing_study
 

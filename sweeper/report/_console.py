@@ -39,6 +39,17 @@ def _num(value: Any, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
+def format_instability(value: float | None) -> str:
+    """An instability as shown everywhere: 3 decimals, ``0`` for exactly zero, and 3 significant digits below 0.001
+    (``6.85e-05``), so that a trial on the front never reads as ``0.000`` beside one that is exactly 0 (which would
+    make it look dominated). ``-`` when it is unknown (a trial that did not complete)."""
+    if value is None or not isinstance(value, (int, float)):
+        return "-"
+    if value == 0:
+        return "0"
+    return f"{value:.2e}" if abs(value) < 0.001 else f"{value:.3f}"
+
+
 def format_params(params: Mapping[str, Any]) -> str:
     """``r=16 alpha/r=2 compute=bfloat16 ...`` in the given order."""
     return " ".join(f"{SHORT_NAMES.get(k, k)}={_fmt(v)}" for k, v in params.items())
@@ -58,7 +69,7 @@ def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResul
     line = (
         f"{progress} #{number:<3} {format_params(params)}  "
         f"{status_label(result.status, result.nan_cause):<8} {_num(result.peak_memory_gib, '6.2f'):>6} GiB  "
-        f"instability {_num(result.instability, '7.3f'):>7}  {_num(result.wall_time_s, '6.1f'):>6} s"
+        f"instability {format_instability(result.instability):>7}  {_num(result.wall_time_s, '6.1f'):>6} s"
     )
     if result.warm is not None and not duplicate:  # measured in a trial process: did it pay the imports, the load?
         line += "  " + ("warm, model kept" if result.model_reused else "warm" if result.warm else "cold")
@@ -129,7 +140,7 @@ def format_front(front: Sequence[StoredTrial]) -> str:
                 _fmt(c.get("per_device_train_batch_size")),
                 _fmt(c.get("max_seq_length")),
                 f"{values[0]:.3f}",
-                f"{values[1]:.3f}",
+                format_instability(values[1]),
             )
         )
     if any(t.confirmation is not None for t in front):

@@ -10,6 +10,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from sweeper.report._console import format_instability
 from sweeper.study import StoredTrial, artifact_store, stored_trials
 
 #: Id of the front figure among the study's plotly graph objects (optuna-dashboard requires ``[A-Za-z0-9_-]+``).
@@ -47,7 +48,11 @@ def confirmation_note(trial: StoredTrial) -> str:
     short = trial.values[1] if trial.values else None
     lines = [head, "", done.reason]
     if done.instability is not None and short is not None:
-        lines += ["", f"Instability over the long run {done.instability:.3f} (the short trial's: {short:.3f})."]
+        lines += [
+            "",
+            f"Instability over the long run {format_instability(done.instability)} (the short trial's: "
+            f"{format_instability(short)}).",
+        ]
     if not done.passed:
         lines += ["", "`sweep export` refuses this trial."]
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 
 from sweeper.report import _data as data
+from sweeper.report._console import format_instability
 
 #: Marker per status in the front figure (plotly symbol names).
 SYMBOLS = {
@@ -46,7 +47,7 @@ def _hover(point: Mapping[str, Any]) -> str:
     memory = "-" if point["peak_memory_gib"] is None else f"{point['peak_memory_gib']:.3f} GiB"
     if point.get("predicted_peak_gib") is not None:
         memory += f" (predicted {point['predicted_peak_gib']:.2f})"
-    stability = "-" if point["instability"] is None else f"{point['instability']:.3f}"
+    stability = format_instability(point["instability"])
     reason = html.escape(point["reason"])[:200]
     confirmed = point.get("confirmation")
     long = ""
@@ -352,7 +353,7 @@ def render_html(study: optuna.Study) -> str:
             f["number"],
             *[_fmt(f["params"].get(k)) for k in keys],
             f"{f['peak_memory_gib']:.3f}",
-            f"{f['instability']:.3f}",
+            format_instability(f["instability"]),
             confirmed(f),
             ", ".join(by_trial.get(f["number"], [])),
         ]
