@@ -142,3 +142,5 @@ def test_a_run_whose_every_trial_failed_exits_1(tiny_model, workdir):
     assert out.returncode == 1, out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "every trial this run started failed (timeout)" in lines[0], lines
+    done = [line for line in out.stdout.splitlines() if line.startswith("done in")]
+    assert done and "nothing to export" in done[0] and "sweep export" not in done[0], done  # no export hint

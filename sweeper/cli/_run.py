@@ -241,9 +241,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         trials_dir = trial_dir(name, 0).parent.as_posix()
         _print(format_data_nan_summary(causes, blamed, trials_dir) + f"; see 'sweep doctor {space.path}'")
     ref = name if storage == default_storage(name) else f"'{redact_url(storage)}'"
+    # Export only what can be exported: with no complete trial the next step is finding out why.
+    after = (
+        f"sweep report {ref}, sweep dashboard {ref}, sweep export {ref} --pick knee"
+        if front
+        else f"sweep report {ref} (nothing to export: no trial completed; each trial's cause is there), "
+        f"sweep doctor {space.path}"
+    )
     _print(
-        f"done in {time.monotonic() - start:.0f} s; study in {redact_url(storage)}; next: sweep report {ref}, "
-        f"sweep dashboard {ref}, sweep export {ref} --pick knee"
+        f"done in {time.monotonic() - start:.0f} s; study in {redact_url(storage)}; next: {after}"
         + (" (with your password in place of ***)" if "***" in ref else "")
     )
     if statuses and all(s in FAIL_STATUSES for s in statuses):
