@@ -233,6 +233,16 @@ def test_bad_overrides(item, needle):
         apply_overrides({}, [item])
 
 
+def test_a_key_set_twice_to_different_values_is_refused():
+    for items in (["r=4", "r=8"], ["r=4", "training.r=8"], ["study.n_trials=3", "study.n_trials=5"]):
+        with pytest.raises(SpaceError) as info:
+            apply_overrides({}, items)
+        [line] = info.value.problems
+        assert "--set" in line and "set twice" in line and "once" in line, line
+    out, _ = apply_overrides({}, ["r=4", "r=4"])  # the same value twice: nothing is ignored
+    assert out["training"]["r"] == 4
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [("90", 90), (90, 90), ("90s", 90), ("20m", 1200), ("8h", 28800), ("1h30m", 5400), ("2d", 172800)],

@@ -377,11 +377,22 @@ def apply_overrides(
         The new mapping (the input is not modified) and the dotted keys that were set (``training.r``).
 
     Raises:
-        SpaceError: A malformed override, an empty value, or an unknown key (with the nearest valid key).
+        SpaceError: A malformed override, an empty value, an unknown key (with the nearest valid key), or a key set
+            twice to different values (``--set r=4 --set r=8``: one of them would be ignored).
     """
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     problems = _Problems(file)
     overridden: set[str] = set()
+    given: dict[str, str] = {}  # dotted key -> the text first given for it
+
+    def repeated(dotted: str, shown: str, value: str) -> bool:
+        """Whether ``dotted`` was set before to another value (an error: one of the two would be ignored)."""
+        first = given.setdefault(dotted, value)
+        if first != value:
+            problems.add(shown, f"set twice ({first}, then {value})", f"give --set {shown}=VALUE once")
+            return True
+        return False
+
     for item in overrides:
         key, sep, text = item.partition("=")
         key = key.strip()
@@ -400,6 +411,8 @@ def apply_overrides(
             if leaf not in _SECTION_KEYS[section]:
                 problems.add(key, "unknown key", _suggest(leaf, list(_SECTION_KEYS[section])))
                 continue
+            if repeated(f"{section}.{leaf}", key, text.strip()):
+                continue
             sec = raw.get(section)
             if sec is not None and not isinstance(sec, dict):
                 continue  # a section of the wrong type: parse_space reports it
@@ -412,6 +425,8 @@ def apply_overrides(
         if key not in TRIAL_KEYS:
             valid = list(TRIAL_KEYS) + [f"{s}.{k}" for s, ks in _SECTION_KEYS.items() for k in ks]
             problems.add(key, "unknown key", _suggest(key, valid))
+            continue
+        if repeated(f"training.{key}", key, text.strip()):
             continue
         for name in ("search", "training"):
             if raw.get(name) is None:
