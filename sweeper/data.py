@@ -60,7 +60,8 @@ class DroppedRow:
     Attributes:
         index: The row's 0-based index in the dataset file.
         reason: Short and the same for rows with the same fault (rows are grouped by it): ``empty text``,
-            ``no assistant turn``, ``unknown role 'function_call'``, ``the chat template refuses it (...)``.
+            ``no assistant turn``, ``unknown role 'function_call'``, ``a turn whose content is null``, ``a text row in
+            a prompt_completion dataset (...)``, ``the chat template refuses it (...)``.
     """
 
     index: int
@@ -173,8 +174,36 @@ def detect_format(columns: Sequence[str], path: str = "<dataset>") -> str:
     )
 
 
+#: The columns a row of each format holds (one of them at least); a row holding none of its format's columns but
+#: another format's is a row of that format in a mixed file.
+FORMAT_COLUMNS = {
+    "text": ("text",),
+    "prompt_completion": ("prompt", "completion"),
+    "alpaca": ("instruction", "output"),
+    "chat": ("messages", "conversations"),
+    "sharegpt": ("messages", "conversations"),
+}
+
+
+def _other_format(row: Mapping[str, Any], fmt: str) -> str | None:
+    """The format of a row that holds none of ``fmt``'s columns (:data:`FORMAT_COLUMNS`) but another format's: a
+    file mixing formats gives its columns to every row, with null where a row has no value."""
+    if any(row.get(k) is not None for k in FORMAT_COLUMNS.get(fmt, ())):
+        return None
+    try:
+        own = detect_format([k for k, v in row.items() if v is not None])
+    except DataError:
+        return None
+    return None if FORMAT_COLUMNS.get(own) == FORMAT_COLUMNS.get(fmt) else own
+
+
 def _row_to_sample(row: Mapping[str, Any], index: int, fmt: str) -> Sample | DroppedRow:
     """One row as a :class:`Sample`, or a :class:`DroppedRow` saying why it has no usable content."""
+    other = _other_format(row, fmt)
+    if other is not None:
+        return DroppedRow(
+            index, f"a {other} row in a {fmt} dataset (one format per file: split the file, or set dataset.format)"
+        )
 
     def s(key: str) -> str:
         value = row.get(key)
@@ -222,13 +251,19 @@ def _conversation(row: Mapping[str, Any], index: int) -> Sample | DroppedRow:
     for m in turns_in:
         if not isinstance(m, Mapping):
             return DroppedRow(index, "a turn that is not a mapping")
-        role = m.get("role", m.get("from"))
+        # A file (or a datasets table) may give every turn both spellings, with null where a turn has none.
+        role = m.get("role") if m.get("role") is not None else m.get("from")
         if role is None or ("content" not in m and "value" not in m):
             return DroppedRow(index, "a turn without role/content (or from/value)")
         name = str(role).strip().lower()
         if name not in ROLE_ALIASES:
             return DroppedRow(index, f"unknown role '{role}'")
-        turns.append({"role": ROLE_ALIASES[name], "content": _content_text(m.get("content", m.get("value")))})
+        if m.get("tool_calls") or m.get("function_call"):
+            return DroppedRow(index, "a turn with tool_calls (only text turns are read; it would train as empty)")
+        content = _content_text(m.get("content") if m.get("content") is not None else m.get("value"))
+        if isinstance(content, _NotText):
+            return DroppedRow(index, content.reason)
+        turns.append({"role": ROLE_ALIASES[name], "content": content})
     system = row.get("system")
     if isinstance(system, str) and system.strip() and turns[0]["role"] != "system":
         turns.insert(0, {"role": "system", "content": system})
@@ -237,16 +272,29 @@ def _conversation(row: Mapping[str, Any], index: int) -> Sample | DroppedRow:
     return Sample(index=index, messages=tuple(turns))
 
 
-def _content_text(content: Any) -> str:
-    """A message's content as text: a string as is, None as "", OpenAI-style parts (``[{"type": "text", "text":
-    ...}]``) joined, anything else as its JSON text."""
+@dataclass(frozen=True)
+class _NotText:
+    """A turn's content that is not text, and why (the row is dropped with that reason)."""
+
+    reason: str
+
+
+def _content_text(content: Any) -> str | _NotText:
+    """A message's content as text: a string as is, a number as its digits, OpenAI-style text parts (``[{"type":
+    "text", "text": ...}]``) joined. Anything else is not text a model of this tool can train on and drops the row:
+    null (often a tool-call turn), parts that are not text (an image), a mapping, a boolean."""
     if isinstance(content, str):
         return content
+    if isinstance(content, (int, float)) and not isinstance(content, bool):
+        return str(content)
     if content is None:
-        return ""
+        return _NotText("a turn whose content is null")
     if isinstance(content, list) and all(isinstance(p, Mapping) and isinstance(p.get("text"), str) for p in content):
         return "".join(p["text"] for p in content)
-    return json.dumps(content, ensure_ascii=False)
+    if isinstance(content, list):
+        kinds = sorted({str(p.get("type", "?")) if isinstance(p, Mapping) else type(p).__name__ for p in content})
+        return _NotText(f"a turn whose content is not text (parts: {', '.join(kinds) or 'none'})")
+    return _NotText(f"a turn whose content is not text (a {type(content).__name__})")
 
 
 def _hub_unreachable(repo_id: str) -> bool:

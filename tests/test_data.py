@@ -389,3 +389,66 @@ def test_every_row_not_used_is_counted_with_its_reason(tmp_path):
     )
     with pytest.raises(DataError, match=r"no usable rows: 2 rows: empty text \(rows 0, 1\)"):
         load_samples(DatasetSpec(path=str(_rows(tmp_path, [{"text": " "}, {"text": ""}], "blank.jsonl"))))
+
+
+def test_a_row_of_another_format_is_named_as_such_not_as_empty(tmp_path):
+    """A file mixing text and prompt/completion rows is read as prompt_completion (its columns); each text row is
+    dropped as a text row in that file, not as an 'empty prompt and completion'."""
+    from sweeper.data import DroppedRow
+
+    rows = [{"prompt": "Q", "completion": "A"}, {"text": "Free text."}, {"prompt": "", "completion": ""}]
+    samples = load_samples(DatasetSpec(path=str(_rows(tmp_path, rows))))
+    assert len(samples) == 1 and samples.dropped == [
+        DroppedRow(
+            1, "a text row in a prompt_completion dataset (one format per file: split the file, or set dataset.format)"
+        ),
+        DroppedRow(2, "empty prompt and completion"),
+    ]
+    chat = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}], "text": "x"}
+    assert len(load_samples(DatasetSpec(path=str(_rows(tmp_path, [chat], "t.jsonl")), format="text"))) == 1
+
+
+def test_content_that_is_not_text_drops_its_row_with_the_reason(tmp_path):
+    """Non-text content was trained as its JSON text, and null content (a tool-call turn) as an empty reply."""
+
+    def chat(reply, **extra):
+        return {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": reply, **extra}]}
+
+    rows = [
+        chat("fine"),
+        chat([{"type": "image", "url": "x.png"}, {"type": "text", "text": "a cat"}]),
+        chat(None),
+        chat(None, tool_calls=[{"type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+        chat(42),
+    ]
+    for i, row in enumerate(rows):  # one file each: a table cannot hold these types in one column
+        path = _rows(tmp_path, [rows[0], row], f"r{i}.jsonl")
+        got = load_samples(DatasetSpec(path=str(path), max_samples=10))
+        assert got.rows == 2, i
+        if i in (0, 4):
+            assert not got.dropped and {s.messages[1]["content"] for s in got} == (
+                {"fine"} if i == 0 else {"fine", "42"}
+            )
+        else:
+            [dropped] = got.dropped
+            assert dropped.index == 1, i
+            assert (
+                dropped.reason
+                == {
+                    1: "a turn whose content is not text (parts: image, text)",
+                    2: "a turn whose content is null",
+                    3: "a turn with tool_calls (only text turns are read; it would train as empty)",
+                }[i]
+            )
+
+
+def test_turns_spelled_both_ways_in_one_file_are_read(tmp_path):
+    """role/content in one row and from/value in another: the table gives every turn all four keys, null where a
+    turn has none; each turn is read by the spelling it has."""
+    rows = [
+        {"messages": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"}]},
+        {"messages": [{"from": "human", "value": "Q2"}, {"from": "gpt", "value": "A2"}]},
+    ]
+    samples = load_samples(DatasetSpec(path=str(_rows(tmp_path, rows)), max_samples=10))
+    assert not samples.dropped
+    assert sorted(s.messages[1]["content"] for s in samples) == ["A1", "A2"]
