@@ -25,6 +25,9 @@ Finding kinds (``Finding.kind``):
   full-width punctuation in text that has no CJK characters (copy-paste from an IME).
 - ``dropped_row`` (one per reason): dataset rows that give no sample (:class:`sweeper.data.DroppedRow`): a trial
   does not train on them. Indices are the rows'; ``samples`` of the report does not count them.
+- ``generation_mask``: the chat template's ``{% generation %}`` markers supervise other tokens than the assistant
+  replies and their end of turn (:func:`sweeper.data.mask_disagreements`); the trials train what the markers say,
+  as TRL's ``assistant_only_loss`` does.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ FindingKind = Literal[
     "unusual_characters",
     "dropped_row",
     "bad_embedding_row",
+    "generation_mask",
 ]
 
 #: Kinds that make a trial NaN (or crash) when a step consists of such samples; ``sweep doctor --strict`` exits 1.
@@ -238,6 +242,7 @@ def audit_samples(
     dropped: Sequence[DroppedRow] = (),
     special_tokens: Sequence[SpecialTokenRow] = (),
     compute_dtypes: Sequence[str] = ("bfloat16", "float16", "float32"),
+    mask_disagreements: Sequence[int] = (),
 ) -> AuditReport:
     """Audit samples as the trials would see them at each ``max_seq_length``.
 
@@ -252,6 +257,7 @@ def audit_samples(
         special_tokens: :func:`sweeper.data.special_token_rows` of the checkpoint: ``bad_embedding_row``.
         compute_dtypes: The ``bnb_4bit_compute_dtype`` values the trials use (a row beyond float16's range matters
             only to float16 trials).
+        mask_disagreements: :func:`sweeper.data.mask_disagreements`: ``generation_mask``.
 
     Returns:
         The report; ``findings`` is empty for a clean dataset.
@@ -410,6 +416,18 @@ def audit_samples(
         )
 
     findings += dropped_findings(dropped)
+    differ = sorted(set(mask_disagreements))
+    if differ:
+        findings.append(
+            Finding(
+                kind="generation_mask",
+                max_seq_length=None,
+                samples=differ,
+                detail=f"{_samples(len(differ), len(tokenized))}: the chat template's {{% generation %}} markers "
+                "supervise other tokens than the assistant replies and their end of turn; the trials train what the "
+                f"markers say, as TRL's assistant_only_loss does: {_examples(differ)}",
+            )
+        )
     return AuditReport(
         samples=len(samples),
         length_percentiles=length_percentiles(n_tokens),

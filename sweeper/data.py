@@ -606,12 +606,34 @@ def assistant_masks(sample: Sample, tokenizer: Any) -> tuple[list[int], list[int
     return ids, ours, _generation_mask(sample.messages or (), tokenizer, ids)
 
 
+def mask_disagreements(samples: Sequence[Sample], tokenizer: Any) -> list[int]:
+    """Row indices of the chat samples on which the template's ``{% generation %}`` markers supervise other tokens
+    than sweeper's own reply spans (:func:`assistant_masks`). The trials train what the markers say, as TRL's
+    ``assistant_only_loss`` does; a difference is reported (``sweep doctor``'s ``generation_mask`` finding), never
+    settled silently. ``[]`` for a template without markers.
+    """
+    if not _GENERATION_TAG.search(_chat_template(tokenizer)):
+        return []
+    out = []
+    for sample in samples:
+        if sample.messages is None:
+            continue
+        try:
+            _, ours, theirs = assistant_masks(sample, tokenizer)
+        except TemplateRefusal:
+            continue  # counted as a dropped row
+        if theirs is not None and theirs != ours:
+            out.append(sample.index)
+    return sorted(out)
+
+
 def _encode(sample: Sample, tokenizer: Any) -> tuple[list[int], list[int]]:
     """One sample's ``(input_ids, labels)`` at full length.
 
     ``text`` rows and completions end with the end-of-sequence token, as TRL's ``SFTTrainer`` writes them
     (trl#1623): appended to the text, or after the reply when the chat template's end of turn is not that token.
-    Templates with ``{% generation %}`` markers supervise what they mark (transformers' assistant-token mask).
+    Templates with ``{% generation %}`` markers supervise what they mark (transformers' assistant-token mask; where
+    that differs from sweeper's own spans, :func:`mask_disagreements` reports the row).
     """
     eos = tokenizer.eos_token
     if sample.text is not None:

@@ -452,3 +452,31 @@ def test_turns_spelled_both_ways_in_one_file_are_read(tmp_path):
     samples = load_samples(DatasetSpec(path=str(_rows(tmp_path, rows)), max_samples=10))
     assert not samples.dropped
     assert sorted(s.messages[1]["content"] for s in samples) == ["A1", "A2"]
+
+
+#: ChatML whose {% generation %} markers also cover the assistant header: not what sweeper's spans supervise.
+HEADER_MARKED = GENERATION_CHATML.replace(
+    "<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}{% generation %}",
+    "{% if m['role'] == 'assistant' %}{% generation %}<|im_start|>{{ m['role'] }}\n",
+).replace("{% else %}{{ m['content'] }}", "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}")
+
+
+def test_markers_that_supervise_other_tokens_are_reported_not_settled_silently(tiny_model):
+    from dataclasses import replace
+
+    from transformers import AutoTokenizer
+
+    from sweeper.audit import audit_samples
+    from sweeper.data import mask_disagreements
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    samples = [_chat(("user", "Yo"), ("assistant", "Hi.")), replace(_chat(("user", "Q"), ("assistant", "A.")), index=1)]
+    tokenizer.chat_template = GENERATION_CHATML
+    assert mask_disagreements(samples, tokenizer) == []
+    tokenizer.chat_template = HEADER_MARKED
+    assert _trained(samples[0], tokenizer)[1] == "<|im_start|>assistant\nHi.<|im_end|>\n"  # what the markers say
+    assert mask_disagreements(samples, tokenizer) == [0, 1]
+    tokenized = tokenize_samples(samples, tokenizer, 10**6)
+    report = audit_samples(samples, tokenized, [64], mask_disagreements=mask_disagreements(samples, tokenizer))
+    [finding] = [f for f in report.findings if f.kind == "generation_mask"]
+    assert "{% generation %} markers" in finding.detail and not finding.nan_risk

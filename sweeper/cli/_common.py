@@ -80,12 +80,18 @@ def _load(args: argparse.Namespace) -> SearchSpace:
 def _audit(samples: list[Any], model: ModelSpec, model_path: str, max_seq_lengths: list[int]) -> tuple[Any, Any]:
     """The samples tokenized as the trials tokenize them, audited at each length: ``(report, tokenized)``."""
     from sweeper.audit import audit_samples
-    from sweeper.data import load_tokenizer, tokenize_samples
+    from sweeper.data import load_tokenizer, mask_disagreements, tokenize_samples
     from sweeper.model import model_vocab_size
 
     tokenizer = load_tokenizer(model_path, model.trust_remote_code)
     tokenized = tokenize_samples(samples, tokenizer, sys.maxsize)  # full length; the audit cuts per limit
-    report = audit_samples(samples, tokenized, max_seq_lengths, model_vocab_size(model_path, model.trust_remote_code))
+    report = audit_samples(
+        samples,
+        tokenized,
+        max_seq_lengths,
+        model_vocab_size(model_path, model.trust_remote_code),
+        mask_disagreements=mask_disagreements(samples, tokenizer),
+    )
     return report, tokenized
 
 

@@ -36,7 +36,7 @@ def audit_dataset(
     import sys
 
     from sweeper.audit import audit_samples
-    from sweeper.data import load_tokenizer, special_token_rows, tokenize_samples
+    from sweeper.data import load_tokenizer, mask_disagreements, special_token_rows, tokenize_samples
     from sweeper.model import model_vocab_size
 
     tokenizer = load_tokenizer(model_path, model.trust_remote_code)
@@ -50,6 +50,7 @@ def audit_dataset(
         dropped=sorted([*getattr(samples, "dropped", []), *refused], key=lambda d: d.index),
         special_tokens=special_token_rows(model_path, tokenizer) or [],
         compute_dtypes=compute_dtypes,
+        mask_disagreements=mask_disagreements(samples, tokenizer),
     )
     return report, tokenized
 
