@@ -69,8 +69,11 @@ MAX_PERIOD = 8
 #: three-word phrase looping 10 times is caught.
 MIN_SPAN_TOKENS = 48
 MIN_REPEATS = 8
-#: ``too_long``: longer than ``Q3 + TUKEY_FAR_OUT * (Q3 - Q1)`` tokens (Tukey 1977, "far out" values).
+#: ``too_long``: longer than ``Q3 + TUKEY_FAR_OUT * (Q3 - Q1)`` tokens (Tukey 1977, "far out" values) and than
+#: ``TOO_LONG_MEDIAN_RATIO`` times the median: where nearly every row has one length the IQR is 0 and Tukey's fence
+#: alone flags a row 2 tokens over; a row sets a padded batch's memory only when it is much longer than the rest.
 TUKEY_FAR_OUT = 3.0
+TOO_LONG_MEDIAN_RATIO = 2.0
 #: Percentiles of the token-length distribution reported by the audit.
 PERCENTILES = (50, 90, 95, 99)
 
@@ -334,7 +337,8 @@ def audit_samples(
     ordered = sorted(n_tokens)
     if len(ordered) >= 4:
         q1, q3 = _percentile(ordered, 25), _percentile(ordered, 75)
-        fence = q3 + TUKEY_FAR_OUT * (q3 - q1)
+        median = _percentile(ordered, 50)
+        fence = max(q3 + TUKEY_FAR_OUT * (q3 - q1), TOO_LONG_MEDIAN_RATIO * median)
         outliers = sorted((t for t in tokenized if t.n_tokens > fence), key=lambda t: -t.n_tokens)
         if outliers:
             findings.append(
@@ -343,8 +347,8 @@ def audit_samples(
                     max_seq_length=None,
                     samples=sorted(t.index for t in outliers),
                     detail=f"{_samples(len(outliers), verb=('is', 'are'))} longer than {fence:.0f} tokens "
-                    f"(Q3 + {TUKEY_FAR_OUT:g} IQR; "
-                    f"median {_percentile(ordered, 50):.0f}); longest: sample {outliers[0].index} with "
+                    f"(Q3 + {TUKEY_FAR_OUT:g} IQR, at least {TOO_LONG_MEDIAN_RATIO:g}x the "
+                    f"median {median:.0f}); longest: sample {outliers[0].index} with "
                     f"{outliers[0].n_tokens} tokens",
                 )
             )

@@ -91,6 +91,23 @@ def test_extreme_length_outlier(tiny_model, tmp_path):
     assert kinds(report)[("too_long", None)] == [0]
 
 
+def test_rows_of_one_length_have_no_outlier_a_few_tokens_over():
+    """With nearly every row of one length the IQR is 0: a row 2 tokens over the rest is no outlier, one of twice
+    the median is."""
+    from sweeper.data import Sample, TokenizedSample
+
+    def rows(lengths):
+        samples = [Sample(index=i, text="x") for i in range(len(lengths))]
+        tokenized = [
+            TokenizedSample(index=i, input_ids=[5] * n, labels=[5] * n, n_tokens=n) for i, n in enumerate(lengths)
+        ]
+        return audit_samples(samples, tokenized, [4096])
+
+    assert "too_long" not in {f.kind for f in rows([100] * 9 + [102]).findings}
+    [finding] = [f for f in rows([100] * 9 + [250]).findings if f.kind == "too_long"]
+    assert finding.samples == [9] and "2x the median 100" in finding.detail
+
+
 @pytest.mark.parametrize(
     ("ids", "expected"),
     [
