@@ -136,6 +136,24 @@ def test_nothing_predicted_to_fit_is_one_line_before_starting(tiny_model, workdi
     assert "raise memory_limit_gib to" in line
 
 
+@pytest.mark.slow
+def test_a_fit_under_a_larger_cap_does_not_hide_that_nothing_fits_the_new_one(tiny_model, workdir):
+    """Resumed with a smaller memory_limit_gib, a study whose trial fit the old cap still gets the one line; a run
+    that starts nothing leaves sweep_starts (the seed offset of later runs) as it was."""
+    import optuna
+
+    space = tiny_space(tiny_model, n_trials=1, search={"per_device_train_batch_size": [4, 8]})
+    path = write_space(workdir, space)
+    first = sweep("run", str(path), cwd=workdir)
+    assert first.returncode == 0, first.stderr
+    line = _one_line(sweep("run", str(path), "--n-trials", "2", "--set", "memory_limit_gib=0.3", cwd=workdir))
+    assert "no configuration of the space is predicted to fit 0.3" in line
+    again = sweep("run", str(path), cwd=workdir)  # n_trials 1: already there
+    assert again.returncode == 0 and "nothing to run" in again.stdout
+    study = optuna.load_study(study_name=space["study"]["name"], storage="sqlite:///studies/t.db")
+    assert study.user_attrs["sweep_starts"] == 1
+
+
 def test_nothing_fits_names_the_cheapest_setting(tiny_model, tmp_path):
     space = load_space(
         write_space(

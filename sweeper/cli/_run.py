@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -46,7 +47,8 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> list[s
 def _nothing_fits(space: SearchSpace, model_path: str, study: Any) -> str | None:
     """One line when no configuration of the space is predicted to fit its cap, by the memory model corrected with
     what the study measured on this kind of machine (:func:`sweeper.study.nothing_fits`); None when something does,
-    or the study already holds a trial that fit."""
+    or the study already holds a trial that fit under a cap no larger than this run's (a fit under a larger cap, before
+    a resume with a smaller ``memory_limit_gib``, says nothing about this one)."""
     from sweeper.study import device_kind, known_memory, memory_predictor, nothing_fits, stored_calibration
 
     kind = device_kind()
@@ -57,7 +59,11 @@ def _nothing_fits(space: SearchSpace, model_path: str, study: Any) -> str | None
         peak = raw(config)
         return calibration.correct(config, peak) if calibration is not None and peak is not None else peak
 
-    return nothing_fits(space, predict, known_fit=any(k.fits for k in known_memory(study, kind)))
+    limit_gib = float(space.fixed["memory_limit_gib"])
+    fit = any(
+        k.fits and float(k.config.get("memory_limit_gib", math.inf)) <= limit_gib for k in known_memory(study, kind)
+    )
+    return nothing_fits(space, predict, known_fit=fit)
 
 
 def _memory_line(study: Any) -> str | None:

@@ -536,7 +536,8 @@ def run_study(
     )
     with sweep.lock.held():
         starts = int(study.user_attrs.get("sweep_starts", 0))
-        study.set_user_attr("sweep_starts", starts + 1)
+        if count_finished(study) < target:  # a run with nothing to start does not shift later runs' seeds
+            study.set_user_attr("sweep_starts", starts + 1)
     if starts and space.study.seed is not None:
         # Every sweep of the study (started together on several machines, or resuming) samples from its own seed:
         # with one seed they would all propose the same first configurations.
