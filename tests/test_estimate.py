@@ -280,6 +280,9 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
     llama = sweep("estimate", str(REPO / "search_spaces" / "llama3-8b-24gb.yaml"), cwd=tmp_path)
     assert llama.returncode == 0, llama.stderr
     assert "frontier for memory_limit_gib=22" in llama.stdout and "  batch 1: max_seq_length 4096" in llama.stdout
+    assert "CUDA context and allocator overhead are uncalibrated" in llama.stdout  # the default device is cuda
+    on_cpu = sweep("estimate", str(REPO / "search_spaces" / "llama3-8b-24gb.yaml"), "--device", "cpu", cwd=tmp_path)
+    assert on_cpu.returncode == 0 and "CUDA" not in on_cpu.stdout.splitlines()[-1], on_cpu.stdout[-300:]
 
 
 def test_dominance_rule():

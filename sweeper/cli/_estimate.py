@@ -94,8 +94,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             f"({e['predicted_peak_gib']:.1f} GiB{', at ' + at if at else ''}) "
             f"[{every if every is not None else 'none'}]"
         )
+    # Each device's own uncertain terms: on the CPU there is no CUDA context or caching allocator.
     _print(
         "a model, not a measurement: CUDA context and allocator overhead are uncalibrated constants "
         "(sweeper/estimate.py)"
+        if args.device == "cuda"
+        else "a model, not a measurement: the CPU process's own memory is a fixed figure (CPU_PROCESS_BASELINE_GIB, "
+        "sweeper/estimate.py), and 'sweep run' corrects the model with the peaks its trials measure"
     )
     return 0
