@@ -222,7 +222,7 @@ def test_export_cli_llama_factory_pick_and_refusal(tmp_path, tiny_model):
     ok = sweep("export", str(db), "--format", "llama-factory", "-o", "lf", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert "knee of the front of the trials llama-factory can express: trial 1" in ok.stdout
-    assert "study's knee is trial 6, computed in float32" in ok.stdout
+    assert "study's knee is trial 6: it computed in float32, which LLaMA-Factory cannot express" in ok.stdout
     f = yaml.safe_load((tmp_path / "lf.yaml").read_text())
     assert f["bf16"] is True and f["lora_rank"] == 8
     out = sweep("export", str(db), "--trial", "6", "--format", "llama-factory", cwd=tmp_path)

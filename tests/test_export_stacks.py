@@ -25,8 +25,13 @@ STACKS = REPO / "tests" / "fixtures" / "stacks"
 
 
 def stack_venv(name: str, tmp_path_factory) -> Path:
-    """The venv of ``tests/fixtures/stacks/<name>.txt``, built or reused; its python."""
+    """The venv of ``tests/fixtures/stacks/<name>.txt``, built or reused; its python.
+
+    torch is installed first, pinned; then each ``# pip install: ARGS`` line of the file in order, as ``pip install
+    -c FILE ARGS`` (without such lines: this package and TRL); then the packages of ``# pip uninstall: NAMES`` lines
+    are removed. The file's hash is the venv's stamp, so a changed recipe or pin rebuilds it."""
     constraints = STACKS / f"{name}.txt"
+    text = constraints.read_text()
     stamp = hashlib.sha256(constraints.read_bytes()).hexdigest()[:16]
     root = os.environ.get("SWEEPER_STACK_VENVS")
     venv = Path(root) / name if root else tmp_path_factory.mktemp(f"venv-{name}")
@@ -34,10 +39,18 @@ def stack_venv(name: str, tmp_path_factory) -> Path:
     if (venv / ".stamp").is_file() and (venv / ".stamp").read_text() == stamp:
         return python
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    pins = {line.split("==")[0]: line for line in constraints.read_text().split() if "==" in line}
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, pins["torch"]], check=True, timeout=900)
-    subprocess.run([*pip, "-c", str(constraints), "-e", str(REPO), "trl"], check=True, timeout=900)
+    pins = {line.split("==")[0]: line for line in text.split() if "==" in line}
+    steps = {"install": [], "uninstall": []}
+    for line in text.splitlines():
+        for kind, found in steps.items():
+            if line.startswith(f"# pip {kind}:"):
+                found.append(line.split(":", 1)[1].split())
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    subprocess.run([*pip, "install", "--quiet", pins["torch"]], check=True, timeout=900)
+    for args in steps["install"] or [["-e", str(REPO), "trl"]]:
+        subprocess.run([*pip, "install", "--quiet", "-c", str(constraints), *args], check=True, timeout=900)
+    for names in steps["uninstall"]:
+        subprocess.run([*pip, "uninstall", "--quiet", "--yes", *names], check=True, timeout=300)
     (venv / ".stamp").write_text(stamp)
     return python
 

@@ -13,7 +13,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.errors import StudyError
-    from sweeper.report import export_path, pick_trial, write_export
+    from sweeper.report import export_path, format_instability, inexpressible, pick_trial, write_export
     from sweeper.study import load_existing_study, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -26,8 +26,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         except StudyError:  # every trial of the front failed its confirmation: the format's pick stands alone
             overall = trial
         if overall.number != trial.number:  # picked on the front of the trials the format can express
-            dtype = overall.config.bnb_4bit_compute_dtype if overall.config is not None else "?"
-            why = f", computed in {dtype}, which {args.format} cannot express" if dtype == "float32" else ""
+            reason = inexpressible(overall, args.format)
+            why = f": {reason}" if reason else ""
             how = (
                 f"{args.pick} of the front of the trials {args.format} can express: trial {trial.number} (the "
                 f"study's {args.pick} is trial {overall.number}{why})"
@@ -45,7 +45,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     files = write_export(study, trial, args.format, target)
     replaced = [f for f in files if f in existed]
     _print(
-        f"export  {how} (peak {values[0]:.3f} GiB, instability {values[1]:.3f}) as {args.format}: "
+        f"export  {how} (peak {values[0]:.3f} GiB, instability {format_instability(values[1])}) as {args.format}: "
         + ", ".join(str(f) for f in files)
         + (f" (replaced {len(replaced)} earlier file{'s' if len(replaced) > 1 else ''})" if replaced else "")
     )

@@ -66,14 +66,40 @@ LLAMA_FACTORY_DTYPES = (
 
 def inexpressible(trial: StoredTrial, fmt: str) -> str | None:
     """Why ``fmt`` cannot train ``trial`` as it ran, or None when it can: LLaMA-Factory has no float32 compute dtype
-    on a GPU (see :data:`LLAMA_FACTORY_DTYPES`). The other formats express every trial."""
+    on a GPU (see :data:`LLAMA_FACTORY_DTYPES`); axolotl's ``lora_alpha`` is an int (axolotl 0.21's schema rejects
+    a fractional one, as ``lora_alpha_ratio * r`` can be). The other formats express every trial."""
     dtype = trial.config.bnb_4bit_compute_dtype if trial.config is not None else None
     if fmt == "llama-factory" and dtype == "float32":
         return (
             "it computed in float32, which LLaMA-Factory cannot express (it computes a 4-bit model in bfloat16 or "
             "float16 on a GPU)"
         )
+    alpha = trial.lora_alpha
+    if fmt == "axolotl" and alpha is not None and not float(alpha).is_integer():
+        return (
+            f"its lora_alpha {alpha} (lora_alpha_ratio * r) is not a whole number, which axolotl cannot express (its "
+            "lora_alpha is an integer)"
+        )
     return None
+
+
+#: What each format that cannot express some trials says when it can express none: why, and how to get one it can.
+_NONE_EXPRESSIBLE = {
+    "llama-factory": (
+        "every one computed in float32, which LLaMA-Factory cannot express",
+        "run trials with bnb_4bit_compute_dtype bfloat16 or float16",
+    ),
+    "axolotl": (
+        "every one has a fractional lora_alpha, which axolotl cannot express",
+        "run trials whose lora_alpha_ratio * r is a whole number",
+    ),
+}
+
+
+def _formats_expressing(trial: StoredTrial, fmt: str) -> str:
+    """The formats other than ``fmt`` that express ``trial``, as ``hf, trl or axolotl``."""
+    others = [f for f in FORMATS if f not in (fmt, "json") and inexpressible(trial, f) is None]
+    return others[0] if len(others) == 1 else ", ".join(others[:-1]) + " or " + others[-1]
 
 
 def _non_dominated(trials: Sequence[StoredTrial]) -> list[StoredTrial]:
@@ -132,8 +158,8 @@ def pick_trial(
     A pick prefers confirmed trials: when some trials of the front completed their confirmation (``sweep confirm``),
     the pick is made among those; a trial that failed its confirmation is never picked nor exported. With ``fmt``, a
     pick is made on the front of the trials that format can express (:func:`inexpressible`: LLaMA-Factory has no
-    float32 compute), and trial ``number`` is refused when the format cannot express it, naming the nearest trial it
-    can (:func:`nearest_expressible`).
+    float32 compute, axolotl no fractional ``lora_alpha``), and trial ``number`` is refused when the format cannot
+    express it, naming the nearest trial it can (:func:`nearest_expressible`).
 
     Raises:
         StudyError: No such trial, the trial did not complete or failed its confirmation (its status and reason are
@@ -165,13 +191,14 @@ def pick_trial(
     if not front:
         raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with 'sweep run'")
     if fmt is not None and any(inexpressible(t, fmt) for t in front):
-        front = _non_dominated(_expressible_trials(study, fmt))
-        if not front:
+        expressible = _non_dominated(_expressible_trials(study, fmt))
+        if not expressible:
+            why, fix = _NONE_EXPRESSIBLE[fmt]
             raise StudyError(
-                f"{name}: --format {fmt}: no complete trial of the study can be expressed in it (every one "
-                f"computed in float32, which LLaMA-Factory cannot express); export with --format hf, trl or axolotl, "
-                "or run trials with bnb_4bit_compute_dtype bfloat16 or float16"
+                f"{name}: --format {fmt}: no complete trial of the study can be expressed in it ({why}); export "
+                f"with --format {_formats_expressing(front[0], fmt)}, or {fix}"
             )
+        front = expressible
     passed = [t for t in front if t.confirmation is not None and t.confirmation.passed]
     usable = [t for t in front if t.confirmation is None or t.confirmation.passed]
     if not usable:
@@ -187,13 +214,14 @@ def pick_trial(
 def _instead(study: optuna.Study, trial: StoredTrial, fmt: str) -> str:
     """The fix for a trial ``fmt`` cannot express: the nearest trial it can, or the formats that express it."""
     near = nearest_expressible(study, trial, fmt)
+    formats = _formats_expressing(trial, fmt)
     if near is None:
-        return "no complete trial of the study can be; export with --format hf, trl or axolotl"
+        return f"no complete trial of the study can be; export with --format {formats}"
     peak, instability = _objectives(near)
     dtype = near.config.bnb_4bit_compute_dtype if near.config is not None else "?"
     return (
         f"the nearest trial it can express is {near.number} ({dtype}, peak {peak:.3f} GiB, instability "
-        f"{instability:.3f}): --trial {near.number}; or export trial {trial.number} with --format hf, trl or axolotl"
+        f"{instability:.3f}): --trial {near.number}; or export trial {trial.number} with --format {formats}"
     )
 
 
@@ -597,14 +625,31 @@ def _same_named_training(t: Mapping[str, Any]) -> dict[str, Any]:
     return {k: t[k] for k in ("max_grad_norm", "warmup_steps", "weight_decay", "bf16", "fp16", "seed")}
 
 
+#: axolotl's fused LoRA kernels (its ``lora_optims``), which it switches on by default for QLoRA: written as off,
+#: since the trial ran peft's own layers.
+AXOLOTL_LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
+
+
 def render_axolotl(s: ExportSettings) -> str:
     """An axolotl config (``adapter: qlora``), in the keys of axolotl 0.21's schema. axolotl derives
     ``bnb_4bit_compute_dtype`` from its ``bf16``/``fp16`` flags; the trial's value is passed through
     ``bnb_config_kwargs``, which axolotl merges into its ``BitsAndBytesConfig``. Two of axolotl's defaults would
     train otherwise than the trial: ``tf32: auto`` turns TF32 matmuls on for Ampere and newer GPUs (the trial ran
     PyTorch's default, full float32 matmuls), and ``excess_length_strategy`` defaults to ``drop`` for rows longer
-    than ``sequence_len`` (the trial truncated them): both are written out."""
+    than ``sequence_len`` (the trial truncated them): both are written out, and so are axolotl's fused LoRA kernels
+    (:data:`AXOLOTL_LORA_KERNELS`), as off.
+
+    Raises:
+        StudyError: The trial's ``lora_alpha`` is not a whole number (axolotl's is an integer: :func:`inexpressible`).
+    """
     t, q = s.training, s.quantization
+    alpha = s.lora["lora_alpha"]
+    if not float(alpha).is_integer():
+        raise StudyError(
+            f"{s.provenance['study']}: --format axolotl: trial {s.provenance['trial']} has lora_alpha {alpha}, not a "
+            "whole number, which axolotl cannot express (its lora_alpha is an integer); export it with --format hf, "
+            "trl or llama-factory"
+        )
     data = {
         "base_model": s.model,
         "load_in_4bit": True,
@@ -628,6 +673,7 @@ def render_axolotl(s: ExportSettings) -> str:
         "gradient_checkpointing": t["gradient_checkpointing"],
         **_same_named_training(t),
         "tf32": False,
+        **dict.fromkeys(AXOLOTL_LORA_KERNELS, False),
         "output_dir": f"./outputs/{s.provenance['study']}-trial{s.provenance['trial']}",
     }
     comments = {
@@ -640,6 +686,8 @@ def render_axolotl(s: ExportSettings) -> str:
         "micro_batch_size": "per_device_train_batch_size",
         "tf32": "the trial ran float32 matmuls in full float32 (PyTorch's default); axolotl's default, auto, turns "
         "TF32 on for Ampere and newer GPUs",
+        AXOLOTL_LORA_KERNELS[0]: "the trial ran peft's own LoRA layers; axolotl turns its fused LoRA kernels on by "
+        "default for QLoRA, whose memory and (with lora_dropout) numerics are not what the sweep measured",
     }
     if not t["bf16"] and not t["fp16"]:
         comments["bf16"] = "the trial computed in float32: no mixed precision (axolotl's default, auto, would use bf16)"
@@ -691,7 +739,9 @@ def render_llama_factory(s: ExportSettings) -> str:
         "quantization_bit": "bitsandbytes: LLaMA-Factory's default quantization_method",
         "quantization_type": "bnb_4bit_quant_type",
         "double_quantization": "bnb_4bit_use_double_quant",
-        "cutoff_len": "sweeper's max_seq_length",
+        "cutoff_len": "sweeper's max_seq_length. A longer row is fitted by cutting its prompt and its reply each "
+        "in part (LLaMA-Factory's infer_seqlen), where the trial cut the row's end: such rows train other tokens than "
+        "in the trial ('sweep doctor' lists them as truncated)",
         "bf16" if dtype == "bfloat16" else "fp16": f"LLaMA-Factory computes the 4-bit layers in {effective}",
     }
     header = _header(s, "#") + [f"# {LLAMA_FACTORY_DTYPES}"]
