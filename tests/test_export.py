@@ -271,3 +271,47 @@ def test_a_trial_whose_target_matched_nothing_is_not_exported(tmp_path, tiny_mod
     assert "['v_projj'] match no module" in out.stderr and "q_proj" in out.stderr and "not exported" in out.stderr
     ok = sweep("export", f"{tmp_path}/rep.db", "--trial", "0", "--format", "hf", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_the_trl_file_leaves_out_the_rows_the_trial_left_out(study_and_knee, tmp_path, tiny_model, capsys):
+    """The trl file reads a user's rows again, outside sweeper: it keeps exactly the rows load_samples keeps (every
+    speaker, content and tool-call rule), each conversation one row where TRL masks assistant turns, and says how
+    many it left out."""
+    from test_data import GENERATION_CHATML
+    from transformers import AutoTokenizer
+
+    from sweeper.data import load_samples
+    from sweeper.errors import DataError
+    from sweeper.space import DatasetSpec
+
+    def chat(*turns, **row):
+        return {"messages": [{"role": r, "content": c} for r, c in turns], **row}
+
+    rows = [
+        chat(("user", "Q"), ("assistant", "A")),
+        {"messages": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}], "system": "Be brief."},
+        chat(("user", "Q"), ("observation", "42"), ("assistant", "A")),
+        chat(("user", "Q"), ("assistant", None)),
+        chat(("user", "Q"), ("assistant", [{"type": "image", "url": "x.png"}])),
+        chat(("user", "Q"), ("function_call", "f()")),
+        chat(("system", "only a system turn")),
+        {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "", "tool_calls": [{}]}]},
+        chat(("user", "Q"), ("assistant", 7)),
+    ]
+    study, trial = study_and_knee
+    [py] = write_export(study, trial, "trl", tmp_path / "trl")
+    ns = runpy.run_path(str(py))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.chat_template = GENERATION_CHATML  # TRL masks assistant turns: a conversation stays one row
+    dataset, loss = ns["trl_dataset"](rows, tokenizer)
+    kept = []
+    for i, row in enumerate(rows):  # one file each: a table cannot hold these content types in one column
+        path = tmp_path / f"row{i}.jsonl"
+        path.write_text(json.dumps(row) + "\n")
+        try:
+            kept += [[dict(m) for m in s.messages] for s in load_samples(DatasetSpec(path=str(path)))]
+        except DataError:  # no usable row: the trial trains on none
+            pass
+    assert loss == {"assistant_only_loss": True}
+    assert [list(r["messages"]) for r in dataset] == kept and len(kept) == 4
+    assert "5 of 9 rows left out, as the trial left them out" in capsys.readouterr().out

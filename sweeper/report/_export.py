@@ -429,16 +429,51 @@ def chat_template_masks_assistant(tokenizer):
     return True
 
 
+#: ShareGPT's speakers as chat roles, as the trial read them (sweeper.data.ROLE_ALIASES).
+ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
+         "tool": "tool", "observation": "tool"}
+
+
+def _text(content):
+    """A turn's content as the trial read it: text, a number's digits, or OpenAI-style text parts joined; None for
+    what the trial did not train on (null, an image part, a mapping)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (int, float)) and not isinstance(content, bool):
+        return str(content)
+    if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    return None
+
+
 def _turns(row):
-    """A row's conversation as role/content turns (OpenAI "messages", or ShareGPT "conversations" from/value)."""
-    raw = row.get("messages") or row.get("conversations") or []
-    roles = {"human": "user", "gpt": "assistant"}
+    """A row's conversation as role/content turns, as the trial read it (OpenAI "messages" or ShareGPT
+    "conversations" from/value, and a top-level "system"), or None for a row the trial left out: a speaker it does
+    not know, content that is not text, a tool call, no assistant turn."""
+    import json
+
+    raw = row.get("messages") if row.get("messages") is not None else row.get("conversations")
+    if isinstance(raw, str):  # a CSV cell or a column saved as JSON text
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    if not isinstance(raw, list) or not raw:
+        return None
     turns = []
     for m in raw:
-        role = str(m.get("role", m.get("from", ""))).strip().lower()
-        content = m.get("content", m.get("value"))
-        turns.append({"role": roles.get(role, role), "content": "" if content is None else str(content)})
-    return turns
+        if not isinstance(m, dict) or m.get("tool_calls") or m.get("function_call"):
+            return None
+        role = m.get("role") if m.get("role") is not None else m.get("from")
+        text = _text(m.get("content") if m.get("content") is not None else m.get("value"))
+        name = str(role).strip().lower()
+        if role is None or name not in ROLES or text is None:
+            return None
+        turns.append({"role": ROLES[name], "content": text})
+    system = row.get("system")
+    if isinstance(system, str) and system.strip() and turns[0]["role"] != "system":
+        turns.insert(0, {"role": "system", "content": system})
+    return turns if any(t["role"] == "assistant" for t in turns) else None
 
 
 def trl_dataset(rows, tokenizer):
@@ -453,10 +488,13 @@ def trl_dataset(rows, tokenizer):
     from datasets import Dataset
 
     masks = chat_template_masks_assistant(tokenizer)
-    out, kind = [], None
+    out, kind, left_out = [], None, 0
     for row in rows:
-        if "messages" in row or "conversations" in row:
+        if row.get("messages") is not None or row.get("conversations") is not None:
             turns = _turns(row)
+            if turns is None:
+                left_out += 1
+                continue
             if masks:
                 out.append({"messages": turns})
                 kind = "messages"
@@ -465,18 +503,31 @@ def trl_dataset(rows, tokenizer):
                 if turn["role"] == "assistant":
                     out.append({"prompt": turns[:i], "completion": [turn]})
             kind = "prompt_completion"
-        elif "instruction" in row and "output" in row:
-            prompt = str(row["instruction"]) + (f"\\n\\n{row['input']}" if str(row.get("input") or "").strip() else "")
+        elif row.get("instruction") is not None or row.get("output") is not None:
+            prompt = str(row.get("instruction") or "")
+            prompt += f"\\n\\n{row['input']}" if str(row.get("input") or "").strip() else ""
+            if not prompt.strip() and not str(row.get("output") or "").strip():
+                left_out += 1
+                continue
             out.append({"prompt": [{"role": "user", "content": prompt}],
-                        "completion": [{"role": "assistant", "content": str(row["output"])}]})
+                        "completion": [{"role": "assistant", "content": str(row.get("output") or "")}]})
             kind = "prompt_completion"
-        elif "prompt" in row and "completion" in row:
-            out.append({"prompt": [{"role": "user", "content": str(row["prompt"])}],
-                        "completion": [{"role": "assistant", "content": str(row["completion"])}]})
+        elif row.get("prompt") is not None or row.get("completion") is not None:
+            prompt, completion = str(row.get("prompt") or ""), str(row.get("completion") or "")
+            if not prompt.strip() and not completion.strip():
+                left_out += 1
+                continue
+            out.append({"prompt": [{"role": "user", "content": prompt}],
+                        "completion": [{"role": "assistant", "content": completion}]})
             kind = "prompt_completion"
-        else:
+        elif str(row.get("text") or "").strip():
             out.append({"text": str(row["text"])})  # TRL appends the end-of-sequence token, as the trial does
             kind = "text"
+        else:
+            left_out += 1
+    if left_out:
+        print(f"trl_dataset: {left_out} of {len(rows)} rows left out, as the trial left them out (a speaker, "
+              "content or tool call it does not read, no reply, or nothing in it); 'sweep doctor' lists them")
     loss = {"messages": {"assistant_only_loss": True}, "prompt_completion": {"completion_only_loss": True}}
     return Dataset.from_list(out), loss.get(kind, {})
 
