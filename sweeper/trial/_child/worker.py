@@ -299,10 +299,6 @@ def _import_heavy() -> float:
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    report_logger = logging.getLogger("transformers.utils.loading_report")
-    report_logger.setLevel(logging.WARNING)
-    if _LOAD_REPORT not in report_logger.handlers:
-        report_logger.addHandler(_LOAD_REPORT)
     return time.monotonic() - start
 
 
@@ -310,6 +306,7 @@ def _load_model(config: TrialConfig, model_path: str, cuda: bool) -> Any:
     """``from_pretrained`` in 4 bits, as a cold trial (and the production run) loads it."""
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers.utils import logging as transformers_logging
 
     compute_dtype = getattr(torch, config.bnb_4bit_compute_dtype)
     quantization = BitsAndBytesConfig(
@@ -318,14 +315,25 @@ def _load_model(config: TrialConfig, model_path: str, cuda: bool) -> Any:
         bnb_4bit_use_double_quant=config.bnb_4bit_use_double_quant,
         bnb_4bit_compute_dtype=compute_dtype,
     )
-    return AutoModelForCausalLM.from_pretrained(
-        model_path,
-        quantization_config=quantization,
-        dtype=compute_dtype,  # unquantized layers load in the compute dtype; peft upcasts them to fp32 below
-        attn_implementation=config.model.attn_implementation,
-        trust_remote_code=config.model.trust_remote_code,
-        device_map={"": 0} if cuda else None,
-    )
+    # transformers reports a weight-conversion failure (an allocation that failed under the cap among them) as a
+    # warning from whichever of its loggers loads the model, then raises a bare RuntimeError: its warnings are let
+    # through while loading, into worker.log and into _LOAD_REPORT, which tells an OOM from another error.
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_warning()
+    root = logging.getLogger("transformers")
+    root.addHandler(_LOAD_REPORT)
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            model_path,
+            quantization_config=quantization,
+            dtype=compute_dtype,  # unquantized layers load in the compute dtype; peft upcasts them to fp32 below
+            attn_implementation=config.model.attn_implementation,
+            trust_remote_code=config.model.trust_remote_code,
+            device_map={"": 0} if cuda else None,
+        )
+    finally:
+        root.removeHandler(_LOAD_REPORT)
+        transformers_logging.set_verbosity(verbosity)
 
 
 def _base_model(
