@@ -12,6 +12,7 @@ import json
 import logging
 import random
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,6 +198,27 @@ def _other_format(row: Mapping[str, Any], fmt: str) -> str | None:
     return None if FORMAT_COLUMNS.get(own) == FORMAT_COLUMNS.get(fmt) else own
 
 
+def _majority_format(rows: Any, path: str) -> str:
+    """``format: auto``: the format most rows have, each row's own from its non-null columns (:func:`detect_format`),
+    ties broken in :func:`detect_format`'s order; the rows of another format are then dropped and counted. A table
+    gives every row every column of the file, so the columns alone would let one stray ``messages`` row make a file of
+    text rows a chat file.
+
+    Raises:
+        DataError: No row's format can be told from its columns.
+    """
+    counts: Counter[str] = Counter()
+    for row in rows:
+        try:
+            counts[detect_format([k for k, v in row.items() if v is not None])] += 1
+        except DataError:
+            continue
+    if not counts:
+        return detect_format(rows.column_names, path)
+    order = ["sharegpt", "chat", "alpaca", "prompt_completion", "text"]
+    return max(counts, key=lambda f: (counts[f], -order.index(f)))
+
+
 def _row_to_sample(row: Mapping[str, Any], index: int, fmt: str) -> Sample | DroppedRow:
     """One row as a :class:`Sample`, or a :class:`DroppedRow` saying why it has no usable content."""
     other = _other_format(row, fmt)
@@ -205,31 +227,77 @@ def _row_to_sample(row: Mapping[str, Any], index: int, fmt: str) -> Sample | Dro
             index, f"a {other} row in a {fmt} dataset (one format per file: split the file, or set dataset.format)"
         )
 
-    def s(key: str) -> str:
+    def field(key: str) -> str | _NotText | None:
         value = row.get(key)
-        return value if isinstance(value, str) else ("" if value is None else str(value))
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        return _NotText(f"'{key}' is not text (a {type(value).__name__})")
+
+    def read(*keys: str, optional: tuple[str, ...] = ()) -> tuple[str, ...] | DroppedRow:
+        """The fields as text; a field that is not text, or null where another field has content, drops the row."""
+        values = {k: field(k) for k in (*keys, *optional)}
+        for value in values.values():
+            if isinstance(value, _NotText):
+                return DroppedRow(index, value.reason)
+        if not any(str(values[k] or "").strip() for k in keys):
+            return DroppedRow(index, f"empty {' and '.join(keys)}")
+        for key in keys:
+            if values[key] is None:
+                return DroppedRow(index, f"'{key}' is null")
+        return tuple(str(values[k] or "") for k in (*keys, *optional))
 
     if fmt == "text":
-        text = s("text")
-        return Sample(index=index, text=text) if text.strip() else DroppedRow(index, "empty text")
+        got = read("text")
+        return got if isinstance(got, DroppedRow) else Sample(index=index, text=got[0])
     if fmt == "prompt_completion":
-        if not s("prompt").strip() and not s("completion").strip():
-            return DroppedRow(index, "empty prompt and completion")
+        if isinstance(row.get("prompt"), list) or isinstance(row.get("completion"), list):
+            return _conversational_prompt_completion(row, index)
+        got = read("prompt", "completion")
+        if isinstance(got, DroppedRow):
+            return got
+        prompt, completion = got
         return Sample(
             index=index,
-            messages=({"role": "user", "content": s("prompt")}, {"role": "assistant", "content": s("completion")}),
+            messages=({"role": "user", "content": prompt}, {"role": "assistant", "content": completion}),
             completion=True,
         )
     if fmt == "alpaca":
-        prompt = s("instruction") + (("\n\n" + s("input")) if s("input").strip() else "")
-        if not prompt.strip() and not s("output").strip():
-            return DroppedRow(index, "empty instruction and output")
+        got = read("instruction", "output", optional=("input",))
+        if isinstance(got, DroppedRow):
+            return got
+        instruction, output, extra = got
+        prompt = instruction + (("\n\n" + extra) if extra.strip() else "")
         return Sample(
             index=index,
-            messages=({"role": "user", "content": prompt}, {"role": "assistant", "content": s("output")}),
+            messages=({"role": "user", "content": prompt}, {"role": "assistant", "content": output}),
             completion=True,
         )
     return _conversation(row, index)
+
+
+def _conversational_prompt_completion(row: Mapping[str, Any], index: int) -> Sample | DroppedRow:
+    """TRL's conversational prompt/completion row (``prompt`` and ``completion`` lists of turns) as one conversation.
+    TRL trains the completion only, so a prompt holding an assistant turn (which the trial would train) or a
+    completion holding another speaker's turn (which the trial would not) drops the row."""
+    prompt, completion = row.get("prompt"), row.get("completion")
+    if not isinstance(prompt, list) or not isinstance(completion, list):
+        return DroppedRow(index, "'prompt' and 'completion' are not both lists of turns (or both text)")
+
+    def roles(turns: list) -> list[str]:
+        return [
+            ROLE_ALIASES.get(str(m.get("role") if m.get("role") is not None else m.get("from")).strip().lower(), "?")
+            for m in turns
+            if isinstance(m, Mapping)
+        ]
+
+    if "assistant" in roles(prompt):
+        return DroppedRow(index, "a conversational prompt holding an assistant turn (TRL trains only the completion)")
+    if not completion or set(roles(completion)) != {"assistant"}:
+        return DroppedRow(index, "a conversational completion of other turns than the assistant's")
+    got = _conversation({"messages": [*prompt, *completion], "system": row.get("system")}, index)
+    return got
 
 
 def _conversation(row: Mapping[str, Any], index: int) -> Sample | DroppedRow:
@@ -445,7 +513,7 @@ def load_samples(spec: DatasetSpec) -> list[Sample]:
         raise DataError(f"{spec.path}: dataset.path: unknown built-in dataset; the built-in is {BUILTIN_PYDOC}")
     else:
         rows = _load_rows(spec)
-        fmt = spec.format if spec.format != "auto" else detect_format(rows.column_names, spec.path)
+        fmt = spec.format if spec.format != "auto" else _majority_format(rows, spec.path)
         samples = []
         n_rows = 0
         for i, row in enumerate(rows):

@@ -480,3 +480,52 @@ def test_markers_that_supervise_other_tokens_are_reported_not_settled_silently(t
     report = audit_samples(samples, tokenized, [64], mask_disagreements=mask_disagreements(samples, tokenizer))
     [finding] = [f for f in report.findings if f.kind == "generation_mask"]
     assert "{% generation %} markers" in finding.detail and not finding.nan_risk
+
+
+def test_auto_takes_the_format_most_rows_have(tmp_path):
+    """One stray messages row made a file of 25 text rows a chat file (the columns decided): 25 rows dropped, one
+    trained. Each row's own columns decide now, and the stray row is the one dropped."""
+    from sweeper.data import DroppedRow
+
+    rows = [{"text": f"Row {i} of plain text."} for i in range(25)]
+    rows.insert(3, {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]})
+    samples = load_samples(DatasetSpec(path=str(_rows(tmp_path, rows)), max_samples=100))
+    assert len(samples) == 25 and all(s.text is not None for s in samples)
+    assert samples.dropped == [
+        DroppedRow(3, "a chat row in a text dataset (one format per file: split the file, or set dataset.format)")
+    ]
+
+
+def test_prompt_completion_rows_as_trl_writes_them(tmp_path):
+    """TRL's conversational prompt/completion (lists of turns) was trained as the lists' Python text; null fields
+    as empty strings. Now a conversational row is one conversation, and a null or non-text field drops its row."""
+    from sweeper.data import DroppedRow
+
+    def load(row, name):
+        return load_samples(DatasetSpec(path=str(_rows(tmp_path, [row, {"prompt": "Q", "completion": "A"}], name))))
+
+    conversational = {
+        "prompt": [{"role": "user", "content": "2+2?"}],
+        "completion": [{"role": "assistant", "content": "4."}],
+    }
+    got = load(conversational, "conv.jsonl")
+    assert not got.dropped
+    assert sorted(m["content"] for s in got for m in s.messages) == ["2+2?", "4.", "A", "Q"]
+    assert all(len(s.messages) == 2 for s in got)
+    for row, reason in [
+        ({"prompt": "Q", "completion": None}, "'completion' is null"),
+        ({"prompt": None, "completion": "A"}, "'prompt' is null"),
+        ({"prompt": "Q", "completion": {"a": 1}}, "'completion' is not text (a dict)"),
+        (
+            {
+                "prompt": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}],
+                "completion": [{"role": "assistant", "content": "B"}],
+            },
+            "a conversational prompt holding an assistant turn (TRL trains only the completion)",
+        ),
+    ]:
+        got = load(row, "r.jsonl")
+        assert got.dropped == [DroppedRow(0, reason)] and len(got) == 1, (row, got.dropped)
+    alpaca = [{"instruction": None, "input": "", "output": "A"}, {"instruction": "Q", "input": None, "output": "A"}]
+    got = load_samples(DatasetSpec(path=str(_rows(tmp_path, alpaca, "alpaca.jsonl"))))
+    assert got.dropped == [DroppedRow(0, "'instruction' is null")] and len(got) == 1  # input is optional
