@@ -216,7 +216,8 @@ def _majority_format(rows: Any, path: str) -> str:
     if not counts:
         return detect_format(rows.column_names, path)
     order = ["sharegpt", "chat", "alpaca", "prompt_completion", "text"]
-    return max(counts, key=lambda f: (counts[f], -order.index(f)))
+    family = Counter({f: sum(n for g, n in counts.items() if FORMAT_COLUMNS[g] == FORMAT_COLUMNS[f]) for f in counts})
+    return max(counts, key=lambda f: (family[f], counts[f], -order.index(f)))  # chat and sharegpt read alike
 
 
 def _row_to_sample(row: Mapping[str, Any], index: int, fmt: str) -> Sample | DroppedRow:

@@ -315,3 +315,40 @@ def test_the_trl_file_leaves_out_the_rows_the_trial_left_out(study_and_knee, tmp
     assert loss == {"assistant_only_loss": True}
     assert [list(r["messages"]) for r in dataset] == kept and len(kept) == 4
     assert "5 of 9 rows left out, as the trial left them out" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [{"prompt": f"Q{i}", "completion": f"A{i}"} for i in range(5)] + [{"text": "a stray text row"}],
+        [{"text": f"Row {i}."} for i in range(5)]
+        + [{"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]}],
+        [
+            {"prompt": [{"role": "user", "content": "Q"}], "completion": [{"role": "assistant", "content": "A"}]},
+            {"prompt": [{"role": "user", "content": "Q2"}], "completion": [{"role": "assistant", "content": "A2"}]},
+            {"prompt": "Q", "completion": None},
+        ],
+        [{"instruction": "Q", "input": None, "output": "A"}, {"instruction": None, "output": "A"}, {"text": "t"}],
+    ],
+    ids=["prompt-completion-and-a-text-row", "text-and-a-chat-row", "conversational-prompt-completion", "alpaca"],
+)
+def test_the_trl_file_reads_a_mixed_file_as_the_trial_does(study_and_knee, tmp_path, tiny_model, rows):
+    """A text row in a prompt/completion file gave TRL a row of nulls ("You need to specify either text or
+    text_target"), and a chat row in a text file a text row of None: the trl file now takes the format most rows
+    have and leaves out the rest, as load_samples does; the same rows reach TRL as the trial trained on."""
+    from test_data import GENERATION_CHATML
+    from transformers import AutoTokenizer
+
+    from sweeper.data import load_samples
+    from sweeper.space import DatasetSpec
+
+    [py] = write_export(*study_and_knee, "trl", tmp_path / "trl")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.chat_template = GENERATION_CHATML
+    dataset, _ = runpy.run_path(str(py))["trl_dataset"](rows, tokenizer)
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    samples = load_samples(DatasetSpec(path=str(path), max_samples=100))
+    assert len(dataset) == len(samples) and len(samples.dropped) == len(rows) - len(samples)
+    for record in dataset:
+        assert all(v is not None for v in record.values()), record

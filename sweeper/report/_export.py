@@ -476,6 +476,65 @@ def _turns(row):
     return turns if any(t["role"] == "assistant" for t in turns) else None
 
 
+def _kind(row):
+    """A row's own format from the fields it has, as the trial tells it (sweeper.data.detect_format)."""
+    has = {k for k, v in row.items() if v is not None}
+    if "conversations" in has or "messages" in has:
+        return "messages"
+    if {"instruction", "output"} <= has:
+        return "alpaca"
+    if {"prompt", "completion"} <= has:
+        return "prompt_completion"
+    return "text" if "text" in has else None
+
+
+def _fields(row, keys, optional=()):
+    """The fields as text, as the trial read them, or None for a row it left out: a field that is not text, every
+    field empty, or a null one."""
+    values = {k: row.get(k) for k in (*keys, *optional)}
+    for key, value in values.items():
+        if value is not None and _text(value) is None or isinstance(value, list):
+            return None
+        values[key] = None if value is None else _text(value)
+    if not any(str(values[k] or "").strip() for k in keys) or any(values[k] is None for k in keys):
+        return None
+    return [values[k] or "" for k in (*keys, *optional)]
+
+
+def _row(row, kind, masks):
+    """One row as TRL rows of the trial's supervision, or None for a row the trial left out."""
+    if kind == "messages":
+        turns = _turns(row)
+        if turns is None:
+            return None
+        if masks:
+            return [{"messages": turns}]
+        return [{"prompt": turns[:i], "completion": [t]} for i, t in enumerate(turns) if t["role"] == "assistant"]
+    if kind == "prompt_completion" and (isinstance(row.get("prompt"), list) or isinstance(row.get("completion"), list)):
+        prompt, completion = row.get("prompt"), row.get("completion")  # TRL's conversational prompt/completion
+        if not isinstance(prompt, list) or not isinstance(completion, list) or not completion:
+            return None
+        turns = _turns({"messages": [*prompt, *completion], "system": row.get("system")})
+        if turns is None:
+            return None
+        cut = len(turns) - len(completion)
+        if any(t["role"] == "assistant" for t in turns[:cut]) or any(t["role"] != "assistant" for t in turns[cut:]):
+            return None
+        return [{"prompt": turns[:cut], "completion": turns[cut:]}]
+    if kind in ("prompt_completion", "alpaca"):
+        got = _fields(row, ("prompt", "completion")) if kind == "prompt_completion" else _fields(
+            row, ("instruction", "output"), ("input",))
+        if got is None:
+            return None
+        prompt, reply = got[0], got[1]
+        if kind == "alpaca" and got[2].strip():
+            prompt += f"\\n\\n{got[2]}"
+        return [{"prompt": [{"role": "user", "content": prompt}],
+                 "completion": [{"role": "assistant", "content": reply}]}]
+    got = _fields(row, ("text",))
+    return None if got is None else [{"text": got[0]}]  # TRL appends the end-of-sequence token, as the trial does
+
+
 def trl_dataset(rows, tokenizer):
     """The rows (chat "messages" or ShareGPT "conversations", alpaca instruction/input/output, prompt/completion or
     text) as TRL trains them the way the trial did, and the SFTConfig keys that go with them.
@@ -484,51 +543,32 @@ def trl_dataset(rows, tokenizer):
     alpaca rows (rendered as a user and an assistant turn), and all of a text row. Where the chat template lets TRL
     mask assistant turns, a conversation stays one row (assistant_only_loss); otherwise each assistant reply becomes
     a prompt/completion row (the conversation up to it, then the reply) and TRL masks the prompt
-    (completion_only_loss), which supervises the same tokens."""
+    (completion_only_loss), which supervises the same tokens. As the trial, it reads the format most rows have and
+    leaves out, and counts, the rows of another format and those the trial left out."""
+    from collections import Counter
+
     from datasets import Dataset
 
+    rows = list(rows)
     masks = chat_template_masks_assistant(tokenizer)
-    out, kind, left_out = [], None, 0
+    counts = Counter(k for k in map(_kind, rows) if k is not None)
+    order = ["messages", "alpaca", "prompt_completion", "text"]
+    kind = max(counts, key=lambda k: (counts[k], -order.index(k))) if counts else "text"
+    out, left_out = [], 0
     for row in rows:
-        if row.get("messages") is not None or row.get("conversations") is not None:
-            turns = _turns(row)
-            if turns is None:
-                left_out += 1
-                continue
-            if masks:
-                out.append({"messages": turns})
-                kind = "messages"
-                continue
-            for i, turn in enumerate(turns):
-                if turn["role"] == "assistant":
-                    out.append({"prompt": turns[:i], "completion": [turn]})
-            kind = "prompt_completion"
-        elif row.get("instruction") is not None or row.get("output") is not None:
-            prompt = str(row.get("instruction") or "")
-            prompt += f"\\n\\n{row['input']}" if str(row.get("input") or "").strip() else ""
-            if not prompt.strip() and not str(row.get("output") or "").strip():
-                left_out += 1
-                continue
-            out.append({"prompt": [{"role": "user", "content": prompt}],
-                        "completion": [{"role": "assistant", "content": str(row.get("output") or "")}]})
-            kind = "prompt_completion"
-        elif row.get("prompt") is not None or row.get("completion") is not None:
-            prompt, completion = str(row.get("prompt") or ""), str(row.get("completion") or "")
-            if not prompt.strip() and not completion.strip():
-                left_out += 1
-                continue
-            out.append({"prompt": [{"role": "user", "content": prompt}],
-                        "completion": [{"role": "assistant", "content": completion}]})
-            kind = "prompt_completion"
-        elif str(row.get("text") or "").strip():
-            out.append({"text": str(row["text"])})  # TRL appends the end-of-sequence token, as the trial does
-            kind = "text"
-        else:
+        own = _kind(row)
+        got = None if own not in (None, kind) else _row(row, kind, masks)
+        if got is None:
             left_out += 1
+        else:
+            out += got
     if left_out:
-        print(f"trl_dataset: {left_out} of {len(rows)} rows left out, as the trial left them out (a speaker, "
-              "content or tool call it does not read, no reply, or nothing in it); 'sweep doctor' lists them")
+        print(f"trl_dataset: {left_out} of {len(rows)} rows left out, as the trial left them out (another format "
+              "than most rows', a speaker, content or tool call it does not read, no reply, a null or empty field); "
+              "'sweep doctor' lists them")
     loss = {"messages": {"assistant_only_loss": True}, "prompt_completion": {"completion_only_loss": True}}
+    if kind == "messages" and not masks or kind == "alpaca":
+        kind = "prompt_completion"
     return Dataset.from_list(out), loss.get(kind, {})
 
 
