@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -316,8 +317,9 @@ def nothing_fits(
     The space's memory-relevant grid (:func:`sweeper.estimate.grid_values`) is predicted with ``predict`` (a trial
     config dict to GiB: the memory model, corrected by the study's calibration where it has one) against
     ``memory_limit_gib * (1 + preflight_margin)``, the preflight's own bound. The line names the smallest predicted
-    peak and the cheapest single setting that brings it under the bound (:data:`_CHEAP_CHANGES`), else the cap it
-    would need. ``known_fit``: the study already holds a trial that fit: something does fit, say nothing.
+    peak and the cheapest single setting that brings it under ``memory_limit_gib`` itself (:data:`_CHEAP_CHANGES`;
+    the margin only forgives the model's error, advice should not lean on it), else the cap it would need: the
+    smallest predicted peak, rounded up. ``known_fit``: the study already holds a trial that fit: say nothing.
     """
     import itertools
 
@@ -351,12 +353,12 @@ def nothing_fits(
     for key, options in _CHEAP_CHANGES:
         for option in options(values[key]):
             after = predict({**values, key: option})
-            if after is not None and after <= bound:
+            if after is not None and after <= limit_gib:  # predicted to fit the cap itself, not only its margin
                 change = f"{key}: {_yaml(option)} ({after:.2f} GiB)"
                 break
         if change:
             break
-    needed = peak / (1 + margin)
+    needed = math.ceil(peak * 100) / 100  # a cap the predicted peak fits (the margin only forgives the model's error)
     fix = (
         f"the cheapest setting to change: {change}, or memory_limit_gib >= {needed:.2f}"
         if change
