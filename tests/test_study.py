@@ -325,7 +325,7 @@ def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
 
 def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir):
     """Two databases holding a study of the same name would share studies/<name>/trials/<N>/ (numbers start at 0 in
-    each): the second is refused before a study is created in its storage, and readers refuse too; a study file that
+    each): the second is refused, leaving no empty database behind, and readers refuse too; a study file that
     is gone, or the same file, no longer owns the folder."""
     from sweeper.errors import StudyError
     from sweeper.study import load_existing_study
@@ -339,7 +339,7 @@ def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir):
         open_study(space, "sqlite:///other.db")
     line = str(refused.value)
     assert "studies/same/" in line and "sqlite:///studies/same.db" in line and "--study NAME" in line
-    assert optuna.get_all_study_summaries("sqlite:///other.db") == []  # refused before a study was created there
+    assert not (workdir / "other.db").exists() and not (workdir / "other.db.lock").exists()  # nothing left behind
     assert (workdir / "studies" / "same" / "study.json").read_text() == owner
     optuna.create_study(study_name="same", storage="sqlite:///other.db", directions=["minimize"] * 2)
     with pytest.raises(StudyError, match="another name"):

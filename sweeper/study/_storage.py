@@ -305,8 +305,16 @@ def open_study(
     name = study_name or space.study.name
     url = storage or space.study.storage or default_storage(name)
     sampler = make_sampler(space.study, n_trials or space.study.n_trials)
+    database = sqlite_file(url)
+    fresh = database is not None and not Path(database).exists()
     opened = _storage(url)  # a storage that cannot be opened is the first thing to say
-    check_study_dir(name, url)  # before a study is created in it
+    try:
+        check_study_dir(name, url)  # before a study is created in it
+    except StudyError:
+        if fresh:  # the refused command leaves no empty database (and its lock file) behind
+            for leftover in (Path(database), Path(f"{database}.lock")):  # type: ignore[arg-type]
+                leftover.unlink(missing_ok=True)
+        raise
     try:
         study = optuna.create_study(
             study_name=name,
