@@ -27,7 +27,7 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> int:
     Returns:
         How many failed their confirmation.
     """
-    from sweeper.report import format_params
+    from sweeper.report import format_instability, format_params
     from sweeper.study import confirm_trials, stored_trials
 
     if not numbers:
@@ -49,12 +49,12 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> int:
 
     def on_result(t: Any, done: Any) -> None:
         nonlocal failed
-        instability = "-" if done.instability is None else f"{done.instability:.3f}"
+        instability = format_instability(done.instability)
         peak = "-" if done.peak_memory_gib is None else f"{done.peak_memory_gib:.2f} GiB"
         if done.passed:
             _print(
                 f"        #{t.number:<3} confirmed: {done.steps} steps complete, instability {instability} (short "
-                f"{t.values[1]:.3f}), peak {peak} ({done.wall_time_s or 0:.0f} s)"
+                f"{format_instability(t.values[1])}), peak {peak} ({done.wall_time_s or 0:.0f} s)"
             )
         else:
             failed += 1

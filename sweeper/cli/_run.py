@@ -78,9 +78,9 @@ def _memory_line(study: Any) -> str | None:
     line = f"memory  predicted vs measured peak: median error {100 * raw:.0f}% (memory model)"
     corrected = [r["corrected_error"] for r in rows if r["corrected_error"] is not None]
     if corrected:
-        line += (
-            f", {100 * median_abs(corrected):.0f}% corrected ({len(corrected)} trials predicted with the correction)"  # type: ignore[operator]
-        )
+        error = median_abs(corrected)
+        plural = "s" if len(corrected) != 1 else ""
+        line += f", {100 * error:.0f}% corrected ({len(corrected)} trial{plural} predicted with the correction)"  # type: ignore[operator]
     calibration = stored_calibration(study, device_kind())
     if calibration is not None:
         shown = [

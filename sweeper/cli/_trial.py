@@ -13,7 +13,7 @@ from sweeper.errors import SpaceError
 
 def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
-    from sweeper.report import format_params, format_trace
+    from sweeper.report import format_instability, format_params, format_trace
     from sweeper.study import STUDIES_DIR, check_setup
     from sweeper.trial import run_trial
 
@@ -70,7 +70,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         _print(f"memory  {result.peak_memory_gib:.3f} GiB ({result.memory_kind}{load})")
     if result.instability is not None:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in result.instability_components.items())
-        _print(f"instability {result.instability:.3f} ({parts})")
+        _print(f"instability {format_instability(result.instability)} ({parts})")
     times = [
         f"{k.removesuffix('_time_s')} {getattr(result, k):.1f} s"
         for k in ("import_time_s", "load_time_s", "train_time_s")

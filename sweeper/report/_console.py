@@ -339,6 +339,7 @@ def format_memory_prediction(prediction: Mapping[str, Any]) -> str | None:
     if prediction.get("median_corrected_error") is not None:
         line += (
             f", {100 * prediction['median_corrected_error']:.0f}% after the study's correction "
-            f"({prediction['corrected_trials']} trials predicted with it)"
+            f"({prediction['corrected_trials']} trial{'s' if prediction['corrected_trials'] != 1 else ''} predicted "
+            "with it)"
         )
     return line

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import optuna
 
 from sweeper.errors import StudyError
+from sweeper.report._console import format_instability
 from sweeper.study import StoredTrial, TrialStatus, by_knee_distance, pareto_front, stored_trials
 
 Pick = Literal["knee", "min-memory", "most-stable"]
@@ -221,7 +222,8 @@ def _instead(study: optuna.Study, trial: StoredTrial, fmt: str) -> str:
     dtype = near.config.bnb_4bit_compute_dtype if near.config is not None else "?"
     return (
         f"the nearest trial it can express is {near.number} ({dtype}, peak {peak:.3f} GiB, instability "
-        f"{instability:.3f}): --trial {near.number}; or export trial {trial.number} with --format {formats}"
+        f"{format_instability(instability)}): --trial {near.number}; or export trial {trial.number} with --format "
+        f"{formats}"
     )
 
 
@@ -673,7 +675,7 @@ def render_hf(s: ExportSettings, *, trl: bool = False) -> str:
             "",
             "# Load the model with: AutoModelForCausalLM.from_pretrained(MODEL_NAME, "
             "quantization_config=bnb_config, dtype=bnb_config.bnb_4bit_compute_dtype)",
-            "# Truncate or pack samples to MAX_SEQ_LENGTH tokens when tokenizing.",
+            "# Tokenize as the trial did: one sample a row (no packing), cut to MAX_SEQ_LENGTH tokens at its end.",
         ]
     return "\n".join(lines) + "\n"
 
