@@ -171,24 +171,11 @@ def _float32_study(tmp_path, tiny_model):
     """The report's study (trials 0-5) and three more: trial 6 computes in float32 and is the knee of the front
     (trials 0 and 6); trial 7 is its configuration in bfloat16 again (as trial 1), measured higher; trial 8 is another
     bfloat16 trial, dominated by trial 6 only."""
-    import optuna
-    from test_report import add_trial
+    from test_report import add_configured_trials, add_trial
 
     study = make_study(tmp_path, model=str(tiny_model))
-    scratch = optuna.create_study(directions=["minimize", "minimize"])
-    add_trial(scratch, r=8, batch=2, seq=64, status="complete", peak=1.0, instability=0.1, model=str(tiny_model))
-    config = dict(scratch.trials[0].user_attrs["config"])
-    for dtype, peak, instability in (("float32", 1.4, 0.15), ("bfloat16", 1.6, 0.25)):
-        add_trial(
-            study,
-            r=8,
-            batch=2,
-            seq=64,
-            status="complete",
-            peak=peak,
-            instability=instability,
-            extra={"config": dict(config, bnb_4bit_compute_dtype=dtype)},
-        )
+    dtypes = (("float32", 1.4, 0.15), ("bfloat16", 1.6, 0.25))
+    add_configured_trials(study, tiny_model, [({"bnb_4bit_compute_dtype": d}, p, i) for d, p, i in dtypes])
     add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.45, instability=0.8, model=str(tiny_model))
     return study
 

@@ -14,12 +14,11 @@ import json
 import math
 import re
 
-import optuna
 import pytest
 import yaml
 from conftest import REPO
 from test_export_stacks import STACKS, _run, stack_venv
-from test_report import add_trial, make_study
+from test_report import add_configured_trials, add_trial, make_study
 
 from sweeper.errors import StudyError
 from sweeper.report._export import AXOLOTL_LORA_KERNELS, pick_trial, write_export
@@ -70,26 +69,10 @@ def study(tmp_path_factory, tiny_model):
 
 def _make(folder, tiny_model):
     study = make_study(folder, model=str(tiny_model))
-    scratch = optuna.create_study(directions=["minimize", "minimize"])
-    add_trial(scratch, r=8, batch=2, seq=64, status="complete", peak=1.0, instability=0.1, model=str(tiny_model))
-    base = dict(scratch.trials[0].user_attrs["config"])
-    other = {**base, **OTHER}
-    for config, peak, instability in (
-        (other, 1.8, 0.3),
-        ({**other, "bnb_4bit_compute_dtype": "float32"}, 1.9, 0.35),
-        ({**base, "lora_alpha_ratio": 0.3}, 1.4, 0.1),
-    ):
-        alpha = config["lora_alpha_ratio"] * config["r"]
-        add_trial(
-            study,
-            r=8,
-            batch=2,
-            seq=64,
-            status="complete",
-            peak=peak,
-            instability=instability,
-            extra={"config": config, "lora_alpha": alpha},
-        )
+    float32 = {**OTHER, "bnb_4bit_compute_dtype": "float32"}
+    add_configured_trials(
+        study, tiny_model, [(OTHER, 1.8, 0.3), (float32, 1.9, 0.35), ({"lora_alpha_ratio": 0.3}, 1.4, 0.1)]
+    )
     return study
 
 

@@ -78,6 +78,20 @@ def add_trial(study, *, r, batch, seq, status, peak=None, instability=None, extr
     )
 
 
+def add_configured_trials(study, model, trials) -> dict:
+    """Complete trials of :func:`add_trial`'s configuration (r 8, batch 2 x 64) on ``model`` with other settings:
+    ``trials`` is ``[(overrides, peak_gib, instability)]``; each trial's ``lora_alpha`` follows its config. Returns
+    the base configuration."""
+    scratch = optuna.create_study(directions=["minimize", "minimize"])
+    add_trial(scratch, r=8, batch=2, seq=64, status="complete", peak=1.0, instability=0.1, model=str(model))
+    base = dict(scratch.trials[0].user_attrs["config"])
+    for overrides, peak, instability in trials:
+        config = {**base, **overrides}
+        extra = {"config": config, "lora_alpha": config["lora_alpha_ratio"] * config["r"]}
+        add_trial(study, r=8, batch=2, seq=64, status="complete", peak=peak, instability=instability, extra=extra)
+    return base
+
+
 def make_study(folder, model="m"):
     space = parse_space({"study": {"name": "rep"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
     study = open_study(space, f"sqlite:///{folder}/rep.db", "rep", 8)
