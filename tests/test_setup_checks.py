@@ -139,7 +139,8 @@ def test_nothing_predicted_to_fit_is_one_line_before_starting(tiny_model, workdi
 @pytest.mark.slow
 def test_a_fit_under_a_larger_cap_does_not_hide_that_nothing_fits_the_new_one(tiny_model, workdir):
     """Resumed with a smaller memory_limit_gib, a study whose trial fit the old cap still gets the one line; a run
-    that starts nothing leaves sweep_starts (the seed offset of later runs) as it was."""
+    that starts nothing leaves sweep_starts (the seed offset of later runs) as it was; a resume under another cap
+    says which trials were measured under which."""
     import optuna
 
     space = tiny_space(tiny_model, n_trials=1, search={"per_device_train_batch_size": [4, 8]})
@@ -150,8 +151,11 @@ def test_a_fit_under_a_larger_cap_does_not_hide_that_nothing_fits_the_new_one(ti
     assert "no configuration of the space is predicted to fit 0.3" in line
     again = sweep("run", str(path), cwd=workdir)  # n_trials 1: already there
     assert again.returncode == 0 and "nothing to run" in again.stdout
+    larger = sweep("run", str(path), "--n-trials", "2", "--set", "memory_limit_gib=3", cwd=workdir)
+    assert larger.returncode == 0, larger.stderr
+    assert "note    memory_limit_gib is 3 now; 1 trial was measured under memory_limit_gib 4" in larger.stdout
     study = optuna.load_study(study_name=space["study"]["name"], storage="sqlite:///studies/t.db")
-    assert study.user_attrs["sweep_starts"] == 1
+    assert study.user_attrs["sweep_starts"] == 2  # the refused run and the one with nothing to run did not count
 
 
 def test_nothing_fits_names_the_cheapest_setting(tiny_model, tmp_path):

@@ -66,6 +66,25 @@ def _nothing_fits(space: SearchSpace, model_path: str, study: Any) -> str | None
     return nothing_fits(space, predict, known_fit=fit)
 
 
+def _other_caps(study: Any, limit_gib: float) -> str | None:
+    """``3 trials were measured under memory_limit_gib 1.7`` for the measured trials of a resumed study whose cap was
+    not this run's, or None."""
+    from collections import Counter
+
+    from sweeper.study import stored_trials
+
+    caps: Counter[float] = Counter()
+    for t in stored_trials(study):
+        cap = t.config.memory_limit_gib if t.config is not None and not t.is_repeat else None
+        if cap is not None and float(cap) != limit_gib:
+            caps[float(cap)] += 1
+    if not caps:
+        return None
+    n = sum(caps.values())
+    shown = ", ".join(f"{c:g}" for c in sorted(caps))
+    return f"{n} trial{'s were' if n != 1 else ' was'} measured under memory_limit_gib {shown}"
+
+
 def _memory_line(study: Any) -> str | None:
     """How far the preflight's predictions were from the measured peaks, before and after the study's correction
     (:func:`sweeper.study.prediction_errors`), and the correction now stored; None without a measured peak."""
@@ -173,6 +192,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print(line)
     if 0 < already < n_trials:
         _print(f"resume  the study holds {already} finished trials; {n_trials - already} to go")
+        other_caps = _other_caps(study, float(space.fixed["memory_limit_gib"]))
+        if other_caps:
+            _print(
+                f"note    memory_limit_gib is {space.fixed['memory_limit_gib']:g} now; {other_caps}: their peaks "
+                "stand, but what fit under their cap, and the front they are on, need not hold under this one"
+            )
     legacy = legacy_instability_warning(study)
     if legacy:
         _print(legacy)
