@@ -217,6 +217,23 @@ def _identity(url: str) -> dict[str, Any]:
     return {"storage": redact_url(url), "sqlite_file": os.path.realpath(database) if database is not None else None}
 
 
+def _owner(study_name: str) -> dict[str, Any] | None:
+    """What ``studies/<study_name>/``'s :data:`OWNER_FILE` says, or None (no file, or not one sweeper wrote)."""
+    try:
+        owner = json.loads((study_dir(study_name) / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return owner if isinstance(owner, dict) else None
+
+
+def _same_storage(owner: dict[str, Any], url: str) -> bool:
+    """Whether ``owner`` (an :data:`OWNER_FILE`'s content) names the storage of ``url``: the same SQLite file by its
+    real path, else the same URL without its password."""
+    mine = _identity(url)
+    other = owner.get("sqlite_file")
+    return other == mine["sqlite_file"] if isinstance(other, str) else owner.get("storage") == mine["storage"]
+
+
 def _owner_conflict(study_name: str, url: str) -> str | None:
     """A line saying that ``studies/<study_name>/`` belongs to a study of that name in another storage, or None.
 
@@ -224,66 +241,48 @@ def _owner_conflict(study_name: str, url: str) -> str | None:
     still there, or any other database. An owner file naming a SQLite file that is gone (deleted, or the project
     moved) is not a conflict: that study's trials can no longer be read anyway, and the folder is taken over as before.
     """
-    if in_memory(url):
-        return None
-    mine = _identity(url)
-    folder = study_dir(study_name)
-    try:
-        owner = json.loads((folder / OWNER_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(owner, dict):
+    owner = None if in_memory(url) else _owner(study_name)
+    if owner is None or _same_storage(owner, url):
         return None
     other = owner.get("sqlite_file")
-    if isinstance(other, str):
-        if other == mine["sqlite_file"] or not Path(other).is_file():
-            return None
-    elif owner.get("storage") == mine["storage"]:
+    if isinstance(other, str) and not Path(other).is_file():
         return None
     return (
-        f"{redact_url(url)}: --storage: {folder}/ holds the trials, artifacts and exports of the study "
+        f"{redact_url(url)}: --storage: {study_dir(study_name)}/ holds the trials, artifacts and exports of the study "
         f"'{study_name}' in {owner.get('storage', 'another storage')}; give this one another name (--study NAME), "
         "or run it from another folder, so that neither overwrites the other's files"
     )
 
 
-def claim_study_dir(study_name: str, url: str) -> None:
-    """Make ``studies/<study_name>/`` the folder of the study of that name in ``url`` (write its
-    :data:`OWNER_FILE`), so that a study of the same name in another storage cannot write its trial folders over
-    this one's (trial numbers start at 0 in each). Nothing is written for an in-memory storage.
+def _write_owner(study_name: str, url: str) -> None:
+    """Make ``studies/<study_name>/`` the folder of the study of that name in ``url``: write its :data:`OWNER_FILE`
+    unless it already names that storage, so that a study of the same name in another storage cannot write its trial
+    folders over this one's (trial numbers start at 0 in each). Call after :func:`check_study_dir`; nothing is
+    written for an in-memory storage.
 
     Raises:
-        StudyError: The folder belongs to a study of that name in another storage (one line: both storages, the
-            fix), or it cannot be written.
+        StudyError: The folder cannot be written.
     """
-    conflict = _owner_conflict(study_name, url)
-    if conflict:
-        raise StudyError(conflict)
-    if in_memory(url):
+    owner = _owner(study_name)
+    if in_memory(url) or (owner is not None and _same_storage(owner, url)):
         return
     folder = study_dir(study_name)
     path = folder / OWNER_FILE
-    mine = {"study": study_name, **_identity(url)}
     try:
-        if path.is_file():
-            owner = json.loads(path.read_text())
-            same = mine["sqlite_file"] if mine["sqlite_file"] is not None else mine["storage"]
-            if isinstance(owner, dict) and same in (owner.get("sqlite_file"), owner.get("storage")):
-                return
         folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{OWNER_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(mine, indent=1) + "\n")
+        tmp.write_text(json.dumps({"study": study_name, **_identity(url)}, indent=1) + "\n")
         os.replace(tmp, path)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise StudyError(
-            f"{folder}: cannot write the study's folder ({getattr(exc, 'strerror', None) or exc}); run from a folder "
-            "you can write, or fix its permissions"
+            f"{folder}: cannot write the study's folder ({exc.strerror or exc}); run from a folder you can write, "
+            "or fix its permissions"
         ) from None
 
 
 def check_study_dir(study_name: str, url: str) -> None:
     """Refuse to use ``studies/<study_name>/`` (artifacts, report, exports) for the study in ``url`` when the folder
-    belongs to a study of that name in another storage (:func:`claim_study_dir`); writes nothing.
+    belongs to a study of that name in another storage (its :data:`OWNER_FILE`); writes nothing.
 
     Raises:
         StudyError: One line naming both storages and the fix.
@@ -300,7 +299,7 @@ def open_study(
 
     Raises:
         StudyError: The storage cannot be created or written, an existing study of that name has other directions, or
-            ``studies/<name>/`` holds the trials of a study of that name in another storage (:func:`claim_study_dir`).
+            ``studies/<name>/`` holds the trials of a study of that name in another storage (:func:`check_study_dir`).
     """
     name = study_name or space.study.name
     url = storage or space.study.storage or default_storage(name)
@@ -311,8 +310,8 @@ def open_study(
     try:
         check_study_dir(name, url)  # before a study is created in it
     except StudyError:
-        if fresh:  # the refused command leaves no empty database (and its lock file) behind
-            for leftover in (Path(database), Path(f"{database}.lock")):  # type: ignore[arg-type]
+        if fresh and database is not None:  # the refused command leaves no empty database (or its lock) behind
+            for leftover in (Path(database), Path(f"{database}.lock")):
                 leftover.unlink(missing_ok=True)
         raise
     try:
@@ -333,7 +332,7 @@ def open_study(
             f"{study.directions}); choose another --study name"
         )
     _check_same_search(study, space, url)
-    claim_study_dir(name, url)
+    _write_owner(name, url)  # checked before the study was created
     if not study.metric_names:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
