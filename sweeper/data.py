@@ -191,11 +191,16 @@ def _other_format(row: Mapping[str, Any], fmt: str) -> str | None:
     file mixing formats gives its columns to every row, with null where a row has no value."""
     if any(row.get(k) is not None for k in FORMAT_COLUMNS.get(fmt, ())):
         return None
+    own = _row_format(row)
+    return None if own is None or FORMAT_COLUMNS.get(own) == FORMAT_COLUMNS.get(fmt) else own
+
+
+def _row_format(row: Mapping[str, Any]) -> str | None:
+    """A row's own format, from its non-null columns (:func:`detect_format`), or None when they tell none."""
     try:
-        own = detect_format([k for k, v in row.items() if v is not None])
+        return detect_format([k for k, v in row.items() if v is not None])
     except DataError:
         return None
-    return None if FORMAT_COLUMNS.get(own) == FORMAT_COLUMNS.get(fmt) else own
 
 
 def _majority_format(rows: Any, path: str) -> str:
@@ -207,12 +212,7 @@ def _majority_format(rows: Any, path: str) -> str:
     Raises:
         DataError: No row's format can be told from its columns.
     """
-    counts: Counter[str] = Counter()
-    for row in rows:
-        try:
-            counts[detect_format([k for k, v in row.items() if v is not None])] += 1
-        except DataError:
-            continue
+    counts = Counter(f for f in map(_row_format, rows) if f is not None)
     if not counts:
         return detect_format(rows.column_names, path)
     order = ["sharegpt", "chat", "alpaca", "prompt_completion", "text"]

@@ -493,11 +493,12 @@ def _kind(row):
 def _fields(row, keys, optional=()):
     """The fields as text, as the trial read them, or None for a row it left out: a field that is not text, every
     field empty, or a null one."""
-    values = {k: row.get(k) for k in (*keys, *optional)}
-    for key, value in values.items():
-        if value is not None and _text(value) is None or isinstance(value, list):
+    values = {}
+    for key in (*keys, *optional):
+        value = row.get(key)
+        values[key] = None if value is None or isinstance(value, list) else _text(value)
+        if value is not None and values[key] is None:  # not text (a list, a mapping, a boolean)
             return None
-        values[key] = None if value is None else _text(value)
     if not any(str(values[k] or "").strip() for k in keys) or any(values[k] is None for k in keys):
         return None
     return [values[k] or "" for k in (*keys, *optional)]
