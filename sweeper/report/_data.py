@@ -41,7 +41,6 @@ REPORT_KEYS = (
 )
 
 #: Statuses whose trial ran at least one step within the memory cap: their batch shape fits.
-FIT_STATUSES = ("complete", "nan", "diverged")
 
 
 def trial_params(trial: StoredTrial, searched: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
@@ -136,8 +135,8 @@ def fit_map_data(study: optuna.Study) -> dict[str, Any]:
     """
     cells: dict[tuple[int, int], dict[str, Any]] = {}
     for t in measured_trials(study):
-        config, status = t.config, t.status_name
-        if status not in (*FIT_STATUSES, "oom") or config is None:
+        config, fits = t.config, t.status.fits
+        if fits is None or config is None:
             continue
         key = (config.per_device_train_batch_size, config.max_seq_length)
         cell = cells.setdefault(
@@ -151,10 +150,10 @@ def fit_map_data(study: optuna.Study) -> dict[str, Any]:
                 "trials": [],
             },
         )
-        cell["fits" if status in FIT_STATUSES else "ooms"] += 1
+        cell["fits" if fits else "ooms"] += 1
         cell["trials"].append(t.number)
         peak = _finite(t.result.peak_memory_gib)
-        if peak is not None and status in FIT_STATUSES:
+        if peak is not None and fits:
             cell["peaks"].append(peak)
     out = []
     for key in sorted(cells):

@@ -49,17 +49,14 @@ from sweeper.study._storage import (
     to_distributions,
     trial_dir,
 )
-from sweeper.study._stored import TrialStatus, count_finished, stored_trial
-from sweeper.trial import PRUNED_STATUSES, TrialProcess, TrialResult
+from sweeper.study._stored import count_finished, stored_trial
+from sweeper.trial import TrialProcess, TrialResult, TrialStatus
 
 #: Consecutive repeats of measured configurations after which the sweep stops: the sampler has nothing new to offer.
 MAX_CONSECUTIVE_DUPLICATES = 25
 
 #: Seconds a worker slot waits before looking again when the trials still needed are all running elsewhere.
 POLL_S = 2.0
-
-#: Statuses whose configuration is run again (up to ``max_retries``): they may go differently another time.
-RETRIED_STATUSES = ("crash", "timeout")
 
 #: User attributes that describe one run of a trial rather than its configuration's result (not copied to repeats).
 _BOOKKEEPING_ATTRS = (
@@ -293,7 +290,7 @@ def run_one(sweep: _Sweep, trial: optuna.Trial) -> None:
 def record_interrupted(sweep: _Sweep, trial: optuna.Trial, reason: str = "interrupted: Ctrl-C") -> None:
     """Tell ``trial`` FAIL as not run to its end (``interrupted``, not counted) and queue its params again: the
     next ``sweep run`` measures it."""
-    trial.set_user_attr("status", "crash")
+    trial.set_user_attr("status", TrialStatus.CRASH.value)
     trial.set_user_attr("reason", reason)
     trial.set_user_attr("interrupted", True)
     retry(sweep.study, trial, sweep.max_retries)
@@ -373,7 +370,7 @@ def settle_prediction(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, p
     if decision is None:
         return False
     result = TrialResult(
-        status=decision[0],  # type: ignore[arg-type]
+        status=decision[0],
         reason=decision[1],
         predicted_peak_gib=predicted,
         wall_time_s=0.0,
@@ -441,10 +438,10 @@ def tell(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, result: TrialR
         trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
         if result.status == "complete":
             frozen = sweep.study.tell(trial, [result.peak_memory_gib, result.instability])  # type: ignore[list-item]
-        elif result.status in PRUNED_STATUSES:
+        elif result.status.pruned:
             frozen = sweep.study.tell(trial, state=TrialState.PRUNED)
         else:
-            if result.status in RETRIED_STATUSES and retry(sweep.study, trial, sweep.max_retries):
+            if result.status.retried and retry(sweep.study, trial, sweep.max_retries):
                 trial.set_user_attr("retried", True)
             frozen = sweep.study.tell(trial, state=TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:

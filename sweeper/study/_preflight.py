@@ -16,7 +16,7 @@ import optuna
 
 from sweeper.estimate import ModelShape, estimate_memory, known_shape, settings_from
 from sweeper.study._stored import stored_trials
-from sweeper.trial import cuda_visible
+from sweeper.trial import TrialStatus, cuda_visible
 
 if TYPE_CHECKING:
     from sweeper.study._calibration import Calibration
@@ -103,7 +103,7 @@ def preflight(
     *,
     device: str = "cpu",
     calibration: Calibration | None = None,
-) -> tuple[str, str] | None:
+) -> tuple[TrialStatus, str] | None:
     """Whether to prune a configuration before running it.
 
     Args:
@@ -123,7 +123,7 @@ def preflight(
     oom = dominating_oom(config, known, device)
     if oom is not None:
         return (
-            "dominated_oom",
+            TrialStatus.DOMINATED_OOM,
             f"at least as large as trial {oom.number}, which ran out of memory "
             f"(batch {oom.config['per_device_train_batch_size']} x "
             f"{oom.config['max_seq_length']} tokens, r={oom.config['r']}): not run",
@@ -137,7 +137,7 @@ def preflight(
     limit = config["memory_limit_gib"] * (1 + config.get("preflight_margin", 0.10))
     if peak > limit and known_to_fit(config, known, device) is None:
         return (
-            "predicted_oom",
+            TrialStatus.PREDICTED_OOM,
             f"predicted peak {peak:.2f} GiB{how} exceeds memory_limit_gib="
             f"{config['memory_limit_gib']:g} by more than preflight_margin="
             f"{config.get('preflight_margin', 0.10):g}: not run (sweep estimate)",

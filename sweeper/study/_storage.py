@@ -24,7 +24,7 @@ from sweeper.errors import StudyError
 from sweeper.space import Categorical, SearchSpace, StudySpec
 from sweeper.stability import COMPONENTS, DIAGNOSTICS
 from sweeper.study._coordination import AskLock, heartbeat_kwargs, in_memory, sqlite_database, sqlite_file
-from sweeper.trial import PRUNED_STATUSES, TrialResult
+from sweeper.trial import TrialResult, TrialStatus
 
 #: The two objectives, both minimized, in this order.
 OBJECTIVES = ("peak_memory_gib", "instability")
@@ -67,7 +67,10 @@ def failure_constraint(status: str) -> float:
     (``optuna/samplers/_tpe/sampler.py``, ``_split_trials``), and NSGA-II ranks them last, so the sampler learns to
     avoid the region of a NaN or an OOM even though such a trial has no objective values.
     """
-    return 1.0 if status in PRUNED_STATUSES else -1.0
+    try:
+        return 1.0 if TrialStatus(status).pruned else -1.0
+    except ValueError:  # not a status sweeper knows: not a result about the configuration
+        return -1.0
 
 
 def n_startup_trials(n_trials: int) -> int:

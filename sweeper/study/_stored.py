@@ -9,7 +9,6 @@ older version is read through the same function: a key its stored ``config`` lac
 
 from __future__ import annotations
 
-import enum
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -21,54 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.space import TrialConfig
 from sweeper.stability import STORED_COMPONENTS
-from sweeper.trial import TrialResult
-
-
-class TrialStatus(str, enum.Enum):
-    """How a trial ended (the ``status`` user attribute), or that it has not yet.
-
-    ``COMPLETE`` trials have both objectives. ``NAN``, ``DIVERGED``, ``OOM``, ``PREDICTED_OOM`` and ``DOMINATED_OOM``
-    are results about the configuration: the trial is PRUNED and infeasible for the sampler. ``TIMEOUT``, ``CRASH``
-    and ``ERROR`` are failures of the run (FAIL), retried where they may go differently. ``RUNNING`` and
-    ``WAITING`` have not ended; ``UNKNOWN`` is a finished trial without a status sweeper knows (a study edited by
-    hand, or a newer version's status).
-    """
-
-    COMPLETE = "complete"
-    NAN = "nan"
-    DIVERGED = "diverged"
-    OOM = "oom"
-    PREDICTED_OOM = "predicted_oom"
-    DOMINATED_OOM = "dominated_oom"
-    TIMEOUT = "timeout"
-    CRASH = "crash"
-    ERROR = "error"
-    RUNNING = "running"
-    WAITING = "waiting"
-    UNKNOWN = "unknown"
-
-    @property
-    def pruned(self) -> bool:
-        """A result about the configuration (PRUNED, infeasible): NaN or out of memory, measured or predicted."""
-        return self in _PRUNED
-
-    @property
-    def failed(self) -> bool:
-        """A failure of the run, not of the configuration (FAIL): timeout, crash or error."""
-        return self in _FAILED
-
-    @property
-    def fits(self) -> bool | None:
-        """Whether the configuration's memory fit the cap, as measured: True for ``complete``, ``nan`` and ``diverged``
-        (they ran steps within it), False for ``oom``, None when the trial measured nothing about it."""
-        fit = {TrialStatus.COMPLETE: True, TrialStatus.NAN: True, TrialStatus.DIVERGED: True, TrialStatus.OOM: False}
-        return fit.get(self)
-
-
-_PRUNED = frozenset(
-    {TrialStatus.NAN, TrialStatus.DIVERGED, TrialStatus.OOM, TrialStatus.PREDICTED_OOM, TrialStatus.DOMINATED_OOM}
-)
-_FAILED = frozenset({TrialStatus.TIMEOUT, TrialStatus.CRASH, TrialStatus.ERROR})
+from sweeper.trial import TrialResult, TrialStatus
 
 
 @dataclass(frozen=True, kw_only=True)

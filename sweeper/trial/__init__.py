@@ -7,15 +7,16 @@ child side (:mod:`sweeper.trial._child`) is the only code that imports torch, tr
 
 from sweeper.trial._devices import cuda_visible, visible_gpus
 from sweeper.trial._launch import TrialProcess, run_trial
-from sweeper.trial._result import FAIL_STATUSES, PRUNED_STATUSES, Phase, Status, TrialResult
+from sweeper.trial._result import FAIL_STATUSES, PRUNED_STATUSES, RESULT_STATUSES, Phase, TrialResult, TrialStatus
 
 __all__ = [
     "FAIL_STATUSES",
     "PRUNED_STATUSES",
+    "RESULT_STATUSES",
     "Phase",
-    "Status",
     "TrialProcess",
     "TrialResult",
+    "TrialStatus",
     "cuda_visible",
     "run_trial",
     "visible_gpus",

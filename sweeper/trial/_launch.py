@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from sweeper.space import TrialConfig
-from sweeper.trial._result import TrialResult
+from sweeper.trial._result import TrialResult, TrialStatus
 
 #: The module the trial process runs (``python -m``).
 CHILD_MODULE = "sweeper.trial._child.worker"
@@ -56,7 +56,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _made_here(config: TrialConfig, status: str, reason: str, wall: float, warm: bool) -> TrialResult:
     return TrialResult(
-        status=status,  # type: ignore[arg-type]
+        status=TrialStatus(status),
         reason=reason,
         wall_time_s=wall,
         warm=warm,

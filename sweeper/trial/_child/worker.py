@@ -57,7 +57,7 @@ from sweeper.trial._child.memory import (
     set_cpu_memory_cap,
 )
 from sweeper.trial._devices import cuda_visible
-from sweeper.trial._result import TrialResult
+from sweeper.trial._result import TrialResult, TrialStatus
 
 #: Kept allocated while the trial runs and released after an OOM, so the result can still be written under the cap.
 _RESERVE_BYTES = 32 * 2**20
@@ -636,13 +636,13 @@ def run(config: TrialConfig, model_path: str, warm: WarmState | None = None) -> 
     record = TrainingRecord()
     measured: dict[str, Any] = {"warm": warm.trials > 0, "model_reused": False}
     result = TrialResult(
-        status="complete", lora_alpha=config.lora_alpha, effective_batch_size=config.effective_batch_size
+        status=TrialStatus.COMPLETE, lora_alpha=config.lora_alpha, effective_batch_size=config.effective_batch_size
     )
     try:
         train(config, model_path, record, measured, warm)
         result.reason = f"{record.step} steps finished"
     except NonFiniteError as exc:
-        result.status, result.fail_phase = "nan", exc.phase  # type: ignore[assignment]
+        result.status, result.fail_phase = TrialStatus.NAN, exc.phase  # type: ignore[assignment]
         result.fail_step = record.step + 1
         result.reason = exc.describe(result.fail_step)
         diagnosis = exc.diagnosis
@@ -654,11 +654,11 @@ def run(config: TrialConfig, model_path: str, warm: WarmState | None = None) -> 
                 diagnosis.module,
             )
     except DivergedError as exc:
-        result.status, result.fail_step = "diverged", exc.divergence.step
+        result.status, result.fail_step = TrialStatus.DIVERGED, exc.divergence.step
         result.reason = exc.divergence.reason
     except QuantizationCheckError as exc:
         what = "LoRA target check" if "target_modules" in str(exc) else "4-bit quantization check"
-        result.status, result.reason = "error", f"{what} failed: {exc}"
+        result.status, result.reason = TrialStatus.ERROR, f"{what} failed: {exc}"
         result.fail_phase, result.fail_step = "load", 0
     except BaseException as exc:
         reserve = None  # type: ignore[assignment]  # after an OOM, room to build and write the result under the cap
@@ -667,7 +667,7 @@ def run(config: TrialConfig, model_path: str, warm: WarmState | None = None) -> 
         result.fail_step = 0 if record.phase == "load" else record.step + 1
         where = "while loading" if record.phase == "load" else f"at step {result.fail_step} ({record.phase})"
         if oom_cause_chain(exc) is not None or (record.phase == "load" and _LOAD_REPORT.mentions_oom()):
-            result.status = "oom"
+            result.status = TrialStatus.OOM
             result.reason = f"out of memory {where} under memory_limit_gib={config.memory_limit_gib:g}"
             if record.phase != "load":  # every row is padded to max_seq_length: that is the step's length
                 result.reason += (
@@ -677,7 +677,7 @@ def run(config: TrialConfig, model_path: str, warm: WarmState | None = None) -> 
                 )
         else:
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            result.status = "error"
+            result.status = TrialStatus.ERROR
             result.reason = f"{type(exc).__name__} {where}" + (f": {first}" if first else "")
             traceback.print_exc()
     del reserve
