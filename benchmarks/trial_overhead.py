@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sweeper.model import resolve_model
 from sweeper.space import load_space
-from sweeper.study import run_study, stored_trials
+from sweeper.study import plan_sweep, run_study, stored_trials
 from sweeper.trial import run_trial
 
 
@@ -50,7 +50,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         os.chdir(folder)
         t0 = time.monotonic()
-        study = run_study(space, model_path=model_path, storage=f"sqlite:///{folder}/overhead.db")
+        study = run_study(plan_sweep(space, model_path, storage=f"sqlite:///{folder}/overhead.db"))
         sweep_s = time.monotonic() - t0
         for t in stored_trials(study):
             result = t.result

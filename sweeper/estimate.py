@@ -11,6 +11,7 @@ tokens per micro-batch, ``h`` hidden size, ``i`` intermediate size, ``L`` layers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -450,11 +451,9 @@ MEMORY_KEYS = (
 MAX_POINTS = 20000
 
 
-def settings_from(values: Mapping[str, Any], attn_implementation: str = "sdpa", device: str = "cuda") -> MemorySettings:
-    """:class:`MemorySettings` from a trial's values (a ``TrialConfig.to_dict()`` or a space's fixed + params)."""
-    chosen: dict[str, Any] = {
-        k: (tuple(values[k]) if k == "target_modules" else values[k]) for k in MEMORY_KEYS if k in values
-    }
+def settings_from(config: TrialConfig, attn_implementation: str = "sdpa", device: str = "cuda") -> MemorySettings:
+    """:class:`MemorySettings` from a trial's settings (:data:`MEMORY_KEYS` of it)."""
+    chosen: dict[str, Any] = {k: getattr(config, k) for k in MEMORY_KEYS}
     return MemorySettings(
         **chosen,
         attn_implementation=attn_implementation,
@@ -511,7 +510,7 @@ def grid_values(space: SearchSpace, key: str) -> list[Any]:
 
     dim = space.search.get(key)
     if dim is None:
-        return [space.fixed[key]]
+        return [space.fixed_value(key)]
     if isinstance(dim, Categorical):
         return list(dict.fromkeys(dim.choices))
     if dim.is_int:
@@ -562,9 +561,9 @@ def estimate_space(space: SearchSpace, shape: ModelShape, device: str = "cuda") 
     axes = [grid_values(space, k) for k in keys]
     points = []
     for combo in itertools.islice(itertools.product(*axes), MAX_POINTS):
-        values = {**space.fixed, **dict(zip(keys, combo))}
-        estimate = estimate_memory(shape, settings_from(values, space.model.attn_implementation, device))
-        shown = {k: values[k] for k in ("per_device_train_batch_size", "max_seq_length", *keys)}
+        config = dataclasses.replace(space.base, **dict(zip(keys, combo)))
+        estimate = estimate_memory(shape, settings_from(config, space.model.attn_implementation, device))
+        shown = {k: getattr(config, k) for k in ("per_device_train_batch_size", "max_seq_length", *keys)}
         points.append(
             {
                 "params": shown,

@@ -6,6 +6,7 @@ a two-layer model of the built-in SmolLM2's shape (hidden 576, 9 heads, 3 KV hea
 tensors are large enough for the 8-bit optimizer path."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -290,27 +291,29 @@ def test_dominance_rule():
 
     from sweeper.study._preflight import Known, at_least_as_large, preflight
 
-    base = {**BASE, "memory_limit_gib": 24, "learning_rate": 1e-4}
+    base = replace(BASE, memory_limit_gib=24, learning_rate=1e-4)
     for bigger in (
         {"per_device_train_batch_size": 4},
         {"max_seq_length": 1024},
         {"r": 32},
-        {"target_modules": ["q_proj", "v_proj", "o_proj"]},
+        {"target_modules": ("q_proj", "v_proj", "o_proj")},
         {"gradient_checkpointing": False},
         {"bnb_4bit_use_double_quant": False},
     ):
-        assert at_least_as_large({**base, **bigger}, base) and not at_least_as_large(base, {**base, **bigger}), bigger
-    assert at_least_as_large({**base, "learning_rate": 1e-3}, base)  # a key memory does not depend on may differ
-    assert not at_least_as_large({**base, "per_device_train_batch_size": 4, "r": 8}, base)  # larger in one only
-    assert not at_least_as_large({**base, "optim": "adamw_torch", "r": 32}, base)  # another optimizer: not ordered
+        assert at_least_as_large(replace(base, **bigger), base) and not at_least_as_large(
+            base, replace(base, **bigger)
+        ), bigger
+    assert at_least_as_large(replace(base, learning_rate=1e-3), base)  # a key memory does not depend on may differ
+    assert not at_least_as_large(replace(base, per_device_train_batch_size=4, r=8), base)  # larger in one only
+    assert not at_least_as_large(replace(base, optim="adamw_torch", r=32), base)  # another optimizer: not ordered
     # a wider compute dtype is not larger: on the CPU a bf16 trial can peak above fp32 (tests/test_preflight.py)
-    assert not at_least_as_large({**base, "bnb_4bit_compute_dtype": "float32"}, base)
+    assert not at_least_as_large(replace(base, bnb_4bit_compute_dtype="float32"), base)
     oom = Known(number=3, config=base, fits=False)
-    assert preflight({**base, "r": 64}, 10.0, [oom])[0] == "dominated_oom"
-    assert preflight({**base, "r": 8}, 30.0, [oom])[0] == "predicted_oom"  # 30 > 24 * 1.1
-    assert preflight({**base, "r": 8}, 26.0, [oom]) is None  # within the margin
-    fit = Known(number=4, config={**base, "r": 64}, fits=True)
-    assert preflight({**base, "r": 8}, 30.0, [fit]) is None  # no larger than a configuration that fit
+    assert preflight(replace(base, r=64), 10.0, [oom])[0] == "dominated_oom"
+    assert preflight(replace(base, r=8), 30.0, [oom])[0] == "predicted_oom"  # 30 > 24 * 1.1
+    assert preflight(replace(base, r=8), 26.0, [oom]) is None  # within the margin
+    fit = Known(number=4, config=replace(base, r=64), fits=True)
+    assert preflight(replace(base, r=8), 30.0, [fit]) is None  # no larger than a configuration that fit
 
 
 @pytest.mark.parametrize(

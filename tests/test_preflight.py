@@ -4,6 +4,7 @@ each direction of which is measured with real trials on the CPU (the slow tests)
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -24,29 +25,27 @@ from sweeper.study import (
     update_calibration,
 )
 
-BASE = {
-    "per_device_train_batch_size": 2,
-    "max_seq_length": 512,
-    "r": 16,
-    "target_modules": ["q_proj", "v_proj"],
-    "bnb_4bit_compute_dtype": "bfloat16",
-    "gradient_checkpointing": True,
-    "bnb_4bit_use_double_quant": True,
-    "gradient_accumulation_steps": 1,
-    "optim": "paged_adamw_8bit",
-    "lora_dropout": 0.05,
-    "model": {"n": 1},
-    "dataset": {"p": 1},
-    "memory_limit_gib": 1.7,
-    "preflight_margin": 0.1,
-}
+BASE = TrialConfig(
+    per_device_train_batch_size=2,
+    max_seq_length=512,
+    r=16,
+    target_modules=("q_proj", "v_proj"),
+    bnb_4bit_compute_dtype="bfloat16",
+    gradient_checkpointing=True,
+    bnb_4bit_use_double_quant=True,
+    gradient_accumulation_steps=1,
+    optim="paged_adamw_8bit",
+    lora_dropout=0.05,
+    memory_limit_gib=1.7,
+    preflight_margin=0.1,
+)
 
 #: One larger setting per direction of the dominance rule.
 LARGER = {
     "per_device_train_batch_size": {"per_device_train_batch_size": 4},
     "max_seq_length": {"max_seq_length": 1024},
     "r": {"r": 64},
-    "target_modules": {"target_modules": ["q_proj", "v_proj", "o_proj"]},
+    "target_modules": {"target_modules": ("q_proj", "v_proj", "o_proj")},
     "no_checkpointing": {"gradient_checkpointing": False},
     "no_dq": {"bnb_4bit_use_double_quant": False},
 }
@@ -63,10 +62,10 @@ def test_the_correction_is_a_median_ratio_per_group_and_an_unseen_group_borrows_
     )
     assert fit.ratios == pytest.approx({"float32/ckpt": 1.9, "float16/ckpt": 1.75})
     assert fit.points == {"float32/ckpt": 1, "float16/ckpt": 2} and fit.trials == [0, 1, 2]
-    assert fit.correct({**BASE, "bnb_4bit_compute_dtype": "float32"}, 1.0) == pytest.approx(1.9)
+    assert fit.correct(replace(BASE, bnb_4bit_compute_dtype="float32"), 1.0) == pytest.approx(1.9)
     # float16: two predictions 0.4 GiB apart, a line through them: 0.75 + 0.75 x predicted
     assert list(fit.lines) == ["float16/ckpt"] and fit.lines["float16/ckpt"] == pytest.approx((0.75, 0.75))
-    corrected, source = fit.explain({**BASE, "bnb_4bit_compute_dtype": "float16"}, 2.0)
+    corrected, source = fit.explain(replace(BASE, bnb_4bit_compute_dtype="float16"), 2.0)
     assert corrected == pytest.approx(2.25) and "line +0.75 + 0.75 x predicted fitted on 2 measured trials" in source
     corrected, source = fit.explain(BASE, 1.0)  # bfloat16: never measured, the smallest ratio
     assert corrected == pytest.approx(1.75) and "none of bfloat16/ckpt" in source
@@ -80,12 +79,12 @@ def test_the_correction_is_a_median_ratio_per_group_and_an_unseen_group_borrows_
 
 def test_a_corrected_prediction_over_the_cap_is_pruned_but_never_one_no_larger_than_a_fit():
     calibration = fit_calibration([_point(0, "bfloat16", 0.82, 1.23)], "cpu_peak_rss")  # ratio 1.5
-    big = {**BASE, "per_device_train_batch_size": 8}
+    big = replace(BASE, per_device_train_batch_size=8)
     assert preflight(big, 1.31, []) is None  # the raw model says 1.31 GiB: under 1.7 x 1.1
     status, reason = preflight(big, 1.31, [], calibration=calibration)
     assert status == "predicted_oom"
     assert reason.startswith("predicted peak 1.97 GiB (memory model 1.31 GiB x 1.50, the measured/predicted ratio")
-    fit = Known(number=4, config={**big, "max_seq_length": 1024}, fits=True)  # a larger configuration fit
+    fit = Known(number=4, config=replace(big, max_seq_length=1024), fits=True)  # a larger configuration fit
     assert preflight(big, 1.31, [fit], calibration=calibration) is None
 
 
@@ -93,15 +92,15 @@ def test_a_corrected_prediction_over_the_cap_is_pruned_but_never_one_no_larger_t
 def test_dominance_uses_only_the_directions_of_the_device(device):
     assert set(DIRECTIONS[device]) == set(LARGER)
     for direction, bigger in LARGER.items():
-        a = {**BASE, **bigger}
+        a = replace(BASE, **bigger)
         assert at_least_as_large(a, BASE, device) and not at_least_as_large(BASE, a, device), direction
     # the compute dtype is never ordered: at a large vocabulary a bf16 trial holds more than an fp32 one
     for dtype in ("float32", "float16"):
-        wider = {**BASE, "bnb_4bit_compute_dtype": dtype}
+        wider = replace(BASE, bnb_4bit_compute_dtype=dtype)
         assert not at_least_as_large(wider, BASE, device) and not at_least_as_large(BASE, wider, device)
-    assert at_least_as_large({**BASE, "learning_rate": 1.0}, BASE, device)  # memory does not depend on it
-    oom = Known(number=3, config={**BASE, "bnb_4bit_compute_dtype": "bfloat16"}, fits=False)
-    fp32 = {**BASE, "bnb_4bit_compute_dtype": "float32"}
+    assert at_least_as_large(replace(BASE, learning_rate=1.0), BASE, device)  # memory does not depend on it
+    oom = Known(number=3, config=replace(BASE, bnb_4bit_compute_dtype="bfloat16"), fits=False)
+    fp32 = replace(BASE, bnb_4bit_compute_dtype="float32")
     assert preflight(fp32, 1.0, [oom], device=device) is None  # issue 14.8: no false dominated_oom
 
 
@@ -112,7 +111,7 @@ def _fake_trial(study, config, status, peak, predicted, kind="cpu_peak_rss"):
         "peak_memory_gib": peak,
         "predicted_peak_gib": predicted,
         "memory_kind": kind,
-        "config": config,
+        "config": config.to_dict(),
     }.items():
         trial.set_user_attr(key, value)
     if status == "complete":
@@ -127,12 +126,12 @@ def test_the_correction_is_stored_on_the_study_per_memory_kind():
     raw = {"bfloat16": 0.8, "float32": 0.9}
 
     def predict(config):
-        return raw[config["bnb_4bit_compute_dtype"]]
+        return raw[config.bnb_4bit_compute_dtype]
 
     assert update_calibration(study, predict, "cpu_peak_rss") is None and CALIBRATION_ATTR not in study.user_attrs
     _fake_trial(study, BASE, "complete", 1.2, 0.8)
-    _fake_trial(study, {**BASE, "bnb_4bit_compute_dtype": "float32"}, "complete", 1.8, 0.9)
-    _fake_trial(study, {**BASE, "r": 64}, "oom", 1.6, 0.8)  # a peak where it died: a lower bound, left out
+    _fake_trial(study, replace(BASE, bnb_4bit_compute_dtype="float32"), "complete", 1.8, 0.9)
+    _fake_trial(study, replace(BASE, r=64), "oom", 1.6, 0.8)  # a peak where it died: a lower bound, left out
     _fake_trial(study, BASE, "complete", 0.4, 0.8, kind="cuda_max_reserved")  # another machine
     fitted = update_calibration(study, predict, "cpu_peak_rss")
     assert fitted.ratios == pytest.approx({"bfloat16/ckpt": 1.5, "float32/ckpt": 2.0}) and fitted.trials == [0, 1]
@@ -248,8 +247,8 @@ def test_on_the_cpu_no_compute_dtype_is_always_larger(tiny_model, tmp_path):
     bf16 = _peak(vocab, tmp_path / "bf16", per_device_train_batch_size=1)
     fp32 = _peak(vocab, tmp_path / "fp32", per_device_train_batch_size=1, bnb_4bit_compute_dtype="float32")
     assert bf16 > fp32 + NOISE_GIB, (bf16, fp32)
-    oom = Known(number=0, config={**BASE, "bnb_4bit_compute_dtype": "bfloat16"}, fits=False)
-    assert preflight({**BASE, "bnb_4bit_compute_dtype": "float32"}, 1.0, [oom], device="cpu") is None
+    oom = Known(number=0, config=replace(BASE, bnb_4bit_compute_dtype="bfloat16"), fits=False)
+    assert preflight(replace(BASE, bnb_4bit_compute_dtype="float32"), 1.0, [oom], device="cpu") is None
 
 
 @pytest.mark.slow
@@ -257,7 +256,7 @@ def test_a_sweep_learns_its_correction_and_a_stored_one_prunes_before_running(ti
     from conftest import tiny_space, write_space
 
     from sweeper.space import load_space
-    from sweeper.study import CORRECTED_ATTR, device_kind, open_study, run_study
+    from sweeper.study import CORRECTED_ATTR, device_kind, open_study, plan_sweep, run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     kind = device_kind()
@@ -280,7 +279,7 @@ def test_a_sweep_learns_its_correction_and_a_stored_one_prunes_before_running(ti
         CALIBRATION_ATTR, {kind: {"ratios": {"bfloat16/ckpt": 4.0}, "points": {"bfloat16/ckpt": 1}, "trials": [99]}}
     )
     study.enqueue_trial({"r": 4})
-    study = run_study(space, model_path=str(tiny_model), n_trials=1)
+    study = run_study(plan_sweep(space, str(tiny_model), n_trials=1, refuse_if_nothing_fits=False))
     [pruned] = study.get_trials()
     assert pruned.user_attrs["status"] == "predicted_oom", pruned.user_attrs["reason"]
     assert "x 4.00, the measured/predicted ratio of 1 measured trial of bfloat16/ckpt" in pruned.user_attrs["reason"]
@@ -291,7 +290,7 @@ def test_a_sweep_learns_its_correction_and_a_stored_one_prunes_before_running(ti
     study.set_user_attr(CALIBRATION_ATTR, {})
     for r in (8, 16):
         study.enqueue_trial({"r": r})
-    study = run_study(space, model_path=str(tiny_model), n_trials=3)
+    study = run_study(plan_sweep(space, str(tiny_model), n_trials=3))
     first, second = study.get_trials()[1:3]
     assert first.user_attrs["status"] == second.user_attrs["status"] == "complete"
     assert CORRECTED_ATTR not in first.user_attrs  # nothing measured yet when it was asked

@@ -171,7 +171,7 @@ def test_nothing_fits_names_the_cheapest_setting(tiny_model, tmp_path):
     )
 
     def predict(config):  # a made-up model: checkpointing halves the peak, batch adds
-        return (0.6 + 0.2 * config["per_device_train_batch_size"]) * (0.5 if config["gradient_checkpointing"] else 1)
+        return (0.6 + 0.2 * config.per_device_train_batch_size) * (0.5 if config.gradient_checkpointing else 1)
 
     line = nothing_fits(space, predict)
     assert "the smallest predicted peak is 1.40 GiB (per_device_train_batch_size=4 max_seq_length=512)" in line
@@ -179,5 +179,5 @@ def test_nothing_fits_names_the_cheapest_setting(tiny_model, tmp_path):
     assert nothing_fits(space, predict, known_fit=True) is None
     assert nothing_fits(space, lambda c: 0.5) is None
     # Checkpointing on gives 1.05 GiB, within the margin of the 1.0 cap only: no advice; the cap named fits the peak.
-    line = nothing_fits(space, lambda c: 1.05 if c["gradient_checkpointing"] else 1.5)
+    line = nothing_fits(space, lambda c: 1.05 if c.gradient_checkpointing else 1.5)
     assert "the cheapest setting to change" not in line and "raise memory_limit_gib to 1.50 or more" in line

@@ -55,7 +55,7 @@ def test_spec_example_loads_typed_and_frozen():
     assert space.study.timeout_s == 8 * 3600 and space.study.n_trials == 12
     assert space.search["r"] == Categorical(choices=(8, 16, 32, 64))
     assert space.search["weight_decay"] == Range(low=0.0, high=0.1)
-    assert space.fixed["trial_timeout"] == 1200.0 and space.fixed["learning_rate"] == 2e-4
+    assert space.base.trial_timeout_s == 1200.0 and space.base.learning_rate == 2e-4
     config = space.trial_config({**space.first_choices(), "lora_alpha_ratio": 4})
     assert (
         config.lora_alpha == 32 and config.r == 8 and config.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -76,7 +76,7 @@ def test_learning_rate_range_and_scalar_in_search():
         }
     )
     assert space.search["learning_rate"] == Range(low=1e-5, high=1e-3, log=True)
-    assert space.search["max_seq_length"].is_int and space.fixed["r"] == 16 and "r" not in space.search
+    assert space.search["max_seq_length"].is_int and space.base.r == 16 and "r" not in space.search
     assert space.first_choices() == {"learning_rate": 1e-5, "max_seq_length": 64}
 
 
@@ -219,8 +219,8 @@ def test_overrides_fix_searched_keys_and_set_dotted_ones():
     )
     space = parse_space(out)
     assert {"training.r", "study.n_trials", "dataset.max_samples"} <= overridden
-    assert "r" not in space.search and space.fixed["r"] == 4 and space.fixed["learning_rate"] == 1e-3
-    assert space.study.n_trials == 3 and space.dataset.max_samples == 8 and space.fixed["target_modules"] == ("q_proj",)
+    assert "r" not in space.search and space.base.r == 4 and space.base.learning_rate == 1e-3
+    assert space.study.n_trials == 3 and space.dataset.max_samples == 8 and space.base.target_modules == ("q_proj",)
     assert raw["search"]["r"] == [8, 16, 32, 64]  # the input is not modified
 
 

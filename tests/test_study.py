@@ -12,15 +12,18 @@ import pytest
 from conftest import tiny_space, write_space
 from optuna.trial import TrialState
 
+from sweeper.errors import SpaceError
 from sweeper.space import load_space, parse_space
 from sweeper.study import (
     FAILURE_CONSTRAINT,
+    SweepCallback,
     count_finished,
     failure_constraint,
     is_finished,
     make_sampler,
     open_study,
     pareto_front,
+    plan_sweep,
     run_study,
     status_counts,
     to_distributions,
@@ -116,8 +119,19 @@ def test_states_attributes_and_constraints(tiny_model, workdir):
         {"learning_rate": 1e-4, "lora_alpha_ratio": 1, "per_device_train_batch_size": 1},
     ):
         study.enqueue_trial(params)
-    events = []
-    study = run_study(space, model_path=str(tiny_model), on_trial=events.append)
+
+    class Events(SweepCallback):
+        def __init__(self):
+            self.finished, self.started = [], []
+
+        def trial_finished(self, event):
+            self.finished.append(event)
+
+        def trial_started(self, trial, device):
+            self.started.append(trial.number)
+
+    events = Events()
+    study = run_study(plan_sweep(space, str(tiny_model)), [events])
     trials, repeat = study.get_trials()[:3], study.get_trials()[3]
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.PRUNED]
     assert [t.user_attrs["status"] for t in trials] == ["complete", "nan", "oom"], [
@@ -136,13 +150,15 @@ def test_states_attributes_and_constraints(tiny_model, workdir):
     # not count toward n_trials (the 4th finished trial is one more new configuration).
     assert repeat.user_attrs["duplicate_of"] == 0 and repeat.values == done.values
     assert not (workdir / "studies" / "states" / "trials" / "3").exists()
-    assert [e.finished for e in events][:4] == [1, 2, 3, 3]
+    assert [e.finished for e in events.finished][:4] == [1, 2, 3, 3]
+    assert [e.trial.status for e in events.finished][:4] == ["complete", "nan", "oom", "complete"]
+    assert events.started[:3] == [0, 1, 2] and 3 not in events.started  # a repeat runs nothing
     measured = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
     assert len(measured) == 4 and len({tuple(sorted(t.params.items())) for t in measured}) == 4
     assert repeat.number not in [t.number for t in pareto_front(study)]
     assert status_counts(study)["repeated"] >= 1
     # The same call again resumes and starts nothing: the study already holds n_trials finished trials.
-    assert len(run_study(space, model_path=str(tiny_model)).trials) == len(study.trials)
+    assert len(run_study(plan_sweep(space, str(tiny_model))).trials) == len(study.trials)
 
 
 def _wait_for(path, timeout=120):
@@ -241,7 +257,7 @@ def test_preflight_prunes_predicted_and_dominated_ooms_without_running_them(tiny
     study = open_study(space)
     for batch, ratio in ((32, 1), (48, 2), (1, 1)):
         study.enqueue_trial({"per_device_train_batch_size": batch, "lora_alpha_ratio": ratio})
-    study = run_study(space, model_path=str(tiny_model))
+    study = run_study(plan_sweep(space, str(tiny_model)))
     oom, dominated, fits = study.get_trials()[:3]
     assert oom.user_attrs["status"] == "oom", oom.user_attrs["reason"]
     assert len(study.get_trials()) == 3 and "retried" not in oom.user_attrs  # an OOM is a result: no retry
@@ -266,7 +282,9 @@ def test_preflight_prunes_predicted_and_dominated_ooms_without_running_them(tiny
             name="tight.yaml",
         )
     )
-    study = run_study(tight, model_path=str(tiny_model))
+    with pytest.raises(SpaceError, match="no configuration of the space is predicted to fit"):
+        plan_sweep(tight, str(tiny_model))  # what 'sweep run' says before any trial
+    study = run_study(plan_sweep(tight, str(tiny_model), refuse_if_nothing_fits=False))
     [t] = study.get_trials()
     assert t.user_attrs["status"] == "predicted_oom" and t.user_attrs["wall_time_s"] == 0.0
     assert "exceeds memory_limit_gib=0.75" in t.user_attrs["reason"]
@@ -291,7 +309,7 @@ def test_timeouts_are_retried_up_to_max_retries(tiny_model, workdir):
     )
     study = open_study(space)
     study.enqueue_trial({"per_device_train_batch_size": 1})
-    study = run_study(space, model_path=str(tiny_model))
+    study = run_study(plan_sweep(space, str(tiny_model)))
     trials = study.get_trials()
     timeouts = [t for t in trials if t.user_attrs.get("status") == "timeout"]
     assert len(timeouts) >= 3 and all(t.params == {"per_device_train_batch_size": 1} for t in timeouts[:3])
@@ -348,3 +366,28 @@ def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir):
     open_study(space, "sqlite:///other.db")
     assert str(workdir / "other.db") in (workdir / "studies" / "same" / "study.json").read_text()
     load_existing_study("other.db")
+
+
+def test_a_resume_with_other_run_policy_reuses_what_was_measured():
+    # Run policy (timeout, retries, the preflight's margin, the export's batch) changes nothing a trial measures: a
+    # study resumed with max_retries 2 reuses its results; a setting that changes the measurement does not.
+    from dataclasses import replace
+
+    from optuna.distributions import CategoricalDistribution
+
+    from sweeper.space import TrialConfig
+    from sweeper.study import find_duplicate, record_result
+    from sweeper.trial import TrialResult, TrialStatus
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    config = TrialConfig(r=8)
+    trial = study.ask({"r": CategoricalDistribution([8, 16])})
+    record_result(trial, TrialResult(status=TrialStatus.COMPLETE, peak_memory_gib=1.0, instability=0.1), config)
+    study.tell(trial, [1.0, 0.1])
+    assert trial.user_attrs["status"] == "complete" and isinstance(study.trials[0].user_attrs["config"], dict)
+    policy = replace(config, max_retries=2, trial_timeout_s=60.0, preflight_margin=0.5, target_effective_batch_size=32)
+    assert find_duplicate(study, {"r": 8}, policy).number == 0
+    assert find_duplicate(study, {"r": 8}, replace(config, learning_rate=1e-3)) is None
+    assert find_duplicate(study, {"r": 8}, replace(config, memory_limit_gib=8.0)) is None
+    assert find_duplicate(study, {"r": 16}, config) is None

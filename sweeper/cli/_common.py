@@ -96,7 +96,7 @@ def _audit(samples: list[Any], model: ModelSpec, model_path: str, max_seq_length
 
 
 def _describe_setup(space: SearchSpace, model_path: str, n_samples: int) -> str:
-    cap = space.fixed["memory_limit_gib"]
+    cap = space.base.memory_limit_gib
     lines = [
         f"model   {space.model.name_or_path}" + (f" ({model_path})" if model_path != space.model.name_or_path else ""),
         f"data    {space.dataset.path}: {n_samples} sample{'s' if n_samples != 1 else ''}",

@@ -37,7 +37,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SpaceError(f"{space.path}: training.target_modules: {exc}") from None
     points, size, keys = estimated.points, estimated.grid_size, estimated.searched
-    limit = float(space.fixed["memory_limit_gib"])
+    limit = space.base.memory_limit_gib
     edge = frontier(points, limit)
     if args.json:
         _print(

@@ -44,11 +44,21 @@ from sweeper.report._export import (
     write_export,
 )
 from sweeper.report._figures import render_html, write_html_report
+from sweeper.report._sweep_console import (
+    SweepConsole,
+    all_failed_line,
+    memory_line,
+    resume_lines,
+    sweep_header,
+    sweep_summary,
+)
 
 __all__ = [
     "FORMATS",
     "PICKS",
     "ExportSettings",
+    "SweepConsole",
+    "all_failed_line",
     "curves_data",
     "dashboard_app",
     "describe_fit",
@@ -70,15 +80,19 @@ __all__ = [
     "importance_data",
     "inexpressible",
     "knee",
+    "memory_line",
     "memory_prediction_data",
     "pick_trial",
     "picks",
     "publish_study",
     "render_html",
     "report_dict",
+    "resume_lines",
     "serve",
     "settings_of",
     "status_label",
+    "sweep_header",
+    "sweep_summary",
     "trial_params",
     "trial_record",
     "write_export",

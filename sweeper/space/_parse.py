@@ -16,6 +16,7 @@ the key and the fix; unknown keys suggest the nearest valid key (``difflib.get_c
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import re
@@ -85,8 +86,9 @@ class SearchSpace:
         study: The ``study`` section.
         model: The ``model`` section.
         dataset: The ``dataset`` section.
-        fixed: Every per-trial key not searched, with its value (the file's ``training`` section plus defaults and
-            scalars of ``search``).
+        base: Every per-trial setting, typed: the file's ``training`` section and scalars of ``search`` over the
+            schema's defaults, each searched key at its first choice (a list's first element, a range's ``low``).
+            A trial's config is this one with the sampled values (:meth:`trial_config`).
         search: The searched keys, in file order: ``Categorical`` or ``Range``.
     """
 
@@ -94,7 +96,7 @@ class SearchSpace:
     study: StudySpec
     model: ModelSpec
     dataset: DatasetSpec
-    fixed: Mapping[str, Any]
+    base: TrialConfig
     search: Mapping[str, Dimension]
 
     def trial_config(self, params: Mapping[str, Any]) -> TrialConfig:
@@ -106,12 +108,19 @@ class SearchSpace:
         missing = [k for k in self.search if k not in params]
         if missing:
             raise KeyError(f"params miss searched keys {missing}")
-        values = {**self.fixed, **params}
-        unknown = [k for k in values if k not in TRIAL_KEYS]
+        unknown = [k for k in params if k not in TRIAL_KEYS]
         if unknown:
             raise KeyError(f"not per-trial keys: {unknown}")
-        values["target_modules"] = tuple(values["target_modules"])
-        return _from_yaml(TrialConfig, values, model=self.model, dataset=self.dataset)
+        return dataclasses.replace(self.base, **{field_name(TrialConfig, k): v for k, v in params.items()})
+
+    def fixed_value(self, key: str) -> Any:
+        """The value of a per-trial key by its ``space.yaml`` name (``trial_timeout`` in seconds), as every trial
+        has it when it is not searched.
+
+        Raises:
+            KeyError: ``key`` is not a per-trial key.
+        """
+        return getattr(self.base, field_name(TrialConfig, key))
 
     def values_of(self, key: str) -> list[Any]:
         """The values a per-trial key takes in the sweep: a list's distinct choices (sorted), a range's ends, or the
@@ -122,7 +131,7 @@ class SearchSpace:
         """
         dim = self.search.get(key)
         if dim is None:
-            return [self.fixed[key]]
+            return [self.fixed_value(key)]
         if isinstance(dim, Categorical):
             return sorted(set(dim.choices))
         return sorted({int(dim.low), int(dim.high)} if dim.is_int else {dim.low, dim.high})
@@ -517,12 +526,16 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
     if problems.lines:
         raise SpaceError(problems.lines)
 
+    model, dataset = _from_yaml(ModelSpec, sections["model"]), _from_yaml(DatasetSpec, sections["dataset"])
+    for key, dim in search.items():  # the base config holds each searched key at its first choice
+        fixed[key] = dim.choices[0] if isinstance(dim, Categorical) else (int(dim.low) if dim.is_int else dim.low)
+    fixed["target_modules"] = tuple(fixed["target_modules"])
     return SearchSpace(
         path=path,
         study=_from_yaml(StudySpec, sections["study"]),
-        model=_from_yaml(ModelSpec, sections["model"]),
-        dataset=_from_yaml(DatasetSpec, sections["dataset"]),
-        fixed=MappingProxyType(fixed),
+        model=model,
+        dataset=dataset,
+        base=_from_yaml(TrialConfig, fixed, model=model, dataset=dataset),
         search=MappingProxyType(search),
     )
 

@@ -56,6 +56,9 @@ class KeySpec:
         optional: ``null`` is a valid value.
         yaml_key: The key's name in ``space.yaml`` when it differs from the field's (``trial_timeout`` for
             ``trial_timeout_s``, whose value is a duration).
+        policy: A key of run policy (how the sweep runs, retries, prunes or exports a trial), not of what it
+            measures: :meth:`TrialConfig.measured` leaves it out, so a study resumed with another value reuses
+            what it measured.
     """
 
     kind: Literal["int", "float", "bool", "choice", "str", "name", "str_list", "duration"]
@@ -68,6 +71,7 @@ class KeySpec:
     searchable: bool = True
     optional: bool = False
     yaml_key: str | None = None
+    policy: bool = False
 
 
 def _key(default: Any, kind: str, **check: Any) -> Any:
@@ -243,10 +247,11 @@ class TrialConfig:
     seed: int = _key(0, "int", low=0, high=2**32 - 1)
     target_modules: tuple[str, ...] = _key(("q_proj", "k_proj", "v_proj", "o_proj"), "str_list", searchable=False)
     memory_limit_gib: float = _key(24.0, "float", low=0, low_open=True, high=65536, searchable=False)
-    trial_timeout_s: float = _key(1200.0, "duration", searchable=False, yaml_key="trial_timeout")
-    target_effective_batch_size: int = _key(16, "int", low=1, high=10**7, searchable=False)
-    preflight_margin: float = _key(0.10, "float", low=0, high=100, searchable=False)
-    max_retries: int = _key(1, "int", low=0, high=10, searchable=False)
+    # Run policy: how the sweep runs, prunes, retries and exports the trial, not what it measures.
+    trial_timeout_s: float = _key(1200.0, "duration", searchable=False, yaml_key="trial_timeout", policy=True)
+    target_effective_batch_size: int = _key(16, "int", low=1, high=10**7, searchable=False, policy=True)
+    preflight_margin: float = _key(0.10, "float", low=0, high=100, searchable=False, policy=True)
+    max_retries: int = _key(1, "int", low=0, high=10, searchable=False, policy=True)
     model: ModelSpec = field(default_factory=ModelSpec)
     dataset: DatasetSpec = field(default_factory=DatasetSpec)
 
@@ -260,6 +265,12 @@ class TrialConfig:
     def effective_batch_size(self) -> int:
         """Rows per optimizer step on one device: ``per_device_train_batch_size * gradient_accumulation_steps``."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    def measured(self) -> TrialConfig:
+        """The settings that change what a trial measures: this config with each key of run policy
+        (:data:`RUN_POLICY_KEYS`: timeout, retries, the preflight's margin, the export's effective batch) at its
+        default. Two trials whose ``measured()`` are equal measure the same thing."""
+        return dataclasses.replace(self, **{name: _DEFAULT_POLICY[name] for name in RUN_POLICY_KEYS})
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists, nested specs become dicts)."""
@@ -278,3 +289,12 @@ class TrialConfig:
         data["dataset"] = DatasetSpec(**data.get("dataset", {}))
         data["target_modules"] = tuple(data.get("target_modules", ()))
         return cls(**data)
+
+
+#: The fields of :class:`TrialConfig` that are run policy (:attr:`KeySpec.policy`), not hyperparameters.
+RUN_POLICY_KEYS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(TrialConfig) if getattr(f.metadata.get("check"), "policy", False)
+)
+_DEFAULT_POLICY: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(TrialConfig) if f.name in RUN_POLICY_KEYS
+}

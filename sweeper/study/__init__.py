@@ -24,8 +24,9 @@ from sweeper.study._calibration import (
 )
 from sweeper.study._confirm import candidates, confirm_trials, horizon, long_config
 from sweeper.study._coordination import heartbeat_interval_s, in_memory
-from sweeper.study._loop import MAX_CONSECUTIVE_DUPLICATES, SweepEvent, find_duplicate, run_study
+from sweeper.study._loop import MAX_CONSECUTIVE_DUPLICATES, SweepCallback, SweepEvent, find_duplicate, run_study
 from sweeper.study._machine import check_disk, check_writable, slot_devices, slot_env
+from sweeper.study._plan import SweepPlan, plan_sweep
 from sweeper.study._preflight import (
     DIRECTIONS,
     Known,
@@ -91,7 +92,9 @@ __all__ = [
     "Known",
     "StaleTrial",
     "StoredTrial",
+    "SweepCallback",
     "SweepEvent",
+    "SweepPlan",
     "TrialStatus",
     "artifact_dir",
     "artifact_store",
@@ -130,6 +133,7 @@ __all__ = [
     "nothing_fits",
     "open_study",
     "pareto_front",
+    "plan_sweep",
     "prediction_errors",
     "preflight",
     "record_result",

@@ -31,6 +31,7 @@ from typing import Any
 
 import optuna
 
+from sweeper.space import TrialConfig
 from sweeper.study._stored import StoredTrial, TrialStatus, stored_trials
 from sweeper.trial import cuda_visible
 
@@ -59,10 +60,10 @@ def device_kind() -> str:
     return "cuda_max_reserved" if cuda_visible() else "cpu_peak_rss"
 
 
-def group_of(config: Mapping[str, Any]) -> str:
+def group_of(config: TrialConfig) -> str:
     """The calibration group of a trial config: ``<compute dtype>/<checkpointing on|off>``, e.g. ``bfloat16/ckpt``."""
-    checkpointing = "ckpt" if config.get("gradient_checkpointing", True) else "no-ckpt"
-    return f"{config.get('bnb_4bit_compute_dtype', 'bfloat16')}/{checkpointing}"
+    checkpointing = "ckpt" if config.gradient_checkpointing else "no-ckpt"
+    return f"{config.bnb_4bit_compute_dtype}/{checkpointing}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +107,7 @@ class Calibration:
         """The ratio of a group not measured yet: the smallest measured one (1.0 with none)."""
         return min(self.ratios.values()) if self.ratios else 1.0
 
-    def explain(self, config: Mapping[str, Any], predicted_gib: float) -> tuple[float, str]:
+    def explain(self, config: TrialConfig, predicted_gib: float) -> tuple[float, str]:
         """The corrected prediction of ``config`` in GiB, and how it was made (a phrase for a reason line)."""
         group = group_of(config)
         n = self.points.get(group, 0)
@@ -130,7 +131,7 @@ class Calibration:
             f"{k} measured trial{'s' if k != 1 else ''}, none of {group}"
         )
 
-    def correct(self, config: Mapping[str, Any], predicted_gib: float) -> float:
+    def correct(self, config: TrialConfig, predicted_gib: float) -> float:
         """The corrected prediction in GiB (:meth:`explain`)."""
         return self.explain(config, predicted_gib)[0]
 
@@ -170,25 +171,25 @@ class Calibration:
 
 
 def calibration_points(
-    trials: Iterable[StoredTrial], predict: Callable[[Mapping[str, Any]], float | None], kind: str
+    trials: Iterable[StoredTrial], predict: Callable[[TrialConfig], float | None], kind: str
 ) -> list[CalibrationPoint]:
     """The ``complete`` trials of memory kind ``kind`` with a measured peak among ``trials`` (e.g.
     :func:`sweeper.study.stored_trials` of a study), repeats left out, in their order; ``predict`` gives the memory
     model's prediction of a stored config (None when unknown: the trial is left out)."""
     out = []
     for t in trials:
-        if t.is_repeat or t.status != TrialStatus.COMPLETE or "config" not in t.user_attrs:
+        if t.is_repeat or t.status != TrialStatus.COMPLETE or t.config is None:
             continue
         measured = t.result.peak_memory_gib
         if t.result.memory_kind != kind or measured is None or not math.isfinite(measured) or measured <= 0:
             continue
-        predicted = predict(t.user_attrs["config"])
+        predicted = predict(t.config)
         if predicted is None or not math.isfinite(predicted) or predicted <= 0:
             continue
         out.append(
             CalibrationPoint(
                 number=t.number,
-                group=group_of(t.user_attrs["config"]),
+                group=group_of(t.config),
                 predicted_gib=predicted,
                 measured_gib=measured,
             )
@@ -244,7 +245,7 @@ def stored_calibration(study: optuna.Study, kind: str) -> Calibration | None:
 
 
 def update_calibration(
-    study: optuna.Study, predict: Callable[[Mapping[str, Any]], float | None], kind: str
+    study: optuna.Study, predict: Callable[[TrialConfig], float | None], kind: str
 ) -> Calibration | None:
     """Fit the correction again from every measured trial of ``kind`` and store it on the study (the other kinds'
     entries are kept). Several sweeps may do this at once: each fits all the trials it sees, so the last write holds

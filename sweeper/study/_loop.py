@@ -16,14 +16,13 @@ trials are failed and retried, and the loop stops when the study holds ``n_trial
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,25 +30,24 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.errors import RunError
-from sweeper.space import SearchSpace, TrialConfig
+from sweeper.space import TrialConfig
 from sweeper.study._artifacts import artifact_store, upload_trial_artifacts
 from sweeper.study._calibration import CORRECTED_ATTR, device_kind, stored_calibration, update_calibration
 from sweeper.study._coordination import AskLock, Heartbeat, heartbeat_enabled
-from sweeper.study._machine import check_disk, check_writable, slot_devices, slot_env
+from sweeper.study._machine import check_disk, slot_env
+from sweeper.study._plan import SweepPlan
 from sweeper.study._preflight import known_memory, memory_predictor, preflight, trial_device
 from sweeper.study._recovery import fail_stale_trials, retry
 from sweeper.study._storage import (
     FAILURE_CONSTRAINT,
-    default_storage,
     failure_constraint,
     make_sampler,
-    open_study,
     record_result,
     study_dir,
     to_distributions,
     trial_dir,
 )
-from sweeper.study._stored import count_finished, stored_trial
+from sweeper.study._stored import StoredTrial, count_finished, stored_trial
 from sweeper.trial import TrialProcess, TrialResult, TrialStatus
 
 #: Consecutive repeats of measured configurations after which the sweep stops: the sampler has nothing new to offer.
@@ -81,16 +79,17 @@ def find_duplicate(
     TPE re-proposes configurations it already measured, often in small categorical spaces; a trial's outcome is
     deterministic up to measurement noise (fixed seed, same samples), so a repeat costs GPU time and teaches nothing.
     FAIL trials (timeout, crash, error) are not reused: they may go differently another time. With ``config``, the
-    earlier trial must also have been measured with the same fixed settings (``trial_timeout_s`` aside): a study
-    resumed with another ``memory_limit_gib``, learning rate or dataset measures its configurations again.
+    earlier trial must also have been measured with the same settings (:meth:`sweeper.space.TrialConfig.measured`:
+    run policy such as ``trial_timeout`` or ``max_retries`` aside): a study resumed with another
+    ``memory_limit_gib``, learning rate or dataset measures its configurations again.
     """
-    want = dataclasses.replace(config, trial_timeout_s=0.0) if config is not None else None
+    want = config.measured() if config is not None else None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         if t.params != params or "status" not in t.user_attrs:
             continue
         if want is not None:
             had = stored_trial(t).config
-            if had is None or dataclasses.replace(had, trial_timeout_s=0.0) != want:
+            if had is None or had.measured() != want:
                 continue
         return t
     return None
@@ -101,16 +100,32 @@ class SweepEvent:
     """What the run loop reports after each trial.
 
     Attributes:
-        trial: The trial as stored (state, params, user attributes).
-        result: Its result (measured, reused from the trial it repeats, or the preflight's).
+        trial: The trial as stored (:func:`sweeper.study.stored_trial` of it): its status, params and result
+            (measured, reused from the trial it repeats, or the preflight's).
         finished: Finished trials in the study now (:attr:`sweeper.study.StoredTrial.counts`).
         n_trials: The target.
     """
 
-    trial: FrozenTrial
-    result: TrialResult
+    trial: StoredTrial
     finished: int
     n_trials: int
+
+
+class SweepCallback:
+    """What a sweep tells as it runs, in the manner of the callbacks of optuna's ``Study.optimize``: subclass it and
+    override what you need (each method does nothing here). With several worker slots the calls come from their
+    threads, one call at a time.
+    """
+
+    def trial_started(self, trial: StoredTrial, device: str | None) -> None:
+        """A trial's process was handed its configuration (``device``: its ``CUDA_VISIBLE_DEVICES``, or None).
+        Repeats and preflight prunes run nothing and are not started."""
+
+    def trial_finished(self, event: SweepEvent) -> None:
+        """A trial was told to the study: measured, reused from an earlier trial, or pruned by the preflight."""
+
+    def note(self, text: str) -> None:
+        """A line about the study's bookkeeping (a lost trial failed and retried, a trial marked lost meanwhile)."""
 
 
 class _Stop(Exception):
@@ -121,31 +136,18 @@ class _Sweep:
     """One ``sweep run`` process: its worker slots (threads when more than one) share the study, the ask lock, the
     consecutive-repeat count, the running trial processes and Ctrl-C."""
 
-    def __init__(
-        self,
-        space: SearchSpace,
-        study: optuna.Study,
-        *,
-        url: str,
-        name: str,
-        model_path: str,
-        target: int,
-        budget: float | None,
-        on_trial: Callable[[SweepEvent], None] | None,
-        on_note: Callable[[str], None] | None,
-        on_start: Callable[[int, dict, str | None], None] | None,
-        workers: int,
-        devices: list[str | None],
-    ):
-        self.space, self.study, self.name, self.model_path = space, study, name, model_path
-        self.target, self.budget, self.on_trial, self.on_note = target, budget, on_trial, on_note
-        self.on_start = on_start
-        self.workers, self.devices = workers, devices
-        self.max_retries = int(space.fixed.get("max_retries", 1))
-        self.predictor = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation)
-        self.distributions = to_distributions(space)
-        self.lock = AskLock(url, name)
-        self.mutex = threading.Lock()  # repeats, printing, the set of running trial processes
+    def __init__(self, plan: SweepPlan, callbacks: Sequence[SweepCallback]):
+        self.plan, self.callbacks = plan, list(callbacks)
+        self.space, self.study, self.name, self.model_path = plan.space, plan.study, plan.name, plan.model_path
+        self.target, self.budget = plan.n_trials, plan.timeout_s
+        self.workers, self.devices = plan.workers, plan.devices
+        self.max_retries = plan.space.base.max_retries
+        self.predictor = memory_predictor(
+            plan.model_path, plan.space.model.name_or_path, plan.space.model.attn_implementation
+        )
+        self.distributions = to_distributions(plan.space)
+        self.lock = AskLock(plan.storage, plan.name)
+        self.mutex = threading.Lock()  # repeats, callbacks, the set of running trial processes
         self.start = time.monotonic()
         self.repeats = 0
         self.stop = threading.Event()
@@ -158,15 +160,25 @@ class _Sweep:
     # -- reporting ----------------------------------------------------------------------------------------------
 
     def note(self, text: str) -> None:
-        if self.on_note is not None:
-            with self.mutex:
-                self.on_note(text)
+        with self.mutex:
+            for callback in self.callbacks:
+                callback.note(text)
 
-    def emit(self, frozen: FrozenTrial, result: TrialResult) -> None:
-        if self.on_trial is not None:
-            event = SweepEvent(trial=frozen, result=result, finished=count_finished(self.study), n_trials=self.target)
-            with self.mutex:
-                self.on_trial(event)
+    def started(self, trial: optuna.Trial) -> None:
+        if not self.callbacks:
+            return
+        stored = stored_trial(self.study._storage.get_trial(trial._trial_id))
+        with self.mutex:
+            for callback in self.callbacks:
+                callback.trial_started(stored, trial.user_attrs.get("cuda_visible_devices"))
+
+    def emit(self, frozen: FrozenTrial) -> None:
+        if not self.callbacks:
+            return
+        event = SweepEvent(trial=stored_trial(frozen), finished=count_finished(self.study), n_trials=self.target)
+        with self.mutex:
+            for callback in self.callbacks:
+                callback.trial_finished(event)
 
     # -- slots --------------------------------------------------------------------------------------------------
 
@@ -276,7 +288,7 @@ def run_one(sweep: _Sweep, trial: optuna.Trial) -> None:
         return
     if settle_repeat(sweep, trial):
         return
-    predicted = sweep.predictor(config.to_dict())
+    predicted = sweep.predictor(config)
     if settle_prediction(sweep, trial, config, predicted):
         return
     result = measure(sweep, trial, config)
@@ -348,7 +360,7 @@ def settle_repeat(sweep: _Sweep, trial: optuna.Trial) -> bool:
     trial.set_user_attr("wall_time_s", 0.0)
     trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(same.user_attrs["status"]))
     frozen = sweep.study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)
-    sweep.emit(frozen, stored_trial(frozen).result)
+    sweep.emit(frozen)
     return True
 
 
@@ -360,12 +372,12 @@ def settle_prediction(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, p
     Returns:
         Whether ``trial`` was pruned (and is now told).
     """
-    values, kind = config.to_dict(), device_kind()
+    kind = device_kind()
     calibration = stored_calibration(sweep.study, kind)
     if calibration is not None and predicted is not None:
-        trial.set_user_attr(CORRECTED_ATTR, calibration.correct(values, predicted))
+        trial.set_user_attr(CORRECTED_ATTR, calibration.correct(config, predicted))
     decision = preflight(
-        values, predicted, known_memory(sweep.study, kind), device=trial_device(), calibration=calibration
+        config, predicted, known_memory(sweep.study, kind), device=trial_device(), calibration=calibration
     )
     if decision is None:
         return False
@@ -377,9 +389,9 @@ def settle_prediction(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, p
         lora_alpha=config.lora_alpha,
         effective_batch_size=config.effective_batch_size,
     )
-    record_result(trial, result, values)
+    record_result(trial, result, config)
     trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
-    sweep.emit(sweep.study.tell(trial, state=TrialState.PRUNED), result)
+    sweep.emit(sweep.study.tell(trial, state=TrialState.PRUNED))
     return True
 
 
@@ -404,9 +416,7 @@ def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig) -> TrialRes
             os.killpg(pid, signal.SIGKILL)
 
     folder = trial_dir(sweep.name, trial.number)
-    if sweep.on_start is not None:
-        with sweep.mutex:
-            sweep.on_start(trial.number, dict(trial.params), trial.user_attrs.get("cuda_visible_devices"))
+    sweep.started(trial)
     process: TrialProcess = sweep.local.process  # set by run_slot for this thread
     try:
         result = process.run(config, folder, model_path=sweep.model_path, on_start=started)
@@ -433,7 +443,7 @@ def tell(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, result: TrialR
     """Store the result and its artifacts, tell the study (COMPLETE with both objectives, PRUNED for a result
     about the configuration, FAIL otherwise) and queue a retry of a crash or timeout."""
     try:
-        record_result(trial, result, config.to_dict())
+        record_result(trial, result, config)
         _upload_artifacts(sweep.name, trial, result)
         trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
         if result.status == "complete":
@@ -451,7 +461,7 @@ def tell(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, result: TrialR
             f"{trial_dir(sweep.name, trial.number)}"
         )
         return
-    sweep.emit(frozen, result)
+    sweep.emit(frozen)
 
 
 def _upload_artifacts(study_name: str, trial: optuna.Trial, result: TrialResult) -> None:
@@ -463,88 +473,56 @@ def _upload_artifacts(study_name: str, trial: optuna.Trial, result: TrialResult)
         warnings.warn(f"trial {trial.number}: artifacts not stored ({exc})", stacklevel=2)
 
 
-def run_study(
-    space: SearchSpace,
-    *,
-    model_path: str,
-    storage: str | None = None,
-    study_name: str | None = None,
-    n_trials: int | None = None,
-    timeout_s: float | None = None,
-    on_trial: Callable[[SweepEvent], None] | None = None,
-    on_note: Callable[[str], None] | None = None,
-    on_start: Callable[[int, dict, str | None], None] | None = None,
-    study: optuna.Study | None = None,
-    workers: int = 1,
-    devices: list[str] | None = None,
-) -> optuna.Study:
-    """Run trials until the study holds ``n_trials`` finished ones, or ``timeout_s`` has passed, or the sampler
-    proposed only configurations already measured ``MAX_CONSECUTIVE_DUPLICATES`` times in a row.
+def run_study(plan: SweepPlan, callbacks: Sequence[SweepCallback] = ()) -> optuna.Study:
+    """Run the planned sweep (:func:`sweeper.study.plan_sweep`) until its study holds ``n_trials`` finished trials,
+    or its ``timeout_s`` has passed, or the sampler proposed only configurations already measured
+    ``MAX_CONSECUTIVE_DUPLICATES`` times in a row.
 
     Several ``run_study`` calls (processes, machines) may share one study: they never start more than ``n_trials``
     trials between them (:class:`sweeper.study._coordination.AskLock`), and find each other's dead or silent trials
     (:func:`sweeper.study._recovery.fail_stale_trials`).
 
     Args:
-        space: The validated space.
-        model_path: From :func:`sweeper.model.resolve_model`.
-        storage: Optuna storage URL; default ``space.study.storage`` or ``sqlite:///studies/<name>.db``.
-        study_name: Default ``space.study.name``.
-        n_trials: Default ``space.study.n_trials``; counted over the whole study.
-        timeout_s: Default ``space.study.timeout_s``; checked between trials (a trial has its own timeout).
-        on_trial: Called after each trial (from its worker slot's thread, one call at a time).
-        on_note: Called with a line about the study's bookkeeping (a lost trial failed and retried).
-        on_start: Called with a trial's number, params and device when its trial process starts.
-        study: The study, when the caller already opened it with :func:`open_study`; else it is opened here.
-        workers: Worker slots: trials run at once by this process (1 to 64), each in its own trial process.
-        devices: ``CUDA_VISIBLE_DEVICES`` values given to the workers in turn (:func:`slot_devices`).
+        plan: The checked sweep, its study opened.
+        callbacks: Told of each trial started and finished, and of bookkeeping notes (:class:`SweepCallback`).
+
+    Returns:
+        The plan's study.
 
     Raises:
-        StudyError: The storage cannot be opened or written.
+        StudyError: The storage cannot be written.
         RunError: The studies folder's disk is full, or a trial's files cannot be written.
         KeyboardInterrupt: After the running trials were killed and recorded as interrupted.
     """
-    name = study_name or space.study.name
-    target = n_trials or space.study.n_trials
-    budget = timeout_s if timeout_s is not None else space.study.timeout_s
-    url = storage or space.study.storage or default_storage(name)
-    if study is None:
-        study = open_study(space, url, name, target)
-    check_writable(study_dir(name))
-    check_disk(study_dir(name))  # before any trial starts, and again before each
+    study, space = plan.study, plan.space
     if "space_path" not in study.user_attrs:
         study.set_user_attr("space_path", space.path)
         study.set_user_attr("searched", list(space.search))
-    if study.user_attrs.get("model_path") != model_path:
-        study.set_user_attr("model_path", model_path)  # the local checkpoint the trials loaded (for exports)
-    sweep = _Sweep(
-        space,
-        study,
-        url=url,
-        name=name,
-        model_path=model_path,
-        target=target,
-        budget=budget,
-        on_trial=on_trial,
-        on_note=on_note,
-        on_start=on_start,
-        workers=workers,
-        devices=slot_devices(workers, devices),
-    )
+    if study.user_attrs.get("model_path") != plan.model_path:
+        study.set_user_attr("model_path", plan.model_path)  # the local checkpoint the trials loaded (for exports)
+    sweep = _Sweep(plan, callbacks)
     with sweep.lock.held():
         starts = int(study.user_attrs.get("sweep_starts", 0))
-        if count_finished(study) < target:  # a run with nothing to start does not shift later runs' seeds
+        if count_finished(study) < plan.n_trials:  # a run with nothing to start does not shift later runs' seeds
             study.set_user_attr("sweep_starts", starts + 1)
     if starts and space.study.seed is not None:
         # Every sweep of the study (started together on several machines, or resuming) samples from its own seed:
         # with one seed they would all propose the same first configurations.
-        study.sampler = make_sampler(space.study, target, seed=space.study.seed + starts)
-    if workers == 1:
+        study.sampler = make_sampler(space.study, plan.n_trials, seed=space.study.seed + starts)
+    if plan.workers == 1:
         sweep.run_slot(0)  # in this thread: Ctrl-C reaches TrialProcess.run, which kills the trial process
-        return study
-    done = [threading.Event() for _ in range(workers)]
+    else:
+        _run_slots(sweep)
+    return study
+
+
+def _run_slots(sweep: _Sweep) -> None:
+    """Run the sweep's worker slots in threads until each has recorded its last trial; Ctrl-C kills the running
+    trial processes, waits for each slot to record its trial as interrupted, and is raised again."""
+    done = [threading.Event() for _ in range(sweep.workers)]
     threads = [
-        threading.Thread(target=sweep.slot_main, args=(i, done[i]), name=f"sweep-slot-{i}") for i in range(workers)
+        threading.Thread(target=sweep.slot_main, args=(i, done[i]), name=f"sweep-slot-{i}")
+        for i in range(sweep.workers)
     ]
     for thread in threads:
         thread.start()
@@ -565,4 +543,3 @@ def run_study(
         thread.join()
     if sweep.errors:
         raise sweep.errors[0]
-    return study

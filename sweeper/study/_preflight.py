@@ -8,13 +8,14 @@ The rules work on trial configs as dicts (``TrialConfig.to_dict()``); no torch. 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import optuna
 
 from sweeper.estimate import ModelShape, estimate_memory, known_shape, settings_from
+from sweeper.space import TrialConfig
 from sweeper.study._stored import stored_trials
 from sweeper.trial import TrialStatus, cuda_visible
 
@@ -53,24 +54,25 @@ def trial_device() -> str:
     return "cuda" if cuda_visible() else "cpu"
 
 
-def at_least_as_large(a: Mapping[str, Any], b: Mapping[str, Any], device: str = "cpu") -> bool:
+def at_least_as_large(a: TrialConfig, b: TrialConfig, device: str = "cpu") -> bool:
     """Whether configuration ``a`` needs at least the memory of ``b`` on ``device`` by the dominance rule: along each
     direction of :data:`DIRECTIONS` for that device ``a`` is at least as large (batch, ``max_seq_length`` and ``r``;
     a superset of ``b``'s target modules; gradient checkpointing off where ``b`` has it off; double quant off where
     ``b`` has it off), and every other memory-relevant key (:data:`_SAME`, the compute dtype among them) is equal.
     Keys that do not change memory (lora_alpha_ratio, learning_rate, quant type, seed, ...) may differ."""
-    if any(a.get(k) != b.get(k) for k in _SAME):
+    if any(getattr(a, k) != getattr(b, k) for k in _SAME):
         return False
     directions = DIRECTIONS.get(device, DIRECTIONS["cpu"])
     for key in _GROWS:
-        if a[key] < b[key] if key in directions else a[key] != b[key]:
+        ak, bk = getattr(a, key), getattr(b, key)
+        if ak < bk if key in directions else ak != bk:
             return False
-    targets_a, targets_b = set(a["target_modules"]), set(b["target_modules"])
+    targets_a, targets_b = set(a.target_modules), set(b.target_modules)
     if not (targets_b <= targets_a if "target_modules" in directions else targets_a == targets_b):
         return False
     for key, direction in (("gradient_checkpointing", "no_checkpointing"), ("bnb_4bit_use_double_quant", "no_dq")):
         # the larger setting is False (off): a may be off where b is on, never on where b is off
-        if a[key] != b[key] and (direction not in directions or a[key]):
+        if getattr(a, key) != getattr(b, key) and (direction not in directions or getattr(a, key)):
             return False
     return True
 
@@ -81,23 +83,23 @@ class Known:
     ``memory_kind`` is how it was measured (``cpu_peak_rss``, ``cuda_max_reserved``; None when unknown)."""
 
     number: int
-    config: Mapping[str, Any]
+    config: TrialConfig
     fits: bool
     memory_kind: str | None = None
 
 
-def dominating_oom(config: Mapping[str, Any], known: Iterable[Known], device: str = "cpu") -> Known | None:
+def dominating_oom(config: TrialConfig, known: Iterable[Known], device: str = "cpu") -> Known | None:
     """The first known OOM that ``config`` is at least as large as on ``device``, or None."""
     return next((k for k in known if not k.fits and at_least_as_large(config, k.config, device)), None)
 
 
-def known_to_fit(config: Mapping[str, Any], known: Iterable[Known], device: str = "cpu") -> Known | None:
+def known_to_fit(config: TrialConfig, known: Iterable[Known], device: str = "cpu") -> Known | None:
     """A known fit that is at least as large as ``config`` on ``device`` (so ``config`` fits too), or None."""
     return next((k for k in known if k.fits and at_least_as_large(k.config, config, device)), None)
 
 
 def preflight(
-    config: Mapping[str, Any],
+    config: TrialConfig,
     predicted_peak_gib: float | None,
     known: Iterable[Known],
     *,
@@ -107,7 +109,7 @@ def preflight(
     """Whether to prune a configuration before running it.
 
     Args:
-        config: The trial config (``TrialConfig.to_dict()``).
+        config: The trial's settings.
         predicted_peak_gib: The memory model's prediction (GiB), None when unknown.
         known: What the study measured (:func:`known_memory`), of the same memory kind as this machine's trials.
         device: ``cpu`` or ``cuda``: which dominance directions hold (:data:`DIRECTIONS`).
@@ -125,8 +127,8 @@ def preflight(
         return (
             TrialStatus.DOMINATED_OOM,
             f"at least as large as trial {oom.number}, which ran out of memory "
-            f"(batch {oom.config['per_device_train_batch_size']} x "
-            f"{oom.config['max_seq_length']} tokens, r={oom.config['r']}): not run",
+            f"(batch {oom.config.per_device_train_batch_size} x "
+            f"{oom.config.max_seq_length} tokens, r={oom.config.r}): not run",
         )
     if predicted_peak_gib is None:
         return None
@@ -134,21 +136,19 @@ def preflight(
     if calibration is not None:
         peak, source = calibration.explain(config, predicted_peak_gib)
         how = f" ({source})"
-    limit = config["memory_limit_gib"] * (1 + config.get("preflight_margin", 0.10))
+    limit = config.memory_limit_gib * (1 + config.preflight_margin)
     if peak > limit and known_to_fit(config, known, device) is None:
         return (
             TrialStatus.PREDICTED_OOM,
             f"predicted peak {peak:.2f} GiB{how} exceeds memory_limit_gib="
-            f"{config['memory_limit_gib']:g} by more than preflight_margin="
-            f"{config.get('preflight_margin', 0.10):g}: not run (sweep estimate)",
+            f"{config.memory_limit_gib:g} by more than preflight_margin="
+            f"{config.preflight_margin:g}: not run (sweep estimate)",
         )
     return None
 
 
-def memory_predictor(
-    model_path: str, name: str, attn_implementation: str
-) -> Callable[[Mapping[str, Any]], float | None]:
-    """A function from a trial config (dict) to its predicted peak in GiB (:func:`sweeper.estimate.estimate_memory`)
+def memory_predictor(model_path: str, name: str, attn_implementation: str) -> Callable[[TrialConfig], float | None]:
+    """A function from a trial config to its predicted peak in GiB (:func:`sweeper.estimate.estimate_memory`)
     on the device the trials will use (CUDA when a GPU is visible, else the CPU); it returns None when the model's
     shape is unknown (no readable ``config.json``)."""
     known = known_shape(name)
@@ -158,7 +158,7 @@ def memory_predictor(
         return lambda config: None
     device = "cuda" if cuda_visible() else "cpu"
 
-    def predict(config: Mapping[str, Any]) -> float | None:
+    def predict(config: TrialConfig) -> float | None:
         return estimate_memory(shape, settings_from(config, attn_implementation, device)).predicted_peak_gib
 
     return predict
@@ -171,10 +171,10 @@ def known_memory(study: optuna.Study, memory_kind: str | None = None) -> list[Kn
     out = []
     for t in stored_trials(study):
         fits = t.status.fits
-        if t.is_repeat or fits is None or "config" not in t.user_attrs or not t.state.is_finished():
+        if t.is_repeat or fits is None or t.config is None or not t.state.is_finished():
             continue
         kind = t.result.memory_kind
         if memory_kind is not None and kind is not None and kind != memory_kind:
             continue
-        out.append(Known(number=t.number, config=t.user_attrs["config"], fits=fits, memory_kind=kind))
+        out.append(Known(number=t.number, config=t.config, fits=fits, memory_kind=kind))
     return out

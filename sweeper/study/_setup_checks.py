@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sweeper.space import SearchSpace
+from sweeper.space import SearchSpace, TrialConfig
 from sweeper.trial import cuda_visible
 
 #: Weight files ``from_pretrained`` loads from a checkpoint folder (transformers 5 reads only PyTorch formats).
@@ -145,7 +146,7 @@ def check_target_modules(space: SearchSpace, model_path: str) -> list[str]:
     modules = module_names(model_path)
     if modules is None:
         return []
-    targets = list(space.fixed.get("target_modules") or ())
+    targets = list(space.base.target_modules)
     missing = unmatched_targets(targets, modules)
     if not missing:
         return []
@@ -309,7 +310,7 @@ _CHEAP_CHANGES: tuple[tuple[str, Callable[[Any], list[Any]]], ...] = (
 
 def nothing_fits(
     space: SearchSpace,
-    predict: Callable[[Mapping[str, Any]], float | None],
+    predict: Callable[[TrialConfig], float | None],
     known_fit: bool = False,
 ) -> str | None:
     """One line when no configuration of the space is predicted to fit, else None.
@@ -327,14 +328,12 @@ def nothing_fits(
 
     if known_fit:
         return None
-    limit_gib = float(space.fixed["memory_limit_gib"])
-    margin = float(space.fixed.get("preflight_margin", 0.10))
+    limit_gib, margin = space.base.memory_limit_gib, space.base.preflight_margin
     bound = limit_gib * (1 + margin)
     keys = [k for k in MEMORY_KEYS if k in space.search]
-    base = dict(space.trial_config(space.first_choices()).to_dict())
-    smallest: tuple[float, dict[str, Any]] | None = None
+    smallest: tuple[float, TrialConfig] | None = None
     for combo in itertools.islice(itertools.product(*[grid_values(space, k) for k in keys]), MAX_POINTS):
-        values = {**base, **dict(zip(keys, combo))}
+        values = dataclasses.replace(space.base, **dict(zip(keys, combo)))
         peak = predict(values)
         if peak is None:
             return None  # the model's shape is unknown: nothing is predicted
@@ -345,14 +344,12 @@ def nothing_fits(
     if smallest is None:
         return None
     peak, values = smallest
-    shown = " ".join(
-        f"{k}={values[k]}" for k in ("per_device_train_batch_size", "max_seq_length", *keys) if k in values
-    )
+    shown = " ".join(f"{k}={getattr(values, k)}" for k in ("per_device_train_batch_size", "max_seq_length", *keys))
     shown = " ".join(dict.fromkeys(shown.split()))
     change = None
     for key, options in _CHEAP_CHANGES:
-        for option in options(values[key]):
-            after = predict({**values, key: option})
+        for option in options(getattr(values, key)):
+            after = predict(dataclasses.replace(values, **{key: option}))
             if after is not None and after <= limit_gib:  # predicted to fit the cap itself, not only its margin
                 change = f"{key}: {_yaml(option)} ({after:.2f} GiB)"
                 break

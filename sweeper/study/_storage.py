@@ -21,7 +21,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from sweeper.errors import StudyError
-from sweeper.space import Categorical, SearchSpace, StudySpec
+from sweeper.space import Categorical, SearchSpace, StudySpec, TrialConfig
 from sweeper.stability import COMPONENTS, DIAGNOSTICS
 from sweeper.study._coordination import AskLock, heartbeat_kwargs, in_memory, sqlite_database, sqlite_file
 from sweeper.trial import TrialResult, TrialStatus
@@ -379,13 +379,13 @@ def _describe(dist: BaseDistribution) -> str:
     return f"a range {low} to {high}"
 
 
-def record_result(trial: optuna.Trial | Any, result: TrialResult, config: dict[str, Any]) -> None:
+def record_result(trial: optuna.Trial | Any, result: TrialResult, config: TrialConfig) -> None:
     """Store a result as the trial's user attributes (``docs/contract.md``): every field, the instability components
-    flattened."""
+    flattened, and the trial's settings as ``config`` (the one place a config becomes a dict)."""
     data = result.to_dict()
     measured = data.pop("instability_components") or {}
     components = {name: measured.get(name) for name in (*COMPONENTS, *DIAGNOSTICS)}
-    for key, value in {**data, **components, "config": config}.items():
+    for key, value in {**data, **components, "config": config.to_dict()}.items():
         trial.set_user_attr(key, value)
 
 

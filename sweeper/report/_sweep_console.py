@@ -1,0 +1,222 @@
+"""What ``sweep run`` prints: the header of a planned sweep, one line per trial as it ends (:class:`SweepConsole`,
+a :class:`sweeper.study.SweepCallback`), and the summary after the last one. Text only: the command decides where
+it goes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+
+import optuna
+
+from sweeper.report._console import format_counts, format_data_nan_summary, format_front, format_params
+from sweeper.report._console import format_trial_line as _trial_line
+from sweeper.study import (
+    MAX_CONSECUTIVE_DUPLICATES,
+    StoredTrial,
+    SweepCallback,
+    SweepEvent,
+    SweepPlan,
+    count_finished,
+    device_kind,
+    legacy_instability_warning,
+    median_abs,
+    nan_causes,
+    pareto_front,
+    prediction_errors,
+    redact_url,
+    status_counts,
+    stored_calibration,
+    stored_trials,
+    trial_dir,
+)
+from sweeper.trial import FAIL_STATUSES, TrialStatus, cuda_visible
+
+
+def sweep_header(plan: SweepPlan) -> list[str]:
+    """The first lines of ``sweep run``: the study, its storage (password redacted), the trial target and the
+    searched keys; with several workers or ``--devices``, where the trials run."""
+    lines = [
+        f"sweep: study '{plan.name}' in {redact_url(plan.storage)}, {plan.n_trials} trials, "
+        f"searching {', '.join(plan.space.search)}"
+    ]
+    if plan.workers > 1 or any(d is not None for d in plan.devices):
+        if any(d is not None for d in plan.devices):
+            shown = ", ".join(f"device {d}" if d is not None else "this machine" for d in plan.devices)
+        else:
+            threads = max(1, (os.cpu_count() or 1) // plan.workers)
+            shown = f"on the CPU, {threads} thread{'s' if threads > 1 else ''} each"
+        lines.append(f"workers {plan.workers} trial{'s' if plan.workers > 1 else ''} at once ({shown})")
+        if any(d is not None for d in plan.devices) and not cuda_visible():
+            lines.append("note    --devices names GPUs, but none is visible here: the trials run on the CPU")
+    return lines
+
+
+def resume_lines(plan: SweepPlan) -> list[str]:
+    """Before the first trial of a resumed study: what it holds, trials measured under another
+    ``memory_limit_gib``, trials whose instability was computed the old way, and that nothing is left to run."""
+    lines = []
+    already, limit_gib = plan.finished_before, plan.space.base.memory_limit_gib
+    if 0 < already < plan.n_trials:
+        lines.append(f"resume  the study holds {already} finished trials; {plan.n_trials - already} to go")
+        other_caps = _other_caps(plan.study, limit_gib)
+        if other_caps:
+            lines.append(
+                f"note    memory_limit_gib is {limit_gib:g} now; {other_caps}: their peaks "
+                "stand, but what fit under their cap, and the front they are on, need not hold under this one"
+            )
+    legacy = legacy_instability_warning(plan.study)
+    if legacy:
+        lines.append(legacy)
+    if already >= plan.n_trials:
+        lines.append(
+            f"the study already holds {already} finished trials (n_trials={plan.n_trials}): nothing to run; "
+            "raise --n-trials to measure more"
+        )
+    return lines
+
+
+def _other_caps(study: optuna.Study, limit_gib: float) -> str | None:
+    """``3 trials were measured under memory_limit_gib 1.7`` for the measured trials of a resumed study whose cap was
+    not this run's, or None."""
+    caps: Counter[float] = Counter()
+    for t in stored_trials(study):
+        cap = t.config.memory_limit_gib if t.config is not None and not t.is_repeat else None
+        if cap is not None and float(cap) != limit_gib:
+            caps[float(cap)] += 1
+    if not caps:
+        return None
+    n = sum(caps.values())
+    shown = ", ".join(f"{c:g}" for c in sorted(caps))
+    return f"{n} trial{'s were' if n != 1 else ' was'} measured under memory_limit_gib {shown}"
+
+
+class SweepConsole(SweepCallback):
+    """Prints a line per trial as it ends (:func:`sweeper.report.format_trial_line`, with its device, retry and
+    repeat), a ``start`` line per trial with several workers, and the sweep's notes; keeps the statuses of the
+    trials this run measured (:attr:`statuses`).
+
+    Args:
+        plan: The sweep being run.
+        write: Where a line goes (default: ``print`` with flush).
+    """
+
+    def __init__(self, plan: SweepPlan, write: Callable[[str], None] | None = None):
+        self.plan = plan
+        self.write = write or (lambda text: print(text, flush=True))
+        self.statuses: list[TrialStatus] = []  # of the trials this run measured
+
+    def trial_started(self, trial: StoredTrial, device: str | None) -> None:
+        """With several workers, a ``start`` line: the trial's number, searched values and device."""
+        if self.plan.workers > 1:
+            shown = format_params({k: trial.params.get(k) for k in self.plan.space.search})
+            self.write(f"start   #{trial.number:<3} {shown}" + (f"  [device {device}]" if device is not None else ""))
+
+    def trial_finished(self, event: SweepEvent) -> None:
+        """The trial's line: progress, values, status, peak, instability, time, and why it did not complete."""
+        trial = event.trial
+        params = {k: trial.params.get(k) for k in self.plan.space.search}
+        line = _trial_line(trial.number, params, trial.result, event.finished, event.n_trials)
+        if not trial.is_repeat:
+            self.statuses.append(trial.result.status)
+        device = trial.user_attrs.get("cuda_visible_devices")
+        if self.plan.workers > 1 and device is not None:
+            line += f"  [device {device}]"
+        if trial.retry_of is not None:
+            line += f"  (retry {trial.retry_attempt or 1} of #{trial.retry_of})"
+        if trial.retried:
+            line += "  (its configuration runs again: max_retries)"
+        self.write(line)
+
+    def note(self, text: str) -> None:
+        """A ``note`` line."""
+        self.write(f"note    {text}")
+
+    @property
+    def all_failed(self) -> bool:
+        """This run measured trials and every one failed as a run (timeout, crash, error): the setup, not the
+        hyperparameters."""
+        return bool(self.statuses) and all(s in FAIL_STATUSES for s in self.statuses)
+
+
+def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> list[str]:
+    """The lines after the last trial: why it stopped early, the Pareto front, the counts by status, how far the
+    memory predictions were from the measured peaks, the data NaN summary and the next commands.
+
+    Args:
+        plan: The sweep that ran.
+        elapsed_s: Seconds this run took.
+        out_of_time: The run's ``timeout_s`` was spent (not a reason to say it stopped early).
+    """
+    study, name = plan.study, plan.name
+    lines = []
+    front = pareto_front(study)
+    finished = count_finished(study)
+    if finished < plan.n_trials and not out_of_time:
+        lines.append(
+            f"stopped at {finished} of {plan.n_trials} trials: the sampler proposed only configurations already "
+            f"measured {MAX_CONSECUTIVE_DUPLICATES} times in a row; widen the search to measure more"
+        )
+    lines.append("")
+    measured = sum(1 for t in stored_trials(study) if not t.is_repeat)
+    lines.append(f"Pareto front (peak memory vs instability), {len(front)} of {measured} trials:")
+    lines.append(format_front(front) if front else "  (no complete trial yet)")
+    lines.append("")
+    causes = nan_causes(study)
+    lines.append("trials: " + format_counts(status_counts(study), causes))
+    memory = memory_line(study)
+    if memory:
+        lines.append(memory)
+    space_path = plan.space.path
+    if "data" in causes:
+        blamed = {t.number: t.result.nan_samples for t in stored_trials(study) if t.number in causes["data"]}
+        trials_dir = trial_dir(name, 0).parent.as_posix()
+        lines.append(format_data_nan_summary(causes, blamed, trials_dir) + f"; see 'sweep doctor {space_path}'")
+    ref = name if plan.is_default_storage else f"'{redact_url(plan.storage)}'"
+    # Export only what can be exported: with no complete trial the next step is finding out why.
+    after = (
+        f"sweep report {ref}, sweep dashboard {ref}, sweep export {ref} --pick knee"
+        if front
+        else f"sweep report {ref} (nothing to export: no trial completed; each trial's cause is there), "
+        f"sweep doctor {space_path}"
+    )
+    lines.append(
+        f"done in {elapsed_s:.0f} s; study in {redact_url(plan.storage)}; next: {after}"
+        + (" (with your password in place of ***)" if "***" in ref else "")
+    )
+    return lines
+
+
+def all_failed_line(plan: SweepPlan, statuses: list[TrialStatus]) -> str:
+    """The error line when every trial this run started failed as a run: the machine or the setup."""
+    return (
+        f"sweep: every trial this run started failed ({', '.join(sorted(set(statuses)))}): the machine or the "
+        f"setup, not the hyperparameters; see the reasons above and {trial_dir(plan.name, 0).parent}/N/worker.log"
+    )
+
+
+def memory_line(study: optuna.Study) -> str | None:
+    """How far the preflight's predictions were from the measured peaks, before and after the study's correction
+    (:func:`sweeper.study.prediction_errors`), and the correction now stored; None without a measured peak."""
+    rows = prediction_errors(study)
+    raw = median_abs(r["error"] for r in rows)
+    if raw is None:
+        return None
+    line = f"memory  predicted vs measured peak: median error {100 * raw:.0f}% (memory model)"
+    corrected = [r["corrected_error"] for r in rows if r["corrected_error"] is not None]
+    error = median_abs(corrected)
+    if error is not None:
+        plural = "s" if len(corrected) != 1 else ""
+        line += f", {100 * error:.0f}% corrected ({len(corrected)} trial{plural} predicted with the correction)"
+    calibration = stored_calibration(study, device_kind())
+    if calibration is not None:
+        shown = [
+            f"{g} {calibration.lines[g][0]:+.2f} + {calibration.lines[g][1]:.2f} x predicted"
+            if g in calibration.lines
+            else f"{g} x{r:.2f}"
+            for g, r in sorted(calibration.ratios.items())
+        ]
+        line += "; correction now " + ", ".join(shown)
+    return line

@@ -1,0 +1,147 @@
+"""Planning a sweep: every check that would fail each trial the same way, the study opened, and the settings of
+the run resolved, once, before any output or trial (:func:`plan_sweep`). The run loop (:func:`sweeper.study.run_study`)
+takes the plan as it is; ``sweep run``, the tests and the benchmarks make it the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optuna
+
+from sweeper.errors import SpaceError
+from sweeper.space import SearchSpace, TrialConfig
+from sweeper.study._calibration import device_kind, stored_calibration
+from sweeper.study._coordination import heartbeat_interval_s, in_memory
+from sweeper.study._machine import check_disk, check_writable, slot_devices
+from sweeper.study._preflight import known_memory, memory_predictor
+from sweeper.study._setup_checks import check_setup, nothing_fits
+from sweeper.study._storage import default_storage, open_study, redact_url, study_dir
+from sweeper.study._stored import count_finished
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepPlan:
+    """A sweep ready to run: what :func:`plan_sweep` checked and opened.
+
+    Attributes:
+        space: The validated space.
+        model_path: The local checkpoint the trials load (:func:`sweeper.model.resolve_model`).
+        study: The opened (created or loaded) Optuna study.
+        storage: Its storage URL, as given (may hold a password: show it with :func:`sweeper.study.redact_url`).
+        name: The study name.
+        n_trials: Finished trials the study should hold when done, counted over the whole study.
+        timeout_s: Wall-clock budget of this run in seconds, checked between trials; None for no limit.
+        workers: Trials run at once by this process (1 to 64), each in its own trial process.
+        devices: Per worker slot, its ``CUDA_VISIBLE_DEVICES`` value, or None for this machine's
+            (:func:`sweeper.study.slot_devices`); ``len(devices) == workers``.
+        finished_before: Finished trials the study held when the plan was made (a resume when ``> 0``).
+    """
+
+    space: SearchSpace
+    model_path: str
+    study: optuna.Study
+    storage: str
+    name: str
+    n_trials: int
+    timeout_s: float | None
+    workers: int
+    devices: list[str | None]
+    finished_before: int
+
+    @property
+    def to_run(self) -> int:
+        """Finished trials still needed to reach :attr:`n_trials` (0: nothing to run)."""
+        return max(0, self.n_trials - self.finished_before)
+
+    @property
+    def is_default_storage(self) -> bool:
+        """The study lives in ``sqlite:///studies/<name>.db``: commands can name it by its name alone."""
+        return self.storage == default_storage(self.name)
+
+
+def plan_sweep(
+    space: SearchSpace,
+    model_path: str,
+    *,
+    storage: str | None = None,
+    name: str | None = None,
+    n_trials: int | None = None,
+    timeout_s: float | None = None,
+    workers: int = 1,
+    devices: list[str] | None = None,
+    refuse_if_nothing_fits: bool = True,
+) -> SweepPlan:
+    """Check a sweep's setup and open its study, in this order, stopping at the first problem: the heartbeat
+    setting, a storage the workers cannot share, the setup checks of the model and space
+    (:func:`sweeper.study.check_setup`), a studies folder that cannot be written or whose disk is full, the storage
+    (opened or created: :func:`sweeper.study.open_study`), and whether any configuration is predicted to fit its cap.
+
+    Args:
+        space: The validated space.
+        model_path: From :func:`sweeper.model.resolve_model`.
+        storage: Optuna storage URL; default ``space.study.storage`` or ``sqlite:///studies/<name>.db``.
+        name: Study name; default ``space.study.name``.
+        n_trials: Default ``space.study.n_trials``; counted over the whole study.
+        timeout_s: Default ``space.study.timeout_s``; seconds, checked between trials (a trial has its own timeout).
+        workers: Worker slots, 1 to 64.
+        devices: ``CUDA_VISIBLE_DEVICES`` values given to the workers in turn (:func:`sweeper.study.slot_devices`).
+        refuse_if_nothing_fits: Refuse a space where no configuration is predicted to fit (the memory model corrected
+            by what the study measured on this kind of machine), unless the study already holds a trial that fit
+            under a cap no larger than this one. False lets each trial be pruned by the preflight instead (for tests
+            and benchmarks of the preflight).
+
+    Raises:
+        SpaceError: A setup problem (one line each), ``--workers`` above 1 on an in-memory storage, or nothing fits.
+        StudyError: The storage cannot be opened or written, or holds another study of that name.
+        RunError: The studies folder cannot be written or its disk is full.
+    """
+    name = name or space.study.name
+    url = storage or space.study.storage or default_storage(name)
+    target = n_trials or space.study.n_trials
+    heartbeat_interval_s()  # a bad SWEEPER_HEARTBEAT_INTERVAL_S is one line before anything runs
+    if workers > 1 and in_memory(url):
+        raise SpaceError(
+            f"--storage: {redact_url(url)} is an in-memory database, one per connection, which "
+            f"--workers {workers} cannot share; give a file, e.g. --storage sqlite:///studies/{name}.db"
+        )
+    setup = check_setup(space, model_path)  # what would fail every trial the same way: once, here
+    if setup:
+        raise SpaceError(setup)
+    check_writable(study_dir(name))  # before the storage is touched
+    study = open_study(space, url, name, target)  # a storage problem is one line before any output
+    check_disk(study_dir(name))  # before any trial starts, and again before each
+    if refuse_if_nothing_fits:
+        unfit = _nothing_fits(space, model_path, study)
+        if unfit:
+            raise SpaceError(unfit)
+    return SweepPlan(
+        space=space,
+        model_path=model_path,
+        study=study,
+        storage=url,
+        name=name,
+        n_trials=target,
+        timeout_s=timeout_s if timeout_s is not None else space.study.timeout_s,
+        workers=workers,
+        devices=slot_devices(workers, devices),
+        finished_before=count_finished(study),
+    )
+
+
+def _nothing_fits(space: SearchSpace, model_path: str, study: optuna.Study) -> str | None:
+    """One line when no configuration of the space is predicted to fit its cap, by the memory model corrected with
+    what the study measured on this kind of machine (:func:`sweeper.study.nothing_fits`); None when something does,
+    or the study already holds a trial that fit under a cap no larger than this run's (a fit under a larger cap, before
+    a resume with a smaller ``memory_limit_gib``, says nothing about this one)."""
+    kind = device_kind()
+    raw = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation)
+    calibration = stored_calibration(study, kind)
+
+    def predict(config: TrialConfig) -> float | None:
+        peak = raw(config)
+        return calibration.correct(config, peak) if calibration is not None and peak is not None else peak
+
+    limit_gib = space.base.memory_limit_gib
+    fit = any(k.fits and k.config.memory_limit_gib <= limit_gib for k in known_memory(study, kind))
+    return nothing_fits(space, predict, known_fit=fit)
