@@ -382,6 +382,7 @@ def test_a_resume_with_other_run_policy_reuses_what_was_measured():
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=["minimize", "minimize"])
     config = TrialConfig(r=8)
+    study.enqueue_trial({"r": 8})
     trial = study.ask({"r": CategoricalDistribution([8, 16])})
     record_result(trial, TrialResult(status=TrialStatus.COMPLETE, peak_memory_gib=1.0, instability=0.1), config)
     study.tell(trial, [1.0, 0.1])
