@@ -1,6 +1,7 @@
 """The study: two objectives, NaN/OOM told as PRUNED and infeasible, the sampler learning from them, every contract
 attribute stored, resume after the sweep process is killed, and a killed worker not stopping the sweep."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from optuna.trial import TrialState
 
 from sweeper.errors import SpaceError
 from sweeper.space import load_space, parse_space
+from sweeper.stability import COMPONENTS, DIAGNOSTICS
 from sweeper.study import (
     FAILURE_CONSTRAINT,
     SweepCallback,
@@ -28,34 +30,13 @@ from sweeper.study import (
     status_counts,
     to_distributions,
 )
+from sweeper.trial import TrialResult
 
-CONTRACT_ATTRS = {
-    "status",
-    "reason",
-    "fail_step",
-    "fail_phase",
-    "peak_memory_gib",
-    "memory_kind",
-    "instability",
-    "probe_rebound",
-    "activation_growth",
-    "skipped_step_fraction",
-    "loss_spike",
-    "grad_norm_growth",
-    "probe_loss_trace",
-    "probe_steps",
-    "probe_time_share",
-    "loss_trace",
-    "grad_norm_trace",
-    "steps_done",
-    "wall_time_s",
-    "load_time_s",
-    "tokens_per_s",
-    "lora_alpha",
-    "effective_batch_size",
-    "device",
-    "versions",
-}
+#: Every user attribute a measured trial stores (docs/contract.md): each field of TrialResult (the instability terms
+#: flattened, sweeper.study.record_result) and its config.
+CONTRACT_ATTRS = (
+    {f.name for f in dataclasses.fields(TrialResult)} - {"instability_components"} | set(COMPONENTS) | set(DIAGNOSTICS)
+) | {"config"}
 
 
 def _oom_share(sampler_name: str) -> float:
@@ -392,3 +373,12 @@ def test_a_resume_with_other_run_policy_reuses_what_was_measured():
     assert find_duplicate(study, {"r": 8}, replace(config, learning_rate=1e-3)) is None
     assert find_duplicate(study, {"r": 8}, replace(config, memory_limit_gib=8.0)) is None
     assert find_duplicate(study, {"r": 16}, config) is None
+
+
+def test_the_contract_documents_every_stored_attribute():
+    # The contract page names each attribute a trial stores: a field added to TrialResult without its row fails here.
+    from conftest import REPO
+
+    contract = (REPO / "docs" / "contract.md").read_text()
+    missing = sorted(a for a in CONTRACT_ATTRS if f"`{a}`" not in contract)
+    assert not missing, missing
