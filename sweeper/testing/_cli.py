@@ -1,0 +1,50 @@
+"""Running ``sweep``: in a subprocess (the real console entry point, a real process's exit code and streams) or
+in-process (:func:`sweeper.cli.main` with the streams captured; for tests of parsing, bad input and report text)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def sweep(*args: str, cwd: Path, timeout: float = 600, **popen: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``sweep ARGS`` in ``cwd`` as a subprocess (``python -m sweeper.cli``) and capture its output.
+
+    Raises:
+        subprocess.TimeoutExpired: It ran longer than ``timeout`` seconds.
+    """
+    popen.setdefault("env", {**os.environ})
+    return subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, **popen
+    )
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """What an in-process ``sweep`` printed and returned, named as :class:`subprocess.CompletedProcess` names it."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str) -> CliResult:
+    """Run ``sweep ARGS`` in this process, in the current working directory, with stdout and stderr captured.
+
+    argparse's own exits (``--help``, a usage error) are returned as their exit code, as the console script's are.
+    """
+    from sweeper.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    return CliResult(returncode=int(code or 0), stdout=out.getvalue(), stderr=err.getvalue())

@@ -1,0 +1,143 @@
+"""Studies for tests of the readers (report, export, dashboard): trials made the way the sweep records them
+(:func:`sweeper.study.record_result`, the state and constraint of their :class:`sweeper.trial.TrialStatus`), in a
+real Optuna storage, without training."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.trial import TrialState, create_trial
+
+from sweeper.space import DatasetSpec, ModelSpec, TrialConfig, parse_space
+from sweeper.study import FAILURE_CONSTRAINT, failure_constraint, open_study, record_result
+from sweeper.trial import TrialResult, TrialStatus
+
+#: The searched keys of the studies made here.
+STUDY_DISTRIBUTIONS: dict[str, BaseDistribution] = {
+    "r": CategoricalDistribution([4, 8, 16]),
+    "per_device_train_batch_size": CategoricalDistribution([1, 2, 4]),
+    "max_seq_length": CategoricalDistribution([64, 128]),
+}
+
+
+class _Attrs:
+    """Collects what :func:`sweeper.study.record_result` sets, for a trial made with ``create_trial``."""
+
+    def __init__(self) -> None:
+        self.user_attrs: dict[str, Any] = {}
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        self.user_attrs[key] = value
+
+
+def _config(r: int, batch: int, seq: int, model: str) -> TrialConfig:
+    return TrialConfig(
+        r=r,
+        per_device_train_batch_size=batch,
+        max_seq_length=seq,
+        max_steps=4,
+        optim="adamw_torch",
+        target_modules=("q_proj", "v_proj"),
+        memory_limit_gib=4.0,
+        trial_timeout_s=60.0,
+        model=ModelSpec(name_or_path=model),
+        dataset=DatasetSpec(),
+    )
+
+
+def add_trial(
+    study: optuna.Study,
+    *,
+    r: int,
+    batch: int,
+    seq: int,
+    status: str,
+    peak: float | None = None,
+    instability: float | None = None,
+    extra: Mapping[str, Any] | None = None,
+    model: str = "m",
+) -> None:
+    """Add a finished trial as the sweep records it: its config (r, ``batch`` rows of ``seq`` tokens on ``model``),
+    its result (``status``, ``peak`` GiB, ``instability``, a 3-step trace) and its state and constraint.
+
+    ``extra``: a ``config`` (a stored config dict) replaces the trial's; other keys that are :class:`TrialResult`
+    fields set the result's; the rest (``duplicate_of``, ``retry_of``, ...) are stored as user attributes as given.
+
+    Raises:
+        ValueError: ``status`` is not a :class:`TrialStatus` value, or a complete trial lacks an objective.
+    """
+    extra = dict(extra or {})
+    config = TrialConfig.from_dict(extra.pop("config")) if "config" in extra else _config(r, batch, seq, model)
+    names = {f.name for f in dataclasses.fields(TrialResult)}
+    result = TrialResult(
+        status=TrialStatus(status),
+        reason=f"{status} reason",
+        lora_alpha=config.lora_alpha,
+        peak_memory_gib=peak,
+        memory_kind="cpu_peak_rss",
+        instability=instability,
+        loss_trace=[2.0, 1.5, 1.2],
+        grad_norm_trace=[1.0, 0.8, 0.7],
+        versions={"torch": "x"},
+        device="cpu",
+        **{k: v for k, v in extra.items() if k in names},
+    )
+    attrs = _Attrs()
+    record_result(attrs, result, config)
+    attrs.user_attrs.update({k: v for k, v in extra.items() if k not in names})
+    state = TrialState[result.status.optuna_state]
+    values = None
+    if state == TrialState.COMPLETE:
+        if peak is None or instability is None:
+            raise ValueError("a complete trial has both objectives: give peak and instability")
+        values = [peak, instability]
+    study.add_trial(
+        create_trial(
+            state=state,
+            values=values,
+            params={"r": r, "per_device_train_batch_size": batch, "max_seq_length": seq},
+            distributions=STUDY_DISTRIBUTIONS,
+            user_attrs=attrs.user_attrs,
+            system_attrs={f"constraints:{FAILURE_CONSTRAINT}": failure_constraint(result.status)},
+        )
+    )
+
+
+def add_configured_trials(
+    study: optuna.Study, model: str | Path, trials: Iterable[tuple[Mapping[str, Any], float, float]]
+) -> dict[str, Any]:
+    """Complete trials of :func:`add_trial`'s configuration (r 8, batch 2 x 64) on ``model`` with other settings:
+    ``trials`` is ``[(overrides, peak_gib, instability)]``; each trial's ``lora_alpha`` follows its config.
+
+    Returns:
+        The base configuration, as stored (a dict).
+    """
+    base = _config(8, 2, 64, str(model)).to_dict()
+    for overrides, peak, instability in trials:
+        config = {**base, **overrides}
+        add_trial(
+            study, r=8, batch=2, seq=64, status="complete", peak=peak, instability=instability, extra={"config": config}
+        )
+    return base
+
+
+def make_study(folder: Path, model: str = "m") -> optuna.Study:
+    """A study ``rep`` in ``folder/rep.db`` of six trials: two on the front (0, 1), one behind it (2), an ``oom``
+    (3), a ``nan`` caused by the data (4, sample 7) and a repeat of trial 0 (5)."""
+    space = parse_space({"study": {"name": "rep"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
+    study = open_study(space, f"sqlite:///{folder}/rep.db", "rep", 8)
+    study.set_user_attr("searched", ["r", "per_device_train_batch_size", "max_seq_length"])
+    add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=0.9, model=model)
+    add_trial(study, r=8, batch=2, seq=64, status="complete", peak=1.5, instability=0.2, model=model)
+    add_trial(study, r=16, batch=2, seq=128, status="complete", peak=2.0, instability=0.5, model=model)
+    add_trial(study, r=16, batch=4, seq=128, status="oom", peak=3.9, model=model)
+    nan = {"nan_cause": "data", "nan_samples": [7], "loss_trace": [2.0, None], "grad_norm_trace": [1.0, None]}
+    add_trial(study, r=8, batch=1, seq=128, status="nan", peak=1.2, model=model, extra={**nan, "fail_step": 2})
+    repeat = {"duplicate_of": 0}
+    add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=0.9, model=model, extra=repeat)
+    return study
