@@ -1,6 +1,6 @@
-"""Loading (child side): the library versions a result records, and the
-4-bit ``from_pretrained`` with transformers' load-time warnings kept (:data:`LOAD_REPORT`), which is the only place
-an allocation failure inside its weight conversion shows."""
+"""Loading (child side): the library versions a result records, and the 4-bit ``from_pretrained`` with
+transformers' load-time warnings kept (:data:`LOAD_REPORT`), which is the only place an allocation failure inside its
+weight conversion shows. torch and transformers are imported inside, when a trial loads."""
 
 from __future__ import annotations
 
