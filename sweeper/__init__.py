@@ -2,12 +2,38 @@
 
 Short, real QLoRA runs (bitsandbytes 4-bit, peft LoRA, transformers Trainer) in an Optuna study of two objectives,
 peak memory and instability; NaN and out-of-memory trials are pruned with their cause.
+
+The public names are loaded on first use (PEP 562): importing any ``sweeper`` module loads this package first, and
+the trial process, which imports only its own modules, must not load the sweep's side of a trial with it.
 """
 
-from sweeper.errors import DataError, ModelError, SpaceError, StudyError, SweeperError
-from sweeper.space import SearchSpace, TrialConfig, load_space, parse_space
-from sweeper.stability import InstabilityComponents, compute_instability
-from sweeper.trial import TrialResult, run_trial
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sweeper.errors import DataError, ModelError, SpaceError, StudyError, SweeperError
+    from sweeper.space import SearchSpace, TrialConfig, load_space, parse_space
+    from sweeper.stability import InstabilityComponents, compute_instability
+    from sweeper.trial import TrialResult, run_trial
+
+#: Public name -> the module that defines it.
+_HOMES = {
+    "DataError": "sweeper.errors",
+    "InstabilityComponents": "sweeper.stability",
+    "ModelError": "sweeper.errors",
+    "SearchSpace": "sweeper.space",
+    "SpaceError": "sweeper.errors",
+    "StudyError": "sweeper.errors",
+    "SweeperError": "sweeper.errors",
+    "TrialConfig": "sweeper.space",
+    "TrialResult": "sweeper.trial",
+    "compute_instability": "sweeper.stability",
+    "load_space": "sweeper.space",
+    "parse_space": "sweeper.space",
+    "run_trial": "sweeper.trial",
+}
 
 __all__ = [
     "DataError",
@@ -26,3 +52,17 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name from its module on first use (and keep it here)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

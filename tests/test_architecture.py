@@ -56,3 +56,47 @@ def test_architecture_contracts_hold():
     out = subprocess.run([str(Path(sys.executable).parent / "lint-imports")], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stdout[-3000:]
     assert "0 broken" in out.stdout
+
+
+def test_lazy_package_faces_keep_their_names():
+    code = (
+        "import sys, json, sweeper, sweeper.trial\n"
+        "before = [m for m in ('sweeper.trial._launch', 'sweeper.space') if m in sys.modules]\n"
+        "from sweeper import TrialConfig, run_trial, TrialResult\n"
+        "from sweeper.trial import TrialProcess, TrialStatus\n"
+        "names = sorted(set(sweeper.__all__) - set(dir(sweeper))) + sorted(set(sweeper.trial.__all__) - "
+        "set(dir(sweeper.trial)))\n"
+        "print(json.dumps([before, names, 'sweeper.trial._launch' in sys.modules, TrialConfig.__name__]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    before, missing, launched, name = json.loads(out.stdout)
+    assert before == [] and missing == [] and launched and name == "TrialConfig"
+    with pytest.raises(AttributeError):
+        import sweeper
+
+        _ = sweeper.no_such_name
+
+
+@pytest.mark.slow
+def test_the_trial_process_never_loads_the_sweeps_side(tiny_model, tmp_path):
+    """A real warm trial process (one trial of the tiny Llama) reports the sweeper modules it loaded: every module
+    of the trial's own side, never ``sweeper.trial._launch`` (the import-linter contract covers import statements;
+    this covers what a package's ``__init__`` pulls in at run time)."""
+    import os
+
+    from tiny import tiny_trial_config
+
+    from sweeper.trial import TrialProcess
+
+    process = TrialProcess({**os.environ, "SWEEPER_DEBUG_MODULES": "1"})
+    try:
+        result = process.run(tiny_trial_config(tiny_model, max_steps=1), tmp_path, model_path=str(tiny_model))
+    finally:
+        process.close()
+    assert result.status == "complete", result.reason
+    lines = [ln for ln in (tmp_path / "worker.log").read_text().splitlines() if "sweeper: modules loaded: " in ln]
+    assert len(lines) == 1, (tmp_path / "worker.log").read_text()[-2000:]
+    loaded = json.loads(lines[0].split("sweeper: modules loaded: ", 1)[1])
+    # (the worker itself runs as __main__)
+    assert {"sweeper.trial._child.recipe", "sweeper.trial._child.outcome", "sweeper.trial._result"} <= set(loaded)
+    assert "sweeper.trial._launch" not in loaded, loaded

@@ -31,21 +31,17 @@ def _step(tokenizer, texts: list[str], max_seq_length: int) -> list[dict]:
 
 
 def _diagnose(model, tokenizer, batches, compute_dtype="float32"):
-    from sweeper.trial._child.diagnosis import diagnose_nan
+    from tiny import tiny_trial_config
 
-    return diagnose_nan(
-        model,
-        step_batches=batches,
-        control_batches=[],
-        vocab_size=model.get_input_embeddings().num_embeddings,
-        failed_in="loss",
-        compute_dtype=compute_dtype,
-        grad_norm_trace=[],
-        learning_rate=2e-4,
-        lora_alpha_ratio=2.0,
-        max_seq_length=32,
-        tokenizer=tokenizer,
+    from sweeper.trial._child.diagnosis import diagnose_nan
+    from sweeper.trial._child.record import TrainingRecord
+
+    config = tiny_trial_config(
+        "unused", bnb_4bit_compute_dtype=compute_dtype, learning_rate=2e-4, lora_alpha_ratio=2.0, max_seq_length=32
     )
+    record = TrainingRecord()
+    record.step_batches = batches
+    return diagnose_nan(model, config, record, failed_in="loss", tokenizer=tokenizer)
 
 
 def test_nan_pad_row_is_data_naming_the_token_its_id_and_the_padded_rows(pad_model):

@@ -121,7 +121,7 @@ def test_quantization_check_catches_a_mismatch(tiny_model):
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from sweeper.trial._child.worker import QuantizationCheckError, check_quantization
+    from sweeper.trial._child.checks import QuantizationCheckError, check_quantization
 
     asked = _config(tiny_model, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)
     model = AutoModelForCausalLM.from_pretrained(

@@ -3,11 +3,41 @@
 The parent side (this package's public face, imported by the sweep) writes the trial's config, starts
 ``python -m sweeper.trial._child.worker``, enforces its timeout and maps how it ended to a :class:`TrialResult`. The
 child side (:mod:`sweeper.trial._child`) is the only code that imports torch, transformers, peft and bitsandbytes.
+
+The names are loaded on first use (PEP 562): the trial process imports this package's modules (``_result``,
+``_devices``, ``_job``) directly, and loading the package must not load the sweep's side (``_launch``) there.
 """
 
-from sweeper.trial._devices import cuda_visible, visible_gpus
-from sweeper.trial._launch import TrialProcess, run_trial
-from sweeper.trial._result import FAIL_STATUSES, PRUNED_STATUSES, RESULT_STATUSES, Phase, TrialResult, TrialStatus
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sweeper.trial._devices import cuda_visible, visible_gpus
+    from sweeper.trial._launch import TrialProcess, run_trial
+    from sweeper.trial._result import (
+        FAIL_STATUSES,
+        PRUNED_STATUSES,
+        RESULT_STATUSES,
+        Phase,
+        TrialResult,
+        TrialStatus,
+    )
+
+#: Public name -> the module that defines it.
+_HOMES = {
+    "FAIL_STATUSES": "sweeper.trial._result",
+    "PRUNED_STATUSES": "sweeper.trial._result",
+    "RESULT_STATUSES": "sweeper.trial._result",
+    "Phase": "sweeper.trial._result",
+    "TrialProcess": "sweeper.trial._launch",
+    "TrialResult": "sweeper.trial._result",
+    "TrialStatus": "sweeper.trial._result",
+    "cuda_visible": "sweeper.trial._devices",
+    "run_trial": "sweeper.trial._launch",
+    "visible_gpus": "sweeper.trial._devices",
+}
 
 __all__ = [
     "FAIL_STATUSES",
@@ -21,3 +51,17 @@ __all__ = [
     "run_trial",
     "visible_gpus",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name from its module on first use (and keep it here)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

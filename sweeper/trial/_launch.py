@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from sweeper.space import TrialConfig
+from sweeper.trial._job import TrialJob
 from sweeper.trial._result import TrialResult, TrialStatus
 
 #: The module the trial process runs (``python -m``).
@@ -150,6 +151,31 @@ class TrialProcess:
             os.close(self._control)
             self._control = None
 
+    def _hand_over(self, job: TrialJob, log_path: Path) -> subprocess.Popen:
+        """The trial process that takes ``job`` (started first when there is none, or when not warm), its pid
+        written to ``worker.pid`` in the job's folder."""
+        if self._proc is None or self._proc.poll() is not None or not self.warm:
+            self.close()
+            self._start(log_path)
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None
+        (Path(job.trial_dir) / "worker.pid").write_text(str(proc.pid))
+        return proc
+
+    def _died(
+        self, config: TrialConfig, proc: subprocess.Popen, log_path: Path, wall: float, warm: bool
+    ) -> TrialResult:
+        """The ``crash`` result of a process that died without a result (its exit and the log's last line)."""
+        try:
+            rc = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            rc = 0
+        self.close()
+        why = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
+        tail = _log_tail(log_path)
+        reason = f"worker {why} without a result" + (f": {tail}" if tail else "")
+        return _made_here(config, "crash", reason, wall, warm)
+
     def run(
         self,
         config: TrialConfig,
@@ -176,59 +202,31 @@ class TrialProcess:
             KeyboardInterrupt: After killing the trial process, so the caller can record the trial as interrupted.
             OSError: The trial's files cannot be written.
         """
-        trial_dir = Path(trial_dir)
-        trial_dir.mkdir(parents=True, exist_ok=True)
-        config_path, result_path = trial_dir / "config.json", trial_dir / "result.json"
-        log_path = trial_dir / "worker.log"
-        result_path.unlink(missing_ok=True)
-        config_path.write_text(json.dumps({"config": config.to_dict(), "model_path": model_path}, indent=1))
-        log_path.write_bytes(b"")
+        job = _write_job(config, Path(trial_dir), model_path)
+        log_path, result_path = Path(job.log_path), Path(job.result_path)
         start = time.monotonic()
-        if self._proc is None or self._proc.poll() is not None or not self.warm:
-            self.close()
-            self._start(log_path)
-        proc = self._proc
-        assert proc is not None and proc.stdin is not None
+        proc = self._hand_over(job, log_path)
         warm = self.trials > 0
-        (trial_dir / "worker.pid").write_text(str(proc.pid))
         if on_start is not None:
             on_start(proc.pid)
-        job = {
-            "config_path": str(config_path),
-            "result_path": str(result_path),
-            "log_path": str(log_path),
-            "trial_dir": str(trial_dir),
-        }
+        assert proc.stdin is not None
         try:
             try:
-                proc.stdin.write((json.dumps(job) + "\n").encode())
+                proc.stdin.write(job.to_line().encode())
                 proc.stdin.flush()
             except BrokenPipeError:
                 pass  # it died meanwhile: the control pipe's EOF says so below
             line = self._read_line(start + config.trial_timeout_s)
         except TimeoutError:
             self.close()
-            return _made_here(
-                config,
-                "timeout",
-                f"killed after trial_timeout={config.trial_timeout_s:g} s",
-                time.monotonic() - start,
-                warm,
-            )
+            reason = f"killed after trial_timeout={config.trial_timeout_s:g} s"
+            return _made_here(config, "timeout", reason, time.monotonic() - start, warm)
         except BaseException:
             self.close()
             raise
         wall = time.monotonic() - start
         if line is None:  # the process died without a result
-            try:
-                rc = proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                rc = 0
-            self.close()
-            why = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
-            tail = _log_tail(log_path)
-            reason = f"worker {why} without a result" + (f": {tail}" if tail else "")
-            return _made_here(config, "crash", reason, wall, warm)
+            return self._died(config, proc, log_path, wall, warm)
         self.trials += 1
         try:
             reusable = bool(json.loads(line).get("reusable"))
@@ -242,6 +240,22 @@ class TrialProcess:
             return _made_here(config, "crash", f"worker wrote no readable result ({exc})", wall, warm)
         result.wall_time_s = wall
         return result
+
+
+def _write_job(config: TrialConfig, trial_dir: Path, model_path: str) -> TrialJob:
+    """Create ``trial_dir`` with the trial's ``config.json`` and an empty ``worker.log`` (no ``result.json``), and
+    return the job naming them."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    job = TrialJob(
+        config_path=str(trial_dir / "config.json"),
+        result_path=str(trial_dir / "result.json"),
+        log_path=str(trial_dir / "worker.log"),
+        trial_dir=str(trial_dir),
+    )
+    Path(job.result_path).unlink(missing_ok=True)
+    Path(job.config_path).write_text(json.dumps({"config": config.to_dict(), "model_path": model_path}, indent=1))
+    Path(job.log_path).write_bytes(b"")
+    return job
 
 
 def run_trial(

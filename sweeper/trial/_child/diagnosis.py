@@ -1,6 +1,6 @@
 """Why a trial went NaN: ``data``, ``precision`` or ``optimization``, decided on the failing step itself.
 
-Child side (imports torch; called by :mod:`sweeper.trial._child.worker` at the first non-finite loss or gradient norm,
+Child side (imports torch; called by :mod:`sweeper.trial._child.recipe` at the first non-finite loss or gradient norm,
 before the optimizer has applied that step, so the weights are the ones that failed). The decision, in order:
 
 1. **Static checks of the step's rows** (no compute): an input id outside the embedding, a non-finite value in a
@@ -29,6 +29,9 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from sweeper.space import TrialConfig
+from sweeper.trial._child.record import TrainingRecord
 
 NanCause = Literal["data", "precision", "optimization"]
 
@@ -353,43 +356,22 @@ def _bad_token_diagnosis(
     )
 
 
-def diagnose_nan(
-    model: Any,
-    *,
-    step_batches: Sequence[Mapping[str, Any]],
-    control_batches: Sequence[Mapping[str, Any]],
-    vocab_size: int,
-    failed_in: Literal["loss", "gradient norm", "input id"],
-    compute_dtype: str,
-    grad_norm_trace: Sequence[float | None],
-    learning_rate: float,
-    lora_alpha_ratio: float,
-    max_seq_length: int,
-    precision: Any = contextlib.nullcontext,
-    tokenizer: Any = None,
-) -> NanDiagnosis:
-    """Decide why the step went non-finite (see the module docstring for the rules).
+@dataclass
+class _Replay:
+    """What the fp32 replay found: the rows replayed, those still non-finite, those non-finite only with their
+    padding, whether each control row stayed finite, and the module that overflowed in the compute dtype."""
 
-    Args:
-        model: The trial's peft model, with the weights the step failed on.
-        step_batches: The failing step's micro-batches, as given to ``Trainer.training_step`` plus ``sample_index``.
-        control_batches: The last finite step's micro-batches ([] at step 1).
-        vocab_size: Rows of the model's input embedding.
-        failed_in: What was non-finite first; ``gradient norm`` makes the replay include the backward pass.
-        compute_dtype: ``bnb_4bit_compute_dtype`` of the trial.
-        grad_norm_trace: Pre-clip gradient norms of the finished steps.
-        learning_rate, lora_alpha_ratio: For the reason of an ``optimization`` NaN.
-        max_seq_length: For the reason of a step without supervised tokens.
-        precision: Context manager factory of the training's autocast, for naming the overflowing module.
-        tokenizer: The trial's tokenizer, to name a token by its text (without it, by its id and special role).
+    replayed: list[NanRow]
+    bad: list[NanRow]
+    padding_only: list[NanRow]
+    controls: list[NanRow]
+    controls_finite: list[bool]
+    module: str | None
 
-    Returns:
-        The diagnosis. A replay that itself fails (out of memory under the trial's cap) gives ``cause=None`` and says
-        so in the reason; nothing is raised.
-    """
-    rows = step_rows(step_batches, vocab_size)
-    everyone = [r.index for r in rows]
 
+def _static_fault(rows: list[NanRow], vocab_size: int, max_seq_length: int) -> NanDiagnosis | None:
+    """``data`` when a row holds an id outside the embedding or a non-finite input, or the step has no supervised
+    token (rule 1); None when the rows are statically clean."""
     invalid = [r for r in rows if r.invalid_token_ids]
     if invalid:
         worst = max(i for r in invalid for i in r.invalid_token_ids)
@@ -406,99 +388,173 @@ def diagnose_nan(
         return _data_fault(
             rows,
             rows,
-            f"data: no supervised token in the step ({_names(everyone)}): max_seq_length={max_seq_length} cuts "
-            "the reply away, and the loss averages over zero tokens",
+            f"data: no supervised token in the step ({_names([r.index for r in rows])}): "
+            f"max_seq_length={max_seq_length} cuts the reply away, and the loss averages over zero tokens",
         )
+    return None
 
+
+def _replay(
+    model: Any,
+    rows: list[NanRow],
+    record: TrainingRecord,
+    vocab_size: int,
+    *,
+    with_gradient: bool,
+    compute_dtype: str,
+    precision: Any,
+) -> _Replay:
+    """Replay the step's rows alone in fp32 (and without their padding when they fail), then up to
+    :data:`CONTROL_ROWS` rows of the last finite step when some fail, then name the overflowing module when none
+    does (rules 3 and 4). Raises what the replay raises (out of memory under the trial's cap, among others)."""
+    replayed = [r for r in rows if r.supervised_tokens > 0]
+    with _fp32_compute(model):
+        for r in replayed:
+            loss, r.fp32_finite = replay_row(model, r, with_gradient=with_gradient)
+            r.fp32_loss = loss if math.isfinite(loss) else None
+        bad = [r for r in replayed if not r.fp32_finite]
+        padding_only = [
+            r for r in bad if r.padding and replay_row(model, r, with_gradient=with_gradient, padded=False)[1]
+        ]
+        controls = (
+            []
+            if not bad
+            else [r for r in step_rows(record.last_batches, vocab_size) if r.supervised_tokens > 0][:CONTROL_ROWS]
+        )
+        controls_finite = [replay_row(model, c, with_gradient=with_gradient)[1] for c in controls]
+    module = None
+    if not bad and compute_dtype != "float32":
+        module = first_nonfinite_module(model, record.step_batches, precision)
+    return _Replay(replayed, bad, padding_only, controls, controls_finite, module)
+
+
+def _padding_fault(rows: list[NanRow], padding_only: list[NanRow], tokenizer: Any, model: Any) -> NanDiagnosis:
+    """``data``: rows non-finite with their padding and finite without it."""
+    pads = sorted({r.padded_ids[j] for r in padding_only for j, m in enumerate(r.attention_mask) if not m})
+    names = ", ".join(token_name(t, tokenizer, model) for t in pads)
+    one = len(padding_only) == 1
+    return _data_fault(
+        rows,
+        padding_only,
+        f"data: {_names([r.index for r in padding_only])} {'is' if one else 'are'} "
+        f"non-finite in an fp32 replay with {'its' if one else 'their'} padding "
+        f"({names}) and finite without it: the padding token breaks the step",
+    )
+
+
+def _all_finite(rows: list[NanRow], module: str | None, compute_dtype: str) -> NanDiagnosis:
+    """Every row finite in fp32: ``precision`` (the compute dtype overflowed), or unknown in float32."""
+    everyone = [r.index for r in rows]
+    if compute_dtype == "float32":
+        return NanDiagnosis(
+            cause=None,
+            samples=everyone,
+            rows=rows,
+            reason="cause unknown: every row is finite when replayed alone in float32 (the failure did not reproduce)",
+        )
+    where = f"in {module}" if module else "in the backward pass (the forward was finite)"
+    return NanDiagnosis(
+        cause="precision",
+        samples=everyone,
+        rows=rows,
+        module=module,
+        reason=(
+            f"precision: {compute_dtype} overflowed {where}; an fp32 replay of the same step on the same weights "
+            "is finite"
+        ),
+    )
+
+
+def _still_nonfinite(rows: list[NanRow], found: _Replay, config: TrialConfig, record: TrainingRecord) -> NanDiagnosis:
+    """Rows non-finite in fp32 too: ``optimization`` when the controls fail or the gradient norm grew by
+    :data:`GRAD_NORM_GROWTH`, else ``data``, the rows (rule 4)."""
+    growth = _growth(record.grad_norm)
+    if any(not ok for ok in found.controls_finite) or growth >= GRAD_NORM_GROWTH:
+        why = (
+            f"the gradient norm grew {growth:.3g}x over {len(record.grad_norm)} steps"
+            if growth >= GRAD_NORM_GROWTH
+            else "rows of the last finite step fail too on these weights"
+        )
+        return NanDiagnosis(
+            cause="optimization",
+            samples=[r.index for r in rows],
+            rows=rows,
+            reason=(
+                f"optimization: still non-finite in fp32 on clean data, and {why} (learning_rate "
+                f"{config.learning_rate:g} x lora_alpha/r {config.lora_alpha_ratio:g} too large)"
+            ),
+        )
+    faulty = [r.index for r in found.bad]
+    if found.controls:
+        context = "on weights that are finite for the last finite step's rows"
+    elif len(found.bad) < len(found.replayed):
+        context = "on weights that are finite for the step's other rows"
+    else:
+        context = "at the first step, before any update of the adapter"
+    return _data_fault(
+        rows, found.bad, f"data: {_names(faulty)} stay non-finite on their own in an fp32 replay, {context}"
+    )
+
+
+def diagnose_nan(
+    model: Any,
+    config: TrialConfig,
+    record: TrainingRecord,
+    *,
+    failed_in: Literal["loss", "gradient norm", "input id"],
+    precision: Any = contextlib.nullcontext,
+    tokenizer: Any = None,
+) -> NanDiagnosis:
+    """Decide why the step went non-finite (see the module docstring for the rules).
+
+    Args:
+        model: The trial's peft model, with the weights the step failed on; its input embedding's rows are the
+            vocabulary size.
+        config: The trial: ``bnb_4bit_compute_dtype``, and for the reasons ``learning_rate``, ``lora_alpha_ratio``
+            (an ``optimization`` NaN) and ``max_seq_length`` (a step without supervised tokens).
+        record: What training recorded: ``step_batches`` (the failing step's micro-batches, as given to
+            ``Trainer.training_step`` plus ``sample_index``), ``last_batches`` (the last finite step's, [] at step 1)
+            and ``grad_norm`` (pre-clip gradient norms of the finished steps).
+        failed_in: What was non-finite first; ``gradient norm`` makes the replay include the backward pass.
+        precision: Context manager factory of the training's autocast, for naming the overflowing module.
+        tokenizer: The trial's tokenizer, to name a token by its text (without it, by its id and special role).
+
+    Returns:
+        The diagnosis. A replay that itself fails (out of memory under the trial's cap) gives ``cause=None`` and says
+        so in the reason; nothing is raised.
+    """
+    compute_dtype = config.bnb_4bit_compute_dtype
+    vocab_size = model.get_input_embeddings().num_embeddings
+    rows = step_rows(record.step_batches, vocab_size)
+    static = _static_fault(rows, vocab_size, config.max_seq_length)
+    if static is not None:
+        return static
     try:
         bad_tokens = bad_embedding_rows(model, [i for r in rows for i in r.padded_ids or r.input_ids], compute_dtype)
     except Exception:  # a model without an input embedding to read: the replay decides
         bad_tokens = {}
     if bad_tokens:
         return _bad_token_diagnosis(rows, bad_tokens, compute_dtype, tokenizer, model)
-
-    with_gradient = failed_in == "gradient norm"
-    replayed = [r for r in rows if r.supervised_tokens > 0]
-    padding_only: list[NanRow] = []
     try:
-        with _fp32_compute(model):
-            for r in replayed:
-                loss, r.fp32_finite = replay_row(model, r, with_gradient=with_gradient)
-                r.fp32_loss = loss if math.isfinite(loss) else None
-            bad = [r for r in replayed if not r.fp32_finite]
-            padding_only = [
-                r for r in bad if r.padding and replay_row(model, r, with_gradient=with_gradient, padded=False)[1]
-            ]
-            controls = (
-                []
-                if not bad
-                else [r for r in step_rows(control_batches, vocab_size) if r.supervised_tokens > 0][:CONTROL_ROWS]
-            )
-            controls_finite = [replay_row(model, c, with_gradient=with_gradient)[1] for c in controls]
-        module = None
-        if not bad and compute_dtype != "float32":
-            module = first_nonfinite_module(model, step_batches, precision)
+        found = _replay(
+            model,
+            rows,
+            record,
+            vocab_size,
+            with_gradient=failed_in == "gradient norm",
+            compute_dtype=compute_dtype,
+            precision=precision,
+        )
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
         return NanDiagnosis(
             cause=None,
-            samples=everyone,
+            samples=[r.index for r in rows],
             rows=rows,
             reason=f"cause unknown: the fp32 replay failed ({type(exc).__name__}: {first})",
         )
-
-    if padding_only:
-        pads = sorted({r.padded_ids[j] for r in padding_only for j, m in enumerate(r.attention_mask) if not m})
-        names = ", ".join(token_name(t, tokenizer, model) for t in pads)
-        return _data_fault(
-            rows,
-            padding_only,
-            f"data: {_names([r.index for r in padding_only])} {'is' if len(padding_only) == 1 else 'are'} "
-            f"non-finite in an fp32 replay with {'its' if len(padding_only) == 1 else 'their'} padding "
-            f"({names}) and finite without it: the padding token breaks the step",
-        )
-    if not bad:
-        if compute_dtype == "float32":
-            return NanDiagnosis(
-                cause=None,
-                samples=everyone,
-                rows=rows,
-                reason=(
-                    "cause unknown: every row is finite when replayed alone in float32 (the failure did not reproduce)"
-                ),
-            )
-        where = f"in {module}" if module else "in the backward pass (the forward was finite)"
-        return NanDiagnosis(
-            cause="precision",
-            samples=everyone,
-            rows=rows,
-            module=module,
-            reason=(
-                f"precision: {compute_dtype} overflowed {where}; an fp32 replay of the same step on the same weights "
-                "is finite"
-            ),
-        )
-    growth = _growth(grad_norm_trace)
-    if any(not ok for ok in controls_finite) or growth >= GRAD_NORM_GROWTH:
-        why = (
-            f"the gradient norm grew {growth:.3g}x over {len(grad_norm_trace)} steps"
-            if growth >= GRAD_NORM_GROWTH
-            else "rows of the last finite step fail too on these weights"
-        )
-        return NanDiagnosis(
-            cause="optimization",
-            samples=everyone,
-            rows=rows,
-            reason=(
-                f"optimization: still non-finite in fp32 on clean data, and {why} (learning_rate {learning_rate:g} x "
-                f"lora_alpha/r {lora_alpha_ratio:g} too large)"
-            ),
-        )
-    faulty = [r.index for r in bad]
-    if controls:
-        context = "on weights that are finite for the last finite step's rows"
-    elif len(bad) < len(replayed):
-        context = "on weights that are finite for the step's other rows"
-    else:
-        context = "at the first step, before any update of the adapter"
-    return _data_fault(rows, bad, f"data: {_names(faulty)} stay non-finite on their own in an fp32 replay, {context}")
+    if found.padding_only:
+        return _padding_fault(rows, found.padding_only, tokenizer, model)
+    if not found.bad:
+        return _all_finite(rows, found.module, compute_dtype)
+    return _still_nonfinite(rows, found, config, record)

@@ -1,0 +1,107 @@
+"""What a trial records while it trains, and how training stops early (child side, imports no torch): the per-step
+:class:`TrainingRecord`, the :class:`Probe` it evaluates, and the two exceptions that end a run before ``max_steps``,
+:class:`NonFiniteError` (``nan``) and :class:`DivergedError` (``diverged``). Written by the instrumented trainer
+(:mod:`sweeper.trial._child.instrumented`), read by the outcome (:mod:`sweeper.trial._child.outcome`) and the NaN
+diagnosis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sweeper.stability import Divergence
+from sweeper.trial._result import Phase
+
+
+class NonFiniteError(Exception):
+    """The loss or gradient norm of a step is NaN or infinite, or an input id has no embedding row (which would be
+    an index error on the CPU and a device-side assert on CUDA, so it is stopped before the forward).
+
+    Attributes:
+        what: ``loss``, ``gradient norm`` or ``input id``.
+        value: The offending value.
+        phase: ``forward`` or ``backward``.
+        diagnosis: Set by the recipe (:mod:`sweeper.trial._child.recipe`) once
+            :func:`sweeper.trial._child.diagnosis.diagnose_nan` has run.
+    """
+
+    def __init__(self, what: str, value: float, phase: Phase):
+        self.what, self.value, self.phase = what, value, phase
+        self.diagnosis: Any = None
+        super().__init__(f"{what} is {value}")
+
+    def describe(self, step: int) -> str:
+        """``loss is nan at step 3 (forward)``."""
+        if self.what == "input id":
+            return f"input id {self.value:g} has no embedding row at step {step} ({self.phase})"
+        return f"{self.what} is {self.value} at step {step} ({self.phase})"
+
+
+class TrainingRecord:
+    """What the instrumented Trainer records of one trial, step by step (not a progress display): the phase being run,
+    optimizer steps finished, per-step traces (raw loss, pre-clip gradient norm, largest 4-bit activation, supervised
+    tokens), fp16 scaler skips, and the micro-batches of the current and last step for the NaN diagnosis. Shared by
+    the trainer hooks and the outcome of :mod:`sweeper.trial._child.worker`."""
+
+    def __init__(self) -> None:
+        self.phase: Phase = "load"
+        self.step = 0  # optimizer steps finished
+        self.loss: list[float | None] = []
+        self.grad_norm: list[float | None] = []
+        self.max_activation: list[float | None] = []
+        self.skipped: list[int] = []
+        self.tokens = 0
+        self.step_loss = 0.0
+        self.step_grad_norm = float("nan")
+        self.step_max_activation: Any = None
+        # For NaN diagnosis and the data attributes: the current and the last finished step's micro-batches (CPU
+        # copies, with their dataset indices), supervised tokens per step, and every sample index trained on.
+        self.step_batches: list[dict[str, Any]] = []
+        self.last_batches: list[dict[str, Any]] = []
+        self.supervised: list[int] = []
+        self.step_supervised: int | None = None
+        self.seen: set[int] = set()
+        # The probe (sweeper.stability): its steps, losses and largest 4-bit activations, and the seconds it took.
+        self.probing = False
+        self.probe_steps: list[int] = []
+        self.probe_loss: list[float | None] = []
+        self.probe_max_activation: list[float | None] = []
+        self.probe_step_max_activation: Any = None
+        self.probe_time_s = 0.0
+
+
+class DivergedError(Exception):
+    """The probe loss rose to :data:`sweeper.stability.DIVERGED_RATIO` times its start and stayed there.
+
+    Attributes:
+        divergence: The step and the evidence.
+    """
+
+    def __init__(self, found: Divergence):
+        self.divergence = found
+        super().__init__(found.reason)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The fixed batch the trial evaluates without an update (see :mod:`sweeper.stability`).
+
+    Attributes:
+        batch: The probe rows collated as training collates them (``input_ids``, ``attention_mask``, ``labels``:
+            ``[PROBE_ROWS, max_seq_length]``), evaluated in one forward without gradients: each forward dequantizes
+            every 4-bit weight once, which at short lengths costs more than the rows themselves. Without the tensors
+            saved for backward, the forward of two rows needs no more memory than a training step of one.
+        interval_steps: Optimizer steps between probes (:func:`sweeper.stability.probe_interval_steps`).
+        max_steps: The run's last step, which is always probed.
+    """
+
+    batch: dict[str, Any]
+    interval_steps: int
+    max_steps: int
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """``x`` when it is a finite number, else None (how a trace stores a non-finite value)."""
+    return x if x is not None and math.isfinite(x) else None
