@@ -35,6 +35,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from sweeper.checkpoint import checkpoint_dtype
 from sweeper.space import TrialConfig
 from sweeper.stability import PROBE_ROWS, compute_instability, probe_interval_steps, projected_fail_step
 from sweeper.trial._child.instrumented import (
@@ -181,17 +182,6 @@ _EXACT_CASTS = {
     "bfloat16": ("bfloat16", "float32"),
     "float32": ("float32",),
 }
-
-
-def checkpoint_dtype(model_path: str) -> str | None:
-    """The dtype a local checkpoint's ``config.json`` declares (``dtype``, or ``torch_dtype`` before transformers 5),
-    or None when it declares none or is not a local folder."""
-    try:
-        data = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    value = data.get("dtype") or data.get("torch_dtype")
-    return value if isinstance(value, str) else None
 
 
 def model_key(config: TrialConfig, model_path: str) -> tuple[Any, ...]:
