@@ -1,4 +1,4 @@
-"""Calibrate the memory model (sweeper/estimate.py) against real peaks: short QLoRA steps on a model built from a
+"""Calibrate the memory model (sweeper/memory/_model.py) against real peaks: short QLoRA steps on a model built from a
 config with random weights (memory does not depend on the weights), over a small grid of r, batch, max_seq_length,
 gradient checkpointing and double quant. Prints measured, predicted and the error per row.
 
@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sweeper.estimate import KNOWN_SHAPES, MemorySettings, ModelShape, estimate_memory
+from sweeper.memory import KNOWN_SHAPES, MemorySettings, ModelShape, estimate_memory
 
-#: The memory model's own Llama-3-8B shape (one definition: sweeper.estimate.KNOWN_SHAPES).
+#: The memory model's own Llama-3-8B shape (one definition: sweeper.memory.KNOWN_SHAPES).
 LLAMA3_8B = KNOWN_SHAPES["meta-llama/Llama-3.1-8B"]
 TINY = {
     "hidden_size": 256,

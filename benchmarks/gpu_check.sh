@@ -12,7 +12,7 @@
 #                            processes, each configuration rerun cold: per-phase times (benchmarks/trial_overhead.py)
 #   calibrate.txt/.json      measured against predicted peaks of a Llama-3-8B-shaped model (benchmarks/calibrate_gpu.py,
 #                            first 4 rows of its grid): the figures that calibrate CUDA_CONTEXT_GIB and
-#                            ALLOCATOR_OVERHEAD in sweeper/estimate.py
+#                            ALLOCATOR_OVERHEAD in sweeper/memory/_model.py
 #
 # Needs the package and its dependencies importable (`make install`, or `pip install --no-deps -e .` where torch,
 # transformers, peft, bitsandbytes, optuna are already there) and, for the sweep, the built-in model's package

@@ -1,9 +1,9 @@
 """How well the preflight's corrected memory model predicts a study's measured peaks (issue 13, part 2).
 
 Reads a study (a name, a .db path or a storage URL, as `sweep report` does), predicts each trial's peak with the
-current memory model (sweeper.estimate, on the device kind the trials were measured on) and replays the sweep's
-correction (sweeper.study._calibration) in trial order: after the first k measured trials (complete, nan, diverged or
-oom; repeats and pruned trials left out), the correction fitted on them predicts every later complete trial.
+current memory model (sweeper.memory, on the device kind the trials were measured on) and replays the sweep's
+correction (sweeper.memory.fit_calibration) in trial order: after the first k measured trials (complete, nan, diverged
+or oom; repeats and pruned trials left out), the correction fitted on them predicts every later complete trial.
 It prints, per k, the median |error| of the raw and the corrected prediction, and which later OOM trials the
 corrected preflight would have pruned without running, and which later fits it would have pruned wrongly; then the
 errors the sweep itself recorded before each trial ran (`corrected_peak_gib`), when the study has them. Usage:
@@ -20,17 +20,14 @@ import statistics
 
 import optuna
 
-from sweeper.estimate import ModelShape, estimate_memory, settings_from
+from sweeper.memory import ModelShape, estimate_memory, fit_calibration, group_of, median_abs, settings_from
 from sweeper.study import (
     TrialStatus,
     calibration_points,
-    fit_calibration,
     load_existing_study,
-    median_abs,
     prediction_errors,
     stored_trials,
 )
-from sweeper.study._calibration import group_of
 
 
 def _pct(x: float | None) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sweeper.checkpoint import checkpoint_file, read_weight_map
 from sweeper.errors import DataError
 from sweeper.space import DatasetSpec
 
@@ -814,21 +815,6 @@ class SpecialTokenRow:
     max_abs: float
 
 
-def _checkpoint_file(model_path: str, name: str) -> Path | None:
-    path = Path(model_path) / name
-    if path.is_file():
-        return path
-    if Path(model_path).is_dir():
-        return None
-    try:  # a hub id: only what is in the local cache
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(model_path, name)
-    except Exception:
-        return None
-    return Path(cached) if isinstance(cached, str) else None
-
-
 def special_token_rows(model_path: str, tokenizer: Any) -> list[SpecialTokenRow] | None:
     """The input-embedding rows of the special tokens the trials use (``pad``, ``eos``, ``bos`` of the tokenizer that
     :func:`load_tokenizer` gives), read from the checkpoint's safetensors files without loading the model.
@@ -838,14 +824,14 @@ def special_token_rows(model_path: str, tokenizer: Any) -> list[SpecialTokenRow]
     """
     import math
 
-    index = _checkpoint_file(model_path, "model.safetensors.index.json")
+    index = checkpoint_file(model_path, "model.safetensors.index.json")
     if index is not None:
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = read_weight_map(index)
         except (OSError, ValueError, KeyError):
             return None
     else:
-        single = _checkpoint_file(model_path, "model.safetensors")
+        single = checkpoint_file(model_path, "model.safetensors")
         if single is None:
             return None
         weight_map = None
@@ -863,7 +849,7 @@ def special_token_rows(model_path: str, tokenizer: Any) -> list[SpecialTokenRow]
             name = next((k for s in _EMBEDDING_SUFFIXES for k in weight_map if k.endswith(s)), None)
             if name is None:
                 return None
-            file = _checkpoint_file(model_path, weight_map[name])
+            file = checkpoint_file(model_path, weight_map[name])
         else:
             file, name = single, None
         if file is None:

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from sweeper.estimate import (
+from sweeper.memory import (
     MemorySettings,
     ModelShape,
     activation_bytes,
@@ -289,7 +289,7 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
 def test_dominance_rule():
     from test_preflight import BASE
 
-    from sweeper.study._preflight import Known, at_least_as_large, preflight
+    from sweeper.memory import Known, at_least_as_large, preflight
 
     base = replace(BASE, memory_limit_gib=24, learning_rate=1e-4)
     for bigger in (

@@ -1,5 +1,6 @@
-"""The preflight: the correction it learns from measured trials (sweeper.study._calibration) and the dominance rule,
-each direction of which is measured with real trials on the CPU (the slow tests)."""
+"""The preflight: the correction it learns from measured trials (sweeper.memory.Calibration, stored on the study by
+sweeper.study) and the dominance rule, each direction of which is measured with real trials on the CPU (the slow
+tests)."""
 
 import json
 import os
@@ -10,20 +11,17 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
-from sweeper.study import (
-    CALIBRATION_ATTR,
+from sweeper.memory import (
     DIRECTIONS,
     Calibration,
     CalibrationPoint,
     Known,
     at_least_as_large,
     fit_calibration,
-    prediction_errors,
     preflight,
-    stored_calibration,
-    update_calibration,
 )
+from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
+from sweeper.study import CALIBRATION_ATTR, prediction_errors, stored_calibration, update_calibration
 
 BASE = TrialConfig(
     per_device_train_batch_size=2,

@@ -7,8 +7,10 @@ import shutil
 import pytest
 from conftest import sweep, tiny_space, write_space
 
+from sweeper.checkpoint import module_names, safetensors_names, unmatched_targets
+from sweeper.memory import nothing_fits
 from sweeper.space import load_space
-from sweeper.study import check_setup, module_names, nothing_fits, safetensors_names, unmatched_targets
+from sweeper.study import check_setup
 
 
 def _one_line(out) -> str:

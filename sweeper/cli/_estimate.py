@@ -14,7 +14,7 @@ from sweeper.report import format_params
 def cmd_estimate(args: argparse.Namespace) -> int:
     """``sweep estimate SPACE.yaml``: predicted peak GPU memory of each memory-relevant point of the space, the terms
     of the largest, and the fit frontier against memory_limit_gib; no weights are loaded."""
-    from sweeper.estimate import ModelShape, estimate_space, frontier, known_shape
+    from sweeper.memory import ModelShape, estimate_space, frontier, known_shape
     from sweeper.model import resolve_model
 
     space = _load(args)

@@ -59,8 +59,8 @@ def _refuse_unmatched_targets(study: Any, trial: Any) -> None:
     Raises:
         StudyError: One line naming the targets, the model's modules and the fix.
     """
+    from sweeper.checkpoint import module_names, short_names, unmatched_targets
     from sweeper.errors import StudyError
-    from sweeper.study import module_names, short_names, unmatched_targets
 
     model_path = study.user_attrs.get("model_path")
     if trial.config is None or not model_path:

@@ -15,12 +15,12 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from sweeper.memory import median_abs
 from sweeper.study import (
     CALIBRATION_ATTR,
     OBJECTIVES,
     StoredTrial,
     measured_trials,
-    median_abs,
     nan_causes,
     pareto_front,
     prediction_errors,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import optuna
 
+from sweeper.memory import median_abs
 from sweeper.report._console import format_counts, format_data_nan_summary, format_front, format_params
 from sweeper.report._console import format_trial_line as _trial_line
 from sweeper.study import (
@@ -22,7 +23,6 @@ from sweeper.study import (
     count_finished,
     device_kind,
     legacy_instability_warning,
-    median_abs,
     nan_causes,
     pareto_front,
     prediction_errors,

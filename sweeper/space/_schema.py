@@ -219,7 +219,7 @@ class TrialConfig:
         trial_timeout_s: Seconds before the trial process is killed (status ``timeout``).
         target_effective_batch_size: Kept by export through ``gradient_accumulation_steps``.
         preflight_margin: A trial whose predicted peak exceeds ``memory_limit_gib`` by more than this fraction is
-            pruned as ``predicted_oom`` without running (``sweeper.study._preflight``).
+            pruned as ``predicted_oom`` without running (``sweeper.memory.preflight``).
         max_retries: How often a configuration whose trial crashed or timed out is run again (those may go
             differently another time; ``nan`` and ``oom`` are results and never retried).
         model: The model section.

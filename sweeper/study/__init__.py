@@ -12,12 +12,8 @@ from sweeper.study._artifacts import artifact_dir, artifact_store, loss_curve_sv
 from sweeper.study._calibration import (
     CALIBRATION_ATTR,
     CORRECTED_ATTR,
-    Calibration,
-    CalibrationPoint,
     calibration_points,
     device_kind,
-    fit_calibration,
-    median_abs,
     prediction_errors,
     stored_calibration,
     update_calibration,
@@ -27,24 +23,9 @@ from sweeper.study._coordination import heartbeat_interval_s, in_memory
 from sweeper.study._loop import MAX_CONSECUTIVE_DUPLICATES, SweepCallback, SweepEvent, find_duplicate, run_study
 from sweeper.study._machine import check_disk, check_writable, slot_devices, slot_env
 from sweeper.study._plan import SweepPlan, plan_sweep
-from sweeper.study._preflight import (
-    DIRECTIONS,
-    Known,
-    at_least_as_large,
-    known_memory,
-    memory_predictor,
-    preflight,
-    trial_device,
-)
+from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._recovery import StaleTrial, fail_stale_trials, retry
-from sweeper.study._setup_checks import (
-    check_setup,
-    module_names,
-    nothing_fits,
-    safetensors_names,
-    short_names,
-    unmatched_targets,
-)
+from sweeper.study._setup_checks import check_setup
 from sweeper.study._storage import (
     FAILURE_CONSTRAINT,
     OBJECTIVES,
@@ -81,15 +62,11 @@ from sweeper.study._stored import (
 __all__ = [
     "CALIBRATION_ATTR",
     "CORRECTED_ATTR",
-    "DIRECTIONS",
     "FAILURE_CONSTRAINT",
     "MAX_CONSECUTIVE_DUPLICATES",
     "OBJECTIVES",
     "STUDIES_DIR",
-    "Calibration",
-    "CalibrationPoint",
     "Confirmation",
-    "Known",
     "StaleTrial",
     "StoredTrial",
     "SweepCallback",
@@ -98,7 +75,6 @@ __all__ = [
     "TrialStatus",
     "artifact_dir",
     "artifact_store",
-    "at_least_as_large",
     "by_knee_distance",
     "calibration_points",
     "candidates",
@@ -113,7 +89,6 @@ __all__ = [
     "fail_stale_trials",
     "failure_constraint",
     "find_duplicate",
-    "fit_calibration",
     "heartbeat_interval_s",
     "horizon",
     "in_memory",
@@ -126,22 +101,15 @@ __all__ = [
     "loss_curve_svg",
     "make_sampler",
     "measured_trials",
-    "median_abs",
-    "memory_predictor",
-    "module_names",
     "nan_causes",
-    "nothing_fits",
     "open_study",
     "pareto_front",
     "plan_sweep",
     "prediction_errors",
-    "preflight",
     "record_result",
     "redact_url",
     "retry",
     "run_study",
-    "safetensors_names",
-    "short_names",
     "slot_devices",
     "slot_env",
     "status_counts",
@@ -152,7 +120,6 @@ __all__ = [
     "to_distributions",
     "trial_device",
     "trial_dir",
-    "unmatched_targets",
     "update_calibration",
     "upload_trial_artifacts",
 ]

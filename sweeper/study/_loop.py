@@ -30,13 +30,14 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.errors import RunError
+from sweeper.memory import memory_predictor, preflight
 from sweeper.space import TrialConfig
 from sweeper.study._artifacts import artifact_store, upload_trial_artifacts
 from sweeper.study._calibration import CORRECTED_ATTR, device_kind, stored_calibration, update_calibration
 from sweeper.study._coordination import AskLock, Heartbeat, heartbeat_enabled
 from sweeper.study._machine import check_disk, slot_env
 from sweeper.study._plan import SweepPlan
-from sweeper.study._preflight import known_memory, memory_predictor, preflight, trial_device
+from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._recovery import fail_stale_trials, retry
 from sweeper.study._storage import (
     FAILURE_CONSTRAINT,
@@ -143,7 +144,7 @@ class _Sweep:
         self.workers, self.devices = plan.workers, plan.devices
         self.max_retries = plan.space.base.max_retries
         self.predictor = memory_predictor(
-            plan.model_path, plan.space.model.name_or_path, plan.space.model.attn_implementation
+            plan.model_path, plan.space.model.name_or_path, plan.space.model.attn_implementation, trial_device()
         )
         self.distributions = to_distributions(plan.space)
         self.lock = AskLock(plan.storage, plan.name)
@@ -365,8 +366,8 @@ def settle_repeat(sweep: _Sweep, trial: optuna.Trial) -> bool:
 
 
 def settle_prediction(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, predicted: float | None) -> bool:
-    """Prune a configuration that cannot fit, without running it (:func:`sweeper.study._preflight.preflight`): its
-    prediction corrected by the study's measured/predicted ratio (:mod:`sweeper.study._calibration`, recorded as
+    """Prune a configuration that cannot fit, without running it (:func:`sweeper.memory.preflight`): its
+    prediction corrected by the study's measured/predicted ratio (:class:`sweeper.memory.Calibration`, recorded as
     ``corrected_peak_gib``), the dominance rule of this machine's device.
 
     Returns:
@@ -382,7 +383,7 @@ def settle_prediction(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, p
     if decision is None:
         return False
     result = TrialResult(
-        status=decision[0],
+        status=TrialStatus(decision[0]),
         reason=decision[1],
         predicted_peak_gib=predicted,
         wall_time_s=0.0,

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 import optuna
 
 from sweeper.errors import SpaceError
+from sweeper.memory import memory_predictor, nothing_fits
 from sweeper.space import SearchSpace, TrialConfig
 from sweeper.study._calibration import device_kind, stored_calibration
 from sweeper.study._coordination import heartbeat_interval_s, in_memory
 from sweeper.study._machine import check_disk, check_writable, slot_devices
-from sweeper.study._preflight import known_memory, memory_predictor
-from sweeper.study._setup_checks import check_setup, nothing_fits
+from sweeper.study._preflight import known_memory, trial_device
+from sweeper.study._setup_checks import check_setup
 from sweeper.study._storage import default_storage, open_study, redact_url, study_dir
 from sweeper.study._stored import count_finished
 
@@ -131,11 +132,11 @@ def plan_sweep(
 
 def _nothing_fits(space: SearchSpace, model_path: str, study: optuna.Study) -> str | None:
     """One line when no configuration of the space is predicted to fit its cap, by the memory model corrected with
-    what the study measured on this kind of machine (:func:`sweeper.study.nothing_fits`); None when something does,
+    what the study measured on this kind of machine (:func:`sweeper.memory.nothing_fits`); None when something does,
     or the study already holds a trial that fit under a cap no larger than this run's (a fit under a larger cap, before
     a resume with a smaller ``memory_limit_gib``, says nothing about this one)."""
     kind = device_kind()
-    raw = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation)
+    raw = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation, trial_device())
     calibration = stored_calibration(study, kind)
 
     def predict(config: TrialConfig) -> float | None:

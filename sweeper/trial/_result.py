@@ -148,7 +148,7 @@ class TrialResult:
         longest_sample_tokens: Tokens (before truncation) of the longest sample the trial trained on.
         longest_sample_index: Its dataset index.
         truncated_sample_fraction: Share of the samples trained on that ``max_seq_length`` cut, 0-1.
-        predicted_peak_gib: The memory model's prediction for this trial (:mod:`sweeper.estimate`), in the same
+        predicted_peak_gib: The memory model's prediction for this trial (:mod:`sweeper.memory`), in the same
             kind as ``peak_memory_gib`` (CUDA reserved, or CPU resident set), set by the sweep before it runs.
         probe_steps: Optimizer steps at which the probe was evaluated (0: before the first step).
         probe_loss_trace: The probe's loss at each (:mod:`sweeper.stability`), None where non-finite.

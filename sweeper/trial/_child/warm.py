@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import json
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from sweeper.checkpoint import checkpoint_dtype
 from sweeper.space import TrialConfig
 from sweeper.trial._child.memory import process_memory_gib, set_cpu_memory_cap
 
@@ -26,17 +25,6 @@ _EXACT_CASTS = {
     "bfloat16": ("bfloat16", "float32"),
     "float32": ("float32",),
 }
-
-
-def checkpoint_dtype(model_path: str) -> str | None:
-    """The dtype a local checkpoint's ``config.json`` declares (``dtype``, or ``torch_dtype`` before transformers 5),
-    or None when it declares none or is not a local folder."""
-    try:
-        data = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    value = data.get("dtype") or data.get("torch_dtype")
-    return value if isinstance(value, str) else None
 
 
 def model_key(config: TrialConfig, model_path: str) -> tuple[Any, ...]:

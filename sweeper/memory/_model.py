@@ -11,18 +11,14 @@ tokens per micro-batch, ``h`` hidden size, ``i`` intermediate size, ``L`` layers
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sweeper.checkpoint import read_config
 from sweeper.space import TrialConfig
-
-if TYPE_CHECKING:
-    from sweeper.space import SearchSpace
 
 #: The schema's defaults (:class:`sweeper.space.TrialConfig`), which :class:`MemorySettings` takes as its own.
 _TRIAL = TrialConfig()
@@ -114,8 +110,8 @@ class ModelShape:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelShape:
-        """From ``PATH/config.json`` (weights are not needed)."""
-        return cls.from_config(json.loads((Path(path) / "config.json").read_text()))
+        """From ``PATH/config.json`` (weights are not needed; :func:`sweeper.checkpoint.read_config`)."""
+        return cls.from_config(read_config(path))
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """``(in_features, out_features)`` of each projection of one decoder layer."""
@@ -447,9 +443,6 @@ MEMORY_KEYS = (
     "lora_dropout",
 )
 
-#: At most this many grid points are estimated (about 1 ms each): a larger space is cut, and the command says so.
-MAX_POINTS = 20000
-
 
 def settings_from(config: TrialConfig, attn_implementation: str = "sdpa", device: str = "cuda") -> MemorySettings:
     """:class:`MemorySettings` from a trial's settings (:data:`MEMORY_KEYS` of it)."""
@@ -467,109 +460,19 @@ def known_shape(name: str) -> dict[str, Any] | None:
     return lowered.get(name.lower())
 
 
-def frontier(points: Sequence[Mapping[str, Any]], memory_limit_gib: float) -> list[dict[str, Any]]:
-    """The largest ``max_seq_length`` predicted to fit ``memory_limit_gib`` per batch size, at the cheapest setting of
-    the other memory keys.
+def memory_predictor(
+    model_path: str, name: str, attn_implementation: str, device: str
+) -> Callable[[TrialConfig], float | None]:
+    """A function from a trial config to its predicted peak in GiB (:func:`estimate_memory`) on ``device`` (``cuda``
+    or ``cpu``: the device the trials will use); it returns None when the model's shape is unknown (no readable
+    ``config.json``)."""
+    known = known_shape(name)
+    try:
+        shape = ModelShape.from_config(known) if known else ModelShape.from_dir(model_path)
+    except (OSError, ValueError, KeyError):
+        return lambda config: None
 
-    Args:
-        points: ``{"params": {...}, "predicted_peak_gib": x}`` with ``per_device_train_batch_size`` and
-            ``max_seq_length`` in ``params``.
+    def predict(config: TrialConfig) -> float | None:
+        return estimate_memory(shape, settings_from(config, attn_implementation, device)).predicted_peak_gib
 
-    Returns:
-        ``[{"per_device_train_batch_size": b, "max_seq_length": s or None, "predicted_peak_gib": x or None,
-        "params": {...} or None}]`` by batch size; ``params`` are the cheapest setting at that length (the one the
-        frontier holds for), and ``max_seq_length_all_settings`` the largest length that fits whatever the other keys.
-    """
-    best: dict[tuple[int, int], Mapping[str, Any]] = {}
-    worst: dict[tuple[int, int], float] = {}
-    for p in points:
-        key = (p["params"]["per_device_train_batch_size"], p["params"]["max_seq_length"])
-        if key not in best or p["predicted_peak_gib"] < best[key]["predicted_peak_gib"]:
-            best[key] = p
-        worst[key] = max(worst.get(key, 0.0), p["predicted_peak_gib"])
-    out = []
-    for b in sorted({k[0] for k in best}):
-        fits = sorted((s, p) for (bb, s), p in best.items() if bb == b and p["predicted_peak_gib"] <= memory_limit_gib)
-        all_fit = [s for (bb, s), w in worst.items() if bb == b and w <= memory_limit_gib]
-        s, p = fits[-1] if fits else (None, None)  # type: ignore[assignment]
-        out.append(
-            {
-                "per_device_train_batch_size": b,
-                "max_seq_length": s,
-                "predicted_peak_gib": p["predicted_peak_gib"] if p else None,
-                "params": dict(p["params"]) if p else None,
-                "max_seq_length_all_settings": max(all_fit) if all_fit else None,
-            }
-        )
-    return out
-
-
-def grid_values(space: SearchSpace, key: str) -> list[Any]:
-    """A memory key's values in the estimate grid: a list's choices, a range's ends and middle, or the fixed value."""
-    from sweeper.space import Categorical
-
-    dim = space.search.get(key)
-    if dim is None:
-        return [space.fixed_value(key)]
-    if isinstance(dim, Categorical):
-        return list(dict.fromkeys(dim.choices))
-    if dim.is_int:
-        step = int(dim.step or 1)
-        every = list(range(int(dim.low), int(dim.high) + 1, step))
-        if len(every) <= 32:  # a stepped range of lengths or batch sizes: every value
-            return every
-        picks = [every[round(i * (len(every) - 1) / 8)] for i in range(9)]
-        return sorted(set(picks))
-    mid = (dim.low * dim.high) ** 0.5 if dim.log else (dim.low + dim.high) / 2
-    return [dim.low, mid, dim.high]
-
-
-@dataclass(frozen=True, kw_only=True)
-class SpaceEstimate:
-    """The memory model over a space's memory-relevant grid (``sweep estimate``).
-
-    Attributes:
-        points: ``{"params", "predicted_peak_gib", "terms_gib"}`` per grid point, lowest prediction first; ``params``
-            hold ``per_device_train_batch_size``, ``max_seq_length`` and every searched memory key.
-        grid_size: Points of the full grid; more than ``len(points)`` when it was cut at :data:`MAX_POINTS`.
-        searched: The searched memory keys (:data:`MEMORY_KEYS` order).
-    """
-
-    points: list[dict[str, Any]]
-    grid_size: int
-    searched: list[str]
-
-
-def estimate_space(space: SearchSpace, shape: ModelShape, device: str = "cuda") -> SpaceEstimate:
-    """Predict every memory-relevant point of ``space`` (:func:`grid_values` of each searched memory key, the other
-    keys fixed), at most :data:`MAX_POINTS` of them (about 1 ms each).
-
-    Raises:
-        ValueError: A target module is not a projection of a Llama-style layer (the memory model knows only those);
-            the message names them.
-    """
-    import itertools
-
-    projections = shape.linear_shapes()
-    unknown = sorted({m for v in grid_values(space, "target_modules") for m in v} - set(projections))
-    if unknown:
-        raise ValueError(
-            f"{', '.join(unknown)} is not a projection of a Llama-style layer; the memory model knows "
-            f"{', '.join(projections)}"
-        )
-    keys = [k for k in MEMORY_KEYS if k in space.search]
-    axes = [grid_values(space, k) for k in keys]
-    points = []
-    for combo in itertools.islice(itertools.product(*axes), MAX_POINTS):
-        config = dataclasses.replace(space.base, **dict(zip(keys, combo)))
-        estimate = estimate_memory(shape, settings_from(config, space.model.attn_implementation, device))
-        shown = {k: getattr(config, k) for k in ("per_device_train_batch_size", "max_seq_length", *keys)}
-        points.append(
-            {
-                "params": shown,
-                "predicted_peak_gib": round(estimate.predicted_peak_gib, 3),
-                "terms_gib": {k: round(v, 4) for k, v in estimate.terms_gib.items()},
-            }
-        )
-    points.sort(key=lambda p: float(p["predicted_peak_gib"]))  # type: ignore[arg-type]
-    return SpaceEstimate(points=points, grid_size=math.prod(len(v) for v in axes), searched=keys)
+    return predict

@@ -1,0 +1,139 @@
+"""Before a trial runs: the dominance rule (a configuration at least as large as one that ran out of memory runs out
+too, one no larger than one that fit fits too) and the preflight's decision, ``dominated_oom`` or ``predicted_oom``
+(the memory model's prediction corrected by what the study measured, :class:`Calibration`).
+
+The rules work on :class:`sweeper.space.TrialConfig`; no torch, no study: :func:`sweeper.study.known_memory` gathers
+what a study knows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from sweeper.space import TrialConfig
+
+if TYPE_CHECKING:
+    from sweeper.memory._calibration import Calibration
+
+#: Keys whose larger value needs more memory (all else equal), and how to compare them.
+_GROWS = ("per_device_train_batch_size", "max_seq_length", "r")
+#: Keys that change memory in ways the dominance rule does not order: they must be equal. The compute dtype is one:
+#: a wider dtype is not always larger. Measured on the CPU (tests/test_preflight.py): at a 64k vocabulary a bf16
+#: trial holds more than an fp32 one of the same shape (under autocast the logits exist in bf16 and as their fp32
+#: copy; in fp32 the upcast is the same tensor), while at SmolLM2's 49k vocabulary and hidden 576 fp32 is larger.
+#: The same logits arithmetic holds under CUDA autocast, so no device orders the dtypes.
+_SAME = (
+    "gradient_accumulation_steps",
+    "optim",
+    "lora_dropout",
+    "model",
+    "dataset",
+    "memory_limit_gib",
+    "bnb_4bit_compute_dtype",
+)
+
+#: The directions the dominance rule may use on each device (``cpu``: the resident set; ``cuda``: reserved memory),
+#: each measured on the CPU by ``tests/test_preflight.py`` with real trials: a larger batch, ``max_seq_length`` or
+#: ``r``, a superset of target modules, gradient checkpointing off against on, double quant off against on. The CUDA
+#: set is the same by the memory model's terms (:mod:`sweeper.memory._model`); no GPU measurement yet.
+DIRECTIONS: dict[str, tuple[str, ...]] = {
+    "cpu": ("per_device_train_batch_size", "max_seq_length", "r", "target_modules", "no_checkpointing", "no_dq"),
+    "cuda": ("per_device_train_batch_size", "max_seq_length", "r", "target_modules", "no_checkpointing", "no_dq"),
+}
+
+
+def at_least_as_large(a: TrialConfig, b: TrialConfig, device: str = "cpu") -> bool:
+    """Whether configuration ``a`` needs at least the memory of ``b`` on ``device`` by the dominance rule: along each
+    direction of :data:`DIRECTIONS` for that device ``a`` is at least as large (batch, ``max_seq_length`` and ``r``;
+    a superset of ``b``'s target modules; gradient checkpointing off where ``b`` has it off; double quant off where
+    ``b`` has it off), and every other memory-relevant key (:data:`_SAME`, the compute dtype among them) is equal.
+    Keys that do not change memory (lora_alpha_ratio, learning_rate, quant type, seed, ...) may differ."""
+    if any(getattr(a, k) != getattr(b, k) for k in _SAME):
+        return False
+    directions = DIRECTIONS.get(device, DIRECTIONS["cpu"])
+    for key in _GROWS:
+        ak, bk = getattr(a, key), getattr(b, key)
+        if ak < bk if key in directions else ak != bk:
+            return False
+    targets_a, targets_b = set(a.target_modules), set(b.target_modules)
+    if not (targets_b <= targets_a if "target_modules" in directions else targets_a == targets_b):
+        return False
+    for key, direction in (("gradient_checkpointing", "no_checkpointing"), ("bnb_4bit_use_double_quant", "no_dq")):
+        # the larger setting is False (off): a may be off where b is on, never on where b is off
+        if getattr(a, key) != getattr(b, key) and (direction not in directions or getattr(a, key)):
+            return False
+    return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Known:
+    """A finished trial's configuration and whether its memory fit: ``fits`` (complete or NaN) or ``oom``;
+    ``memory_kind`` is how it was measured (``cpu_peak_rss``, ``cuda_max_reserved``; None when unknown)."""
+
+    number: int
+    config: TrialConfig
+    fits: bool
+    memory_kind: str | None = None
+
+
+def dominating_oom(config: TrialConfig, known: Iterable[Known], device: str = "cpu") -> Known | None:
+    """The first known OOM that ``config`` is at least as large as on ``device``, or None."""
+    return next((k for k in known if not k.fits and at_least_as_large(config, k.config, device)), None)
+
+
+def known_to_fit(config: TrialConfig, known: Iterable[Known], device: str = "cpu") -> Known | None:
+    """A known fit that is at least as large as ``config`` on ``device`` (so ``config`` fits too), or None."""
+    return next((k for k in known if k.fits and at_least_as_large(k.config, config, device)), None)
+
+
+def preflight(
+    config: TrialConfig,
+    predicted_peak_gib: float | None,
+    known: Iterable[Known],
+    *,
+    device: str = "cpu",
+    calibration: Calibration | None = None,
+) -> tuple[Literal["dominated_oom", "predicted_oom"], str] | None:
+    """Whether to prune a configuration before running it.
+
+    Args:
+        config: The trial's settings.
+        predicted_peak_gib: The memory model's prediction (GiB), None when unknown.
+        known: What the study measured (:func:`sweeper.study.known_memory`), of the same memory kind as this
+            machine's trials.
+        device: ``cpu`` or ``cuda``: which dominance directions hold (:data:`DIRECTIONS`).
+        calibration: The study's correction of the memory model (:class:`Calibration`), applied to the prediction
+            before it is compared with the cap.
+
+    Returns:
+        ``("dominated_oom", reason)`` when it is at least as large as a known OOM; ``("predicted_oom", reason)`` when
+        its (corrected) predicted peak exceeds ``memory_limit_gib * (1 + preflight_margin)`` and no known fit is at
+        least as large; None to run it. The status is the value of :class:`sweeper.trial.TrialStatus` of that name
+        (a layer above this one), which :class:`sweeper.trial.TrialResult` takes as it is.
+    """
+    known = list(known)
+    oom = dominating_oom(config, known, device)
+    if oom is not None:
+        return (
+            "dominated_oom",
+            f"at least as large as trial {oom.number}, which ran out of memory "
+            f"(batch {oom.config.per_device_train_batch_size} x "
+            f"{oom.config.max_seq_length} tokens, r={oom.config.r}): not run",
+        )
+    if predicted_peak_gib is None:
+        return None
+    peak, how = predicted_peak_gib, ""
+    if calibration is not None:
+        peak, source = calibration.explain(config, predicted_peak_gib)
+        how = f" ({source})"
+    limit = config.memory_limit_gib * (1 + config.preflight_margin)
+    if peak > limit and known_to_fit(config, known, device) is None:
+        return (
+            "predicted_oom",
+            f"predicted peak {peak:.2f} GiB{how} exceeds memory_limit_gib="
+            f"{config.memory_limit_gib:g} by more than preflight_margin="
+            f"{config.preflight_margin:g}: not run (sweep estimate)",
+        )
+    return None

@@ -1,0 +1,202 @@
+"""The memory model over a space: its memory-relevant grid (``sweep estimate``), the fit frontier, and the line
+that refuses a space of which nothing is predicted to fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sweeper.memory._model import MEMORY_KEYS, ModelShape, estimate_memory, settings_from
+from sweeper.space import Categorical, SearchSpace, TrialConfig
+
+#: At most this many grid points are estimated (about 1 ms each): a larger space is cut, and the command says so.
+MAX_POINTS = 20000
+
+
+def frontier(points: Sequence[Mapping[str, Any]], memory_limit_gib: float) -> list[dict[str, Any]]:
+    """The largest ``max_seq_length`` predicted to fit ``memory_limit_gib`` per batch size, at the cheapest setting of
+    the other memory keys.
+
+    Args:
+        points: ``{"params": {...}, "predicted_peak_gib": x}`` with ``per_device_train_batch_size`` and
+            ``max_seq_length`` in ``params``.
+
+    Returns:
+        ``[{"per_device_train_batch_size": b, "max_seq_length": s or None, "predicted_peak_gib": x or None,
+        "params": {...} or None}]`` by batch size; ``params`` are the cheapest setting at that length (the one the
+        frontier holds for), and ``max_seq_length_all_settings`` the largest length that fits whatever the other keys.
+    """
+    best: dict[tuple[int, int], Mapping[str, Any]] = {}
+    worst: dict[tuple[int, int], float] = {}
+    for p in points:
+        key = (p["params"]["per_device_train_batch_size"], p["params"]["max_seq_length"])
+        if key not in best or p["predicted_peak_gib"] < best[key]["predicted_peak_gib"]:
+            best[key] = p
+        worst[key] = max(worst.get(key, 0.0), p["predicted_peak_gib"])
+    out = []
+    for b in sorted({k[0] for k in best}):
+        fits = sorted((s, p) for (bb, s), p in best.items() if bb == b and p["predicted_peak_gib"] <= memory_limit_gib)
+        all_fit = [s for (bb, s), w in worst.items() if bb == b and w <= memory_limit_gib]
+        s, p = fits[-1] if fits else (None, None)  # type: ignore[assignment]
+        out.append(
+            {
+                "per_device_train_batch_size": b,
+                "max_seq_length": s,
+                "predicted_peak_gib": p["predicted_peak_gib"] if p else None,
+                "params": dict(p["params"]) if p else None,
+                "max_seq_length_all_settings": max(all_fit) if all_fit else None,
+            }
+        )
+    return out
+
+
+def grid_values(space: SearchSpace, key: str) -> list[Any]:
+    """A memory key's values in the estimate grid: a list's choices, a range's ends and middle, or the fixed value."""
+    dim = space.search.get(key)
+    if dim is None:
+        return [space.fixed_value(key)]
+    if isinstance(dim, Categorical):
+        return list(dict.fromkeys(dim.choices))
+    if dim.is_int:
+        step = int(dim.step or 1)
+        every = list(range(int(dim.low), int(dim.high) + 1, step))
+        if len(every) <= 32:  # a stepped range of lengths or batch sizes: every value
+            return every
+        picks = [every[round(i * (len(every) - 1) / 8)] for i in range(9)]
+        return sorted(set(picks))
+    mid = (dim.low * dim.high) ** 0.5 if dim.log else (dim.low + dim.high) / 2
+    return [dim.low, mid, dim.high]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpaceEstimate:
+    """The memory model over a space's memory-relevant grid (``sweep estimate``).
+
+    Attributes:
+        points: ``{"params", "predicted_peak_gib", "terms_gib"}`` per grid point, lowest prediction first; ``params``
+            hold ``per_device_train_batch_size``, ``max_seq_length`` and every searched memory key.
+        grid_size: Points of the full grid; more than ``len(points)`` when it was cut at :data:`MAX_POINTS`.
+        searched: The searched memory keys (:data:`MEMORY_KEYS` order).
+    """
+
+    points: list[dict[str, Any]]
+    grid_size: int
+    searched: list[str]
+
+
+def estimate_space(space: SearchSpace, shape: ModelShape, device: str = "cuda") -> SpaceEstimate:
+    """Predict every memory-relevant point of ``space`` (:func:`grid_values` of each searched memory key, the other
+    keys fixed), at most :data:`MAX_POINTS` of them (about 1 ms each).
+
+    Raises:
+        ValueError: A target module is not a projection of a Llama-style layer (the memory model knows only those);
+            the message names them.
+    """
+    projections = shape.linear_shapes()
+    unknown = sorted({m for v in grid_values(space, "target_modules") for m in v} - set(projections))
+    if unknown:
+        raise ValueError(
+            f"{', '.join(unknown)} is not a projection of a Llama-style layer; the memory model knows "
+            f"{', '.join(projections)}"
+        )
+    keys = [k for k in MEMORY_KEYS if k in space.search]
+    axes = [grid_values(space, k) for k in keys]
+    points = []
+    for combo in itertools.islice(itertools.product(*axes), MAX_POINTS):
+        config = dataclasses.replace(space.base, **dict(zip(keys, combo)))
+        estimate = estimate_memory(shape, settings_from(config, space.model.attn_implementation, device))
+        shown = {k: getattr(config, k) for k in ("per_device_train_batch_size", "max_seq_length", *keys)}
+        points.append(
+            {
+                "params": shown,
+                "predicted_peak_gib": round(estimate.predicted_peak_gib, 3),
+                "terms_gib": {k: round(v, 4) for k, v in estimate.terms_gib.items()},
+            }
+        )
+    points.sort(key=lambda p: float(p["predicted_peak_gib"]))  # type: ignore[arg-type]
+    return SpaceEstimate(points=points, grid_size=math.prod(len(v) for v in axes), searched=keys)
+
+
+def _yaml(value: Any) -> str:
+    """A value as the space file writes it (``true``, ``[q_proj, v_proj]``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
+#: Single changes that lower a configuration's memory, cheapest first (what they cost the training): checkpointing
+#: costs time, double quant ~0.4 bit of precision in the constants, an 8-bit optimizer state precision, a smaller
+#: batch is kept by gradient accumulation (export keeps the effective batch), shorter rows lose data, a smaller rank
+#: or dropout off change the adapter.
+_CHEAP_CHANGES: tuple[tuple[str, Callable[[Any], list[Any]]], ...] = (
+    ("gradient_checkpointing", lambda v: [True] if v is False else []),
+    ("bnb_4bit_use_double_quant", lambda v: [True] if v is False else []),
+    ("optim", lambda v: ["paged_adamw_8bit"] if "8bit" not in str(v) else []),
+    ("per_device_train_batch_size", lambda v: sorted({1, v // 2} - {v}, reverse=True) if v > 1 else []),
+    ("max_seq_length", lambda v: [s for s in (v * 3 // 4, v // 2, v // 4, v // 8) if s >= 8]),
+    ("r", lambda v: [x for x in (v // 2, v // 4, 1) if 1 <= x < v]),
+    ("lora_dropout", lambda v: [0.0] if v else []),
+)
+
+
+def nothing_fits(
+    space: SearchSpace,
+    predict: Callable[[TrialConfig], float | None],
+    known_fit: bool = False,
+) -> str | None:
+    """One line when no configuration of the space is predicted to fit, else None.
+
+    The space's memory-relevant grid (:func:`grid_values`) is predicted with ``predict`` (a trial
+    config dict to GiB: the memory model, corrected by the study's calibration where it has one) against
+    ``memory_limit_gib * (1 + preflight_margin)``, the preflight's own bound. The line names the smallest predicted
+    peak and the cheapest single setting that brings it under ``memory_limit_gib`` itself (:data:`_CHEAP_CHANGES`;
+    the margin only forgives the model's error, advice should not lean on it), else the cap it would need: the
+    smallest predicted peak, rounded up. ``known_fit``: the study already holds a trial that fit: say nothing.
+    """
+    if known_fit:
+        return None
+    limit_gib, margin = space.base.memory_limit_gib, space.base.preflight_margin
+    bound = limit_gib * (1 + margin)
+    keys = [k for k in MEMORY_KEYS if k in space.search]
+    smallest: tuple[float, TrialConfig] | None = None
+    for combo in itertools.islice(itertools.product(*[grid_values(space, k) for k in keys]), MAX_POINTS):
+        values = dataclasses.replace(space.base, **dict(zip(keys, combo)))
+        peak = predict(values)
+        if peak is None:
+            return None  # the model's shape is unknown: nothing is predicted
+        if peak <= bound:
+            return None
+        if smallest is None or peak < smallest[0]:
+            smallest = (peak, values)
+    if smallest is None:
+        return None
+    peak, values = smallest
+    shown = " ".join(f"{k}={getattr(values, k)}" for k in ("per_device_train_batch_size", "max_seq_length", *keys))
+    shown = " ".join(dict.fromkeys(shown.split()))
+    change = None
+    for key, options in _CHEAP_CHANGES:
+        for option in options(getattr(values, key)):
+            after = predict(dataclasses.replace(values, **{key: option}))
+            if after is not None and after <= limit_gib:  # predicted to fit the cap itself, not only its margin
+                change = f"{key}: {_yaml(option)} ({after:.2f} GiB)"
+                break
+        if change:
+            break
+    needed = math.ceil(peak * 100) / 100  # a cap the predicted peak fits (the margin only forgives the model's error)
+    fix = (
+        f"the cheapest setting to change: {change}, or memory_limit_gib >= {needed:.2f}"
+        if change
+        else f"no single setting brings it under; raise memory_limit_gib to {needed:.2f} or more"
+    )
+    return (
+        f"{space.path}: training.memory_limit_gib: no configuration of the space is predicted to fit "
+        f"{limit_gib:g} GiB (+ preflight_margin {margin:g}): the smallest predicted peak is {peak:.2f} GiB ({shown}); "
+        f"{fix} (sweep estimate {space.path})"
+    )
