@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweeper.memory._model import MEMORY_KEYS, ModelShape, estimate_memory, settings_from
-from sweeper.space import Categorical, SearchSpace, TrialConfig
+from sweeper.space import Categorical, SearchSpace, TrialConfig, yaml_value
 
 #: At most this many grid points are estimated (about 1 ms each): a larger space is cut, and the command says so.
 MAX_POINTS = 20000
@@ -122,15 +122,6 @@ def estimate_space(space: SearchSpace, shape: ModelShape, device: str = "cuda") 
     return SpaceEstimate(points=points, grid_size=math.prod(len(v) for v in axes), searched=keys)
 
 
-def _yaml(value: Any) -> str:
-    """A value as the space file writes it (``true``, ``[q_proj, v_proj]``)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(map(str, value)) + "]"
-    return str(value)
-
-
 #: Single changes that lower a configuration's memory, cheapest first (what they cost the training): checkpointing
 #: costs time, double quant ~0.4 bit of precision in the constants, an 8-bit optimizer state precision, a smaller
 #: batch is kept by gradient accumulation (export keeps the effective batch), shorter rows lose data, a smaller rank
@@ -185,7 +176,7 @@ def nothing_fits(
         for option in options(getattr(values, key)):
             after = predict(dataclasses.replace(values, **{key: option}))
             if after is not None and after <= limit_gib:  # predicted to fit the cap itself, not only its margin
-                change = f"{key}: {_yaml(option)} ({after:.2f} GiB)"
+                change = f"{key}: {yaml_value(option)} ({after:.2f} GiB)"
                 break
         if change:
             break

@@ -4,7 +4,15 @@ objects (:class:`SearchSpace`), and the one schema of a trial's settings (:class
 Pure: imports neither torch nor optuna, so a space file loads and validates in milliseconds.
 """
 
-from sweeper.space._parse import TRIAL_KEYS, SearchSpace, apply_overrides, load_space, parse_duration_s, parse_space
+from sweeper.space._parse import (
+    TRIAL_KEYS,
+    SearchSpace,
+    apply_overrides,
+    load_space,
+    parse_duration_s,
+    parse_space,
+    yaml_value,
+)
 from sweeper.space._schema import (
     ATTN_IMPLEMENTATIONS,
     COMPUTE_DTYPES,
@@ -45,4 +53,5 @@ __all__ = [
     "load_space",
     "parse_duration_s",
     "parse_space",
+    "yaml_value",
 ]

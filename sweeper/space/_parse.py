@@ -151,6 +151,16 @@ class SearchSpace:
 # Parsing
 
 
+def yaml_value(value: Any) -> str:
+    """A value as a space file writes it: ``true``, ``[q_proj, v_proj]``, ``0.5`` (for messages that name the value
+    to write)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
 def parse_duration_s(value: Any) -> float:
     """Seconds from ``90``, ``"90s"``, ``"20m"``, ``"8h"``, ``"1h30m"`` or ``"2d"``.
 

@@ -32,7 +32,7 @@ from sweeper.checkpoint import (
     unmatched_targets,
     weight_files,
 )
-from sweeper.space import SearchSpace
+from sweeper.space import SearchSpace, yaml_value
 from sweeper.trial import cuda_visible
 
 #: The searched quantization keys and, for a bitsandbytes 4-bit ``quantization_config``, its key and default there
@@ -123,15 +123,6 @@ def check_attention(space: SearchSpace) -> list[str]:
     return []
 
 
-def _yaml(value: Any) -> str:
-    """A value as the space file writes it (``true``, ``[q_proj, v_proj]``)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(map(str, value)) + "]"
-    return str(value)
-
-
 def _forced_values(quantization: Mapping[str, Any]) -> dict[str, Any] | None:
     """What a bitsandbytes 4-bit ``quantization_config`` forces on the searched keys; None for any other method."""
     method = str(quantization.get("quant_method", "")).lower()
@@ -178,7 +169,7 @@ def check_quantization_config(space: SearchSpace, model_path: str) -> list[str]:
             clashes.append(key)
     if not clashes:
         return []
-    forces = ", ".join(f"{k}={_yaml(v)}" for k, v in forced.items())
+    forces = ", ".join(f"{k}={yaml_value(v)}" for k, v in forced.items())
     return [
         f"{where}: the checkpoint is already 4-bit (bitsandbytes) and transformers uses its own settings, which "
         f"force {forces}: the searched {', '.join(clashes)} cannot take effect; give the unquantized base model, "
