@@ -11,7 +11,7 @@ import yaml
 from conftest import sweep
 from test_report import make_study
 
-from sweeper.report._export import pick_trial, write_export
+from sweeper.export import pick_trial, write_export
 
 
 @pytest.fixture
