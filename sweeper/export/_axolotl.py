@@ -21,7 +21,8 @@ def render_axolotl(s: ExportSettings) -> str:
     (:data:`AXOLOTL_LORA_KERNELS`), as off.
 
     Raises:
-        StudyError: The trial's ``lora_alpha`` is not a whole number (axolotl's is an integer: :func:`inexpressible`).
+        StudyError: The trial's ``lora_alpha`` is not a whole number (axolotl's is an integer:
+            :func:`sweeper.export.inexpressible`).
     """
     t, q = s.training, s.quantization
     alpha = s.lora["lora_alpha"]

@@ -21,7 +21,7 @@ LLAMA_FACTORY_DTYPES = (
 def render_llama_factory(s: ExportSettings) -> str:
     """A LLaMA-Factory training config (``finetuning_type: lora``, ``quantization_bit: 4``). LLaMA-Factory derives
     the 4-bit compute dtype from ``bf16``/``fp16`` and has no key for it (see :data:`LLAMA_FACTORY_DTYPES`): the
-    comment states what it computes in. A float32 trial cannot be expressed (:func:`inexpressible`).
+    comment states what it computes in. A float32 trial cannot be expressed (:func:`sweeper.export.inexpressible`).
 
     Raises:
         StudyError: The trial computed in float32.
