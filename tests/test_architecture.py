@@ -20,6 +20,7 @@ HEAVY = ("torch", "transformers", "peft", "bitsandbytes", "datasets")
         "sweeper.cli",
         "sweeper.study",
         "sweeper.report",
+        "sweeper.export",
         "sweeper.space",
         "sweeper.trial",
         "sweeper.memory",

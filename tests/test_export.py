@@ -11,7 +11,7 @@ import yaml
 from conftest import sweep
 from test_report import make_study
 
-from sweeper.report._export import pick_trial, write_export
+from sweeper.export import pick_trial, write_export
 
 
 @pytest.fixture
@@ -339,3 +339,53 @@ def test_the_trl_file_reads_a_mixed_file_as_the_trial_does(study_and_knee, tmp_p
     assert len(dataset) == len(samples) and len(samples.dropped) == len(rows) - len(samples)
     for record in dataset:
         assert all(v is not None for v in record.values()), record
+
+
+def test_the_trl_row_reader_is_a_file_of_the_package_copied_into_the_trl_export(study_and_knee, tmp_path):
+    """sweeper/export/trl_rows.py is the trl file's row reader: its text below the ``# fmt: off`` line is in the
+    export as it stands, the export imports nothing of sweeper, and the file imports on its own (without sweeper's
+    package, as the script would) with the reader's functions."""
+    import importlib.util
+    from pathlib import Path
+
+    from sweeper.export import trl_rows_source
+
+    source = trl_rows_source()
+    [py] = write_export(*study_and_knee, "trl", tmp_path / "trl")
+    text = py.read_text()
+    assert source.startswith("\n\ndef chat_template_masks_assistant(") and source.rstrip("\n") in text
+    assert "sweeper" not in "".join(line for line in text.splitlines() if line.lstrip().startswith(("import", "from")))
+    path = Path(__file__).resolve().parents[1] / "sweeper" / "export" / "trl_rows.py"
+    spec = importlib.util.spec_from_file_location("trl_rows_alone", path)
+    assert spec is not None and spec.loader is not None
+    alone = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(alone)
+    assert callable(alone.trl_dataset) and callable(alone.build_trainer)
+    assert alone._kind({"instruction": "Q", "output": "A"}) == "alpaca"
+
+
+def test_the_trl_row_reader_on_its_own_keeps_the_rows_load_samples_keeps(tiny_model, tmp_path):
+    """The same parity as the exported file's, on sweeper.export.trl_rows imported as a module."""
+    from test_data import GENERATION_CHATML
+    from transformers import AutoTokenizer
+
+    from sweeper.data import load_samples
+    from sweeper.export import trl_rows
+    from sweeper.space import DatasetSpec
+
+    rows = [
+        {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]},
+        {"conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}], "system": "Be brief."},
+        {"messages": [{"role": "user", "content": "Q"}, {"role": "function_call", "content": "f()"}]},
+        {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": None}]},
+        {"text": "a stray text row"},
+    ]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.chat_template = GENERATION_CHATML
+    dataset, loss = trl_rows.trl_dataset(rows, tokenizer)
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    samples = load_samples(DatasetSpec(path=str(path), max_samples=100))
+    assert loss == {"assistant_only_loss": True}
+    assert [list(r["messages"]) for r in dataset] == [[dict(m) for m in s.messages] for s in samples]
+    assert len(dataset) == 2

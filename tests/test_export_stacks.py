@@ -19,7 +19,7 @@ import yaml
 from conftest import REPO, tiny_space
 from test_report import make_study
 
-from sweeper.report._export import pick_trial, write_export
+from sweeper.export import pick_trial, write_export
 
 STACKS = REPO / "tests" / "fixtures" / "stacks"
 

@@ -21,7 +21,7 @@ from test_export_stacks import STACKS, _run, stack_venv
 from test_report import add_configured_trials, add_trial, make_study
 
 from sweeper.errors import StudyError
-from sweeper.report._export import AXOLOTL_LORA_KERNELS, pick_trial, write_export
+from sweeper.export import AXOLOTL_LORA_KERNELS, pick_trial, write_export
 from sweeper.space import parse_space
 from sweeper.study import open_study
 

@@ -10,8 +10,8 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from sweeper.errors import StudyError
+from sweeper.export import knee, pick_trial
 from sweeper.report import _data as report
-from sweeper.report._export import knee, pick_trial
 from sweeper.space import parse_space
 from sweeper.study import FAILURE_CONSTRAINT, open_study
 

@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(func=cmd_report)
 
-    from sweeper.report import FORMATS, PICKS
+    from sweeper.export import FORMATS, PICKS
 
     export = sub.add_parser("export", help="a trial of the study as a config for production training")
     export.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")

@@ -88,7 +88,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     """``sweep confirm STUDY [--steps N] [--trials 3,7 | --front | --pick knee]``."""
     import optuna
 
-    from sweeper.report import pick_trial
+    from sweeper.export import pick_trial
     from sweeper.study import candidates, confirmations, load_existing_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -13,7 +13,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.errors import StudyError
-    from sweeper.report import export_path, format_instability, inexpressible, pick_trial, write_export
+    from sweeper.export import export_path, inexpressible, pick_trial, write_export
+    from sweeper.report import format_instability
     from sweeper.study import load_existing_study, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

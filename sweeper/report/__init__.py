@@ -1,6 +1,6 @@
 """What a study says, for people and for other tools: the report's data (:mod:`._data`, plain dicts), its figures and
 self-contained HTML (:mod:`._figures`, plotly), the terminal text (:mod:`._console`), optuna-dashboard with sweeper's
-notes and figure (:mod:`._dashboard`), and the production configs of ``sweep export`` (:mod:`._export`).
+notes and figure (:mod:`._dashboard`). The production configs of ``sweep export`` are :mod:`sweeper.export`'s.
 
 Every reader takes an ``optuna.Study`` and reads its trials through :func:`sweeper.study.stored_trial`.
 """
@@ -32,17 +32,6 @@ from sweeper.report._data import (
     trial_params,
     trial_record,
 )
-from sweeper.report._export import (
-    FORMATS,
-    PICKS,
-    ExportSettings,
-    export_path,
-    inexpressible,
-    knee,
-    pick_trial,
-    settings_of,
-    write_export,
-)
 from sweeper.report._figures import render_html, write_html_report
 from sweeper.report._sweep_console import (
     SweepConsole,
@@ -54,15 +43,11 @@ from sweeper.report._sweep_console import (
 )
 
 __all__ = [
-    "FORMATS",
-    "PICKS",
-    "ExportSettings",
     "SweepConsole",
     "all_failed_line",
     "curves_data",
     "dashboard_app",
     "describe_fit",
-    "export_path",
     "failure_note",
     "fit_map_data",
     "format_audit",
@@ -78,23 +63,18 @@ __all__ = [
     "format_trial_line",
     "front_data",
     "importance_data",
-    "inexpressible",
-    "knee",
     "memory_line",
     "memory_prediction_data",
-    "pick_trial",
     "picks",
     "publish_study",
     "render_html",
     "report_dict",
     "resume_lines",
     "serve",
-    "settings_of",
     "status_label",
     "sweep_header",
     "sweep_summary",
     "trial_params",
     "trial_record",
-    "write_export",
     "write_html_report",
 ]

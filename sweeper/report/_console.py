@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sweeper.audit import AuditReport, NanRisk
+from sweeper.stability import format_instability
 from sweeper.study import StoredTrial
 from sweeper.trial import TrialResult
 
@@ -37,17 +38,6 @@ def _fmt(value: Any) -> str:
 
 def _num(value: Any, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "-"
-
-
-def format_instability(value: float | None) -> str:
-    """An instability as shown everywhere: 3 decimals, ``0`` for exactly zero, and 3 significant digits below 0.001
-    (``6.85e-05``), so that a trial on the front never reads as ``0.000`` beside one that is exactly 0 (which would
-    make it look dominated). ``-`` when it is unknown (a trial that did not complete)."""
-    if value is None or not isinstance(value, (int, float)):
-        return "-"
-    if value == 0:
-        return "0"
-    return f"{value:.2e}" if abs(value) < 0.001 else f"{value:.3f}"
 
 
 def format_params(params: Mapping[str, Any]) -> str:

@@ -115,7 +115,7 @@ def front_data(study: optuna.Study) -> dict[str, Any]:
 def picks(study: optuna.Study) -> dict[str, int]:
     """The trial ``sweep export --pick`` would choose for each pick (``knee``, ``min-memory``, ``most-stable``);
     {} without a complete trial."""
-    from sweeper.report._export import PICKS, pick_trial
+    from sweeper.export import PICKS, pick_trial
 
     if not pareto_front(study):
         return {}

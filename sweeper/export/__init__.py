@@ -1,0 +1,60 @@
+"""From a study to a production config (``sweep export``): pick a trial of the front and write its settings for
+transformers/peft, TRL, axolotl or LLaMA-Factory, or as JSON.
+
+The export carries the trial's quantization, LoRA and batch settings as measured, and keeps the space's
+``target_effective_batch_size`` through ``gradient_accumulation_steps`` (the short trials ran with their own). A
+setting the target tool cannot express the way the trial ran it is said in a comment, never dropped silently.
+
+One module a step, and one a target format:
+
+- :mod:`._pick`: which trial (``--trial N`` or a ``--pick`` of the front), which formats can express it, the nearest
+  one they can, and the one-line refusals;
+- :mod:`._settings`: :class:`ExportSettings`, what every format writes, from the trial's stored config;
+- :mod:`._hf` (``hf`` and ``trl`` ``.py`` files), :mod:`._axolotl`, :mod:`._llama_factory` (YAML, with
+  :mod:`._yaml`) and :mod:`._json`: one renderer a format;
+- :mod:`.trl_rows`: the ``trl`` file's row reader, a Python file copied into it as text (the file never imports
+  sweeper);
+- :mod:`._write`: where ``-o`` puts the files and the write.
+"""
+
+from sweeper.export._axolotl import AXOLOTL_LORA_KERNELS, render_axolotl
+from sweeper.export._hf import render_hf, trl_rows_source
+from sweeper.export._json import settings_json
+from sweeper.export._llama_factory import LLAMA_FACTORY_DTYPES, render_llama_factory
+from sweeper.export._pick import (
+    FORMATS,
+    PICKS,
+    Format,
+    Pick,
+    inexpressible,
+    knee,
+    nearest_expressible,
+    pick_trial,
+)
+from sweeper.export._settings import HUB_IDS, ExportSettings, settings_of
+from sweeper.export._write import SUFFIXES, export_path, render, write_export
+
+__all__ = [
+    "AXOLOTL_LORA_KERNELS",
+    "FORMATS",
+    "HUB_IDS",
+    "LLAMA_FACTORY_DTYPES",
+    "PICKS",
+    "SUFFIXES",
+    "ExportSettings",
+    "Format",
+    "Pick",
+    "export_path",
+    "inexpressible",
+    "knee",
+    "nearest_expressible",
+    "pick_trial",
+    "render",
+    "render_axolotl",
+    "render_hf",
+    "render_llama_factory",
+    "settings_json",
+    "settings_of",
+    "trl_rows_source",
+    "write_export",
+]

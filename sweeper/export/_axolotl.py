@@ -1,0 +1,76 @@
+"""The ``axolotl`` export: an axolotl config (``adapter: qlora``) in the keys of axolotl 0.21's schema."""
+
+from __future__ import annotations
+
+from sweeper.errors import StudyError
+from sweeper.export._settings import ExportSettings, header
+from sweeper.export._yaml import same_named_training, yaml_text
+
+#: axolotl's fused LoRA kernels (its ``lora_optims``), which it switches on by default for QLoRA: written as off,
+#: since the trial ran peft's own layers.
+AXOLOTL_LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
+
+
+def render_axolotl(s: ExportSettings) -> str:
+    """An axolotl config (``adapter: qlora``), in the keys of axolotl 0.21's schema. axolotl derives
+    ``bnb_4bit_compute_dtype`` from its ``bf16``/``fp16`` flags; the trial's value is passed through
+    ``bnb_config_kwargs``, which axolotl merges into its ``BitsAndBytesConfig``. Two of axolotl's defaults would
+    train otherwise than the trial: ``tf32: auto`` turns TF32 matmuls on for Ampere and newer GPUs (the trial ran
+    PyTorch's default, full float32 matmuls), and ``excess_length_strategy`` defaults to ``drop`` for rows longer
+    than ``sequence_len`` (the trial truncated them): both are written out, and so are axolotl's fused LoRA kernels
+    (:data:`AXOLOTL_LORA_KERNELS`), as off.
+
+    Raises:
+        StudyError: The trial's ``lora_alpha`` is not a whole number (axolotl's is an integer:
+            :func:`sweeper.export.inexpressible`).
+    """
+    t, q = s.training, s.quantization
+    alpha = s.lora["lora_alpha"]
+    if not float(alpha).is_integer():
+        raise StudyError(
+            f"{s.provenance['study']}: --format axolotl: trial {s.provenance['trial']} has lora_alpha {alpha}, not a "
+            "whole number, which axolotl cannot express (its lora_alpha is an integer); export it with --format hf, "
+            "trl or llama-factory"
+        )
+    data = {
+        "base_model": s.model,
+        "load_in_4bit": True,
+        "adapter": "qlora",
+        "lora_r": s.lora["r"],
+        "lora_alpha": s.lora["lora_alpha"],
+        "lora_dropout": s.lora["lora_dropout"],
+        "lora_target_modules": s.lora["target_modules"],
+        "bnb_config_kwargs": {
+            "bnb_4bit_quant_type": q["bnb_4bit_quant_type"],
+            "bnb_4bit_use_double_quant": q["bnb_4bit_use_double_quant"],
+            "bnb_4bit_compute_dtype": q["bnb_4bit_compute_dtype"],
+        },
+        "sequence_len": s.max_seq_length,
+        "excess_length_strategy": "truncate",
+        "sample_packing": False,
+        "micro_batch_size": t["per_device_train_batch_size"],
+        "gradient_accumulation_steps": t["gradient_accumulation_steps"],
+        "learning_rate": t["learning_rate"],
+        "optimizer": t["optim"],
+        "gradient_checkpointing": t["gradient_checkpointing"],
+        **same_named_training(t),
+        "tf32": False,
+        **dict.fromkeys(AXOLOTL_LORA_KERNELS, False),
+        "output_dir": f"./outputs/{s.provenance['study']}-trial{s.provenance['trial']}",
+    }
+    comments = {
+        "bnb_config_kwargs": "axolotl ties bnb_4bit_compute_dtype to bf16/fp16; this entry sets the trial's value "
+        "explicitly",
+        "sequence_len": "sweeper's max_seq_length",
+        "excess_length_strategy": "longer rows are cut to sequence_len, as the trial cut them (axolotl's default, "
+        "drop, would leave them out)",
+        "sample_packing": "one sample a row, as in the trial",
+        "micro_batch_size": "per_device_train_batch_size",
+        "tf32": "the trial ran float32 matmuls in full float32 (PyTorch's default); axolotl's default, auto, turns "
+        "TF32 on for Ampere and newer GPUs",
+        AXOLOTL_LORA_KERNELS[0]: "the trial ran peft's own LoRA layers; axolotl turns its fused LoRA kernels on by "
+        "default for QLoRA, whose memory and (with lora_dropout) numerics are not what the sweep measured",
+    }
+    if not t["bf16"] and not t["fp16"]:
+        comments["bf16"] = "the trial computed in float32: no mixed precision (axolotl's default, auto, would use bf16)"
+    return yaml_text(header(s, "#"), data, comments)

@@ -1,0 +1,155 @@
+"""The ``.py`` exports: ``hf``, a file building transformers' and peft's config objects, and ``trl``, the same with
+TRL's ``SFTConfig`` and a ``build_trainer`` whose row reader is :mod:`sweeper.export.trl_rows`, copied in as text.
+Both files stand alone: they import torch, transformers, peft and TRL, never sweeper."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from sweeper.export._settings import ExportSettings, header
+
+#: ``TrainingArguments`` keys the ``.py`` exports write by another name: transformers 5.23 renamed
+#: ``gradient_checkpointing`` to ``activation_checkpointing`` (the old name warns there and goes in v6), while the
+#: production stacks pin older releases (axolotl 0.21: 5.20.1, LLaMA-Factory 0.9.5: at most 5.6.0). The file asks
+#: the installed transformers which name it has.
+_CHECKPOINTING_LINES = [
+    "# transformers 5.23 renamed gradient_checkpointing to activation_checkpointing (the old name warns there and is",
+    "# removed in v6); older releases, such as axolotl's 5.20 and LLaMA-Factory's 5.6, know only the old name.",
+    'CHECKPOINTING = "activation_checkpointing"',
+    "if CHECKPOINTING not in {0}.__dataclass_fields__:",
+    '    CHECKPOINTING = "gradient_checkpointing"',
+]
+
+#: The line of :mod:`sweeper.export.trl_rows` after which the file is the ``trl`` script's text.
+TRL_ROWS_START = "# fmt: off\n"
+
+#: How the ``trl`` file ends: how to load the model and train.
+_TRL_USAGE = [
+    "",
+    "",
+    "# Train with: tokenizer = AutoTokenizer.from_pretrained(MODEL_NAME); model = AutoModelForCausalLM."
+    "from_pretrained(",
+    "#     MODEL_NAME, quantization_config=bnb_config, dtype=bnb_config.bnb_4bit_compute_dtype)",
+    "# build_trainer(model, tokenizer, rows).train()  # rows: your dataset, e.g. datasets.load_dataset(...)",
+]
+
+#: How the ``hf`` file ends: how to load the model and tokenize.
+_HF_USAGE = [
+    "",
+    "# Load the model with: AutoModelForCausalLM.from_pretrained(MODEL_NAME, "
+    "quantization_config=bnb_config, dtype=bnb_config.bnb_4bit_compute_dtype)",
+    "# Tokenize as the trial did: one sample a row (no packing), cut to MAX_SEQ_LENGTH tokens at its end.",
+]
+
+
+@cache
+def trl_rows_source() -> str:
+    """The text of :mod:`sweeper.export.trl_rows` the ``trl`` file carries: all of it after its ``# fmt: off`` line
+    (read as package data, so that an installed sweeper has it too)."""
+    text = resources.files("sweeper.export").joinpath("trl_rows.py").read_text(encoding="utf-8")
+    _, start, source = text.partition("\n" + TRL_ROWS_START)
+    if not start:
+        raise RuntimeError(f"sweeper/export/trl_rows.py has no {TRL_ROWS_START.strip()!r} line")
+    return source
+
+
+def _py_value(value: Any) -> str:
+    """A value as Python source."""
+    return repr(value)
+
+
+def render_hf(s: ExportSettings, *, trl: bool = False) -> str:
+    """A Python file building ``BitsAndBytesConfig``, ``LoraConfig`` and ``TrainingArguments`` from the settings
+    (``hf``), or TRL's ``SFTConfig`` and a ``build_trainer(model, tokenizer, rows)`` that builds the ``SFTTrainer``
+    (``trl``); importing it builds the config objects, nothing is loaded or trained.
+
+    It runs on every transformers 5 release (the checkpointing key's name is asked of the installed one). The
+    ``trl`` file chooses at run time how TRL supervises what the trial supervised: ``assistant_only_loss`` where the
+    tokenizer's chat template lets TRL mask assistant turns, else each reply as a prompt/completion row
+    (``completion_only_loss``), the template's end-of-turn token included either way.
+    """
+    args_class = "SFTConfig" if trl else "TrainingArguments"
+    lines = _preamble(s, trl) + _configs(s, args_class)
+    if trl:
+        lines += _sft_config(s) + trl_rows_source().rstrip("\n").split("\n") + _TRL_USAGE
+    else:
+        lines += _training_arguments(s) + _HF_USAGE
+    return "\n".join(lines) + "\n"
+
+
+def _preamble(s: ExportSettings, trl: bool) -> list[str]:
+    """The file's docstring, header comment, imports and constants (the ``trl`` file's chat template among them)."""
+    from sweeper.data import DEFAULT_CHAT_TEMPLATE
+
+    lines = ['"""QLoRA settings chosen with sweeper."""', "", *header(s, "#"), ""]
+    lines += [
+        "import torch",
+        "from peft import LoraConfig",
+        "from transformers import BitsAndBytesConfig" + ("" if trl else ", TrainingArguments"),
+    ]
+    if trl:
+        lines.append("from trl import SFTConfig, SFTTrainer")
+    lines += [
+        "",
+        f"MODEL_NAME = {s.model!r}",
+        f"MAX_SEQ_LENGTH = {s.max_seq_length}",
+    ]
+    if trl:
+        lines += [
+            "# The chat template the trials applied when the tokenizer has none (build_trainer sets it then).",
+            f"TRIAL_CHAT_TEMPLATE = {DEFAULT_CHAT_TEMPLATE!r}",
+        ]
+    return lines
+
+
+def _configs(s: ExportSettings, args_class: str) -> list[str]:
+    """The checkpointing key's name, ``bnb_config`` and ``lora_config``."""
+    q = dict(s.quantization)
+    dtype = q.pop("bnb_4bit_compute_dtype")
+    lines = ["", *[line.format(args_class) for line in _CHECKPOINTING_LINES], "", "bnb_config = BitsAndBytesConfig("]
+    lines += [f"    {k}={_py_value(v)}," for k, v in q.items()]
+    lines += [f"    bnb_4bit_compute_dtype=torch.{dtype},", ")", "", "lora_config = LoraConfig("]
+    lines += [f"    {k}={_py_value(v)}," for k, v in s.lora.items()]
+    return lines + [")", ""]
+
+
+def _training_keys(s: ExportSettings, indent: str) -> list[str]:
+    """The training arguments but the checkpointing key (whose name the file asks of transformers), one a line."""
+    out_dir = "outputs/" + str(s.provenance["study"]) + "-trial" + str(s.provenance["trial"])
+    lines = [f"{indent}output_dir={out_dir!r},"]
+    lines += [f"{indent}{k}={_py_value(v)}," for k, v in s.training.items() if k != "gradient_checkpointing"]
+    lines.append(f"{indent}use_cpu=not torch.cuda.is_available(),  # so that the file also loads without a GPU")
+    return lines
+
+
+def _training_arguments(s: ExportSettings) -> list[str]:
+    """The ``hf`` file's ``training_args = TrainingArguments(...)``."""
+    return [
+        "training_args = TrainingArguments(",
+        *_training_keys(s, "    "),
+        f"    **{{CHECKPOINTING: {_py_value(s.training['gradient_checkpointing'])}}},",
+        ")",
+    ]
+
+
+def _sft_config(s: ExportSettings) -> list[str]:
+    """The ``trl`` file's ``make_sft_config(**overrides)`` and ``training_args = make_sft_config()``."""
+    indent = "        "
+    return [
+        "",
+        "def make_sft_config(**overrides):",
+        '    """training_args with some keys replaced."""',
+        "    settings = dict(",
+        *_training_keys(s, indent),
+        f"{indent}max_length=MAX_SEQ_LENGTH,  # TRL's name for max_seq_length",
+        f'{indent}truncation_mode="keep_start",  # longer rows are cut at the end, as the trial cut them',
+        f"{indent}packing=False,  # one sample a row, as in the trial",
+        "    )",
+        f"    settings[CHECKPOINTING] = {_py_value(s.training['gradient_checkpointing'])}",
+        "    return SFTConfig(**{**settings, **overrides})",
+        "",
+        "",
+        "training_args = make_sft_config()",
+    ]

@@ -1,0 +1,29 @@
+"""The ``json`` export (and the ``.json`` the ``hf`` export writes beside its ``.py``): the settings as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sweeper.export._settings import ExportSettings
+
+
+def settings_json(s: ExportSettings) -> dict[str, Any]:
+    """The settings as JSON: ``{"provenance", "notes", "model", "max_seq_length", "bnb_config", "lora_config",
+    "training_args", "effective_batch_size", "target_effective_batch_size"}``."""
+    return {
+        "provenance": s.provenance,
+        "notes": s.notes,
+        "model": s.model,
+        "max_seq_length": s.max_seq_length,
+        "bnb_config": s.quantization,
+        "lora_config": s.lora,
+        "training_args": s.training,
+        "effective_batch_size": s.effective_batch_size,
+        "target_effective_batch_size": s.target_effective_batch_size,
+    }
+
+
+def render_json(s: ExportSettings) -> str:
+    """The JSON file's text: :func:`settings_json`, indented."""
+    return json.dumps(settings_json(s), indent=2) + "\n"

@@ -1,0 +1,71 @@
+"""The ``llama-factory`` export: a LLaMA-Factory training config (``finetuning_type: lora``, ``quantization_bit:
+4``), in the keys LLaMA-Factory 0.9.5's parser reads."""
+
+from __future__ import annotations
+
+from sweeper.errors import StudyError
+from sweeper.export._settings import ExportSettings, header
+from sweeper.export._yaml import same_named_training, yaml_text
+
+#: What LLaMA-Factory computes a 4-bit model in: it has no key for the compute dtype and derives it from ``bf16`` /
+#: ``fp16`` (LLaMA-Factory 0.9.5, ``hparams/parser.py``), or with neither from the GPU and the checkpoint's dtype
+#: (``extras/misc.py: infer_optim_dtype``).
+LLAMA_FACTORY_DTYPES = (
+    "LLaMA-Factory has no key for the 4-bit compute dtype: bf16: true computes in bfloat16 (a GPU with bfloat16 "
+    "support, Ampere or newer), fp16: true in float16; with neither it picks bfloat16 on a GPU with bfloat16 support "
+    "when the checkpoint is bfloat16 or names no dtype, float16 on other GPUs and for a float16 or float32 checkpoint "
+    "(a local float16 conversion included), float32 only without a GPU"
+)
+
+
+def render_llama_factory(s: ExportSettings) -> str:
+    """A LLaMA-Factory training config (``finetuning_type: lora``, ``quantization_bit: 4``). LLaMA-Factory derives
+    the 4-bit compute dtype from ``bf16``/``fp16`` and has no key for it (see :data:`LLAMA_FACTORY_DTYPES`): the
+    comment states what it computes in. A float32 trial cannot be expressed (:func:`sweeper.export.inexpressible`).
+
+    Raises:
+        StudyError: The trial computed in float32.
+    """
+    t, q = s.training, s.quantization
+    dtype = q["bnb_4bit_compute_dtype"]
+    if dtype == "float32":
+        raise StudyError(
+            f"{s.provenance['study']}: --format llama-factory: trial {s.provenance['trial']} computed in float32, "
+            "which LLaMA-Factory cannot express; export it with --format hf, trl or axolotl"
+        )
+    data = {
+        "model_name_or_path": s.model,
+        "stage": "sft",
+        "do_train": True,
+        "finetuning_type": "lora",
+        "quantization_bit": 4,
+        "quantization_type": q["bnb_4bit_quant_type"],
+        "double_quantization": q["bnb_4bit_use_double_quant"],
+        "lora_rank": s.lora["r"],
+        "lora_alpha": s.lora["lora_alpha"],
+        "lora_dropout": s.lora["lora_dropout"],
+        "lora_target": ",".join(s.lora["target_modules"]),
+        "cutoff_len": s.max_seq_length,
+        "per_device_train_batch_size": t["per_device_train_batch_size"],
+        "gradient_accumulation_steps": t["gradient_accumulation_steps"],
+        "learning_rate": t["learning_rate"],
+        "optim": t["optim"],
+        "disable_gradient_checkpointing": not t["gradient_checkpointing"],
+        **same_named_training(t),
+        "output_dir": f"outputs/{s.provenance['study']}-trial{s.provenance['trial']}",
+    }
+    effective = (
+        "bfloat16, as the trial (needs a GPU with bfloat16 support: Ampere or newer)"
+        if dtype == "bfloat16"
+        else "float16, as the trial, on any GPU and whatever the checkpoint's dtype"
+    )
+    comments = {
+        "quantization_bit": "bitsandbytes: LLaMA-Factory's default quantization_method",
+        "quantization_type": "bnb_4bit_quant_type",
+        "double_quantization": "bnb_4bit_use_double_quant",
+        "cutoff_len": "sweeper's max_seq_length. A longer row is fitted by cutting its prompt and its reply each "
+        "in part (LLaMA-Factory's infer_seqlen), where the trial cut the row's end: such rows train other tokens than "
+        "in the trial ('sweep doctor' lists them as truncated)",
+        "bf16" if dtype == "bfloat16" else "fp16": f"LLaMA-Factory computes the 4-bit layers in {effective}",
+    }
+    return yaml_text(header(s, "#") + [f"# {LLAMA_FACTORY_DTYPES}"], data, comments)

@@ -1,0 +1,222 @@
+"""Which trial ``sweep export`` writes: trial N, or the front's knee, min-memory or most-stable point, among the
+trials the format can express and that did not fail their confirmation; and the one-line refusals otherwise."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import optuna
+
+from sweeper.errors import StudyError
+from sweeper.stability import format_instability
+from sweeper.study import StoredTrial, TrialStatus, by_knee_distance, pareto_front, stored_trials
+
+Pick = Literal["knee", "min-memory", "most-stable"]
+Format = Literal["hf", "trl", "axolotl", "llama-factory", "json"]
+FORMATS: tuple[str, ...] = ("hf", "trl", "axolotl", "llama-factory", "json")
+PICKS: tuple[str, ...] = ("knee", "min-memory", "most-stable")
+
+
+def objectives(trial: StoredTrial) -> tuple[float, float]:
+    """``(peak_memory_gib, instability)`` of a COMPLETE trial (the front and the exported trials are)."""
+    if trial.values is None:
+        raise StudyError(f"trial {trial.number} did not complete: it has no objective values")
+    return trial.values
+
+
+def knee(front: Sequence[StoredTrial]) -> StoredTrial:
+    """The front's point of best trade-off: after scaling each objective to [0, 1] over the front (min-max), the
+    point nearest the ideal point (0, 0) in Euclidean distance, the "compromise solution" of multi-objective
+    decision making (Zeleny 1973; Deb, *Multi-Objective Optimization using Evolutionary Algorithms*, 2001, 8.2).
+    Ties go to the lower instability, then the lower memory.
+
+    Raises:
+        ValueError: ``front`` is empty.
+    """
+    if not front:
+        raise ValueError("the front is empty")
+    return by_knee_distance(front)[0]
+
+
+def inexpressible(trial: StoredTrial, fmt: str) -> str | None:
+    """Why ``fmt`` cannot train ``trial`` as it ran, or None when it can: LLaMA-Factory has no float32 compute dtype
+    on a GPU (see :data:`sweeper.export.LLAMA_FACTORY_DTYPES`); axolotl's ``lora_alpha`` is an int (axolotl 0.21's
+    schema rejects a fractional one, as ``lora_alpha_ratio * r`` can be). The other formats express every trial."""
+    dtype = trial.config.bnb_4bit_compute_dtype if trial.config is not None else None
+    if fmt == "llama-factory" and dtype == "float32":
+        return (
+            "it computed in float32, which LLaMA-Factory cannot express (it computes a 4-bit model in bfloat16 or "
+            "float16 on a GPU)"
+        )
+    alpha = trial.lora_alpha
+    if fmt == "axolotl" and alpha is not None and not float(alpha).is_integer():
+        return (
+            f"its lora_alpha {alpha} (lora_alpha_ratio * r) is not a whole number, which axolotl cannot express (its "
+            "lora_alpha is an integer)"
+        )
+    return None
+
+
+#: What each format that cannot express some trials says when it can express none: why, and how to get one it can.
+_NONE_EXPRESSIBLE = {
+    "llama-factory": (
+        "every one computed in float32, which LLaMA-Factory cannot express",
+        "run trials with bnb_4bit_compute_dtype bfloat16 or float16",
+    ),
+    "axolotl": (
+        "every one has a fractional lora_alpha, which axolotl cannot express",
+        "run trials whose lora_alpha_ratio * r is a whole number",
+    ),
+}
+
+
+def _formats_expressing(trial: StoredTrial, fmt: str) -> str:
+    """The formats other than ``fmt`` that express ``trial``, as ``hf, trl or axolotl``."""
+    others = [f for f in FORMATS if f not in (fmt, "json") and inexpressible(trial, f) is None]
+    return others[0] if len(others) == 1 else ", ".join(others[:-1]) + " or " + others[-1]
+
+
+def _non_dominated(trials: Sequence[StoredTrial]) -> list[StoredTrial]:
+    """The trials no other of ``trials`` beats on both objectives (lower is better), by peak memory."""
+    front = []
+    for t in trials:
+        a = objectives(t)
+        beaten = any(
+            (b := objectives(u))[0] <= a[0] and b[1] <= a[1] and b != a for u in trials if u.number != t.number
+        )
+        if not beaten:
+            front.append(t)
+    return sorted(front, key=objectives)
+
+
+def _expressible_trials(study: optuna.Study, fmt: str) -> list[StoredTrial]:
+    """The measured COMPLETE trials ``fmt`` can express whose confirmation did not fail."""
+    return [
+        t
+        for t in stored_trials(study)
+        if t.status == TrialStatus.COMPLETE
+        and t.values is not None
+        and not t.is_repeat
+        and (t.confirmation is None or t.confirmation.passed)
+        and inexpressible(t, fmt) is None
+    ]
+
+
+def nearest_expressible(study: optuna.Study, trial: StoredTrial, fmt: str) -> StoredTrial | None:
+    """The trial ``fmt`` can express nearest ``trial``: the fewest settings changed (the same configuration in
+    another compute dtype first), then the nearest objectives (each scaled to [0, 1] over the candidates); None when
+    ``fmt`` can express no complete trial."""
+    candidates = _expressible_trials(study, fmt)
+    if not candidates:
+        return None
+    values = [objectives(t) for t in candidates] + [objectives(trial)]
+    lows = [min(v[i] for v in values) for i in range(2)]
+    spans = [(max(v[i] for v in values) - lows[i]) or 1.0 for i in range(2)]
+    mine = trial.config.to_dict() if trial.config is not None else {}
+
+    def key(t: StoredTrial) -> tuple[int, float, int]:
+        theirs = t.config.to_dict() if t.config is not None else {}
+        changed = sum(1 for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        a, b = objectives(trial), objectives(t)
+        distance = math.hypot(*((a[i] - b[i]) / spans[i] for i in range(2)))
+        return (changed, round(distance, 12), t.number)
+
+    return min(candidates, key=key)
+
+
+def pick_trial(
+    study: optuna.Study, *, number: int | None = None, pick: Pick = "knee", fmt: str | None = None
+) -> StoredTrial:
+    """The trial to export: trial ``number``, or the front's ``knee``, ``min-memory`` or ``most-stable`` point.
+
+    A pick prefers confirmed trials: when some trials of the front completed their confirmation (``sweep confirm``),
+    the pick is made among those; a trial that failed its confirmation is never picked nor exported. With ``fmt``, a
+    pick is made on the front of the trials that format can express (:func:`inexpressible`: LLaMA-Factory has no
+    float32 compute, axolotl no fractional ``lora_alpha``), and trial ``number`` is refused when the format cannot
+    express it, naming the nearest trial it can (:func:`nearest_expressible`).
+
+    Raises:
+        StudyError: No such trial, the trial did not complete or failed its confirmation (its status and reason are
+            named), the format cannot express it, or the study has no complete trial (that the format can express)
+            that did not fail its confirmation.
+    """
+    if number is not None:
+        return _numbered_trial(study, number, fmt)
+    name = study.study_name
+    front = pareto_front(study)
+    if not front:
+        raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with 'sweep run'")
+    if fmt is not None and any(inexpressible(t, fmt) for t in front):
+        expressible = _non_dominated(_expressible_trials(study, fmt))
+        if not expressible:
+            why, fix = _NONE_EXPRESSIBLE[fmt]
+            raise StudyError(
+                f"{name}: --format {fmt}: no complete trial of the study can be expressed in it ({why}); export "
+                f"with --format {_formats_expressing(front[0], fmt)}, or {fix}"
+            )
+        front = expressible
+    passed = [t for t in front if t.confirmation is not None and t.confirmation.passed]
+    usable = [t for t in front if t.confirmation is None or t.confirmation.passed]
+    if not usable:
+        _refuse_failed_confirmation(name, front[0], "--pick")
+    front = passed or usable
+    if pick == "min-memory":
+        return min(front, key=lambda t: (objectives(t)[0], objectives(t)[1]))
+    if pick == "most-stable":
+        return min(front, key=lambda t: (objectives(t)[1], objectives(t)[0]))
+    return knee(front)
+
+
+def _numbered_trial(study: optuna.Study, number: int, fmt: str | None) -> StoredTrial:
+    """``--trial N``: the measured trial ``number`` stands for (a repeat's original), refused in one line when it did
+    not complete, failed its confirmation or ``fmt`` cannot express it."""
+    name = study.study_name
+    trials = {t.number: t for t in stored_trials(study)}
+    if number not in trials:
+        raise StudyError(
+            f"{name}: --trial: no trial {number} in this study (trials 0-{len(trials) - 1}); "
+            "see 'sweep report " + name + "'"
+        )
+    t = trials[number]
+    if t.repeat_of is not None:  # a repeat reused an earlier trial's result: that one was measured
+        t = trials[t.repeat_of]
+    if t.status != TrialStatus.COMPLETE or t.values is None:
+        reason = t.user_attrs.get("reason", "no result")
+        raise StudyError(
+            f"{name}: --trial: trial {number} did not complete ({t.status_name}: {reason}); export a "
+            "complete trial, e.g. --pick knee"
+        )
+    _refuse_failed_confirmation(name, t, "--trial")
+    if fmt is not None and (why := inexpressible(t, fmt)) is not None:
+        raise StudyError(f"{name}: --format {fmt}: trial {number}: {why}; " + _instead(study, t, fmt))
+    return t
+
+
+def _instead(study: optuna.Study, trial: StoredTrial, fmt: str) -> str:
+    """The fix for a trial ``fmt`` cannot express: the nearest trial it can, or the formats that express it."""
+    near = nearest_expressible(study, trial, fmt)
+    formats = _formats_expressing(trial, fmt)
+    if near is None:
+        return f"no complete trial of the study can be; export with --format {formats}"
+    peak, instability = objectives(near)
+    dtype = near.config.bnb_4bit_compute_dtype if near.config is not None else "?"
+    return (
+        f"the nearest trial it can express is {near.number} ({dtype}, peak {peak:.3f} GiB, instability "
+        f"{format_instability(instability)}): --trial {near.number}; or export trial {trial.number} with --format "
+        f"{formats}"
+    )
+
+
+def _refuse_failed_confirmation(study_name: str, trial: StoredTrial, flag: str) -> None:
+    """Raise when ``trial``'s long run failed: its short result does not hold at the horizon of a real run."""
+    done = trial.confirmation
+    if done is None or done.passed:
+        return
+    where = f" at step {done.fail_step}" if done.fail_step is not None else ""
+    raise StudyError(
+        f"{study_name}: {flag}: trial {trial.number} failed its confirmation ({done.status}{where} of {done.steps} "
+        f"steps: {done.reason}); export a trial whose long run completed, or confirm another with 'sweep confirm "
+        f"{study_name} --front'"
+    )

@@ -1,0 +1,202 @@
+"""What an export writes, gathered once from the trial's stored config (:class:`ExportSettings`), whatever the
+format: the 4-bit, LoRA and training settings, the notes on how the short trial differs from a production run, and
+where the numbers come from (the header every format carries)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import optuna
+
+from sweeper.errors import StudyError
+from sweeper.export._pick import objectives
+from sweeper.space import TrialConfig
+from sweeper.study import StoredTrial
+
+#: Built-in models as the hub ids a production run would load.
+HUB_IDS = {"builtin:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportSettings:
+    """What an export writes, gathered from the trial's stored config.
+
+    Attributes:
+        model: Model to fine-tune (a built-in name becomes its hub id).
+        quantization: ``BitsAndBytesConfig`` keyword arguments (``bnb_4bit_compute_dtype`` as a dtype name).
+        lora: ``LoraConfig`` keyword arguments.
+        training: ``TrainingArguments`` keyword arguments, ``gradient_accumulation_steps`` set to keep
+            ``target_effective_batch_size``.
+        max_seq_length: Tokens per row.
+        effective_batch_size: ``per_device_train_batch_size * gradient_accumulation_steps`` of the export.
+        target_effective_batch_size: What the space asked for.
+        provenance: Study, trial, measured peak memory and its kind, instability, library versions.
+        notes: Comments every format carries (how the trial differs from a production run).
+    """
+
+    model: str
+    quantization: dict[str, Any]
+    lora: dict[str, Any]
+    training: dict[str, Any]
+    max_seq_length: int
+    effective_batch_size: int
+    target_effective_batch_size: int
+    provenance: dict[str, Any]
+    notes: list[str]
+
+
+def settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
+    """The export settings of a complete trial (see :class:`ExportSettings`).
+
+    Raises:
+        StudyError: The trial lacks the config sweeper stores (a study not made by ``sweep run``, or edited).
+    """
+    try:
+        return _settings_of(study, trial)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StudyError(
+            f"{study.study_name}: --trial: trial {trial.number} has no usable sweeper config "
+            f"(missing or bad {exc}); export a trial that 'sweep run' measured"
+        ) from None
+
+
+def _settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
+    """:func:`settings_of` without the translation of a missing or bad stored value into one line."""
+    c = trial.config
+    if c is None or trial.values is None:
+        raise KeyError("config")
+    batch = c.per_device_train_batch_size
+    accumulation = max(1, math.ceil(c.target_effective_batch_size / batch))
+    notes = _batch_notes(c, accumulation) + [_confirmation_note(study, trial, c)] + _model_notes(study, c)
+    provenance = _provenance(study, trial, c)
+    training = _training(c, accumulation)
+    name = c.model.name_or_path
+    return ExportSettings(
+        model=HUB_IDS.get(name, name),
+        quantization={
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": c.bnb_4bit_quant_type,
+            "bnb_4bit_use_double_quant": c.bnb_4bit_use_double_quant,
+            "bnb_4bit_compute_dtype": c.bnb_4bit_compute_dtype,
+        },
+        lora={
+            "r": c.r,
+            "lora_alpha": trial.lora_alpha,
+            "lora_dropout": c.lora_dropout,
+            "target_modules": list(c.target_modules),
+            "bias": "none",
+            "task_type": "CAUSAL_LM",
+        },
+        training=training,
+        max_seq_length=c.max_seq_length,
+        effective_batch_size=batch * accumulation,
+        target_effective_batch_size=c.target_effective_batch_size,
+        provenance=provenance,
+        notes=notes,
+    )
+
+
+def _batch_notes(c: TrialConfig, accumulation: int) -> list[str]:
+    """How the export's batch and schedule differ from the short trial's, and what a trial does not choose."""
+    batch, target = c.per_device_train_batch_size, c.target_effective_batch_size
+    notes = [
+        f"gradient_accumulation_steps={accumulation} keeps target_effective_batch_size={target} at "
+        f"per_device_train_batch_size={batch} (the short trial ran gradient_accumulation_steps="
+        f"{c.gradient_accumulation_steps})",
+        f"the trial ran {c.max_steps} steps at a constant learning rate after {c.warmup_steps} "
+        "warmup steps, to probe the peak rate; choose the schedule of the real run yourself",
+        "the trial supervised the assistant replies only (prompt tokens had label -100)",
+        "add your dataset, its chat template and the length of the run (steps or epochs): a trial does not choose them",
+    ]
+    if batch * accumulation != target:
+        notes.append(f"{target} is not a multiple of {batch}: the effective batch is {batch * accumulation}")
+    return notes
+
+
+def _confirmation_note(study: optuna.Study, trial: StoredTrial, c: TrialConfig) -> str:
+    """Whether a long run of the trial's configuration completed, or how to run one."""
+    done = trial.confirmation
+    if done is None:
+        return (
+            f"not confirmed at a long horizon: its instability comes from {c.max_steps} steps; run 'sweep confirm "
+            f"{study.study_name} --trials {trial.number}' to run it {10 * c.max_steps} steps first"
+        )
+    return (
+        f"confirmed: a {done.steps}-step run of this configuration completed (instability "
+        f"{done.instability if done.instability is None else round(done.instability, 4)}, peak "
+        f"{done.peak_memory_gib if done.peak_memory_gib is None else round(done.peak_memory_gib, 3)} GiB)"
+    )
+
+
+def _model_notes(study: optuna.Study, c: TrialConfig) -> list[str]:
+    """Where the trials loaded a built-in or GGUF model from: its local conversion, which the export may point to."""
+    name = c.model.name_or_path
+    local = study.user_attrs.get("model_path")
+    if local and (name.startswith("builtin:") or name.lower().endswith(".gguf")):
+        return [
+            f"the trials loaded {name} from its local conversion {local}; point the model name there to "
+            "train without the hub"
+        ]
+    return []
+
+
+def _provenance(study: optuna.Study, trial: StoredTrial, c: TrialConfig) -> dict[str, Any]:
+    """Study, trial, what was measured where, and the library versions (:attr:`ExportSettings.provenance`)."""
+    versions = trial.result.versions or {}
+    peak = trial.result.peak_memory_gib
+    return {
+        "study": study.study_name,
+        "trial": trial.number,
+        "peak_memory_gib": round(peak, 3) if isinstance(peak, float) else peak,
+        "memory_kind": trial.result.memory_kind,
+        "memory_limit_gib": c.memory_limit_gib,
+        "instability": round(objectives(trial)[1], 4),
+        "confirmation": trial.confirmation.to_dict() if trial.confirmation else None,
+        "device": trial.result.device,
+        "versions": {**versions, "sweeper": _version("sweeper")},
+        "exported": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def _training(c: TrialConfig, accumulation: int) -> dict[str, Any]:
+    """The ``TrainingArguments`` keys of the export (:attr:`ExportSettings.training`)."""
+    return {
+        "per_device_train_batch_size": c.per_device_train_batch_size,
+        "gradient_accumulation_steps": accumulation,
+        "learning_rate": c.learning_rate,
+        "optim": c.optim,
+        "gradient_checkpointing": c.gradient_checkpointing,
+        "max_grad_norm": c.max_grad_norm,
+        "warmup_steps": c.warmup_steps,
+        "weight_decay": c.weight_decay,
+        "bf16": c.bnb_4bit_compute_dtype == "bfloat16",
+        "fp16": c.bnb_4bit_compute_dtype == "float16",
+        "seed": c.seed,
+    }
+
+
+def _version(package: str) -> str | None:
+    """The installed version of ``package``, or None."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def header(s: ExportSettings, comment: str) -> list[str]:
+    """The lines every format starts with, each after ``comment``: where the settings come from, what was measured,
+    the library versions and the notes."""
+    p = s.provenance
+    versions = ", ".join(f"{k} {v}" for k, v in p["versions"].items() if v)
+    lines = [
+        f"Exported by sweeper from study '{p['study']}', trial {p['trial']} ({p['exported']}).",
+        f"Measured: peak memory {p['peak_memory_gib']} GiB ({p['memory_kind']}, cap {p['memory_limit_gib']} GiB), "
+        f"instability {p['instability']}, on {p['device']}.",
+        f"Versions: {versions}.",
+        *s.notes,
+    ]
+    return [f"{comment} {line}" for line in lines]
