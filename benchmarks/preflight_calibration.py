@@ -21,13 +21,8 @@ import statistics
 import optuna
 
 from sweeper.memory import ModelShape, estimate_memory, fit_calibration, group_of, median_abs, settings_from
-from sweeper.study import (
-    TrialStatus,
-    calibration_points,
-    load_existing_study,
-    prediction_errors,
-    stored_trials,
-)
+from sweeper.study import calibration_points, load_existing_study, prediction_errors, stored_trials
+from sweeper.trial import TrialStatus
 
 
 def _pct(x: float | None) -> str:

@@ -15,7 +15,8 @@ from conftest import sweep, tiny_space, write_space
 from optuna.trial import TrialState
 from pg import PASSWORD, pg_bin, start_server
 
-from sweeper.study import count_finished, is_finished
+from sweeper.study import count_finished
+from sweeper.study._stored import is_finished
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,8 @@ from sweeper.memory import (
     preflight,
 )
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
-from sweeper.study import CALIBRATION_ATTR, prediction_errors, stored_calibration, update_calibration
+from sweeper.study import CALIBRATION_ATTR, prediction_errors, stored_calibration
+from sweeper.study._calibration import update_calibration
 
 BASE = TrialConfig(
     per_device_train_batch_size=2,
@@ -254,7 +255,8 @@ def test_a_sweep_learns_its_correction_and_a_stored_one_prunes_before_running(ti
     from conftest import tiny_space, write_space
 
     from sweeper.space import load_space
-    from sweeper.study import CORRECTED_ATTR, device_kind, open_study, plan_sweep, run_study
+    from sweeper.study import device_kind, open_study, plan_sweep, run_study
+    from sweeper.study._calibration import CORRECTED_ATTR
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     kind = device_kind()

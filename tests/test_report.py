@@ -176,7 +176,7 @@ def test_importance_needs_two_different_complete_trials(tmp_path):
 
 def test_figures_and_offline_html(tmp_path):
     from sweeper.report._figures import front_figure, render_html
-    from sweeper.study import loss_curve_svg
+    from sweeper.study._artifacts import loss_curve_svg
 
     study = make_study(tmp_path)
     fig = front_figure(report.front_data(study))

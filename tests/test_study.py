@@ -21,15 +21,14 @@ from sweeper.study import (
     SweepCallback,
     count_finished,
     failure_constraint,
-    is_finished,
-    make_sampler,
     open_study,
     pareto_front,
     plan_sweep,
     run_study,
     status_counts,
-    to_distributions,
 )
+from sweeper.study._storage import make_sampler, to_distributions
+from sweeper.study._stored import is_finished
 from sweeper.trial import TrialResult
 
 #: Every user attribute a measured trial stores (docs/contract.md): each field of TrialResult (the instability terms
@@ -308,7 +307,8 @@ def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
     from test_report import add_trial
 
     from sweeper.space import TrialConfig
-    from sweeper.study import find_duplicate, stored_trial
+    from sweeper.study import stored_trial
+    from sweeper.study._loop import find_duplicate
 
     study = optuna.create_study(directions=["minimize", "minimize"])
     add_trial(study, r=8, batch=2, seq=64, status="complete", peak=1.0, instability=0.1)
@@ -357,7 +357,8 @@ def test_a_resume_with_other_run_policy_reuses_what_was_measured():
     from optuna.distributions import CategoricalDistribution
 
     from sweeper.space import TrialConfig
-    from sweeper.study import find_duplicate, record_result
+    from sweeper.study import record_result
+    from sweeper.study._loop import find_duplicate
     from sweeper.trial import TrialResult, TrialStatus
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

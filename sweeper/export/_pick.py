@@ -11,7 +11,8 @@ import optuna
 
 from sweeper.errors import StudyError
 from sweeper.stability import format_instability
-from sweeper.study import StoredTrial, TrialStatus, by_knee_distance, pareto_front, stored_trials
+from sweeper.study import StoredTrial, by_knee_distance, pareto_front, stored_trials
+from sweeper.trial import TrialStatus
 
 Pick = Literal["knee", "min-memory", "most-stable"]
 Format = Literal["hf", "trl", "axolotl", "llama-factory", "json"]
