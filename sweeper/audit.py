@@ -274,171 +274,230 @@ def audit_samples(
     if [s.index for s in samples] != [t.index for t in tokenized]:
         raise ValueError("samples and tokenized must hold the same samples in the same order")
     lengths = sorted(set(max_seq_lengths))
-    n_tokens = [t.n_tokens for t in tokenized]
-    findings: list[Finding] = []
+    findings = [  # the module docstring's order
+        *_no_supervised_findings(tokenized, lengths),
+        *_invalid_id_findings(tokenized, lengths, vocab_size),
+        *_embedding_findings(special_tokens, tokenized, lengths, compute_dtypes),
+        *_truncated_findings(tokenized, lengths),
+        *_too_long_findings(tokenized),
+        *_repeated_span_findings(tokenized),
+        *_empty_response_findings(samples),
+        *_duplicate_findings(samples),
+        *_unusual_characters_findings(samples),
+        *dropped_findings(dropped),
+        *_generation_mask_findings(mask_disagreements, len(tokenized)),
+    ]
+    return AuditReport(
+        samples=len(samples),
+        length_percentiles=length_percentiles(t.n_tokens for t in tokenized),
+        max_seq_lengths=lengths,
+        vocab_size=vocab_size,
+        findings=findings,
+    )
 
+
+def _no_supervised_findings(tokenized: Sequence[TokenizedSample], lengths: Sequence[int]) -> list[Finding]:
+    """``no_supervised_tokens`` per limit: samples with no supervised token left after truncation."""
+    out = []
     for limit in lengths:
         emptied = [t for t in tokenized if supervised_tokens(t.labels, limit) == 0]
-        if emptied:
-            cut = sorted(t.index for t in emptied)
-            first = min(next((i for i, x in enumerate(t.labels) if x != -100), t.n_tokens) for t in emptied)
-            why = (
-                f"the reply starts at token {first} or later"
-                if first > 0
-                else "rows of one token: after the causal shift nothing is left to predict"
+        if not emptied:
+            continue
+        cut = sorted(t.index for t in emptied)
+        first = min(next((i for i, x in enumerate(t.labels) if x != -100), t.n_tokens) for t in emptied)
+        why = (
+            f"the reply starts at token {first} or later"
+            if first > 0
+            else "rows of one token: after the causal shift nothing is left to predict"
+        )
+        out.append(
+            Finding(
+                kind="no_supervised_tokens",
+                max_seq_length=limit,
+                samples=cut,
+                nan_risk=True,
+                detail=f"{_samples(len(cut), len(tokenized), ('keeps', 'keep'))} no supervised token within "
+                f"{limit} "
+                f"tokens ({why}): {_examples(cut)}; a step made only of such samples has a NaN loss",
             )
-            findings.append(
-                Finding(
-                    kind="no_supervised_tokens",
-                    max_seq_length=limit,
-                    samples=cut,
-                    nan_risk=True,
-                    detail=f"{_samples(len(cut), len(tokenized), ('keeps', 'keep'))} no supervised token within "
-                    f"{limit} "
-                    f"tokens ({why}): {_examples(cut)}; a step made only of such samples has a NaN loss",
-                )
+        )
+    return out
+
+
+def _invalid_id_findings(
+    tokenized: Sequence[TokenizedSample], lengths: Sequence[int], vocab_size: int | None
+) -> list[Finding]:
+    """``invalid_token_id`` per limit: samples holding an id outside ``vocab_size`` rows (none when it is None)."""
+    if vocab_size is None:
+        return []
+    out = []
+    for limit in lengths:
+        bad = {
+            t.index: max(i for i in t.input_ids[:limit] if i >= vocab_size or i < 0)
+            for t in tokenized
+            if any(i >= vocab_size or i < 0 for i in t.input_ids[:limit])
+        }
+        if not bad:
+            continue
+        worst = max(bad.values())
+        out.append(
+            Finding(
+                kind="invalid_token_id",
+                max_seq_length=limit,
+                samples=sorted(bad),
+                nan_risk=True,
+                detail=f"{_samples(len(bad), verb=('holds', 'hold'))} token ids outside the model's "
+                f"{vocab_size} "
+                f"embedding rows (largest {worst}): {_examples(sorted(bad))}; the tokenizer has tokens the "
+                "model was not resized for (model.resize_token_embeddings), or the data holds raw ids",
             )
-    if vocab_size is not None:
-        for limit in lengths:
-            bad = {
-                t.index: max(i for i in t.input_ids[:limit] if i >= vocab_size or i < 0)
-                for t in tokenized
-                if any(i >= vocab_size or i < 0 for i in t.input_ids[:limit])
-            }
-            if bad:
-                worst = max(bad.values())
-                findings.append(
-                    Finding(
-                        kind="invalid_token_id",
-                        max_seq_length=limit,
-                        samples=sorted(bad),
-                        nan_risk=True,
-                        detail=f"{_samples(len(bad), verb=('holds', 'hold'))} token ids outside the model's "
-                        f"{vocab_size} "
-                        f"embedding rows (largest {worst}): {_examples(sorted(bad))}; the tokenizer has tokens the "
-                        "model was not resized for (model.resize_token_embeddings), or the data holds raw ids",
-                    )
-                )
-    findings += _embedding_findings(special_tokens, tokenized, lengths, compute_dtypes)
+        )
+    return out
+
+
+def _truncated_findings(tokenized: Sequence[TokenizedSample], lengths: Sequence[int]) -> list[Finding]:
+    """``truncated`` per limit: samples longer than it."""
+    out = []
     for limit in lengths:
         longer = sorted(t.index for t in tokenized if t.n_tokens > limit)
         if longer:
-            findings.append(
+            out.append(
                 Finding(
                     kind="truncated",
                     max_seq_length=limit,
                     samples=longer,
                     detail=f"{_samples(len(longer), len(tokenized))} ({_percent(len(longer), len(tokenized))}) "
                     f"{'is' if len(longer) == 1 else 'are'} longer than {limit} tokens and lose their tail "
-                    f"(longest {max(n_tokens)}): {_examples(longer)}",
+                    f"(longest {max(t.n_tokens for t in tokenized)}): {_examples(longer)}",
                 )
             )
+    return out
 
-    ordered = sorted(n_tokens)
-    if len(ordered) >= 4:
-        q1, q3 = _percentile(ordered, 25), _percentile(ordered, 75)
-        median = _percentile(ordered, 50)
-        fence = max(q3 + TUKEY_FAR_OUT * (q3 - q1), TOO_LONG_MEDIAN_RATIO * median)
-        outliers = sorted((t for t in tokenized if t.n_tokens > fence), key=lambda t: -t.n_tokens)
-        if outliers:
-            findings.append(
-                Finding(
-                    kind="too_long",
-                    max_seq_length=None,
-                    samples=sorted(t.index for t in outliers),
-                    detail=f"{_samples(len(outliers), verb=('is', 'are'))} longer than {fence:.0f} tokens "
-                    f"(Q3 + {TUKEY_FAR_OUT:g} IQR, at least {TOO_LONG_MEDIAN_RATIO:g}x the "
-                    f"median {median:.0f}); longest: sample {outliers[0].index} with "
-                    f"{outliers[0].n_tokens} tokens",
-                )
-            )
 
-    spans = []
+def _too_long_findings(tokenized: Sequence[TokenizedSample]) -> list[Finding]:
+    """``too_long``: samples beyond Tukey's far-out fence and :data:`TOO_LONG_MEDIAN_RATIO` times the median (at
+    least 4 samples)."""
+    ordered = sorted(t.n_tokens for t in tokenized)
+    if len(ordered) < 4:
+        return []
+    q1, q3 = _percentile(ordered, 25), _percentile(ordered, 75)
+    median = _percentile(ordered, 50)
+    fence = max(q3 + TUKEY_FAR_OUT * (q3 - q1), TOO_LONG_MEDIAN_RATIO * median)
+    outliers = sorted((t for t in tokenized if t.n_tokens > fence), key=lambda t: -t.n_tokens)
+    if not outliers:
+        return []
+    return [
+        Finding(
+            kind="too_long",
+            max_seq_length=None,
+            samples=sorted(t.index for t in outliers),
+            detail=f"{_samples(len(outliers), verb=('is', 'are'))} longer than {fence:.0f} tokens "
+            f"(Q3 + {TUKEY_FAR_OUT:g} IQR, at least {TOO_LONG_MEDIAN_RATIO:g}x the "
+            f"median {median:.0f}); longest: sample {outliers[0].index} with "
+            f"{outliers[0].n_tokens} tokens",
+        )
+    ]
+
+
+def _repeated_span_findings(tokenized: Sequence[TokenizedSample]) -> list[Finding]:
+    """``repeated_span``: samples with a periodic run of :data:`MIN_SPAN_TOKENS`+ tokens, :data:`MIN_REPEATS`+
+    repeats."""
+    spans = []  # (index, span_tokens, period, start)
     for t in tokenized:
         span, period, start = longest_repeated_span(t.input_ids)
         if span >= MIN_SPAN_TOKENS and span // period >= MIN_REPEATS:
             spans.append((t.index, span, period, start))
-    if spans:
-        worst = max(spans, key=lambda s: s[1])  # type: ignore[assignment]
-        findings.append(
-            Finding(
-                kind="repeated_span",
-                max_seq_length=None,
-                samples=sorted(s[0] for s in spans),
-                detail=f"{_samples(len(spans), verb=('repeats', 'repeat'))} a unit of at most {MAX_PERIOD} tokens "
-                f"over {MIN_SPAN_TOKENS}+ "
-                f"tokens; longest: sample {worst[0]}, a {worst[2]}-token unit {worst[1] // worst[2]} times from "  # type: ignore[index]
-                f"token {worst[3]}",  # type: ignore[index]
-            )
+    if not spans:
+        return []
+    index, span, period, start = max(spans, key=lambda s: s[1])
+    return [
+        Finding(
+            kind="repeated_span",
+            max_seq_length=None,
+            samples=sorted(s[0] for s in spans),
+            detail=f"{_samples(len(spans), verb=('repeats', 'repeat'))} a unit of at most {MAX_PERIOD} tokens "
+            f"over {MIN_SPAN_TOKENS}+ "
+            f"tokens; longest: sample {index}, a {period}-token unit {span // period} times from "
+            f"token {start}",
         )
+    ]
 
+
+def _empty_response_findings(samples: Sequence[Sample]) -> list[Finding]:
+    """``empty_response``: chat samples with an empty or whitespace assistant reply."""
     empty = sorted(
         s.index
         for s in samples
         if s.messages is not None and any(m["role"] == "assistant" and not m["content"].strip() for m in s.messages)
     )
-    if empty:
-        findings.append(
-            Finding(
-                kind="empty_response",
-                max_seq_length=None,
-                samples=empty,
-                detail=f"{_samples(len(empty))} with an empty assistant reply: {_examples(empty)}",
-            )
+    if not empty:
+        return []
+    return [
+        Finding(
+            kind="empty_response",
+            max_seq_length=None,
+            samples=empty,
+            detail=f"{_samples(len(empty))} with an empty assistant reply: {_examples(empty)}",
         )
+    ]
 
+
+def _duplicate_findings(samples: Sequence[Sample]) -> list[Finding]:
+    """``duplicate``: groups of samples with the same content after collapsing whitespace."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for s in samples:
         groups[_content_key(s)].append(s.index)
     dupes = sorted((sorted(g) for g in groups.values() if len(g) > 1), key=lambda g: g[0])
-    if dupes:
-        shown = "; ".join(" = ".join(str(i) for i in g[:4]) for g in dupes[:3])
-        findings.append(
-            Finding(
-                kind="duplicate",
-                max_seq_length=None,
-                samples=sorted(i for g in dupes for i in g),
-                detail=f"{len(dupes)} group{'s' if len(dupes) > 1 else ''} of identical samples "
-                f"({sum(len(g) for g in dupes)} samples): {shown}" + (" ..." if len(dupes) > 3 else ""),
-            )
+    if not dupes:
+        return []
+    shown = "; ".join(" = ".join(str(i) for i in g[:4]) for g in dupes[:3])
+    return [
+        Finding(
+            kind="duplicate",
+            max_seq_length=None,
+            samples=sorted(i for g in dupes for i in g),
+            detail=f"{len(dupes)} group{'s' if len(dupes) > 1 else ''} of identical samples "
+            f"({sum(len(g) for g in dupes)} samples): {shown}" + (" ..." if len(dupes) > 3 else ""),
         )
+    ]
 
+
+def _unusual_characters_findings(samples: Sequence[Sample]) -> list[Finding]:
+    """``unusual_characters``: samples whose text holds what :func:`_unusual_characters` finds."""
     odd: dict[int, list[str]] = {}
     for s in samples:
         found = _unusual_characters(_sample_text(s))
         if found:
             odd[s.index] = found
-    if odd:
-        kinds = sorted({k for v in odd.values() for k in v})
-        findings.append(
-            Finding(
-                kind="unusual_characters",
-                max_seq_length=None,
-                samples=sorted(odd),
-                detail=f"{_samples(len(odd), verb=('holds', 'hold'))} {', '.join(kinds)}: {_examples(sorted(odd))}",
-            )
+    if not odd:
+        return []
+    kinds = sorted({k for v in odd.values() for k in v})
+    return [
+        Finding(
+            kind="unusual_characters",
+            max_seq_length=None,
+            samples=sorted(odd),
+            detail=f"{_samples(len(odd), verb=('holds', 'hold'))} {', '.join(kinds)}: {_examples(sorted(odd))}",
         )
+    ]
 
-    findings += dropped_findings(dropped)
+
+def _generation_mask_findings(mask_disagreements: Sequence[int], total: int) -> list[Finding]:
+    """``generation_mask``: samples whose ``{% generation %}`` markers supervise other tokens than the replies
+    (``total``: samples audited)."""
     differ = sorted(set(mask_disagreements))
-    if differ:
-        findings.append(
-            Finding(
-                kind="generation_mask",
-                max_seq_length=None,
-                samples=differ,
-                detail=f"{_samples(len(differ), len(tokenized))}: the chat template's {{% generation %}} markers "
-                "supervise other tokens than the assistant replies and their end of turn; the trials train what the "
-                f"markers say, as TRL's assistant_only_loss does: {_examples(differ)}",
-            )
+    if not differ:
+        return []
+    return [
+        Finding(
+            kind="generation_mask",
+            max_seq_length=None,
+            samples=differ,
+            detail=f"{_samples(len(differ), total)}: the chat template's {{% generation %}} markers "
+            "supervise other tokens than the assistant replies and their end of turn; the trials train what the "
+            f"markers say, as TRL's assistant_only_loss does: {_examples(differ)}",
         )
-    return AuditReport(
-        samples=len(samples),
-        length_percentiles=length_percentiles(n_tokens),
-        max_seq_lengths=lengths,
-        vocab_size=vocab_size,
-        findings=findings,
-    )
+    ]
 
 
 def dropped_findings(dropped: Sequence[DroppedRow]) -> list[Finding]:

@@ -25,17 +25,29 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+#: ``--set`` help of the commands that read a space file.
+_SET_HELP = "override a key of the file"
+
+
+def _parent(*, study: bool = False, set_help: str | None = None, json_help: str | None = None) -> _Parser:
+    """A parent parser (for ``parents=[...]``) holding the arguments several commands share, each with its command's
+    help: the ``study`` positional, ``--set`` and ``--json``; without arguments, an empty one to fill.
+
+    argparse adds a command's parents' arguments before its own, in the parents' order, so a command whose --help
+    lists some of its own options before a shared one puts those in an empty parent of their own ahead of it.
+    """
+    parent = _Parser(add_help=False)
+    if study:
+        parent.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
+    if set_help is not None:
+        parent.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    if json_help is not None:
+        parent.add_argument("--json", action="store_true", help=json_help)
+    return parent
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``sweep`` (exposed for tests and docs)."""
-    from sweeper.cli._confirm import cmd_confirm
-    from sweeper.cli._dashboard import cmd_dashboard
-    from sweeper.cli._doctor import DOCTOR_DEFAULT_LENGTHS, cmd_doctor
-    from sweeper.cli._estimate import cmd_estimate
-    from sweeper.cli._export import cmd_export
-    from sweeper.cli._report import cmd_report
-    from sweeper.cli._run import cmd_run
-    from sweeper.cli._trial import cmd_trial
-
     parser = _Parser(
         prog="sweep",
         description="QLoRA stability sweeper: a Pareto front of peak memory against instability, from short real runs.",
@@ -43,14 +55,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> subparser, for usage errors
+    commands = (
+        _add_run,
+        _add_trial,
+        _add_doctor,
+        _add_estimate,
+        _add_report,
+        _add_export,
+        _add_confirm,
+        _add_dashboard,
+    )
+    for add_command in commands:  # in the order of `sweep --help`
+        add_command(sub)
+    return parser
 
-    run = sub.add_parser("run", help="create or resume a study and run trials until n_trials")
-    run.add_argument("space", help="space file, e.g. search_spaces/demo.yaml")
-    run.add_argument("--n-trials", type=int, help="trials the study should hold (over the whole study)")
-    run.add_argument("--timeout", help="stop starting trials after this long, e.g. 8h")
-    run.add_argument("--storage", help="optuna storage URL (default sqlite:///studies/<name>.db)")
-    run.add_argument("--study", help="study name (default: study.name of the file)")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
+
+def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from sweeper.cli._run import cmd_run
+
+    head = _parent()
+    head.add_argument("space", help="space file, e.g. search_spaces/demo.yaml")
+    head.add_argument("--n-trials", type=int, help="trials the study should hold (over the whole study)")
+    head.add_argument("--timeout", help="stop starting trials after this long, e.g. 8h")
+    head.add_argument("--storage", help="optuna storage URL (default sqlite:///studies/<name>.db)")
+    head.add_argument("--study", help="study name (default: study.name of the file)")
+    run = sub.add_parser(
+        "run",
+        help="create or resume a study and run trials until n_trials",
+        parents=[head, _parent(set_help=_SET_HELP)],
+    )
     run.add_argument(
         "--workers",
         type=int,
@@ -64,24 +97,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
 
-    trial = sub.add_parser("trial", help="run one trial in the foreground and print its trace")
+
+def _add_trial(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from sweeper.cli._trial import cmd_trial
+
+    shared = _parent(set_help="e.g. --set r=64", json_help="print the result and its attributes as JSON")
+    trial = sub.add_parser("trial", help="run one trial in the foreground and print its trace", parents=[shared])
     trial.add_argument("space", help="space file; unset searched keys take their first choice")
-    trial.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set r=64")
-    trial.add_argument("--json", action="store_true", help="print the result and its attributes as JSON")
     trial.set_defaults(func=cmd_trial)
 
-    doctor = sub.add_parser("doctor", help="audit a dataset as the trials would tokenize it")
-    doctor.add_argument(
+
+def _add_doctor(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from sweeper.cli._doctor import DOCTOR_DEFAULT_LENGTHS, cmd_doctor
+
+    head = _parent()
+    head.add_argument(
         "target",
         help="a space file (its dataset, model and max_seq_length values), or a dataset: "
         ".jsonl/.json/.csv/.parquet file, hub id or builtin:pydoc-topics",
     )
-    doctor.add_argument(
+    head.add_argument(
         "--model",
         help="whose tokenizer and vocabulary to use (default: the space's model, or "
         "builtin:smollm2-135m-instruct for a bare dataset)",
     )
-    doctor.add_argument(
+    head.add_argument(
         "--max-seq-length",
         type=int,
         action="extend",
@@ -91,15 +131,24 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(map(str, DOCTOR_DEFAULT_LENGTHS))
         + ")",
     )
-    doctor.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
-    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor = sub.add_parser(
+        "doctor",
+        help="audit a dataset as the trials would tokenize it",
+        parents=[head, _parent(set_help=_SET_HELP, json_help="print the report as JSON")],
+    )
     doctor.add_argument("--strict", action="store_true", help="exit 1 when a finding would make a trial NaN")
     doctor.set_defaults(func=cmd_doctor)
 
-    estimate = sub.add_parser("estimate", help="predicted peak GPU memory of the space's configurations, no weights")
+
+def _add_estimate(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from sweeper.cli._estimate import cmd_estimate
+
+    estimate = sub.add_parser(
+        "estimate",
+        help="predicted peak GPU memory of the space's configurations, no weights",
+        parents=[_parent(set_help=_SET_HELP, json_help="print {points, frontier} as JSON")],
+    )
     estimate.add_argument("space", help="space file; the model may be a folder holding only config.json")
-    estimate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the file")
-    estimate.add_argument("--json", action="store_true", help="print {points, frontier} as JSON")
     estimate.add_argument(
         "--device",
         choices=("cuda", "cpu"),
@@ -108,20 +157,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     estimate.set_defaults(func=cmd_estimate)
 
-    report = sub.add_parser("report", help="the Pareto front and failures of a study, in the terminal and in HTML")
-    report.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
-    report.add_argument("--html", metavar="PATH", help="where to write the HTML (default studies/<study>/report.html)")
-    report.add_argument(
-        "--json",
-        action="store_true",
-        help="print the report as JSON instead of tables (writes the HTML only with --html)",
+
+def _add_report(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from sweeper.cli._report import cmd_report
+
+    html = _parent()
+    html.add_argument("--html", metavar="PATH", help="where to write the HTML (default studies/<study>/report.html)")
+    shared = _parent(json_help="print the report as JSON instead of tables (writes the HTML only with --html)")
+    report = sub.add_parser(
+        "report",
+        help="the Pareto front and failures of a study, in the terminal and in HTML",
+        parents=[_parent(study=True), html, shared],
     )
     report.set_defaults(func=cmd_report)
 
+
+def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from sweeper.cli._export import cmd_export
     from sweeper.export import FORMATS, PICKS
 
-    export = sub.add_parser("export", help="a trial of the study as a config for production training")
-    export.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
+    export = sub.add_parser(
+        "export", help="a trial of the study as a config for production training", parents=[_parent(study=True)]
+    )
     which = export.add_mutually_exclusive_group()
     which.add_argument("--trial", type=int, metavar="N", help="export this trial (it must have completed)")
     which.add_argument(
@@ -141,8 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.set_defaults(func=cmd_export)
 
-    confirm = sub.add_parser("confirm", help="run the front's chosen trials again at a long horizon")
-    confirm.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
+
+def _add_confirm(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from sweeper.cli._confirm import cmd_confirm
+    from sweeper.export import PICKS
+
+    confirm = sub.add_parser(
+        "confirm", help="run the front's chosen trials again at a long horizon", parents=[_parent(study=True)]
+    )
     confirm.add_argument(
         "--steps",
         type=int,
@@ -155,12 +218,16 @@ def build_parser() -> argparse.ArgumentParser:
     chosen.add_argument("--pick", choices=PICKS, default="knee", help="a point of the front (default knee)")
     confirm.set_defaults(func=cmd_confirm)
 
-    dashboard = sub.add_parser("dashboard", help="optuna-dashboard on the study, with the trials' artifacts")
-    dashboard.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
+
+def _add_dashboard(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from sweeper.cli._dashboard import cmd_dashboard
+
+    dashboard = sub.add_parser(
+        "dashboard", help="optuna-dashboard on the study, with the trials' artifacts", parents=[_parent(study=True)]
+    )
     dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     dashboard.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     dashboard.set_defaults(func=cmd_dashboard)
-    return parser
 
 
 def _storage_failure(exc: BaseException) -> str | None:

@@ -4,34 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sweeper.cli._common import _load, _print
 from sweeper.errors import SpaceError, SweeperError
 from sweeper.report import format_params
 
+if TYPE_CHECKING:
+    from sweeper.memory import ModelShape
+    from sweeper.space import SearchSpace
+
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     """``sweep estimate SPACE.yaml``: predicted peak GPU memory of each memory-relevant point of the space, the terms
     of the largest, and the fit frontier against memory_limit_gib; no weights are loaded."""
-    from sweeper.memory import ModelShape, estimate_space, frontier, known_shape
-    from sweeper.model import resolve_model
+    from sweeper.memory import estimate_space, frontier
 
     space = _load(args)
-    name = space.model.name_or_path
-    known = known_shape(name)
-    model_path = name if known else resolve_model(space.model)
-    config_json = Path(model_path) / "config.json"
-    try:
-        shape = ModelShape.from_config(known) if known else ModelShape.from_dir(model_path)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SweeperError(
-            [
-                f"{config_json}: model.name_or_path: cannot read the model's shape ({exc}); give a "
-                "folder whose config.json has hidden_size, intermediate_size, num_hidden_layers, "
-                "num_attention_heads and vocab_size"
-            ]
-        ) from None
+    shape = _model_shape(space)
     try:
         estimated = estimate_space(space, shape, args.device)
     except ValueError as exc:
@@ -64,9 +56,45 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             f"WARNING the space has {size} memory-relevant configurations; only the first {len(points)} were "
             "estimated, so the frontier may miss some: fix keys with --set or narrow the lists"
         )
+    _print_points(points, limit, args.device)
+    _print_frontier(edge, keys, limit)
+    # Each device's own uncertain terms: on the CPU there is no CUDA context or caching allocator.
+    _print(
+        "a model, not a measurement: CUDA context and allocator overhead are uncalibrated constants (sweeper/memory)"
+        if args.device == "cuda"
+        else "a model, not a measurement: the CPU process's own memory is a fixed figure (CPU_PROCESS_BASELINE_GIB, "
+        "sweeper/memory), and 'sweep run' corrects the model with the peaks its trials measure"
+    )
+    return 0
+
+
+def _model_shape(space: SearchSpace) -> ModelShape:
+    """The shape of the space's model: a known one by name, else read from its folder's config.json (a
+    :class:`SweeperError` naming that file when it cannot be read)."""
+    from sweeper.memory import ModelShape, known_shape
+    from sweeper.model import resolve_model
+
+    name = space.model.name_or_path
+    known = known_shape(name)
+    model_path = name if known else resolve_model(space.model)
+    try:
+        return ModelShape.from_config(known) if known else ModelShape.from_dir(model_path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SweeperError(
+            [
+                f"{Path(model_path) / 'config.json'}: model.name_or_path: cannot read the model's shape ({exc}); give "
+                "a folder whose config.json has hidden_size, intermediate_size, num_hidden_layers, "
+                "num_attention_heads and vocab_size"
+            ]
+        ) from None
+
+
+def _print_points(points: list[dict[str, Any]], limit: float, device: str) -> None:
+    """The predicted peaks, lowest first (the first and last ten when there are more than 20), and the terms of the
+    largest."""
     _print(
         "predicted peak GPU memory (max_memory_reserved), GiB, lowest first:"
-        if args.device == "cuda"
+        if device == "cuda"
         else "predicted peak resident set of a CPU trial, GiB, lowest first (it runs 0.3-0.5 GiB under the measured "
         "peak for the built-in model):"
     )
@@ -78,6 +106,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         _print(f"  {p['predicted_peak_gib']:7.2f}  {mark}  {format_params(p['params'])}")
     largest = points[-1]
     _print("terms of the largest (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in largest["terms_gib"].items()))
+
+
+def _print_frontier(edge: list[dict[str, Any]], keys: Sequence[str], limit: float) -> None:
+    """Per batch size, the largest max_seq_length predicted to fit ``limit`` (:func:`sweeper.memory.frontier`)."""
     _print(
         f"frontier for memory_limit_gib={limit:g} (largest max_seq_length predicted to fit, at the cheapest "
         "setting of the other keys; in brackets whatever the other keys):"
@@ -94,12 +126,3 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             f"({e['predicted_peak_gib']:.1f} GiB{', at ' + at if at else ''}) "
             f"[{every if every is not None else 'none'}]"
         )
-    # Each device's own uncertain terms: on the CPU there is no CUDA context or caching allocator.
-    _print(
-        "a model, not a measurement: CUDA context and allocator overhead are uncalibrated constants "
-        "(sweeper/estimate.py)"
-        if args.device == "cuda"
-        else "a model, not a measurement: the CPU process's own memory is a fixed figure (CPU_PROCESS_BASELINE_GIB, "
-        "sweeper/estimate.py), and 'sweep run' corrects the model with the peaks its trials measure"
-    )
-    return 0

@@ -68,71 +68,16 @@ def front_figure(front: Mapping[str, Any]) -> Any:
     import plotly.graph_objects as go
 
     points = front["points"]
-    fig = go.Figure()
     complete = [p for p in points if p["instability"] is not None]
     on_front = sorted((p for p in complete if p["on_front"]), key=lambda p: p["peak_memory_gib"])
-    rest = [p for p in complete if not p["on_front"]]
     top = max((p["instability"] for p in complete), default=1.0)
-    band = top * 1.15 + 0.05
-    if rest:
-        fig.add_trace(
-            go.Scatter(
-                x=[p["peak_memory_gib"] for p in rest],
-                y=[p["instability"] for p in rest],
-                mode="markers",
-                name="complete",
-                marker={"color": COLORS["complete"], "size": 9},
-                hovertext=[_hover(p) for p in rest],
-                hoverinfo="text",
-            )
-        )
-    if on_front:
-        fig.add_trace(
-            go.Scatter(
-                x=[p["peak_memory_gib"] for p in on_front],
-                y=[p["instability"] for p in on_front],
-                mode="lines+markers+text",
-                name="Pareto front",
-                text=[f"#{p['number']}" for p in on_front],
-                textposition="top center",
-                line={"color": COLORS["front"]},
-                marker={"color": COLORS["front"], "size": 12},
-                hovertext=[_hover(p) for p in on_front],
-                hoverinfo="text",
-            )
-        )
-    for passed, name, symbol, color in (
-        (True, "confirmed: the long run completed", "circle-open", "#2ca02c"),
-        (False, "failed its confirmation (long run)", "x-open", "#d62728"),
+    fig = go.Figure()
+    for trace in (
+        *_complete_traces(complete, on_front),
+        *_confirmation_traces(complete),
+        *_failed_traces(points, band=top * 1.15 + 0.05),
     ):
-        group = [p for p in complete if p.get("confirmation") and (p["confirmation"]["status"] == "complete") == passed]
-        if group:
-            fig.add_trace(
-                go.Scatter(
-                    x=[p["peak_memory_gib"] for p in group],
-                    y=[p["instability"] for p in group],
-                    mode="markers",
-                    name=name,
-                    marker={"symbol": symbol, "size": 22, "color": color, "line": {"width": 3}},
-                    hovertext=[_hover(p) for p in group],
-                    hoverinfo="text",
-                )
-            )
-    failed = [p for p in points if p["instability"] is None and p["peak_memory_gib"] is not None]
-    for label in sorted({p["label"] for p in failed}):
-        group = [p for p in failed if p["label"] == label]
-        status = group[0]["status"]
-        fig.add_trace(
-            go.Scatter(
-                x=[p["peak_memory_gib"] for p in group],
-                y=[band] * len(group),
-                mode="markers",
-                name=f"{label} (no instability)",
-                marker={"symbol": SYMBOLS.get(status, "diamond"), "size": 12, "color": COLORS.get(status, "#9467bd")},
-                hovertext=[_hover(p) for p in group],
-                hoverinfo="text",
-            )
-        )
+        fig.add_trace(trace)
     limit = front.get("memory_limit_gib")
     if limit is not None:
         fig.add_vline(
@@ -157,6 +102,92 @@ def front_figure(front: Mapping[str, Any]) -> Any:
         height=480,
     )
     return fig
+
+
+def _complete_traces(complete: Sequence[Mapping[str, Any]], on_front: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """Of :func:`front_figure`: the complete trials off the front in blue, then the front (by memory) as a red line
+    labelled with the trial numbers."""
+    import plotly.graph_objects as go
+
+    traces = []
+    rest = [p for p in complete if not p["on_front"]]
+    if rest:
+        traces.append(
+            go.Scatter(
+                x=[p["peak_memory_gib"] for p in rest],
+                y=[p["instability"] for p in rest],
+                mode="markers",
+                name="complete",
+                marker={"color": COLORS["complete"], "size": 9},
+                hovertext=[_hover(p) for p in rest],
+                hoverinfo="text",
+            )
+        )
+    if on_front:
+        traces.append(
+            go.Scatter(
+                x=[p["peak_memory_gib"] for p in on_front],
+                y=[p["instability"] for p in on_front],
+                mode="lines+markers+text",
+                name="Pareto front",
+                text=[f"#{p['number']}" for p in on_front],
+                textposition="top center",
+                line={"color": COLORS["front"]},
+                marker={"color": COLORS["front"], "size": 12},
+                hovertext=[_hover(p) for p in on_front],
+                hoverinfo="text",
+            )
+        )
+    return traces
+
+
+def _confirmation_traces(complete: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """Of :func:`front_figure`: rings around the complete trials whose long run passed, crosses where it failed."""
+    import plotly.graph_objects as go
+
+    traces = []
+    for passed, name, symbol, color in (
+        (True, "confirmed: the long run completed", "circle-open", "#2ca02c"),
+        (False, "failed its confirmation (long run)", "x-open", "#d62728"),
+    ):
+        group = [p for p in complete if p.get("confirmation") and (p["confirmation"]["status"] == "complete") == passed]
+        if group:
+            traces.append(
+                go.Scatter(
+                    x=[p["peak_memory_gib"] for p in group],
+                    y=[p["instability"] for p in group],
+                    mode="markers",
+                    name=name,
+                    marker={"symbol": symbol, "size": 22, "color": color, "line": {"width": 3}},
+                    hovertext=[_hover(p) for p in group],
+                    hoverinfo="text",
+                )
+            )
+    return traces
+
+
+def _failed_traces(points: Sequence[Mapping[str, Any]], band: float) -> list[Any]:
+    """Of :func:`front_figure`: the trials with no instability but a known memory, at height ``band``, one trace per
+    label (so a NaN's cause shows in the legend), one marker per status."""
+    import plotly.graph_objects as go
+
+    failed = [p for p in points if p["instability"] is None and p["peak_memory_gib"] is not None]
+    traces = []
+    for label in sorted({p["label"] for p in failed}):
+        group = [p for p in failed if p["label"] == label]
+        status = group[0]["status"]
+        traces.append(
+            go.Scatter(
+                x=[p["peak_memory_gib"] for p in group],
+                y=[band] * len(group),
+                mode="markers",
+                name=f"{label} (no instability)",
+                marker={"symbol": SYMBOLS.get(status, "diamond"), "size": 12, "color": COLORS.get(status, "#9467bd")},
+                hovertext=[_hover(p) for p in group],
+                hoverinfo="text",
+            )
+        )
+    return traces
 
 
 def fit_map_figure(fit: Mapping[str, Any]) -> Any:
