@@ -278,84 +278,99 @@ class _Problems:
         self.lines.append(f"{origin}: {key}: {what}; {fix}")
 
 
+def _parse_list(where: str, raw: list[Any], spec: KeySpec, problems: _Problems) -> Categorical | None:
+    """A YAML list under ``search``: a categorical dimension of valid, distinct values, or None (problems added)."""
+    if not raw:
+        problems.add(where, "empty list", "give at least one value, or remove the key")
+        return None
+    values, bad = [], False
+    for v in raw:
+        try:
+            values.append(_check_value(spec, v))
+        except ValueError:
+            problems.add(where, f"{v!r} is not valid", f"each value must be {_describe(spec)}")
+            bad = True
+    if bad:
+        return None
+    if len(set(map(repr, values))) != len(values):
+        problems.add(where, f"repeated values in {raw!r}", "list each value once")
+        return None
+    return Categorical(choices=tuple(values))
+
+
+def _parse_range(where: str, raw: dict[Any, Any], spec: KeySpec, problems: _Problems) -> Range | None:
+    """A YAML mapping under ``search``: a range ``{low, high, log, step}`` of a numeric key, or None (problems
+    added)."""
+    if spec.kind not in ("int", "float"):
+        problems.add(where, "a range {low, high} needs a numeric key", f"give a list of values, each {_describe(spec)}")
+        return None
+    unknown = [k for k in raw if k not in _RANGE_KEYS]
+    for k in unknown:
+        problems.add(f"{where}.{k}", "unknown range key", _suggest(str(k), list(_RANGE_KEYS)))
+    if unknown:
+        return None
+    if "low" not in raw or "high" not in raw:
+        problems.add(
+            where, "a range needs both low and high", f"write {{low: ..., high: ...}} with values {_describe(spec)}"
+        )
+        return None
+    if any(isinstance(raw[k], bool) or not isinstance(raw[k], (int, float, str)) for k in ("low", "high")):
+        problems.add(
+            where, f"low={raw['low']!r}, high={raw['high']!r} are not numbers", f"both must be {_describe(spec)}"
+        )
+        return None
+    try:
+        low, high = _check_value(spec, raw["low"]), _check_value(spec, raw["high"])
+    except ValueError:
+        problems.add(
+            where, f"low={raw['low']!r}, high={raw['high']!r} out of bounds", f"both must be {_describe(spec)}"
+        )
+        return None
+    if not _range_options_valid(where, low, high, raw.get("log", False), raw.get("step"), spec, problems):
+        return None
+    return Range(low=low, high=high, log=raw.get("log", False), step=raw.get("step"), is_int=spec.kind == "int")
+
+
+def _range_options_valid(
+    where: str, low: Any, high: Any, log: Any, step: Any, spec: KeySpec, problems: _Problems
+) -> bool:
+    """Whether a range's ``low <= high``, ``log`` and ``step`` are valid together (each problem added)."""
+    ok = True
+    if not isinstance(log, bool):
+        problems.add(f"{where}.log", f"{log!r} is not true/false", "write log: true or log: false")
+        ok = False
+    if low > high:
+        problems.add(where, f"low <= high must hold, but got low={low}, high={high}", "swap them")
+        ok = False
+    if log is True and low <= 0:
+        problems.add(where, f"a log range needs low > 0, but got low={low}", "raise low or drop log")
+        ok = False
+    if step is not None:
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not 0 < step < math.inf:
+            problems.add(f"{where}.step", f"{step!r} is not a positive number", "give a positive step or drop it")
+            ok = False
+        elif spec.kind == "int" and not float(step).is_integer():
+            problems.add(f"{where}.step", f"{step!r} is not an integer", "an integer key needs an integer step")
+            ok = False
+        elif log is True:
+            problems.add(where, "log and step cannot be combined (optuna)", "drop one of them")
+            ok = False
+        elif step > high - low and high > low:
+            problems.add(
+                f"{where}.step",
+                f"step={step} is larger than high - low = {high - low}",
+                "use a smaller step, or a list of values",
+            )
+            ok = False
+    return ok
+
+
 def _parse_dimension(key: str, raw: Any, spec: KeySpec, problems: _Problems) -> Dimension | Any | None:
     where = f"search.{key}"
     if isinstance(raw, list):
-        if not raw:
-            problems.add(where, "empty list", "give at least one value, or remove the key")
-            return None
-        values, bad = [], False
-        for v in raw:
-            try:
-                values.append(_check_value(spec, v))
-            except ValueError:
-                problems.add(where, f"{v!r} is not valid", f"each value must be {_describe(spec)}")
-                bad = True
-        if bad:
-            return None
-        if len(set(map(repr, values))) != len(values):
-            problems.add(where, f"repeated values in {raw!r}", "list each value once")
-            return None
-        return Categorical(choices=tuple(values))
+        return _parse_list(where, raw, spec, problems)
     if isinstance(raw, dict):
-        if spec.kind not in ("int", "float"):
-            problems.add(
-                where, "a range {low, high} needs a numeric key", f"give a list of values, each {_describe(spec)}"
-            )
-            return None
-        unknown = [k for k in raw if k not in _RANGE_KEYS]
-        for k in unknown:
-            problems.add(f"{where}.{k}", "unknown range key", _suggest(str(k), list(_RANGE_KEYS)))
-        if unknown:
-            return None
-        if "low" not in raw or "high" not in raw:
-            problems.add(
-                where, "a range needs both low and high", f"write {{low: ..., high: ...}} with values {_describe(spec)}"
-            )
-            return None
-        if any(isinstance(raw[k], bool) or not isinstance(raw[k], (int, float, str)) for k in ("low", "high")):
-            problems.add(
-                where, f"low={raw['low']!r}, high={raw['high']!r} are not numbers", f"both must be {_describe(spec)}"
-            )
-            return None
-        try:
-            low, high = _check_value(spec, raw["low"]), _check_value(spec, raw["high"])
-        except ValueError:
-            problems.add(
-                where, f"low={raw['low']!r}, high={raw['high']!r} out of bounds", f"both must be {_describe(spec)}"
-            )
-            return None
-        log, step = raw.get("log", False), raw.get("step")
-        ok = True
-        if not isinstance(log, bool):
-            problems.add(f"{where}.log", f"{log!r} is not true/false", "write log: true or log: false")
-            ok = False
-        if low > high:
-            problems.add(where, f"low <= high must hold, but got low={low}, high={high}", "swap them")
-            ok = False
-        if log is True and low <= 0:
-            problems.add(where, f"a log range needs low > 0, but got low={low}", "raise low or drop log")
-            ok = False
-        if step is not None:
-            if isinstance(step, bool) or not isinstance(step, (int, float)) or not 0 < step < math.inf:
-                problems.add(f"{where}.step", f"{step!r} is not a positive number", "give a positive step or drop it")
-                ok = False
-            elif spec.kind == "int" and not float(step).is_integer():
-                problems.add(f"{where}.step", f"{step!r} is not an integer", "an integer key needs an integer step")
-                ok = False
-            elif log is True:
-                problems.add(where, "log and step cannot be combined (optuna)", "drop one of them")
-                ok = False
-            elif step > high - low and high > low:
-                problems.add(
-                    f"{where}.step",
-                    f"step={step} is larger than high - low = {high - low}",
-                    "use a smaller step, or a list of values",
-                )
-                ok = False
-        if not ok:
-            return None
-        return Range(low=low, high=high, log=log, step=step, is_int=spec.kind == "int")
+        return _parse_range(where, raw, spec, problems)
     try:
         return ("fixed", _check_value(spec, raw))
     except ValueError:
@@ -460,32 +475,10 @@ def apply_overrides(
     return raw, frozenset(overridden)
 
 
-def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = frozenset()) -> SearchSpace:
-    """Validate a raw mapping (as read from YAML) into a :class:`SearchSpace`.
-
-    Args:
-        raw: The YAML document.
-        path: Named in every message.
-        overridden: Dotted keys (``training.r``) set by ``--set``, blamed on ``--set`` in messages.
-
-    Raises:
-        SpaceError: With every problem found, one line each (file, key, what is wrong, the fix).
-    """
-    problems = _Problems(path, overridden)
-    if not isinstance(raw, dict):
-        problems.add(
-            "(top level)",
-            f"expected a mapping of sections, got {type(raw).__name__}",
-            "start from search_spaces/demo.yaml",
-        )
-        raise SpaceError(problems.lines)
-    for key in raw:
-        if key not in _TOP_KEYS:
-            problems.add(str(key), "unknown section", _suggest(str(key), list(_TOP_KEYS)))
-    sections = {name: _parse_section(name, raw.get(name), problems) for name in _SECTION_KEYS}
-
+def _parse_training(training: Any, problems: _Problems) -> dict[str, Any]:
+    """The per-trial values of the ``training`` section over the schema's defaults, by ``space.yaml`` name; each
+    problem is added to ``problems``."""
     fixed: dict[str, Any] = {k: s.default for k, s in TRIAL_KEYS.items()}
-    training = raw.get("training")
     if training is not None and not isinstance(training, dict):
         problems.add("training", f"expected a mapping, got {type(training).__name__}", "write 'training: {key: value}'")
         training = {}
@@ -507,7 +500,12 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
         except ValueError:
             problems.add(f"training.{key}", f"{value!r} is not valid", f"give {_describe(spec)}")
 
-    search_raw = raw.get("search")
+    return fixed
+
+
+def _parse_search(search_raw: Any, training: Any, fixed: dict[str, Any], problems: _Problems) -> dict[str, Dimension]:
+    """The searched dimensions of the ``search`` section, in file order; a scalar or a one-element list there is a
+    fixed value (written into ``fixed``); each problem is added to ``problems``."""
     search: dict[str, Dimension] = {}
     if search_raw is not None and not isinstance(search_raw, dict):
         problems.add(
@@ -533,6 +531,36 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
             fixed[key] = dim.choices[0]
         elif dim is not None:
             search[key] = dim
+    return search
+
+
+def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = frozenset()) -> SearchSpace:
+    """Validate a raw mapping (as read from YAML) into a :class:`SearchSpace`.
+
+    Args:
+        raw: The YAML document.
+        path: Named in every message.
+        overridden: Dotted keys (``training.r``) set by ``--set``, blamed on ``--set`` in messages.
+
+    Raises:
+        SpaceError: With every problem found, one line each (file, key, what is wrong, the fix).
+    """
+    problems = _Problems(path, overridden)
+    if not isinstance(raw, dict):
+        problems.add(
+            "(top level)",
+            f"expected a mapping of sections, got {type(raw).__name__}",
+            "start from search_spaces/demo.yaml",
+        )
+        raise SpaceError(problems.lines)
+    for key in raw:
+        if key not in _TOP_KEYS:
+            problems.add(str(key), "unknown section", _suggest(str(key), list(_TOP_KEYS)))
+    sections = {name: _parse_section(name, raw.get(name), problems) for name in _SECTION_KEYS}
+
+    training = raw.get("training")
+    fixed = _parse_training(training, problems)
+    search = _parse_search(raw.get("search"), training, fixed, problems)
     if problems.lines:
         raise SpaceError(problems.lines)
 
