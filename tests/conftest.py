@@ -18,11 +18,19 @@ from tiny import build_tiny_model
 REPO = Path(__file__).resolve().parents[1]
 
 
+#: Marks of tests that cost more than a real trial; each is also ``slow``, so that ``-m "not slow"`` is the fast suite.
+_COSTLY = ("browser", "postgres", "network")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``gpu`` where no CUDA device is visible (CI, this project's CPU machines): they run in
-    ``benchmarks/gpu_check.sh`` on a GPU. Whether CUDA is visible is asked of the driver without importing torch."""
+    """Mark ``browser``, ``postgres`` and ``network`` tests ``slow`` as well; skip the tests marked ``gpu`` where no
+    CUDA device is visible (CI, this project's CPU machines): they run in ``benchmarks/gpu_check.sh`` on a GPU.
+    Whether CUDA is visible is asked of the driver without importing torch."""
     from sweeper.trial import cuda_visible
 
+    for item in items:
+        if any(mark in item.keywords for mark in _COSTLY):
+            item.add_marker(pytest.mark.slow)
     if cuda_visible():
         return
     skip = pytest.mark.skip(reason="needs CUDA (run benchmarks/gpu_check.sh on a GPU)")

@@ -16,7 +16,7 @@ from conftest import data_nan_space, sweep, write_space
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.browser,
     pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)"),
 ]
 

@@ -71,7 +71,7 @@ def _run(python: Path, *args: str, cwd: Path, **env: str) -> subprocess.Complete
     )
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_hf_and_trl_exports_train_under_the_lower_bounds(lower_bounds, tmp_path, tiny_model):
     """transformers 5.3 (before activation_checkpointing, as axolotl's 5.20 and LLaMA-Factory's 5.6) and TRL 1.14.1:
     the hf file's objects train two steps, the trl file builds its SFTTrainer and trains two steps."""
@@ -92,7 +92,7 @@ def test_hf_and_trl_exports_train_under_the_lower_bounds(lower_bounds, tmp_path,
     assert trl_out["adapter_dtypes"] == ["torch.float32"] and trl_out["checkpointing"]
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_a_sweep_runs_at_the_lower_bounds(lower_bounds, tmp_path, tiny_model):
     """The package's own lower bounds (pyproject.toml): two real trials (bfloat16 and float32) and the report."""
     space = tiny_space(tiny_model, name="low", search={"bnb_4bit_compute_dtype": ["bfloat16", "float32"]})

@@ -135,7 +135,7 @@ def test_axolotl_is_given_only_whole_lora_alphas(study, tmp_path, monkeypatch):
         pick_trial(lone, pick="knee", fmt="axolotl")
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_llama_factory_parses_the_export_into_the_trials_settings(llama_factory, study, tmp_path, tiny_model):
     """LLaMA-Factory 0.9.5 accepts the exports of trials 1 (bfloat16, nf4), 6 (float16, fp4, no double quant, every
     setting off its defaults) and 8 (a fractional lora_alpha), and every key comes out with the file's value, which
@@ -175,7 +175,7 @@ def test_llama_factory_parses_the_export_into_the_trials_settings(llama_factory,
     assert [r["bnb"]["bnb_4bit_quant_type"] for r in results] == ["nf4", "fp4", "nf4"]
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_axolotl_validates_the_export_and_keeps_the_trials_settings(axolotl, study, tmp_path, tiny_model):
     """axolotl 0.21.0 accepts the exports of trials 1 (bfloat16), 6 (float16, fp4, no double quant) and 7 (float32)
     and keeps every key: through validate_config on an Ampere GPU's capabilities (where tf32: auto would turn TF32

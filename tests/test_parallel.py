@@ -65,6 +65,7 @@ def _no_password_anywhere(workdir: Path, *texts: str) -> None:
             assert PASSWORD.encode() not in data and encoded.encode() not in data, path
 
 
+@pytest.mark.postgres
 def test_two_sweeps_share_one_postgresql_study(tiny_model, workdir, postgres):
     space = tiny_space(
         tiny_model,
