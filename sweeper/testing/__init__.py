@@ -1,25 +1,45 @@
 """Helpers for sweeper's own tests, in the manner of ``optuna.testing``: spaces on a tiny model, studies built the way
 the sweep records trials (:func:`sweeper.study.record_result` and :class:`sweeper.trial.TrialStatus`), and the
-``sweep`` command run in a subprocess or in-process.
+``sweep`` command run in a subprocess or in-process, the tiny models the trials train, and a PostgreSQL server on
+loopback.
 
 Nothing else in sweeper imports this package (an import-linter contract); torch is imported only inside the
 functions that build models.
 """
 
 from sweeper.testing._cli import CliResult, run_cli, sweep
+from sweeper.testing._models import (
+    PAD_ID,
+    TINY_VOCAB,
+    build_pad_token_model,
+    build_tiny_model,
+    long_reply_rows,
+    tiny_trial_config,
+)
+from sweeper.testing._postgres import PASSWORD, PgServer, pg_bin, start_server
 from sweeper.testing._spaces import data_nan_space, tiny_space, write_jsonl, write_space
 from sweeper.testing._studies import STUDY_DISTRIBUTIONS, add_configured_trials, add_trial, make_study
 
 __all__ = [
+    "PAD_ID",
+    "PASSWORD",
     "STUDY_DISTRIBUTIONS",
+    "TINY_VOCAB",
     "CliResult",
+    "PgServer",
     "add_configured_trials",
     "add_trial",
+    "build_pad_token_model",
+    "build_tiny_model",
     "data_nan_space",
+    "long_reply_rows",
     "make_study",
+    "pg_bin",
     "run_cli",
+    "start_server",
     "sweep",
     "tiny_space",
+    "tiny_trial_config",
     "write_jsonl",
     "write_space",
 ]

@@ -43,7 +43,7 @@ class PgServer:
     def url(self) -> str:
         return f"postgresql://sweeper:{PASSWORD.replace('@', '%40').replace(':', '%3A')}@127.0.0.1:{self.port}/sweeper"
 
-    def _run(self, *args: str) -> subprocess.CompletedProcess:
+    def _run(self, *args: object) -> subprocess.CompletedProcess[str]:
         cmd = [str(a) for a in args]
         if self.user is not None:
             entry = pwd.getpwnam(self.user)
