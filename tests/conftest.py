@@ -13,7 +13,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny import build_tiny_model
+from sweeper.testing import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -86,8 +86,7 @@ def test_the_trial_process_never_loads_the_sweeps_side(tiny_model, tmp_path):
     this covers what a package's ``__init__`` pulls in at run time)."""
     import os
 
-    from tiny import tiny_trial_config
-
+    from sweeper.testing import tiny_trial_config
     from sweeper.trial import TrialProcess
 
     process = TrialProcess({**os.environ, "SWEEPER_DEBUG_MODULES": "1"})

@@ -11,9 +11,9 @@ import json
 import optuna
 import pytest
 from conftest import sweep, tiny_space, write_space
-from tiny import tiny_trial_config
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
+from sweeper.testing import tiny_trial_config
 from sweeper.trial import run_trial
 
 

@@ -114,7 +114,7 @@ def test_complete_trial_records_supervised_tokens_and_sample_lengths(tiny_model,
 def pad_models(tmp_path_factory):
     """The tiny Llama with an added ``<pad>`` whose embedding row is NaN, and one whose row is 1e5 (finite, beyond
     float16's 65504)."""
-    from pad_model import build_pad_token_model
+    from sweeper.testing import build_pad_token_model
 
     return {
         "nan": build_pad_token_model(tmp_path_factory.mktemp("pad-nan")),
@@ -128,7 +128,7 @@ def pad_models(tmp_path_factory):
 def test_a_bad_pad_embedding_row_is_a_data_nan_only_in_padded_steps(pad_models, tmp_path, row, dtype):
     # The issue's case: before, "precision: bfloat16 overflowed in model.embed_tokens" in bf16 and "cause unknown"
     # in fp32, because each row was replayed alone without its padding.
-    from pad_model import PAD_ID, long_reply_rows
+    from sweeper.testing import PAD_ID, long_reply_rows
 
     data = write_jsonl(tmp_path / "d.jsonl", long_reply_rows(6, short=3))  # trial order 4, 2, 1, 0, 5, 3
     config = _config(

@@ -130,7 +130,7 @@ def test_doctor_reads_sharegpt_and_counts_every_row_it_does_not_use(tiny_model, 
 
 @pytest.mark.slow  # a sweep subprocess importing transformers: seconds
 def test_doctor_checks_the_pad_tokens_embedding_row(workdir, tmp_path_factory):
-    from pad_model import PAD_ID, build_pad_token_model
+    from sweeper.testing import PAD_ID, build_pad_token_model
 
     model = build_pad_token_model(tmp_path_factory.mktemp("pad-nan"))
     data = write_jsonl(workdir / "clean.jsonl", clean_rows())

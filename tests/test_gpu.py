@@ -6,9 +6,9 @@ allocation past ``memory_limit_gib`` into ``torch.OutOfMemoryError``, and the pe
 """
 
 import pytest
-from tiny import tiny_trial_config
 
 from sweeper.space import DatasetSpec, TrialConfig
+from sweeper.testing import tiny_trial_config
 from sweeper.trial import TrialProcess, run_trial
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

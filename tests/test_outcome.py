@@ -9,9 +9,9 @@ import sys
 from dataclasses import fields
 
 import pytest
-from tiny import tiny_trial_config
 
 from sweeper.stability import Divergence
+from sweeper.testing import tiny_trial_config
 from sweeper.trial._child.checks import QuantizationCheckError
 from sweeper.trial._child.diagnosis import NanDiagnosis
 from sweeper.trial._child.measurements import Measurements, copy_onto

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from pad_model import PAD_ID, build_pad_token_model
 
 from sweeper.data import Sample, TokenizedSample, load_tokenizer, tokenize_samples
+from sweeper.testing import PAD_ID, build_pad_token_model
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,7 @@ def _step(tokenizer, texts: list[str], max_seq_length: int) -> list[dict]:
 
 
 def _diagnose(model, tokenizer, batches, compute_dtype="float32"):
-    from tiny import tiny_trial_config
-
+    from sweeper.testing import tiny_trial_config
     from sweeper.trial._child.diagnosis import diagnose_nan
     from sweeper.trial._child.record import TrainingRecord
 

@@ -13,10 +13,10 @@ import optuna
 import pytest
 from conftest import sweep, tiny_space, write_space
 from optuna.trial import TrialState
-from pg import PASSWORD, pg_bin, start_server
 
 from sweeper.study import count_finished
 from sweeper.study._stored import is_finished
+from sweeper.testing import PASSWORD, pg_bin, start_server
 
 pytestmark = pytest.mark.slow
 

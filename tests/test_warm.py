@@ -10,9 +10,9 @@ import threading
 import time
 
 import pytest
-from tiny import tiny_trial_config
 
 from sweeper.space import TrialConfig
+from sweeper.testing import tiny_trial_config
 from sweeper.trial import TrialProcess, run_trial
 
 pytestmark = pytest.mark.slow

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from tiny import tiny_trial_config
 
 from sweeper.space import TrialConfig
+from sweeper.testing import tiny_trial_config
 from sweeper.trial import run_trial
 
 pytestmark = pytest.mark.slow
