@@ -1,22 +1,17 @@
-"""Shared fixtures: a tiny Llama built once per session, space files written into a temporary folder, and a way
-to run the ``sweep`` command there as a user would."""
+"""Shared fixtures: a tiny Llama built once per session, a working folder per test, and the marks by cost. The
+helpers the tests share live in :mod:`sweeper.testing`."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from sweeper.testing import build_tiny_model
-
-REPO = Path(__file__).resolve().parents[1]
-
+# build_tiny_model for the fixtures below; REPO and write_space for tests/test_old_study.py, kept as it was written.
+from sweeper.testing import REPO, build_tiny_model, write_space  # noqa: F401
 
 #: Marks of tests that cost more than a real trial; each is also ``slow``, so that ``-m "not slow"`` is the fast suite.
 _COSTLY = ("browser", "postgres", "network")
@@ -58,68 +53,9 @@ def tiny_model_extra_token(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama-extra"), added_tokens=("<|tool|>",))
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    """Write ``rows`` as JSON lines and return ``path``."""
-    import json
-
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture
 def workdir(tmp_path, monkeypatch) -> Path:
     """An empty working directory (studies/ is written here) with a private model cache."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SWEEPER_CACHE", str(tmp_path / "cache"))
     return tmp_path
-
-
-def tiny_space(
-    model: Path,
-    *,
-    name: str = "t",
-    search: dict | None = None,
-    training: dict | None = None,
-    n_trials: int = 2,
-    max_samples: int = 32,
-) -> dict:
-    """A space on the tiny model that trains in about a second per trial."""
-    return {
-        "study": {"name": name, "n_trials": n_trials, "seed": 0},
-        "model": {"name_or_path": str(model)},
-        "dataset": {"path": "builtin:pydoc-topics", "max_samples": max_samples},
-        "training": {
-            "max_steps": 3,
-            "memory_limit_gib": 4,
-            "trial_timeout": "3m",
-            "max_seq_length": 64,
-            "optim": "adamw_torch",
-            **(training or {}),
-        },
-        "search": search if search is not None else {"r": [4, 8]},
-    }
-
-
-def data_nan_space(model: Path) -> dict:
-    """Two trials on the tiny model, max_seq_length 16 or 64 at batch 1: at 16 tokens the built-in samples' question
-    fills the row, no reply token is left and every step's loss is 0/0 (a NaN caused by the data)."""
-    space = tiny_space(
-        model, search={"max_seq_length": [16, 64]}, training={"per_device_train_batch_size": 1}, n_trials=2
-    )
-    space["study"]["sampler"] = "random"
-    del space["training"]["max_seq_length"]
-    return space
-
-
-def write_space(folder: Path, space: dict, name: str = "space.yaml") -> Path:
-    path = folder / name
-    path.write_text(yaml.safe_dump(space, sort_keys=False))
-    return path
-
-
-def sweep(*args: str, cwd: Path, timeout: float = 600, **popen) -> subprocess.CompletedProcess:
-    """Run ``sweep ARGS`` in ``cwd`` as a subprocess (``python -m sweeper.cli``) and capture its output."""
-    popen.setdefault("env", {**os.environ})
-    return subprocess.run(
-        [sys.executable, "-m", "sweeper.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, **popen
-    )

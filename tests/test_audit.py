@@ -4,7 +4,6 @@ tokenize them: each fault kind found with the right dataset indices, and a clean
 import sys
 
 import pytest
-from conftest import write_jsonl
 
 from sweeper.audit import (
     audit_samples,
@@ -15,16 +14,7 @@ from sweeper.audit import (
 )
 from sweeper.data import load_samples, load_tokenizer, tokenize_samples
 from sweeper.space import DatasetSpec
-
-TOPICS = ["lists", "tuples", "dicts", "sets", "strings", "bytes", "files", "loops", "classes", "modules"]
-
-
-def clean_rows() -> list[dict]:
-    """Ten distinct question/answer pairs of about the same length."""
-    return [
-        {"prompt": f"What are {t} in Python?", "completion": f"In Python, {t} are a built-in part of the language."}
-        for t in TOPICS
-    ]
+from sweeper.testing import clean_rows, write_jsonl
 
 
 def audit(tmp_path, tokenizer_dir, rows, lengths, vocab_size=None):

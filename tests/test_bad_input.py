@@ -7,7 +7,8 @@ import os
 
 import pytest
 import yaml
-from conftest import sweep, tiny_space, write_jsonl, write_space
+
+from sweeper.testing import sweep, tiny_space, write_jsonl, write_space
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,8 @@ import time
 
 import optuna
 import pytest
-from conftest import data_nan_space, sweep, write_space
+
+from sweeper.testing import data_nan_space, sweep, write_space
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [

@@ -9,9 +9,9 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import optuna
 import pytest
-from conftest import sweep, tiny_space, write_space
 
 from sweeper.cli import main
+from sweeper.testing import sweep, tiny_space, write_space
 
 
 def test_bad_space_is_exit_2_with_one_line_and_no_study(workdir):

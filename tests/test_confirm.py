@@ -10,10 +10,9 @@ import json
 
 import optuna
 import pytest
-from conftest import sweep, tiny_space, write_space
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
-from sweeper.testing import tiny_trial_config
+from sweeper.testing import sweep, tiny_space, tiny_trial_config, write_space
 from sweeper.trial import run_trial
 
 

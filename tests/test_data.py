@@ -7,6 +7,7 @@ import pytest
 from sweeper.data import BUILTIN_PYDOC, detect_format, load_samples, tokenize_samples
 from sweeper.errors import DataError
 from sweeper.space import DatasetSpec
+from sweeper.testing import GENERATION_CHATML
 
 ROWS = {
     "text": [{"text": "def f(x): return x"}, {"text": "class A: pass"}],
@@ -237,13 +238,6 @@ def test_completions_get_eos_when_the_end_of_turn_is_not_eos(tiny_model, tmp_pat
     assert _trained(_chat(("user", "2+2?"), ("assistant", "4.")), tokenizer)[1] == "4.\n"
 
 
-#: ChatML with a default system prompt and transformers' generation markers around each reply and its end of turn.
-GENERATION_CHATML = (
-    "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<|im_start|>system\nYou help.<|im_end|>\n"
-    "{% endif %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}"
-    "<|im_end|>\n{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 #: Llama-3-like: a header per turn, contents trimmed, an end-of-turn marker, a default system turn.
 LLAMA3_LIKE = (
     "{{ bos_token }}{% if messages[0]['role'] != 'system' %}<|start|>system<|end|>\n\nDefault.<|eot|>{% endif %}"

@@ -4,10 +4,9 @@ truncated away, an id the embedding has no row for, fp16 overflow, SGD diverging
 import json
 
 import pytest
-from conftest import write_jsonl
-from test_audit import clean_rows
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
+from sweeper.testing import clean_rows, write_jsonl
 from sweeper.trial import run_trial
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import data_nan_space, sweep, write_jsonl, write_space
-from test_audit import clean_rows
+
+from sweeper.testing import clean_rows, data_nan_space, sweep, write_jsonl, write_space
 
 REPO = Path(__file__).resolve().parents[1]
 

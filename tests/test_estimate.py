@@ -263,7 +263,7 @@ def test_estimate_grows_with_every_memory_dimension():
 def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, tmp_path):
     import shutil
 
-    from conftest import REPO, sweep, tiny_space, write_space
+    from sweeper.testing import REPO, sweep, tiny_space, write_space
 
     only_config = tmp_path / "planned-model"
     only_config.mkdir()
@@ -287,9 +287,8 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
 
 
 def test_dominance_rule():
-    from test_preflight import BASE
-
     from sweeper.memory import Known, at_least_as_large, preflight
+    from sweeper.testing import MEMORY_BASE as BASE
 
     base = replace(BASE, memory_limit_gib=24, learning_rate=1e-4)
     for bigger in (
@@ -326,7 +325,7 @@ def test_dominance_rule():
     ],
 )
 def test_estimate_refuses_a_bad_config_in_one_line(tmp_path, tiny_model, config, needle):
-    from conftest import sweep, tiny_space, write_space
+    from sweeper.testing import sweep, tiny_space, write_space
 
     folder = tmp_path / "m"
     folder.mkdir()

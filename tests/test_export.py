@@ -8,10 +8,9 @@ import runpy
 
 import pytest
 import yaml
-from conftest import sweep
-from test_report import make_study
 
 from sweeper.export import pick_trial, write_export
+from sweeper.testing import make_study, sweep
 
 
 @pytest.fixture
@@ -171,7 +170,7 @@ def _float32_study(tmp_path, tiny_model):
     """The report's study (trials 0-5) and three more: trial 6 computes in float32 and is the knee of the front
     (trials 0 and 6); trial 7 is its configuration in bfloat16 again (as trial 1), measured higher; trial 8 is another
     bfloat16 trial, dominated by trial 6 only."""
-    from test_report import add_configured_trials, add_trial
+    from sweeper.testing import add_configured_trials, add_trial
 
     study = make_study(tmp_path, model=str(tiny_model))
     dtypes = (("float32", 1.4, 0.15), ("bfloat16", 1.6, 0.25))
@@ -246,7 +245,7 @@ def test_report_html_path_must_be_html_and_dashboard_port_must_be_free(study_and
 def test_a_trial_whose_target_matched_nothing_is_not_exported(tmp_path, tiny_model):
     """A study from before sweep run checked target_modules: its trial trained LoRA on q_proj only, and an export
     would write v_projj into the production config as if it had taken effect."""
-    from test_report import add_trial
+    from sweeper.testing import add_trial
 
     study = make_study(tmp_path, model=str(tiny_model))
     study.set_user_attr("model_path", str(tiny_model))
@@ -264,12 +263,12 @@ def test_the_trl_file_leaves_out_the_rows_the_trial_left_out(study_and_knee, tmp
     """The trl file reads a user's rows again, outside sweeper: it keeps exactly the rows load_samples keeps (every
     speaker, content and tool-call rule), each conversation one row where TRL masks assistant turns, and says how
     many it left out."""
-    from test_data import GENERATION_CHATML
     from transformers import AutoTokenizer
 
     from sweeper.data import load_samples
     from sweeper.errors import DataError
     from sweeper.space import DatasetSpec
+    from sweeper.testing import GENERATION_CHATML
 
     def chat(*turns, **row):
         return {"messages": [{"role": r, "content": c} for r, c in turns], **row}
@@ -323,11 +322,11 @@ def test_the_trl_file_reads_a_mixed_file_as_the_trial_does(study_and_knee, tmp_p
     """A text row in a prompt/completion file gave TRL a row of nulls ("You need to specify either text or
     text_target"), and a chat row in a text file a text row of None: the trl file now takes the format most rows
     have and leaves out the rest, as load_samples does; the same rows reach TRL as the trial trained on."""
-    from test_data import GENERATION_CHATML
     from transformers import AutoTokenizer
 
     from sweeper.data import load_samples
     from sweeper.space import DatasetSpec
+    from sweeper.testing import GENERATION_CHATML
 
     [py] = write_export(*study_and_knee, "trl", tmp_path / "trl")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
@@ -366,12 +365,12 @@ def test_the_trl_row_reader_is_a_file_of_the_package_copied_into_the_trl_export(
 
 def test_the_trl_row_reader_on_its_own_keeps_the_rows_load_samples_keeps(tiny_model, tmp_path):
     """The same parity as the exported file's, on sweeper.export.trl_rows imported as a module."""
-    from test_data import GENERATION_CHATML
     from transformers import AutoTokenizer
 
     from sweeper.data import load_samples
     from sweeper.export import trl_rows
     from sweeper.space import DatasetSpec
+    from sweeper.testing import GENERATION_CHATML
 
     rows = [
         {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]},

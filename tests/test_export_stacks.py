@@ -7,68 +7,18 @@ folder (about 90 s with the torch wheel cached). Needs the package registry, not
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, tiny_space
-from test_report import make_study
 
 from sweeper.export import pick_trial, write_export
-
-STACKS = REPO / "tests" / "fixtures" / "stacks"
-
-
-def stack_venv(name: str, tmp_path_factory) -> Path:
-    """The venv of ``tests/fixtures/stacks/<name>.txt``, built or reused; its python.
-
-    torch is installed first, pinned; then each ``# pip install: ARGS`` line of the file in order, as ``pip install
-    -c FILE ARGS`` (without such lines: this package and TRL); then the packages of ``# pip uninstall: NAMES`` lines
-    are removed. The file's hash is the venv's stamp, so a changed recipe or pin rebuilds it."""
-    constraints = STACKS / f"{name}.txt"
-    text = constraints.read_text()
-    stamp = hashlib.sha256(constraints.read_bytes()).hexdigest()[:16]
-    root = os.environ.get("SWEEPER_STACK_VENVS")
-    venv = Path(root) / name if root else tmp_path_factory.mktemp(f"venv-{name}")
-    python = venv / "bin" / "python"
-    if (venv / ".stamp").is_file() and (venv / ".stamp").read_text() == stamp:
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    pins = {line.split("==")[0]: line for line in text.split() if "==" in line}
-    steps = {"install": [], "uninstall": []}
-    for line in text.splitlines():
-        for kind, found in steps.items():
-            if line.startswith(f"# pip {kind}:"):
-                found.append(line.split(":", 1)[1].split())
-    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
-    subprocess.run([*pip, "install", "--quiet", pins["torch"]], check=True, timeout=900)
-    for args in steps["install"] or [["-e", str(REPO), "trl"]]:
-        subprocess.run([*pip, "install", "--quiet", "-c", str(constraints), *args], check=True, timeout=900)
-    for names in steps["uninstall"]:
-        subprocess.run([*pip, "uninstall", "--quiet", "--yes", *names], check=True, timeout=300)
-    (venv / ".stamp").write_text(stamp)
-    return python
+from sweeper.testing import REPO, STACKS, make_study, run_in_venv, stack_venv, tiny_space
 
 
 @pytest.fixture(scope="module")
 def lower_bounds(tmp_path_factory):
     return stack_venv("lower-bounds", tmp_path_factory)
-
-
-def _run(python: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(python), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": "", **env},
-    )
 
 
 @pytest.mark.network
@@ -79,7 +29,7 @@ def test_hf_and_trl_exports_train_under_the_lower_bounds(lower_bounds, tmp_path,
     trial = pick_trial(study, pick="knee")
     hf, _ = write_export(study, trial, "hf", tmp_path / "hf")
     [trl] = write_export(study, trial, "trl", tmp_path / "trl")
-    out = _run(
+    out = run_in_venv(
         lower_bounds, str(REPO / "tests" / "export_check.py"), str(hf), str(trl), str(tiny_model), "run", cwd=tmp_path
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -99,8 +49,8 @@ def test_a_sweep_runs_at_the_lower_bounds(lower_bounds, tmp_path, tiny_model):
     space["training"]["gradient_checkpointing"] = True
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     env = {"SWEEPER_CACHE": str(tmp_path / "cache")}
-    run = _run(lower_bounds, "-m", "sweeper.cli", "run", "space.yaml", cwd=tmp_path, **env)
+    run = run_in_venv(lower_bounds, "-m", "sweeper.cli", "run", "space.yaml", cwd=tmp_path, **env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "trials: complete 2" in run.stdout, run.stdout[-2000:]
-    report = _run(lower_bounds, "-m", "sweeper.cli", "report", "low", "--json", cwd=tmp_path, **env)
+    report = run_in_venv(lower_bounds, "-m", "sweeper.cli", "report", "low", "--json", cwd=tmp_path, **env)
     assert report.returncode == 0 and len(json.loads(report.stdout)["front"]) >= 1, report.stderr[-2000:]

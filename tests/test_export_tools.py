@@ -16,14 +16,12 @@ import re
 
 import pytest
 import yaml
-from conftest import REPO
-from test_export_stacks import STACKS, _run, stack_venv
-from test_report import add_configured_trials, add_trial, make_study
 
 from sweeper.errors import StudyError
 from sweeper.export import AXOLOTL_LORA_KERNELS, pick_trial, write_export
 from sweeper.space import parse_space
 from sweeper.study import open_study
+from sweeper.testing import REPO, STACKS, add_configured_trials, add_trial, make_study, run_in_venv, stack_venv
 
 #: Trial 6's settings, none at the tools' defaults: float16, fp4 without double quantization, r 16 with lora_alpha
 #: 8 (LLaMA-Factory's default would be 2 * r), four target modules, batch 4 of 128 tokens, paged 8-bit AdamW, no
@@ -93,7 +91,7 @@ def _pins(name: str) -> dict[str, str]:
 
 def _check(python, tool: str, adds: dict, files: list, cwd) -> list[dict]:
     """``tests/tool_check.py`` in the tool's venv: one result per file, each checked to be no rejection."""
-    out = _run(
+    out = run_in_venv(
         python, str(REPO / "tests" / "tool_check.py"), tool, json.dumps(adds), *map(str, files), cwd=cwd, **OFFLINE
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import REPO, tiny_space, write_space
 from optuna.trial import TrialState
 
 from sweeper.study import count_finished
+from sweeper.testing import REPO, tiny_space, write_space
 
 pytestmark = pytest.mark.slow
 

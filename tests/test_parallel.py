@@ -11,12 +11,11 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import sweep, tiny_space, write_space
 from optuna.trial import TrialState
 
 from sweeper.study import count_finished
 from sweeper.study._stored import is_finished
-from sweeper.testing import PASSWORD, pg_bin, start_server
+from sweeper.testing import PASSWORD, pg_bin, start_server, sweep, tiny_space, write_space
 
 pytestmark = pytest.mark.slow
 

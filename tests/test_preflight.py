@@ -23,21 +23,9 @@ from sweeper.memory import (
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
 from sweeper.study import CALIBRATION_ATTR, prediction_errors, stored_calibration
 from sweeper.study._calibration import update_calibration
+from sweeper.testing import MEMORY_BASE
 
-BASE = TrialConfig(
-    per_device_train_batch_size=2,
-    max_seq_length=512,
-    r=16,
-    target_modules=("q_proj", "v_proj"),
-    bnb_4bit_compute_dtype="bfloat16",
-    gradient_checkpointing=True,
-    bnb_4bit_use_double_quant=True,
-    gradient_accumulation_steps=1,
-    optim="paged_adamw_8bit",
-    lora_dropout=0.05,
-    memory_limit_gib=1.7,
-    preflight_margin=0.1,
-)
+BASE = MEMORY_BASE
 
 #: One larger setting per direction of the dominance rule.
 LARGER = {
@@ -252,11 +240,10 @@ def test_on_the_cpu_no_compute_dtype_is_always_larger(tiny_model, tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_learns_its_correction_and_a_stored_one_prunes_before_running(tiny_model, workdir):
-    from conftest import tiny_space, write_space
-
     from sweeper.space import load_space
     from sweeper.study import device_kind, open_study, plan_sweep, run_study
     from sweeper.study._calibration import CORRECTED_ATTR
+    from sweeper.testing import tiny_space, write_space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     kind = device_kind()

@@ -6,128 +6,13 @@ import json
 
 import optuna
 import pytest
-from optuna.distributions import CategoricalDistribution
-from optuna.trial import TrialState, create_trial
 
 from sweeper.errors import StudyError
 from sweeper.export import knee, pick_trial
 from sweeper.report import _data as report
 from sweeper.space import parse_space
-from sweeper.study import FAILURE_CONSTRAINT, open_study
-
-DISTRIBUTIONS = {
-    "r": CategoricalDistribution([4, 8, 16]),
-    "per_device_train_batch_size": CategoricalDistribution([1, 2, 4]),
-    "max_seq_length": CategoricalDistribution([64, 128]),
-}
-
-
-def add_trial(study, *, r, batch, seq, status, peak=None, instability=None, extra=None, model="m"):
-    """A finished trial as sweeper records it (user attributes of ``docs/contract.md``)."""
-    config = {
-        "r": r,
-        "lora_alpha_ratio": 2.0,
-        "bnb_4bit_compute_dtype": "bfloat16",
-        "bnb_4bit_use_double_quant": True,
-        "bnb_4bit_quant_type": "nf4",
-        "per_device_train_batch_size": batch,
-        "gradient_accumulation_steps": 1,
-        "max_seq_length": seq,
-        "learning_rate": 2e-4,
-        "max_steps": 4,
-        "warmup_steps": 0,
-        "weight_decay": 0.0,
-        "optim": "adamw_torch",
-        "gradient_checkpointing": True,
-        "max_grad_norm": 1.0,
-        "lora_dropout": 0.05,
-        "seed": 0,
-        "target_modules": ["q_proj", "v_proj"],
-        "memory_limit_gib": 4.0,
-        "trial_timeout_s": 60.0,
-        "target_effective_batch_size": 16,
-        "model": {"name_or_path": model, "attn_implementation": "sdpa", "trust_remote_code": False},
-        "dataset": {"path": "builtin:pydoc-topics"},
-    }
-    attrs = {
-        "status": status,
-        "reason": f"{status} reason",
-        "config": config,
-        "lora_alpha": 2.0 * r,
-        "peak_memory_gib": peak,
-        "memory_kind": "cpu_peak_rss",
-        "instability": instability,
-        "loss_trace": [2.0, 1.5, 1.2],
-        "grad_norm_trace": [1.0, 0.8, 0.7],
-        "versions": {"torch": "x"},
-        "device": "cpu",
-        **(extra or {}),
-    }
-    state = {"complete": TrialState.COMPLETE, "nan": TrialState.PRUNED, "oom": TrialState.PRUNED}.get(
-        status, TrialState.FAIL
-    )
-    study.add_trial(
-        create_trial(
-            state=state,
-            values=[peak, instability] if state == TrialState.COMPLETE else None,
-            params={"r": r, "per_device_train_batch_size": batch, "max_seq_length": seq},
-            distributions=DISTRIBUTIONS,
-            user_attrs=attrs,
-            system_attrs={f"constraints:{FAILURE_CONSTRAINT}": 1.0 if state == TrialState.PRUNED else -1.0},
-        )
-    )
-
-
-def add_configured_trials(study, model, trials) -> dict:
-    """Complete trials of :func:`add_trial`'s configuration (r 8, batch 2 x 64) on ``model`` with other settings:
-    ``trials`` is ``[(overrides, peak_gib, instability)]``; each trial's ``lora_alpha`` follows its config. Returns
-    the base configuration."""
-    scratch = optuna.create_study(directions=["minimize", "minimize"])
-    add_trial(scratch, r=8, batch=2, seq=64, status="complete", peak=1.0, instability=0.1, model=str(model))
-    base = dict(scratch.trials[0].user_attrs["config"])
-    for overrides, peak, instability in trials:
-        config = {**base, **overrides}
-        extra = {"config": config, "lora_alpha": config["lora_alpha_ratio"] * config["r"]}
-        add_trial(study, r=8, batch=2, seq=64, status="complete", peak=peak, instability=instability, extra=extra)
-    return base
-
-
-def make_study(folder, model="m"):
-    space = parse_space({"study": {"name": "rep"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
-    study = open_study(space, f"sqlite:///{folder}/rep.db", "rep", 8)
-    study.set_user_attr("searched", ["r", "per_device_train_batch_size", "max_seq_length"])
-    add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=0.9, model=model)  # 0 front
-    add_trial(study, r=8, batch=2, seq=64, status="complete", peak=1.5, instability=0.2, model=model)  # 1 front
-    add_trial(study, r=16, batch=2, seq=128, status="complete", peak=2.0, instability=0.5, model=model)  # 2
-    add_trial(study, r=16, batch=4, seq=128, status="oom", peak=3.9, model=model)  # 3
-    add_trial(
-        study,
-        r=8,
-        batch=1,
-        seq=128,
-        status="nan",
-        peak=1.2,
-        model=model,  # 4
-        extra={
-            "nan_cause": "data",
-            "nan_samples": [7],
-            "loss_trace": [2.0, None],
-            "grad_norm_trace": [1.0, None],
-            "fail_step": 2,
-        },
-    )
-    add_trial(
-        study,
-        r=4,
-        batch=1,
-        seq=64,
-        status="complete",
-        peak=1.0,
-        instability=0.9,
-        model=model,  # 5 repeat
-        extra={"duplicate_of": 0},
-    )
-    return study
+from sweeper.study import open_study
+from sweeper.testing import add_trial, make_study
 
 
 def test_front_data_marks_front_failures_and_skips_repeats(tmp_path):

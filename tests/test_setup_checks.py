@@ -5,12 +5,12 @@ import json
 import shutil
 
 import pytest
-from conftest import sweep, tiny_space, write_space
 
 from sweeper.checkpoint import module_names, safetensors_names, unmatched_targets
 from sweeper.memory import nothing_fits
 from sweeper.space import load_space
 from sweeper.study import check_setup
+from sweeper.testing import sweep, tiny_space, write_space
 
 
 def _one_line(out) -> str:

@@ -10,7 +10,6 @@ import time
 
 import optuna
 import pytest
-from conftest import tiny_space, write_space
 from optuna.trial import TrialState
 
 from sweeper.errors import SpaceError
@@ -29,6 +28,7 @@ from sweeper.study import (
 )
 from sweeper.study._storage import make_sampler, to_distributions
 from sweeper.study._stored import is_finished
+from sweeper.testing import tiny_space, write_space
 from sweeper.trial import TrialResult
 
 #: Every user attribute a measured trial stores (docs/contract.md): each field of TrialResult (the instability terms
@@ -304,11 +304,10 @@ def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
     again instead of reusing results measured under the old settings; trial_timeout alone changes nothing."""
     import dataclasses
 
-    from test_report import add_trial
-
     from sweeper.space import TrialConfig
     from sweeper.study import stored_trial
     from sweeper.study._loop import find_duplicate
+    from sweeper.testing import add_trial
 
     study = optuna.create_study(directions=["minimize", "minimize"])
     add_trial(study, r=8, batch=2, seq=64, status="complete", peak=1.0, instability=0.1)
@@ -378,7 +377,7 @@ def test_a_resume_with_other_run_policy_reuses_what_was_measured():
 
 def test_the_contract_documents_every_stored_attribute():
     # The contract page names each attribute a trial stores: a field added to TrialResult without its row fails here.
-    from conftest import REPO
+    from sweeper.testing import REPO
 
     contract = (REPO / "docs" / "contract.md").read_text()
     missing = sorted(a for a in CONTRACT_ATTRS if f"`{a}`" not in contract)

@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from sweeper.space import TrialConfig
+
 
 def tiny_space(
     model: Path,
@@ -59,3 +61,21 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     """Write ``rows`` as JSON lines and return ``path``."""
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return path
+
+
+#: A configuration for the memory model's and the dominance rule's tests: batch 2 x 512 tokens, r 16 on q/v, a 1.7 GiB
+#: cap with the default 10% margin.
+MEMORY_BASE = TrialConfig(
+    per_device_train_batch_size=2,
+    max_seq_length=512,
+    r=16,
+    target_modules=("q_proj", "v_proj"),
+    bnb_4bit_compute_dtype="bfloat16",
+    gradient_checkpointing=True,
+    bnb_4bit_use_double_quant=True,
+    gradient_accumulation_steps=1,
+    optim="paged_adamw_8bit",
+    lora_dropout=0.05,
+    memory_limit_gib=1.7,
+    preflight_margin=0.1,
+)

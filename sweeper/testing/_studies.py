@@ -74,19 +74,19 @@ def add_trial(
     extra = dict(extra or {})
     config = TrialConfig.from_dict(extra.pop("config")) if "config" in extra else _config(r, batch, seq, model)
     names = {f.name for f in dataclasses.fields(TrialResult)}
-    result = TrialResult(
-        status=TrialStatus(status),
-        reason=f"{status} reason",
-        lora_alpha=config.lora_alpha,
-        peak_memory_gib=peak,
-        memory_kind="cpu_peak_rss",
-        instability=instability,
-        loss_trace=[2.0, 1.5, 1.2],
-        grad_norm_trace=[1.0, 0.8, 0.7],
-        versions={"torch": "x"},
-        device="cpu",
-        **{k: v for k, v in extra.items() if k in names},
-    )
+    fields: dict[str, Any] = {
+        "status": TrialStatus(status),
+        "reason": f"{status} reason",
+        "lora_alpha": config.lora_alpha,
+        "peak_memory_gib": peak,
+        "memory_kind": "cpu_peak_rss",
+        "instability": instability,
+        "loss_trace": [2.0, 1.5, 1.2],
+        "grad_norm_trace": [1.0, 0.8, 0.7],
+        "versions": {"torch": "x"},
+        "device": "cpu",
+    }
+    result = TrialResult(**{**fields, **{k: v for k, v in extra.items() if k in names}})
     attrs = _Attrs()
     record_result(attrs, result, config)
     attrs.user_attrs.update({k: v for k, v in extra.items() if k not in names})

@@ -1,0 +1,60 @@
+"""The production stacks' venvs for the export tests: ``tests/fixtures/stacks/<name>.txt`` (pip constraints, with
+``# pip install:`` and ``# pip uninstall:`` lines) built with pip from the package registry, and running a script in
+one."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from sweeper.testing._paths import REPO
+
+STACKS = REPO / "tests" / "fixtures" / "stacks"
+
+
+def stack_venv(name: str, tmp_path_factory: Any) -> Path:
+    """The venv of ``tests/fixtures/stacks/<name>.txt``, built or reused; its python.
+
+    torch is installed first, pinned; then each ``# pip install: ARGS`` line of the file in order, as ``pip install
+    -c FILE ARGS`` (without such lines: this package and TRL); then the packages of ``# pip uninstall: NAMES`` lines
+    are removed. The file's hash is the venv's stamp, so a changed recipe or pin rebuilds it."""
+    constraints = STACKS / f"{name}.txt"
+    text = constraints.read_text()
+    stamp = hashlib.sha256(constraints.read_bytes()).hexdigest()[:16]
+    root = os.environ.get("SWEEPER_STACK_VENVS")
+    venv = Path(root) / name if root else tmp_path_factory.mktemp(f"venv-{name}")
+    python = venv / "bin" / "python"
+    if (venv / ".stamp").is_file() and (venv / ".stamp").read_text() == stamp:
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    pins = {line.split("==")[0]: line for line in text.split() if "==" in line}
+    steps: dict[str, list[list[str]]] = {"install": [], "uninstall": []}
+    for line in text.splitlines():
+        for kind, found in steps.items():
+            if line.startswith(f"# pip {kind}:"):
+                found.append(line.split(":", 1)[1].split())
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    subprocess.run([*pip, "install", "--quiet", pins["torch"]], check=True, timeout=900)
+    for args in steps["install"] or [["-e", str(REPO), "trl"]]:
+        subprocess.run([*pip, "install", "--quiet", "-c", str(constraints), *args], check=True, timeout=900)
+    for names in steps["uninstall"]:
+        subprocess.run([*pip, "uninstall", "--quiet", "--yes", *names], check=True, timeout=300)
+    (venv / ".stamp").write_text(stamp)
+    return python
+
+
+def run_in_venv(python: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python ARGS`` in ``cwd`` with one thread, no PYTHONPATH and ``env`` added; its output captured (600 s
+    at most)."""
+    return subprocess.run(
+        [str(python), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": "", **env},
+    )
