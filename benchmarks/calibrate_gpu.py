@@ -9,7 +9,7 @@ gradient checkpointing and double quant. Prints measured, predicted and the erro
 On CUDA the measured value is ``torch.cuda.max_memory_reserved()`` after two optimizer steps (reset per row). On the
 CPU the measured column stays empty: the run checks the harness (model build, loading in 4 bits, QLoRA steps), not
 the constants, since one process's resident set is too noisy for that; the term-by-term checks against bytes held
-are in tests/test_estimate.py.
+are in tests/memory/test_estimate.py.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@
 #
 # Writes into OUT_DIR:
 #   gpu.txt                  the GPU (nvidia-smi) and the versions of torch, transformers, peft, bitsandbytes
-#   gpu_tests.txt            the tests marked `gpu` (tests/test_gpu.py): the CUDA cap turning a real allocation into
+#   gpu_tests.txt            the tests marked `gpu` (tests/trial/test_gpu.py): the CUDA cap turning a real allocation into
 #                            `oom`, max_memory_reserved as the peak, fp16 GradScaler skips counted, a warm trial
-#                            process resetting its peak; plus the warm-process tests (tests/test_warm.py) on CUDA
+#                            process resetting its peak; plus the warm-process tests (tests/trial/test_warm.py) on CUDA
 #   sweep_overhead.txt/.json a 4-trial sweep of the built-in model (SmolLM2-135M-Instruct) on CUDA in warm trial
 #                            processes, each configuration rerun cold: per-phase times (benchmarks/trial_overhead.py)
 #   calibrate.txt/.json      measured against predicted peaks of a Llama-3-8B-shaped model (benchmarks/calibrate_gpu.py,
@@ -43,7 +43,7 @@ PY
 } 2>&1 | tee "$OUT_DIR/gpu.txt"
 
 echo "== tests marked gpu, and the warm-process tests, on CUDA (limit 150 s)"
-timeout 150 "$PYTHON" -m pytest tests/test_gpu.py tests/test_warm.py -q -p no:cacheprovider -rA 2>&1 \
+timeout 150 "$PYTHON" -m pytest tests/trial/test_gpu.py tests/trial/test_warm.py -q -p no:cacheprovider -rA 2>&1 \
   | tee "$OUT_DIR/gpu_tests.txt"
 
 echo "== a 4-trial sweep of the built-in model on CUDA, warm, each configuration rerun cold (limit 90 s)"

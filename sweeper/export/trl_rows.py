@@ -5,11 +5,11 @@ same rows kept, the same tokens supervised), and its ``build_trainer``, which bu
 sweeper never imports this file: :func:`sweeper.export._hf.trl_rows_source` reads its text below the ``# fmt: off``
 line with :mod:`importlib.resources` and writes it into the ``trl`` script as it stands, so that the script runs
 without sweeper. Here it is linted and type-checked like the rest of the package, and it imports on its own: every
-function but ``build_trainer`` runs without the script (``tests/test_export.py`` checks that ``trl_dataset`` keeps
-exactly the rows ``load_samples`` keeps). ``build_trainer`` uses four names the script defines above this part; they
-are declared below for the linter and the type checker only. ruff format leaves the script's part as it is written
-(``# fmt: off``), and the one lint rule it does not follow is waived for the file (below), so that the exported text
-stays the same.
+function but ``build_trainer`` runs without the script (``tests/export/test_export.py`` checks that
+``trl_dataset`` keeps exactly the rows ``load_samples`` keeps). ``build_trainer`` uses four names the script defines
+above this part; they are declared below for the linter and the type checker only. ruff format leaves the script's
+part as it is written (``# fmt: off``), and the one lint rule it does not follow is waived for the file (below), so
+that the exported text stays the same.
 """
 
 # The script's `kind == "messages" and not masks or kind == "alpaca"` reads as written (and binds so).

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 #: Keys whose larger value needs more memory (all else equal), and how to compare them.
 _GROWS = ("per_device_train_batch_size", "max_seq_length", "r")
 #: Keys that change memory in ways the dominance rule does not order: they must be equal. The compute dtype is one:
-#: a wider dtype is not always larger. Measured on the CPU (tests/test_preflight.py): at a 64k vocabulary a bf16
+#: a wider dtype is not always larger. Measured on the CPU (tests/study/test_preflight.py): at a 64k vocabulary a bf16
 #: trial holds more than an fp32 one of the same shape (under autocast the logits exist in bf16 and as their fp32
 #: copy; in fp32 the upcast is the same tensor), while at SmolLM2's 49k vocabulary and hidden 576 fp32 is larger.
 #: The same logits arithmetic holds under CUDA autocast, so no device orders the dtypes.
@@ -35,7 +35,7 @@ _SAME = (
 )
 
 #: The directions the dominance rule may use on each device (``cpu``: the resident set; ``cuda``: reserved memory),
-#: each measured on the CPU by ``tests/test_preflight.py`` with real trials: a larger batch, ``max_seq_length`` or
+#: each measured on the CPU by ``tests/study/test_preflight.py`` with real trials: a larger batch, ``max_seq_length`` or
 #: ``r``, a superset of target modules, gradient checkpointing off against on, double quant off against on. The CUDA
 #: set is the same by the memory model's terms (:mod:`sweeper.memory._model`); no GPU measurement yet.
 DIRECTIONS: dict[str, tuple[str, ...]] = {

@@ -2,8 +2,8 @@
 without loading weights (``sweep estimate``, and the sweep's preflight).
 
 Pure: no torch. Every term is in bytes here and in GiB in :class:`MemoryEstimate`; each has its formula and source
-in its function's docstring, and ``tests/test_estimate.py`` checks each against bytes actually held by a real model
-(quantized storage, parameters, optimizer state after a real step, tensors saved for backward counted with
+in its function's docstring, and ``tests/memory/test_estimate.py`` checks each against bytes actually held by a real
+model (quantized storage, parameters, optimizer state after a real step, tensors saved for backward counted with
 ``torch.autograd.graph.saved_tensors_hooks``). Notation: ``T = per_device_train_batch_size * max_seq_length``
 tokens per micro-batch, ``h`` hidden size, ``i`` intermediate size, ``L`` layers, ``V`` vocabulary, ``r`` LoRA rank,
 ``a`` bytes of the compute dtype (2 for bfloat16/float16 under autocast, 4 for float32).
@@ -283,8 +283,8 @@ def _compute_bytes(s: MemorySettings) -> int:
 def layer_activation_bytes(shape: ModelShape, s: MemorySettings) -> int:
     """Bytes one decoder layer saves for backward without gradient checkpointing.
 
-    Counted from the tensors autograd saves in a peft QLoRA Llama layer (``tests/test_estimate.py`` lists them with
-    ``saved_tensors_hooks``), Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+    Counted from the tensors autograd saves in a peft QLoRA Llama layer (``tests/memory/test_estimate.py`` lists them
+    with ``saved_tensors_hooks``), Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
     Models", section 4) adapted to what QLoRA keeps: the frozen 4-bit matmuls save nothing (their input gradient needs
     only the weight), so the cost is in the residual stream (float32 after ``prepare_model_for_kbit_training``), the
     SwiGLU MLP, attention and the LoRA branches:

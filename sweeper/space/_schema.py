@@ -19,7 +19,7 @@ COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
 QUANT_TYPES = ("nf4", "fp4")
 
 #: Optimizers a trial may use: names of ``transformers.TrainingArguments.optim`` that make sense for QLoRA.
-#: ``tests/test_space.py`` checks each is still a valid ``transformers.training_args.OptimizerNames`` value.
+#: ``tests/space/test_space.py`` checks each is still a valid ``transformers.training_args.OptimizerNames`` value.
 OPTIMIZERS = (
     "adamw_torch",
     "adamw_torch_fused",

@@ -37,7 +37,7 @@ NanCause = Literal["data", "precision", "optimization"]
 
 #: A NaN that persists in fp32 on statically clean data is blamed on optimization when the largest finite gradient
 #: norm of the run is at least this many times the first step's (a short healthy run stays within about 3x; the
-#: diverging runs of tests/test_diagnosis.py grow by 1e3x or more before their NaN).
+#: diverging runs of tests/trial/test_diagnosis.py grow by 1e3x or more before their NaN).
 GRAD_NORM_GROWTH = 10.0
 #: Rows of the last finite step replayed as controls: if they fail too, the weights are at fault, not the rows.
 CONTROL_ROWS = 2

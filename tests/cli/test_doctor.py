@@ -10,7 +10,7 @@ import pytest
 
 from sweeper.testing import clean_rows, data_nan_space, sweep, write_jsonl, write_space
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def faulty_rows() -> list[dict]:

@@ -2,8 +2,8 @@
 its own (``tests/fixtures/stacks/{llama-factory,axolotl}.txt``, built by ``stack_venv`` of
 ``test_export_stacks.py``): LLaMA-Factory 0.9.5's ``get_train_args`` as ``llamafactory-cli train`` calls it, and
 axolotl 0.21.0's ``validate_config`` and ``normalize_config`` as ``axolotl train`` calls them, then the
-``BitsAndBytesConfig`` each tool's model loader builds (``tests/tool_check.py``). Every key the file writes must come
-out of the tool with the file's value, and the file's values are the trial's; a fast test checks that axolotl is
+``BitsAndBytesConfig`` each tool's model loader builds (``tests/export/tool_check.py``). Every key the file writes must
+come out of the tool with the file's value, and the file's values are the trial's; a fast test checks that axolotl is
 given no fractional lora_alpha (its schema rejects one). The model is the tiny local Llama; no hub is reached.
 Building both venvs takes about 3.5 minutes here (no pip cache); they are reused under
 ``$SWEEPER_STACK_VENVS`` when that is set."""
@@ -90,9 +90,15 @@ def _pins(name: str) -> dict[str, str]:
 
 
 def _check(python, tool: str, adds: dict, files: list, cwd) -> list[dict]:
-    """``tests/tool_check.py`` in the tool's venv: one result per file, each checked to be no rejection."""
+    """``tests/export/tool_check.py`` in the tool's venv: one result per file, each checked to be no rejection."""
     out = run_in_venv(
-        python, str(REPO / "tests" / "tool_check.py"), tool, json.dumps(adds), *map(str, files), cwd=cwd, **OFFLINE
+        python,
+        str(REPO / "tests" / "export" / "tool_check.py"),
+        tool,
+        json.dumps(adds),
+        *map(str, files),
+        cwd=cwd,
+        **OFFLINE,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     results = json.loads(out.stdout.strip().splitlines()[-1])

@@ -30,7 +30,13 @@ def test_hf_and_trl_exports_train_under_the_lower_bounds(lower_bounds, tmp_path,
     hf, _ = write_export(study, trial, "hf", tmp_path / "hf")
     [trl] = write_export(study, trial, "trl", tmp_path / "trl")
     out = run_in_venv(
-        lower_bounds, str(REPO / "tests" / "export_check.py"), str(hf), str(trl), str(tiny_model), "run", cwd=tmp_path
+        lower_bounds,
+        str(REPO / "tests" / "export" / "export_check.py"),
+        str(hf),
+        str(trl),
+        str(tiny_model),
+        "run",
+        cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])

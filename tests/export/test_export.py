@@ -354,7 +354,7 @@ def test_the_trl_row_reader_is_a_file_of_the_package_copied_into_the_trl_export(
     text = py.read_text()
     assert source.startswith("\n\ndef chat_template_masks_assistant(") and source.rstrip("\n") in text
     assert "sweeper" not in "".join(line for line in text.splitlines() if line.lstrip().startswith(("import", "from")))
-    path = Path(__file__).resolve().parents[1] / "sweeper" / "export" / "trl_rows.py"
+    path = Path(__file__).resolve().parents[2] / "sweeper" / "export" / "trl_rows.py"
     spec = importlib.util.spec_from_file_location("trl_rows_alone", path)
     assert spec is not None and spec.loader is not None
     alone = importlib.util.module_from_spec(spec)

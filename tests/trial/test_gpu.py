@@ -1,8 +1,9 @@
 """The CUDA path, on a real GPU: the memory cap, the peak that decides OOM, fp16 loss-scaler skips, and a warm trial
 process's own peak. Skipped where no CUDA device is visible (``conftest.py``); run by ``benchmarks/gpu_check.sh``.
 
-Real trials of the tiny Llama (tests/tiny.py) on ``cuda:0``: ``set_per_process_memory_fraction`` turns a real
-allocation past ``memory_limit_gib`` into ``torch.OutOfMemoryError``, and the peak is ``max_memory_reserved``.
+Real trials of the tiny Llama (``sweeper.testing.build_tiny_model``) on ``cuda:0``:
+``set_per_process_memory_fraction`` turns a real allocation past ``memory_limit_gib`` into ``torch.OutOfMemoryError``,
+and the peak is ``max_memory_reserved``.
 """
 
 import pytest

@@ -21,7 +21,7 @@ from sweeper.space import (
     parse_space,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 CONTRACT_EXAMPLE = """
 study:   {name: demo, n_trials: 12, timeout: 8h, sampler: tpe, seed: 0}
