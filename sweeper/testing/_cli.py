@@ -8,6 +8,7 @@ import io
 import os
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,17 +35,29 @@ class CliResult:
     stderr: str
 
 
-def run_cli(*args: str) -> CliResult:
-    """Run ``sweep ARGS`` in this process, in the current working directory, with stdout and stderr captured.
+def run_cli(*args: str, cwd: Path | None = None) -> CliResult:
+    """Run ``sweep ARGS`` in this process, in ``cwd`` (default: the current working directory, which is restored
+    after), with stdout and stderr captured; the warnings filters and Optuna's log level it sets are restored too.
 
     argparse's own exits (``--help``, a usage error) are returned as their exit code, as the console script's are.
+    An exception the command does not turn into an exit code propagates (a subprocess would exit 1 with its
+    traceback).
     """
+    import optuna
+
     from sweeper.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    before, verbosity = Path.cwd(), optuna.logging.get_verbosity()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    finally:
+        os.chdir(before)
+        optuna.logging.set_verbosity(verbosity)
     return CliResult(returncode=int(code or 0), stdout=out.getvalue(), stderr=err.getvalue())

@@ -11,13 +11,13 @@ import optuna
 import pytest
 
 from sweeper.cli import main
-from sweeper.testing import sweep, tiny_space, write_space
+from sweeper.testing import run_cli, sweep, tiny_space, write_space
 
 
 def test_bad_space_is_exit_2_with_one_line_and_no_study(workdir):
     path = workdir / "bad.yaml"
     path.write_text("search:\n  lerning_rate: [1e-4]\n")
-    out = sweep("run", str(path), cwd=workdir)
+    out = run_cli("run", str(path), cwd=workdir)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         f"{path}: search.lerning_rate: unknown key; did you mean 'learning_rate'?"
@@ -35,7 +35,7 @@ def test_bad_space_is_exit_2_with_one_line_and_no_study(workdir):
 )
 def test_bad_input_before_any_trial(tiny_model, workdir, change, needle):
     space = {**tiny_space(tiny_model), **change}
-    out = sweep("run", str(write_space(workdir, space)), cwd=workdir)
+    out = run_cli("run", str(write_space(workdir, space)), cwd=workdir)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], lines
@@ -46,12 +46,12 @@ def test_bad_flags_are_reported_with_the_file_problems(tiny_model, workdir):
     space = tiny_space(tiny_model)
     space["training"]["max_stepz"] = 3
     path = write_space(workdir, space)
-    out = sweep("run", str(path), "--timeout", "soon", "--n-trials", "0", "--study", "a/b", cwd=workdir)
+    out = run_cli("run", str(path), "--timeout", "soon", "--n-trials", "0", "--study", "a/b", cwd=workdir)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 4, lines
     assert any("--timeout: 'soon'" in ln for ln in lines) and any("training.max_stepz" in ln for ln in lines)
     assert any(ln.startswith("--n-trials: 0") for ln in lines) and any(ln.startswith("--study: 'a/b'") for ln in lines)
-    out = sweep("run", str(path), "--set", "rr=4", cwd=workdir)
+    out = run_cli("run", str(path), "--set", "rr=4", cwd=workdir)
     assert out.returncode == 2 and "did you mean 'r'" in out.stderr
     assert not (workdir / "studies").exists()
 
@@ -67,7 +67,7 @@ def test_usage_errors_are_one_line(workdir, argv, capsys):
 
 def test_model_and_data_problems_reported_together(tiny_model, workdir):
     space = {**tiny_space(tiny_model), "model": {"name_or_path": str(workdir)}, "dataset": {"path": str(workdir)}}
-    out = sweep("run", str(write_space(workdir, space)), cwd=workdir)
+    out = run_cli("run", str(write_space(workdir, space)), cwd=workdir)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 2, lines
     assert "dataset.path: is a directory" in lines[0] and "model.name_or_path: no config.json" in lines[1]

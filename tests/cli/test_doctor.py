@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweeper.testing import clean_rows, data_nan_space, sweep, write_jsonl, write_space
+from sweeper.testing import clean_rows, data_nan_space, run_cli, sweep, write_jsonl, write_space
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,7 +80,7 @@ def test_doctor_on_the_demo_space_reads_its_data_and_lengths(tiny_model, workdir
 def test_doctor_bad_input_is_one_line(tiny_model, workdir, argv, needle):
     # The tiny model's tokenizer where no --model is given: the built-in model's first conversion takes 25 s.
     model = [] if "--model" in argv or argv[0].endswith(".yaml") else ["--model", str(tiny_model)]
-    out = sweep("doctor", *argv, *model, cwd=workdir)
+    out = run_cli("doctor", *argv, *model, cwd=workdir)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from sweeper.export import pick_trial, write_export
-from sweeper.testing import make_study, sweep
+from sweeper.testing import make_study, run_cli, sweep
 
 
 @pytest.fixture
@@ -205,23 +205,23 @@ def test_llama_factory_picks_among_the_trials_it_can_express(tmp_path, tiny_mode
 def test_export_cli_llama_factory_pick_and_refusal(tmp_path, tiny_model):
     _float32_study(tmp_path, tiny_model)
     db = tmp_path / "rep.db"
-    ok = sweep("export", str(db), "--format", "llama-factory", "-o", "lf", cwd=tmp_path)
+    ok = run_cli("export", str(db), "--format", "llama-factory", "-o", "lf", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert "knee of the front of the trials llama-factory can express: trial 1" in ok.stdout
     assert "study's knee is trial 6: it computed in float32, which LLaMA-Factory cannot express" in ok.stdout
     f = yaml.safe_load((tmp_path / "lf.yaml").read_text())
     assert f["bf16"] is True and f["lora_rank"] == 8
-    out = sweep("export", str(db), "--trial", "6", "--format", "llama-factory", cwd=tmp_path)
+    out = run_cli("export", str(db), "--trial", "6", "--format", "llama-factory", cwd=tmp_path)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "--trial 1" in lines[0], out.stderr
 
 
 def test_export_cli_refuses_an_incomplete_trial(study_and_knee, tmp_path):
     db = tmp_path / "rep.db"
-    out = sweep("export", str(db), "--trial", "3", cwd=tmp_path)
+    out = run_cli("export", str(db), "--trial", "3", cwd=tmp_path)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "trial 3 did not complete (oom" in lines[0]
-    ok = sweep("export", str(db), "--pick", "most-stable", "--format", "llama-factory", "-o", "cfg", cwd=tmp_path)
+    ok = run_cli("export", str(db), "--pick", "most-stable", "--format", "llama-factory", "-o", "cfg", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert "most-stable of the front: trial 1" in ok.stdout and (tmp_path / "cfg.yaml").is_file()
 
@@ -231,7 +231,7 @@ def test_report_html_path_must_be_html_and_dashboard_port_must_be_free(study_and
 
     db = tmp_path / "rep.db"
     before = db.read_bytes()
-    out = sweep("report", str(db), "--html", str(db), cwd=tmp_path)
+    out = run_cli("report", str(db), "--html", str(db), cwd=tmp_path)
     assert out.returncode == 2 and "--html" in out.stderr and db.read_bytes() == before
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -252,10 +252,10 @@ def test_a_trial_whose_target_matched_nothing_is_not_exported(tmp_path, tiny_mod
     bad = dict(study.trials[0].user_attrs["config"], target_modules=["q_proj", "v_projj"])
     add_trial(study, r=16, batch=1, seq=64, status="complete", peak=0.5, instability=0.01, extra={"config": bad})
     number = len(study.trials) - 1
-    out = sweep("export", f"{tmp_path}/rep.db", "--trial", str(number), "--format", "hf", cwd=tmp_path)
+    out = run_cli("export", f"{tmp_path}/rep.db", "--trial", str(number), "--format", "hf", cwd=tmp_path)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "['v_projj'] match no module" in out.stderr and "q_proj" in out.stderr and "not exported" in out.stderr
-    ok = sweep("export", f"{tmp_path}/rep.db", "--trial", "0", "--format", "hf", cwd=tmp_path)
+    ok = run_cli("export", f"{tmp_path}/rep.db", "--trial", "0", "--format", "hf", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
 
 

@@ -263,7 +263,7 @@ def test_estimate_grows_with_every_memory_dimension():
 def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, tmp_path):
     import shutil
 
-    from sweeper.testing import REPO, sweep, tiny_space, write_space
+    from sweeper.testing import REPO, run_cli, tiny_space, write_space
 
     only_config = tmp_path / "planned-model"
     only_config.mkdir()
@@ -271,18 +271,18 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
     space = tiny_space(
         only_config, search={"per_device_train_batch_size": [1, 4], "r": [8, 64]}, training={"memory_limit_gib": 0.61}
     )
-    out = sweep("estimate", str(write_space(tmp_path, space)), "--json", cwd=tmp_path)
+    out = run_cli("estimate", str(write_space(tmp_path, space)), "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert len(data["points"]) == 4 and all(
         set(p["terms_gib"]) >= {"activations", "optimizer_state"} for p in data["points"]
     )
     assert [e["per_device_train_batch_size"] for e in data["frontier"]] == [1, 4]
-    llama = sweep("estimate", str(REPO / "search_spaces" / "llama3-8b-24gb.yaml"), cwd=tmp_path)
+    llama = run_cli("estimate", str(REPO / "search_spaces" / "llama3-8b-24gb.yaml"), cwd=tmp_path)
     assert llama.returncode == 0, llama.stderr
     assert "frontier for memory_limit_gib=22" in llama.stdout and "  batch 1: max_seq_length 4096" in llama.stdout
     assert "CUDA context and allocator overhead are uncalibrated" in llama.stdout  # the default device is cuda
-    on_cpu = sweep("estimate", str(REPO / "search_spaces" / "llama3-8b-24gb.yaml"), "--device", "cpu", cwd=tmp_path)
+    on_cpu = run_cli("estimate", str(REPO / "search_spaces" / "llama3-8b-24gb.yaml"), "--device", "cpu", cwd=tmp_path)
     assert on_cpu.returncode == 0 and "CUDA" not in on_cpu.stdout.splitlines()[-1], on_cpu.stdout[-300:]
 
 
@@ -325,11 +325,11 @@ def test_dominance_rule():
     ],
 )
 def test_estimate_refuses_a_bad_config_in_one_line(tmp_path, tiny_model, config, needle):
-    from sweeper.testing import sweep, tiny_space, write_space
+    from sweeper.testing import run_cli, tiny_space, write_space
 
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
-    out = sweep("estimate", str(write_space(tmp_path, tiny_space(folder))), cwd=tmp_path)
+    out = run_cli("estimate", str(write_space(tmp_path, tiny_space(folder))), cwd=tmp_path)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr

@@ -10,7 +10,7 @@ from sweeper.checkpoint import module_names, safetensors_names, unmatched_target
 from sweeper.memory import nothing_fits
 from sweeper.space import load_space
 from sweeper.study import check_setup
-from sweeper.testing import sweep, tiny_space, write_space
+from sweeper.testing import run_cli, sweep, tiny_space, write_space
 
 
 def _one_line(out) -> str:
@@ -50,7 +50,7 @@ def test_sharded_index_is_read_and_a_missing_shard_is_refused(tiny_model, tmp_pa
 @pytest.mark.parametrize("command", ["run", "trial"])
 def test_a_target_module_that_matches_nothing_is_refused_before_the_first_trial(tiny_model, workdir, command):
     space = write_space(workdir, tiny_space(tiny_model, training={"target_modules": ["q_proj", "v_projj"]}))
-    line = _one_line(sweep(command, str(space), cwd=workdir))
+    line = _one_line(run_cli(command, str(space), cwd=workdir))
     assert line.startswith(f"{space}: training.target_modules: 'v_projj' matches no module of {tiny_model}")
     assert "the model's modules: down_proj, embed_tokens, gate_proj," in line and "fix the name" in line
     assert not (workdir / "studies" / "t" / "trials").exists()
@@ -62,7 +62,7 @@ def test_a_model_folder_without_weights_is_refused_once(tiny_model, workdir):
     for f in tiny_model.glob("*.json"):
         shutil.copy(f, folder / f.name)
     space = write_space(workdir, tiny_space(folder))
-    line = _one_line(sweep("run", str(space), cwd=workdir))
+    line = _one_line(run_cli("run", str(space), cwd=workdir))
     assert line.startswith(f"{folder}: model.name_or_path: no weights in this folder")
     assert "give the folder that save_pretrained wrote with its weights" in line
 
@@ -72,7 +72,7 @@ def test_a_corrupt_safetensors_file_is_refused_once(tiny_model, workdir):
     shutil.copytree(tiny_model, folder)
     (folder / "model.safetensors").write_bytes(b"\xff" * 64)  # a header length far beyond the file
     space = write_space(workdir, tiny_space(folder))
-    line = _one_line(sweep("run", str(space), cwd=workdir))
+    line = _one_line(run_cli("run", str(space), cwd=workdir))
     assert line.startswith(f"{folder / 'model.safetensors'}: model.name_or_path: not a readable safetensors file")
     assert "copy or download the file again" in line
 
@@ -82,7 +82,7 @@ def test_flash_attention_without_the_package_is_refused_once(tiny_model, workdir
     space = tiny_space(tiny_model)
     space["model"]["attn_implementation"] = "flash_attention_2"
     path = write_space(workdir, space)
-    line = _one_line(sweep("trial", str(path), cwd=workdir))
+    line = _one_line(run_cli("trial", str(path), cwd=workdir))
     assert line == (
         f"{path}: model.attn_implementation: flash_attention_2 needs the flash-attn package, which is not installed "
         "here; install it (pip install flash-attn, on a CUDA machine) or use sdpa"
@@ -102,7 +102,7 @@ def test_a_checkpoint_with_its_own_quantization_config_names_what_it_forces(tiny
     }
     (model / "config.json").write_text(json.dumps(config))
     searched = tiny_space(model, search={"bnb_4bit_quant_type": ["nf4", "fp4"]})
-    line = _one_line(sweep("run", str(write_space(workdir, searched)), cwd=workdir))
+    line = _one_line(run_cli("run", str(write_space(workdir, searched)), cwd=workdir))
     assert line.startswith(f"{model / 'config.json'}: quantization_config: the checkpoint is already 4-bit")
     assert "force bnb_4bit_quant_type=nf4, bnb_4bit_use_double_quant=true, bnb_4bit_compute_dtype=bfloat16" in line
     assert "the searched bnb_4bit_quant_type cannot take effect" in line
@@ -131,7 +131,7 @@ def test_nothing_predicted_to_fit_is_one_line_before_starting(tiny_model, workdi
     )
     del space["training"]["max_seq_length"]
     path = write_space(workdir, space)
-    line = _one_line(sweep("run", str(path), cwd=workdir))
+    line = _one_line(run_cli("run", str(path), cwd=workdir))
     assert line.startswith(f"{path}: training.memory_limit_gib: no configuration of the space is predicted to fit 0.3")
     assert "the smallest predicted peak is" in line and "per_device_train_batch_size=4 max_seq_length=512" in line
     # the tiny model's CPU prediction is mostly the process baseline: no single setting brings it under 0.33 GiB
