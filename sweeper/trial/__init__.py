@@ -10,8 +10,9 @@ The names are loaded on first use (PEP 562): the trial process imports this pack
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sweeper._lazy import lazy_names
 
 if TYPE_CHECKING:
     from sweeper.trial._devices import cuda_visible, visible_gpus
@@ -53,15 +54,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Load a public name from its module on first use (and keep it here)."""
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, __all__)
