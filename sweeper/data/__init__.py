@@ -1,0 +1,48 @@
+"""Training samples: the built-in corpus, local files and hub datasets, in four formats, tokenized for causal-LM
+fine-tuning with the loss on the reply only.
+
+Loading (:func:`load_samples`) imports ``datasets`` only for files and hub ids; tokenization
+(:func:`tokenize_samples`) needs a ``transformers`` fast tokenizer. Neither imports torch itself.
+
+The modules: ``_samples`` (what a dataset becomes), ``_formats`` (one row to a sample), ``_load`` (files, hub, the
+built-in corpus), ``_tokenize`` (templates, reply masks, truncation), ``_special`` (bad embedding rows of special
+tokens).
+"""
+
+from sweeper.data._formats import FORMAT_COLUMNS, ROLE_ALIASES, detect_format
+from sweeper.data._load import BUILTIN_PYDOC, PYDOC_CHUNK_CHARS, load_samples
+from sweeper.data._samples import DroppedRow, Sample, Samples, TokenizedSample, dataset_rows, describe_dropped
+from sweeper.data._special import SpecialTokenRow, special_token_rows
+from sweeper.data._tokenize import (
+    DEFAULT_CHAT_TEMPLATE,
+    TemplateRefusal,
+    assistant_masks,
+    load_tokenizer,
+    mask_disagreements,
+    tokenize_samples,
+    unused_rows,
+)
+
+__all__ = [
+    "BUILTIN_PYDOC",
+    "DEFAULT_CHAT_TEMPLATE",
+    "FORMAT_COLUMNS",
+    "PYDOC_CHUNK_CHARS",
+    "ROLE_ALIASES",
+    "DroppedRow",
+    "Sample",
+    "Samples",
+    "SpecialTokenRow",
+    "TemplateRefusal",
+    "TokenizedSample",
+    "assistant_masks",
+    "dataset_rows",
+    "describe_dropped",
+    "detect_format",
+    "load_samples",
+    "load_tokenizer",
+    "mask_disagreements",
+    "special_token_rows",
+    "tokenize_samples",
+    "unused_rows",
+]
