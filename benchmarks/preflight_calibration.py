@@ -42,11 +42,11 @@ def main() -> None:
     measured = [
         t
         for t in stored_trials(study)
-        if not t.is_repeat and t.status.fits is not None and "config" in t.user_attrs and t.result.peak_memory_gib
+        if not t.is_repeat and t.status.fits is not None and t.config is not None and t.result.peak_memory_gib
     ]
     if not measured:
         raise SystemExit(f"{args.study}: no measured trial")
-    attn = measured[0].user_attrs["config"].get("model", {}).get("attn_implementation", "sdpa")
+    attn = measured[0].config.model.attn_implementation
 
     kind = measured[0].result.memory_kind or "cpu_peak_rss"
     device = "cuda" if kind == "cuda_max_reserved" else "cpu"
@@ -55,15 +55,15 @@ def main() -> None:
         return estimate_memory(shape, settings_from(config, attn, device)).predicted_peak_gib
 
     def predict(t) -> float:
-        return predict_config(t.user_attrs["config"])
+        return predict_config(t.config)
 
     print(f"study {study.study_name}: {len(measured)} measured trials, model {model}")
     print(f"{'trial':>5} {'status':>8} {'group':>18} {'predicted':>9} {'measured':>8} {'ratio':>6}  cap")
     for t in measured:
         p, m = predict(t), t.result.peak_memory_gib
         print(
-            f"{t.number:>5} {t.status.value:>8} {group_of(t.user_attrs['config']):>18} {p:9.3f} {m:8.3f} "
-            f"{m / p:6.2f}  {t.user_attrs['config']['memory_limit_gib']:g}"
+            f"{t.number:>5} {t.status.value:>8} {group_of(t.config):>18} {p:9.3f} {m:8.3f} "
+            f"{m / p:6.2f}  {t.config.memory_limit_gib:g}"
         )
     raw_all = median_abs(
         (predict(t) - t.result.peak_memory_gib) / t.result.peak_memory_gib
@@ -79,14 +79,14 @@ def main() -> None:
         complete = [t for t in later if t.status == TrialStatus.COMPLETE]
         raw = [(predict(t) - t.result.peak_memory_gib) / t.result.peak_memory_gib for t in complete]
         corrected = [
-            ((fit.correct(t.user_attrs["config"], predict(t)) if fit else predict(t)) - t.result.peak_memory_gib)
+            ((fit.correct(t.config, predict(t)) if fit else predict(t)) - t.result.peak_memory_gib)
             / t.result.peak_memory_gib
             for t in complete
         ]
         pruned_oom, pruned_fit = [], []
         for t in later:
-            config = t.user_attrs["config"]
-            bound = config["memory_limit_gib"] * (1 + config.get("preflight_margin", 0.1))
+            config = t.config
+            bound = config.memory_limit_gib * (1 + config.preflight_margin)
             peak = fit.correct(config, predict(t)) if fit else predict(t)
             if peak > bound:
                 (pruned_oom if t.status == TrialStatus.OOM else pruned_fit).append(t.number)
@@ -103,7 +103,7 @@ def main() -> None:
         points = calibration_points(measured[:i], predict_config, kind)
         fit = fit_calibration(points, kind)
         p, m = predict(t), t.result.peak_memory_gib
-        sequential.append((t.number, p, fit.correct(t.user_attrs["config"], p) if fit else p, m))
+        sequential.append((t.number, p, fit.correct(t.config, p) if fit else p, m))
     if sequential:
         print(
             f"\nsequential, after {args.k} measured trials (each trial predicted from all before it): median |error| "
