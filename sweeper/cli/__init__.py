@@ -13,7 +13,6 @@ import sys
 import traceback
 from typing import NoReturn
 
-from sweeper.cli._common import MAX_WORKERS
 from sweeper.errors import SweeperError
 
 
