@@ -42,14 +42,15 @@ def sweep_header(plan: SweepPlan) -> list[str]:
         f"sweep: study '{plan.name}' in {redact_url(plan.storage)}, {plan.n_trials} trials, "
         f"searching {', '.join(plan.space.search)}"
     ]
-    if plan.workers > 1 or any(d is not None for d in plan.devices):
-        if any(d is not None for d in plan.devices):
+    on_devices = any(d is not None for d in plan.devices)  # --devices was given
+    if plan.workers > 1 or on_devices:
+        if on_devices:
             shown = ", ".join(f"device {d}" if d is not None else "this machine" for d in plan.devices)
         else:
             threads = max(1, (os.cpu_count() or 1) // plan.workers)
             shown = f"on the CPU, {threads} thread{'s' if threads > 1 else ''} each"
         lines.append(f"workers {plan.workers} trial{'s' if plan.workers > 1 else ''} at once ({shown})")
-        if any(d is not None for d in plan.devices) and not cuda_visible():
+        if on_devices and not cuda_visible():
             lines.append("note    --devices names GPUs, but none is visible here: the trials run on the CPU")
     return lines
 

@@ -138,13 +138,15 @@ class SearchSpace:
 
     def first_choices(self) -> dict[str, Any]:
         """One value per searched key: a list's first element, a range's ``low``."""
-        out: dict[str, Any] = {}
-        for key, dim in self.search.items():
-            if isinstance(dim, Categorical):
-                out[key] = dim.choices[0]
-            else:
-                out[key] = int(dim.low) if dim.is_int else dim.low
-        return out
+        return _first_choices(self.search)
+
+
+def _first_choices(search: Mapping[str, Dimension]) -> dict[str, Any]:
+    """One value per searched key: a list's first element, a range's ``low``."""
+    return {
+        key: dim.choices[0] if isinstance(dim, Categorical) else (int(dim.low) if dim.is_int else dim.low)
+        for key, dim in search.items()
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -565,8 +567,7 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
         raise SpaceError(problems.lines)
 
     model, dataset = _from_yaml(ModelSpec, sections["model"]), _from_yaml(DatasetSpec, sections["dataset"])
-    for key, dim in search.items():  # the base config holds each searched key at its first choice
-        fixed[key] = dim.choices[0] if isinstance(dim, Categorical) else (int(dim.low) if dim.is_int else dim.low)
+    fixed.update(_first_choices(search))  # the base config holds each searched key at its first choice
     fixed["target_modules"] = tuple(fixed["target_modules"])
     return SearchSpace(
         path=path,

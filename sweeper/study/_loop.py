@@ -30,7 +30,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.errors import RunError
-from sweeper.memory import memory_predictor, preflight
+from sweeper.memory import preflight
 from sweeper.space import TrialConfig
 from sweeper.study._artifacts import artifact_store, upload_trial_artifacts
 from sweeper.study._calibration import CORRECTED_ATTR, device_kind, stored_calibration, update_calibration
@@ -143,9 +143,7 @@ class _Sweep:
         self.target, self.budget = plan.n_trials, plan.timeout_s
         self.workers, self.devices = plan.workers, plan.devices
         self.max_retries = plan.space.base.max_retries
-        self.predictor = memory_predictor(
-            plan.model_path, plan.space.model.name_or_path, plan.space.model.attn_implementation, trial_device()
-        )
+        self.predictor = plan.predict_peak_gib
         self.distributions = to_distributions(plan.space)
         self.lock = AskLock(plan.storage, plan.name)
         self.mutex = threading.Lock()  # repeats, callbacks, the set of running trial processes

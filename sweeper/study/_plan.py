@@ -5,6 +5,7 @@ takes the plan as it is; ``sweep run``, the tests and the benchmarks make it the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
@@ -37,6 +38,9 @@ class SweepPlan:
         devices: Per worker slot, its ``CUDA_VISIBLE_DEVICES`` value, or None for this machine's
             (:func:`sweeper.study.slot_devices`); ``len(devices) == workers``.
         finished_before: Finished trials the study held when the plan was made (a resume when ``> 0``).
+        predict_peak_gib: The memory model for this space on this machine's trial device
+            (:func:`sweeper.memory.memory_predictor`): a trial config to its predicted peak in GiB, uncorrected; None
+            where the model's shape is unknown.
     """
 
     space: SearchSpace
@@ -49,6 +53,7 @@ class SweepPlan:
     workers: int
     devices: list[str | None]
     finished_before: int
+    predict_peak_gib: Callable[[TrialConfig], float | None]
 
     @property
     def to_run(self) -> int:
@@ -112,8 +117,9 @@ def plan_sweep(
     check_writable(study_dir(name))  # before the storage is touched
     study = open_study(space, url, name, target)  # a storage problem is one line before any output
     check_disk(study_dir(name))  # before any trial starts, and again before each
+    predict = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation, trial_device())
     if refuse_if_nothing_fits:
-        unfit = _nothing_fits(space, model_path, study)
+        unfit = _nothing_fits(space, predict, study)
         if unfit:
             raise SpaceError(unfit)
     return SweepPlan(
@@ -127,16 +133,16 @@ def plan_sweep(
         workers=workers,
         devices=slot_devices(workers, devices),
         finished_before=count_finished(study),
+        predict_peak_gib=predict,
     )
 
 
-def _nothing_fits(space: SearchSpace, model_path: str, study: optuna.Study) -> str | None:
+def _nothing_fits(space: SearchSpace, raw: Callable[[TrialConfig], float | None], study: optuna.Study) -> str | None:
     """One line when no configuration of the space is predicted to fit its cap, by the memory model corrected with
     what the study measured on this kind of machine (:func:`sweeper.memory.nothing_fits`); None when something does,
     or the study already holds a trial that fit under a cap no larger than this run's (a fit under a larger cap, before
     a resume with a smaller ``memory_limit_gib``, says nothing about this one)."""
     kind = device_kind()
-    raw = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation, trial_device())
     calibration = stored_calibration(study, kind)
 
     def predict(config: TrialConfig) -> float | None:

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from sweeper.trial._result import (
         FAIL_STATUSES,
         PRUNED_STATUSES,
-        RESULT_STATUSES,
         Phase,
         TrialResult,
         TrialStatus,
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 _HOMES = {
     "FAIL_STATUSES": "sweeper.trial._result",
     "PRUNED_STATUSES": "sweeper.trial._result",
-    "RESULT_STATUSES": "sweeper.trial._result",
     "Phase": "sweeper.trial._result",
     "TrialProcess": "sweeper.trial._launch",
     "TrialResult": "sweeper.trial._result",
@@ -43,7 +41,6 @@ _HOMES = {
 __all__ = [
     "FAIL_STATUSES",
     "PRUNED_STATUSES",
-    "RESULT_STATUSES",
     "Phase",
     "TrialProcess",
     "TrialResult",

@@ -22,7 +22,7 @@ class TrialStatus(str, enum.Enum):
     are results about the configuration: the trial is PRUNED and infeasible for the sampler. ``TIMEOUT``, ``CRASH``
     and ``ERROR`` are failures of the run (FAIL), retried where they may go differently. ``RUNNING`` and
     ``WAITING`` have not ended; ``UNKNOWN`` is a finished trial without a status sweeper knows (a study edited by
-    hand, or a newer version's status). A trial process ends with one of the first nine (:data:`RESULT_STATUSES`).
+    hand, or a newer version's status). A result carries one of the first nine.
 
     A ``str`` enum: it compares equal to, formats and serializes (JSON, Optuna user attributes) as its value.
     """
@@ -92,10 +92,6 @@ class TrialStatus(str, enum.Enum):
         return "FAIL"
 
 
-#: Statuses a trial's result may carry (the trial process's, the launcher's or the preflight's), in display order.
-RESULT_STATUSES = tuple(
-    s for s in TrialStatus if s not in (TrialStatus.RUNNING, TrialStatus.WAITING, TrialStatus.UNKNOWN)
-)
 #: Statuses whose trial is PRUNED (a result about the configuration); the other results but ``complete`` are FAIL.
 PRUNED_STATUSES = frozenset(s for s in TrialStatus if s.pruned)
 FAIL_STATUSES = frozenset(s for s in TrialStatus if s.failed)
