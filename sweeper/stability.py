@@ -341,3 +341,136 @@ def format_instability(value: float | None) -> str:
     if value == 0:
         return "0"
     return f"{value:.2e}" if abs(value) < 0.001 else f"{value:.3f}"
+
+
+# --- The stability margin: how far a configuration is from its divergence edge --------------------------------------
+
+#: Stress phase (an LR range test after the constant phase: Smith 2017, "Cyclical Learning Rates for Training Neural
+#: Networks", sec. 3.3; fastai's ``lr_find``, Lightning's ``Tuner.lr_find``): stress step ``j`` (1-based) trains at
+#: ``learning_rate * STRESS_GROWTH**j`` and the probe is read after every stress step; it stops at the first
+#: divergence (:func:`divergence`, the rule that makes a trial ``diverged``), a non-finite loss or gradient norm, or an
+#: fp16 overflow. Why 1.8x a step: the edges at the QLoRA recipe's rate lie far out. Measured on the built-in model
+#: (30 constant steps at batch 1, then 1.6x a step): 281x the rate for lora_alpha/r 0.5 and 2 at 2e-4, 720x for 0.25
+#: at 1e-4, 69x for lora_alpha/r 16 at r 16, batch 2. Reaching ~600x within the cost budget (below) takes 1.8x a
+#: step; the probe reacts a few steps after the rate passes the edge at any growth, so a ceiling overshoots the edge by
+#: a roughly constant number of steps, which the calibration factor (:data:`LONG_RUN_FACTOR`) absorbs.
+STRESS_GROWTH = 1.8
+
+#: Stress steps at most: the cap is ``STRESS_GROWTH**STRESS_STEPS`` (643x the trial's learning rate). Each stress step
+#: costs a training step and a probe; measured at the default 30 steps, batch 1: 10 stress steps took 38-39% of the
+#: constant phase's ``train_time_s``, 13 took 53% and 14 took 57%, so 11 stay under the 50% allowed (the measured share
+#: is stored on each trial as ``stress_time_share``). A configuration that holds to the cap is recorded as capped
+#: (``margin_capped``: the margin is a lower bound).
+STRESS_STEPS = 11
+
+#: ``stability_margin`` when the stress phase reached its last step without diverging (a lower bound).
+STRESS_CAP = STRESS_GROWTH**STRESS_STEPS
+
+#: Largest constant learning rate a long run holds at, over the short trial's ``lr_ceiling``: the calibration factor
+#: that makes ``predicted_max_lr``. Measured by ``benchmarks/validity.py`` (``benchmarks/results/validity.md``,
+#: "calibration factor"): the geometric mean over the configurations whose 300-step edge was bisected.
+LONG_RUN_FACTOR = 1.0
+
+#: How a stress phase ended (``stress_stop``): the probe diverged, a loss or gradient norm went non-finite, the fp16
+#: loss scaler skipped a step (an overflow), the cap was reached, or it could not be measured.
+STRESS_STOPS = ("diverged", "nan", "overflow", "cap", "oom", "error")
+
+#: A trial "barely learns" when its ``learning_progress`` is below this share of the best among the study's complete
+#: trials: such a trial is never recommended as the most stable (its margin says how far it is from an edge it never
+#: approaches, not that it is safe to train with).
+LEARNING_PROGRESS_SHARE = 0.10
+
+
+def barely_learns(progress: float | None, best: float | None) -> bool:
+    """Whether a trial's ``learning_progress`` is under :data:`LEARNING_PROGRESS_SHARE` of ``best`` (the largest
+    among the complete trials it is compared with), or not above 0. Measured on the built-in model at 30 steps: 0.45
+    at lora_alpha/r 16 (r 16, 2e-4), 0.22 at 2, 0.09 at 0.5, 0.013 at 0.25 and 1e-4; a tenth of the best (0.045) calls
+    the last one barely learning and keeps lora_alpha/r 0.5, which users run. Unknown progress is not "barely"."""
+    if progress is None:
+        return False
+    if progress <= 0:
+        return True
+    return best is not None and best > 0 and progress < LEARNING_PROGRESS_SHARE * best
+
+
+def stress_lr(learning_rate: float, stress_step: int) -> float:
+    """The learning rate of stress step ``stress_step`` (1-based): ``learning_rate * STRESS_GROWTH**stress_step``."""
+    return learning_rate * STRESS_GROWTH**stress_step
+
+
+@dataclass(frozen=True, kw_only=True)
+class Margin:
+    """A trial's distance to its divergence edge, from its stress phase.
+
+    Attributes:
+        lr_ceiling: The learning rate of the stress step after which the probe first showed the divergence (or a
+            non-finite value, or an fp16 overflow); None when the cap was reached or nothing was measured.
+        stability_margin: ``lr_ceiling / learning_rate`` (> 1); :data:`STRESS_CAP` when capped; None when not
+            measured.
+        margin_capped: The stress phase reached :data:`STRESS_CAP` without diverging (the margin is a lower bound).
+        predicted_max_lr: ``learning_rate * stability_margin * LONG_RUN_FACTOR``: the largest constant learning rate a
+            run of the validity benchmark's long horizon (300 steps) is predicted to hold at; a lower bound when
+            capped.
+    """
+
+    lr_ceiling: float | None
+    stability_margin: float | None
+    margin_capped: bool | None
+    predicted_max_lr: float | None
+
+
+def margin_of(learning_rate: float, stop: str | None, stress_step: int | None) -> Margin:
+    """The :class:`Margin` of a stress phase that ended with ``stop`` (one of :data:`STRESS_STOPS`) at 1-based
+    ``stress_step`` (the step whose update showed the edge; ignored for ``cap``).
+
+    Raises:
+        ValueError: ``stop`` is not one of :data:`STRESS_STOPS`.
+    """
+    if stop is not None and stop not in STRESS_STOPS:
+        raise ValueError(f"stress stop must be one of {STRESS_STOPS}, but got {stop!r}")
+    if stop == "cap":
+        return Margin(
+            lr_ceiling=None,
+            stability_margin=STRESS_CAP,
+            margin_capped=True,
+            predicted_max_lr=learning_rate * STRESS_CAP * LONG_RUN_FACTOR,
+        )
+    if stop in ("diverged", "nan", "overflow") and stress_step is not None and stress_step >= 1:
+        ceiling = stress_lr(learning_rate, stress_step)
+        margin = ceiling / learning_rate
+        return Margin(
+            lr_ceiling=ceiling,
+            stability_margin=margin,
+            margin_capped=False,
+            predicted_max_lr=ceiling * LONG_RUN_FACTOR,
+        )
+    return Margin(lr_ceiling=None, stability_margin=None, margin_capped=None, predicted_max_lr=None)
+
+
+def learning_progress(probe_loss: Sequence[float | None]) -> float | None:
+    """The probe loss's relative drop over the constant phase, ``(L_0 - L_end) / L_0``: how much the run learned at the
+    user's learning rate (about 0 at learning rate 1e-9; negative when it got worse). None without a finite first and
+    last probe."""
+    finite = [x for x in probe_loss if x is not None and math.isfinite(x)]
+    if len(probe_loss) < 2 or not finite or probe_loss[0] is None or probe_loss[-1] is None:
+        return None
+    start, end = float(probe_loss[0]), float(probe_loss[-1])
+    if not (math.isfinite(start) and math.isfinite(end)) or start <= 0:
+        return None
+    return (start - end) / start
+
+
+def edge_proximity(stability_margin: float | None) -> float | None:
+    """``1 / stability_margin``: the study's second objective (minimized), in (0, 1) for a trial that held its rate;
+    the learning rate as a share of the rate it diverged at. None when the margin is unknown."""
+    if stability_margin is None or not math.isfinite(stability_margin) or stability_margin <= 0:
+        return None
+    return 1.0 / stability_margin
+
+
+def format_margin(value: float | None, capped: bool | None = False) -> str:
+    """A margin as shown everywhere: ``12x``, ``3.4x``, ``>=57.7x`` when capped, ``-`` when unknown."""
+    if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "-"
+    shown = f"{value:.1f}x" if value < 10 else f"{value:.0f}x"
+    return (">=" + shown) if capped else shown

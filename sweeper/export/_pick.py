@@ -10,7 +10,7 @@ from typing import Literal
 import optuna
 
 from sweeper.errors import StudyError
-from sweeper.stability import format_instability
+from sweeper.stability import barely_learns, format_margin
 from sweeper.study import StoredTrial, by_knee_distance, pareto_front, stored_trials
 from sweeper.trial import TrialStatus
 
@@ -21,7 +21,8 @@ PICKS: tuple[str, ...] = ("knee", "min-memory", "most-stable")
 
 
 def objectives(trial: StoredTrial) -> tuple[float, float]:
-    """``(peak_memory_gib, instability)`` of a COMPLETE trial (the front and the exported trials are)."""
+    """``(peak_memory_gib, edge_proximity)`` of a COMPLETE trial (the front and the exported trials are);
+    ``(peak_memory_gib, instability)`` in a study written before the stability margin."""
     if trial.values is None:
         raise StudyError(f"trial {trial.number} did not complete: it has no objective values")
     return trial.values
@@ -163,6 +164,9 @@ def pick_trial(
     if not usable:
         _refuse_failed_confirmation(name, front[0], "--pick")
     front = passed or usable
+    if pick != "min-memory":  # no trial is recommended as safest because it barely learns
+        best = max((t.result.learning_progress or 0.0 for t in stored_trials(study) if t.values), default=0.0)
+        front = [t for t in front if not barely_learns(t.result.learning_progress, best)] or front
     if pick == "min-memory":
         return min(front, key=lambda t: (objectives(t)[0], objectives(t)[1]))
     if pick == "most-stable":
@@ -201,11 +205,12 @@ def _instead(study: optuna.Study, trial: StoredTrial, fmt: str) -> str:
     formats = _formats_expressing(trial, fmt)
     if near is None:
         return f"no complete trial of the study can be; export with --format {formats}"
-    peak, instability = objectives(near)
+    peak = objectives(near)[0]
+    margin = format_margin(near.result.stability_margin, near.result.margin_capped)
     dtype = near.config.bnb_4bit_compute_dtype if near.config is not None else "?"
     return (
-        f"the nearest trial it can express is {near.number} ({dtype}, peak {peak:.3f} GiB, instability "
-        f"{format_instability(instability)}): --trial {near.number}; or export trial {trial.number} with --format "
+        f"the nearest trial it can express is {near.number} ({dtype}, peak {peak:.3f} GiB, margin "
+        f"{margin}): --trial {near.number}; or export trial {trial.number} with --format "
         f"{formats}"
     )
 

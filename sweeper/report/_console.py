@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sweeper.audit import AuditReport, NanRisk
-from sweeper.stability import format_instability
+from sweeper.stability import barely_learns, format_instability, format_margin
 from sweeper.study import StoredTrial
 from sweeper.trial import TrialResult
 
@@ -52,13 +52,15 @@ def status_label(status: str, nan_cause: str | None) -> str:
 
 def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResult, finished: int, n_trials: int) -> str:
     """One line per finished trial: progress, number, searched values, status (with the NaN cause), peak GiB,
-    instability, seconds, whether its trial process was ``cold`` (a fresh process), ``warm`` (imports paid by an
-    earlier trial) or ``warm, model kept`` (the 4-bit model too); non-complete trials add their reason."""
+    stability margin, instability, seconds, whether its trial process was ``cold`` (a fresh process), ``warm``
+    (imports paid by an earlier trial) or ``warm, model kept`` (the 4-bit model too); non-complete trials add their
+    reason."""
     duplicate = result.reason.startswith("same configuration")
     progress = " " * (len(str(n_trials)) * 2 + 3) if duplicate else f"[{finished:>{len(str(n_trials))}}/{n_trials}]"
     line = (
         f"{progress} #{number:<3} {format_params(params)}  "
         f"{status_label(result.status, result.nan_cause):<8} {_num(result.peak_memory_gib, '6.2f'):>6} GiB  "
+        f"margin {format_margin(result.stability_margin, result.margin_capped):>7}  "
         f"instability {format_instability(result.instability):>7}  {_num(result.wall_time_s, '6.1f'):>6} s"
     )
     if result.warm is not None and not duplicate:  # measured in a trial process: did it pay the imports, the load?
@@ -100,8 +102,10 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 def format_front(front: Sequence[StoredTrial]) -> str:
     """The Pareto front as a table: trial, r, lora_alpha, compute dtype, double quant, quant type, batch,
-    max_seq_length, peak GiB, instability (the values come from each trial's stored config); when any of them was
-    confirmed (``sweep confirm``), a last column ``confirmed``: ``300 ok``, ``diverged@120`` ..., or ``-``."""
+    max_seq_length, peak GiB, stability margin (``>=`` when capped), learning progress (the probe loss's drop at
+    the trial's rate, ``barely`` under :data:`sweeper.stability.LEARNING_PROGRESS_SHARE` of the front's best),
+    instability (the values come from each trial's stored config); when any of them was confirmed
+    (``sweep confirm``), a last column ``confirmed``: ``300 ok``, ``diverged@120`` ..., or ``-``."""
     rows: list[tuple[str, ...]] = [
         (
             "trial",
@@ -113,9 +117,12 @@ def format_front(front: Sequence[StoredTrial]) -> str:
             "batch",
             "max_seq_length",
             "peak_GiB",
+            "margin",
+            "learns",
             "instability",
         )
     ]
+    best = max((t.result.learning_progress or 0.0 for t in front), default=0.0)
     for t in front:
         c = t.config.to_dict() if t.config is not None else {}
         values = t.values or (float("nan"), float("nan"))
@@ -130,13 +137,24 @@ def format_front(front: Sequence[StoredTrial]) -> str:
                 _fmt(c.get("per_device_train_batch_size")),
                 _fmt(c.get("max_seq_length")),
                 f"{values[0]:.3f}",
-                format_instability(values[1]),
+                format_margin(t.result.stability_margin, t.result.margin_capped),
+                format_progress(t.result.learning_progress, best),
+                format_instability(t.result.instability),
             )
         )
     if any(t.confirmation is not None for t in front):
         labels = ["confirmed"] + [t.confirmation.label if t.confirmation else "-" for t in front]
         rows = [(*row, label) for row, label in zip(rows, labels)]
     return _table(rows)
+
+
+def format_progress(progress: float | None, best: float) -> str:
+    """A learning progress as a percentage (``21%``), with ``(barely)`` when it is under
+    :data:`~sweeper.stability.LEARNING_PROGRESS_SHARE` of ``best`` (the front's, or the study's, largest); ``-`` when
+    unknown."""
+    if progress is None:
+        return "-"
+    return f"{100 * progress:.0f}%" + (" (barely)" if barely_learns(progress, best) else "")
 
 
 def format_counts(counts: Mapping[str, int], nan_causes: Mapping[str, Sequence[int]] | None = None) -> str:

@@ -59,8 +59,11 @@ def long_config(config: TrialConfig, steps: int) -> TrialConfig:
     return replace(config, max_steps=steps, trial_timeout_s=config.trial_timeout_s * scale)
 
 
-def _record(study: optuna.Study, number: int, steps: int, result: TrialResult, folder: Any) -> Confirmation:
-    """Write the long run's trace as an artifact of the study and its outcome as ``confirmation:<number>``."""
+def _record(
+    study: optuna.Study, number: int, steps: int, result: TrialResult, folder: Any, trial: StoredTrial | None = None
+) -> Confirmation:
+    """Write the long run's trace as an artifact of the study and its outcome as ``confirmation:<number>``, with
+    whether it held where the short trial's margin said it would (``predicted_to_hold``, ``margin_held``)."""
     import json
 
     probe = result.probe_loss_trace
@@ -99,9 +102,27 @@ def _record(study: optuna.Study, number: int, steps: int, result: TrialResult, f
         probe_loss_end=probe[-1] if probe else None,
         wall_time_s=result.wall_time_s,
         artifact_id=artifact_id,
+        **_prediction(trial, result),
     )
     study.set_user_attr(f"{ATTR_PREFIX}{number}", outcome.to_dict())
     return outcome
+
+
+def _prediction(trial: StoredTrial | None, result: TrialResult) -> dict[str, Any]:
+    """What the short trial's ``predicted_max_lr`` said of this long run (it holds when the trial's learning rate is
+    at most that), and whether the long run agreed; empty for a trial without a margin or a run that did not train
+    (``oom``, ``timeout``, ``crash``, ``error``)."""
+    predicted = trial.result.predicted_max_lr if trial is not None else None
+    if predicted is None or trial is None or trial.config is None:
+        return {}
+    if result.status not in (TrialStatus.COMPLETE, TrialStatus.NAN, TrialStatus.DIVERGED):
+        return {"predicted_max_lr": predicted}
+    holds = trial.config.learning_rate <= predicted
+    return {
+        "predicted_max_lr": predicted,
+        "predicted_to_hold": holds,
+        "margin_held": holds == (result.status == TrialStatus.COMPLETE),
+    }
 
 
 def confirm_trials(
@@ -163,8 +184,8 @@ def confirm_trials(
         if on_start is not None:
             on_start(t, n)
         folder = trial_dir(study.study_name, t.number) / f"confirm-{n}"
-        result = run_trial(long_config(t.config, n), folder, model_path=model_path)
-        out[t.number] = _record(study, t.number, n, result, folder)
+        result = run_trial(long_config(t.config, n), folder, model_path=model_path, stress=False)
+        out[t.number] = _record(study, t.number, n, result, folder, t)
         if on_result is not None:
             on_result(t, out[t.number])
     return out

@@ -26,8 +26,21 @@ from sweeper.stability import COMPONENTS, DIAGNOSTICS
 from sweeper.study._coordination import AskLock, heartbeat_kwargs, in_memory, sqlite_database, sqlite_file
 from sweeper.trial import TrialResult, TrialStatus
 
-#: The two objectives, both minimized, in this order.
-OBJECTIVES = ("peak_memory_gib", "instability")
+#: The two objectives of a study, both minimized, in this order: peak memory and ``edge_proximity``, the trial's
+#: learning rate over the rate its stress phase diverged at (``1 / stability_margin``, :mod:`sweeper.stability`).
+OBJECTIVES = ("peak_memory_gib", "edge_proximity")
+
+#: The objectives of the studies sweeper wrote before the stability margin (0.2 and earlier): they keep ranking by the
+#: instability, so that a resumed old study compares like with like.
+LEGACY_OBJECTIVES = ("peak_memory_gib", "instability")
+
+
+def stability_objective(study: optuna.Study) -> str:
+    """The study's second objective: ``edge_proximity``, or ``instability`` for a study written before the margin
+    (its metric names say which; a study without metric names is an old one)."""
+    names = list(study.metric_names or ())
+    return names[1] if len(names) == 2 and names[1] in ("edge_proximity", "instability") else "instability"
+
 
 #: Root of studies and their artifacts, relative to the working directory (``docs/contract.md``).
 STUDIES_DIR = Path("studies")
@@ -336,7 +349,7 @@ def open_study(
         )
     _check_same_search(study, space, url)
     _write_owner(name, url)  # checked before the study was created
-    if not study.metric_names:
+    if not study.metric_names and not study.trials:  # an old study without metric names keeps its instability
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(list(OBJECTIVES))
@@ -442,7 +455,7 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
         raise StudyError(f"{redact_url(url)}: STUDY: no study '{name}' in it (it holds {', '.join(names) or 'none'})")
     study = optuna.load_study(study_name=name, storage=storage)
     if list(study.directions) != [optuna.study.StudyDirection.MINIMIZE] * 2 or (
-        study.metric_names and list(study.metric_names) != list(OBJECTIVES)
+        study.metric_names and list(study.metric_names) not in (list(OBJECTIVES), list(LEGACY_OBJECTIVES))
     ):
         raise StudyError(
             f"{redact_url(url)}: STUDY: '{name}' is not a sweeper study (objectives "

@@ -136,6 +136,10 @@ class Confirmation:
         probe_loss_end: The probe loss at its last probe (None where non-finite).
         wall_time_s: Seconds it took.
         artifact_id: Id of its trace in the study's artifact store, or None.
+        predicted_max_lr: The short trial's ``predicted_max_lr``, None when it has none (an old study).
+        predicted_to_hold: Whether that prediction said this run holds (the trial's learning rate is at most it).
+        margin_held: Whether the long run agreed with the prediction (it completed when predicted to hold, failed
+            when predicted not to); None when not judged.
     """
 
     steps: int
@@ -149,6 +153,9 @@ class Confirmation:
     probe_loss_end: float | None = None
     wall_time_s: float | None = None
     artifact_id: str | None = None
+    predicted_max_lr: float | None = None
+    predicted_to_hold: bool | None = None
+    margin_held: bool | None = None
 
     @property
     def passed(self) -> bool:

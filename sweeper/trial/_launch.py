@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sweeper.space import TrialConfig
 from sweeper.trial._job import TrialJob
-from sweeper.trial._result import TrialResult, TrialStatus
+from sweeper.trial._result import STRESS_STEPS_ENV, TrialResult, TrialStatus
 
 #: The module the trial process runs (``python -m``).
 CHILD_MODULE = "sweeper.trial._child.worker"
@@ -265,6 +265,7 @@ def run_trial(
     model_path: str,
     env: Mapping[str, str] | None = None,
     on_start: Callable[[int], None] | None = None,
+    stress: bool = True,
 ) -> TrialResult:
     """Run one trial in a fresh trial process and return what it measured (:meth:`TrialProcess.run`); the process
     ends with it.
@@ -275,6 +276,8 @@ def run_trial(
         model_path: Resolved by :func:`sweeper.model.resolve_model`.
         env: Environment of the trial process (default: this process's).
         on_start: Called with the trial process's pid once it runs (for bookkeeping), or None.
+        stress: Run the stress phase after the constant one (the stability margin); False for a constant-rate run
+            only (a confirmation, the validity benchmark's long runs).
 
     Returns:
         The worker's result, or a ``timeout``/``crash`` result made here.
@@ -282,6 +285,8 @@ def run_trial(
     Raises:
         KeyboardInterrupt: After killing the worker, so the caller can record the trial as interrupted.
     """
+    if not stress:
+        env = {**(os.environ if env is None else env), STRESS_STEPS_ENV: "0"}
     process = TrialProcess(env, warm=False)
     try:
         return process.run(config, trial_dir, model_path=model_path, on_start=on_start)

@@ -13,6 +13,10 @@ from typing import Any, Literal
 
 Phase = Literal["load", "forward", "backward", "optimizer"]
 
+#: Environment variable of a trial process: its stress steps (:data:`sweeper.stability.STRESS_STEPS` unless set; ``0``
+#: runs the constant phase only, as :func:`sweeper.trial.run_trial` does with ``stress=False``).
+STRESS_STEPS_ENV = "SWEEPER_STRESS_STEPS"
+
 
 class TrialStatus(str, enum.Enum):
     """How a trial ended (its ``status`` user attribute), or that it has not yet: the one list of statuses, which
@@ -153,6 +157,24 @@ class TrialResult:
         probe_time_share: ``probe_time_s`` over the rest of ``train_time_s``: the probe's cost as a share of training.
         projected_fail_step: The step at which the rising probe loss would reach the divergence ratio, extrapolated
             (:func:`sweeper.stability.projected_fail_step`); None when it is not rising.
+        lr_ceiling: The learning rate at which the stress phase (an LR range test after the constant phase,
+            :data:`sweeper.stability.STRESS_GROWTH`) diverged; None when it reached its cap or did not run.
+        stability_margin: ``lr_ceiling / learning_rate`` (> 1; the cap, :data:`sweeper.stability.STRESS_CAP`, when
+            ``margin_capped``); None when not measured (a trial that did not complete its constant phase).
+        margin_capped: The stress phase reached the cap without diverging: the margin is a lower bound.
+        predicted_max_lr: The largest constant learning rate a 300-step run is predicted to hold at:
+            ``lr_ceiling * LONG_RUN_FACTOR`` (:data:`sweeper.stability.LONG_RUN_FACTOR`, measured by
+            ``benchmarks/validity.py``); a lower bound when capped.
+        learning_progress: The probe loss's relative drop over the constant phase (:func:`sweeper.stability.
+            learning_progress`); about 0 for a run that learns nothing.
+        stress_stop: How the stress phase ended: ``diverged``, ``nan``, ``overflow``, ``cap``, ``oom``, ``error``;
+            None when it did not run.
+        stress_steps: Stress steps finished.
+        stress_lr_trace, stress_loss_trace, stress_probe_loss_trace: Per stress step: its learning rate, training
+            loss and the probe loss after it (None where non-finite).
+        stress_time_s: Seconds the stress phase took (not inside ``train_time_s``).
+        stress_time_share: ``stress_time_s / train_time_s``: its cost over the constant phase's.
+        stress_peak_memory_gib: Peak memory in GiB over both phases (``peak_memory_gib`` is the constant phase's).
     """
 
     status: TrialStatus
@@ -197,6 +219,19 @@ class TrialResult:
     probe_time_s: float | None = None
     probe_time_share: float | None = None
     projected_fail_step: int | None = None
+    lr_ceiling: float | None = None
+    stability_margin: float | None = None
+    margin_capped: bool | None = None
+    predicted_max_lr: float | None = None
+    learning_progress: float | None = None
+    stress_stop: str | None = None
+    stress_steps: int | None = None
+    stress_lr_trace: list[float] = field(default_factory=list)
+    stress_loss_trace: list[float | None] = field(default_factory=list)
+    stress_probe_loss_trace: list[float | None] = field(default_factory=list)
+    stress_time_s: float | None = None
+    stress_time_share: float | None = None
+    stress_peak_memory_gib: float | None = None
 
     def __post_init__(self) -> None:
         self.status = TrialStatus(self.status)  # a value read back from JSON or a user attribute

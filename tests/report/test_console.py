@@ -59,10 +59,19 @@ def test_status_label_names_the_nan_cause_only_for_nan():
 
 def test_complete_trial_line_has_progress_values_and_no_reason():
     result = TrialResult(
-        status="complete", reason="finished 30 steps", peak_memory_gib=3.14159, instability=0.12345, wall_time_s=42.0
+        status="complete",
+        reason="finished 30 steps",
+        peak_memory_gib=3.14159,
+        instability=0.12345,
+        wall_time_s=42.0,
+        stability_margin=34.0,
     )
     line = format_trial_line(3, {"r": 16, "lora_alpha_ratio": 2.0, "bnb_4bit_use_double_quant": True}, result, 4, 10)
-    assert line == "[ 4/10] #3   r=16 alpha/r=2 dq=yes  complete   3.14 GiB  instability   0.123    42.0 s"
+    assert line == (
+        "[ 4/10] #3   r=16 alpha/r=2 dq=yes  complete   3.14 GiB  margin     34x  instability   0.123    42.0 s"
+    )
+    capped = TrialResult(status="complete", stability_margin=643.0, margin_capped=True)
+    assert "margin  >=643x" in format_trial_line(3, {"r": 16}, capped, 4, 10)
 
 
 def test_nan_trial_line_shows_its_cause_dashes_and_reason():
@@ -70,14 +79,16 @@ def test_nan_trial_line_shows_its_cause_dashes_and_reason():
         status="nan", nan_cause="data", reason="loss is NaN at step 2", peak_memory_gib=1.0, wall_time_s=5.0
     )
     line = format_trial_line(7, {"r": 8}, result, 12, 100)
-    assert line == "[ 12/100] #7   r=8  nan/data   1.00 GiB  instability       -     5.0 s  (loss is NaN at step 2)"
+    assert line == (
+        "[ 12/100] #7   r=8  nan/data   1.00 GiB  margin       -  instability       -     5.0 s  (loss is NaN at step 2)"
+    )
 
 
 def test_oom_trial_line_appends_its_reason():
     result = TrialResult(status="oom", reason="CUDA out of memory at step 1 (backward)", peak_memory_gib=23.9)
     line = format_trial_line(12, {"r": 64, "per_device_train_batch_size": 8}, result, 1, 8)
     assert line == (
-        "[1/8] #12  r=64 batch=8  oom       23.90 GiB  instability       -       - s"
+        "[1/8] #12  r=64 batch=8  oom       23.90 GiB  margin       -  instability       -       - s"
         "  (CUDA out of memory at step 1 (backward))"
     )
 
@@ -89,7 +100,9 @@ def test_repeat_line_has_no_progress_counter_but_keeps_the_columns():
     )
     line = format_trial_line(5, params, repeat, 3, 10)
     assert (
-        line == "        #5   r=16  complete   1.00 GiB  instability   0.500       - s  (same configuration as trial 1)"
+        line
+        == "        #5   r=16  complete   1.00 GiB  margin       -  instability   0.500       - s  (same configuration as "
+        "trial 1)"
     )
     first = format_trial_line(1, params, TrialResult(status="complete", peak_memory_gib=1.0, instability=0.5), 2, 10)
     assert line.index("#") == first.index("#") == 8
@@ -123,9 +136,10 @@ def test_trace_runs_to_the_longer_trace_and_is_a_header_for_an_empty_one():
     ]
 
 
-def frozen(number, *, config, values, lora_alpha=None):
-    """A COMPLETE trial as sweeper stores it, read back through ``stored_trial``."""
-    attrs = {"status": "complete", "reason": "ok", "config": config.to_dict()}
+def frozen(number, *, config, values, lora_alpha=None, **result):
+    """A COMPLETE trial as sweeper stores it (``values`` are ``[peak_memory_gib, edge_proximity]``; ``result``: more
+    stored result fields), read back through ``stored_trial``."""
+    attrs = {"status": "complete", "reason": "ok", "config": config.to_dict(), **result}
     if lora_alpha is not None:
         attrs["lora_alpha"] = lora_alpha
     trial = create_trial(
@@ -150,8 +164,11 @@ def test_front_table_reads_each_trials_stored_config():
                 per_device_train_batch_size=2,
                 max_seq_length=256,
             ),
-            values=[1.5, 0.25],
+            values=[1.5, 1 / 36],
             lora_alpha=16.0,
+            instability=0.25,
+            stability_margin=36.0,
+            learning_progress=0.3,
         ),
         frozen(
             12,
@@ -162,23 +179,29 @@ def test_front_table_reads_each_trials_stored_config():
                 per_device_train_batch_size=1,
                 max_seq_length=1024,
             ),
-            values=[3.25, 0.125],
+            values=[3.25, 1 / 643],
+            instability=0.125,
+            stability_margin=643.0,
+            margin_capped=True,
+            learning_progress=0.02,
         ),  # no stored lora_alpha: ratio * r of its config
     ]
     lines = format_front(front).splitlines()
-    assert lines[0] == (
-        "trial   r  lora_alpha   compute  double_quant  quant  batch  max_seq_length  peak_GiB  instability"
-    )
-    assert (
-        lines[1] == "-----  --  ----------  --------  ------------  -----  -----  --------------  --------  -----------"
-    )
-    assert lines[2].split() == ["0", "8", "16", "float16", "no", "nf4", "2", "256", "1.500", "0.250"]
-    assert lines[3].split() == ["12", "16", "8", "bfloat16", "yes", "fp4", "1", "1024", "3.250", "0.125"]
+    assert lines[0].split() == [
+        "trial", "r", "lora_alpha", "compute", "double_quant", "quant", "batch", "max_seq_length", "peak_GiB",
+        "margin", "learns", "instability",
+    ]  # fmt: skip
+    assert lines[1].startswith("-----  --  ----------  --------  ------------  -----  -----  --------------  --------")
+    assert lines[2].split() == ["0", "8", "16", "float16", "no", "nf4", "2", "256", "1.500", "36x", "30%", "0.250"]
+    # Capped, and learning under a tenth of the front's best: said so.
+    assert lines[3].split() == [
+        "12", "16", "8", "bfloat16", "yes", "fp4", "1", "1024", "3.250", ">=643x", "2%", "(barely)", "0.125"
+    ]  # fmt: skip
     assert len(lines) == 4 and len({len(line) for line in lines}) == 1  # right-aligned columns
-    assert lines[2].endswith("   1.500        0.250")
+    assert lines[2].endswith("   1.500     36x          30%        0.250")
     tiny = [
-        frozen(1, config=TrialConfig(r=8), values=[1.0, 6.85e-05]),
-        frozen(2, config=TrialConfig(r=8), values=[2.0, 0.0]),
+        frozen(1, config=TrialConfig(r=8), values=[1.0, 0.5], instability=6.85e-05),
+        frozen(2, config=TrialConfig(r=8), values=[2.0, 0.25], instability=0.0),
     ]
     assert [line.split()[-1] for line in format_front(tiny).splitlines()[2:]] == ["6.85e-05", "0"]  # not 0.000 twice
 

@@ -42,7 +42,7 @@ def test_curves_importance_and_json(tmp_path):
     assert [(c["number"], c["kind"]) for c in curves] == [(0, "front"), (1, "front"), (4, "nan")]
     assert curves[2]["loss"] == [2.0, None]
     importance = report.importance_data(study)
-    assert set(importance) == {"peak_memory_gib", "instability"}
+    assert set(importance) == {"peak_memory_gib", "edge_proximity"}
     assert all(abs(sum(v.values()) - 1) < 1e-6 for v in importance.values())
     summary = json.loads(json.dumps(report.report_dict(study)))
     assert summary["study"] == "rep" and summary["directions"] == ["minimize", "minimize"]

@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback
 
-from sweeper.stability import divergence
-from sweeper.trial._child.record import DivergedError, NonFiniteError, Probe, TrainingRecord, finite_or_none
+from sweeper.stability import STRESS_GROWTH, divergence
+from sweeper.trial._child.record import (
+    DivergedError,
+    NonFiniteError,
+    Probe,
+    StressOverflow,
+    TrainingRecord,
+    finite_or_none,
+)
 
 
 def make_collator(pad_id: int, max_seq_length: int):
@@ -60,6 +68,25 @@ class TracingTrainer(Trainer):
         self.record, self.vocab_size = record, vocab_size
         super().__init__(*args, **kwargs)
 
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        """``constant_with_warmup`` (as ``Trainer`` builds it) for the constant phase; with a stress phase
+        (``record.stress``), stress step ``j`` then runs at ``STRESS_GROWTH**j`` times the learning rate."""
+        stress = self.record.stress
+        if stress is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        warmup, after = self.args.warmup_steps, stress.after_step
+
+        def factor(done: int) -> float:  # optimizer steps done before the one it sets the rate of
+            if done < after:  # transformers' _get_constant_lambda_with_warmup, the same numbers
+                return float(done) / float(max(1.0, warmup)) if done < warmup else 1.0
+            return STRESS_GROWTH ** (done - after + 1)
+
+        target = optimizer if optimizer is not None else self.optimizer
+        assert target is not None  # Trainer creates the optimizer before the scheduler
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(target, factor)
+        self._created_lr_scheduler = True
+        return self.lr_scheduler
+
     def _get_train_sampler(self, train_dataset=None):
         # The data is shuffled once with dataset.seed; every trial reads it in the same order.
         return torch.utils.data.SequentialSampler(
@@ -81,7 +108,8 @@ class TracingTrainer(Trainer):
         # diagnosis reads it only when a step fails.
         kept = {k: v.detach() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         record.step_batches.append({**kept, "sample_index": index})
-        record.seen.update(index)
+        if not record.stressing:  # the trial's data attributes are the constant phase's
+            record.seen.update(index)
         # Trainer's num_items_in_batch is the step's count of labels[..., 1:] != -100 over all micro-batches.
         supervised = int((kept["labels"][:, 1:] != -100).sum())
         record.step_supervised = (
@@ -92,7 +120,8 @@ class TracingTrainer(Trainer):
             raise NonFiniteError(
                 "input id", int(ids.max()) if int(ids.max()) >= self.vocab_size else int(ids.min()), "forward"
             )
-        record.tokens += int(inputs["attention_mask"].sum())
+        if not record.stressing:
+            record.tokens += int(inputs["attention_mask"].sum())
         loss = super().training_step(model, inputs, num_items_in_batch)
         # The returned loss is this micro-batch's share of the step's mean loss; their sum is the step's loss.
         value = float(loss)
@@ -139,11 +168,17 @@ def run_probe(trainer: Any, record: TrainingRecord, probe: Probe, step: int) -> 
         for m, training in modes:
             m.train(training)
     act = record.probe_step_max_activation
-    record.probe_steps.append(step)
-    record.probe_loss.append(finite_or_none(value))
-    record.probe_max_activation.append(None if act is None else finite_or_none(float(act)))
-    record.probe_time_s += time.monotonic() - start
-    found = divergence(record.probe_steps, record.probe_loss, final=step >= probe.max_steps)
+    stress = record.stress if record.stressing else None
+    if stress is not None:  # the stress phase's probe: its own trace, read with the constant phase's before it
+        stress.probe_loss.append(finite_or_none(value))
+        steps = record.probe_steps + [stress.after_step + j for j in range(1, stress.done + 1)]
+        found = divergence(steps, record.probe_loss + stress.probe_loss, final=stress.done >= stress.steps)
+    else:
+        record.probe_steps.append(step)
+        record.probe_loss.append(finite_or_none(value))
+        record.probe_max_activation.append(None if act is None else finite_or_none(float(act)))
+        record.probe_time_s += time.monotonic() - start
+        found = divergence(record.probe_steps, record.probe_loss, final=step >= probe.max_steps)
     if found is not None:
         raise DivergedError(found)
 
@@ -153,16 +188,22 @@ class TraceCallback(TrainerCallback):
     kept as the last finite step's), raises :class:`NonFiniteError` for a non-finite gradient norm the scaler did not
     skip, and runs the probe before the first step and every ``probe.interval_steps`` steps (and at the last).
 
+    With a stress phase (``record.stress``), the constant phase ends after step ``probe.max_steps`` and its last
+    probe: ``on_constant_end`` is called, and each later step goes to the stress record with a probe after it
+    (:class:`~sweeper.trial._child.record.StressOverflow` when the fp16 scaler skipped it, :class:`DivergedError`
+    when the probe shows the divergence).
+
     Args:
         record: Where the measurements go.
         probe: The probe, or None for none.
+        on_constant_end: Called once when the constant phase has ended and the stress phase begins.
 
     Attributes:
         trainer: The trainer it reports on (set once the trainer exists; its accelerator tells a skipped step).
     """
 
-    def __init__(self, record: TrainingRecord, probe: Probe | None):
-        self.record, self.probe = record, probe
+    def __init__(self, record: TrainingRecord, probe: Probe | None, on_constant_end: Callable[[], None] | None = None):
+        self.record, self.probe, self.on_constant_end = record, probe, on_constant_end
         self.trainer: Any = None
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -185,6 +226,9 @@ class TraceCallback(TrainerCallback):
         scaler = self.trainer.accelerator.scaler
         skipped = bool(scaler is not None and self.trainer.accelerator.optimizer_step_was_skipped)
         step = state.global_step
+        if record.stressing:
+            self._stress_step_end(skipped)
+            return
         act = record.step_max_activation
         record.loss.append(finite_or_none(record.step_loss))
         record.grad_norm.append(finite_or_none(record.step_grad_norm))
@@ -199,18 +243,44 @@ class TraceCallback(TrainerCallback):
             raise NonFiniteError("gradient norm", record.step_grad_norm, "backward")
         if probe is not None and (step % probe.interval_steps == 0 or step >= probe.max_steps):
             run_probe(self.trainer, record, probe, step)
+        if record.stress is not None and probe is not None and step >= probe.max_steps:
+            record.stress.active = True
+            if self.on_constant_end is not None:
+                self.on_constant_end()
+            record.stress.started = time.monotonic()
+
+    def _stress_step_end(self, skipped: bool) -> None:
+        """Record a finished stress step and probe after it; raises when it showed the edge."""
+        record, stress = self.record, self.record.stress
+        assert stress is not None and self.probe is not None
+        stress.done += 1
+        stress.lr.append(stress.learning_rate * STRESS_GROWTH**stress.done)
+        stress.loss.append(finite_or_none(record.step_loss))
+        record.step_batches = []
+        if skipped:
+            raise StressOverflow(f"the fp16 loss scaler skipped stress step {stress.done}")
+        if not math.isfinite(record.step_grad_norm):
+            raise NonFiniteError("gradient norm", record.step_grad_norm, "backward")
+        run_probe(self.trainer, record, self.probe, stress.after_step + stress.done)
 
 
 def make_trainer(
-    model: Any, args: Any, rows: list[dict], collate: Any, record: TrainingRecord, probe: Probe | None = None
+    model: Any,
+    args: Any,
+    rows: list[dict],
+    collate: Any,
+    record: TrainingRecord,
+    probe: Probe | None = None,
+    on_constant_end: Callable[[], None] | None = None,
 ) -> TracingTrainer:
     """A :class:`TracingTrainer` with its :class:`TraceCallback`: it records every optimizer step's raw loss, pre-clip
     gradient norm and supervised tokens, keeps the step's rows, and raises :class:`NonFiniteError` at the first
     non-finite value, before the optimizer applies it (so the weights stay those the step failed on; with an fp16 loss
     scaler, a skipped step is not a failure). With a ``probe``, it evaluates the probe before the first step and
     every ``probe.interval_steps`` steps, and raises :class:`DivergedError` once :func:`sweeper.stability.divergence`
-    says the run diverged."""
-    callback = TraceCallback(record, probe)
+    says the run diverged. With ``record.stress`` (which needs a probe), ``args.max_steps`` includes the stress steps
+    and ``on_constant_end`` is called when the constant phase ends (:class:`TraceCallback`)."""
+    callback = TraceCallback(record, probe, on_constant_end)
     trainer = TracingTrainer(
         model=model,
         args=args,

@@ -20,15 +20,23 @@ from typing import Any
 import torch
 
 from sweeper.space import TrialConfig
-from sweeper.stability import PROBE_ROWS, probe_interval_steps
+from sweeper.stability import PROBE_ROWS, STRESS_STEPS, probe_interval_steps
 from sweeper.trial._child.checks import check_lora_targets, check_quantization
 from sweeper.trial._child.diagnosis import NanDiagnosis, diagnose_nan
 from sweeper.trial._child.instrumented import make_collator, make_trainer, track_activations
 from sweeper.trial._child.load import load_model
 from sweeper.trial._child.measurements import Measurements
 from sweeper.trial._child.memory import peak_memory_gib, reset_cpu_peak, set_cuda_memory_cap
-from sweeper.trial._child.record import DivergedError, NonFiniteError, Probe, TrainingRecord
+from sweeper.trial._child.record import (
+    DivergedError,
+    NonFiniteError,
+    Probe,
+    StressOverflow,
+    StressPhase,
+    TrainingRecord,
+)
 from sweeper.trial._child.warm import WarmState, model_key, release_memory, restore_base
+from sweeper.trial._result import STRESS_STEPS_ENV
 
 
 @dataclass
@@ -70,9 +78,18 @@ def _probe(rows: list[dict[str, Any]], collate: Any, config: TrialConfig) -> Pro
     return Probe(batch=batch, interval_steps=interval, max_steps=config.max_steps)
 
 
-def _training_arguments(config: TrialConfig, trial_dir: Path, cuda: bool) -> Any:
-    """The ``TrainingArguments`` of a trial: ``max_steps`` at a constant learning rate after warmup, no saving, no
-    logging, the trainer's files under ``trial_dir/trainer``."""
+def _stress_steps() -> int:
+    """Stress steps of a trial: :data:`~sweeper.stability.STRESS_STEPS`, or :data:`~sweeper.trial._result.
+    STRESS_STEPS_ENV` (
+    0 turns it off, as a confirmation and the validity benchmark's long runs do)."""
+    override = os.environ.get(STRESS_STEPS_ENV, "").strip()
+    return int(override) if override.isdigit() else STRESS_STEPS
+
+
+def _training_arguments(config: TrialConfig, trial_dir: Path, cuda: bool, stress_steps: int = 0) -> Any:
+    """The ``TrainingArguments`` of a trial: ``max_steps`` at a constant learning rate after warmup (then
+    ``stress_steps`` more, whose rates :meth:`TracingTrainer.create_scheduler` sets), no saving, no logging, the
+    trainer's files under ``trial_dir/trainer``."""
     from transformers import TrainingArguments
 
     # transformers 5.23 renamed gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs); the old names
@@ -86,7 +103,7 @@ def _training_arguments(config: TrialConfig, trial_dir: Path, cuda: bool) -> Any
     }
     return TrainingArguments(
         output_dir=str(trial_dir / "trainer"),
-        max_steps=config.max_steps,
+        max_steps=config.max_steps + stress_steps,
         per_device_train_batch_size=config.per_device_train_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         learning_rate=config.learning_rate,
@@ -181,8 +198,14 @@ def setup(
     model = _adapted_model(config, model_path, key, cuda, warm, measured)
     hooks = track_activations(model, record) if config.bnb_4bit_compute_dtype != "float32" else []
     collate = make_collator(tokenizer.pad_token_id, config.max_seq_length)
-    args = _training_arguments(config, trial_dir, cuda)
-    trainer = make_trainer(model, args, rows, collate, record, _probe(rows, collate, config))
+    probe = _probe(rows, collate, config)
+    stress_steps = _stress_steps() if probe is not None else 0
+    if stress_steps:
+        record.stress = StressPhase(after_step=config.max_steps, steps=stress_steps, learning_rate=config.learning_rate)
+    args = _training_arguments(config, trial_dir, cuda, stress_steps)
+    trainer = make_trainer(
+        model, args, rows, collate, record, probe, on_constant_end=lambda: _end_constant(record, measured, cuda)
+    )
     measured.load_time_s = time.monotonic() - t_load
     measured.load_peak_memory_gib = peak_memory_gib("cuda" if cuda else "cpu")
     return Run(
@@ -193,6 +216,37 @@ def setup(
         samples={s.index: s for s in samples},
         n_tokens={t.index: t.n_tokens for t in tokenized},
     )
+
+
+def _end_constant(record: TrainingRecord, measured: Measurements, cuda: bool) -> None:
+    """The constant phase has ended: its training time and peak memory are the trial's."""
+    assert record.stress is not None
+    if measured.train_start is not None:
+        measured.train_time_s = time.monotonic() - measured.train_start
+    record.stress.peak_memory_gib = peak_memory_gib("cuda" if cuda else "cpu")
+
+
+def _end_stress(record: TrainingRecord, exc: BaseException | None) -> bool:
+    """Close the stress phase that ``exc`` ended (None: it reached its cap); True when the process is as fit for
+    another trial as after a complete one (not after an out-of-memory error or another failure)."""
+    stress = record.stress
+    assert stress is not None
+    stress.time_s = time.monotonic() - (stress.started or time.monotonic())
+    fit = True
+    if exc is None:
+        stress.stop = "cap"
+    elif isinstance(exc, DivergedError):
+        stress.stop, stress.stop_step = "diverged", exc.divergence.first_step - stress.after_step
+    elif isinstance(exc, NonFiniteError) and exc.what != "input id":
+        stress.stop, stress.stop_step = "nan", stress.done + (0 if exc.what == "gradient norm" else 1)
+    elif isinstance(exc, StressOverflow):
+        stress.stop, stress.stop_step = "overflow", stress.done
+    else:
+        from sweeper.trial._child.memory import is_oom
+
+        stress.stop, fit = ("oom" if is_oom(exc) else "error"), False
+        print(f"sweeper: the stress phase ended in {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    return fit
 
 
 def train(
@@ -218,17 +272,17 @@ def train(
     try:
         run.trainer.train()
         kept = True
-    except DivergedError:
-        kept = True
+        if record.stressing:
+            kept = _end_stress(record, None)
+    except KeyboardInterrupt:
         raise
-    except NonFiniteError as exc:
-        measured.train_time_s = time.monotonic() - t_train
-        try:
-            exc.diagnosis = _diagnose(exc, run.trainer, config, record, run.tokenizer)
-            _write_nan_batch(exc.diagnosis, run.tokenizer, run.samples, record.step + 1, trial_dir)
-        except Exception:
-            traceback.print_exc()
-        raise
+    except BaseException as exc:
+        if not record.stressing:
+            kept = isinstance(exc, DivergedError)
+            if isinstance(exc, NonFiniteError):
+                _on_nan(exc, run, config, record, measured, trial_dir, t_train)
+            raise
+        kept = _end_stress(record, exc)  # the constant phase completed: the edge is a measurement, not a failure
     finally:
         if measured.train_time_s is None:
             measured.train_time_s = time.monotonic() - t_train
@@ -243,6 +297,25 @@ def train(
             del peft_model
         else:
             del trainer
+
+
+def _on_nan(
+    exc: NonFiniteError,
+    run: Run,
+    config: TrialConfig,
+    record: TrainingRecord,
+    measured: Measurements,
+    trial_dir: Path,
+    t_train: float,
+) -> None:
+    """After a NaN in the constant phase: its training time, the diagnosis (on the :class:`NonFiniteError`) and
+    ``nan_batch.jsonl``."""
+    measured.train_time_s = time.monotonic() - t_train
+    try:
+        exc.diagnosis = _diagnose(exc, run.trainer, config, record, run.tokenizer)
+        _write_nan_batch(exc.diagnosis, run.tokenizer, run.samples, record.step + 1, trial_dir)
+    except Exception:
+        traceback.print_exc()
 
 
 def _diagnose(

@@ -8,7 +8,7 @@ diagnosis.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper.stability import Divergence
@@ -70,6 +70,53 @@ class TrainingRecord:
         self.probe_max_activation: list[float | None] = []
         self.probe_step_max_activation: Any = None
         self.probe_time_s = 0.0
+        # The stress phase after the constant one (sweeper.stability.STRESS_STEPS), None when there is none.
+        self.stress: StressPhase | None = None
+
+    @property
+    def stressing(self) -> bool:
+        """The constant phase has ended and the stress phase runs: steps go to :attr:`stress`, not the traces."""
+        return self.stress is not None and self.stress.active
+
+
+@dataclass
+class StressPhase:
+    """The stress phase's record (an LR range test after the constant phase, :mod:`sweeper.stability`): stress step
+    ``j`` (1-based, optimizer step ``after_step + j``) trains at ``learning_rate * STRESS_GROWTH**j``, and the probe is
+    read after each.
+
+    Attributes:
+        after_step: The constant phase's last optimizer step (``max_steps``).
+        steps: Stress steps at most.
+        learning_rate: The trial's learning rate (the constant phase's).
+        active: The constant phase has ended.
+        done: Stress steps finished.
+        lr, loss, probe_loss: Per finished stress step: its learning rate, training loss and the probe loss after it
+            (None where non-finite).
+        stop: How it ended (:data:`sweeper.stability.STRESS_STOPS`), None while it runs.
+        stop_step: The 1-based stress step that showed the edge (``diverged``: the first probe at or above the ratio).
+        started: ``time.monotonic()`` when it began.
+        time_s: Seconds it took (its probes included).
+        peak_memory_gib: Peak memory of the constant phase, read when it ended (the trial's ``peak_memory_gib``).
+    """
+
+    after_step: int
+    steps: int
+    learning_rate: float
+    active: bool = False
+    done: int = 0
+    lr: list[float] = field(default_factory=list)
+    loss: list[float | None] = field(default_factory=list)
+    probe_loss: list[float | None] = field(default_factory=list)
+    stop: str | None = None
+    stop_step: int | None = None
+    started: float | None = None
+    time_s: float | None = None
+    peak_memory_gib: float | None = None
+
+
+class StressOverflow(Exception):
+    """The fp16 loss scaler skipped a stress step: its gradients overflowed at that learning rate."""
 
 
 class DivergedError(Exception):

@@ -37,7 +37,7 @@ import traceback
 from pathlib import Path
 
 from sweeper.space import TrialConfig
-from sweeper.stability import compute_instability, projected_fail_step
+from sweeper.stability import compute_instability, learning_progress, margin_of, projected_fail_step
 from sweeper.trial._child.checks import QuantizationCheckError
 from sweeper.trial._child.load import LOAD_REPORT, versions
 from sweeper.trial._child.measurements import Measurements, copy_onto
@@ -186,6 +186,29 @@ def _instability(result: TrialResult, record: TrainingRecord, config: TrialConfi
     result.instability_components = {k: v for k, v in components.to_dict().items() if k != "instability"}
 
 
+def _margin(result: TrialResult, record: TrainingRecord, config: TrialConfig) -> None:
+    """The learning progress of a trial with a probe, and the stress phase's margin, traces, cost and peak of one
+    that completed its constant phase (:func:`sweeper.stability.margin_of`); the constant phase's peak becomes the
+    trial's ``peak_memory_gib``."""
+    if record.probe_steps and result.nan_cause != "data":
+        result.learning_progress = learning_progress(record.probe_loss)
+    stress = record.stress
+    if stress is None or not stress.active or result.status is not TrialStatus.COMPLETE:
+        return
+    margin = margin_of(config.learning_rate, stress.stop, stress.stop_step)
+    result.lr_ceiling, result.stability_margin = margin.lr_ceiling, margin.stability_margin
+    result.margin_capped, result.predicted_max_lr = margin.margin_capped, margin.predicted_max_lr
+    result.stress_stop, result.stress_steps = stress.stop, stress.done
+    result.stress_lr_trace, result.stress_loss_trace = stress.lr, stress.loss
+    result.stress_probe_loss_trace = stress.probe_loss
+    result.stress_time_s = stress.time_s
+    if stress.time_s is not None and result.train_time_s:
+        result.stress_time_share = stress.time_s / result.train_time_s
+    if stress.peak_memory_gib is not None:
+        result.stress_peak_memory_gib = result.peak_memory_gib
+        result.peak_memory_gib = stress.peak_memory_gib
+
+
 def run(config: TrialConfig, model_path: str, trial_dir: Path, warm: WarmState | None = None) -> TrialResult:
     """Run one trial in this process and return its result; never raises for a trial's own failure.
 
@@ -222,6 +245,7 @@ def run(config: TrialConfig, model_path: str, trial_dir: Path, warm: WarmState |
     _end(result, warm)
     _fill(result, record, measured, t_setup)
     _instability(result, record, config)
+    _margin(result, record, config)
     return result
 
 
