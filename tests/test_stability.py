@@ -134,3 +134,53 @@ def test_module_does_not_import_torch():
     code = "import sys, sweeper.stability, sweeper.space._parse; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# --- the stability margin -----------------------------------------------------------------------------------------
+
+
+def test_a_margin_is_the_ceiling_over_the_rate_and_a_capped_one_is_a_lower_bound():
+    from sweeper.stability import STRESS_CAP, STRESS_GROWTH, margin_of
+
+    found = margin_of(2e-4, "diverged", 5)
+    assert found.lr_ceiling == pytest.approx(2e-4 * STRESS_GROWTH**5)
+    assert found.stability_margin == pytest.approx(STRESS_GROWTH**5) and found.margin_capped is False
+    assert margin_of(2e-4, "nan", 2).stability_margin == pytest.approx(STRESS_GROWTH**2)
+    capped = margin_of(2e-4, "cap", None)
+    assert capped.lr_ceiling is None and capped.margin_capped is True
+    assert capped.stability_margin == pytest.approx(STRESS_CAP) and capped.predicted_max_lr > 0
+    for unknown in (margin_of(2e-4, "oom", None), margin_of(2e-4, None, None), margin_of(2e-4, "error", 3)):
+        assert unknown.stability_margin is None and unknown.predicted_max_lr is None
+    with pytest.raises(ValueError, match="stress stop"):
+        margin_of(2e-4, "exploded", 1)
+
+
+def test_edge_proximity_ranks_a_wider_margin_as_more_stable():
+    from sweeper.stability import edge_proximity
+
+    assert edge_proximity(50.0) < edge_proximity(5.0) < 1
+    assert edge_proximity(None) is None and edge_proximity(0.0) is None and edge_proximity(math.inf) is None
+
+
+def test_learning_progress_is_the_probes_relative_drop():
+    from sweeper.stability import learning_progress
+
+    assert learning_progress([4.0, 3.5, 3.0]) == pytest.approx(0.25)
+    assert learning_progress([4.0, 4.0]) == 0.0
+    assert learning_progress([4.0, 5.0]) == pytest.approx(-0.25)  # it got worse
+    assert learning_progress([4.0]) is None and learning_progress([4.0, None]) is None and learning_progress([]) is None
+
+
+def test_a_run_that_barely_learns_is_named_so_relative_to_the_best():
+    from sweeper.stability import barely_learns
+
+    assert barely_learns(0.013, 0.45) and not barely_learns(0.09, 0.45)  # a tenth of the best is the line
+    assert barely_learns(0.0, 0.0) and barely_learns(-0.1, 0.3)  # no progress at all is always barely
+    assert not barely_learns(None, 0.45) and not barely_learns(0.2, None)
+
+
+def test_a_margin_is_shown_with_its_unit_and_its_bound():
+    from sweeper.stability import format_margin
+
+    assert [format_margin(v) for v in (3.4, 12.2, 357.0, None)] == ["3.4x", "12x", "357x", "-"]
+    assert format_margin(642.7, True) == ">=643x"

@@ -27,7 +27,7 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> int:
     Returns:
         How many failed their confirmation.
     """
-    from sweeper.report import format_instability, format_params
+    from sweeper.report import format_instability, format_margin, format_params
     from sweeper.study import confirm_trials, stored_trials
 
     if not numbers:
@@ -51,16 +51,24 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> int:
         nonlocal failed
         instability = format_instability(done.instability)
         peak = "-" if done.peak_memory_gib is None else f"{done.peak_memory_gib:.2f} GiB"
+        margin = format_margin(t.result.stability_margin, t.result.margin_capped)
+        said = ""
+        if done.predicted_to_hold is not None:
+            said = (
+                f"; its margin {margin} said it {'holds' if done.predicted_to_hold else 'fails'} "
+                f"(predicted_max_lr {done.predicted_max_lr:.3g}): "
+                + ("as predicted" if done.margin_held else "NOT as predicted")
+            )
         if done.passed:
             _print(
                 f"        #{t.number:<3} confirmed: {done.steps} steps complete, instability {instability} (short "
-                f"{format_instability(t.values[1])}), peak {peak} ({done.wall_time_s or 0:.0f} s)"
+                f"{format_instability(t.result.instability)}), peak {peak} ({done.wall_time_s or 0:.0f} s){said}"
             )
         else:
             failed += 1
             _print(
                 f"        #{t.number:<3} FAILED its confirmation: {done.status} at step {done.fail_step} of "
-                f"{done.steps}: {done.reason} ({done.wall_time_s or 0:.0f} s)"
+                f"{done.steps}: {done.reason} ({done.wall_time_s or 0:.0f} s){said}"
             )
 
     def on_skip(t: Any, done: Any) -> None:

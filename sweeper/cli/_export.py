@@ -14,7 +14,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from sweeper.errors import StudyError
     from sweeper.export import export_path, inexpressible, pick_trial, write_export
-    from sweeper.report import format_instability
+    from sweeper.report import format_margin
     from sweeper.study import load_existing_study, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -46,7 +46,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     files = write_export(study, trial, args.format, target)
     replaced = [f for f in files if f in existed]
     _print(
-        f"export  {how} (peak {values[0]:.3f} GiB, instability {format_instability(values[1])}) as {args.format}: "
+        f"export  {how} (peak {values[0]:.3f} GiB, margin "
+        f"{format_margin(trial.result.stability_margin, trial.result.margin_capped)}) as {args.format}: "
         + ", ".join(str(f) for f in files)
         + (f" (replaced {len(replaced)} earlier file{'s' if len(replaced) > 1 else ''})" if replaced else "")
     )

@@ -21,6 +21,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         format_counts,
         format_front,
         format_memory_prediction,
+        front_axis,
         memory_prediction_data,
         picks,
         report_dict,
@@ -44,7 +45,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         _print(json.dumps(report_dict(study), indent=2))
     else:
         front = pareto_front(study)
-        _print(f"study '{study.study_name}': Pareto front (peak memory vs instability), {len(front)} trials:")
+        _print(f"study '{study.study_name}': Pareto front (peak memory vs {front_axis(study)}), {len(front)} trials:")
         _print(format_front(front) if front else "  (no complete trial)")
         _print()
         _print("trials: " + format_counts(status_counts(study), nan_causes(study)))

@@ -13,7 +13,7 @@ from sweeper.errors import SpaceError
 
 def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
-    from sweeper.report import format_instability, format_params, format_trace
+    from sweeper.report import format_instability, format_params, format_trace, margin_line
     from sweeper.study import STUDIES_DIR, check_setup
     from sweeper.trial import run_trial
 
@@ -71,6 +71,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
     if result.instability is not None:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in result.instability_components.items())
         _print(f"instability {format_instability(result.instability)} ({parts})")
+    if result.stress_stop is not None:
+        _print(margin_line(result))
     times = [
         f"{k.removesuffix('_time_s')} {getattr(result, k):.1f} s"
         for k in ("import_time_s", "load_time_s", "train_time_s")

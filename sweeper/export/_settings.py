@@ -13,7 +13,6 @@ from typing import Any
 import optuna
 
 from sweeper.errors import StudyError
-from sweeper.export._pick import objectives
 from sweeper.space import TrialConfig
 from sweeper.study import StoredTrial
 
@@ -154,12 +153,21 @@ def _provenance(study: optuna.Study, trial: StoredTrial, c: TrialConfig) -> dict
         "peak_memory_gib": round(peak, 3) if isinstance(peak, float) else peak,
         "memory_kind": trial.result.memory_kind,
         "memory_limit_gib": c.memory_limit_gib,
-        "instability": round(objectives(trial)[1], 4),
+        "instability": _rounded(trial.result.instability, 4),
+        "stability_margin": _rounded(trial.result.stability_margin, 1),
+        "margin_capped": trial.result.margin_capped,
+        "lr_ceiling": _rounded(trial.result.lr_ceiling, 6),
+        "predicted_max_lr": _rounded(trial.result.predicted_max_lr, 6),
+        "learning_progress": _rounded(trial.result.learning_progress, 3),
         "confirmation": trial.confirmation.to_dict() if trial.confirmation else None,
         "device": trial.result.device,
         "versions": {**versions, "sweeper": _version("sweeper")},
         "exported": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+
+
+def _rounded(x: float | None, digits: int) -> float | None:
+    return None if x is None else float(f"{x:.{digits}g}") if digits > 4 else round(x, digits)
 
 
 def _training(c: TrialConfig, accumulation: int) -> dict[str, Any]:
@@ -187,6 +195,20 @@ def _version(package: str) -> str | None:
         return None
 
 
+def _margin_sentence(p: dict[str, Any]) -> str:
+    """What the stress phase measured, for the export's header."""
+    margin = p.get("stability_margin")
+    if margin is None:
+        return "Stability margin: not measured (a study written before it, or its stress phase did not finish)."
+    bound = ">= " if p.get("margin_capped") else ""
+    ceiling = "none up to the cap" if p.get("lr_ceiling") is None else p["lr_ceiling"]
+    return (
+        f"Stability margin {bound}{margin}x the learning rate (the stress phase diverged at lr_ceiling {ceiling}); "
+        f"predicted_max_lr {p.get('predicted_max_lr')}: a constant learning rate above it is predicted to fail "
+        "within 300 steps (benchmarks/results/validity.md says how wide that prediction is)."
+    )
+
+
 def header(s: ExportSettings, comment: str) -> list[str]:
     """The lines every format starts with, each after ``comment``: where the settings come from, what was measured,
     the library versions and the notes."""
@@ -196,6 +218,7 @@ def header(s: ExportSettings, comment: str) -> list[str]:
         f"Exported by sweeper from study '{p['study']}', trial {p['trial']} ({p['exported']}).",
         f"Measured: peak memory {p['peak_memory_gib']} GiB ({p['memory_kind']}, cap {p['memory_limit_gib']} GiB), "
         f"instability {p['instability']}, on {p['device']}.",
+        _margin_sentence(p),
         f"Versions: {versions}.",
         *s.notes,
     ]

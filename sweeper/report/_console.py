@@ -148,6 +148,21 @@ def format_front(front: Sequence[StoredTrial]) -> str:
     return _table(rows)
 
 
+def margin_line(result: TrialResult) -> str:
+    """``margin  36x the learning rate (lr_ceiling 7.1e-03, stress diverged after 6 of 11 steps, 38% of the constant
+    phase's time); predicted_max_lr 1.8e-03 for a 300-step run; learning progress 21%``."""
+    ceiling = "-" if result.lr_ceiling is None else f"{result.lr_ceiling:.3g}"
+    share = "" if result.stress_time_share is None else f", {100 * result.stress_time_share:.0f}% of the constant phase"
+    predicted = "-" if result.predicted_max_lr is None else f"{result.predicted_max_lr:.3g}"
+    progress = "-" if result.learning_progress is None else f"{100 * result.learning_progress:.0f}%"
+    return (
+        f"margin  {format_margin(result.stability_margin, result.margin_capped)} the learning rate (lr_ceiling "
+        f"{ceiling}; stress {result.stress_stop} after {result.stress_steps} steps{share}); predicted_max_lr "
+        f"{predicted} for a 300-step run{' (a lower bound)' if result.margin_capped else ''}; learning progress "
+        f"{progress}"
+    )
+
+
 def format_progress(progress: float | None, best: float) -> str:
     """A learning progress as a percentage (``21%``), with ``(barely)`` when it is under
     :data:`~sweeper.stability.LEARNING_PROGRESS_SHARE` of ``best`` (the front's, or the study's, largest); ``-`` when

@@ -18,12 +18,12 @@ from optuna.trial import TrialState
 from sweeper.memory import median_abs
 from sweeper.study import (
     CALIBRATION_ATTR,
-    OBJECTIVES,
     StoredTrial,
     measured_trials,
     nan_causes,
     pareto_front,
     prediction_errors,
+    stability_objective,
     status_counts,
 )
 
@@ -83,6 +83,11 @@ def trial_record(trial: StoredTrial, searched: list[str], front: set[int]) -> di
         "memory_kind": r.memory_kind,
         "predicted_peak_gib": _finite(r.predicted_peak_gib),
         "instability": _finite(r.instability) if trial.state == TrialState.COMPLETE else None,
+        "stability_margin": _finite(r.stability_margin) if trial.state == TrialState.COMPLETE else None,
+        "margin_capped": r.margin_capped,
+        "lr_ceiling": _finite(r.lr_ceiling),
+        "predicted_max_lr": _finite(r.predicted_max_lr),
+        "learning_progress": _finite(r.learning_progress),
         "fail_step": r.fail_step,
         "steps_done": r.steps_done,
         "on_front": trial.number in front,
@@ -91,12 +96,14 @@ def trial_record(trial: StoredTrial, searched: list[str], front: set[int]) -> di
 
 
 def front_data(study: optuna.Study) -> dict[str, Any]:
-    """Every measured trial as a point of peak memory against instability, the front flagged.
+    """Every measured trial as a point of peak memory against its stability margin, the front flagged.
 
     Returns:
-        ``{"objectives": ["peak_memory_gib", "instability"], "memory_kind": str | None, "points": [record]}`` with
-        the records of :func:`trial_record`. PRUNED and FAIL trials have ``instability`` None and, where the worker
-        measured it, a ``peak_memory_gib`` (an OOM's is the memory at the failure).
+        ``{"objectives": [...], "memory_kind": str | None, "points": [record]}`` with the records of
+        :func:`trial_record`; ``objectives`` are the study's (``["peak_memory_gib", "edge_proximity"]``, or
+        ``instability`` second in a study written before the margin). PRUNED and FAIL trials have
+        ``stability_margin`` and ``instability`` None and, where the worker measured it, a ``peak_memory_gib`` (an
+        OOM's is the memory at the failure).
     """
     searched = list(study.user_attrs.get("searched", []))
     front = {t.number for t in pareto_front(study)}
@@ -104,12 +111,18 @@ def front_data(study: optuna.Study) -> dict[str, Any]:
     kinds = {p["memory_kind"] for p in points if p["memory_kind"]}
     limits = [t.config.memory_limit_gib for t in measured_trials(study) if t.config is not None]
     return {
-        "objectives": list(OBJECTIVES),
+        "objectives": objectives_of(study),
         "memory_kind": kinds.pop() if len(kinds) == 1 else None,
         "memory_limit_gib": max(limits) if limits else None,
         "picks": picks(study),
         "points": points,
     }
+
+
+def objectives_of(study: optuna.Study) -> list[str]:
+    """The study's two objectives: ``peak_memory_gib`` and its stability objective
+    (:func:`sweeper.study.stability_objective`)."""
+    return ["peak_memory_gib", stability_objective(study)]
 
 
 def picks(study: optuna.Study) -> dict[str, int]:
@@ -240,7 +253,7 @@ def importance_data(study: optuna.Study) -> dict[str, dict[str, float]]:
     if len(complete) < 2 or len({tuple(sorted(t.params.items())) for t in complete}) < 2:
         return {}
     out: dict[str, dict[str, float]] = {}
-    for i, name in enumerate(OBJECTIVES):
+    for i, name in enumerate(objectives_of(study)):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -271,9 +284,11 @@ def memory_prediction_data(study: optuna.Study) -> dict[str, Any]:
 
 
 def report_dict(study: optuna.Study) -> dict[str, Any]:
-    """``sweep report --json``: ``{"study", "directions", "front": [{"number", "params", "peak_memory_gib",
-    "instability"}], "trials": [record], "status_counts", "nan_causes", "largest_max_seq_length_by_batch",
-    "importance", "picks", "memory_prediction"}`` (:func:`memory_prediction_data`)."""
+    """``sweep report --json``: ``{"study", "directions", "objectives", "front": [{"number", "params",
+    "peak_memory_gib", <second objective>, "stability_margin", "margin_capped", "lr_ceiling", "predicted_max_lr",
+    "learning_progress", "instability", "confirmation"}], "trials": [record], "status_counts", "nan_causes",
+    "largest_max_seq_length_by_batch", "importance", "picks", "memory_prediction"}``
+    (:func:`memory_prediction_data`)."""
     searched = list(study.user_attrs.get("searched", []))
     front = pareto_front(study)
     numbers = {t.number for t in front}
@@ -281,14 +296,20 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
     return {
         "study": study.study_name,
         "directions": [d.name.lower() for d in study.directions],
-        "objectives": list(OBJECTIVES),
+        "objectives": objectives_of(study),
         "front": [
             {
                 "confirmation": t.confirmation.to_dict() if t.confirmation else None,
                 "number": t.number,
                 "params": trial_params(t, searched),
                 "peak_memory_gib": t.values[0],
-                "instability": t.values[1],
+                objectives_of(study)[1]: t.values[1],
+                "stability_margin": _finite(t.result.stability_margin),
+                "margin_capped": t.result.margin_capped,
+                "lr_ceiling": _finite(t.result.lr_ceiling),
+                "predicted_max_lr": _finite(t.result.predicted_max_lr),
+                "learning_progress": _finite(t.result.learning_progress),
+                "instability": _finite(t.result.instability),
             }
             for t in front
             if t.values is not None

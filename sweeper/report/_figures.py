@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 import optuna
 
 from sweeper.report import _data as data
-from sweeper.report._console import format_instability
+from sweeper.report._console import format_instability, format_margin
 
 #: Marker per status in the front figure (plotly symbol names).
 SYMBOLS = {
@@ -48,6 +49,8 @@ def _hover(point: Mapping[str, Any]) -> str:
     if point.get("predicted_peak_gib") is not None:
         memory += f" (predicted {point['predicted_peak_gib']:.2f})"
     stability = format_instability(point["instability"])
+    if point.get("stability_margin") is not None:
+        stability = f"{format_margin(point['stability_margin'], point.get('margin_capped'))}, " + stability
     reason = html.escape(point["reason"])[:200]
     confirmed = point.get("confirmation")
     long = ""
@@ -56,26 +59,32 @@ def _hover(point: Mapping[str, Any]) -> str:
         if confirmed["status"] != "complete":
             long += f" at step {confirmed.get('fail_step')}"
     return (
-        f"trial {point['number']}: {point['label']}<br>peak {memory}, instability {stability}{long}<br>{params}"
-        f"<br>{reason}"
+        f"trial {point['number']}: {point['label']}<br>peak {memory}, margin {stability}{long}<br>{params}<br>{reason}"
     )
 
 
 def front_figure(front: Mapping[str, Any]) -> Any:
-    """Peak memory (x) against instability (y) for every trial of :func:`sweeper.report.front_data`: the front as a
-    red line, other complete trials in blue, pruned and failed trials where their memory is known, in a band above
-    the highest instability, one marker per status (NaN cause in the hover and legend)."""
+    """Peak memory (x) against the stability margin (y, log axis, higher is safer) for every trial of
+    :func:`sweeper.report.front_data`: the front as a red line, other complete trials in blue, pruned and failed
+    trials where their memory is known in a band below a margin of 1 (they failed at their own rate), one marker per
+    status (NaN cause in the hover and legend). A study written before the margin plots its instability instead
+    (linear, lower is better, failures in a band above)."""
     import plotly.graph_objects as go
 
     points = front["points"]
-    complete = [p for p in points if p["instability"] is not None]
+    margin = list(front.get("objectives") or [])[1:] == ["edge_proximity"]
+    key = "stability_margin" if margin else "instability"
+    complete = [p for p in points if p[key] is not None]
     on_front = sorted((p for p in complete if p["on_front"]), key=lambda p: p["peak_memory_gib"])
-    top = max((p["instability"] for p in complete), default=1.0)
+    if margin:
+        band = min([0.7, *(p[key] / 1.6 for p in complete)])
+    else:
+        band = max((p[key] for p in complete), default=1.0) * 1.15 + 0.05
     fig = go.Figure()
     for trace in (
-        *_complete_traces(complete, on_front),
-        *_confirmation_traces(complete),
-        *_failed_traces(points, band=top * 1.15 + 0.05),
+        *_complete_traces(complete, on_front, key),
+        *_confirmation_traces(complete, key),
+        *_failed_traces(points, band, key),
     ):
         fig.add_trace(trace)
     limit = front.get("memory_limit_gib")
@@ -91,20 +100,34 @@ def front_figure(front: Mapping[str, Any]) -> Any:
     for p in on_front:
         if p["number"] == knee:
             fig.add_annotation(
-                x=p["peak_memory_gib"], y=p["instability"], text="knee", showarrow=True, arrowhead=2, ax=40, ay=-40
+                x=p["peak_memory_gib"],
+                y=math.log10(p[key]) if margin else p[key],
+                text="knee",
+                showarrow=True,
+                arrowhead=2,
+                ax=40,
+                ay=-40,
             )
     kind = front.get("memory_kind") or "peak memory"
     fig.update_layout(
-        title="Peak memory against instability (lower left is better)",
+        title=(
+            "Peak memory against stability margin (upper left is better)"
+            if margin
+            else "Peak memory against instability (lower left is better)"
+        ),
         xaxis_title=f"peak_memory_gib ({kind})",
-        yaxis_title="instability",
+        yaxis_title="stability_margin (x the trial's learning rate, log)" if margin else "instability",
         template="plotly_white",
         height=480,
     )
+    if margin:
+        fig.update_yaxes(type="log")
     return fig
 
 
-def _complete_traces(complete: Sequence[Mapping[str, Any]], on_front: Sequence[Mapping[str, Any]]) -> list[Any]:
+def _complete_traces(
+    complete: Sequence[Mapping[str, Any]], on_front: Sequence[Mapping[str, Any]], key: str
+) -> list[Any]:
     """Of :func:`front_figure`: the complete trials off the front in blue, then the front (by memory) as a red line
     labelled with the trial numbers."""
     import plotly.graph_objects as go
@@ -115,7 +138,7 @@ def _complete_traces(complete: Sequence[Mapping[str, Any]], on_front: Sequence[M
         traces.append(
             go.Scatter(
                 x=[p["peak_memory_gib"] for p in rest],
-                y=[p["instability"] for p in rest],
+                y=[p[key] for p in rest],
                 mode="markers",
                 name="complete",
                 marker={"color": COLORS["complete"], "size": 9},
@@ -127,7 +150,7 @@ def _complete_traces(complete: Sequence[Mapping[str, Any]], on_front: Sequence[M
         traces.append(
             go.Scatter(
                 x=[p["peak_memory_gib"] for p in on_front],
-                y=[p["instability"] for p in on_front],
+                y=[p[key] for p in on_front],
                 mode="lines+markers+text",
                 name="Pareto front",
                 text=[f"#{p['number']}" for p in on_front],
@@ -141,7 +164,7 @@ def _complete_traces(complete: Sequence[Mapping[str, Any]], on_front: Sequence[M
     return traces
 
 
-def _confirmation_traces(complete: Sequence[Mapping[str, Any]]) -> list[Any]:
+def _confirmation_traces(complete: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
     """Of :func:`front_figure`: rings around the complete trials whose long run passed, crosses where it failed."""
     import plotly.graph_objects as go
 
@@ -155,7 +178,7 @@ def _confirmation_traces(complete: Sequence[Mapping[str, Any]]) -> list[Any]:
             traces.append(
                 go.Scatter(
                     x=[p["peak_memory_gib"] for p in group],
-                    y=[p["instability"] for p in group],
+                    y=[p[key] for p in group],
                     mode="markers",
                     name=name,
                     marker={"symbol": symbol, "size": 22, "color": color, "line": {"width": 3}},
@@ -166,12 +189,12 @@ def _confirmation_traces(complete: Sequence[Mapping[str, Any]]) -> list[Any]:
     return traces
 
 
-def _failed_traces(points: Sequence[Mapping[str, Any]], band: float) -> list[Any]:
-    """Of :func:`front_figure`: the trials with no instability but a known memory, at height ``band``, one trace per
-    label (so a NaN's cause shows in the legend), one marker per status."""
+def _failed_traces(points: Sequence[Mapping[str, Any]], band: float, key: str) -> list[Any]:
+    """Of :func:`front_figure`: the trials with no ``key`` value but a known memory, at height ``band``, one trace
+    per label (so a NaN's cause shows in the legend), one marker per status."""
     import plotly.graph_objects as go
 
-    failed = [p for p in points if p["instability"] is None and p["peak_memory_gib"] is not None]
+    failed = [p for p in points if p[key] is None and p["peak_memory_gib"] is not None]
     traces = []
     for label in sorted({p["label"] for p in failed}):
         group = [p for p in failed if p["label"] == label]
@@ -181,7 +204,7 @@ def _failed_traces(points: Sequence[Mapping[str, Any]], band: float) -> list[Any
                 x=[p["peak_memory_gib"] for p in group],
                 y=[band] * len(group),
                 mode="markers",
-                name=f"{label} (no instability)",
+                name=f"{label} (no {'margin' if key == 'stability_margin' else 'instability'})",
                 marker={"symbol": SYMBOLS.get(status, "diamond"), "size": 12, "color": COLORS.get(status, "#9467bd")},
                 hovertext=[_hover(p) for p in group],
                 hoverinfo="text",
@@ -345,6 +368,10 @@ def _memory_section(prediction: Mapping[str, Any]) -> str:
     )
 
 
+def _fmt_rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
 def render_html(study: optuna.Study) -> str:
     """The whole report as one HTML page: front table, counts, fit frontier, and the four figures, with plotly.js
     inline (about 4.7 MB) so that it opens offline."""
@@ -377,13 +404,28 @@ def render_html(study: optuna.Study) -> str:
         return f"{c['steps']} ok" if c["status"] == "complete" else f"{c['status']}@{c.get('fail_step')}"
 
     front_rows = [
-        ["trial", *[SHORT_NAMES.get(k, k) for k in keys], "peak_memory_gib", "instability", "confirmed", "pick"]
+        [
+            "trial",
+            *[SHORT_NAMES.get(k, k) for k in keys],
+            "peak_memory_gib",
+            "stability_margin",
+            "lr_ceiling",
+            "predicted_max_lr",
+            "learning_progress",
+            "instability",
+            "confirmed",
+            "pick",
+        ]
     ]
     front_rows += [
         [
             f["number"],
             *[_fmt(f["params"].get(k)) for k in keys],
             f"{f['peak_memory_gib']:.3f}",
+            format_margin(f.get("stability_margin"), f.get("margin_capped")),
+            _fmt_rate(f.get("lr_ceiling")),
+            _fmt_rate(f.get("predicted_max_lr")),
+            "-" if f.get("learning_progress") is None else f"{100 * f['learning_progress']:.0f}%",
             format_instability(f["instability"]),
             confirmed(f),
             ", ".join(by_trial.get(f["number"], [])),
@@ -403,7 +445,9 @@ def render_html(study: optuna.Study) -> str:
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f3f3f3}}</style></head>
 <body><h1>{title}</h1>
-<p>Generated {time.strftime("%Y-%m-%d %H:%M:%S")}. Both objectives are minimized.</p>
+<p>Generated {time.strftime("%Y-%m-%d %H:%M:%S")}. Objectives, both minimized: {
+        html.escape(", ".join(summary["objectives"]))
+    } (edge_proximity = 1 / stability_margin: the learning rate over the rate its stress phase diverged at).</p>
 <h2 id="front">Pareto front ({len(summary["front"])} of {len(summary["trials"])} trials)</h2>
 {_table(front_rows)}
 <p>Columns: {html.escape(", ".join(f"{SHORT_NAMES[k]} = {k}" for k in keys if SHORT_NAMES.get(k, k) != k))}.</p>

@@ -27,6 +27,7 @@ from sweeper.study import (
     pareto_front,
     prediction_errors,
     redact_url,
+    stability_objective,
     status_counts,
     stored_calibration,
     stored_trials,
@@ -71,6 +72,12 @@ def resume_lines(plan: SweepPlan) -> list[str]:
     legacy = legacy_instability_warning(plan.study)
     if legacy:
         lines.append(legacy)
+    if already > 0 and stability_objective(plan.study) == "instability":
+        lines.append(
+            "note    this study was written before the stability margin: it ranks its trials by instability, "
+            "and so will the new ones (they record their margin too); to rank by margin, start a new study "
+            "(--study NAME)"
+        )
     if already >= plan.n_trials:
         lines.append(
             f"the study already holds {already} finished trials (n_trials={plan.n_trials}): nothing to run; "
@@ -162,7 +169,7 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
         )
     lines.append("")
     measured = sum(1 for t in stored_trials(study) if not t.is_repeat)
-    lines.append(f"Pareto front (peak memory vs instability), {len(front)} of {measured} trials:")
+    lines.append(f"Pareto front (peak memory vs {front_axis(study)}), {len(front)} of {measured} trials:")
     lines.append(format_front(front) if front else "  (no complete trial yet)")
     lines.append("")
     causes = nan_causes(study)
@@ -188,6 +195,11 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
         + (" (with your password in place of ***)" if "***" in ref else "")
     )
     return lines
+
+
+def front_axis(study: optuna.Study) -> str:
+    """``stability margin``, or ``instability`` for a study written before the margin: the front's second axis."""
+    return "stability margin" if stability_objective(study) == "edge_proximity" else "instability"
 
 
 def all_failed_line(plan: SweepPlan, statuses: list[TrialStatus]) -> str:

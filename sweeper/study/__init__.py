@@ -37,6 +37,7 @@ from sweeper.study._setup_checks import (
 )
 from sweeper.study._storage import (
     FAILURE_CONSTRAINT,
+    LEGACY_OBJECTIVES,
     OBJECTIVES,
     STUDIES_DIR,
     failure_constraint,
@@ -44,6 +45,7 @@ from sweeper.study._storage import (
     open_study,
     record_result,
     redact_url,
+    stability_objective,
     study_dir,
     trial_dir,
 )
@@ -64,6 +66,7 @@ from sweeper.study._stored import (
 __all__ = [
     "CALIBRATION_ATTR",
     "FAILURE_CONSTRAINT",
+    "LEGACY_OBJECTIVES",
     "MAX_CONSECUTIVE_DUPLICATES",
     "OBJECTIVES",
     "STUDIES_DIR",
@@ -92,6 +95,7 @@ __all__ = [
     "record_result",
     "redact_url",
     "run_study",
+    "stability_objective",
     "status_counts",
     "stored_calibration",
     "stored_trial",

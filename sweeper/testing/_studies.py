@@ -14,7 +14,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig, parse_space
-from sweeper.study import FAILURE_CONSTRAINT, failure_constraint, open_study, record_result
+from sweeper.study import FAILURE_CONSTRAINT, failure_constraint, open_study, record_result, stability_objective
 from sweeper.trial import TrialResult, TrialStatus
 
 #: The searched keys of the studies made here.
@@ -65,6 +65,10 @@ def add_trial(
     """Add a finished trial as the sweep records it: its config (r, ``batch`` rows of ``seq`` tokens on ``model``),
     its result (``status``, ``peak`` GiB, ``instability``, a 3-step trace) and its state and constraint.
 
+    ``peak`` and ``instability`` are a complete trial's objective values. In a study that ranks by the stability
+    margin (:func:`sweeper.study.stability_objective`), the second value is its ``edge_proximity``: the stored
+    ``stability_margin`` is ``1 / instability`` (and ``learning_progress`` 0.2) unless ``extra`` gives them.
+
     ``extra``: a ``config`` (a stored config dict) replaces the trial's; other keys that are :class:`TrialResult`
     fields set the result's; the rest (``duplicate_of``, ``retry_of``, ...) are stored as user attributes as given.
 
@@ -86,6 +90,8 @@ def add_trial(
         "versions": {"torch": "x"},
         "device": "cpu",
     }
+    if status == "complete" and instability and stability_objective(study) == "edge_proximity":
+        fields.update(stability_margin=1 / instability, margin_capped=False, learning_progress=0.2)
     result = TrialResult(**{**fields, **{k: v for k, v in extra.items() if k in names}})
     attrs = _Attrs()
     record_result(attrs, result, config)

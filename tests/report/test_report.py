@@ -66,7 +66,12 @@ def test_figures_and_offline_html(tmp_path):
     study = make_study(tmp_path)
     fig = front_figure(report.front_data(study))
     names = [t.name for t in fig.data]
-    assert "Pareto front" in names and "oom (no instability)" in names and "nan/data (no instability)" in names
+    assert "Pareto front" in names and "oom (no margin)" in names and "nan/data (no margin)" in names
+    # The margin on a log axis, higher is safer; the failures in a band below a margin of 1 (they failed at their rate).
+    assert fig.layout.yaxis.type == "log" and "stability margin" in fig.layout.title.text
+    front_trace = next(t for t in fig.data if t.name == "Pareto front")
+    assert all(y > 1 for y in front_trace.y)
+    assert all(y < 1 for t in fig.data if "(no margin)" in t.name for y in t.y)
     page = render_html(study)
     assert "<script src=" not in page and 'src="http' not in page  # plotly.js is inline, nothing fetched
     assert page.count("Plotly.newPlot") == 4 and len(page) > 3_000_000

@@ -28,6 +28,8 @@ def _same_training(a, b) -> None:
     assert a.grad_norm_trace == b.grad_norm_trace
     assert a.probe_loss_trace == b.probe_loss_trace
     assert a.instability == b.instability
+    # The stress phase (after the constant one) too: its margin and probe are the same in a warm process.
+    assert a.stress_probe_loss_trace == b.stress_probe_loss_trace and a.stability_margin == b.stability_margin
     assert abs(a.peak_memory_gib - b.peak_memory_gib) <= 0.05, (a.peak_memory_gib, b.peak_memory_gib)
 
 

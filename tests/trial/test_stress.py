@@ -1,0 +1,75 @@
+"""The stress phase (:mod:`sweeper.stability`, "stability margin"): after a trial's constant phase, an LR range test
+on the same adapter and optimizer. Real trials on the tiny Llama: the constant phase is the same run with and without
+it, its margin is read off a real divergence, a run that learns nothing reaches the cap, and its weights never reach
+the next trial of a warm process."""
+
+import pytest
+
+from sweeper.stability import STRESS_CAP, STRESS_GROWTH, STRESS_STEPS
+from sweeper.testing import tiny_trial_config
+from sweeper.trial import TrialProcess, run_trial
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_stress_phase_measures_a_margin_without_changing_the_constant_phase(tiny_model, tmp_path):
+    config = tiny_trial_config(tiny_model, max_steps=8, learning_rate=1e-3)
+    plain = run_trial(config, tmp_path / "plain", model_path=str(tiny_model), stress=False)
+    stressed = run_trial(config, tmp_path / "stressed", model_path=str(tiny_model))
+    assert plain.status == stressed.status == "complete", (plain.reason, stressed.reason)
+    # The constant phase is the same run, bit for bit: the stress steps enter none of its traces.
+    assert stressed.loss_trace == plain.loss_trace and len(stressed.loss_trace) == 8
+    assert stressed.probe_loss_trace == plain.probe_loss_trace and stressed.probe_steps == plain.probe_steps
+    assert stressed.instability == plain.instability and stressed.steps_done == 8
+    assert plain.stability_margin is None and plain.stress_stop is None and plain.stress_steps is None
+    # The stress phase: rates growing 1.8x a step from the trial's, one probe after each, stopped at the edge.
+    n = stressed.stress_steps
+    assert 1 <= n <= STRESS_STEPS and len(stressed.stress_probe_loss_trace) == len(stressed.stress_lr_trace) == n
+    assert stressed.stress_lr_trace == pytest.approx([1e-3 * STRESS_GROWTH**j for j in range(1, n + 1)])
+    assert stressed.stress_stop in ("diverged", "nan", "cap")
+    if stressed.stress_stop == "cap":
+        assert stressed.margin_capped and stressed.stability_margin == pytest.approx(STRESS_CAP)
+    else:
+        assert stressed.margin_capped is False and stressed.lr_ceiling in stressed.stress_lr_trace
+        assert stressed.stability_margin == pytest.approx(stressed.lr_ceiling / 1e-3)
+        assert stressed.predicted_max_lr is not None and stressed.predicted_max_lr > 0
+    assert stressed.stress_time_s > 0 and stressed.stress_time_share == pytest.approx(
+        stressed.stress_time_s / stressed.train_time_s
+    )
+    # The trial's peak is the constant phase's; the stress phase's is kept apart.
+    assert stressed.peak_memory_gib <= stressed.stress_peak_memory_gib
+    assert stressed.learning_progress == pytest.approx(
+        (stressed.probe_loss_trace[0] - stressed.probe_loss_trace[-1]) / stressed.probe_loss_trace[0]
+    )
+
+
+def test_a_run_that_learns_nothing_reaches_the_cap_and_says_it_barely_learns(tiny_model, tmp_path):
+    config = tiny_trial_config(tiny_model, max_steps=4, learning_rate=1e-9)
+    result = run_trial(config, tmp_path / "t", model_path=str(tiny_model))
+    assert result.status == "complete", result.reason
+    assert result.stress_stop == "cap" and result.margin_capped is True and result.lr_ceiling is None
+    assert result.stability_margin == pytest.approx(STRESS_CAP) and result.stress_steps == STRESS_STEPS
+    assert abs(result.learning_progress) < 1e-4  # the probe loss did not move
+
+
+def test_a_diverging_stress_phase_leaves_nothing_for_the_next_warm_trial(tiny_model, tmp_path):
+    """A stress phase at up to 643x a high rate (the tiny random model's probe cannot rise to 1.5x its near-uniform
+    start, so it may reach the cap, but its weights moved far), then the next trial in the same process: it trains as
+    in a fresh process (its base model reused), so neither the stressed adapter nor its optimizer state reached it."""
+    path = str(tiny_model)
+    wild = tiny_trial_config(tiny_model, max_steps=4, learning_rate=2e-2)
+    calm = tiny_trial_config(tiny_model, max_steps=4, learning_rate=1e-3)
+    cold = run_trial(calm, tmp_path / "cold", model_path=path)
+    process = TrialProcess()
+    try:
+        first = process.run(wild, tmp_path / "w1", model_path=path)
+        second = process.run(calm, tmp_path / "w2", model_path=path)
+    finally:
+        process.close()
+    assert first.status == "complete" and first.stress_steps >= 3, (first.reason, first.stress_stop)
+    moved = [x for x in first.stress_probe_loss_trace if x is not None]
+    assert not moved or abs(moved[-1] - first.probe_loss_trace[-1]) > 0.01  # the stress steps changed the adapter
+    assert second.warm is True and second.model_reused is True
+    assert second.loss_trace == cold.loss_trace and second.probe_loss_trace == cold.probe_loss_trace
+    assert second.stress_probe_loss_trace == cold.stress_probe_loss_trace
+    assert second.stability_margin == cold.stability_margin
