@@ -314,8 +314,8 @@ class Runner:
 def short_phase(runner: Runner, index: int) -> None:
     """The sweep's trial of case ``index``: 30 constant steps, then the stress phase."""
     row = runner.row(index)
-    if row.get("short"):
-        return
+    if row.get("short") and row["short"]["status"] not in ("crash", "timeout", "error"):
+        return  # measured (a run that failed as a run, not as a configuration, is measured again)
     row["short"] = runner.run(config_of(CASES[index], 30), f"{index}-short", stress=True)
     runner.save()
 

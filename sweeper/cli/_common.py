@@ -11,7 +11,7 @@ from typing import Any
 
 from sweeper.errors import SpaceError, SweeperError
 from sweeper.space import DatasetSpec, ModelSpec, SearchSpace, load_space, parse_duration_s
-from sweeper.stability import probe_interval_steps
+from sweeper.stability import STRESS_GROWTH, STRESS_STEPS, probe_interval_steps
 
 
 def _print(text: str = "") -> None:
@@ -104,6 +104,11 @@ def _describe_setup(space: SearchSpace, model_path: str, n_samples: int) -> str:
         "(RLIMIT_DATA), peak = resident set after loading, which also counts shared libraries (+-0.1 GiB between runs)",
     ]
     steps = min(space.values_of("max_steps"))
+    lines.append(
+        f"margin  after its {steps} constant steps each trial runs a stress phase: at most {STRESS_STEPS} steps at "
+        f"{STRESS_GROWTH:g}x the learning rate each, until its probe diverges; the rate it diverged at over the "
+        "trial's is its stability margin (README, 'What a trial is and records')"
+    )
     batch = min(space.values_of("per_device_train_batch_size"))
     accumulation = min(space.values_of("gradient_accumulation_steps"))
     interval = probe_interval_steps(batch, accumulation)

@@ -10,8 +10,8 @@ from typing import Literal
 import optuna
 
 from sweeper.errors import StudyError
-from sweeper.stability import barely_learns, format_margin
-from sweeper.study import StoredTrial, by_knee_distance, pareto_front, stored_trials
+from sweeper.stability import format_margin
+from sweeper.study import StoredTrial, by_knee_distance, learning, pareto_front, stored_trials
 from sweeper.trial import TrialStatus
 
 Pick = Literal["knee", "min-memory", "most-stable"]
@@ -165,8 +165,7 @@ def pick_trial(
         _refuse_failed_confirmation(name, front[0], "--pick")
     front = passed or usable
     if pick != "min-memory":  # no trial is recommended as safest because it barely learns
-        best = max((t.result.learning_progress or 0.0 for t in stored_trials(study) if t.values), default=0.0)
-        front = [t for t in front if not barely_learns(t.result.learning_progress, best)] or front
+        front = learning(study, front)
     if pick == "min-memory":
         return min(front, key=lambda t: (objectives(t)[0], objectives(t)[1]))
     if pick == "most-stable":

@@ -1,6 +1,8 @@
 """optuna-dashboard on a study, with what sweeper measured: each trial's trace (JSON), loss curve (SVG) and, after a
 NaN, its failing batch as artifacts in Optuna's artifact store (``studies/<study>/artifacts``); on the study, the
-Pareto-front figure and a markdown note per pruned or failed trial (optuna-dashboard's plotly-figure and note APIs).
+Pareto-front figure (peak memory against the stability margin) and a markdown note per trial: why a pruned or failed
+one ended, a complete one's margin, a confirmed one's long run (optuna-dashboard's plotly-figure and note APIs). Its
+own plots show the study's objectives, ``edge_proximity`` being ``1 / stability_margin``.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from sweeper.report._console import format_instability
+from sweeper.report._console import format_instability, margin_line
 from sweeper.study import StoredTrial, artifact_store, stored_trials
 
 #: Id of the front figure among the study's plotly graph objects (optuna-dashboard requires ``[A-Za-z0-9_-]+``).
@@ -45,8 +47,15 @@ def confirmation_note(trial: StoredTrial) -> str:
         if done.passed
         else (f"### Trial {trial.number}: FAILED its {done.steps}-step confirmation ({done.status})")
     )
-    short = trial.values[1] if trial.values else None
+    short = trial.result.instability
     lines = [head, "", done.reason]
+    if done.predicted_to_hold is not None:
+        lines += [
+            "",
+            f"Its short trial's predicted_max_lr {done.predicted_max_lr:.3g} said it would "
+            f"{'hold' if done.predicted_to_hold else 'fail'}: "
+            + ("as predicted." if done.margin_held else "**not** as predicted."),
+        ]
     if done.instability is not None and short is not None:
         lines += [
             "",
@@ -81,6 +90,8 @@ def publish_study(study: optuna.Study) -> None:
             )
         elif t.state == TrialState.COMPLETE and t.confirmation is not None:
             body = confirmation_note(t)
+        elif t.state == TrialState.COMPLETE and t.result.stress_stop is not None:
+            body = f"### Trial {t.number}: complete\n\n{margin_line(t.result)}."
         elif t.state == TrialState.COMPLETE:
             continue
         else:

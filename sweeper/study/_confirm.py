@@ -31,6 +31,7 @@ from sweeper.study._stored import (
     TrialStatus,
     by_knee_distance,
     confirmations,
+    learning,
     pareto_front,
     stored_trials,
 )
@@ -41,8 +42,12 @@ DEFAULT_HORIZON_FACTOR = 10
 
 
 def candidates(study: optuna.Study) -> list[StoredTrial]:
-    """The front's trials in order of preference, the knee first (:func:`by_knee_distance`)."""
-    return by_knee_distance(pareto_front(study))
+    """The front's trials in order of preference, the knee first (:func:`by_knee_distance`), those that barely learn
+    (:func:`~sweeper.study._stored.learning`) after the rest."""
+    front = pareto_front(study)
+    learns = by_knee_distance(learning(study, front))  # the knee as sweep export --pick knee finds it
+    chosen = {t.number for t in learns}
+    return learns + by_knee_distance([t for t in front if t.number not in chosen])
 
 
 def horizon(trial: StoredTrial, steps: int | None) -> int:

@@ -19,7 +19,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.space import TrialConfig
-from sweeper.stability import STORED_COMPONENTS
+from sweeper.stability import STORED_COMPONENTS, barely_learns
 from sweeper.trial import TrialResult, TrialStatus
 
 
@@ -283,8 +283,8 @@ def pareto_front(study: optuna.Study) -> list[StoredTrial]:
 def by_knee_distance(front: Sequence[StoredTrial]) -> list[StoredTrial]:
     """``front`` nearest the ideal point first: each objective scaled to [0, 1] over the front (min-max), then the
     Euclidean distance to (0, 0), the "compromise solution" of multi-objective decision making (Zeleny 1973; Deb,
-    *Multi-Objective Optimization using Evolutionary Algorithms*, 2001, 8.2); ties go to the lower instability, then
-    the lower memory. The first is the front's knee."""
+    *Multi-Objective Optimization using Evolutionary Algorithms*, 2001, 8.2); ties go to the lower second objective
+    (``edge_proximity``, or the instability of an old study), then the lower memory. The first is the front's knee."""
     values = [t.values for t in front if t.values is not None]
     if not values:
         return list(front)
@@ -297,6 +297,15 @@ def by_knee_distance(front: Sequence[StoredTrial]) -> list[StoredTrial]:
         return (round(math.hypot(*scaled), 12), v[1], v[0])
 
     return sorted(front, key=distance)
+
+
+def learning(study: optuna.Study, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
+    """``trials`` without those that barely learn (:func:`sweeper.stability.barely_learns`: a ``learning_progress``
+    under a tenth of the best among the study's complete trials), or all of them when every one does: what ``sweep
+    export --pick knee|most-stable`` and ``sweep confirm`` choose from, so that no trial is recommended as safe
+    because it barely trains."""
+    best = max((t.result.learning_progress or 0.0 for t in stored_trials(study) if t.values), default=0.0)
+    return [t for t in trials if not barely_learns(t.result.learning_progress, best)] or list(trials)
 
 
 def status_counts(study: optuna.Study) -> dict[str, int]:

@@ -92,8 +92,12 @@ def test_trial_json_with_set(tiny_model, workdir):
     assert result["status"] == "complete" and result["config"]["r"] == 8
     assert result["config"]["bnb_4bit_quant_type"] == "nf4" and result["config"]["bnb_4bit_use_double_quant"] is False
     assert len(result["loss_trace"]) == 3 and result["lora_alpha"] == 16
+    # The stress phase's margin, as the held-back checks of benchmarks/validity.py read it.
+    assert result["stability_margin"] > 1 and result["stress_stop"] in ("diverged", "nan", "overflow", "cap")
+    assert result["predicted_max_lr"] > 0 and ("lr_ceiling" in result) and result["stress_steps"] >= 1
     text = sweep("trial", str(path), cwd=workdir)
     assert text.returncode == 0 and "grad_norm" in text.stdout and "status  complete" in text.stdout
+    assert "margin  " in text.stdout and "predicted_max_lr" in text.stdout
 
 
 class _Quiet(WSGIRequestHandler):

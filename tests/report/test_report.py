@@ -152,3 +152,41 @@ def test_load_existing_study_refuses_what_is_not_a_study(tmp_path, content, need
     with pytest.raises(StudyError, match="no such study file"):
         load_existing_study(f"sqlite:///{tmp_path}/missing.db")
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_no_pick_recommends_a_trial_because_it_barely_learns(tmp_path):
+    """A capped margin at a learning rate that moves nothing is the widest margin there is: the front keeps the
+    trial, but knee and most-stable skip it (and confirm runs it last); min-memory is about memory and keeps it."""
+    from sweeper.report import format_front
+    from sweeper.study._confirm import candidates
+
+    space = parse_space({"study": {"name": "learn"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
+    study = open_study(space, f"sqlite:///{tmp_path}/learn.db", "learn", 8)
+    # peak, edge_proximity: trial 0 is the least memory and the widest margin, so it alone is the front...
+    add_trial(
+        study,
+        r=4,
+        batch=1,
+        seq=64,
+        status="complete",
+        peak=1.0,
+        instability=1 / 643,
+        extra={"learning_progress": 0.001},
+    )
+    add_trial(
+        study, r=8, batch=1, seq=64, status="complete", peak=1.2, instability=1 / 50, extra={"learning_progress": 0.3}
+    )
+    add_trial(
+        study, r=16, batch=1, seq=64, status="complete", peak=1.1, instability=1 / 20, extra={"learning_progress": 0.25}
+    )
+    # ...so every pick is trial 0 unless learning counts: then knee and most-stable fall back to the whole front.
+    assert [t.number for t in candidates(study)] == [0]
+    assert pick_trial(study, pick="most-stable").number == 0 and pick_trial(study, pick="knee").number == 0
+    # With a learning trial on the front beside it, that one is recommended.
+    add_trial(
+        study, r=16, batch=2, seq=64, status="complete", peak=0.9, instability=1 / 30, extra={"learning_progress": 0.3}
+    )
+    assert pick_trial(study, pick="min-memory").number == 3
+    assert pick_trial(study, pick="most-stable").number == 3 and pick_trial(study, pick="knee").number == 3
+    assert [t.number for t in candidates(study)] == [3, 0]
+    assert "(barely)" in format_front(candidates(study)).splitlines()[3]  # trial 0, shown as barely learning
