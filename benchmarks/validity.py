@@ -349,25 +349,78 @@ def edge_phase(runner: Runner, index: int, long: int = 300) -> None:
     runner.save()
 
 
+def _space_file(case: Case, folder: Path, **training: Any) -> Path:
+    """A space file of the case for ``sweep trial`` (no search: every key fixed), with ``training`` on top."""
+    import yaml
+
+    config = config_of(case, 30)
+    keys = (
+        "learning_rate", "max_steps", "lora_alpha_ratio", "r", "bnb_4bit_compute_dtype", "bnb_4bit_quant_type",
+        "bnb_4bit_use_double_quant", "per_device_train_batch_size", "max_seq_length", "optim", "gradient_checkpointing",
+        "max_grad_norm", "lora_dropout", "memory_limit_gib",
+    )  # fmt: skip
+    space = {
+        "study": {"name": "heldout"},
+        "model": {"name_or_path": BASE.model.name_or_path, "attn_implementation": BASE.model.attn_implementation},
+        "dataset": {"path": config.dataset.path, "max_samples": config.dataset.max_samples, "seed": case.dataset_seed},
+        "training": {
+            **{k: getattr(config, k) for k in keys},
+            "target_modules": list(config.target_modules),
+            "trial_timeout": "3h",
+            **training,
+        },
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"space-{time.monotonic_ns()}.yaml"
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path
+
+
+def sweep_trial_json(runner: Runner, case: Case, name: str, **training: Any) -> dict[str, Any]:
+    """``sweep trial SPACE --json`` of the case, as a user runs it; its result (the trial's JSON)."""
+    import subprocess
+
+    folder = runner.work / name
+    start = time.monotonic()
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "sweep"), "trial", str(_space_file(case, folder, **training)), "--json"],
+        cwd=folder,
+        env=runner.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"sweep trial failed ({out.returncode}): {out.stderr.strip()[-500:]}")
+    result = json.loads(out.stdout)
+    data = {k: result.get(k) for k in KEEP}
+    data["wall_s"] = round(time.monotonic() - start, 1)
+    print(
+        f"{name}: sweep trial {training or ''}: {result['status']} margin={result.get('stability_margin')}", flush=True
+    )
+    return data
+
+
 def heldout_phase(runner: Runner, index: int, long: int = 300) -> None:
-    """Run a held-out case at half and at twice its predicted largest constant rate (``long`` steps): its short
-    trial's ``lr_ceiling`` times the calibration factor measured on the edge cases (never on this one; it is
-    :data:`~sweeper.stability.LONG_RUN_FACTOR` once that is set from this benchmark). The first should hold and the
-    second fail."""
+    """A held-out case, never used for the calibration factor, as a user checks it: ``sweep trial --json`` at its
+    own rate (30 steps), then ``sweep trial --json`` at half and at twice the ``predicted_max_lr`` that run printed,
+    ``long`` steps each. The first should hold and the second fail."""
     row = runner.row(index)
-    short = row.get("short")
-    factor = (summarize(runner.rows).get("calibration_factor") or {}).get("geometric_mean")
-    if not short or not short.get("lr_ceiling") or not factor:
+    if not row.get("heldout_short"):
+        row["heldout_short"] = sweep_trial_json(runner, CASES[index], f"{index}-heldout")
+        runner.save()
+    predicted = row["heldout_short"].get("predicted_max_lr")
+    if not predicted:
         return
-    row["heldout_predicted_max_lr"] = short["lr_ceiling"] * factor
     checks = row.setdefault("heldout_runs", [])
     done = {c["share"] for c in checks}
     for share in (0.5, 2.0):
         if share in done:
             continue
-        rate = row["heldout_predicted_max_lr"] * share
-        multiple = rate / CASES[index].learning_rate
-        result = runner.run(config_of(CASES[index], long, multiple), f"{index}-p{share:g}", stress=False)
+        rate = predicted * share
+        result = sweep_trial_json(
+            runner, CASES[index], f"{index}-p{share:g}", learning_rate=float(f"{rate:.4g}"), max_steps=long
+        )
         checks.append({"share": share, "learning_rate": rate, **{k: result[k] for k in ("status", "fail_step")}})
         runner.save()
 
@@ -400,6 +453,19 @@ def predictors(row: dict[str, Any]) -> dict[str, float]:
         "- OLMo 2 spike score": -olmo_spike_score(loss),
         "- instability": -(short.get("instability") or 0.0),
     }
+
+
+def _risk(row: dict[str, Any], name: str) -> float:
+    """A predictor's score of how close the row is to failing (the negated :func:`predictors` value); a short trial
+    that already failed is the closest there is for the margin (it has none) and scores its own failure step for the
+    others too only through their own formula."""
+    short = row["short"]
+    if name == "stability_margin":
+        if short["status"] in FAILED or not short.get("stability_margin"):
+            return 1e9 - (short.get("fail_step") or 0)
+        return -short["stability_margin"]
+    value = predictors({**row, "short": {**short, "stability_margin": short.get("stability_margin") or 1.0}})[name]
+    return -value
 
 
 def _figure(xs: list[float], ys: list[float]) -> dict[str, Any]:
@@ -461,34 +527,43 @@ def summarize(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
         }
         for r in held
     ]
-    # The 1x long runs of the first benchmark (0-14).
-    longs = [r for r in rows.values() if r.get("short") and r.get("long")]
+    # The 1x long runs of the first benchmark (0-14): does each predictor rank the long outcome?
+    longs = [r for r in rows.values() if r.get("short") and r.get("long") and r["short"]["status"] != "crash"]
     if len(longs) >= 3:
         fails = [r["long"]["status"] in FAILED for r in longs]
         outcome = [
             2 + (300 - (r["long"].get("fail_step") or 300)) / 300 if f else (r["long"].get("instability") or 0.0)
             for r, f in zip(longs, fails)
         ]
-
-        def closeness(r: dict[str, Any]) -> float:  # the short trial's own failure is the closest there is
-            s = r["short"]
-            if s["status"] in FAILED:
-                return 1e9 - (s.get("fail_step") or 0)
-            return 1 / s["stability_margin"] if s.get("stability_margin") else 1e6
-
-        scores = [closeness(r) for r in longs]
+        table = {}
+        for name in predictors({"index": longs[0]["index"], "short": {**longs[0]["short"], "stability_margin": 1}}):
+            risk = [_risk(r, name) for r in longs]
+            n = len(longs)
+            table[name] = {
+                **_figure(risk, outcome),
+                "auc_fails": auc(risk, fails),
+                "auc_ci95": list(
+                    bootstrap(lambda idx: auc([risk[i] for i in idx], [fails[i] for i in idx]), n)  # noqa: B023
+                ),
+            }
         out["long_1x"] = {
             "n": len(longs),
             "failed": sum(fails),
+            "failed_after_the_short_horizon": sum(
+                1 for r, f in zip(longs, fails) if f and r["short"]["status"] not in FAILED
+            ),
             "identical_constant_phase": sum(1 for r in longs if r.get("same_short_trace")),
-            "auc_fails": auc(scores, fails),
-            "spearman": _figure(scores, outcome),
+            "largest_short_trace_rel_diff": max((r.get("short_trace_max_rel_diff") or 0.0) for r in longs),
+            "predictors": table,
         }
         agreement = {}
         for h in HORIZONS[:-1]:
-            a = [min(r["long"].get("fail_step") or 10**6, h) if f else h + 1 for r, f in zip(longs, fails)]
-            b = [min(r["long"].get("fail_step") or 10**6, 300) if f else 301 for r, f in zip(longs, fails)]
-            agreement[f"{h}_vs_300"] = _figure([float(x) for x in a], [float(y) for y in b])
+            a = [
+                float(min(r["long"].get("fail_step") or h + 1, h + 1)) if f else float(h + 1)
+                for r, f in zip(longs, fails)
+            ]
+            b = [float(r["long"].get("fail_step") or 301) if f else 301.0 for r, f in zip(longs, fails)]
+            agreement[f"{h}_vs_300"] = _figure([-x for x in a], [-y for y in b])
         out["horizon_agreement"] = agreement
     return out
 
@@ -533,8 +608,10 @@ def markdown(rows: dict[int, dict[str, Any]], summary: dict[str, Any], command: 
 
 
 def reuse_long_runs(runner: Runner, old: Path) -> None:
-    """Attach the committed 1x long runs (first benchmark) to cases 0-14 whose new short trial has the same loss
-    trace as the old one, bit for bit (the constant phase is the same run)."""
+    """Attach the committed 1x long runs (the first benchmark, ``validity_1x_long.json``) to cases 0-14, with how far
+    their short trial's first 5 losses are from this run's (``short_trace_max_rel_diff``; 0 is the same run bit for
+    bit). They are attached when that is under 1%: the same configuration on the same code path, whose bfloat16
+    kernels may round differently on another machine."""
     if not old.is_file():
         return
     data = json.loads(old.read_text())
@@ -542,9 +619,12 @@ def reuse_long_runs(runner: Runner, old: Path) -> None:
         row = runner.rows.get(old_row["index"])
         if row is None or not row.get("short") or row.get("long"):
             continue
-        same = row["short"].get("loss_trace") == old_row["short"].get("loss_trace")
-        row["same_short_trace"] = same
-        if same:
+        new, before = row["short"].get("loss_trace") or [], old_row["short"].get("loss_trace") or []
+        pairs = [(a, b) for a, b in zip(new[:5], before[:5]) if a is not None and b is not None]
+        diff = max((abs(a - b) / abs(b) for a, b in pairs if b), default=math.inf)
+        row["same_short_trace"] = new == before
+        row["short_trace_max_rel_diff"] = diff
+        if diff < 0.01:
             row["long"] = old_row["long"]
     runner.save()
 

@@ -370,3 +370,29 @@ def test_no_data_risk_is_one_line_naming_other_findings():
         "data    audited at max_seq_length 128, 512: nothing that would make a trial NaN; also found: duplicate, "
         "too_long (sweep doctor space.yaml)"
     ]
+
+
+def test_a_resumed_study_written_before_the_margin_says_so_once(tmp_path):
+    import types
+    import warnings
+
+    import optuna
+
+    from sweeper.report import resume_lines
+    from sweeper.space import parse_space
+    from sweeper.study import LEGACY_OBJECTIVES, open_study
+
+    space = parse_space({"study": {"name": "old"}, "search": {"r": [4, 8]}}, "space.yaml")
+    url = f"sqlite:///{tmp_path}/old.db"
+    old = optuna.create_study(study_name="old", storage=url, directions=["minimize", "minimize"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        old.set_metric_names(list(LEGACY_OBJECTIVES))
+    old.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0, 0.1]))
+    plan = types.SimpleNamespace(study=open_study(space, url, "old", 4), finished_before=1, n_trials=4, space=space)
+    lines = resume_lines(plan)
+    assert sum("written before the stability margin" in line for line in lines) == 1, lines
+    new = open_study(space, f"sqlite:///{tmp_path}/new.db", "new", 4)
+    assert not any(
+        "stability margin" in line for line in resume_lines(types.SimpleNamespace(**{**vars(plan), "study": new}))
+    )
