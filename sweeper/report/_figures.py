@@ -94,7 +94,7 @@ def front_figure(front: Mapping[str, Any]) -> Any:
             line_dash="dash",
             line_color="#7f7f7f",
             annotation_text=f"memory_limit_gib {limit:g}",
-            annotation_position="top left",
+            annotation_position="bottom left" if margin else "top left",
         )
     knee = front.get("picks", {}).get("knee")
     for p in on_front:
@@ -105,8 +105,8 @@ def front_figure(front: Mapping[str, Any]) -> Any:
                 text="knee",
                 showarrow=True,
                 arrowhead=2,
-                ax=40,
-                ay=-40,
+                ax=-45 if margin else 40,
+                ay=-35 if margin else -40,
             )
     kind = front.get("memory_kind") or "peak memory"
     fig.update_layout(
@@ -121,7 +121,7 @@ def front_figure(front: Mapping[str, Any]) -> Any:
         height=480,
     )
     if margin:
-        fig.update_yaxes(type="log")
+        fig.update_yaxes(type="log", dtick=1)  # ticks at 1, 10, 100 ...: no unlabelled minor values
     return fig
 
 
