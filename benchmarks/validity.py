@@ -553,6 +553,7 @@ def summarize(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
                 1 for r, f in zip(longs, fails) if f and r["short"]["status"] not in FAILED
             ),
             "identical_constant_phase": sum(1 for r in longs if r.get("same_short_trace")),
+            "largest_first_loss_rel_diff": max((r.get("first_loss_rel_diff") or 0.0) for r in longs),
             "largest_short_trace_rel_diff": max((r.get("short_trace_max_rel_diff") or 0.0) for r in longs),
             "predictors": table,
         }
@@ -609,9 +610,10 @@ def markdown(rows: dict[int, dict[str, Any]], summary: dict[str, Any], command: 
 
 def reuse_long_runs(runner: Runner, old: Path) -> None:
     """Attach the committed 1x long runs (the first benchmark, ``validity_1x_long.json``) to cases 0-14, with how far
-    their short trial's first 5 losses are from this run's (``short_trace_max_rel_diff``; 0 is the same run bit for
-    bit). They are attached when that is under 1%: the same configuration on the same code path, whose bfloat16
-    kernels may round differently on another machine."""
+    their short trial's first loss is from this run's (``first_loss_rel_diff``; 0 is the same first step bit for bit)
+    and how far its first 5 are (``short_trace_max_rel_diff``). They are attached when the first step agrees within
+    1%: the same configuration on the same code path, whose bfloat16 kernels may round differently on another
+    machine (later steps then drift apart, as any two runs near an edge do)."""
     if not old.is_file():
         return
     data = json.loads(old.read_text())
@@ -621,10 +623,11 @@ def reuse_long_runs(runner: Runner, old: Path) -> None:
             continue
         new, before = row["short"].get("loss_trace") or [], old_row["short"].get("loss_trace") or []
         pairs = [(a, b) for a, b in zip(new[:5], before[:5]) if a is not None and b is not None]
-        diff = max((abs(a - b) / abs(b) for a, b in pairs if b), default=math.inf)
+        diffs = [abs(a - b) / abs(b) for a, b in pairs if b]
         row["same_short_trace"] = new == before
-        row["short_trace_max_rel_diff"] = diff
-        if diff < 0.01:
+        row["short_trace_max_rel_diff"] = max(diffs, default=math.inf)
+        row["first_loss_rel_diff"] = diffs[0] if diffs else math.inf
+        if row["first_loss_rel_diff"] < 0.01:
             row["long"] = old_row["long"]
     runner.save()
 
