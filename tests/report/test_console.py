@@ -80,7 +80,8 @@ def test_nan_trial_line_shows_its_cause_dashes_and_reason():
     )
     line = format_trial_line(7, {"r": 8}, result, 12, 100)
     assert line == (
-        "[ 12/100] #7   r=8  nan/data   1.00 GiB  margin       -  instability       -     5.0 s  (loss is NaN at step 2)"
+        "[ 12/100] #7   r=8  nan/data   1.00 GiB  margin       -  instability       -     5.0 s  "
+        "(loss is NaN at step 2)"
     )
 
 
@@ -100,9 +101,8 @@ def test_repeat_line_has_no_progress_counter_but_keeps_the_columns():
     )
     line = format_trial_line(5, params, repeat, 3, 10)
     assert (
-        line
-        == "        #5   r=16  complete   1.00 GiB  margin       -  instability   0.500       - s  (same configuration as "
-        "trial 1)"
+        line == "        #5   r=16  complete   1.00 GiB  margin       -  instability   0.500       - s  "
+        "(same configuration as trial 1)"
     )
     first = format_trial_line(1, params, TrialResult(status="complete", peak_memory_gib=1.0, instability=0.5), 2, 10)
     assert line.index("#") == first.index("#") == 8
