@@ -279,11 +279,14 @@ class Runner:
         self.work = Path(tempfile.mkdtemp(prefix="validity-"))
         self.lock = threading.Lock()
         self.rows: dict[int, dict[str, Any]] = {}
+        self.commands: list[str] = []
         path = out / "validity.json"
         if path.is_file():
             data = json.loads(path.read_text())
             if data.get("version") == 2:
                 self.rows = {int(k): v for k, v in data["rows"].items()}
+                self.commands = list(data.get("commands", []))
+        self.commands.append(command)
 
     def run(self, config: TrialConfig, name: str, stress: bool) -> dict[str, Any]:
         start = time.monotonic()
@@ -300,11 +303,11 @@ class Runner:
     def save(self) -> None:
         with self.lock:
             summary = summarize(self.rows)
-            data = {"version": 2, "command": self.command, "summary": summary, "rows": self.rows}
+            data = {"version": 2, "commands": self.commands, "summary": summary, "rows": self.rows}
             tmp = self.out / "validity.json.tmp"
             tmp.write_text(json.dumps(data, indent=1, default=str))
             os.replace(tmp, self.out / "validity.json")
-            (self.out / "validity.md").write_text(markdown(self.rows, summary, self.command))
+            (self.out / "validity.md").write_text(markdown(self.rows, summary, "; ".join(self.commands)))
 
     def row(self, index: int) -> dict[str, Any]:
         with self.lock:
@@ -552,6 +555,10 @@ def summarize(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
             "failed_after_the_short_horizon": sum(
                 1 for r, f in zip(longs, fails) if f and r["short"]["status"] not in FAILED
             ),
+            "auc_late_failures_margin": auc(
+                [_risk(r, "stability_margin") for r in longs if r["short"]["status"] not in FAILED],
+                [f for r, f in zip(longs, fails) if r["short"]["status"] not in FAILED],
+            ),
             "identical_constant_phase": sum(1 for r in longs if r.get("same_short_trace")),
             "largest_first_loss_rel_diff": max((r.get("first_loss_rel_diff") or 0.0) for r in longs),
             "largest_short_trace_rel_diff": max((r.get("short_trace_max_rel_diff") or 0.0) for r in longs),
@@ -575,14 +582,22 @@ def _fmt(x: Any, spec: str = ".3g") -> str:
     return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
 
 
+def _long(row: dict[str, Any]) -> str:
+    long = row.get("long")
+    if not long:
+        return "-"
+    return long["status"] + (f"@{long['fail_step']}" if long["status"] in FAILED else "")
+
+
 def markdown(rows: dict[int, dict[str, Any]], summary: dict[str, Any], command: str) -> str:
     """The tables and the summary as markdown."""
     lines = [
         f"`{command}`",
         "",
         "| # | role | lr | lora_alpha/r | r | compute | quant | dq | batch | seq | data seed | short status | margin | "
-        "lr_ceiling | learns | instability | stress share | long-run edge (x lr) | runs (multiple: outcome) |",
-        "|" + "---|" * 19,
+        "lr_ceiling | learns | instability | stress share | 1x long run | long-run edge (x lr) | "
+        "runs (multiple: outcome) |",
+        "|" + "---|" * 20,
     ]
     for index in sorted(rows):
         r = rows[index]
@@ -601,7 +616,7 @@ def markdown(rows: dict[int, dict[str, Any]], summary: dict[str, Any], command: 
             f"{'yes' if c.bnb_4bit_use_double_quant else 'no'} | "
             f"{c.per_device_train_batch_size} | {c.max_seq_length} | {c.dataset_seed} | {s.get('status', '-')} | "
             f"{margin} | {_fmt(s.get('lr_ceiling'))} | {_fmt(s.get('learning_progress'), '.1%')} | "
-            f"{_fmt(s.get('instability'))} | {_fmt(s.get('stress_time_share'), '.0%')} | "
+            f"{_fmt(s.get('instability'))} | {_fmt(s.get('stress_time_share'), '.0%')} | {_long(r)} | "
             f"{_fmt(edge_multiple(r))} | {runs or '-'} |"
         )
     lines += ["", "```json", json.dumps(summary, indent=1, default=str), "```"]
@@ -657,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.phase in ("heldout", "all"):
             list(pool.map(lambda i: heldout_phase(runner, i), [i for i in order if CASES[i].role == "heldout"]))
     runner.save()
-    print(markdown(runner.rows, summarize(runner.rows), command))
+    print(markdown(runner.rows, summarize(runner.rows), "; ".join(runner.commands)))
     return 0
 
 
