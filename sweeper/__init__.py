@@ -52,7 +52,7 @@ __all__ = [
     "run_trial",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 __getattr__, __dir__ = lazy_names(__name__, _HOMES, __all__)

@@ -43,3 +43,23 @@ class RunError(SweeperError):
     resume. Exit code 1: not bad input."""
 
     exit_code = 1
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (what ``timeout``, systemd, Slurm and a closed terminal send), raised in the main thread by
+    the CLI's handler and handled everywhere as Ctrl-C is: the running trials are killed, recorded as interrupted and
+    queued again.
+
+    Args:
+        signal_name: ``SIGTERM`` or ``SIGHUP``.
+        signal_number: Its number; the CLI exits with ``128 + signal_number`` (143, 129), as a shell reports it.
+    """
+
+    def __init__(self, signal_name: str, signal_number: int):
+        self.signal_name, self.signal_number = signal_name, signal_number
+        super().__init__(signal_name)
+
+
+#: What stopped this process last: ``Ctrl-C`` unless a handled signal did (set by the CLI's handler); the reason
+#: an interrupted trial records.
+STOP_CAUSE = {"by": "Ctrl-C"}

@@ -2,7 +2,8 @@
 ``_export``, ``_dashboard``) and the error funnel here.
 
 Exit codes (``docs/contract.md``): 0 done (pruned trials are normal), 2 bad input (one line per problem: file, key,
-what is wrong, the fix), 1 anything else, 130 interrupted by Ctrl-C.
+what is wrong, the fix), 1 anything else, 130 interrupted by Ctrl-C, 143 and 129 by SIGTERM and SIGHUP (handled as
+Ctrl-C is).
 """
 
 from __future__ import annotations
@@ -45,13 +46,25 @@ def _parent(*, study: bool = False, set_help: str | None = None, json_help: str 
     return parent
 
 
+def _version() -> str:
+    """The installed sweeper's version (its package metadata), or ``unknown`` when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("sweeper")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``sweep`` (exposed for tests and docs)."""
     parser = _Parser(
         prog="sweep",
-        description="QLoRA stability sweeper: a Pareto front of peak memory against instability, from short real runs.",
+        description="QLoRA stability sweeper: a Pareto front of peak memory against stability margin, from short real "
+        "runs.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    parser.add_argument("--version", action="version", version=f"sweep {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> subparser, for usage errors
     commands = (
@@ -248,12 +261,34 @@ def _storage_failure(exc: BaseException) -> str | None:
     )
 
 
+def _stop_on_signals() -> None:
+    """Handle SIGTERM and SIGHUP as Ctrl-C is (:class:`sweeper.errors.Interrupted`), in the main thread only."""
+    import signal
+    import threading
+
+    from sweeper.errors import STOP_CAUSE, Interrupted
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        STOP_CAUSE["by"] = name
+        raise Interrupted(name, signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``sweep``; returns the exit code."""
+    from sweeper.errors import Interrupted
+
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # name the subcommand's help, not the top-level one
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")  # type: ignore[attr-defined]
+    _stop_on_signals()
     try:
         return args.func(args)
     except SweeperError as exc:
@@ -274,15 +309,17 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(failure, file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         running = args.command in ("run", "trial")
+        by = f" by {exc.signal_name}" if isinstance(exc, Interrupted) else ""
         print(
-            "sweep: interrupted"
+            f"sweep: interrupted{by}"
             + (
-                "; the running trials were stopped and recorded as interrupted"
+                "; the running trials were stopped, recorded as interrupted and queued again (run the same command "
+                "to go on)"
                 if running
                 else "; files already written are complete"
             ),
             file=sys.stderr,
         )
-        return 130
+        return 128 + exc.signal_number if isinstance(exc, Interrupted) else 130

@@ -29,7 +29,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.errors import RunError
+from sweeper.errors import STOP_CAUSE, RunError
 from sweeper.memory import preflight
 from sweeper.space import TrialConfig
 from sweeper.stability import edge_proximity
@@ -309,13 +309,14 @@ def run_one(sweep: _Sweep, trial: optuna.Trial) -> None:
             update_calibration(sweep.study, sweep.predictor, device_kind())
 
 
-def record_interrupted(sweep: _Sweep, trial: optuna.Trial, reason: str = "interrupted: Ctrl-C") -> None:
-    """Tell ``trial`` FAIL as not run to its end (``interrupted``, not counted) and queue its params again: the
-    next ``sweep run`` measures it."""
+def record_interrupted(sweep: _Sweep, trial: optuna.Trial, reason: str | None = None) -> None:
+    """Tell ``trial`` FAIL as not run to its end (``interrupted``, not counted) and queue its params again, without
+    using up one of its ``max_retries`` (the configuration did nothing wrong): the next ``sweep run`` measures it.
+    The default reason names what stopped the sweep (``interrupted: Ctrl-C``, ``interrupted: SIGTERM``)."""
     trial.set_user_attr("status", TrialStatus.CRASH.value)
-    trial.set_user_attr("reason", reason)
+    trial.set_user_attr("reason", reason or f"interrupted: {STOP_CAUSE['by']}")
     trial.set_user_attr("interrupted", True)
-    retry(sweep.study, trial, sweep.max_retries)
+    retry(sweep.study, trial, sweep.max_retries, count=False)
     sweep.study.tell(trial, state=TrialState.FAIL)
 
 

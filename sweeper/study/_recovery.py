@@ -24,19 +24,22 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.study._coordination import GRACE_INTERVALS, stale_trial_ids
 
 
-def retry(study: optuna.Study, trial: FrozenTrial | optuna.Trial, max_retries: int) -> bool:
-    """Queue ``trial``'s params again when it has been retried fewer than ``max_retries`` times; the new trial carries
-    ``retry_of`` (the first attempt's number) and ``retry_attempt``.
+def retry(study: optuna.Study, trial: FrozenTrial | optuna.Trial, max_retries: int, count: bool = True) -> bool:
+    """Queue ``trial``'s params again when it has been retried fewer than ``max_retries`` times (always, when
+    ``count`` is False: an interruption, which says nothing about the configuration); the new trial carries
+    ``retry_of`` (the first attempt's number) and ``retry_attempt`` (not raised when ``count`` is False).
 
     Returns:
         Whether a retry was queued.
     """
     attempt = int(trial.user_attrs.get("retry_attempt", 0))
-    if attempt >= max_retries:
+    if count and attempt >= max_retries:
         return False
     first = trial.user_attrs.get("retry_of", trial.number)
     study.enqueue_trial(
-        trial.params, user_attrs={"retry_of": first, "retry_attempt": attempt + 1}, skip_if_exists=False
+        trial.params,
+        user_attrs={"retry_of": first, "retry_attempt": attempt + (1 if count else 0)},
+        skip_if_exists=False,
     )
     return True
 

@@ -30,7 +30,7 @@ from sweeper.trial import TrialResult, TrialStatus
 #: learning rate over the rate its stress phase diverged at (``1 / stability_margin``, :mod:`sweeper.stability`).
 OBJECTIVES = ("peak_memory_gib", "edge_proximity")
 
-#: The objectives of the studies sweeper wrote before the stability margin (0.2 and earlier): they keep ranking by the
+#: The objectives of the studies sweeper wrote before the stability margin (0.1.x): they keep ranking by the
 #: instability, so that a resumed old study compares like with like.
 LEGACY_OBJECTIVES = ("peak_memory_gib", "instability")
 

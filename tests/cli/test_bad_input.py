@@ -8,7 +8,7 @@ import os
 import pytest
 import yaml
 
-from sweeper.testing import sweep, tiny_space, write_jsonl, write_space
+from sweeper.testing import run_cli, sweep, tiny_space, write_jsonl, write_space
 
 pytestmark = pytest.mark.slow
 
@@ -104,3 +104,8 @@ def test_bad_input_is_one_line_exit_2_and_the_study_untouched(existing, case, br
     assert len(lines) == 1 and all(n in lines[0] for n in needles), lines
     assert "; " in lines[0] and "Traceback" not in out.stderr and "s3cretPW" not in out.stderr  # what; the fix
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_version_is_printed():
+    out = run_cli("--version")
+    assert out.returncode == 0 and out.stdout.strip().startswith("sweep ") and out.stdout.strip() != "sweep unknown"

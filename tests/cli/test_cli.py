@@ -134,7 +134,7 @@ def test_run_prints_front_and_dashboard_serves_the_study(tiny_model, workdir):
         detail = json.load(urllib.request.urlopen(f"{base}/api/studies/{study['study_id']}"))
     finally:
         server.shutdown()
-    assert len(detail["trials"]) == 2 and detail["objective_names"] == ["peak_memory_gib", "instability"]
+    assert len(detail["trials"]) == 2 and detail["objective_names"] == ["peak_memory_gib", "edge_proximity"]
     assert len(detail["best_trials"]) >= 1
     for trial in detail["trials"]:
         attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}

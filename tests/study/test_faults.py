@@ -190,3 +190,38 @@ def test_ctrl_c_with_two_workers_kills_both_and_resumes(tiny_model, workdir):
     assert count_finished(study) == 3 and {t.params["r"] for t in stopped} <= {
         t.params["r"] for t in study.trials if t.user_attrs.get("retry_of") is not None
     }
+
+
+@pytest.mark.parametrize("stop, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_and_sighup_stop_a_sweep_as_ctrl_c_does(tiny_model, workdir, stop, code):
+    """What `timeout`, systemd and Slurm send (SIGTERM), and a closed terminal (SIGHUP): the trial is killed,
+    recorded as interrupted with the signal's name, queued again without using up a retry, and the exit code is the
+    shell's 128 + signal."""
+    name = f"stop{code}"
+    path = write_space(
+        workdir,
+        tiny_space(tiny_model, name=name, n_trials=2, search={"r": [4, 8]}, training={"max_steps": 400}),
+    )
+    proc = subprocess.Popen([*SWEEP, str(path)], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trials = workdir / "studies" / name / "trials"
+    deadline = time.monotonic() + 120
+    while not list(trials.glob("*/worker.pid")):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(1.0)
+    worker = int(next(trials.glob("*/worker.pid")).read_text())
+    proc.send_signal(stop)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stdout + stderr
+    assert f"interrupted by {stop.name}" in stderr and "queued again" in stderr and "Traceback" not in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    with pytest.raises(ProcessLookupError):  # the trial process was killed, not left training
+        os.kill(worker, 0)
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///studies/{name}.db")
+    [stopped] = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert stopped.user_attrs["reason"] == f"interrupted: {stop.name}" and stopped.user_attrs["interrupted"] is True
+    [queued] = [t for t in study.trials if t.state == TrialState.WAITING]
+    assert (
+        queued.system_attrs["fixed_params"] == stopped.params and queued.user_attrs["retry_attempt"] == 0
+    )  # no retry used
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]

@@ -123,9 +123,10 @@ def test_states_attributes_and_constraints(tiny_model, workdir):
         assert set(t.user_attrs) >= CONTRACT_ATTRS, CONTRACT_ATTRS - set(t.user_attrs)
         assert (workdir / "studies" / "states" / "trials" / str(t.number) / "worker.log").is_file()
     done = trials[0]
-    assert done.values == [done.user_attrs["peak_memory_gib"], done.user_attrs["instability"]]
+    assert done.values == [done.user_attrs["peak_memory_gib"], 1 / done.user_attrs["stability_margin"]]
+    assert done.user_attrs["stress_stop"] in ("diverged", "nan", "overflow", "cap")
     assert trials[1].user_attrs["fail_step"] >= 1 and trials[2].user_attrs["peak_memory_gib"] > 0
-    assert study.metric_names == ["peak_memory_gib", "instability"]
+    assert study.metric_names == ["peak_memory_gib", "edge_proximity"]
     # A configuration already measured is not run again: its result is reused, marked, costs no worker and does
     # not count toward n_trials (the 4th finished trial is one more new configuration).
     assert repeat.user_attrs["duplicate_of"] == 0 and repeat.values == done.values
@@ -393,7 +394,7 @@ def test_a_new_study_ranks_by_edge_proximity_and_an_old_one_keeps_its_instabilit
     url = f"sqlite:///{tmp_path}/s.db"
     new = open_study(space, url, "new", 4)
     assert list(new.metric_names) == list(OBJECTIVES) and stability_objective(new) == "edge_proximity"
-    # A study sweeper 0.2 wrote: its metric names say instability; opening it (a resume) keeps them.
+    # A study sweeper 0.1.x wrote: its metric names say instability; opening it (a resume) keeps them.
     old = optuna.create_study(study_name="old", storage=url, directions=["minimize", "minimize"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
