@@ -21,24 +21,26 @@ def model_path_for(study: Any, trial: Any) -> str:
     return resolve_model(trial.config.model)
 
 
-def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> int:
+def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tuple[int, int]:
     """Confirm ``numbers`` (:func:`sweeper.study.confirm_trials`), printing a line as each starts and ends.
 
     Returns:
-        How many failed their confirmation.
+        How many failed their confirmation, and how many could not run (a failure of the attempt: nothing recorded).
     """
     from sweeper.report import format_instability, format_margin, format_params
-    from sweeper.study import confirm_trials, stored_trials
+    from sweeper.study import OUTCOME_STATUSES, confirm_trials, stored_trials
 
     if not numbers:
-        return 0
+        return 0, 0
     trials = {t.number: t for t in stored_trials(study)}
     first = trials.get(numbers[0])
     if first is not None and first.repeat_of is not None:
         first = trials.get(first.repeat_of)
     # A number that is not a complete trial is refused by confirm_trials before anything runs.
     model_path = model_path_for(study, first) if first is not None and first.config is not None else ""
-    failed = 0
+    if first is not None and first.config is not None:
+        _check_setup(study, first.config)
+    failed = not_run = 0
 
     def shown(t: Any) -> str:
         keys = list(study.user_attrs.get("searched", [])) or ["r", "lora_alpha_ratio", "bnb_4bit_compute_dtype"]
@@ -48,7 +50,18 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> int:
         _print(f"confirm #{t.number:<3} {shown(t)}: {n} steps (the trial ran {t.config.max_steps})")
 
     def on_result(t: Any, done: Any) -> None:
-        nonlocal failed
+        nonlocal failed, not_run
+        if done.status not in OUTCOME_STATUSES:
+            not_run += 1
+            earlier = t.confirmation
+            _print(
+                f"        #{t.number:<3} could not run its confirmation ({done.status} at step {done.fail_step}: "
+                f"{done.reason}): a failure of the attempt, not of the configuration, so it is not recorded as its "
+                "outcome"
+                + (f" (its {earlier.steps}-step confirmation stands)" if earlier is not None else "")
+                + "; fix it and run the same command"
+            )
+            return
         instability = format_instability(done.instability)
         peak = "-" if done.peak_memory_gib is None else f"{done.peak_memory_gib:.2f} GiB"
         margin = format_margin(t.result.stability_margin, t.result.margin_capped)
@@ -79,7 +92,22 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> int:
     confirm_trials(
         study, numbers, steps=steps, model_path=model_path, on_start=on_start, on_result=on_result, on_skip=on_skip
     )
-    return failed
+    return failed, not_run
+
+
+def _check_setup(study: Any, config: Any) -> None:
+    """What would fail every confirmation before its first step, found before any runs (one line, exit 2): the
+    study's folder cannot be written, or the data cannot be read (a file moved away, or a relative path read from
+    another folder).
+
+    Raises:
+        StudyError, DataError: Said in one line, naming the folder or the file and the fix.
+    """
+    from sweeper.data import load_samples
+    from sweeper.study import check_writable, study_dir
+
+    check_writable(study_dir(study.study_name))
+    load_samples(config.dataset)
 
 
 def _numbers(text: str) -> list[int]:
@@ -116,13 +144,14 @@ def cmd_confirm(args: argparse.Namespace) -> int:
             )
         numbers = [ranked[0].number if args.pick == "knee" else pick_trial(study, pick=args.pick).number]
     steps = args.steps if args.steps is not None else study.user_attrs.get("confirm_steps")
-    failed = run_confirmations(study, numbers, steps)
+    failed, not_run = run_confirmations(study, numbers, steps)
     _publish(study)  # the dashboard's front figure and notes show the confirmations
     done = confirmations(study)
     ok = sum(1 for n in numbers if n in done and done[n].passed)
     _print(
         f"confirmed {ok} of {len(set(numbers))}"
         + (f"; {failed} failed: 'sweep export' refuses them" if failed else "")
+        + (f"; {not_run} could not run (see above): run the same command once it is fixed" if not_run else "")
         + f"; see 'sweep report {study.study_name}'"
     )
-    return 0
+    return 2 if not_run else 0

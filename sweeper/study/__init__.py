@@ -28,6 +28,7 @@ from sweeper.study._loop import (
     SweepEvent,
     run_study,
 )
+from sweeper.study._machine import check_writable
 from sweeper.study._plan import (
     SweepPlan,
     plan_sweep,
@@ -50,6 +51,7 @@ from sweeper.study._storage import (
     trial_dir,
 )
 from sweeper.study._stored import (
+    OUTCOME_STATUSES,
     StoredTrial,
     by_knee_distance,
     confirmations,
@@ -70,6 +72,7 @@ __all__ = [
     "LEGACY_OBJECTIVES",
     "MAX_CONSECUTIVE_DUPLICATES",
     "OBJECTIVES",
+    "OUTCOME_STATUSES",
     "STUDIES_DIR",
     "StoredTrial",
     "SweepCallback",
@@ -80,6 +83,7 @@ __all__ = [
     "calibration_points",
     "candidates",
     "check_setup",
+    "check_writable",
     "confirm_trials",
     "confirmations",
     "count_finished",

@@ -25,7 +25,9 @@ from sweeper.space import TrialConfig
 from sweeper.study._artifacts import artifact_store, loss_curve_svg
 from sweeper.study._storage import trial_dir
 from sweeper.study._stored import (
+    ATTEMPT_PREFIX,
     ATTR_PREFIX,
+    OUTCOME_STATUSES,
     Confirmation,
     StoredTrial,
     TrialStatus,
@@ -109,7 +111,10 @@ def _record(
         artifact_id=artifact_id,
         **_prediction(trial, result),
     )
-    study.set_user_attr(f"{ATTR_PREFIX}{number}", outcome.to_dict())
+    if outcome.status in OUTCOME_STATUSES:
+        study.set_user_attr(f"{ATTR_PREFIX}{number}", outcome.to_dict())
+    else:  # the attempt failed, not the configuration: an earlier outcome stands, and the same command runs it again
+        study.set_user_attr(f"{ATTEMPT_PREFIX}{number}", outcome.to_dict())
     return outcome
 
 

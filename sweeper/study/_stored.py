@@ -119,6 +119,15 @@ class StoredTrial:
 #: Study user attribute holding the confirmation of trial N (:mod:`sweeper.study._confirm`): ``confirmation:N``.
 ATTR_PREFIX = "confirmation:"
 
+#: Study attribute of a confirmation that could not run (``confirmation_attempt:<N>``): an error, crash or timeout of
+#: the attempt, kept for the record, never the trial's confirmation.
+ATTEMPT_PREFIX = "confirmation_attempt:"
+
+#: Statuses of a long run that say something about the configuration: it held, or it failed by NaN, divergence or
+#: memory. A ``timeout``, ``crash`` or ``error`` is the attempt's failure (data missing, a folder not writable, the
+#: machine), never the configuration's.
+OUTCOME_STATUSES = ("complete", "nan", "diverged", "oom")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Confirmation:
@@ -181,14 +190,18 @@ class Confirmation:
 
 
 def confirmations(study: optuna.Study) -> dict[int, Confirmation]:
-    """Every confirmation stored on the study, by trial number."""
+    """Every confirmation stored on the study that is an outcome of the configuration (:data:`OUTCOME_STATUSES`), by
+    trial number. One that ended in a run failure (a study written before attempts were kept apart recorded a
+    missing data file as ``error@0``) is not one: it neither blocks an export nor a rerun."""
     out = {}
     for key, value in study.user_attrs.items():
         if key.startswith(ATTR_PREFIX) and isinstance(value, Mapping):
             try:
-                out[int(key.removeprefix(ATTR_PREFIX))] = Confirmation.from_dict(value)
+                found = Confirmation.from_dict(value)
             except (TypeError, ValueError):
                 continue
+            if found.status in OUTCOME_STATUSES:
+                out[int(key.removeprefix(ATTR_PREFIX))] = found
     return out
 
 

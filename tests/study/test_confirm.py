@@ -158,3 +158,61 @@ def test_the_probe_does_not_change_training(tiny_model, tmp_path):
     assert off.probe_steps == [] and off.instability is None
     assert on.probe_steps == [0, 1, 2, 3, 4, 5, 6]
     assert on.loss_trace == off.loss_trace and on.grad_norm_trace == off.grad_norm_trace
+
+
+@pytest.mark.slow
+def test_a_setup_error_is_never_a_configurations_confirmation(tiny_model, workdir):
+    """The data file moved away after the sweep: 'sweep confirm' says so in one line before anything runs (exit 2),
+    the earlier confirmation stands and the export still takes the trial; once the file is back the same command
+    runs. A run failure stored by an older sweeper ('error@0') is no outcome either: it blocks neither."""
+    from sweeper.study import confirmations
+    from sweeper.testing import clean_rows, write_jsonl
+
+    data = write_jsonl(workdir / "train.jsonl", clean_rows() * 4)
+    space = tiny_space(tiny_model, name="s", search={"r": [4, 8]}, training={"max_steps": 2})
+    space["dataset"] = {"path": str(data), "max_samples": 32}
+    path = write_space(workdir, space)
+    assert sweep("run", str(path), cwd=workdir).returncode == 0
+    first = sweep("confirm", "s", "--steps", "4", cwd=workdir)
+    assert first.returncode == 0, first.stderr
+    study = optuna.load_study(study_name="s", storage="sqlite:///studies/s.db")
+    [(number, kept)] = confirmations(study).items()
+    assert kept.passed and kept.steps == 4
+
+    data.rename(workdir / "elsewhere.jsonl")
+    out = sweep("confirm", "s", "--trials", str(number), "--steps", "6", cwd=workdir)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "train.jsonl" in lines[0], out.stdout + out.stderr
+    assert confirmations(optuna.load_study(study_name="s", storage="sqlite:///studies/s.db"))[number] == kept
+    assert sweep("export", "s", "--trial", str(number), cwd=workdir).returncode == 0
+
+    (workdir / "elsewhere.jsonl").rename(data)
+    again = sweep("confirm", "s", "--trials", str(number), "--steps", "6", cwd=workdir)
+    assert again.returncode == 0 and "confirmed: 6 steps complete" in again.stdout, again.stdout + again.stderr
+
+    # What an older sweeper stored for such an attempt: not an outcome, so neither refused nor skipped.
+    study = optuna.load_study(study_name="s", storage="sqlite:///studies/s.db")
+    study.set_user_attr(
+        f"confirmation:{number}", {"steps": 8, "status": "error", "reason": "error at step 0", "fail_step": 0}
+    )
+    assert number not in confirmations(study)
+    assert sweep("export", "s", "--trial", str(number), cwd=workdir).returncode == 0
+    rerun = sweep("confirm", "s", "--trials", str(number), "--steps", "8", cwd=workdir)
+    assert rerun.returncode == 0 and "already confirmed" not in rerun.stdout, rerun.stdout
+
+
+@pytest.mark.slow
+def test_confirm_in_an_unwritable_studies_folder_is_one_line(confirmed_study):
+    import os
+
+    workdir, _, _ = confirmed_study
+    folder = workdir / "studies" / "c"
+    os.chmod(folder, 0o500)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("running as a user that can write anywhere (root)")
+        out = sweep("confirm", "c", "--steps", "9", cwd=workdir)
+    finally:
+        os.chmod(folder, 0o755)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "not writable" in lines[0] and "Traceback" not in out.stderr
