@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from sweeper.errors import SpaceError, SweeperError
-from sweeper.space import DatasetSpec, ModelSpec, SearchSpace, load_space, parse_duration_s
+from sweeper.space import DatasetSpec, ModelSpec, SearchSpace, load_space, name_problem, parse_duration_s
 from sweeper.stability import STRESS_GROWTH, STRESS_STEPS, probe_interval_steps
 
 
@@ -58,7 +58,12 @@ def _load(args: argparse.Namespace) -> SearchSpace:
         except ValueError:
             problems.append(f"--timeout: {args.timeout!r} is not a duration; write e.g. 90s, 20m or 8h")
     if getattr(args, "study", None) is not None and not _STUDY_NAME.fullmatch(args.study):
-        problems.append(f"--study: {args.study!r} is not a valid study name; use letters, digits, '.', '_' or '-'")
+        why = name_problem(args.study) or "it is not a file name"
+        shown = args.study if len(args.study) <= 40 else args.study[:37] + "..."
+        problems.append(
+            f"--study: {shown!r} is not a valid study name: {why}; use a letter or digit, then up to 99 letters, "
+            "digits, '.', '_' or '-'"
+        )
     if getattr(args, "n_trials", None) is not None and args.n_trials < 1:
         problems.append(f"--n-trials: {args.n_trials} is not a positive number of trials; give 1 or more")
     if getattr(args, "workers", None) is not None and not 1 <= args.workers <= MAX_WORKERS:

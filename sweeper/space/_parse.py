@@ -186,6 +186,21 @@ def parse_duration_s(value: Any) -> float:
     return total
 
 
+def name_problem(value: object) -> str | None:
+    """What makes ``value`` no valid study name (:data:`_NAME`: a letter or digit, then up to 99 letters, digits,
+    ``.``, ``_`` or ``-``; it becomes a file name), in a few words, or None when it is one."""
+    if not isinstance(value, str) or not value:
+        return "it is empty"
+    if len(value) > 100:
+        return f"it is {len(value)} characters long, over 100"
+    bad = sorted({c for c in value if not (c.isascii() and (c.isalnum() or c in "._-"))})
+    if bad:
+        return f"{', '.join(repr(c) for c in bad)} cannot be in a name"
+    if not value[0].isalnum():
+        return f"it starts with {value[0]!r}; start it with a letter or digit"
+    return None
+
+
 def _describe(spec: KeySpec) -> str:
     if spec.kind == "name":
         return "a name of letters, digits, '.', '_' or '-' (it becomes a file name)"
@@ -396,7 +411,8 @@ def _parse_section(name: str, raw: Any, problems: _Problems) -> dict[str, Any]:
         try:
             out[key] = _check_value(spec, value)
         except ValueError:
-            problems.add(f"{name}.{key}", f"{value!r} is not valid", f"give {_describe(spec)}")
+            why = f" ({name_problem(value)})" if spec.kind == "name" and name_problem(value) else ""
+            problems.add(f"{name}.{key}", f"{value!r} is not valid{why}", f"give {_describe(spec)}")
     return out
 
 

@@ -131,6 +131,13 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
             raise StudyError(
                 f"{url}: study.storage: {db} is a folder; give the path of a .db file, e.g. sqlite:///{db}/study.db"
             )
+        if not db.parent.exists() and db.parent.resolve() != STUDIES_DIR.resolve():
+            # Only the default studies/ is created: a URL naming another folder that is not there is a typo more
+            # often than a wish (sqlite:////nonexistent_dir/x.db would otherwise create /nonexistent_dir).
+            raise StudyError(
+                f"{url}: study.storage: the folder {db.parent} does not exist; create it (mkdir -p {db.parent}) or "
+                "give --storage a path in an existing folder"
+            )
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

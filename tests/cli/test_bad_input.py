@@ -67,6 +67,8 @@ CASES = [
         ["search.r", "a range 4 to 16", "--study NAME"],
     ),
     ("bad-workers", ["--workers", "0"], ["--workers: 0"]),
+    ("bad-study-name", ["--study=-x"], ["--study", "it starts with '-'"]),
+    ("long-study-name", ["--study", "a" * 300], ["--study", "300 characters long, over 100"]),
     ("bad-devices", ["--devices", "0,,0"], ["--devices", "--devices 0,1,2,3"]),
     ("bad-storage", ["--storage", "sqlite:////proc/no/such/dir/x.db"], ["study.storage", "--storage"]),
     (
@@ -109,3 +111,21 @@ def test_bad_input_is_one_line_exit_2_and_the_study_untouched(existing, case, br
 def test_version_is_printed():
     out = run_cli("--version")
     assert out.returncode == 0 and out.stdout.strip().startswith("sweep ") and out.stdout.strip() != "sweep unknown"
+
+
+def test_a_storage_in_a_folder_that_does_not_exist_is_refused_and_nothing_is_created(tmp_path, monkeypatch):
+    import pytest
+
+    from sweeper.errors import StudyError
+    from sweeper.space import parse_space
+    from sweeper.study import open_study
+
+    monkeypatch.chdir(tmp_path)
+    space = parse_space({"study": {"name": "s"}, "search": {"r": [4, 8]}}, "space.yaml")
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(StudyError, match="does not exist; create it") as info:
+        open_study(space, f"sqlite:///{missing}/x.db")
+    assert len(info.value.problems) == 1 and "--storage" in info.value.problems[0]
+    assert not (tmp_path / "no").exists()
+    open_study(space)  # the default studies/ is still created
+    assert (tmp_path / "studies" / "s.db").is_file()

@@ -257,3 +257,24 @@ def test_shipped_spaces_load_and_open_with_their_command(path):
     assert space.search, "a shipped space searches something"
     first = path.read_text().splitlines()[0]
     assert first.startswith("# sweep run ") and path.name in first
+
+
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("-x", "it starts with '-'"),
+        ("...", "it starts with '.'"),
+        ("a" * 300, "300 characters long"),
+        ("my study", "' ' cannot be in a name"),
+        ("ok.name_1-2", None),
+    ],
+)
+def test_a_study_name_says_what_is_wrong_with_it(name, why):
+    from sweeper.space import name_problem
+
+    found = name_problem(name)
+    assert (found is None) if why is None else (why in found), found
+    if why is not None:
+        with pytest.raises(SpaceError, match="study.name") as info:
+            parse_space({"study": {"name": name}, "search": {"r": [4, 8]}}, "space.yaml")
+        assert why in info.value.problems[0]
