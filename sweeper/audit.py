@@ -450,14 +450,19 @@ def _duplicate_findings(samples: Sequence[Sample]) -> list[Finding]:
     dupes = sorted((sorted(g) for g in groups.values() if len(g) > 1), key=lambda g: g[0])
     if not dupes:
         return []
-    shown = "; ".join(" = ".join(str(i) for i in g[:4]) for g in dupes[:3])
+
+    def group(g: list[int]) -> str:  # every index counted: the ones not shown as "and N more"
+        return " = ".join(str(i) for i in g[:4]) + (f" and {len(g) - 4} more" if len(g) > 4 else "")
+
+    shown = "; ".join(group(g) for g in dupes[:3])
     return [
         Finding(
             kind="duplicate",
             max_seq_length=None,
             samples=sorted(i for g in dupes for i in g),
             detail=f"{len(dupes)} group{'s' if len(dupes) > 1 else ''} of identical samples "
-            f"({sum(len(g) for g in dupes)} samples): {shown}" + (" ..." if len(dupes) > 3 else ""),
+            f"({sum(len(g) for g in dupes)} samples): {shown}"
+            + (f"; and {len(dupes) - 3} more group{'s' if len(dupes) > 4 else ''}" if len(dupes) > 3 else ""),
         )
     ]
 

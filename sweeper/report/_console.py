@@ -227,7 +227,7 @@ def format_data_nan_summary(
         if total == 1
         else f"{len(data)} of {total} NaN trials were"
     )
-    shown = ", ".join(str(i) for i in blamed[:8]) + (" ..." if len(blamed) > 8 else "")
+    shown = ", ".join(str(i) for i in blamed[:8]) + (f" and {len(blamed) - 8} more" if len(blamed) > 8 else "")
     folder = f"{trials_dir}/{data[0] if len(data) == 1 else '<trial>'}/nan_batch.jsonl"
     return (
         f"{head} caused by the data, not the hyperparameters: trial{'s' if len(data) > 1 else ''} "

@@ -338,7 +338,7 @@ def legacy_instability_warning(study: optuna.Study) -> str | None:
     old = legacy_instability_trials(study)
     if not old:
         return None
-    shown = ", ".join(map(str, old[:8])) + (" ..." if len(old) > 8 else "")
+    shown = ", ".join(map(str, old[:8])) + (f" and {len(old) - 8} more" if len(old) > 8 else "")
     return (
         f"WARNING instability: {len(old)} trial{'s' if len(old) > 1 else ''} of this study ({shown}) measured it with "
         "sweeper 0.1.0's definition (the training loss's spikes, which a run that learns nothing scores ~0.6 on), "

@@ -191,3 +191,18 @@ def test_audit_leaves_out_rows_the_template_refuses(tiny_model, tmp_path):
     assert audit_samples([good, other], tokenized, [64]).samples == 1
     with pytest.raises(ValueError, match="same order"):
         audit_samples([good, other], tokenize_samples([other, good], load_tokenizer(str(tiny_model)), 64), [64])
+
+
+def test_the_duplicate_finding_counts_every_index_it_does_not_show(tmp_path):
+    from sweeper.audit import _duplicate_findings
+
+    rows = clean_rows()
+    data = [rows[0]] * 6 + [rows[1], rows[1], rows[2], rows[2], rows[3], rows[3], rows[4], rows[4]]
+    samples = load_samples(DatasetSpec(path=str(write_jsonl(tmp_path / "d.jsonl", data)), max_samples=100, seed=0))
+    [finding] = _duplicate_findings(samples)
+    assert len(finding.samples) == 14
+    # 5 groups, 3 shown: the rest is counted, not dropped (a group of 6 shows 4 indices "and 2 more").
+    assert finding.detail.endswith("; and 2 more groups"), finding.detail
+    shown = finding.detail.split(": ", 1)[1].removesuffix("; and 2 more groups").split("; ")
+    assert all(part.count(" = ") == 3 and part.endswith(" and 2 more") for part in shown if part.count(" = ") >= 3)
+    assert " ..." not in finding.detail

@@ -275,7 +275,8 @@ def _growth(grad_norm_trace: Sequence[float | None]) -> float:
 
 def _names(indices: Sequence[int]) -> str:
     shown = ", ".join(str(i) for i in indices[:6])
-    return ("sample " if len(indices) == 1 else "samples ") + shown + (" ..." if len(indices) > 6 else "")
+    more = f" and {len(indices) - 6} more" if len(indices) > 6 else ""
+    return ("sample " if len(indices) == 1 else "samples ") + shown + more
 
 
 #: Special-token roles read from a tokenizer (or the model's config), to name a token in a reason.
