@@ -125,7 +125,8 @@ def _load_rows(spec: DatasetSpec) -> Any:
         if size == 0 or (builder != "parquet" and size < 2**20 and not path.read_bytes().strip()):
             raise DataError(f"{spec.path}: dataset.path: the file is empty; give a file with one sample per row")
         try:
-            return datasets.load_dataset(builder, data_files=str(path), split="train")
+            loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
+            return _csv_empty_cells_as_text(loaded) if builder == "csv" else loaded
         except Exception as exc:  # datasets raises many types for unreadable files
             cause = _root_cause(exc)
             if "corresponds to no data" in cause:
@@ -153,6 +154,20 @@ def _load_rows(spec: DatasetSpec) -> Any:
             f"({_root_cause(exc)}); give a local file, or a hub id already in the local datasets cache "
             "when offline"
         ) from None
+
+
+def _csv_empty_cells_as_text(table: Any) -> Any:
+    """A CSV's empty cells in its text columns as empty strings. CSV has no null: pandas (under ``datasets``) reads an
+    empty cell as missing, which would drop the row as "'completion' is null", where the same empty reply in a JSONL
+    file (``""``) trains and the audit flags it (``empty_reply``); one rule for both."""
+    text = [
+        name
+        for name, feature in table.features.items()
+        if getattr(feature, "dtype", None) in ("string", "large_string")
+    ]
+    if not text or not any(v is None for name in text for v in table[name]):
+        return table
+    return table.map(lambda row: {name: "" if row[name] is None else row[name] for name in text})
 
 
 def _first_bad_json_line(path: Path) -> str | None:

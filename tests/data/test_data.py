@@ -7,7 +7,7 @@ import pytest
 from sweeper.data import BUILTIN_PYDOC, detect_format, load_samples, tokenize_samples
 from sweeper.errors import DataError
 from sweeper.space import DatasetSpec
-from sweeper.testing import GENERATION_CHATML
+from sweeper.testing import GENERATION_CHATML, write_jsonl
 
 ROWS = {
     "text": [{"text": "def f(x): return x"}, {"text": "class A: pass"}],
@@ -523,3 +523,20 @@ def test_prompt_completion_rows_as_trl_writes_them(tmp_path):
     alpaca = [{"instruction": None, "input": "", "output": "A"}, {"instruction": "Q", "input": None, "output": "A"}]
     got = load_samples(DatasetSpec(path=str(_rows(tmp_path, alpaca, "alpaca.jsonl"))))
     assert got.dropped == [DroppedRow(0, "'instruction' is null")] and len(got) == 1  # input is optional
+
+
+def test_an_empty_reply_is_read_alike_from_jsonl_and_csv(tmp_path):
+    """CSV has no null: an empty cell is the empty reply a JSONL file writes as "", not a missing field that drops
+    the row; both then train, and the audit flags the empty reply."""
+    rows = [
+        {"prompt": "What are lists?", "completion": "Ordered collections."},
+        {"prompt": "And sets?", "completion": ""},
+    ]
+    jsonl = write_jsonl(tmp_path / "d.jsonl", rows)
+    csv = tmp_path / "d.csv"
+    csv.write_text('prompt,completion\n"What are lists?","Ordered collections."\n"And sets?",\n')
+    read = {p.suffix: load_samples(DatasetSpec(path=str(p), max_samples=10, seed=0)) for p in (jsonl, csv)}
+    assert len(read[".jsonl"]) == len(read[".csv"]) == 2
+    assert not read[".csv"].dropped and not read[".jsonl"].dropped
+    replies = {s: sorted(x.messages[-1]["content"] for x in read[s]) for s in read}
+    assert replies[".csv"] == replies[".jsonl"] == ["", "Ordered collections."]
