@@ -208,6 +208,9 @@ def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
         metavar="PATH",
         help="file to write; its suffix is set by the format (default studies/<study>/exports/)",
     )
+    export.add_argument(
+        "--force", action="store_true", help="replace an earlier export even if it was edited since it was written"
+    )
     export.set_defaults(func=cmd_export)
 
 

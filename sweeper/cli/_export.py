@@ -43,7 +43,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     target = export_path(where, args.format, f"trial{trial.number}-{args.format}")
     existed = {target.with_suffix(suffix) for suffix in (".py", ".json", ".yaml")} if target.parent.is_dir() else set()
     existed = {p for p in existed if p.exists()}
-    files = write_export(study, trial, args.format, target)
+    files = write_export(study, trial, args.format, target, force=args.force)
     replaced = [f for f in files if f in existed]
     _print(
         f"export  {how} (peak {values[0]:.3f} GiB, margin "

@@ -388,3 +388,29 @@ def test_the_trl_row_reader_on_its_own_keeps_the_rows_load_samples_keeps(tiny_mo
     assert loss == {"assistant_only_loss": True}
     assert [list(r["messages"]) for r in dataset] == [[dict(m) for m in s.messages] for s in samples]
     assert len(dataset) == 2
+
+
+def test_an_edited_export_is_never_replaced_without_force(study_and_knee, tmp_path):
+    study, trial = study_and_knee
+    from sweeper.errors import StudyError
+
+    [first] = write_export(study, trial, "axolotl", tmp_path / "cfg")
+    [again] = write_export(study, trial, "axolotl", tmp_path / "cfg")  # as sweep wrote it: replaced
+    assert again == first
+    edited = first.read_text() + "num_epochs: 3  # my own\n"
+    first.write_text(edited)
+    with pytest.raises(StudyError, match="changed since 'sweep export' wrote it.*--force"):
+        write_export(study, trial, "axolotl", tmp_path / "cfg")
+    assert first.read_text() == edited  # untouched
+    other = tmp_path / "theirs.yaml"
+    other.write_text("base_model: x\n")  # a file sweep never wrote
+    with pytest.raises(StudyError, match="--force"):
+        write_export(study, trial, "axolotl", other)
+    write_export(study, trial, "axolotl", tmp_path / "cfg", force=True)
+    assert "my own" not in first.read_text()
+    out = run_cli("export", str(tmp_path / "rep.db"), "--format", "axolotl", "-o", str(other), cwd=tmp_path)
+    assert out.returncode == 2 and "--force" in out.stderr and other.read_text() == "base_model: x\n"
+    forced = run_cli(
+        "export", str(tmp_path / "rep.db"), "--format", "axolotl", "-o", str(other), "--force", cwd=tmp_path
+    )
+    assert forced.returncode == 0 and "replaced 1 earlier file" in forced.stdout, forced.stderr
