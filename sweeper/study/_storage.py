@@ -182,6 +182,37 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
         ) from None
 
 
+def _unreadable(url: str, exc: BaseException) -> str:
+    """One line for a storage a reading command cannot read, naming which of three causes it is: a server that cannot
+    be reached, a file that is not an SQLite database, or a database without Optuna's tables."""
+    causes: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(causes) < 8:
+        causes.append(seen)
+        seen = getattr(seen, "orig", None) or seen.__cause__ or seen.__context__
+    text = " ".join(str(c) for c in causes).lower()
+    first = scrub_secrets((str(causes[-1]).strip().splitlines() or [type(causes[-1]).__name__])[0][:160], url)
+    where = redact_url(url)
+    if sqlite_file(url) is None and any(
+        word in text for word in ("connection refused", "could not connect", "timeout expired", "name or service")
+    ):
+        return (
+            f"{where}: STUDY: cannot reach the database server ({first}); check the host, the port and that the "
+            "server runs (the URL 'sweep run --storage' used)"
+        )
+    if "file is not a database" in text or "not a database" in text:
+        return f"{where}: STUDY: the file is not an SQLite database ({first}); give the .db that 'sweep run' wrote"
+    if "no such table" in text or "undefinedtable" in text or "does not exist" in text:
+        return (
+            f"{where}: STUDY: the database holds no Optuna study (no Optuna tables: an empty or another program's "
+            "database); give the .db that 'sweep run' wrote"
+        )
+    return (
+        f"{where}: STUDY: cannot read it as an Optuna study database ({type(causes[-1]).__name__}: {first}); "
+        "give the .db that 'sweep run' wrote"
+    )
+
+
 def _password(url: str) -> str | None:
     """The password in a URL's user info (:func:`_userinfo`), or None."""
     parts = _userinfo(url)
@@ -446,11 +477,7 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
     except ImportError as exc:
         raise StudyError(f"{redact_url(url)}: STUDY: no database driver for it is installed ({exc})") from None
     except Exception as exc:  # sqlalchemy: not a database, locked, unreachable server, ...
-        first = redact_url((str(exc).strip().splitlines() or [type(exc).__name__])[0][:160])
-        raise StudyError(
-            f"{redact_url(url)}: STUDY: cannot read it as an Optuna study database "
-            f"({type(exc).__name__}: {first}); give the .db that 'sweep run' wrote"
-        ) from None
+        raise StudyError(_unreadable(url, exc)) from None
     if name is None:
         if len(names) != 1:
             raise StudyError(

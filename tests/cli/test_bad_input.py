@@ -129,3 +129,22 @@ def test_a_storage_in_a_folder_that_does_not_exist_is_refused_and_nothing_is_cre
     assert not (tmp_path / "no").exists()
     open_study(space)  # the default studies/ is still created
     assert (tmp_path / "studies" / "s.db").is_file()
+
+
+def test_reading_commands_name_which_storage_fault_it_is(tmp_path):
+    """An unreachable server, a file that is not a database and a database without a study are three lines, each
+    naming its cause; a password never shows."""
+    (tmp_path / "garbage.db").write_text("garbage " * 100)
+    (tmp_path / "empty.db").write_bytes(b"")
+    cases = {
+        "postgresql://u:s3cretPW@127.0.0.1:1/x": "cannot reach the database server",
+        str(tmp_path / "garbage.db"): "not an SQLite database",
+        str(tmp_path / "empty.db"): "holds no Optuna study",
+    }
+    lines = set()
+    for ref, needle in cases.items():
+        out = run_cli("report", ref, cwd=tmp_path)
+        [line] = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and needle in line and "s3cretPW" not in line, line
+        lines.add(line.split(": STUDY: ", 1)[1].split(" (")[0])
+    assert len(lines) == 3
