@@ -44,9 +44,10 @@ REPORT_KEYS = (
 
 
 def trial_params(trial: StoredTrial, searched: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """The trial's settings under :data:`REPORT_KEYS` plus any other searched key, from its stored config."""
+    """The trial's settings under :data:`REPORT_KEYS` plus any other searched key, from its stored config; a trial
+    that stored none (interrupted before its result was recorded) shows the values it was sampled with."""
     if trial.config is None:
-        return {}
+        return dict(trial.params)
     config = trial.config.to_dict()
     out = {k: config[k] for k in REPORT_KEYS if k in config}
     out["lora_alpha"] = trial.lora_alpha

@@ -225,3 +225,11 @@ def test_sigterm_and_sighup_stop_a_sweep_as_ctrl_c_does(tiny_model, workdir, sto
         queued.system_attrs["fixed_params"] == stopped.params and queued.user_attrs["retry_attempt"] == 0
     )  # no retry used
     assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+    # The report shows the interrupted trial with the values it was sampled with.
+    import json
+
+    report = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "report", name, "--json"], cwd=workdir, capture_output=True, text=True
+    )
+    [shown] = [t for t in json.loads(report.stdout)["trials"] if t["number"] == stopped.number]
+    assert shown["params"] == stopped.params, shown
