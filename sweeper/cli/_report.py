@@ -16,6 +16,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.report import (
+        counts_with_stale,
         describe_fit,
         fit_map_data,
         format_counts,
@@ -32,7 +33,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         load_existing_study,
         nan_causes,
         pareto_front,
-        status_counts,
+        stale_running,
         study_dir,
     )
 
@@ -48,7 +49,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         _print(f"study '{study.study_name}': Pareto front (peak memory vs {front_axis(study)}), {len(front)} trials:")
         _print(format_front(front) if front else "  (no complete trial)")
         _print()
-        _print("trials: " + format_counts(status_counts(study), nan_causes(study)))
+        _print("trials: " + format_counts(counts_with_stale(study), nan_causes(study)))
+        for line in stale_running(study).values():
+            _print(f"stale   {line}; the next 'sweep run' of this study records it as interrupted and runs it again")
         legacy = legacy_instability_warning(study)
         if legacy:
             _print(legacy)

@@ -23,6 +23,7 @@ from sweeper.report._console import (
 )
 from sweeper.report._dashboard import dashboard_app, failure_note, publish_study, serve
 from sweeper.report._data import (
+    counts_with_stale,
     curves_data,
     describe_fit,
     fit_map_data,
@@ -48,6 +49,7 @@ from sweeper.report._sweep_console import (
 __all__ = [
     "SweepConsole",
     "all_failed_line",
+    "counts_with_stale",
     "curves_data",
     "dashboard_app",
     "describe_fit",

@@ -190,6 +190,7 @@ def format_counts(counts: Mapping[str, int], nan_causes: Mapping[str, Sequence[i
         "crash",
         "error",
         "running",
+        "stale",
         "waiting",
         "interrupted",
         "repeated",

@@ -24,6 +24,7 @@ from sweeper.study import (
     pareto_front,
     prediction_errors,
     stability_objective,
+    stale_running,
     status_counts,
 )
 
@@ -118,6 +119,19 @@ def front_data(study: optuna.Study) -> dict[str, Any]:
         "picks": picks(study),
         "points": points,
     }
+
+
+def counts_with_stale(study: optuna.Study) -> dict[str, int]:
+    """:func:`sweeper.study.status_counts`, with the RUNNING trials that no sweep runs any more
+    (:func:`sweeper.study.stale_running`) counted as ``stale`` instead of ``running``."""
+    counts = status_counts(study)
+    stale = len(stale_running(study))
+    if stale:
+        counts["running"] = counts.get("running", 0) - stale
+        if counts["running"] <= 0:
+            del counts["running"]
+        counts["stale"] = stale
+    return counts
 
 
 def objectives_of(study: optuna.Study) -> list[str]:
@@ -316,7 +330,8 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
             if t.values is not None
         ],
         "trials": [trial_record(t, searched, numbers) for t in measured_trials(study)],
-        "status_counts": status_counts(study),
+        "status_counts": counts_with_stale(study),
+        "stale": list(stale_running(study).values()),
         "nan_causes": nan_causes(study),
         "largest_max_seq_length_by_batch": {str(b): s for b, s in largest_fitting_seq(fit).items()},
         "importance": importance_data(study),

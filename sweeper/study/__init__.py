@@ -33,6 +33,7 @@ from sweeper.study._plan import (
     SweepPlan,
     plan_sweep,
 )
+from sweeper.study._recovery import stale_running
 from sweeper.study._setup_checks import (
     check_setup,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "redact_url",
     "run_study",
     "stability_objective",
+    "stale_running",
     "status_counts",
     "stored_calibration",
     "stored_trial",

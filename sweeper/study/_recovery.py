@@ -101,6 +101,22 @@ def _stale_reason(trial: FrozenTrial, host: str, stale: set[int], interval: floa
     return "lost", f"lost: its sweep ({who}) sent no heartbeat for {GRACE_INTERVALS * interval} s"
 
 
+def stale_running(study: optuna.Study) -> dict[int, str]:
+    """The study's RUNNING trials that no sweep runs any more, read-only (what ``sweep report`` shows): those whose
+    sweep process on this host is gone (killed with ``kill -9``, a crash, a reboot), by number, each with a line
+    saying since when. The next ``sweep run`` of the study records them as interrupted and runs them again; trials of
+    sweeps on other hosts are judged by their heartbeat there (:func:`fail_stale_trials`), not here."""
+    host = socket.gethostname()
+    out = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        found = _stale_reason(t, host, set(), None)
+        if found is not None:
+            started = t.datetime_start.strftime("%Y-%m-%d %H:%M") if t.datetime_start else "?"
+            pid = t.user_attrs.get("sweep_pid")
+            out[t.number] = f"trial {t.number}, started {started}: its sweep (pid {pid}) is gone"
+    return out
+
+
 def fail_stale_trials(study: optuna.Study, max_retries: int = 1) -> list[StaleTrial]:
     """Fail the study's stale RUNNING trials (``crash``, ``interrupted``, with the reason) and retry each
     configuration up to ``max_retries`` times. Call it under the ask lock.

@@ -201,6 +201,12 @@ def test_resume_after_the_sweep_process_is_killed(tiny_model, workdir):
     storage = "sqlite:///studies/resume.db"
     before = optuna.load_study(study_name="resume", storage=storage).trials
     assert before[0].state == TrialState.COMPLETE and before[1].state == TrialState.RUNNING
+    # Until a sweep resumes, the report shows the trial as stale, with when it started, not as running.
+    report = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "report", "resume"], cwd=workdir, capture_output=True, text=True
+    )
+    assert report.returncode == 0 and "stale 1" in report.stdout and "running" not in report.stdout, report.stdout
+    assert "stale   trial 1, started " in report.stdout and "is gone" in report.stdout
 
     again = subprocess.run(
         [sys.executable, "-m", "sweeper.cli", "run", str(path)],
