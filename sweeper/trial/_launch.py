@@ -32,12 +32,25 @@ CHILD_MODULE = "sweeper.trial._child.worker"
 _LOG_TAIL_LINES = 1
 
 
+#: Log lines that never say why a process died: library warnings and the source lines Python prints under them.
+_NOISE = ("warning", "warnings.warn", "state[", "  ")
+
+
 def _log_tail(log: Path) -> str:
+    """The log's last line that may say why the process died (not a library warning or the code line under one)."""
     try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        raw = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
+    lines = [ln.strip() for ln in raw if not any(n in ln.lower() or ln.startswith(n) for n in _NOISE)]
     return " | ".join(lines[-_LOG_TAIL_LINES:])[:300]
+
+
+#: Why a worker killed by SIGKILL died: nothing in the trial sends it.
+SIGKILL_CAUSE = (
+    "nothing in the trial sends SIGKILL: most likely the kernel's OOM killer (the machine ran out of memory; "
+    "'dmesg' or 'journalctl -k' says so), else a person or a job scheduler"
+)
 
 
 def _signal_name(rc: int) -> str:
@@ -172,7 +185,7 @@ class TrialProcess:
             rc = 0
         self.close()
         why = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
-        tail = _log_tail(log_path)
+        tail = SIGKILL_CAUSE if rc == -signal.SIGKILL else _log_tail(log_path)
         reason = f"worker {why} without a result" + (f": {tail}" if tail else "")
         return _made_here(config, "crash", reason, wall, warm)
 

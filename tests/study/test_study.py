@@ -170,6 +170,9 @@ def test_killed_worker_is_a_crash_and_the_sweep_goes_on(tiny_model, workdir, sig
     first, retried, third = study.trials  # a crash may go differently another time: its configuration runs again
     assert first.state == TrialState.FAIL and first.user_attrs["status"] == "crash" and first.user_attrs["retried"]
     assert sig.name in first.user_attrs["reason"] and "crash" in out and "retry 1 of #0" in out
+    assert "warn" not in first.user_attrs["reason"].lower()  # never a library warning that happened to be last
+    if sig == signal.SIGKILL:
+        assert "OOM killer" in first.user_attrs["reason"], first.user_attrs["reason"]
     assert retried.params == first.params and retried.user_attrs["retry_of"] == 0
     assert retried.state == third.state == TrialState.COMPLETE and count_finished(study) == 2
 
