@@ -173,5 +173,5 @@ def _dropped_rows_line(space: SearchSpace, model_path: str, samples: Any) -> str
         unused_rows(samples, tokenizer),
         dataset_rows(samples),
         space.dataset.path,
-        doctor=f"sweep doctor {space.path}",
+        doctor=space.doctor_command(),
     )

@@ -36,7 +36,7 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> list[s
         max(space.values_of("max_steps")),
     )
     return format_data_warnings(
-        report, risks, several_accumulations=len(accumulation) > 1, doctor=f"sweep doctor {space.path}"
+        report, risks, several_accumulations=len(accumulation) > 1, doctor=space.doctor_command()
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import optuna
 
@@ -177,24 +177,39 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
     memory = memory_line(study)
     if memory:
         lines.append(memory)
-    space_path = plan.space.path
+    doctor = plan.space.doctor_command()
     if "data" in causes:
         blamed = {t.number: t.result.nan_samples for t in stored_trials(study) if t.number in causes["data"]}
         trials_dir = trial_dir(name, 0).parent.as_posix()
-        lines.append(format_data_nan_summary(causes, blamed, trials_dir) + f"; see 'sweep doctor {space_path}'")
+        lines.append(format_data_nan_summary(causes, blamed, trials_dir) + f"; see '{doctor}'")
     ref = name if plan.is_default_storage else f"'{redact_url(plan.storage)}'"
-    # Export only what can be exported: with no complete trial the next step is finding out why.
+    # Export only what can be exported: with no complete trial the next step is what addresses the failures.
     after = (
         f"sweep report {ref}, sweep dashboard {ref}, sweep export {ref} --pick knee"
         if front
-        else f"sweep report {ref} (nothing to export: no trial completed; each trial's cause is there), "
-        f"sweep doctor {space_path}"
+        else f"sweep report {ref} (nothing to export: no trial completed; each trial's cause is there)"
+        + "".join(f", {step}" for step in _next_steps(plan, causes))
     )
     lines.append(
         f"done in {elapsed_s:.0f} s; study in {redact_url(plan.storage)}; next: {after}"
         + (" (with your password in place of ***)" if "***" in ref else "")
     )
     return lines
+
+
+def _next_steps(plan: SweepPlan, causes: Mapping[str, Sequence[int]]) -> list[str]:
+    """What addresses the failures of a sweep with no complete trial: the audit of the data the trials read for a
+    data NaN, the memory model for out-of-memory trials, a timed-out or crashed trial's log; the data audit when
+    nothing more specific applies."""
+    statuses = {t.status for t in stored_trials(plan.study) if t.measured}
+    steps = []
+    if "data" in causes:
+        steps.append(plan.space.doctor_command())
+    if statuses & {TrialStatus.OOM, TrialStatus.PREDICTED_OOM, TrialStatus.DOMINATED_OOM}:
+        steps.append(f"sweep estimate {plan.space.path} (what fits memory_limit_gib)")
+    if statuses & {TrialStatus.TIMEOUT, TrialStatus.CRASH, TrialStatus.ERROR}:
+        steps.append(f"each failed trial's {trial_dir(plan.name, 0).parent.as_posix()}/N/worker.log")
+    return steps or [plan.space.doctor_command()]
 
 
 def front_axis(study: optuna.Study) -> str:

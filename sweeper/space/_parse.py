@@ -90,6 +90,7 @@ class SearchSpace:
             schema's defaults, each searched key at its first choice (a list's first element, a range's ``low``).
             A trial's config is this one with the sampled values (:meth:`trial_config`).
         search: The searched keys, in file order: ``Categorical`` or ``Range``.
+        overridden: The keys ``--set`` gave (``dataset.path``, ``training.max_steps``, ...).
     """
 
     path: str
@@ -98,6 +99,16 @@ class SearchSpace:
     dataset: DatasetSpec
     base: TrialConfig
     search: Mapping[str, Dimension]
+    overridden: frozenset[str] = frozenset()
+
+    def doctor_command(self) -> str:
+        """The ``sweep doctor`` command that audits the data the trials read: the space file, or, when ``--set``
+        changed the dataset or the model (so the file's own would be audited instead), the data file itself with the
+        model and the space's ``max_seq_length`` values."""
+        if not any(k.startswith(("dataset.", "model.")) for k in self.overridden):
+            return f"sweep doctor {self.path}"
+        lengths = " ".join(str(v) for v in sorted(set(self.values_of("max_seq_length"))))
+        return f"sweep doctor {self.dataset.path} --model {self.model.name_or_path} --max-seq-length {lengths}"
 
     def trial_config(self, params: Mapping[str, Any]) -> TrialConfig:
         """The config of one trial: the fixed values, overridden by ``params`` (one value per searched key).
@@ -592,6 +603,7 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
         dataset=dataset,
         base=_from_yaml(TrialConfig, fixed, model=model, dataset=dataset),
         search=MappingProxyType(search),
+        overridden=overridden,
     )
 
 

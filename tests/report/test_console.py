@@ -2,6 +2,7 @@
 trial line per status, a trace, the front table (from real Optuna trials read through ``stored_trial``), the status
 counts and the data audit's lines. Pure formatting: nothing runs."""
 
+import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
@@ -396,3 +397,24 @@ def test_a_resumed_study_written_before_the_margin_says_so_once(tmp_path):
     assert not any(
         "stability margin" in line for line in resume_lines(types.SimpleNamespace(**{**vars(plan), "study": new}))
     )
+
+
+def test_next_steps_address_the_failures_at_hand(tmp_path):
+    """After a data NaN the audit of the data; after an OOM the memory model; after a timeout the log; never the
+    data audit for a failure the data did not cause."""
+    import types
+
+    from sweeper.report._sweep_console import _next_steps
+    from sweeper.space import parse_space
+    from sweeper.study import nan_causes
+    from sweeper.testing import add_trial, make_study
+
+    space = parse_space({"study": {"name": "rep"}, "search": {"r": [4, 8]}}, "space.yaml")
+    study = make_study(tmp_path)  # complete trials, an oom and a data NaN
+    steps = _next_steps(types.SimpleNamespace(study=study, space=space, name="rep"), nan_causes(study))
+    assert steps[0] == "sweep doctor space.yaml" and steps[1].startswith("sweep estimate space.yaml")
+    oom_only = optuna.create_study(directions=["minimize", "minimize"])
+    add_trial(oom_only, r=8, batch=4, seq=128, status="oom", peak=3.9)
+    add_trial(oom_only, r=8, batch=4, seq=128, status="timeout")
+    steps = _next_steps(types.SimpleNamespace(study=oom_only, space=space, name="rep"), nan_causes(oom_only))
+    assert not any("doctor" in s for s in steps) and steps[0].startswith("sweep estimate") and "worker.log" in steps[1]

@@ -278,3 +278,18 @@ def test_a_study_name_says_what_is_wrong_with_it(name, why):
         with pytest.raises(SpaceError, match="study.name") as info:
             parse_space({"study": {"name": name}, "search": {"r": [4, 8]}}, "space.yaml")
         assert why in info.value.problems[0]
+
+
+def test_the_doctor_command_audits_the_data_the_trials_read(tmp_path):
+    from sweeper.space import load_space
+
+    path = tmp_path / "base.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"study": {"name": "b"}, "dataset": {"path": "train.jsonl"}, "search": {"max_seq_length": [64, 128]}}
+        )
+    )
+    assert load_space(path).doctor_command() == f"sweep doctor {path}"
+    # --set moved the trials to other data: auditing base.yaml would audit train.jsonl, not what failed.
+    other = load_space(path, ["dataset.path=allcut.jsonl"]).doctor_command()
+    assert other.startswith("sweep doctor allcut.jsonl --model ") and other.endswith("--max-seq-length 64 128")
