@@ -4,8 +4,8 @@ and the write itself, each file renamed into place (:func:`write_export`)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+import re
 from pathlib import Path
 
 import optuna
@@ -56,34 +56,44 @@ def export_path(path: str | Path, fmt: Format, default_name: str) -> Path:
     return base if base.suffix else base.with_name(base.name + suffix)
 
 
-#: Beside the exports (one per folder): the sha256 of each file ``sweep export`` wrote there, by name, so that a file
-#: edited since is never replaced without ``--force``.
-MANIFEST = ".sweeper-exports.json"
+#: The last line of a ``.py`` or ``.yaml`` export, and the last key of a JSON one: the sha256 of the rest of the file
+#: as ``sweep export`` wrote it, so that a file edited since is never replaced without ``--force``.
+STAMP_KEY = "sweeper_sha256"
+_COMMENT_STAMP = re.compile(r"# sweeper-sha256: ([0-9a-f]{64})\n\Z")
+_JSON_STAMP = re.compile(r',\n  "sweeper_sha256": "([0-9a-f]{64})"\n}\n\Z')
 
 
-def _sha256(text: str | bytes) -> str:
-    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _manifest(folder: Path) -> dict[str, str]:
-    """The study's :data:`MANIFEST` (empty when there is none or it cannot be read)."""
-    try:
-        data = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return {}
-    return (
-        {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}
-    )
+def stamped(text: str, suffix: str) -> str:
+    """``text`` with its :data:`STAMP_KEY`: a last comment line (``.py``, ``.yaml``), or a last key of the JSON
+    object (``json.dumps(..., indent=2)`` output, which ends in ``\n}\n``)."""
+    digest = _sha256(text)
+    if suffix == ".json":
+        return text.removesuffix("\n}\n") + f',\n  "{STAMP_KEY}": "{digest}"\n}}\n'
+    return text + f"# sweeper-sha256: {digest}\n"
 
 
-def _refuse_edited(targets: dict[Path, str], written: dict[str, str]) -> None:
-    """Raise when a target exists with content ``sweep export`` did not write there (edited since, or another
-    tool's file), unless it is already what would be written."""
+def as_written(text: str) -> bool:
+    """Whether ``text`` is a file as ``sweep export`` wrote it: its stamp matches the rest (False when it was edited,
+    or carries no stamp: another tool's file, or an export of a version before the stamp)."""
+    for pattern, restore in ((_COMMENT_STAMP, lambda body: body), (_JSON_STAMP, lambda body: body + "\n}\n")):
+        found = pattern.search(text)
+        if found is not None:
+            return _sha256(restore(text[: found.start()])) == found.group(1)
+    return False
+
+
+def _refuse_edited(targets: dict[Path, str]) -> None:
+    """Raise when a target exists but is not as ``sweep export`` wrote it (edited since, or another tool's file),
+    unless it already holds what would be written."""
     for target, text in targets.items():
         if not target.is_file():
             continue
-        current = _sha256(target.read_bytes())
-        if current in (written.get(target.name), _sha256(text)):
+        current = target.read_text(errors="replace")
+        if as_written(current) or current == text:
             continue
         raise StudyError(
             f"{target}: -o: the file was changed since 'sweep export' wrote it (or sweep did not write it); pass "
@@ -96,8 +106,8 @@ def write_export(
 ) -> list[Path]:
     """Write the export of ``trial`` in ``fmt`` to ``path`` (see :func:`export_path`; ``hf`` also writes the JSON
     beside the ``.py``). Each file is written to a temporary name and renamed, so an existing export is never left
-    half-written. An existing file is replaced only when it is as an earlier ``sweep export`` wrote it (its sha256
-    is in the folder's :data:`MANIFEST`), or with ``force``: an edited export is never lost.
+    half-written. Each file ends with its :data:`STAMP_KEY`; an existing file is replaced only when it is as an
+    earlier ``sweep export`` wrote it, or with ``force``: an edited export is never lost.
 
     Returns:
         The files written.
@@ -108,11 +118,12 @@ def write_export(
     """
     files = render(settings_of(study, trial), fmt)
     base = export_path(path, fmt, f"trial{trial.number}-{fmt}")
-    targets = {(base if suffix == SUFFIXES[fmt] else base.with_suffix(suffix)): text for suffix, text in files.items()}
-    folder = base.parent
-    written = _manifest(folder)
+    targets = {
+        (base if suffix == SUFFIXES[fmt] else base.with_suffix(suffix)): stamped(text, suffix)
+        for suffix, text in files.items()
+    }
     if not force:
-        _refuse_edited(targets, written)
+        _refuse_edited(targets)
     out = []
     try:
         base.parent.mkdir(parents=True, exist_ok=True)
@@ -121,11 +132,6 @@ def write_export(
             tmp.write_text(text)
             os.replace(tmp, target)
             out.append(target)
-            written[target.name] = _sha256(text)
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(written, indent=1, sort_keys=True))
-        os.replace(tmp, folder / MANIFEST)
     except OSError as exc:
         raise StudyError(f"{base}: -o: cannot write the export ({exc.strerror}); choose a writable path") from None
     return out

@@ -246,7 +246,7 @@ def test_data_nan_summary_names_trials_samples_and_folder():
     )
     assert format_data_nan_summary({"data": [1, 2]}, {1: list(range(6)), 2: list(range(4, 10))}, trials) == (
         "all 2 NaN trials were caused by the data, not the hyperparameters: trials #1, #2, "
-        "samples 0, 1, 2, 3, 4, 5, 6, 7 ... (rows in studies/s/trials/<trial>/nan_batch.jsonl)"
+        "samples 0, 1, 2, 3, 4, 5, 6, 7 and 2 more (rows in studies/s/trials/<trial>/nan_batch.jsonl)"
     )
     assert format_data_nan_summary({"data": [4], "optimization": [5]}, {4: [7, 8]}, trials).startswith(
         "1 of 2 NaN trials were caused by the data, not the hyperparameters: trial #4, samples 7, 8 "

@@ -134,7 +134,7 @@ def test_study_dir_stays_inside_studies():
 
 @pytest.mark.parametrize(
     ("content", "needle"),
-    [(b"\x00\x01 random bytes " * 50, "cannot read it as an Optuna"), (b"", "cannot read it as an Optuna")],
+    [(b"\x00\x01 random bytes " * 50, "not an SQLite database"), (b"", "holds no Optuna study")],
 )
 def test_load_existing_study_refuses_what_is_not_a_study(tmp_path, content, needle):
     from sweeper.study import load_existing_study
