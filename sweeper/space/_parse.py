@@ -593,6 +593,7 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
     if problems.lines:
         raise SpaceError(problems.lines)
 
+    _resolve_data_path(sections["dataset"], path, "dataset.path" in overridden)
     model, dataset = _from_yaml(ModelSpec, sections["model"]), _from_yaml(DatasetSpec, sections["dataset"])
     fixed.update(_first_choices(search))  # the base config holds each searched key at its first choice
     fixed["target_modules"] = tuple(fixed["target_modules"])
@@ -605,6 +606,25 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
         search=MappingProxyType(search),
         overridden=overridden,
     )
+
+
+#: Suffixes of the local data files a dataset path names (the others are the built-in corpus or a hub id).
+_LOCAL_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+
+
+def _resolve_data_path(section: dict[str, Any], space_path: str, from_command_line: bool) -> None:
+    """Make a relative local ``dataset.path`` absolute, in place: against the space file's folder when the file gave
+    it (a space file means the same data from any folder), against the working directory when ``--set`` did (as
+    any path typed on a command line). The study stores the absolute path its trials read, so ``sweep confirm`` from
+    another folder reads the same file. The built-in corpus and hub ids are left as they are."""
+    value = section.get("path")
+    if not isinstance(value, str) or not value.lower().endswith(_LOCAL_DATA_SUFFIXES):
+        return
+    given = Path(value).expanduser()
+    if given.is_absolute():
+        return
+    base = Path.cwd() if from_command_line or space_path.startswith("<") else Path(space_path).resolve().parent
+    section["path"] = str(base / given)
 
 
 def load_space(path: str | Path, overrides: list[str] | None = None) -> SearchSpace:

@@ -292,4 +292,24 @@ def test_the_doctor_command_audits_the_data_the_trials_read(tmp_path):
     assert load_space(path).doctor_command() == f"sweep doctor {path}"
     # --set moved the trials to other data: auditing base.yaml would audit train.jsonl, not what failed.
     other = load_space(path, ["dataset.path=allcut.jsonl"]).doctor_command()
-    assert other.startswith("sweep doctor allcut.jsonl --model ") and other.endswith("--max-seq-length 64 128")
+    assert other.startswith(f"sweep doctor {Path.cwd() / 'allcut.jsonl'} --model ")
+    assert other.endswith("--max-seq-length 64 128")
+
+
+def test_a_relative_data_path_means_the_same_file_from_any_folder(tmp_path, monkeypatch):
+    from sweeper.space import load_space
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "space.yaml").write_text(
+        yaml.safe_dump({"study": {"name": "p"}, "dataset": {"path": "data/train.jsonl"}})
+    )
+    monkeypatch.chdir(elsewhere)
+    space = load_space(project / "space.yaml")
+    assert space.dataset.path == str(project / "data" / "train.jsonl")  # the file's folder, not the working one
+    assert space.base.dataset.path == space.dataset.path  # what every trial stores and a confirmation reads
+    typed = load_space(project / "space.yaml", ["dataset.path=mine.csv"])
+    assert typed.dataset.path == str(elsewhere / "mine.csv")  # a command-line path is the working folder's
+    for kept in ("builtin:pydoc-topics", "tatsu-lab/alpaca", "/abs/rows.jsonl"):
+        assert load_space(project / "space.yaml", [f"dataset.path={kept}"]).dataset.path == kept
