@@ -122,7 +122,8 @@ def _confirmation_note(study: optuna.Study, trial: StoredTrial, c: TrialConfig) 
     if done is None:
         return (
             f"not confirmed at a long horizon: its instability comes from {c.max_steps} steps; run 'sweep confirm "
-            f"{study.study_name} --trials {trial.number}' to run it {10 * c.max_steps} steps first"
+            f"{study.study_name} --trials {trial.number}' to run it "
+            f"{study.user_attrs.get('confirm_steps') or 10 * c.max_steps} steps first"
         )
     return (
         f"confirmed: a {done.steps}-step run of this configuration completed (instability "

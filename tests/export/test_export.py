@@ -414,3 +414,14 @@ def test_an_edited_export_is_never_replaced_without_force(study_and_knee, tmp_pa
         "export", str(tmp_path / "rep.db"), "--format", "axolotl", "-o", str(other), "--force", cwd=tmp_path
     )
     assert forced.returncode == 0 and "replaced 1 earlier file" in forced.stdout, forced.stderr
+
+
+def test_the_confirm_line_names_the_horizon_the_command_runs(study_and_knee):
+    from sweeper.export._settings import settings_of
+
+    study, trial = study_and_knee
+    [default] = [n for n in settings_of(study, trial).notes if "sweep confirm" in n]
+    assert f"to run it {10 * trial.config.max_steps} steps first" in default
+    study.set_user_attr("confirm_steps", 8)  # study.confirm_steps, which 'sweep confirm' runs by default
+    [line] = [n for n in settings_of(study, trial).notes if "sweep confirm" in n]
+    assert "to run it 8 steps first" in line, line
