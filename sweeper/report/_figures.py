@@ -372,6 +372,45 @@ def _fmt_rate(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
+def _front_rows(summary: Mapping[str, Any], keys: list[str]) -> list[list[Any]]:
+    """The HTML report's front table (:func:`sweeper.report.report_dict`'s ``front``): a header row, then per trial
+    its searched ``keys``, peak memory, margin, ceiling, predicted max rate, progress, instability, confirmation and
+    the picks that choose it."""
+    from sweeper.report._console import SHORT_NAMES, _fmt
+    from sweeper.study import Confirmation
+
+    by_trial: dict[int, list[str]] = {}
+    for name, number in summary["picks"].items():
+        by_trial.setdefault(number, []).append(name)
+    header = [
+        "trial",
+        *[SHORT_NAMES.get(k, k) for k in keys],
+        "peak_memory_gib",
+        "stability_margin",
+        "lr_ceiling",
+        "predicted_max_lr",
+        "learning_progress",
+        "instability",
+        "confirmed",
+        "pick",
+    ]
+    return [header] + [
+        [
+            f["number"],
+            *[_fmt(f["params"].get(k)) for k in keys],
+            f"{f['peak_memory_gib']:.3f}",
+            format_margin(f.get("stability_margin"), f.get("margin_capped")),
+            _fmt_rate(f.get("lr_ceiling")),
+            _fmt_rate(f.get("predicted_max_lr")),
+            "-" if f.get("learning_progress") is None else f"{100 * f['learning_progress']:.0f}%",
+            format_instability(f["instability"]),
+            Confirmation.from_dict(f["confirmation"]).label if f.get("confirmation") else "-",
+            ", ".join(by_trial.get(f["number"], [])),
+        ]
+        for f in summary["front"]
+    ]
+
+
 def render_html(study: optuna.Study) -> str:
     """The whole report as one HTML page: front table, counts, fit frontier, and the four figures, with plotly.js
     inline (about 4.7 MB) so that it opens offline."""
@@ -390,48 +429,10 @@ def render_html(study: optuna.Study) -> str:
         )
         for i, fig in enumerate(figures)
     ]
-    from sweeper.report._console import SHORT_NAMES, _fmt
+    from sweeper.report._console import SHORT_NAMES
 
     keys = list(summary["front"][0]["params"]) if summary["front"] else []
-    by_trial: dict[int, list[str]] = {}
-    for name, number in summary["picks"].items():
-        by_trial.setdefault(number, []).append(name)
-
-    def confirmed(f: Mapping[str, Any]) -> str:
-        c = f.get("confirmation")
-        if not c:
-            return "-"
-        return f"{c['steps']} ok" if c["status"] == "complete" else f"{c['status']}@{c.get('fail_step')}"
-
-    front_rows = [
-        [
-            "trial",
-            *[SHORT_NAMES.get(k, k) for k in keys],
-            "peak_memory_gib",
-            "stability_margin",
-            "lr_ceiling",
-            "predicted_max_lr",
-            "learning_progress",
-            "instability",
-            "confirmed",
-            "pick",
-        ]
-    ]
-    front_rows += [
-        [
-            f["number"],
-            *[_fmt(f["params"].get(k)) for k in keys],
-            f"{f['peak_memory_gib']:.3f}",
-            format_margin(f.get("stability_margin"), f.get("margin_capped")),
-            _fmt_rate(f.get("lr_ceiling")),
-            _fmt_rate(f.get("predicted_max_lr")),
-            "-" if f.get("learning_progress") is None else f"{100 * f['learning_progress']:.0f}%",
-            format_instability(f["instability"]),
-            confirmed(f),
-            ", ".join(by_trial.get(f["number"], [])),
-        ]
-        for f in summary["front"]
-    ]
+    front_rows = _front_rows(summary, keys)
     counts = " · ".join(f"{k} {v}" for k, v in summary["status_counts"].items())
     causes = ", ".join(f"{k} {len(v)}" for k, v in summary["nan_causes"].items()) or "none"
     fit = ", ".join(f"batch {b}: {s}" for b, s in data.describe_fit(data.fit_map_data(study)).items())

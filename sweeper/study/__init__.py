@@ -53,6 +53,7 @@ from sweeper.study._storage import (
 )
 from sweeper.study._stored import (
     OUTCOME_STATUSES,
+    Confirmation,
     StoredTrial,
     by_knee_distance,
     confirmations,
@@ -75,6 +76,7 @@ __all__ = [
     "OBJECTIVES",
     "OUTCOME_STATUSES",
     "STUDIES_DIR",
+    "Confirmation",
     "StoredTrial",
     "SweepCallback",
     "SweepEvent",
