@@ -26,7 +26,7 @@ from sweeper.trial._child.diagnosis import NanDiagnosis, diagnose_nan
 from sweeper.trial._child.instrumented import make_collator, make_trainer, track_activations
 from sweeper.trial._child.load import load_model
 from sweeper.trial._child.measurements import Measurements
-from sweeper.trial._child.memory import peak_memory_gib, reset_cpu_peak, set_cuda_memory_cap
+from sweeper.trial._child.memory import is_oom, peak_memory_gib, reset_cpu_peak, set_cuda_memory_cap
 from sweeper.trial._child.record import (
     DivergedError,
     NonFiniteError,
@@ -242,8 +242,6 @@ def _end_stress(record: TrainingRecord, exc: BaseException | None) -> bool:
     elif isinstance(exc, StressOverflow):
         stress.stop, stress.stop_step = "overflow", stress.done
     else:
-        from sweeper.trial._child.memory import is_oom
-
         stress.stop, fit = ("oom" if is_oom(exc) else "error"), False
         print(f"sweeper: the stress phase ended in {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     return fit
