@@ -28,7 +28,7 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
         How many failed their confirmation, and how many could not run (a failure of the attempt: nothing recorded).
     """
     from sweeper.report import format_instability, format_margin, format_params
-    from sweeper.study import OUTCOME_STATUSES, confirm_trials, stored_trials
+    from sweeper.study import confirm_trials, stored_trials
 
     if not numbers:
         return 0, 0
@@ -51,7 +51,7 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
 
     def on_result(t: Any, done: Any) -> None:
         nonlocal failed, not_run
-        if done.status not in OUTCOME_STATUSES:
+        if not done.is_outcome:
             not_run += 1
             earlier = t.confirmation
             _print(

@@ -27,7 +27,6 @@ from sweeper.study._storage import trial_dir
 from sweeper.study._stored import (
     ATTEMPT_PREFIX,
     ATTR_PREFIX,
-    OUTCOME_STATUSES,
     Confirmation,
     StoredTrial,
     TrialStatus,
@@ -111,7 +110,7 @@ def _record(
         artifact_id=artifact_id,
         **_prediction(trial, result),
     )
-    if outcome.status in OUTCOME_STATUSES:
+    if outcome.is_outcome:
         study.set_user_attr(f"{ATTR_PREFIX}{number}", outcome.to_dict())
     else:  # the attempt failed, not the configuration: an earlier outcome stands, and the same command runs it again
         study.set_user_attr(f"{ATTEMPT_PREFIX}{number}", outcome.to_dict())

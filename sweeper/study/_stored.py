@@ -167,6 +167,11 @@ class Confirmation:
     margin_held: bool | None = None
 
     @property
+    def is_outcome(self) -> bool:
+        """It says something about the configuration (:data:`OUTCOME_STATUSES`), not only that the attempt failed."""
+        return self.status in OUTCOME_STATUSES
+
+    @property
     def passed(self) -> bool:
         """The long run completed."""
         return self.status == "complete"
@@ -200,7 +205,7 @@ def confirmations(study: optuna.Study) -> dict[int, Confirmation]:
                 found = Confirmation.from_dict(value)
             except (TypeError, ValueError):
                 continue
-            if found.status in OUTCOME_STATUSES:
+            if found.is_outcome:
                 out[int(key.removeprefix(ATTR_PREFIX))] = found
     return out
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
-from sweeper.stability import STRESS_GROWTH, divergence
+from sweeper.stability import STRESS_GROWTH, divergence, stress_lr
 from sweeper.trial._child.record import (
     DivergedError,
     NonFiniteError,
@@ -254,7 +254,7 @@ class TraceCallback(TrainerCallback):
         record, stress = self.record, self.record.stress
         assert stress is not None and self.probe is not None
         stress.done += 1
-        stress.lr.append(stress.learning_rate * STRESS_GROWTH**stress.done)
+        stress.lr.append(stress_lr(stress.learning_rate, stress.done))
         stress.loss.append(finite_or_none(record.step_loss))
         record.step_batches = []
         if skipped:
