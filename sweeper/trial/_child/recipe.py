@@ -79,9 +79,9 @@ def _probe(rows: list[dict[str, Any]], collate: Any, config: TrialConfig) -> Pro
 
 
 def _stress_steps() -> int:
-    """Stress steps of a trial: :data:`~sweeper.stability.STRESS_STEPS`, or :data:`~sweeper.trial._result.
-    STRESS_STEPS_ENV` (
-    0 turns it off, as a confirmation and the validity benchmark's long runs do)."""
+    """Stress steps of a trial: :data:`~sweeper.stability.STRESS_STEPS`, or the value of
+    :data:`~sweeper.trial._result.STRESS_STEPS_ENV` (0 turns the stress phase off, as a confirmation and the validity
+    benchmark's long runs do)."""
     override = os.environ.get(STRESS_STEPS_ENV, "").strip()
     return int(override) if override.isdigit() else STRESS_STEPS
 
@@ -250,10 +250,13 @@ def _end_stress(record: TrainingRecord, exc: BaseException | None) -> bool:
 def train(
     run: Run, config: TrialConfig, trial_dir: Path, record: TrainingRecord, measured: Measurements, warm: WarmState
 ) -> None:
-    """Train ``run`` for ``config.max_steps`` optimizer steps; sets ``measured``'s ``train_start``, ``train_time_s``
-    and the seen-sample lengths. After a NaN, diagnoses it on the weights it failed on (the diagnosis goes on the
-    :class:`NonFiniteError`) and writes ``nan_batch.jsonl`` into ``trial_dir``. After ``complete`` or ``diverged``,
-    keeps the restored base model in ``warm`` for the next trial; ``run.trainer`` is None afterwards either way.
+    """Train ``run`` for ``config.max_steps`` optimizer steps, then its stress phase when ``record.stress`` is set
+    (its end, whatever ended it, is recorded by :func:`_end_stress` and never raised); sets ``measured``'s
+    ``train_start``, ``train_time_s`` (the constant phase's) and the seen-sample lengths. After a NaN in the constant
+    phase, diagnoses it on the weights it failed on (the diagnosis goes on the :class:`NonFiniteError`) and writes
+    ``nan_batch.jsonl`` into ``trial_dir``. After ``complete`` or ``diverged``, keeps the restored base model in
+    ``warm`` for the next trial (not after a stress phase that ran out of memory); ``run.trainer`` is None afterwards
+    either way.
 
     Raises:
         NonFiniteError, DivergedError: Training stopped early.
