@@ -58,7 +58,8 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
     The loaded model carries a ``gguf`` quantization_config that would clash with bitsandbytes, so its state dict is
     copied into a fresh model of the same config without that key. Written to a temporary folder and renamed, so an
-    interrupted conversion leaves no half checkpoint.
+    interrupted conversion leaves no half checkpoint; when another process renamed its conversion first, that one is
+    kept.
     """
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -84,7 +85,13 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     try:
         fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # Another process converted the same file meanwhile (two sweeps, or a sweep and a test, started at
+            # once): its complete checkpoint stands, this one is dropped.
+            if not (target / "config.json").is_file():
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

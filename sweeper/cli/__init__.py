@@ -107,6 +107,11 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
         metavar="0,1,...",
         help="CUDA_VISIBLE_DEVICES of the workers, given in turn (default: every visible GPU, when --workers > 1)",
     )
+    run.add_argument(
+        "--new-setup",
+        action="store_true",
+        help="resume a study under changed data, model, horizon or training keys, kept apart from its earlier trials",
+    )
     run.set_defaults(func=cmd_run)
 
 

@@ -24,6 +24,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         format_memory_prediction,
         front_axis,
         memory_prediction_data,
+        no_picks_reason,
         picks,
         report_dict,
         write_html_report,
@@ -32,6 +33,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         legacy_instability_warning,
         load_existing_study,
         nan_causes,
+        other_setups_line,
         pareto_front,
         stale_running,
         study_dir,
@@ -52,10 +54,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         _print("trials: " + format_counts(counts_with_stale(study), nan_causes(study)))
         for line in stale_running(study).values():
             _print(f"stale   {line}; the next 'sweep run' of this study records it as interrupted and runs it again")
-        legacy = legacy_instability_warning(study)
-        if legacy:
-            _print(legacy)
+        for note in (legacy_instability_warning(study), other_setups_line(study)):
+            if note:
+                _print(note)
         chosen = picks(study)
+        if not chosen and (why := no_picks_reason(study)):
+            _print(f"picks   none: {why.split(': ', 2)[-1]}")
         if chosen:
             _print(
                 "picks   "

@@ -66,6 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         timeout_s=parse_duration_s(args.timeout) if args.timeout is not None else None,
         workers=args.workers or (len(devices) if devices else 1),
         devices=devices,
+        new_setup=args.new_setup,
     )
     _print("\n".join(sweep_header(plan)))
     for line in _setup_lines(space, model_path, samples) + resume_lines(plan):

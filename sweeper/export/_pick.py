@@ -11,7 +11,7 @@ import optuna
 
 from sweeper.errors import StudyError
 from sweeper.stability import format_margin
-from sweeper.study import StoredTrial, by_knee_distance, learning, pareto_front, stored_trials
+from sweeper.study import StoredTrial, by_knee_distance, current_trials, learning, pareto_front, stored_trials
 from sweeper.trial import TrialStatus
 
 Pick = Literal["knee", "min-memory", "most-stable"]
@@ -94,10 +94,11 @@ def _non_dominated(trials: Sequence[StoredTrial]) -> list[StoredTrial]:
 
 
 def _expressible_trials(study: optuna.Study, fmt: str) -> list[StoredTrial]:
-    """The measured COMPLETE trials ``fmt`` can express whose confirmation did not fail."""
+    """The measured COMPLETE trials of the study's current setup (:func:`sweeper.study.current_trials`) ``fmt`` can
+    express whose confirmation did not fail."""
     return [
         t
-        for t in stored_trials(study)
+        for t in current_trials(study, stored_trials(study))
         if t.status == TrialStatus.COMPLETE
         and t.values is not None
         and not t.is_repeat

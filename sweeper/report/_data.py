@@ -15,12 +15,15 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from sweeper.errors import StudyError
 from sweeper.memory import median_abs
 from sweeper.study import (
     CALIBRATION_ATTR,
     StoredTrial,
+    current_trials,
     measured_trials,
     nan_causes,
+    other_setups_line,
     pareto_front,
     prediction_errors,
     stability_objective,
@@ -98,7 +101,8 @@ def trial_record(trial: StoredTrial, searched: list[str], front: set[int]) -> di
 
 
 def front_data(study: optuna.Study) -> dict[str, Any]:
-    """Every measured trial as a point of peak memory against its stability margin, the front flagged.
+    """Every measured trial of the study's current setup (:func:`sweeper.study.current_trials`) as a point of peak
+    memory against its stability margin, the front flagged.
 
     Returns:
         ``{"objectives": [...], "memory_kind": str | None, "points": [record]}`` with the records of
@@ -109,9 +113,10 @@ def front_data(study: optuna.Study) -> dict[str, Any]:
     """
     searched = list(study.user_attrs.get("searched", []))
     front = {t.number for t in pareto_front(study)}
-    points = [trial_record(t, searched, front) for t in measured_trials(study)]
+    current = current_trials(study, measured_trials(study))  # other setups' trials are not on this front's axes
+    points = [trial_record(t, searched, front) for t in current]
     kinds = {p["memory_kind"] for p in points if p["memory_kind"]}
-    limits = [t.config.memory_limit_gib for t in measured_trials(study) if t.config is not None]
+    limits = [t.config.memory_limit_gib for t in current if t.config is not None]
     return {
         "objectives": objectives_of(study),
         "memory_kind": kinds.pop() if len(kinds) == 1 else None,
@@ -142,12 +147,29 @@ def objectives_of(study: optuna.Study) -> list[str]:
 
 def picks(study: optuna.Study) -> dict[str, int]:
     """The trial ``sweep export --pick`` would choose for each pick (``knee``, ``min-memory``, ``most-stable``);
-    {} without a complete trial."""
+    {} without a complete trial, or when no pick can be made (:func:`no_picks_reason` says why)."""
     from sweeper.export import PICKS, pick_trial
 
     if not pareto_front(study):
         return {}
-    return {name: pick_trial(study, pick=name).number for name in PICKS}  # type: ignore[arg-type]
+    try:
+        return {name: pick_trial(study, pick=name).number for name in PICKS}  # type: ignore[arg-type]
+    except StudyError:  # every trial of the front failed its confirmation
+        return {}
+
+
+def no_picks_reason(study: optuna.Study) -> str | None:
+    """Why the study's front yields no pick although it has trials (every one failed its confirmation), as
+    ``sweep export --pick`` says it; None when it yields picks or has no trial."""
+    from sweeper.export import pick_trial
+
+    if not pareto_front(study):
+        return None
+    try:
+        pick_trial(study)
+    except StudyError as exc:
+        return str(exc)
+    return None
 
 
 def fit_map_data(study: optuna.Study) -> dict[str, Any]:
@@ -302,8 +324,8 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
     """``sweep report --json``: ``{"study", "directions", "objectives", "front": [{"number", "params",
     "peak_memory_gib", <second objective>, "stability_margin", "margin_capped", "lr_ceiling", "predicted_max_lr",
     "learning_progress", "instability", "confirmation"}], "trials": [record], "status_counts", "nan_causes",
-    "largest_max_seq_length_by_batch", "importance", "picks", "memory_prediction"}``
-    (:func:`memory_prediction_data`)."""
+    "largest_max_seq_length_by_batch", "importance", "picks", "memory_prediction", "other_setups"}``
+    (:func:`memory_prediction_data`; ``other_setups``: :func:`sweeper.study.other_setups_line`, or None)."""
     searched = list(study.user_attrs.get("searched", []))
     front = pareto_front(study)
     numbers = {t.number for t in front}
@@ -337,4 +359,5 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
         "importance": importance_data(study),
         "picks": picks(study),
         "memory_prediction": memory_prediction_data(study),
+        "other_setups": other_setups_line(study),
     }

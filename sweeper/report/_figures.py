@@ -457,6 +457,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f
     }. The knee is the front's point nearest
 the ideal after scaling both objectives to [0, 1].</p>
 <p>Trials by status: {html.escape(counts)}. NaN causes: {html.escape(causes)}.</p>
+{f"<p><b>{html.escape(summary['other_setups'].removeprefix('note    '))}</b>.</p>" if summary["other_setups"] else ""}
 <p>Largest max_seq_length that fit, per batch size: {html.escape(fit) or "none measured"}.</p>
 {divs[0]}
 <h2 id="fit-map">Fit map</h2>{divs[1]}

@@ -66,9 +66,15 @@ def resume_lines(plan: SweepPlan) -> list[str]:
         other_caps = _other_caps(plan.study, limit_gib)
         if other_caps:
             lines.append(
-                f"note    memory_limit_gib is {limit_gib:g} now; {other_caps}: their peaks "
-                "stand, but what fit under their cap, and the front they are on, need not hold under this one"
+                f"note    memory_limit_gib is {limit_gib:g} now; {other_caps}: their peaks stand, but what fit "
+                "under their cap need not fit under this one, so the front, the picks and the exports compare the "
+                "trials of this cap (the others stay in the report's tables)"
             )
+    if plan.new_setup and already > 0 and not _other_caps(plan.study, limit_gib):
+        lines.append(
+            f"setup   new settings for this study (--new-setup): its {already} earlier finished trials are kept apart "
+            "from the new ones in report and export; n_trials counts the whole study"
+        )
     legacy = legacy_instability_warning(plan.study)
     if legacy:
         lines.append(legacy)

@@ -40,6 +40,7 @@ from sweeper.study._machine import check_disk, slot_env
 from sweeper.study._plan import SweepPlan
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._recovery import fail_stale_trials, retry
+from sweeper.study._setups import TRIAL_SETUP_ATTR
 from sweeper.study._storage import (
     FAILURE_CONSTRAINT,
     failure_constraint,
@@ -71,11 +72,12 @@ _BOOKKEEPING_ATTRS = (
     "duplicate_of",
     "cuda_visible_devices",
     "heartbeat_interval_s",
+    TRIAL_SETUP_ATTR,
 )
 
 
 def find_duplicate(
-    study: optuna.Study, params: Mapping[str, Any], config: TrialConfig | None = None
+    study: optuna.Study, params: Mapping[str, Any], config: TrialConfig | None = None, setup: int | None = None
 ) -> FrozenTrial | None:
     """A COMPLETE or PRUNED trial with exactly these params and a result of its own, or None.
 
@@ -84,11 +86,15 @@ def find_duplicate(
     FAIL trials (timeout, crash, error) are not reused: they may go differently another time. With ``config``, the
     earlier trial must also have been measured with the same settings (:meth:`sweeper.space.TrialConfig.measured`:
     run policy such as ``trial_timeout`` or ``max_retries`` aside): a study resumed with another
-    ``memory_limit_gib``, learning rate or dataset measures its configurations again.
+    ``memory_limit_gib``, learning rate or dataset measures its configurations again. With ``setup``, the earlier
+    trial must have been measured under that setup too (:mod:`sweeper.study._setups`: the data file's content may
+    have changed under the same path).
     """
     want = config.measured() if config is not None else None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         if t.params != params or "status" not in t.user_attrs:
+            continue
+        if setup is not None and t.user_attrs.get(TRIAL_SETUP_ATTR, setup) != setup:
             continue
         if want is not None:
             had = stored_trial(t).config
@@ -279,6 +285,8 @@ class _Sweep:
             if finished + running >= self.target:
                 return None
             trial = self.study.ask(self.distributions)
+            if self.plan.setup is not None:
+                trial.set_user_attr(TRIAL_SETUP_ATTR, self.plan.setup)
             trial.set_user_attr("sweep_host", socket.gethostname())
             trial.set_user_attr("sweep_pid", os.getpid())
             if device is not None:
@@ -358,7 +366,7 @@ def settle_repeat(sweep: _Sweep, trial: optuna.Trial) -> bool:
     Returns:
         Whether ``trial`` was a repeat (and is now told).
     """
-    same = find_duplicate(sweep.study, trial.params, sweep.space.trial_config(trial.params))
+    same = find_duplicate(sweep.study, trial.params, sweep.space.trial_config(trial.params), sweep.plan.setup)
     with sweep.mutex:
         sweep.repeats = sweep.repeats + 1 if same is not None else 0
     if same is None:

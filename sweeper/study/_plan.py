@@ -5,20 +5,23 @@ takes the plan as it is; ``sweep run``, the tests and the benchmarks make it the
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import optuna
 
-from sweeper.errors import SpaceError
+from sweeper.errors import SpaceError, SweeperError
 from sweeper.memory import memory_predictor, nothing_fits
 from sweeper.space import SearchSpace, TrialConfig
 from sweeper.study._calibration import device_kind, stored_calibration
-from sweeper.study._coordination import heartbeat_interval_s, in_memory
+from sweeper.study._coordination import heartbeat_interval_s, in_memory, sqlite_file
 from sweeper.study._machine import check_disk, check_writable, slot_devices
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._setup_checks import check_setup
-from sweeper.study._storage import default_storage, open_study, redact_url, study_dir
+from sweeper.study._setups import choose_setup, stored_setups
+from sweeper.study._storage import OWNER_FILE, default_storage, open_study, redact_url, study_dir
 from sweeper.study._stored import count_finished
 
 
@@ -41,6 +44,9 @@ class SweepPlan:
         predict_peak_gib: The memory model for this space on this machine's trial device
             (:func:`sweeper.memory.memory_predictor`): a trial config to its predicted peak in GiB, uncorrected; None
             where the model's shape is unknown.
+        setup: The study's setup this run measures (:func:`sweeper.study._setups.choose_setup`), stored on each of
+            its trials; None for a plan made without one (tests that build a plan by hand).
+        new_setup: The setup was first recorded by this run, in a study that already held trials.
     """
 
     space: SearchSpace
@@ -54,6 +60,8 @@ class SweepPlan:
     devices: list[str | None]
     finished_before: int
     predict_peak_gib: Callable[[TrialConfig], float | None]
+    setup: int | None = None
+    new_setup: bool = False
 
     @property
     def to_run(self) -> int:
@@ -77,11 +85,13 @@ def plan_sweep(
     workers: int = 1,
     devices: list[str] | None = None,
     refuse_if_nothing_fits: bool = True,
+    new_setup: bool = False,
 ) -> SweepPlan:
     """Check a sweep's setup and open its study, in this order, stopping at the first problem: the heartbeat
     setting, a storage the workers cannot share, the setup checks of the model and space
     (:func:`sweeper.study.check_setup`), a studies folder that cannot be written or whose disk is full, the storage
-    (opened or created: :func:`sweeper.study.open_study`), and whether any configuration is predicted to fit its cap.
+    (opened or created: :func:`sweeper.study.open_study`), the settings the study was measured under
+    (:func:`sweeper.study._setups.choose_setup`), and whether any configuration is predicted to fit its cap.
 
     Args:
         space: The validated space.
@@ -96,10 +106,12 @@ def plan_sweep(
             by what the study measured on this kind of machine), unless the study already holds a trial that fit
             under a cap no larger than this one. False lets each trial be pruned by the preflight instead (for tests
             and benchmarks of the preflight).
+        new_setup: ``sweep run --new-setup``: measure settings other than the study's as a new setup of it.
 
     Raises:
         SpaceError: A setup problem (one line each), ``--workers`` above 1 on an in-memory storage, or nothing fits.
-        StudyError: The storage cannot be opened or written, or holds another study of that name.
+        StudyError: The storage cannot be opened or written, holds another study of that name, or the study was
+            measured under other settings and ``new_setup`` is False.
         RunError: The studies folder cannot be written or its disk is full.
     """
     name = name or space.study.name
@@ -111,17 +123,29 @@ def plan_sweep(
             f"--storage: {redact_url(url)} is an in-memory database, one per connection, which "
             f"--workers {workers} cannot share; give a file, e.g. --storage sqlite:///studies/{name}.db"
         )
-    setup = check_setup(space, model_path)  # what would fail every trial the same way: once, here
-    if setup:
-        raise SpaceError(setup)
+    problem = check_setup(space, model_path)  # what would fail every trial the same way: once, here
+    if problem:
+        raise SpaceError(problem)
+    database = sqlite_file(url)
+    had = {"database": database is not None and Path(database).exists(), "folder": study_dir(name).exists()}
     check_writable(study_dir(name))  # before the storage is touched
-    study = open_study(space, url, name, target)  # a storage problem is one line before any output
-    check_disk(study_dir(name))  # before any trial starts, and again before each
-    predict = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation, trial_device())
-    if refuse_if_nothing_fits:
-        unfit = _nothing_fits(space, predict, study)
-        if unfit:
-            raise SpaceError(unfit)
+    study = None
+    try:
+        study = open_study(space, url, name, target)  # a storage problem is one line before any output
+        created = not study.trials and not study.user_attrs
+        known = len(stored_setups(study))
+        setup = choose_setup(study, space, url, new_setup=new_setup)
+        check_disk(study_dir(name))  # before any trial starts, and again before each
+        predict = memory_predictor(
+            model_path, space.model.name_or_path, space.model.attn_implementation, trial_device()
+        )
+        if refuse_if_nothing_fits:
+            unfit = _nothing_fits(space, predict, study)
+            if unfit:
+                raise SpaceError(unfit)
+    except SweeperError:
+        _forget_created(study if study is not None and created else None, url, name, had)
+        raise
     return SweepPlan(
         space=space,
         model_path=model_path,
@@ -134,7 +158,27 @@ def plan_sweep(
         devices=slot_devices(workers, devices),
         finished_before=count_finished(study),
         predict_peak_gib=predict,
+        setup=setup,
+        new_setup=setup >= known > 0,
     )
+
+
+def _forget_created(study: optuna.Study | None, url: str, name: str, had: dict[str, bool]) -> None:
+    """Undo what this refused run created: the study it created (``study``; None when it created none), a
+    database file and a study folder that were not there before, so that a refused ``sweep run`` leaves nothing
+    ``sweep report`` would list."""
+    if study is not None:
+        try:
+            optuna.delete_study(study_name=name, storage=study._storage)
+        except Exception:  # the refusal is what the user needs to see; a leftover empty study is harmless
+            return
+    database = sqlite_file(url)
+    if study is not None and database is not None and not had["database"]:
+        for leftover in (Path(database), Path(f"{database}.lock")):
+            leftover.unlink(missing_ok=True)
+    folder = study_dir(name)
+    if not had["folder"] and folder.is_dir() and {p.name for p in folder.iterdir()} <= {OWNER_FILE}:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _nothing_fits(space: SearchSpace, raw: Callable[[TrialConfig], float | None], study: optuna.Study) -> str | None:

@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.space import TrialConfig
 from sweeper.stability import STORED_COMPONENTS, barely_learns
+from sweeper.study._setups import current_setup, differences, stored_setups, trial_setup
 from sweeper.trial import TrialResult, TrialStatus
 
 
@@ -290,12 +291,21 @@ def measured_trials(study: optuna.Study) -> list[StoredTrial]:
 
 
 def pareto_front(study: optuna.Study) -> list[StoredTrial]:
-    """The COMPLETE trials no other trial beats on both objectives (``study.best_trials``), by peak memory; a trial
-    that reused an earlier one's result (a repeat) is listed once, as the original."""
-    confirmed = confirmations(study)
-    front = [stored_trial(t, confirmed.get(t.number)) for t in study.best_trials]
-    front = [t for t in front if not t.is_repeat and t.values is not None]
+    """The COMPLETE trials of the study's current setup (:func:`sweeper.study._setups.current_trials`) that no other
+    of them beats on both objectives (both minimized), by peak memory; a trial that reused an earlier one's result
+    (a repeat) is listed once, as the original."""
+    complete = [
+        t
+        for t in current_trials(study, stored_trials(study, (TrialState.COMPLETE,)))
+        if not t.is_repeat and t.values is not None
+    ]
+    front = [t for t in complete if not any(_dominates(o.values, t.values) for o in complete)]
     return sorted(front, key=lambda t: t.values)  # type: ignore[arg-type,return-value]
+
+
+def _dominates(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+    """``a`` is no worse than ``b`` on both minimized objectives and better on one."""
+    return a is not None and b is not None and all(x <= y for x, y in zip(a, b)) and a != b
 
 
 def by_knee_distance(front: Sequence[StoredTrial]) -> list[StoredTrial]:
@@ -321,8 +331,9 @@ def learning(study: optuna.Study, trials: Sequence[StoredTrial]) -> list[StoredT
     """``trials`` without those that barely learn (:func:`sweeper.stability.barely_learns`: a ``learning_progress``
     under a tenth of the best among the study's complete trials), or all of them when every one does: what ``sweep
     export --pick knee|most-stable`` and ``sweep confirm`` choose from, so that no trial is recommended as safe
-    because it barely trains."""
-    best = max((t.result.learning_progress or 0.0 for t in stored_trials(study) if t.values), default=0.0)
+    because it barely trains. The best is taken over the trials of the study's current setup."""
+    current = current_trials(study, stored_trials(study))
+    best = max((t.result.learning_progress or 0.0 for t in current if t.values), default=0.0)
     return [t for t in trials if not barely_learns(t.result.learning_progress, best)] or list(trials)
 
 
@@ -359,3 +370,43 @@ def nan_causes(study: optuna.Study) -> dict[str, list[int]]:
         if t.status == TrialStatus.NAN and not t.is_repeat:
             out[t.result.nan_cause or "unknown"].append(t.number)
     return {cause: numbers for cause, numbers in out.items() if numbers}
+
+
+def current_trials(study: optuna.Study, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
+    """Those of ``trials`` measured under the study's current setup (:func:`current_setup`): what the front, the
+    picks and the exports compare; all of them for a study written before setups."""
+    current = current_setup(study)
+    if current is None:
+        return list(trials)
+    setups = stored_setups(study)
+    return [t for t in trials if trial_setup(t.user_attrs, t.config, t.params, setups) == current]
+
+
+def other_setups_line(study: optuna.Study) -> str | None:
+    """One line when the study holds measured trials of setups other than its current one: how many, what differs
+    (each other setup's settings against the current one's), and that they are kept apart; else None."""
+    current = current_setup(study)
+    if current is None:
+        return None
+    setups = stored_setups(study)
+    by_setup: dict[int | None, int] = {}
+    for t in stored_trials(study):
+        if t.measured:
+            index = trial_setup(t.user_attrs, t.config, t.params, setups)
+            by_setup[index] = by_setup.get(index, 0) + 1
+    others = {i: n for i, n in by_setup.items() if i != current}
+    if not others:
+        return None
+    parts = []
+    for index, n in sorted(others.items(), key=lambda item: -1 if item[0] is None else item[0]):
+        if index is None or index >= len(setups) or current >= len(setups):
+            parts.append(f"{n} under settings this version cannot tell")
+            continue
+        changed = differences(setups[current], setups[index], word="now") or ["the same settings"]
+        parts.append(f"{n} with {', '.join(changed)}")
+    total = sum(others.values())
+    return (
+        f"note    {total} measured trial{'s' if total != 1 else ''} of this study {'were' if total != 1 else 'was'} "
+        f"measured under other settings ({'; '.join(parts)}): kept apart, the front, the picks and the exports "
+        f"compare the {by_setup.get(current, 0)} of the current settings"
+    )

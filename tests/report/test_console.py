@@ -390,7 +390,9 @@ def test_a_resumed_study_written_before_the_margin_says_so_once(tmp_path):
         warnings.simplefilter("ignore")
         old.set_metric_names(list(LEGACY_OBJECTIVES))
     old.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0, 0.1]))
-    plan = types.SimpleNamespace(study=open_study(space, url, "old", 4), finished_before=1, n_trials=4, space=space)
+    plan = types.SimpleNamespace(
+        study=open_study(space, url, "old", 4), finished_before=1, n_trials=4, space=space, new_setup=False
+    )
     lines = resume_lines(plan)
     assert sum("written before the stability margin" in line for line in lines) == 1, lines
     new = open_study(space, f"sqlite:///{tmp_path}/new.db", "new", 4)

@@ -190,3 +190,18 @@ def test_no_pick_recommends_a_trial_because_it_barely_learns(tmp_path):
     assert pick_trial(study, pick="most-stable").number == 3 and pick_trial(study, pick="knee").number == 3
     assert [t.number for t in candidates(study)] == [3, 0]
     assert "(barely)" in format_front(candidates(study)).splitlines()[3]  # trial 0, shown as barely learning
+
+
+def test_a_front_whose_every_trial_failed_its_confirmation_has_no_picks_and_says_why(tmp_path, capsys):
+    """'sweep confirm --trials 0' ended in an error about --pick when the front's only trials had failed: the report
+    and the dashboard's notes asked for a pick that export refuses."""
+    from sweeper.study import Confirmation
+
+    study = make_study(tmp_path)
+    assert report.no_picks_reason(study) is None and report.picks(study)
+    for n in (0, 1, 2):
+        failed = Confirmation(steps=30, status="nan", reason="loss nan", fail_step=12)
+        study.set_user_attr(f"confirmation:{n}", failed.to_dict())
+    assert report.picks(study) == {}
+    assert "failed its confirmation" in report.no_picks_reason(study)
+    assert report.report_dict(study)["picks"] == {}

@@ -136,6 +136,8 @@ def test_nothing_predicted_to_fit_is_one_line_before_starting(tiny_model, workdi
     assert "the smallest predicted peak is" in line and "per_device_train_batch_size=4 max_seq_length=512" in line
     # the tiny model's CPU prediction is mostly the process baseline: no single setting brings it under 0.33 GiB
     assert "raise memory_limit_gib to" in line
+    # the refused run leaves no study behind: no database, no study folder (sweep report would list an empty one)
+    assert not (workdir / "studies" / "t.db").exists() and not (workdir / "studies" / "t").exists()
 
 
 @pytest.mark.slow

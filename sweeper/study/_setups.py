@@ -1,0 +1,219 @@
+"""What a study's measurements mean: the settings that change what a trial measures (the data, the model, the
+horizon, the learning rate, the fixed training keys, the memory cap), kept in the study itself, so that a resume under
+other settings is never mixed silently with what was measured before.
+
+A study holds a list of *setups* (the study attribute :data:`SETUPS_ATTR`, each a flat dict of settings such as
+``{"max_steps": 10, "dataset.path": "/abs/data.jsonl", "dataset.sha256": "...", ...}``) and the index of the one its
+latest ``sweep run`` measured (:data:`CURRENT_SETUP_ATTR`); each trial stores the index it was measured under
+(:data:`TRIAL_SETUP_ATTR`). ``sweep run`` on an existing study (:func:`choose_setup`):
+
+- with the same settings, resumes the setup they match (an earlier one too: going back to an earlier cap resumes it);
+- with another ``memory_limit_gib`` and nothing else changed, starts a new setup with a note, as before;
+- with any other setting changed, is refused with one line naming each difference, unless ``--new-setup`` asks to
+  record the change as a new setup.
+
+Readers (the front, the picks, ``sweep confirm``'s candidates, ``sweep export``) compare the trials of the current
+setup only (:func:`in_current_setup`); trials of the others stay in the study and in the report's tables, with a note
+(:func:`other_setups_line`). Keys of run policy (timeouts, retries, the preflight's margin, workers) may change freely:
+:meth:`sweeper.space.TrialConfig.measured` leaves them out.
+
+A study written before setups existed has no :data:`SETUPS_ATTR`: its first setup is the settings of its latest
+measured trial's stored config (no data checksum), and its trials belong to the setup their configs match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import optuna
+
+from sweeper.errors import StudyError
+from sweeper.space import RUN_POLICY_KEYS, SearchSpace, TrialConfig
+
+#: Study user attribute: the setups the study was measured under, in the order they were first run.
+SETUPS_ATTR = "setups"
+
+#: Study user attribute: the index in :data:`SETUPS_ATTR` of the setup the latest ``sweep run`` measured.
+CURRENT_SETUP_ATTR = "current_setup"
+
+#: Trial user attribute: the index in :data:`SETUPS_ATTR` of the setup the trial was measured under.
+TRIAL_SETUP_ATTR = "setup"
+
+#: The setting that may change on a resume without ``--new-setup`` (a new setup, with a note).
+CAP_KEY = "memory_limit_gib"
+
+#: The data's checksum in a setup (a local file's sha256); when two setups both have one, the data is the same file
+#: content wherever it lies (a copied project folder), and ``dataset.path`` is not compared.
+DATA_SHA_KEY = "dataset.sha256"
+
+
+def file_sha256(path: str) -> str | None:
+    """The sha256 of a local file's bytes (hex), or None when ``path`` is not a file (a built-in dataset, a hub id).
+
+    Raises:
+        OSError: The file exists and cannot be read.
+    """
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def settings_of(config: TrialConfig, searched: Iterable[str]) -> dict[str, Any]:
+    """The settings of ``config`` that change what a trial measures, flat (``model.name_or_path``,
+    ``dataset.path``, ``max_steps``, ...): :meth:`TrialConfig.measured` without the run policy keys and without the
+    ``searched`` keys (those are the trial's parameters, not its setup). Lists become lists (JSON-ready)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.measured().to_dict().items():
+        if isinstance(value, Mapping):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    for key in (*searched, *RUN_POLICY_KEYS):
+        flat.pop(key, None)
+    path = str(flat.get("dataset.path", ""))
+    if path and not os.path.isabs(path) and os.path.exists(path):
+        flat["dataset.path"] = os.path.abspath(path)  # older versions stored a relative path as given
+    return flat
+
+
+def space_settings(space: SearchSpace) -> dict[str, Any]:
+    """The setup ``sweep run`` would measure ``space`` under: :func:`settings_of` its base config, and the data's
+    :func:`file_sha256` when the dataset is a local file."""
+    flat = settings_of(space.base, space.search)
+    sha = file_sha256(space.base.dataset.path)
+    if sha is not None:
+        flat[DATA_SHA_KEY] = sha
+    return flat
+
+
+def differences(was: Mapping[str, Any], now: Mapping[str, Any], *, cap: bool = True, word: str = "was") -> list[str]:
+    """``key <now's value> (<word> <was's value>)`` for each setting that differs, in ``now``'s order;
+    ``dataset.path`` is left out when both name data of the same checksum, and the checksum is shown only when the
+    paths are equal (the file changed in place); without ``cap``, ``memory_limit_gib`` is left out. A key only one of
+    them has (a setting of another version's schema) is not a difference."""
+    same_data = DATA_SHA_KEY in was and was.get(DATA_SHA_KEY) == now.get(DATA_SHA_KEY)
+    out = []
+    for key in dict.fromkeys([*now, *was]):
+        if key == DATA_SHA_KEY:
+            if (
+                DATA_SHA_KEY in was
+                and DATA_SHA_KEY in now
+                and not same_data
+                and was.get("dataset.path") == now.get("dataset.path")
+            ):
+                out.append(
+                    f"the content of {now.get('dataset.path')} (sha256 {str(now[key])[:12]}, {word} "
+                    f"{str(was[key])[:12]})"
+                )
+            continue
+        if (key == "dataset.path" and same_data) or (key == CAP_KEY and not cap):
+            continue
+        if key in was and key in now and _same(was[key], now[key]):
+            continue
+        if key not in was or key not in now:  # a setting one of them does not know (another version's schema)
+            continue
+        out.append(f"{key} {_shown(now[key])} ({word} {_shown(was[key])})")
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b)
+    return list(a) == list(b) if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) else a == b
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value)) or "[]"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _baseline(study: optuna.Study) -> dict[str, Any] | None:
+    """The setup of a study written before setups existed: its latest finished trial's stored config (a repeat's
+    is its original's), or None."""
+    for t in reversed(study.get_trials(deepcopy=False)):
+        raw = t.user_attrs.get("config")
+        if t.state.is_finished() and isinstance(raw, Mapping) and "status" in t.user_attrs:
+            try:
+                return settings_of(TrialConfig.from_dict(raw), t.params)
+            except (TypeError, ValueError):
+                continue
+    return None
+
+
+def stored_setups(study: optuna.Study) -> list[dict[str, Any]]:
+    """The study's setups (:data:`SETUPS_ATTR`), or for a study written before them its :func:`_baseline` (or
+    nothing, for a study with no measured trial)."""
+    raw = study.user_attrs.get(SETUPS_ATTR)
+    if isinstance(raw, list) and all(isinstance(s, dict) for s in raw):
+        return [dict(s) for s in raw]
+    baseline = _baseline(study)
+    return [baseline] if baseline is not None else []
+
+
+def current_setup(study: optuna.Study) -> int | None:
+    """The index of the setup the study's latest ``sweep run`` measured, or None for a study written before setups
+    (whose trials are all compared, as before)."""
+    raw = study.user_attrs.get(CURRENT_SETUP_ATTR)
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+
+
+def choose_setup(study: optuna.Study, space: SearchSpace, url: str, *, new_setup: bool = False) -> int:
+    """The setup this run measures: the stored one its settings match, else a new one (a changed
+    ``memory_limit_gib`` alone, or any change with ``new_setup``), recorded in the study as its current setup.
+
+    Args:
+        study: The opened study.
+        space: The space about to run.
+        url: The storage URL, for the message (its password is not shown).
+        new_setup: ``sweep run --new-setup``: record changed settings as a new setup instead of refusing them.
+
+    Returns:
+        The index of the setup in :data:`SETUPS_ATTR`; the run's trials store it as :data:`TRIAL_SETUP_ATTR`.
+
+    Raises:
+        StudyError: Settings other than ``memory_limit_gib`` differ from the study's current setup and ``new_setup``
+            is False: one line naming each difference and the two ways on.
+    """
+    from sweeper.study._storage import redact_url
+
+    now = space_settings(space)
+    setups = stored_setups(study)
+    index = next((i for i, s in enumerate(setups) if not differences(s, now)), None)
+    if index is None:
+        current = current_setup(study)
+        was = setups[current if current is not None and current < len(setups) else -1] if setups else None
+        changed = differences(was, now, cap=False) if was is not None else []
+        if changed and not new_setup:
+            raise StudyError(
+                f"{space.path}: study '{study.study_name}' in {redact_url(url)} was measured with other settings: "
+                f"{'; '.join(changed)}; start a new study (--study NAME), or pass --new-setup to measure these "
+                "settings in this one, kept apart from the earlier trials in report and export"
+            )
+        setups.append(now)
+        index = len(setups) - 1
+        study.set_user_attr(SETUPS_ATTR, setups)
+    elif study.user_attrs.get(SETUPS_ATTR) is None:
+        study.set_user_attr(SETUPS_ATTR, setups)
+    if current_setup(study) != index:
+        study.set_user_attr(CURRENT_SETUP_ATTR, index)
+    return index
+
+
+def trial_setup(
+    attrs: Mapping[str, Any], config: TrialConfig | None, params: Mapping[str, Any], setups: Sequence[Mapping[str, Any]]
+) -> int | None:
+    """The setup a trial was measured under: its :data:`TRIAL_SETUP_ATTR`, else (a trial written before setups) the
+    first setup its stored config matches; None when neither says."""
+    raw = attrs.get(TRIAL_SETUP_ATTR)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if config is None:
+        return None
+    mine = settings_of(config, params)
+    without_sha = [{k: v for k, v in s.items() if k != DATA_SHA_KEY} for s in setups]
+    return next((i for i, s in enumerate(without_sha) if not differences(s, mine)), None)
