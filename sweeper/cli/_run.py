@@ -67,6 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         workers=args.workers or (len(devices) if devices else 1),
         devices=devices,
         new_setup=args.new_setup,
+        on_measure=lambda line: print(line, flush=True),
     )
     _print("\n".join(sweep_header(plan)))
     for line in _setup_lines(space, model_path, samples) + resume_lines(plan):

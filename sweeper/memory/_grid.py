@@ -137,10 +137,16 @@ _CHEAP_CHANGES: tuple[tuple[str, Callable[[Any], list[Any]]], ...] = (
 )
 
 
+#: Slack on a measured peak before it becomes advice: a one-step measurement of the smallest configuration, read
+#: as a resident set that moves by about 0.02 GiB between runs of the same trial on the CPU (shared libraries).
+MEASURED_SLACK = 1.05
+
+
 def nothing_fits(
     space: SearchSpace,
     predict: Callable[[TrialConfig], float | None],
     known_fit: bool = False,
+    measure: Callable[[TrialConfig], tuple[float, float] | None] | None = None,
 ) -> str | None:
     """One line when no configuration of the space is predicted to fit, else None.
 
@@ -150,6 +156,11 @@ def nothing_fits(
     peak and the cheapest single setting that brings it under ``memory_limit_gib`` itself (:data:`_CHEAP_CHANGES`;
     the margin only forgives the model's error, advice should not lean on it), else the cap it would need: the
     smallest predicted peak, rounded up. ``known_fit``: the study already holds a trial that fit: say nothing.
+
+    ``measure``: run the smallest configuration once and return ``(load_peak_gib, peak_gib)`` (None when it could
+    not): on the CPU the cap also binds while the model loads, and the process's own resident memory is a measured
+    quantity, not a modelled one. The advice then stands on the measurement: the cap it names is at least the
+    measured peak times :data:`MEASURED_SLACK`, and no setting is proposed when loading alone exceeds the cap.
     """
     if known_fit:
         return None
@@ -171,23 +182,34 @@ def nothing_fits(
     peak, values = smallest
     shown = " ".join(f"{k}={getattr(values, k)}" for k in ("per_device_train_batch_size", "max_seq_length", *keys))
     shown = " ".join(dict.fromkeys(shown.split()))
-    change = None
-    for key, options in _CHEAP_CHANGES:
-        for option in options(getattr(values, key)):
-            after = predict(dataclasses.replace(values, **{key: option}))
-            if after is not None and after <= limit_gib:  # predicted to fit the cap itself, not only its margin
-                change = f"{key}: {yaml_value(option)} ({after:.2f} GiB)"
-                break
-        if change:
-            break
-    needed = math.ceil(peak * 100) / 100  # a cap the predicted peak fits (the margin only forgives the model's error)
+    measured = measure(values) if measure is not None else None
+    change = None if measured is not None and measured[0] > limit_gib else _cheapest_change(values, predict, limit_gib)
+    needed = peak if measured is None else max(peak, max(measured) * MEASURED_SLACK)
+    needed = math.ceil(needed * 100) / 100  # a cap the peak fits (the margin only forgives the model's error)
     fix = (
         f"the cheapest setting to change: {change}, or memory_limit_gib >= {needed:.2f}"
         if change
         else f"no single setting brings it under; raise memory_limit_gib to {needed:.2f} or more"
     )
+    seen = (
+        f"; measured here, it peaked at {max(measured):.2f} GiB (loading {measured[0]:.2f} GiB)"
+        if measured is not None
+        else ""
+    )
     return (
         f"{space.path}: training.memory_limit_gib: no configuration of the space is predicted to fit "
-        f"{limit_gib:g} GiB (+ preflight_margin {margin:g}): the smallest predicted peak is {peak:.2f} GiB ({shown}); "
-        f"{fix} (sweep estimate {space.path})"
+        f"{limit_gib:g} GiB (+ preflight_margin {margin:g}): the smallest predicted peak is {peak:.2f} GiB ({shown})"
+        f"{seen}; {fix} (sweep estimate {space.path})"
     )
+
+
+def _cheapest_change(
+    values: TrialConfig, predict: Callable[[TrialConfig], float | None], limit_gib: float
+) -> str | None:
+    """The first single change of :data:`_CHEAP_CHANGES` predicted to bring ``values`` under ``limit_gib``."""
+    for key, options in _CHEAP_CHANGES:
+        for option in options(getattr(values, key)):
+            after = predict(dataclasses.replace(values, **{key: option}))
+            if after is not None and after <= limit_gib:  # predicted to fit the cap itself, not only its margin
+                return f"{key}: {yaml_value(option)} ({after:.2f} GiB)"
+    return None
