@@ -102,18 +102,30 @@ def _stale_reason(trial: FrozenTrial, host: str, stale: set[int], interval: floa
 
 
 def stale_running(study: optuna.Study) -> dict[int, str]:
-    """The study's RUNNING trials that no sweep runs any more, read-only (what ``sweep report`` shows): those whose
-    sweep process on this host is gone (killed with ``kill -9``, a crash, a reboot), by number, each with a line
-    saying since when. The next ``sweep run`` of the study records them as interrupted and runs them again; trials of
-    sweeps on other hosts are judged by their heartbeat there (:func:`fail_stale_trials`), not here."""
+    """The study's RUNNING trials that no sweep runs any more, read-only (what ``sweep report`` shows), by number,
+    each with a line saying since when: those whose sweep process on this host is gone (killed with ``kill -9``, a
+    crash, a reboot), and those whose sweep, on any host, stopped sending heartbeats for longer than the grace period
+    (:func:`sweeper.study._coordination.stale_trial_ids`; the line gives the trial's start and the grace period, as
+    Optuna keeps no readable time of the last heartbeat). The next ``sweep run`` of the study records them as
+    interrupted or lost and runs them again."""
     host = socket.gethostname()
+    stale = set(stale_trial_ids(study))
+    interval = study._storage.get_heartbeat_interval() if stale else None  # type: ignore[attr-defined]
     out = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        found = _stale_reason(t, host, set(), None)
-        if found is not None:
-            started = t.datetime_start.strftime("%Y-%m-%d %H:%M") if t.datetime_start else "?"
-            pid = t.user_attrs.get("sweep_pid")
+        found = _stale_reason(t, host, stale, interval)
+        if found is None:
+            continue
+        started = t.datetime_start.strftime("%Y-%m-%d %H:%M") if t.datetime_start else "?"
+        pid = t.user_attrs.get("sweep_pid")
+        if found[0] == "gone":
             out[t.number] = f"trial {t.number}, started {started}: its sweep (pid {pid}) is gone"
+        else:
+            where = t.user_attrs.get("sweep_host", "?")
+            out[t.number] = (
+                f"trial {t.number}, started {started}: its sweep (pid {pid} on {where}) has sent no heartbeat for "
+                f"over {GRACE_INTERVALS * (interval or 0):g} s"
+            )
     return out
 
 

@@ -233,3 +233,23 @@ def test_sigterm_and_sighup_stop_a_sweep_as_ctrl_c_does(tiny_model, workdir, sto
     )
     [shown] = [t for t in json.loads(report.stdout)["trials"] if t["number"] == stopped.number]
     assert shown["params"] == stopped.params, shown
+
+
+def test_a_trial_whose_sweep_on_another_host_went_silent_is_shown_stale(workdir, monkeypatch):
+    """A RUNNING trial of a sweep on another machine that stopped sending heartbeats was shown as running until the
+    next 'sweep run': the report now calls it stale, with its start and the grace period."""
+    from sweeper.space import parse_space
+    from sweeper.study import open_study, stale_running
+
+    monkeypatch.setenv("SWEEPER_HEARTBEAT_INTERVAL_S", "1")
+    space = parse_space({"study": {"name": "hb"}, "search": {"r": [4, 8]}}, "space.yaml")
+    study = open_study(space, "sqlite:///studies/hb.db", "hb")
+    trial = study.ask()
+    trial.set_user_attr("sweep_host", "another-machine")
+    trial.set_user_attr("sweep_pid", 4242)
+    study._storage.record_heartbeat(trial._trial_id)
+    assert stale_running(study) == {}  # its heartbeat is fresh: it runs elsewhere
+    time.sleep(6)  # past the grace period (4 intervals; SQLite keeps whole seconds)
+    [line] = stale_running(study).values()
+    assert line.startswith("trial 0, started ") and "(pid 4242 on another-machine)" in line
+    assert "has sent no heartbeat for over 4 s" in line
