@@ -125,12 +125,13 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.export import pick_trial
-    from sweeper.study import candidates, confirmations, load_existing_study
+    from sweeper.study import candidates, check_study_owner, confirmations, load_existing_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.steps is not None and not 1 <= args.steps <= 10**7:
         raise SpaceError(f"--steps: {args.steps} is not a number of steps; give 1 to 10000000, e.g. --steps 300")
-    study, _ = load_existing_study(args.study)
+    study, url = load_existing_study(args.study)
+    check_study_owner(study, url)  # confirm writes into studies/<name>/: not into another study's folder
     if args.trials:
         numbers = _numbers(args.trials)
     elif args.front:

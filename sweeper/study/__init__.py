@@ -42,6 +42,8 @@ from sweeper.study._storage import (
     LEGACY_OBJECTIVES,
     OBJECTIVES,
     STUDIES_DIR,
+    STUDY_ID_ATTR,
+    check_study_owner,
     failure_constraint,
     load_existing_study,
     open_study,
@@ -49,6 +51,7 @@ from sweeper.study._storage import (
     redact_url,
     stability_objective,
     study_dir,
+    study_identity,
     trial_dir,
 )
 from sweeper.study._stored import (
@@ -78,6 +81,7 @@ __all__ = [
     "OBJECTIVES",
     "OUTCOME_STATUSES",
     "STUDIES_DIR",
+    "STUDY_ID_ATTR",
     "Confirmation",
     "StoredTrial",
     "SweepCallback",
@@ -88,6 +92,7 @@ __all__ = [
     "calibration_points",
     "candidates",
     "check_setup",
+    "check_study_owner",
     "check_writable",
     "confirm_trials",
     "confirmations",
@@ -115,5 +120,6 @@ __all__ = [
     "stored_trial",
     "stored_trials",
     "study_dir",
+    "study_identity",
     "trial_dir",
 ]

@@ -24,7 +24,7 @@ from sweeper.study._machine import check_disk, check_writable, slot_devices
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._setup_checks import check_setup
 from sweeper.study._setups import choose_setup, stored_setups
-from sweeper.study._storage import OWNER_FILE, default_storage, open_study, redact_url, study_dir
+from sweeper.study._storage import OWNER_FILE, STUDY_ID_ATTR, default_storage, open_study, redact_url, study_dir
 from sweeper.study._stored import count_finished
 
 
@@ -138,7 +138,7 @@ def plan_sweep(
     study = None
     try:
         study = open_study(space, url, name, target)  # a storage problem is one line before any output
-        created = not study.trials and not study.user_attrs
+        created = not study.trials and set(study.user_attrs) <= {STUDY_ID_ATTR}
         known = len(stored_setups(study))
         setup = choose_setup(study, space, url, new_setup=new_setup)
         check_disk(study_dir(name))  # before any trial starts, and again before each

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -264,11 +265,27 @@ def study_dir(study_name: str) -> Path:
 #: The file in a study's folder that names the study whose trials, artifacts and exports it holds.
 OWNER_FILE = "study.json"
 
+#: Study user attribute: the study's identity, a random UUID written when it is created (or first opened by a
+#: version that writes one). It travels with the database: a copy of ``studies/<name>.db`` is the same study
+#: wherever it lies, so ownership of ``studies/<name>/`` goes by it, not by the database's path.
+STUDY_ID_ATTR = "study_id"
 
-def _identity(url: str) -> dict[str, Any]:
-    """The storage a study folder's owner lives in: a SQLite file's real path, else the URL without its password."""
+
+def study_identity(study: optuna.Study) -> str | None:
+    """The study's :data:`STUDY_ID_ATTR`, or None for a study written before identities (or not by sweeper)."""
+    raw = study.user_attrs.get(STUDY_ID_ATTR)
+    return raw if isinstance(raw, str) and raw else None
+
+
+def _identity(url: str, study_id: str | None = None) -> dict[str, Any]:
+    """What :data:`OWNER_FILE` records: the study's identity, the storage without its password, and a SQLite file's
+    real path (read only for owner files written before identities)."""
     database = sqlite_file(url)
-    return {"storage": redact_url(url), "sqlite_file": os.path.realpath(database) if database is not None else None}
+    return {
+        "study_id": study_id,
+        "storage": redact_url(url),
+        "sqlite_file": os.path.realpath(database) if database is not None else None,
+    }
 
 
 def _owner(study_name: str) -> dict[str, Any] | None:
@@ -280,52 +297,60 @@ def _owner(study_name: str) -> dict[str, Any] | None:
     return owner if isinstance(owner, dict) else None
 
 
-def _same_storage(owner: dict[str, Any], url: str) -> bool:
-    """Whether ``owner`` (an :data:`OWNER_FILE`'s content) names the storage of ``url``: the same SQLite file by its
-    real path, else the same URL without its password."""
+def _same_study(owner: dict[str, Any], url: str, study_id: str | None) -> bool:
+    """Whether ``owner`` (an :data:`OWNER_FILE`'s content) names this study: the same identity when the owner file
+    has one; for an owner file written before identities, the same SQLite file by its real path, else the same URL
+    without its password."""
+    theirs = owner.get("study_id")
+    if isinstance(theirs, str) and theirs:
+        return theirs == study_id
     mine = _identity(url)
     other = owner.get("sqlite_file")
     return other == mine["sqlite_file"] if isinstance(other, str) else owner.get("storage") == mine["storage"]
 
 
-def _owner_conflict(study_name: str, url: str) -> str | None:
-    """A line saying that ``studies/<study_name>/`` belongs to a study of that name in another storage, or None.
+def _owner_conflict(study_name: str, url: str, study_id: str | None) -> str | None:
+    """A line saying that ``studies/<study_name>/`` belongs to another study of that name, or None.
 
-    It does when its :data:`OWNER_FILE` names another storage that may still hold that study: a SQLite file that is
-    still there, or any other database. An owner file naming a SQLite file that is gone (deleted, or the project
-    moved) is not a conflict: that study's trials can no longer be read anyway, and the folder is taken over as before.
+    It does when its :data:`OWNER_FILE` names another study (:func:`_same_study`) that may still exist: one in a
+    SQLite file that is still there, or in any other database. An owner file naming a SQLite file that is gone
+    (deleted) is not a conflict: that study's trials can no longer be read anyway, and the folder is taken over.
     """
     owner = None if in_memory(url) else _owner(study_name)
-    if owner is None or _same_storage(owner, url):
+    if owner is None or _same_study(owner, url, study_id):
         return None
     other = owner.get("sqlite_file")
+    theirs = owner.get("study_id")
     if isinstance(other, str) and not Path(other).is_file():
         return None
+    them = f"'{study_name}'" + (f" (id {str(theirs)[:8]})" if theirs else "")
+    me = f" (id {study_id[:8]})" if study_id else " (a new study)"
     return (
-        f"{redact_url(url)}: --storage: {study_dir(study_name)}/ holds the trials, artifacts and exports of the study "
-        f"'{study_name}' in {owner.get('storage', 'another storage')}; give this one another name (--study NAME), "
-        "or run it from another folder, so that neither overwrites the other's files"
+        f"{redact_url(url)}: --storage: {study_dir(study_name)}/ holds the trials, artifacts and exports of another "
+        f"study {them} in {owner.get('storage', 'another storage')}, not of this one{me}; give this one another name "
+        "(--study NAME), or run it from another folder, so that neither overwrites the other's files"
     )
 
 
-def _write_owner(study_name: str, url: str) -> None:
-    """Make ``studies/<study_name>/`` the folder of the study of that name in ``url``: write its :data:`OWNER_FILE`
-    unless it already names that storage, so that a study of the same name in another storage cannot write its trial
-    folders over this one's (trial numbers start at 0 in each). Call after :func:`check_study_dir`; nothing is
-    written for an in-memory storage.
+def _write_owner(study_name: str, url: str, study_id: str | None) -> None:
+    """Make ``studies/<study_name>/`` the folder of this study: write its :data:`OWNER_FILE` unless it already names
+    this study in this storage, so that another study of the same name cannot write its trial folders over this
+    one's (trial numbers start at 0 in each). A copy of the study (the same identity in another database) updates the
+    storage it names. Call after :func:`check_study_dir`; nothing is written for an in-memory storage.
 
     Raises:
         StudyError: The folder cannot be written.
     """
     owner = _owner(study_name)
-    if in_memory(url) or (owner is not None and _same_storage(owner, url)):
+    mine = {"study": study_name, **_identity(url, study_id)}
+    if in_memory(url) or (owner is not None and all(owner.get(k) == v for k, v in mine.items())):
         return
     folder = study_dir(study_name)
     path = folder / OWNER_FILE
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{OWNER_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"study": study_name, **_identity(url)}, indent=1) + "\n")
+        tmp.write_text(json.dumps(mine, indent=1) + "\n")
         os.replace(tmp, path)
     except OSError as exc:
         raise StudyError(
@@ -334,16 +359,26 @@ def _write_owner(study_name: str, url: str) -> None:
         ) from None
 
 
-def check_study_dir(study_name: str, url: str) -> None:
-    """Refuse to use ``studies/<study_name>/`` (artifacts, report, exports) for the study in ``url`` when the folder
-    belongs to a study of that name in another storage (its :data:`OWNER_FILE`); writes nothing.
+def check_study_dir(study_name: str, url: str, study_id: str | None = None) -> None:
+    """Refuse to write ``studies/<study_name>/`` (trials, artifacts, report, exports) for the study ``study_id`` in
+    ``url`` (None: a study not created yet) when the folder belongs to another study of that name (its
+    :data:`OWNER_FILE`); writes nothing. ``sweep run`` and ``sweep confirm`` call it; reading commands do not.
 
     Raises:
-        StudyError: One line naming both storages and the fix.
+        StudyError: One line naming both studies, their storages and identities, and the fix.
     """
-    conflict = _owner_conflict(study_name, url)
+    conflict = _owner_conflict(study_name, url, study_id)
     if conflict:
         raise StudyError(conflict)
+
+
+def check_study_owner(study: optuna.Study, url: str) -> None:
+    """:func:`check_study_dir` for an opened study (``sweep confirm`` before it writes a confirmation's folder).
+
+    Raises:
+        StudyError: ``studies/<name>/`` belongs to another study of that name.
+    """
+    check_study_dir(study.study_name, url, study_identity(study))
 
 
 def open_study(
@@ -361,8 +396,11 @@ def open_study(
     database = sqlite_file(url)
     fresh = database is not None and not Path(database).exists()
     opened = _storage(url)  # a storage that cannot be opened is the first thing to say
+    existing = None
+    if name in {s.study_name for s in optuna.get_all_study_summaries(opened, include_best_trial=False)}:
+        existing = optuna.load_study(study_name=name, storage=opened)
     try:
-        check_study_dir(name, url)  # before a study is created in it
+        check_study_dir(name, url, study_identity(existing) if existing is not None else None)  # before creating
     except StudyError:
         if fresh and database is not None:  # the refused command leaves no empty database (or its lock) behind
             for leftover in (Path(database), Path(f"{database}.lock")):
@@ -386,7 +424,11 @@ def open_study(
             f"{study.directions}); choose another --study name"
         )
     _check_same_search(study, space, url)
-    _write_owner(name, url)  # checked before the study was created
+    identity = study_identity(study)
+    if identity is None:
+        identity = uuid.uuid4().hex
+        study.set_user_attr(STUDY_ID_ATTR, identity)
+    _write_owner(name, url, identity)  # checked before the study was created
     if not study.metric_names and not study.trials:  # an old study without metric names keeps its instability
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -461,8 +503,13 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
     else:
         db = STUDIES_DIR / f"{ref}.db"
         if not db.is_file():
+            owner = _owner(ref)
+            elsewhere = owner.get("storage") if owner is not None else None
             known = sorted(p.stem for p in STUDIES_DIR.glob("*.db")) if STUDIES_DIR.is_dir() else []
-            hint = f"studies here: {', '.join(known)}" if known else "run 'sweep run SPACE.yaml' first"
+            if isinstance(elsewhere, str) and elsewhere != default_storage(ref):
+                hint = f"{study_dir(ref)}/{OWNER_FILE} says the study is in {elsewhere}: give that URL as STUDY"
+            else:
+                hint = f"studies here: {', '.join(known)}" if known else "run 'sweep run SPACE.yaml' first"
             raise StudyError(f"{ref}: STUDY: no study file {db} in {Path.cwd()}; {hint}")
         url, name = default_storage(ref), ref
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
@@ -496,5 +543,4 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
             f"{study.metric_names or [d.name.lower() for d in study.directions]}); give a study that "
             "'sweep run' made"
         )
-    check_study_dir(name, url)
-    return study, url
+    return study, url  # reading commands never refuse for the folder's owner (a copy is read as it is)

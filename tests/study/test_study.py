@@ -2,6 +2,7 @@
 attribute stored, resume after the sweep process is killed, and a killed worker not stopping the sweep."""
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -333,25 +334,29 @@ def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
 
 def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir):
     """Two databases holding a study of the same name would share studies/<name>/trials/<N>/ (numbers start at 0 in
-    each): the second is refused, leaving no empty database behind, and readers refuse too; a study file that
-    is gone, or the same file, no longer owns the folder."""
+    each): the second is refused, leaving no empty database behind, naming both storages and identities; readers do
+    not refuse (a copy is read as it is); a study file that is gone, or the same file, no longer owns the folder."""
     from sweeper.errors import StudyError
-    from sweeper.study import load_existing_study
+    from sweeper.study import check_study_owner, load_existing_study, study_identity
 
     space = load_space(write_space(workdir, tiny_space(tiny_model, name="same")))
-    open_study(space, "sqlite:///studies/same.db")
-    owner = (workdir / "studies" / "same" / "study.json").read_text()
-    assert str(workdir / "studies" / "same.db") in owner
+    first = open_study(space, "sqlite:///studies/same.db")
+    owner = json.loads((workdir / "studies" / "same" / "study.json").read_text())
+    assert owner["sqlite_file"] == str(workdir / "studies" / "same.db")
+    assert owner["study_id"] == study_identity(first) and len(owner["study_id"]) == 32
     open_study(space, f"sqlite:///{workdir / 'studies' / 'same.db'}")  # the same file by another path
+    owner = json.loads((workdir / "studies" / "same" / "study.json").read_text())  # names the path last used
     with pytest.raises(StudyError) as refused:
         open_study(space, "sqlite:///other.db")
     line = str(refused.value)
-    assert "studies/same/" in line and "sqlite:///studies/same.db" in line and "--study NAME" in line
+    assert "studies/same/" in line and f"{workdir}/studies/same.db" in line and "--study NAME" in line
+    assert f"(id {owner['study_id'][:8]})" in line and "(a new study)" in line
     assert not (workdir / "other.db").exists() and not (workdir / "other.db.lock").exists()  # nothing left behind
-    assert (workdir / "studies" / "same" / "study.json").read_text() == owner
+    assert json.loads((workdir / "studies" / "same" / "study.json").read_text()) == owner
     optuna.create_study(study_name="same", storage="sqlite:///other.db", directions=["minimize"] * 2)
+    other, url = load_existing_study("other.db")  # report, export and dashboard read it
     with pytest.raises(StudyError, match="another name"):
-        load_existing_study("other.db")  # report, export, dashboard and confirm read through it
+        check_study_owner(other, url)  # confirm would write into the other's folder
     (workdir / "studies" / "same.db").unlink()  # the owner is gone: the other study takes the folder over
     open_study(space, "sqlite:///other.db")
     assert str(workdir / "other.db") in (workdir / "studies" / "same" / "study.json").read_text()
@@ -414,3 +419,43 @@ def test_a_new_study_ranks_by_edge_proximity_and_an_old_one_keeps_its_instabilit
     older = optuna.create_study(study_name="older", storage=url, directions=["minimize", "minimize"])
     older.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0, 0.1]))
     assert stability_objective(open_study(space, url, "older", 4)) == "instability"
+
+
+def test_a_study_named_by_name_points_at_the_storage_its_folder_names(tiny_model, workdir):
+    from sweeper.errors import StudyError
+    from sweeper.study import load_existing_study
+
+    space = load_space(write_space(workdir, tiny_space(tiny_model, name="dup2")))
+    open_study(space, "sqlite:///other.db")
+    with pytest.raises(StudyError) as missing:
+        load_existing_study("dup2")
+    assert "studies/dup2/study.json says the study is in sqlite:///other.db: give that URL as STUDY" in str(
+        missing.value
+    )
+
+
+@pytest.mark.slow
+def test_a_copied_project_folder_is_the_same_study(tiny_model, workdir):
+    """Runs one 3-step trial of the tiny model and one 3-step confirmation (about 40 s). A copy of the folder (a
+    backup, or a copy to compare beside a second night) was refused by every command, for reading too, because the
+    folder's owner was the original database's path."""
+    import shutil
+
+    from sweeper.testing import sweep
+
+    path = write_space(workdir, tiny_space(tiny_model, name="demo", n_trials=1))
+    assert sweep("run", str(path), cwd=workdir).returncode == 0
+    copy = workdir.parent / "copy"
+    shutil.copytree(workdir, copy)
+    for args in (("report", "demo"), ("report", "demo", "--json"), ("export", "demo", "--format", "json")):
+        done = sweep(*args, cwd=copy)
+        assert done.returncode == 0, (args, done.stderr)
+    resumed = sweep("run", "space.yaml", cwd=copy)  # n_trials 1: nothing to run, but the folder is checked
+    assert resumed.returncode == 0 and "nothing to run" in resumed.stdout, resumed.stderr
+    confirmed = sweep("confirm", "demo", "--steps", "3", cwd=copy)
+    assert confirmed.returncode == 0, confirmed.stderr
+    assert str(copy / "studies" / "demo.db") in (copy / "studies" / "demo" / "study.json").read_text()
+    # the original is untouched by what ran in the copy, and another study of that name is still refused
+    assert str(workdir / "studies" / "demo.db") in (workdir / "studies" / "demo" / "study.json").read_text()
+    other = sweep("run", "space.yaml", "--storage", "sqlite:///other.db", cwd=copy)
+    assert other.returncode == 2 and "holds the trials, artifacts and exports of another study 'demo'" in other.stderr
