@@ -12,7 +12,7 @@ from typing import Any
 from sweeper.audit import AuditReport, NanRisk
 from sweeper.stability import barely_learns, format_instability, format_margin
 from sweeper.study import StoredTrial
-from sweeper.trial import TrialResult
+from sweeper.trial import TrialResult, TrialStatus
 
 #: Short column names of per-trial keys in the console (the full names are in the study and the reports).
 SHORT_NAMES = {
@@ -50,6 +50,14 @@ def status_label(status: str, nan_cause: str | None) -> str:
     return f"{status}/{nan_cause}" if status == "nan" and nan_cause else status
 
 
+#: Width of the status column: the longest status a trial line shows (``nan/optimization``, ``predicted_oom``,
+#: ``dominated_oom``), so that the columns after it stay aligned whatever the status.
+STATUS_WIDTH = max(
+    *(len(s.value) for s in TrialStatus),
+    *(len(status_label("nan", cause)) for cause in ("data", "precision", "optimization", "unknown")),
+)
+
+
 def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResult, finished: int, n_trials: int) -> str:
     """One line per finished trial: progress, number, searched values, status (with the NaN cause), peak GiB,
     stability margin, instability, seconds, whether its trial process was ``cold`` (a fresh process), ``warm``
@@ -57,9 +65,10 @@ def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResul
     reason."""
     duplicate = result.reason.startswith("same configuration")
     progress = " " * (len(str(n_trials)) * 2 + 3) if duplicate else f"[{finished:>{len(str(n_trials))}}/{n_trials}]"
+    status = status_label(result.status, result.nan_cause)
     line = (
         f"{progress} #{number:<3} {format_params(params)}  "
-        f"{status_label(result.status, result.nan_cause):<8} {_num(result.peak_memory_gib, '6.2f'):>6} GiB  "
+        f"{status:<{STATUS_WIDTH}} {_num(result.peak_memory_gib, '6.2f'):>6} GiB  "
         f"margin {format_margin(result.stability_margin, result.margin_capped):>7}  "
         f"instability {format_instability(result.instability):>7}  {_num(result.wall_time_s, '6.1f'):>6} s"
     )

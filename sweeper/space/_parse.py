@@ -303,6 +303,8 @@ class _Problems:
 
     def add(self, key: str, what: str, fix: str) -> None:
         origin = "--set" if key in self.overridden else self.file
+        if origin == "--set":  # named as --set takes it: a per-trial key bare (r), a section's key dotted
+            key = key.removeprefix("training.")
         self.lines.append(f"{origin}: {key}: {what}; {fix}")
 
 

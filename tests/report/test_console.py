@@ -420,3 +420,17 @@ def test_next_steps_address_the_failures_at_hand(tmp_path):
     add_trial(oom_only, r=8, batch=4, seq=128, status="timeout")
     steps = _next_steps(types.SimpleNamespace(study=oom_only, space=space, name="rep"), nan_causes(oom_only))
     assert not any("doctor" in s for s in steps) and steps[0].startswith("sweep estimate") and "worker.log" in steps[1]
+
+
+def test_the_trial_lines_columns_stay_aligned_whatever_the_status():
+    from sweeper.report import format_trial_line
+
+    results = [
+        TrialResult(status="complete", reason="", peak_memory_gib=1.0, instability=0.1),
+        TrialResult(status="nan", reason="nan at step 3", nan_cause="optimization", peak_memory_gib=1.0),
+        TrialResult(status="predicted_oom", reason="predicted", peak_memory_gib=9.0),
+        TrialResult(status="dominated_oom", reason="dominated", peak_memory_gib=9.0),
+    ]
+    lines = [format_trial_line(i, {"r": 8}, r, i + 1, 4) for i, r in enumerate(results)]
+    assert len({line.index(" GiB") for line in lines}) == 1, lines
+    assert len({line.index("margin") for line in lines}) == 1, lines

@@ -198,9 +198,9 @@ def test_sections_of_the_wrong_type_are_reported_with_overrides(tmp_path):
 @pytest.mark.parametrize(
     ("item", "needle"),
     [
-        ("r==3", "--set: training.r: '=3' is not valid"),
+        ("r==3", "--set: r: '=3' is not valid"),
         ("study.name=", "--set: study.name: empty value"),
-        ("r=[4, 8]", "--set: training.r: training values are fixed; --set fixes one value"),
+        ("r=[4, 8]", "--set: r: training values are fixed; --set fixes one value"),
         ("lr=1e-3", "did you mean 'learning_rate'"),
     ],
 )
