@@ -112,7 +112,7 @@ def _describe_setup(space: SearchSpace, model_path: str, n_samples: int) -> str:
     lines.append(
         f"margin  after its {steps} constant steps each trial runs a stress phase: at most {STRESS_STEPS} steps at "
         f"{STRESS_GROWTH:g}x the learning rate each, until its probe diverges; the rate it diverged at over the "
-        "trial's is its stability margin (README, 'What a trial is and records')"
+        "trial's is its stability margin (docs/trial.md)"
     )
     batch = min(space.values_of("per_device_train_batch_size"))
     accumulation = min(space.values_of("gradient_accumulation_steps"))

@@ -27,7 +27,7 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
     Returns:
         How many failed their confirmation, and how many could not run (a failure of the attempt: nothing recorded).
     """
-    from sweeper.report import format_instability, format_margin, format_params
+    from sweeper.report import LiveProgress, format_instability, format_margin, format_params
     from sweeper.study import confirm_trials, stored_trials
 
     if not numbers:
@@ -41,20 +41,24 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
     if first is not None and first.config is not None:
         _check_setup(study, first.config)
     failed = not_run = 0
+    live = LiveProgress(len(set(numbers)), label="confirmations")
+    say = live.line  # the lines go above the live display
 
     def shown(t: Any) -> str:
         keys = list(study.user_attrs.get("searched", [])) or ["r", "lora_alpha_ratio", "bnb_4bit_compute_dtype"]
         return format_params({k: t.params.get(k) for k in keys if k in t.params})
 
     def on_start(t: Any, n: int) -> None:
-        _print(f"confirm #{t.number:<3} {shown(t)}: {n} steps (the trial ran {t.config.max_steps})")
+        say(f"confirm #{t.number:<3} {shown(t)}: {n} steps (the trial ran {t.config.max_steps})")
+        live.begin(0, t.number, "confirm")
 
     def on_result(t: Any, done: Any) -> None:
         nonlocal failed, not_run
+        live.end(0)
         if not done.is_outcome:
             not_run += 1
             earlier = t.confirmation
-            _print(
+            say(
                 f"        #{t.number:<3} could not run its confirmation ({done.status} at step {done.fail_step}: "
                 f"{done.reason}): a failure of the attempt, not of the configuration, so it is not recorded as its "
                 "outcome"
@@ -73,13 +77,13 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
                 + ("as predicted" if done.margin_held else "NOT as predicted")
             )
         if done.passed:
-            _print(
+            say(
                 f"        #{t.number:<3} confirmed: {done.steps} steps complete, instability {instability} (short "
                 f"{format_instability(t.result.instability)}), peak {peak} ({done.wall_time_s or 0:.0f} s){said}"
             )
         else:
             failed += 1
-            _print(
+            say(
                 f"        #{t.number:<3} FAILED its confirmation: {done.status} at step {done.fail_step} of "
                 f"{done.steps}: {done.reason} ({done.wall_time_s or 0:.0f} s){said}"
             )
@@ -87,11 +91,22 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
     def on_skip(t: Any, done: Any) -> None:
         nonlocal failed
         failed += 0 if done.passed else 1
-        _print(f"confirm #{t.number:<3} already confirmed at {done.steps} steps: {done.label}")
+        live.end_trial(t.number)
+        say(f"confirm #{t.number:<3} already confirmed at {done.steps} steps: {done.label}")
 
-    confirm_trials(
-        study, numbers, steps=steps, model_path=model_path, on_start=on_start, on_result=on_result, on_skip=on_skip
-    )
+    try:
+        confirm_trials(
+            study,
+            numbers,
+            steps=steps,
+            model_path=model_path,
+            on_start=on_start,
+            on_result=on_result,
+            on_skip=on_skip,
+            on_progress=lambda t, data: live.report(0, data),
+        )
+    finally:
+        live.close()
     return failed, not_run
 
 

@@ -73,8 +73,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     for line in _setup_lines(space, model_path, samples) + resume_lines(plan):
         _print(line)
     start = time.monotonic()
-    console = SweepConsole(plan, _print)
-    run_study(plan, [console])
+    console = SweepConsole(plan)
+    try:
+        run_study(plan, [console])
+    finally:
+        console.close()
     if space.study.confirm_steps is not None:
         plan.study.set_user_attr("confirm_steps", space.study.confirm_steps)  # the default of a later 'sweep confirm'
     top = [t.number for t in candidates(plan.study)[: space.study.confirm_top]]

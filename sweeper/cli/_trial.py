@@ -13,7 +13,7 @@ from sweeper.errors import SpaceError
 
 def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
-    from sweeper.report import format_instability, format_params, format_trace, margin_line
+    from sweeper.report import LiveProgress, format_instability, format_params, format_trace, margin_line
     from sweeper.study import STUDIES_DIR, check_setup
     from sweeper.trial import run_trial
 
@@ -43,7 +43,13 @@ def cmd_trial(args: argparse.Namespace) -> int:
         print(dropped, file=sys.stderr)
     elif dropped:
         _print(dropped)
-    result = run_trial(config, folder, model_path=model_path)
+    # The live display goes where the lines go; with --json, stdout is one JSON document: the display goes to stderr.
+    live = LiveProgress(1, stream=sys.stderr if args.json else sys.stdout)
+    live.begin(0, 0)
+    try:
+        result = run_trial(config, folder, model_path=model_path, on_progress=lambda data: live.report(0, data))
+    finally:
+        live.close()
     if args.json:
         payload = {**result.to_dict(), "config": config.to_dict()}
         _print(json.dumps(payload, indent=2))

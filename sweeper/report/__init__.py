@@ -37,6 +37,7 @@ from sweeper.report._data import (
     trial_record,
 )
 from sweeper.report._figures import render_html, write_html_report
+from sweeper.report._progress import LiveProgress, format_duration
 from sweeper.report._sweep_console import (
     SweepConsole,
     all_failed_line,
@@ -48,6 +49,7 @@ from sweeper.report._sweep_console import (
 )
 
 __all__ = [
+    "LiveProgress",
     "SweepConsole",
     "all_failed_line",
     "counts_with_stale",
@@ -61,6 +63,7 @@ __all__ = [
     "format_data_nan_summary",
     "format_data_warnings",
     "format_dropped_rows",
+    "format_duration",
     "format_front",
     "format_instability",
     "format_margin",

@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any
 
 import optuna
 
 from sweeper.memory import median_abs
 from sweeper.report._console import format_counts, format_data_nan_summary, format_front, format_params
 from sweeper.report._console import format_trial_line as _trial_line
+from sweeper.report._progress import LiveProgress
 from sweeper.study import (
     MAX_CONSECUTIVE_DUPLICATES,
     StoredTrial,
@@ -109,18 +111,34 @@ def _other_caps(study: optuna.Study, limit_gib: float) -> str | None:
 
 class SweepConsole(SweepCallback):
     """Prints a line per trial as it ends (:func:`sweeper.report.format_trial_line`, with its device, retry and
-    repeat), a ``start`` line per trial with several workers, and the sweep's notes; keeps the statuses of the
-    trials this run measured (:attr:`statuses`).
+    repeat), a ``start`` line per trial with several workers, and the sweep's notes, under a live display of what
+    runs (:class:`sweeper.report.LiveProgress`: a bar and a line per worker slot on a terminal, a ``progress`` line
+    every minute or so in a log); keeps the statuses of the trials this run measured (:attr:`statuses`).
 
     Args:
         plan: The sweep being run.
-        write: Where a line goes (default: ``print`` with flush).
+        write: Where a line goes (default: the live display's :meth:`~sweeper.report.LiveProgress.line`).
+        stream: Where the live display writes (default ``sys.stdout``).
     """
 
-    def __init__(self, plan: SweepPlan, write: Callable[[str], None] | None = None):
+    def __init__(self, plan: SweepPlan, write: Callable[[str], None] | None = None, stream: IO[str] | None = None):
         self.plan = plan
-        self.write = write or (lambda text: print(text, flush=True))
+        self.live = LiveProgress(
+            plan.n_trials, done=plan.finished_before, timeout_s=plan.timeout_s, slots=plan.workers, stream=stream
+        )
+        self.write = write or self.live.line
         self.statuses: list[TrialStatus] = []  # of the trials this run measured
+
+    def trial_progress(self, number: int, slot: int, progress: Mapping[str, Any]) -> None:
+        """The live display's line of ``slot``: the trial's phase, step, loss, peak so far and time."""
+        running = self.live.running.get(slot)
+        if running is None or running.number != number:
+            self.live.begin(slot, number)
+        self.live.report(slot, progress)
+
+    def close(self) -> None:
+        """End the live display."""
+        self.live.close()
 
     def trial_started(self, trial: StoredTrial, device: str | None) -> None:
         """With several workers, a ``start`` line: the trial's number, searched values and device."""
@@ -143,6 +161,7 @@ class SweepConsole(SweepCallback):
         if trial.retried:
             line += "  (its configuration runs again: max_retries)"
         self.write(line)
+        self.live.end_trial(trial.number, finished=event.finished)
 
     def note(self, text: str) -> None:
         """A ``note`` line."""

@@ -143,6 +143,7 @@ def confirm_trials(
     on_start: Callable[[StoredTrial, int], None] | None = None,
     on_result: Callable[[StoredTrial, Confirmation], None] | None = None,
     on_skip: Callable[[StoredTrial, Confirmation], None] | None = None,
+    on_progress: Callable[[StoredTrial, dict], None] | None = None,
 ) -> dict[int, Confirmation]:
     """Run each trial's configuration for ``steps`` steps (default :func:`horizon`) in a trial process and store the
     outcome on the study; a trial already confirmed at that horizon or longer is skipped.
@@ -155,6 +156,7 @@ def confirm_trials(
         on_start: Called with the trial and the horizon before its run.
         on_result: Called with the trial and its confirmation after its run.
         on_skip: Called with the trial and its earlier confirmation when it is skipped.
+        on_progress: Called with the trial and each progress report of its run (:meth:`sweeper.trial.TrialProcess.run`).
 
     Returns:
         The confirmations of ``numbers``, by trial number.
@@ -193,7 +195,8 @@ def confirm_trials(
         if on_start is not None:
             on_start(t, n)
         folder = trial_dir(study.study_name, t.number) / f"confirm-{n}"
-        result = run_trial(long_config(t.config, n), folder, model_path=model_path, stress=False)
+        report = (lambda data, t=t: on_progress(t, data)) if on_progress is not None else None
+        result = run_trial(long_config(t.config, n), folder, model_path=model_path, stress=False, on_progress=report)
         out[t.number] = _record(study, t.number, n, result, folder, t)
         if on_result is not None:
             on_result(t, out[t.number])

@@ -133,6 +133,11 @@ class SweepCallback:
     def trial_finished(self, event: SweepEvent) -> None:
         """A trial was told to the study: measured, reused from an earlier trial, or pruned by the preflight."""
 
+    def trial_progress(self, number: int, slot: int, progress: Mapping[str, Any]) -> None:
+        """The running trial ``number`` of worker slot ``slot`` (0 to workers - 1) sent a progress report
+        (:meth:`sweeper.trial.TrialProcess.run`: ``phase``, ``step``, ``of``, ``loss``, ``peak_memory_gib``), at most a
+        few times a second."""
+
     def note(self, text: str) -> None:
         """A line about the study's bookkeeping (a lost trial failed and retried, a trial marked lost meanwhile)."""
 
@@ -188,6 +193,13 @@ class _Sweep:
             for callback in self.callbacks:
                 callback.trial_started(stored, trial.user_attrs.get("cuda_visible_devices"))
 
+    def progress(self, number: int, data: Mapping[str, Any]) -> None:
+        if not self.callbacks:
+            return
+        with self.mutex:
+            for callback in self.callbacks:
+                callback.trial_progress(number, self.local.slot, data)
+
     def emit(self, frozen: FrozenTrial) -> None:
         if not self.callbacks:
             return
@@ -205,6 +217,7 @@ class _Sweep:
         # The slot's warm trial process (sweeper.trial.TrialProcess): started at its first trial, reused while
         # trials end complete or diverged, ended with the slot.
         self.local.process = TrialProcess(env, warm=self.warm)
+        self.local.slot = slot
         try:
             while not self.stop.is_set():
                 check_disk(study_dir(self.name))
@@ -438,7 +451,13 @@ def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig) -> TrialRes
     sweep.started(trial)
     process: TrialProcess = sweep.local.process  # set by run_slot for this thread
     try:
-        result = process.run(config, folder, model_path=sweep.model_path, on_start=started)
+        result = process.run(
+            config,
+            folder,
+            model_path=sweep.model_path,
+            on_start=started,
+            on_progress=lambda data: sweep.progress(trial.number, data),
+        )
     except KeyboardInterrupt:  # one slot, in the main thread: the trial process was killed
         record_interrupted(sweep, trial)
         raise

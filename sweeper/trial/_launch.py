@@ -97,6 +97,7 @@ class TrialProcess:
         self._control: int | None = None
         self._buffer = b""
         self.trials = 0  # trials served by the current process
+        self._on_progress: Callable[[dict], None] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -133,7 +134,20 @@ class TrialProcess:
         return proc
 
     def _read_line(self, deadline: float) -> bytes | None:
-        """The next control line; None at EOF (the process died). Raises TimeoutError past ``deadline``."""
+        """The next control line that is not a progress line (those go to the run's ``on_progress`` as they come,
+        :mod:`sweeper.trial._child.progress`); None at EOF (the process died). Raises TimeoutError past
+        ``deadline``."""
+        while True:
+            line = self._next_line(deadline)
+            if line is None or not line.startswith(b'{"progress"'):
+                return line
+            if self._on_progress is not None:
+                try:
+                    self._on_progress(json.loads(line)["progress"])
+                except (ValueError, KeyError, TypeError):
+                    pass  # a garbled progress line is not worth a trial
+
+    def _next_line(self, deadline: float) -> bytes | None:
         assert self._control is not None
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
@@ -196,6 +210,7 @@ class TrialProcess:
         *,
         model_path: str,
         on_start: Callable[[int], None] | None = None,
+        on_progress: Callable[[dict], None] | None = None,
     ) -> TrialResult:
         """Run one trial in this trial process (started first when there is none) and return what it measured.
 
@@ -207,6 +222,10 @@ class TrialProcess:
             trial_dir: Folder for this trial's files (created).
             model_path: Resolved by :func:`sweeper.model.resolve_model`.
             on_start: Called with the trial process's pid once it has the trial (for bookkeeping), or None.
+            on_progress: Called in this thread with each progress report of the running trial (a dict of ``phase``:
+                ``load``, ``train`` or ``stress``; ``step`` and ``of``, the phase's steps; ``loss``; and
+                ``peak_memory_gib``, the peak so far: :func:`sweeper.trial._child.progress.report`), at most a few
+                times a second; None to ignore them.
 
         Returns:
             The worker's result, or a ``timeout``/``crash`` result made here.
@@ -215,6 +234,7 @@ class TrialProcess:
             KeyboardInterrupt: After killing the trial process, so the caller can record the trial as interrupted.
             OSError: The trial's files cannot be written.
         """
+        self._on_progress = on_progress
         job = _write_job(config, Path(trial_dir), model_path)
         log_path, result_path = Path(job.log_path), Path(job.result_path)
         start = time.monotonic()
@@ -279,6 +299,7 @@ def run_trial(
     env: Mapping[str, str] | None = None,
     on_start: Callable[[int], None] | None = None,
     stress: bool = True,
+    on_progress: Callable[[dict], None] | None = None,
 ) -> TrialResult:
     """Run one trial in a fresh trial process and return what it measured (:meth:`TrialProcess.run`); the process
     ends with it.
@@ -291,6 +312,7 @@ def run_trial(
         on_start: Called with the trial process's pid once it runs (for bookkeeping), or None.
         stress: Run the stress phase after the constant one (the stability margin); False for a constant-rate run
             only (a confirmation, the validity benchmark's long runs).
+        on_progress: The running trial's progress reports (:meth:`TrialProcess.run`), or None.
 
     Returns:
         The worker's result, or a ``timeout``/``crash`` result made here.
@@ -302,6 +324,6 @@ def run_trial(
         env = {**(os.environ if env is None else env), STRESS_STEPS_ENV: "0"}
     process = TrialProcess(env, warm=False)
     try:
-        return process.run(config, trial_dir, model_path=model_path, on_start=on_start)
+        return process.run(config, trial_dir, model_path=model_path, on_start=on_start, on_progress=on_progress)
     finally:
         process.close()

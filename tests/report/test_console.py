@@ -69,7 +69,7 @@ def test_complete_trial_line_has_progress_values_and_no_reason():
     )
     line = format_trial_line(3, {"r": 16, "lora_alpha_ratio": 2.0, "bnb_4bit_use_double_quant": True}, result, 4, 10)
     assert line == (
-        "[ 4/10] #3   r=16 alpha/r=2 dq=yes  complete   3.14 GiB  margin     34x  instability   0.123    42.0 s"
+        "[ 4/10] #3   r=16 alpha/r=2 dq=yes  complete           3.14 GiB  margin     34x  instability   0.123    42.0 s"
     )
     capped = TrialResult(status="complete", stability_margin=643.0, margin_capped=True)
     assert "margin  >=643x" in format_trial_line(3, {"r": 16}, capped, 4, 10)
@@ -81,7 +81,7 @@ def test_nan_trial_line_shows_its_cause_dashes_and_reason():
     )
     line = format_trial_line(7, {"r": 8}, result, 12, 100)
     assert line == (
-        "[ 12/100] #7   r=8  nan/data   1.00 GiB  margin       -  instability       -     5.0 s  "
+        "[ 12/100] #7   r=8  nan/data           1.00 GiB  margin       -  instability       -     5.0 s  "
         "(loss is NaN at step 2)"
     )
 
@@ -90,7 +90,7 @@ def test_oom_trial_line_appends_its_reason():
     result = TrialResult(status="oom", reason="CUDA out of memory at step 1 (backward)", peak_memory_gib=23.9)
     line = format_trial_line(12, {"r": 64, "per_device_train_batch_size": 8}, result, 1, 8)
     assert line == (
-        "[1/8] #12  r=64 batch=8  oom       23.90 GiB  margin       -  instability       -       - s"
+        "[1/8] #12  r=64 batch=8  oom               23.90 GiB  margin       -  instability       -       - s"
         "  (CUDA out of memory at step 1 (backward))"
     )
 
@@ -102,7 +102,7 @@ def test_repeat_line_has_no_progress_counter_but_keeps_the_columns():
     )
     line = format_trial_line(5, params, repeat, 3, 10)
     assert (
-        line == "        #5   r=16  complete   1.00 GiB  margin       -  instability   0.500       - s  "
+        line == "        #5   r=16  complete           1.00 GiB  margin       -  instability   0.500       - s  "
         "(same configuration as trial 1)"
     )
     first = format_trial_line(1, params, TrialResult(status="complete", peak_memory_gib=1.0, instability=0.5), 2, 10)

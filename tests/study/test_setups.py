@@ -4,6 +4,7 @@ resume under other settings is refused unless ``--new-setup`` records them, and 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import optuna
@@ -92,9 +93,11 @@ def test_a_new_setup_is_kept_apart_in_report_and_export(tiny_model, workdir):
     assert "max_steps 4 (was 3)" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
     study = optuna.load_study(study_name="t", storage="sqlite:///studies/t.db")
     assert len(study.trials) == 1  # the refusal asked for no trial
-    second = sweep("run", str(path), "--n-trials", "2", "--set", "max_steps=4", "--new-setup", cwd=workdir)
+    env = {**os.environ, "SWEEPER_PROGRESS_INTERVAL_S": "1"}  # a log's progress line every second, not minute
+    second = sweep("run", str(path), "--n-trials", "2", "--set", "max_steps=4", "--new-setup", cwd=workdir, env=env)
     assert second.returncode == 0, second.stderr
     assert "setup   new settings for this study (--new-setup)" in second.stdout
+    assert "progress 1/2 trials · 1 running" in second.stdout and "running #1 " in second.stdout
     study = optuna.load_study(study_name="t", storage="sqlite:///studies/t.db")
     assert [t.user_attrs["setup"] for t in study.trials] == [0, 1]
     assert space_settings(load_space(path))["dataset.path"] == str(data)

@@ -18,6 +18,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from sweeper.stability import STRESS_GROWTH, divergence, stress_lr
+from sweeper.trial._child import progress
 from sweeper.trial._child.record import (
     DivergedError,
     NonFiniteError,
@@ -228,7 +229,12 @@ class TraceCallback(TrainerCallback):
         step = state.global_step
         if record.stressing:
             self._stress_step_end(skipped)
+            stress = record.stress
+            assert stress is not None
+            progress.report("stress", step=stress.done, of=stress.steps, loss=record.step_loss)
             return
+        constant_steps = record.stress.after_step if record.stress is not None else args.max_steps
+        progress.report("train", step=step, of=constant_steps, loss=record.step_loss)
         act = record.step_max_activation
         record.loss.append(finite_or_none(record.step_loss))
         record.grad_norm.append(finite_or_none(record.step_grad_norm))

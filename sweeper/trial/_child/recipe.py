@@ -339,7 +339,7 @@ def _diagnose(
 def _write_nan_batch(
     diagnosis: NanDiagnosis, tokenizer: Any, samples: dict[int, Any], step: int, trial_dir: Path
 ) -> None:
-    """The failing step's rows as ``nan_batch.jsonl`` in ``trial_dir``, one JSON object per row (README, "What a
+    """The failing step's rows as ``nan_batch.jsonl`` in ``trial_dir``, one JSON object per row (docs/trial.md, "What a
     trial is and records"): ``step``, ``index``, ``tokens_trained``, ``tokens_before_truncation``, ``truncated``,
     ``micro_batch``, ``supervised_tokens``, ``invalid_token_ids``, ``nonfinite_inputs``, ``fp32_loss``,
     ``fp32_finite``, ``at_fault``, ``text`` (decoded as trained) and ``text_cut_away`` (what truncation removed)."""

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from sweeper.space import TrialConfig
 from sweeper.stability import compute_instability, learning_progress, margin_of, projected_fail_step
+from sweeper.trial._child import progress
 from sweeper.trial._child.checks import QuantizationCheckError
 from sweeper.trial._child.load import LOAD_REPORT, versions
 from sweeper.trial._child.measurements import Measurements, copy_onto
@@ -224,8 +225,10 @@ def run(config: TrialConfig, model_path: str, trial_dir: Path, warm: WarmState |
             replays rows outside training mode, which on some CPUs repacks the 4-bit weights).
     """
     warm = warm if warm is not None else WarmState()
+    progress.set_device("cuda" if cuda_visible() else "cpu")
     t_setup = time.monotonic()
     reserve: bytearray | None = _begin(config, warm)
+    progress.report("load")  # after _begin reset the peaks: the last trial's is not this one's
     record = TrainingRecord()
     measured = Measurements(warm=warm.trials > 0, model_reused=False)
     try:
@@ -286,6 +289,7 @@ def serve(control_fd: int) -> None:
     ``{"reusable": bool}`` and a newline on ``control_fd``. The heavy imports happen once, before the first job is
     read; the first trial's ``import_time_s`` and ``setup_time_s`` include them."""
     warm = WarmState()
+    progress.attach(control_fd)
     process_import_s = import_heavy()
     for line in sys.stdin:
         if not line.strip():
