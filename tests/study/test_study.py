@@ -393,9 +393,9 @@ def test_a_resume_with_other_run_policy_reuses_what_was_measured():
 def test_the_contract_documents_every_stored_attribute():
     # The contract's table of a trial's attributes is what a trial stores, both ways: a field added to TrialResult
     # without its row fails here, and so does a row naming an attribute no trial stores.
-    from sweeper.testing import REPO
-
     import re
+
+    from sweeper.testing import REPO
 
     contract = (REPO / "docs" / "contract.md").read_text()
     table = contract.split("**User attributes of a trial.**", 1)[1].split("\n\n", 2)[1]
