@@ -7,7 +7,9 @@ plain values, no torch and no plotly; :mod:`sweeper.report._figures` turns them 
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import statistics
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -273,32 +275,127 @@ def curves_data(study: optuna.Study) -> list[dict[str, Any]]:
     return out
 
 
+#: Complete trials (of the current setup) below which no importance is shown for the stability objective: on fewer,
+#: optuna's evaluator ranks noise (on an 8-trial study it ranked lora_alpha/r second for peak memory, which no
+#: tensor's size depends on).
+MIN_IMPORTANCE_TRIALS = 20
+
+#: Bootstrap resamples of the trials behind each importance's interval.
+IMPORTANCE_RESAMPLES = 20
+
+
 def _objective(i: int) -> Any:
     """The target function of objective ``i`` for ``optuna.importance``."""
     return lambda t: t.values[i]
 
 
-def importance_data(study: optuna.Study) -> dict[str, dict[str, float]]:
-    """Importance of each searched parameter for each objective, from optuna's default importance evaluator
-    (``optuna.importance.get_param_importances``) over the COMPLETE trials.
+def memory_effects(study: optuna.Study, trials: list[StoredTrial]) -> dict[str, Any]:
+    """Which searched setting moves the predicted peak, and by how much, at the study's own configurations: for each
+    searched key, the spread (max - min, GiB) of the memory model's prediction over the key's searched values with
+    every other setting as a trial had it, the median over the study's measured configurations. A key the memory
+    model does not depend on (``lora_alpha_ratio``, ``learning_rate``, the quant type) moves it by exactly 0.
 
     Returns:
-        ``{objective: {param: importance}}`` with importances summing to 1 per objective; {} when fewer than two
-        complete trials differ (importance is undefined then).
+        ``{"effects_gib": {param: GiB}, "configurations": n}``, or ``{"not_shown": why}`` when the model's shape is
+        unknown or no trial stored its configuration.
     """
-    complete = [t for t in measured_trials(study) if t.state == TrialState.COMPLETE]
-    if len(complete) < 2 or len({tuple(sorted(t.params.items())) for t in complete}) < 2:
-        return {}
-    out: dict[str, dict[str, float]] = {}
-    for i, name in enumerate(objectives_of(study)):
+    from sweeper.memory import memory_predictor
+
+    configured = [t for t in trials if t.config is not None]
+    if not configured:
+        return {"not_shown": "no measured trial stored its configuration"}
+    first = configured[0].config
+    assert first is not None
+    device = "cuda" if str(configured[0].result.device or "").startswith("cuda") else "cpu"
+    path = str(study.user_attrs.get("model_path") or first.model.name_or_path)
+    predict = memory_predictor(path, first.model.name_or_path, first.model.attn_implementation, device)
+    values = _searched_values(study)
+    effects: dict[str, list[float]] = {key: [] for key in values}
+    for t in configured:
+        assert t.config is not None
+        for key, choices in values.items():
+            peaks = [predict(dataclasses.replace(t.config, **{key: v})) for v in choices]
+            known = [p for p in peaks if p is not None]
+            if len(known) < len(peaks):
+                return {"not_shown": "the memory model does not know this model's shape (no readable config.json)"}
+            effects[key].append(max(known) - min(known))
+    return {
+        "effects_gib": {k: float(statistics.median(v)) for k, v in effects.items() if v},
+        "configurations": len(configured),
+    }
+
+
+def _searched_values(study: optuna.Study) -> dict[str, list[Any]]:
+    """Each searched key's values as the study's trials were sampled from them: a categorical's choices, a range's
+    ends."""
+    out: dict[str, list[Any]] = {}
+    for t in study.get_trials(deepcopy=False):
+        for key, dist in t.distributions.items():
+            if key in out:
+                continue
+            choices = getattr(dist, "choices", None)
+            out[key] = list(choices) if choices is not None else [dist.low, dist.high]  # type: ignore[attr-defined]
+    return out
+
+
+def importance_data(study: optuna.Study) -> dict[str, dict[str, Any]]:
+    """What explains each objective over the study's current setup (:func:`sweeper.study.current_trials`).
+
+    - ``peak_memory_gib``: the memory model itself (:func:`memory_effects`), not a fit to a handful of measured
+      points.
+    - the stability objective: optuna's default importance (``optuna.importance.get_param_importances``, PED-ANOVA
+      in optuna 5) over the
+      COMPLETE trials, only from :data:`MIN_IMPORTANCE_TRIALS` of them, with a 90% interval from
+      :data:`IMPORTANCE_RESAMPLES` bootstrap resamples of the trials (each resample's importances sum to 1).
+
+    Returns:
+        ``{"peak_memory_gib": memory_effects(...), <stability objective>: {"importance": {param: median},
+        "interval": {param: [p5, p95]}, "trials": n} | {"not_shown": why}}``.
+    """
+    current = current_trials(study, measured_trials(study))
+    names = objectives_of(study)
+    out: dict[str, dict[str, Any]] = {names[0]: memory_effects(study, current)}
+    complete = [t for t in current if t.state == TrialState.COMPLETE and t.frozen is not None]
+    if len(complete) < MIN_IMPORTANCE_TRIALS:
+        out[names[1]] = {
+            "not_shown": f"{len(complete)} complete trials; a ranking needs {MIN_IMPORTANCE_TRIALS} (on fewer it "
+            "ranks noise)"
+        }
+        return out
+    out[names[1]] = _bootstrap_importance([t.frozen for t in complete if t.frozen is not None], study.directions)
+    return out
+
+
+def _bootstrap_importance(trials: list[Any], directions: Any) -> dict[str, Any]:
+    """optuna's importance of the second objective over bootstrap resamples of ``trials``."""
+    import random
+
+    rng = random.Random(0)
+    samples: dict[str, list[float]] = {}
+    for _ in range(IMPORTANCE_RESAMPLES):
+        picked = [rng.choice(trials) for _ in trials]
+        resample = optuna.create_study(directions=directions)
+        resample.add_trials(picked)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                values = optuna.importance.get_param_importances(study, target=_objective(i))
-        except (RuntimeError, ValueError):  # e.g. no parameter varies among the complete trials
+                values = optuna.importance.get_param_importances(resample, target=_objective(1))
+        except (RuntimeError, ValueError):  # a resample where no parameter varies
             continue
-        out[name] = {k: float(v) for k, v in values.items()}
-    return out
+        for key, value in values.items():
+            samples.setdefault(key, []).append(float(value))
+    if not samples:
+        return {"not_shown": "no parameter varies among the complete trials"}
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+    return {
+        "importance": {k: float(statistics.median(v)) for k, v in samples.items()},
+        "interval": {k: [pct(v, 0.05), pct(v, 0.95)] for k, v in samples.items()},
+        "trials": len(trials),
+    }
 
 
 def memory_prediction_data(study: optuna.Study) -> dict[str, Any]:

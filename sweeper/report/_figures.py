@@ -19,6 +19,7 @@ import optuna
 
 from sweeper.report import _data as data
 from sweeper.report._console import format_instability, format_margin
+from sweeper.report._data import IMPORTANCE_RESAMPLES, MIN_IMPORTANCE_TRIALS
 
 #: Marker per status in the front figure (plotly symbol names).
 SYMBOLS = {
@@ -305,23 +306,51 @@ def curves_figure(curves: Sequence[Mapping[str, Any]]) -> Any:
     return fig
 
 
-def importance_figure(importance: Mapping[str, Mapping[str, float]]) -> Any:
-    """Horizontal bars of each parameter's importance, one subplot per objective."""
+def importance_figure(importance: Mapping[str, Mapping[str, Any]]) -> Any:
+    """Two panels (:func:`sweeper.report._data.importance_data`): what moves the predicted peak memory, in GiB, by
+    the memory model at the study's configurations; and optuna's importance of the stability objective with its
+    bootstrap interval, or the reason it is not shown."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    names = list(importance) or ["(fewer than two complete trials)"]
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, horizontal_spacing=0.3)
-    for i, name in enumerate(importance, 1):
-        items = sorted(importance[name].items(), key=lambda kv: kv[1])
+    names = list(importance)
+    titles = [
+        "peak memory: spread of the predicted peak (GiB)" if i == 0 else f"{name}: importance (PED-ANOVA, 90% interval)"
+        for i, name in enumerate(names)
+    ]
+    fig = make_subplots(rows=1, cols=max(1, len(names)), subplot_titles=titles or [""], horizontal_spacing=0.3)
+    for i, name in enumerate(names, 1):
+        part = importance[name]
+        if "not_shown" in part:
+            fig.add_annotation(
+                text="not shown: " + str(part["not_shown"]),
+                xref=f"x{i if i > 1 else ''} domain",
+                yref=f"y{i if i > 1 else ''} domain",
+                x=0.5,
+                y=0.5,
+                showarrow=False,
+            )
+            continue
+        values = part.get("effects_gib") or part.get("importance") or {}
+        items = sorted(values.items(), key=lambda kv: kv[1])
+        error = None
+        if "interval" in part:
+            low = [v - part["interval"][k][0] for k, v in items]
+            high = [part["interval"][k][1] - v for k, v in items]
+            error = {"type": "data", "symmetric": False, "array": high, "arrayminus": low}
         fig.add_trace(
-            go.Bar(x=[v for _, v in items], y=[k for k, _ in items], orientation="h", name=name, showlegend=False),
+            go.Bar(
+                x=[v for _, v in items],
+                y=[k for k, _ in items],
+                orientation="h",
+                name=name,
+                showlegend=False,
+                error_x=error,
+            ),
             row=1,
             col=i,
         )
-    fig.update_layout(
-        title="Parameter importance per objective (optuna.importance)", template="plotly_white", height=380
-    )
+    fig.update_layout(title="What explains each objective", template="plotly_white", height=380)
     return fig
 
 
@@ -462,8 +491,12 @@ the ideal after scaling both objectives to [0, 1].</p>
 {divs[0]}
 <h2 id="fit-map">Fit map</h2>{divs[1]}
 <h2 id="curves">Curves</h2>{divs[2]}
-<h2 id="importance">Parameter importance</h2>
-<p>From {n_complete} complete trials: with few trials, and short ones, read it as a hint of what to search next.</p>
+<h2 id="importance">What explains each objective</h2>
+<p>Peak memory: how much each searched setting moves the memory model's predicted peak, at this study's own
+configurations (the spread over the setting's searched values, median over the configurations; a setting no tensor's
+size depends on, such as lora_alpha/r, moves it by 0). Stability: optuna's importance (PED-ANOVA) over the {n_complete}
+complete trials, shown from {MIN_IMPORTANCE_TRIALS} of them, with a 90% interval from {IMPORTANCE_RESAMPLES} bootstrap
+resamples of the trials.</p>
 {divs[3]}
 <h2 id="memory">Predicted vs measured peak memory</h2>{memory}
 <h2 id="failed">Pruned and failed trials</h2>{_table(failed_rows) if failed else "<p>none</p>"}

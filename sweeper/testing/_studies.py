@@ -69,14 +69,17 @@ def add_trial(
     margin (:func:`sweeper.study.stability_objective`), the second value is its ``edge_proximity``: the stored
     ``stability_margin`` is ``1 / instability`` (and ``learning_progress`` 0.2) unless ``extra`` gives them.
 
-    ``extra``: a ``config`` (a stored config dict) replaces the trial's; other keys that are :class:`TrialResult`
-    fields set the result's; the rest (``duplicate_of``, ``retry_of``, ...) are stored as user attributes as given.
+    ``extra``: a ``config`` (a stored config dict) replaces the trial's; ``params`` and ``distributions`` replace the
+    sampled values (r, batch, seq) and their distributions; other keys that are :class:`TrialResult` fields set the
+    result's; the rest (``duplicate_of``, ``retry_of``, ...) are stored as user attributes as given.
 
     Raises:
         ValueError: ``status`` is not a :class:`TrialStatus` value, or a complete trial lacks an objective.
     """
     extra = dict(extra or {})
     config = TrialConfig.from_dict(extra.pop("config")) if "config" in extra else _config(r, batch, seq, model)
+    params = extra.pop("params", {"r": r, "per_device_train_batch_size": batch, "max_seq_length": seq})
+    distributions = extra.pop("distributions", STUDY_DISTRIBUTIONS)
     names = {f.name for f in dataclasses.fields(TrialResult)}
     fields: dict[str, Any] = {
         "status": TrialStatus(status),
@@ -106,8 +109,8 @@ def add_trial(
         create_trial(
             state=state,
             values=values,
-            params={"r": r, "per_device_train_batch_size": batch, "max_seq_length": seq},
-            distributions=STUDY_DISTRIBUTIONS,
+            params=params,
+            distributions=distributions,
             user_attrs=attrs.user_attrs,
             system_attrs={f"constraints:{FAILURE_CONSTRAINT}": failure_constraint(result.status)},
         )
