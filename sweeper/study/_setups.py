@@ -49,6 +49,29 @@ CAP_KEY = "memory_limit_gib"
 #: content wherever it lies (a copied project folder), and ``dataset.path`` is not compared.
 DATA_SHA_KEY = "dataset.sha256"
 
+#: A local checkpoint's fingerprint in a setup (:func:`checkpoint_fingerprint`); when two setups both have one and it
+#: is equal, ``model.name_or_path`` is not compared (the same checkpoint in another folder).
+MODEL_SHA_KEY = "model.fingerprint"
+
+#: Each checksum and the path it stands for.
+_CHECKSUMS = {DATA_SHA_KEY: "dataset.path", MODEL_SHA_KEY: "model.name_or_path"}
+
+
+def checkpoint_fingerprint(path: str) -> str | None:
+    """A local checkpoint folder's fingerprint: the sha256 of its ``config.json`` and of the names and sizes of its
+    weight files (hashing gigabytes of weights at every resume would cost minutes), or None for anything else."""
+    folder = os.path.expanduser(path)
+    config = os.path.join(folder, "config.json")
+    if not os.path.isfile(config):
+        return None
+    digest = hashlib.sha256()
+    with open(config, "rb") as f:
+        digest.update(f.read())
+    for name in sorted(os.listdir(folder)):
+        if name.endswith((".safetensors", ".bin", ".gguf")):
+            digest.update(f"{name}:{os.path.getsize(os.path.join(folder, name))}".encode())
+    return digest.hexdigest()
+
 
 def file_sha256(path: str) -> str | None:
     """The sha256 of a local file's bytes (hex), or None when ``path`` is not a file (a built-in dataset, a hub id).
@@ -87,6 +110,9 @@ def space_settings(space: SearchSpace) -> dict[str, Any]:
     sha = file_sha256(space.base.dataset.path)
     if sha is not None:
         flat[DATA_SHA_KEY] = sha
+    fingerprint = checkpoint_fingerprint(space.base.model.name_or_path)
+    if fingerprint is not None:
+        flat[MODEL_SHA_KEY] = fingerprint
     return flat
 
 
@@ -95,26 +121,21 @@ def differences(was: Mapping[str, Any], now: Mapping[str, Any], *, cap: bool = T
     ``dataset.path`` is left out when both name data of the same checksum, and the checksum is shown only when the
     paths are equal (the file changed in place); without ``cap``, ``memory_limit_gib`` is left out. A key only one of
     them has (a setting of another version's schema) is not a difference."""
-    same_data = DATA_SHA_KEY in was and was.get(DATA_SHA_KEY) == now.get(DATA_SHA_KEY)
+    same = {
+        path: key in was and key in now and was[key] == now[key] for key, path in _CHECKSUMS.items()
+    }  # the same bytes (data) or the same checkpoint (model) under another path
     out = []
     for key in dict.fromkeys([*now, *was]):
-        if key == DATA_SHA_KEY:
-            if (
-                DATA_SHA_KEY in was
-                and DATA_SHA_KEY in now
-                and not same_data
-                and was.get("dataset.path") == now.get("dataset.path")
-            ):
-                out.append(
-                    f"the content of {now.get('dataset.path')} (sha256 {str(now[key])[:12]}, {word} "
-                    f"{str(was[key])[:12]})"
-                )
+        if key in _CHECKSUMS:
+            path = _CHECKSUMS[key]
+            if key in was and key in now and not same[path] and was.get(path) == now.get(path):
+                out.append(f"the content of {now.get(path)} ({key} {str(now[key])[:12]}, {word} {str(was[key])[:12]})")
             continue
-        if (key == "dataset.path" and same_data) or (key == CAP_KEY and not cap):
-            continue
-        if key in was and key in now and _same(was[key], now[key]):
+        if same.get(key) or (key == CAP_KEY and not cap):
             continue
         if key not in was or key not in now:  # a setting one of them does not know (another version's schema)
+            continue
+        if _same(was[key], now[key]):
             continue
         out.append(f"{key} {_shown(now[key])} ({word} {_shown(was[key])})")
     return out
@@ -134,14 +155,20 @@ def _shown(value: Any) -> str:
 
 def _baseline(study: optuna.Study) -> dict[str, Any] | None:
     """The setup of a study written before setups existed: its latest finished trial's stored config (a repeat's
-    is its original's), or None."""
+    is its original's), or None. A local model or data path that no longer exists is left out (the project moved,
+    or the tests' tiny model was rebuilt elsewhere): what it held cannot be compared any more."""
     for t in reversed(study.get_trials(deepcopy=False)):
         raw = t.user_attrs.get("config")
         if t.state.is_finished() and isinstance(raw, Mapping) and "status" in t.user_attrs:
             try:
-                return settings_of(TrialConfig.from_dict(raw), t.params)
+                settings = settings_of(TrialConfig.from_dict(raw), t.params)
             except (TypeError, ValueError):
                 continue
+            for key in _CHECKSUMS.values():
+                value = str(settings.get(key, ""))
+                if value.startswith(("/", "~", ".")) and not os.path.exists(os.path.expanduser(value)):
+                    settings.pop(key, None)
+            return settings
     return None
 
 
@@ -197,7 +224,10 @@ def choose_setup(study: optuna.Study, space: SearchSpace, url: str, *, new_setup
         setups.append(now)
         index = len(setups) - 1
         study.set_user_attr(SETUPS_ATTR, setups)
-    elif study.user_attrs.get(SETUPS_ATTR) is None:
+    elif study.user_attrs.get(SETUPS_ATTR) is None or set(now) - set(setups[index]):
+        # Matched a setup that lacks settings this version records (a study written before setups, a checksum not
+        # known then): it is completed with them, so that later resumes compare them too.
+        setups[index] = {**setups[index], **now}
         study.set_user_attr(SETUPS_ATTR, setups)
     if current_setup(study) != index:
         study.set_user_attr(CURRENT_SETUP_ATTR, index)
@@ -215,5 +245,5 @@ def trial_setup(
     if config is None:
         return None
     mine = settings_of(config, params)
-    without_sha = [{k: v for k, v in s.items() if k != DATA_SHA_KEY} for s in setups]
+    without_sha = [{k: v for k, v in s.items() if k not in _CHECKSUMS} for s in setups]
     return next((i for i, s in enumerate(without_sha) if not differences(s, mine)), None)

@@ -77,6 +77,12 @@ def test_differences_ignore_keys_one_side_does_not_know():
     was = {"max_steps": 3, "dataset.path": "/a", "old_key": 1}
     assert differences(was, {"max_steps": 3.0, "dataset.path": "/a", "new_key": 2}) == []
     assert differences(was, {"max_steps": 5, "dataset.path": "/a"}, word="now") == ["max_steps 5 (now 3)"]
+    # the same checkpoint in another folder (a copied project) is the same model; another checkpoint is not
+    model = {"model.name_or_path": "/old/ckpt", "model.fingerprint": "f1"}
+    assert differences(model, {"model.name_or_path": "/new/ckpt", "model.fingerprint": "f1"}) == []
+    assert differences(model, {"model.name_or_path": "/new/ckpt", "model.fingerprint": "f2"}) == [
+        "model.name_or_path /new/ckpt (was /old/ckpt)"
+    ]
 
 
 @pytest.mark.slow
