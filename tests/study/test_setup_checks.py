@@ -177,6 +177,12 @@ def test_a_fit_under_a_larger_cap_does_not_hide_that_nothing_fits_the_new_one(ti
     assert "note    memory_limit_gib is 3 now; 1 trial was measured under memory_limit_gib 4" in larger.stdout
     study = optuna.load_study(study_name=space["study"]["name"], storage="sqlite:///studies/t.db")
     assert study.user_attrs["sweep_starts"] == 2  # the refused run and the one with nothing to run did not count
+    # report and export compare the trials of the current cap; the other cap's trial stays in the tables
+    import json
+
+    report = json.loads(sweep("report", "t", "--json", cwd=workdir).stdout)
+    assert {f["number"] for f in report["front"]} <= {1} and len(report["trials"]) == 2
+    assert "memory_limit_gib 4 (now 3)" in report["other_setups"]
 
 
 def test_nothing_fits_names_the_cheapest_setting(tiny_model, tmp_path):
