@@ -10,7 +10,8 @@ latest ``sweep run`` measured (:data:`CURRENT_SETUP_ATTR`); each trial stores th
 - with the same settings, resumes the setup they match (an earlier one too: going back to an earlier cap resumes it);
 - with another ``memory_limit_gib`` and nothing else changed, starts a new setup with a note, as before;
 - with any other setting changed, is refused with one line naming each difference, unless ``--new-setup`` asks to
-  record the change as a new setup.
+  record the change as a new setup, or nothing was measured under the current settings yet (every trial of them was
+  interrupted): they are then replaced.
 
 Readers (the front, the picks, ``sweep confirm``'s candidates, ``sweep export``) compare the trials of the current
 setup only (:func:`in_current_setup`); trials of the others stay in the study and in the report's tables, with a note
@@ -215,6 +216,14 @@ def choose_setup(study: optuna.Study, space: SearchSpace, url: str, *, new_setup
         current = current_setup(study)
         was = setups[current if current is not None and current < len(setups) else -1] if setups else None
         changed = differences(was, now, cap=False) if was is not None else []
+        at = setups.index(was) if was is not None else -1
+        if changed and not new_setup and not _measured_under(study, at):
+            # Nothing was measured under the current settings (its trials were all interrupted): there is nothing
+            # to mix them with, so they are replaced, and the queued trials run under the new ones.
+            setups[at] = now
+            study.set_user_attr(SETUPS_ATTR, setups)
+            study.set_user_attr(CURRENT_SETUP_ATTR, at)
+            return at
         if changed and not new_setup:
             raise StudyError(
                 f"{space.path}: study '{study.study_name}' in {redact_url(url)} was measured with other settings: "
@@ -232,6 +241,17 @@ def choose_setup(study: optuna.Study, space: SearchSpace, url: str, *, new_setup
     if current_setup(study) != index:
         study.set_user_attr(CURRENT_SETUP_ATTR, index)
     return index
+
+
+def _measured_under(study: optuna.Study, index: int) -> bool:
+    """Whether a trial of the study has a result under setup ``index``: finished with a status, not interrupted (a
+    trial without :data:`TRIAL_SETUP_ATTR` is an older version's and counts as measured)."""
+    for t in study.get_trials(deepcopy=False):
+        if not t.state.is_finished() or "status" not in t.user_attrs or t.user_attrs.get("interrupted"):
+            continue
+        if t.user_attrs.get(TRIAL_SETUP_ATTR, index) == index:
+            return True
+    return False
 
 
 def trial_setup(

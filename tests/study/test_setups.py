@@ -23,6 +23,14 @@ def _data(path, n=40, reply="yes"):
     return path
 
 
+def _finished(status, **attrs):
+    from optuna.trial import TrialState, create_trial
+
+    state = TrialState.COMPLETE if status == "complete" else TrialState.FAIL
+    values = [1.0, 0.1] if status == "complete" else None
+    return create_trial(state=state, values=values, user_attrs={"status": status, "setup": 0, **attrs})
+
+
 def _space(tiny_model, workdir, data, **training):
     space = tiny_space(tiny_model, n_trials=1, training=training)
     space["dataset"]["path"] = str(data)
@@ -48,9 +56,15 @@ def test_a_resume_with_other_settings_is_refused_with_each_difference(tiny_model
     data = _data(workdir / "a.jsonl")
     url = "sqlite:///studies/s.db"
     space = _space(tiny_model, workdir, data)
-    choose_setup(open_study(space, url, "s"), space, url)
+    study = open_study(space, url, "s")
+    choose_setup(study, space, url)
     other = _data(workdir / "b.jsonl", reply="no")
     changed = _space(tiny_model, workdir, other, max_steps=4)
+    # Nothing measured yet (only an interrupted trial): nothing to mix, the settings are replaced.
+    study.add_trial(_finished("fail", interrupted=True))
+    assert choose_setup(open_study(changed, url, "s"), changed, url) == 0
+    assert choose_setup(open_study(space, url, "s"), space, url) == 0  # and back
+    study.add_trial(_finished("complete"))
     with pytest.raises(StudyError) as raised:
         choose_setup(open_study(changed, url, "s"), changed, url)
     line = str(raised.value)
