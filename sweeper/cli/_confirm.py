@@ -27,7 +27,7 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
     Returns:
         How many failed their confirmation, and how many could not run (a failure of the attempt: nothing recorded).
     """
-    from sweeper.report import LiveProgress, format_instability, format_margin, format_params
+    from sweeper.report import LiveProgress, format_params
     from sweeper.study import confirm_trials, stored_trials
 
     if not numbers:
@@ -66,27 +66,8 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
                 + "; fix it and run the same command"
             )
             return
-        instability = format_instability(done.instability)
-        peak = "-" if done.peak_memory_gib is None else f"{done.peak_memory_gib:.2f} GiB"
-        margin = format_margin(t.result.stability_margin, t.result.margin_capped)
-        said = ""
-        if done.predicted_to_hold is not None:
-            said = (
-                f"; its margin {margin} said it {'holds' if done.predicted_to_hold else 'fails'} "
-                f"(predicted_max_lr {done.predicted_max_lr:.3g}): "
-                + ("as predicted" if done.margin_held else "NOT as predicted")
-            )
-        if done.passed:
-            say(
-                f"        #{t.number:<3} confirmed: {done.steps} steps complete, instability {instability} (short "
-                f"{format_instability(t.result.instability)}), peak {peak} ({done.wall_time_s or 0:.0f} s){said}"
-            )
-        else:
-            failed += 1
-            say(
-                f"        #{t.number:<3} FAILED its confirmation: {done.status} at step {done.fail_step} of "
-                f"{done.steps}: {done.reason} ({done.wall_time_s or 0:.0f} s){said}"
-            )
+        failed += 0 if done.passed else 1
+        say(_outcome_line(t, done))
 
     def on_skip(t: Any, done: Any) -> None:
         nonlocal failed
@@ -108,6 +89,32 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
     finally:
         live.close()
     return failed, not_run
+
+
+def _outcome_line(t: Any, done: Any) -> str:
+    """The line of a confirmation that ended with an outcome: confirmed or FAILED, with what the trial's margin had
+    predicted."""
+    from sweeper.report import format_instability, format_margin
+
+    peak = "-" if done.peak_memory_gib is None else f"{done.peak_memory_gib:.2f} GiB"
+    margin = format_margin(t.result.stability_margin, t.result.margin_capped)
+    said = ""
+    if done.predicted_to_hold is not None:
+        said = (
+            f"; its margin {margin} said it {'holds' if done.predicted_to_hold else 'fails'} "
+            f"(predicted_max_lr {done.predicted_max_lr:.3g}): "
+            + ("as predicted" if done.margin_held else "NOT as predicted")
+        )
+    if done.passed:
+        return (
+            f"        #{t.number:<3} confirmed: {done.steps} steps complete, instability "
+            f"{format_instability(done.instability)} (short {format_instability(t.result.instability)}), peak {peak} "
+            f"({done.wall_time_s or 0:.0f} s){said}"
+        )
+    return (
+        f"        #{t.number:<3} FAILED its confirmation: {done.status} at step {done.fail_step} of "
+        f"{done.steps}: {done.reason} ({done.wall_time_s or 0:.0f} s){said}"
+    )
 
 
 def _check_setup(study: Any, config: Any) -> None:

@@ -123,17 +123,8 @@ def plan_sweep(
     name = name or space.study.name
     url = storage or space.study.storage or default_storage(name)
     target = n_trials or space.study.n_trials
-    heartbeat_interval_s()  # a bad SWEEPER_HEARTBEAT_INTERVAL_S is one line before anything runs
-    if workers > 1 and in_memory(url):
-        raise SpaceError(
-            f"--storage: {redact_url(url)} is an in-memory database, one per connection, which "
-            f"--workers {workers} cannot share; give a file, e.g. --storage sqlite:///studies/{name}.db"
-        )
-    problem = check_setup(space, model_path)  # what would fail every trial the same way: once, here
-    if problem:
-        raise SpaceError(problem)
-    database = sqlite_file(url)
-    had = {"database": database is not None and Path(database).exists(), "folder": study_dir(name).exists()}
+    _check_before_opening(space, model_path, url, name, workers)
+    had = _existing(url, name)
     check_writable(study_dir(name))  # before the storage is touched
     study = None
     try:
@@ -145,10 +136,9 @@ def plan_sweep(
         predict = memory_predictor(
             model_path, space.model.name_or_path, space.model.attn_implementation, trial_device()
         )
-        if refuse_if_nothing_fits:
-            unfit = _nothing_fits(space, predict, study, model_path, on_measure)
-            if unfit:
-                raise SpaceError(unfit)
+        unfit = _nothing_fits(space, predict, study, model_path, on_measure) if refuse_if_nothing_fits else None
+        if unfit:
+            raise SpaceError(unfit)
     except SweeperError:
         _forget_created(study if study is not None and created else None, url, name, had)
         raise
@@ -167,6 +157,30 @@ def plan_sweep(
         setup=setup,
         new_setup=setup >= known > 0,
     )
+
+
+def _check_before_opening(space: SearchSpace, model_path: str, url: str, name: str, workers: int) -> None:
+    """What :func:`plan_sweep` refuses before it touches the storage: a bad heartbeat setting, ``--workers`` above 1
+    on an in-memory storage, and the setup checks of the model and space (what would fail every trial the same way).
+
+    Raises:
+        SpaceError, StudyError: One line each.
+    """
+    heartbeat_interval_s()  # a bad SWEEPER_HEARTBEAT_INTERVAL_S is one line before anything runs
+    if workers > 1 and in_memory(url):
+        raise SpaceError(
+            f"--storage: {redact_url(url)} is an in-memory database, one per connection, which "
+            f"--workers {workers} cannot share; give a file, e.g. --storage sqlite:///studies/{name}.db"
+        )
+    problem = check_setup(space, model_path)
+    if problem:
+        raise SpaceError(problem)
+
+
+def _existing(url: str, name: str) -> dict[str, bool]:
+    """Whether the SQLite file of ``url`` and the study folder exist, before this run creates them."""
+    database = sqlite_file(url)
+    return {"database": database is not None and Path(database).exists(), "folder": study_dir(name).exists()}
 
 
 def _forget_created(study: optuna.Study | None, url: str, name: str, had: dict[str, bool]) -> None:
