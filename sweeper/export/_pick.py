@@ -11,7 +11,15 @@ import optuna
 
 from sweeper.errors import StudyError
 from sweeper.stability import format_margin
-from sweeper.study import StoredTrial, by_knee_distance, current_trials, learning, pareto_front, stored_trials
+from sweeper.study import (
+    StoredTrial,
+    by_knee_distance,
+    current_trials,
+    learning,
+    non_dominated,
+    pareto_front,
+    stored_trials,
+)
 from sweeper.trial import TrialStatus
 
 Pick = Literal["knee", "min-memory", "most-stable"]
@@ -80,19 +88,6 @@ def _formats_expressing(trial: StoredTrial, fmt: str) -> str:
     return others[0] if len(others) == 1 else ", ".join(others[:-1]) + " or " + others[-1]
 
 
-def _non_dominated(trials: Sequence[StoredTrial]) -> list[StoredTrial]:
-    """The trials no other of ``trials`` beats on both objectives (lower is better), by peak memory."""
-    front = []
-    for t in trials:
-        a = objectives(t)
-        beaten = any(
-            (b := objectives(u))[0] <= a[0] and b[1] <= a[1] and b != a for u in trials if u.number != t.number
-        )
-        if not beaten:
-            front.append(t)
-    return sorted(front, key=objectives)
-
-
 def _expressible_trials(study: optuna.Study, fmt: str) -> list[StoredTrial]:
     """The measured COMPLETE trials of the study's current setup (:func:`sweeper.study.current_trials`) ``fmt`` can
     express whose confirmation did not fail."""
@@ -152,7 +147,7 @@ def pick_trial(
     if not front:
         raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with 'sweep run'")
     if fmt is not None and any(inexpressible(t, fmt) for t in front):
-        expressible = _non_dominated(_expressible_trials(study, fmt))
+        expressible = non_dominated(_expressible_trials(study, fmt))
         if not expressible:
             why, fix = _NONE_EXPRESSIBLE[fmt]
             raise StudyError(

@@ -291,7 +291,7 @@ def measured_trials(study: optuna.Study) -> list[StoredTrial]:
 
 
 def pareto_front(study: optuna.Study) -> list[StoredTrial]:
-    """The COMPLETE trials of the study's current setup (:func:`sweeper.study._setups.current_trials`) that no other
+    """The COMPLETE trials of the study's current setup (:func:`current_trials`) that no other
     of them beats on both objectives (both minimized), by peak memory; a trial that reused an earlier one's result
     (a repeat) is listed once, as the original."""
     complete = [
@@ -299,13 +299,20 @@ def pareto_front(study: optuna.Study) -> list[StoredTrial]:
         for t in current_trials(study, stored_trials(study, (TrialState.COMPLETE,)))
         if not t.is_repeat and t.values is not None
     ]
-    front = [t for t in complete if not any(_dominates(o.values, t.values) for o in complete)]
-    return sorted(front, key=lambda t: t.values)  # type: ignore[arg-type,return-value]
+    return non_dominated(complete)
 
 
-def _dominates(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
-    """``a`` is no worse than ``b`` on both minimized objectives and better on one."""
-    return a is not None and b is not None and all(x <= y for x, y in zip(a, b)) and a != b
+def non_dominated(trials: Sequence[StoredTrial]) -> list[StoredTrial]:
+    """The COMPLETE ``trials`` no other of them beats on both objectives (both minimized: no worse on each and not
+    equal), by their values (peak memory first)."""
+    done = [t for t in trials if t.values is not None]
+
+    def beaten(t: StoredTrial) -> bool:
+        a = t.values
+        assert a is not None
+        return any(b[0] <= a[0] and b[1] <= a[1] and b != a for b in (u.values for u in done) if b is not None)
+
+    return sorted((t for t in done if not beaten(t)), key=lambda t: t.values)  # type: ignore[arg-type,return-value]
 
 
 def by_knee_distance(front: Sequence[StoredTrial]) -> list[StoredTrial]:
