@@ -43,7 +43,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     target = export_path(where, args.format, f"trial{trial.number}-{args.format}")
     existed = {target.with_suffix(suffix) for suffix in (".py", ".json", ".yaml")} if target.parent.is_dir() else set()
     existed = {p for p in existed if p.exists()}
-    files = write_export(study, trial, args.format, target, force=args.force)
+    warnings: list[str] = []
+    files = write_export(study, trial, args.format, target, force=args.force, warnings=warnings)
     replaced = [f for f in files if f in existed]
     _print(
         f"export  {how} (peak {values[0]:.3f} GiB, margin "
@@ -51,6 +52,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         + ", ".join(str(f) for f in files)
         + (f" (replaced {len(replaced)} earlier file{'s' if len(replaced) > 1 else ''})" if replaced else "")
     )
+    for line in warnings:
+        _print(f"WARNING export: {line}")
     return 0
 
 

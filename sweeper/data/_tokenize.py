@@ -203,6 +203,20 @@ def _encode(sample: Sample, tokenizer: Any) -> tuple[list[int], list[int]]:
     return ids, [tok if m else -100 for tok, m in zip(ids, marked)]
 
 
+def eos_appended(sample: Sample, tokenizer: Any) -> bool:
+    """Whether :func:`tokenize_samples` appends the end-of-sequence token to ``sample``'s reply: a completion
+    (prompt/completion, alpaca) whose chat template ends the turn with another token (see :func:`_encode`). False
+    for chat and text samples, and for a row the template refuses."""
+    if not sample.completion or not tokenizer.eos_token:
+        return False
+    try:
+        text, spans = _supervised_spans(sample.messages or (), tokenizer)
+    except TemplateRefusal:
+        return False
+    a, b = spans[-1]
+    return tokenizer.eos_token not in text[a:b]
+
+
 def tokenize_samples(
     samples: Sequence[Sample], tokenizer: Any, max_seq_length: int, dropped: list[DroppedRow] | None = None
 ) -> list[TokenizedSample]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sweeper.errors import StudyError
+from sweeper.export._dataset import ExportData, axolotl_dataset
 from sweeper.export._settings import ExportSettings, header
 from sweeper.export._yaml import same_named_training, yaml_text
 
@@ -11,14 +12,15 @@ from sweeper.export._yaml import same_named_training, yaml_text
 AXOLOTL_LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
 
 
-def render_axolotl(s: ExportSettings) -> str:
+def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
     """An axolotl config (``adapter: qlora``), in the keys of axolotl 0.21's schema. axolotl derives
     ``bnb_4bit_compute_dtype`` from its ``bf16``/``fp16`` flags; the trial's value is passed through
     ``bnb_config_kwargs``, which axolotl merges into its ``BitsAndBytesConfig``. Two of axolotl's defaults would
     train otherwise than the trial: ``tf32: auto`` turns TF32 matmuls on for Ampere and newer GPUs (the trial ran
     PyTorch's default, full float32 matmuls), and ``excess_length_strategy`` defaults to ``drop`` for rows longer
     than ``sequence_len`` (the trial truncated them): both are written out, and so are axolotl's fused LoRA kernels
-    (:data:`AXOLOTL_LORA_KERNELS`), as off.
+    (:data:`AXOLOTL_LORA_KERNELS`), as off. With ``data``, the ``datasets`` entry and ``chat_template`` of the
+    trial's rows (:func:`sweeper.export._dataset.axolotl_dataset`), or a comment saying why they could not be read.
 
     Raises:
         StudyError: The trial's ``lora_alpha`` is not a whole number (axolotl's is an integer:
@@ -32,7 +34,8 @@ def render_axolotl(s: ExportSettings) -> str:
             "whole number, which axolotl cannot express (its lora_alpha is an integer); export it with --format hf, "
             "trl or llama-factory"
         )
-    data = {
+    entry, entry_comments = axolotl_dataset(data.rows, data.folder) if data and data.rows else ({}, {})
+    out = {
         "base_model": s.model,
         "load_in_4bit": True,
         "adapter": "qlora",
@@ -45,6 +48,7 @@ def render_axolotl(s: ExportSettings) -> str:
             "bnb_4bit_use_double_quant": q["bnb_4bit_use_double_quant"],
             "bnb_4bit_compute_dtype": q["bnb_4bit_compute_dtype"],
         },
+        **entry,
         "sequence_len": s.max_seq_length,
         "excess_length_strategy": "truncate",
         "sample_packing": False,
@@ -59,6 +63,7 @@ def render_axolotl(s: ExportSettings) -> str:
         "output_dir": f"./outputs/{s.provenance['study']}-trial{s.provenance['trial']}",
     }
     comments = {
+        **entry_comments,
         "bnb_config_kwargs": "axolotl ties bnb_4bit_compute_dtype to bf16/fp16; this entry sets the trial's value "
         "explicitly",
         "sequence_len": "sweeper's max_seq_length",
@@ -73,4 +78,7 @@ def render_axolotl(s: ExportSettings) -> str:
     }
     if not t["bf16"] and not t["fp16"]:
         comments["bf16"] = "the trial computed in float32: no mixed precision (axolotl's default, auto, would use bf16)"
-    return yaml_text(header(s, "#"), data, comments)
+    lines = header(s, "#", dataset_given=bool(entry))
+    if data and data.rows is None:
+        lines.append(f"# {data.missing_note()}")
+    return yaml_text(lines, out, comments)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from sweeper.errors import StudyError
+from sweeper.export._dataset import ExportData, llama_factory_dataset
 from sweeper.export._settings import ExportSettings, header
 from sweeper.export._yaml import same_named_training, yaml_text
 
@@ -18,10 +19,15 @@ LLAMA_FACTORY_DTYPES = (
 )
 
 
-def render_llama_factory(s: ExportSettings) -> str:
+def render_llama_factory(s: ExportSettings, data: ExportData | None = None) -> tuple[str, str]:
     """A LLaMA-Factory training config (``finetuning_type: lora``, ``quantization_bit: 4``). LLaMA-Factory derives
     the 4-bit compute dtype from ``bf16``/``fp16`` and has no key for it (see :data:`LLAMA_FACTORY_DTYPES`): the
     comment states what it computes in. A float32 trial cannot be expressed (:func:`sweeper.export.inexpressible`).
+    With ``data``, the ``dataset``/``dataset_dir``/``template`` keys of the trial's rows
+    (:func:`sweeper.export._dataset.llama_factory_dataset`), or a comment saying why they could not be read.
+
+    Returns:
+        The YAML, and the ``dataset_info.json`` registering the rows (``""`` when there is none to write).
 
     Raises:
         StudyError: The trial computed in float32.
@@ -33,10 +39,15 @@ def render_llama_factory(s: ExportSettings) -> str:
             f"{s.provenance['study']}: --format llama-factory: trial {s.provenance['trial']} computed in float32, "
             "which LLaMA-Factory cannot express; export it with --format hf, trl or axolotl"
         )
-    data = {
+    name = f"{s.provenance['study']}-trial{s.provenance['trial']}"
+    entry, entry_comments, info = (
+        llama_factory_dataset(data.rows, data.folder, name) if data and data.rows else ({}, {}, "")
+    )
+    out = {
         "model_name_or_path": s.model,
         "stage": "sft",
         "do_train": True,
+        **entry,
         "finetuning_type": "lora",
         "quantization_bit": 4,
         "quantization_type": q["bnb_4bit_quant_type"],
@@ -60,6 +71,7 @@ def render_llama_factory(s: ExportSettings) -> str:
         else "float16, as the trial, on any GPU and whatever the checkpoint's dtype"
     )
     comments = {
+        **entry_comments,
         "quantization_bit": "bitsandbytes: LLaMA-Factory's default quantization_method",
         "quantization_type": "bnb_4bit_quant_type",
         "double_quantization": "bnb_4bit_use_double_quant",
@@ -68,4 +80,7 @@ def render_llama_factory(s: ExportSettings) -> str:
         "in the trial ('sweep doctor' lists them as truncated)",
         "bf16" if dtype == "bfloat16" else "fp16": f"LLaMA-Factory computes the 4-bit layers in {effective}",
     }
-    return yaml_text(header(s, "#") + [f"# {LLAMA_FACTORY_DTYPES}"], data, comments)
+    lines = header(s, "#", dataset_given=bool(entry)) + [f"# {LLAMA_FACTORY_DTYPES}"]
+    if data and data.rows is None:
+        lines.append(f"# {data.missing_note()}")
+    return yaml_text(lines, out, comments), info

@@ -99,6 +99,14 @@ def _settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
     )
 
 
+#: The note of an export without a dataset entry (``hf``, ``trl``, ``json``); the axolotl and LLaMA-Factory exports
+#: write the trial's rows and replace it with :data:`RUN_LENGTH_NOTE`.
+DATASET_NOTE = (
+    "add your dataset, its chat template and the length of the run (steps or epochs): a trial does not choose them"
+)
+RUN_LENGTH_NOTE = "add the length of the run (steps or epochs): a trial does not choose it"
+
+
 def _batch_notes(c: TrialConfig, accumulation: int) -> list[str]:
     """How the export's batch and schedule differ from the short trial's, and what a trial does not choose."""
     batch, target = c.per_device_train_batch_size, c.target_effective_batch_size
@@ -109,7 +117,7 @@ def _batch_notes(c: TrialConfig, accumulation: int) -> list[str]:
         f"the trial ran {c.max_steps} steps at a constant learning rate after {c.warmup_steps} "
         "warmup steps, to probe the peak rate; choose the schedule of the real run yourself",
         "the trial supervised the assistant replies only (prompt tokens had label -100)",
-        "add your dataset, its chat template and the length of the run (steps or epochs): a trial does not choose them",
+        DATASET_NOTE,
     ]
     if batch * accumulation != target:
         notes.append(f"{target} is not a multiple of {batch}: the effective batch is {batch * accumulation}")
@@ -210,10 +218,12 @@ def _margin_sentence(p: dict[str, Any]) -> str:
     )
 
 
-def header(s: ExportSettings, comment: str) -> list[str]:
+def header(s: ExportSettings, comment: str, dataset_given: bool = False) -> list[str]:
     """The lines every format starts with, each after ``comment``: where the settings come from, what was measured,
-    the library versions and the notes."""
+    the library versions and the notes (with ``dataset_given``, the export writes the dataset entry itself: the note
+    asks for the run's length only)."""
     p = s.provenance
+    notes = [RUN_LENGTH_NOTE if n == DATASET_NOTE and dataset_given else n for n in s.notes]
     versions = ", ".join(f"{k} {v}" for k, v in p["versions"].items() if v)
     lines = [
         f"Exported by sweeper from study '{p['study']}', trial {p['trial']} ({p['exported']}).",
@@ -221,6 +231,6 @@ def header(s: ExportSettings, comment: str) -> list[str]:
         f"instability {p['instability']}, on {p['device']}.",
         _margin_sentence(p),
         f"Versions: {versions}.",
-        *s.notes,
+        *notes,
     ]
     return [f"{comment} {line}" for line in lines]

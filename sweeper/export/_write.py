@@ -12,6 +12,7 @@ import optuna
 
 from sweeper.errors import StudyError
 from sweeper.export._axolotl import render_axolotl
+from sweeper.export._dataset import LLAMA_FACTORY_INFO, ROWS_FILE, ExportData, export_data
 from sweeper.export._hf import render_hf
 from sweeper.export._json import render_json
 from sweeper.export._llama_factory import render_llama_factory
@@ -20,16 +21,22 @@ from sweeper.export._settings import ExportSettings, settings_of
 from sweeper.study import StoredTrial
 
 
-def render(s: ExportSettings, fmt: Format) -> dict[str, str]:
-    """The files of one export: ``{suffix: text}`` (``hf`` writes ``.py`` and ``.json``, the others one file)."""
+def render(s: ExportSettings, fmt: Format, data: ExportData | None = None) -> dict[str, str]:
+    """The files of one export: ``{suffix: text}`` (``hf`` writes ``.py`` and ``.json``, the others one file), and
+    for axolotl and LLaMA-Factory with ``data`` the trial's rows (and LLaMA-Factory's registry of them), keyed by
+    their path in ``data.folder``."""
     if fmt == "hf":
         return {".py": render_hf(s), ".json": render_json(s)}
     if fmt == "trl":
         return {".py": render_hf(s, trl=True)}
+    rows = {str(data.folder / ROWS_FILE): data.rows.text} if data and data.rows else {}
     if fmt == "axolotl":
-        return {".yaml": render_axolotl(s)}
+        return {".yaml": render_axolotl(s, data), **rows}
     if fmt == "llama-factory":
-        return {".yaml": render_llama_factory(s)}
+        text, info = render_llama_factory(s, data)
+        if not (data and info):  # text rows: LLaMA-Factory has no entry for them, so no rows are written
+            return {".yaml": text}
+        return {".yaml": text, **rows, str(data.folder / LLAMA_FACTORY_INFO): info}
     return {".json": render_json(s)}
 
 
@@ -102,12 +109,22 @@ def _refuse_edited(targets: dict[Path, str]) -> None:
 
 
 def write_export(
-    study: optuna.Study, trial: StoredTrial, fmt: Format, path: str | Path, force: bool = False
+    study: optuna.Study,
+    trial: StoredTrial,
+    fmt: Format,
+    path: str | Path,
+    force: bool = False,
+    warnings: list[str] | None = None,
 ) -> list[Path]:
     """Write the export of ``trial`` in ``fmt`` to ``path`` (see :func:`export_path`; ``hf`` also writes the JSON
     beside the ``.py``). Each file is written to a temporary name and renamed, so an existing export is never left
     half-written. Each file ends with its :data:`STAMP_KEY`; an existing file is replaced only when it is as an
     earlier ``sweep export`` wrote it, or with ``force``: an edited export is never lost.
+
+    axolotl and LLaMA-Factory exports also write the trial's rows into a folder beside the file
+    (:func:`sweeper.export._dataset.data_folder`: ``rows.jsonl``, and LLaMA-Factory's ``dataset_info.json``), which
+    the file's dataset entry names; when the rows cannot be read here, the file says why and ``warnings`` gets the
+    line.
 
     Returns:
         The files written.
@@ -116,18 +133,27 @@ def write_export(
         StudyError: The path has the wrong suffix, the folder cannot be written, or a file there was edited (without
             ``force``).
     """
-    files = render(settings_of(study, trial), fmt)
+    settings = settings_of(study, trial)
     base = export_path(path, fmt, f"trial{trial.number}-{fmt}")
-    targets = {
-        (base if suffix == SUFFIXES[fmt] else base.with_suffix(suffix)): stamped(text, suffix)
-        for suffix, text in files.items()
-    }
+    data = (
+        export_data(trial.config, study.user_attrs.get("model_path"), base)
+        if fmt in ("axolotl", "llama-factory") and trial.config is not None
+        else None
+    )
+    if data is not None and data.rows is None and warnings is not None:
+        warnings.append(data.missing_note())
+    targets = {}
+    for key, text in render(settings, fmt, data).items():
+        if key.startswith("."):
+            targets[base if key == SUFFIXES[fmt] else base.with_suffix(key)] = stamped(text, key)
+        else:  # the rows and their registry: data the user may edit too, compared whole (no stamp in a data file)
+            targets[Path(key)] = text
     if not force:
         _refuse_edited(targets)
     out = []
     try:
-        base.parent.mkdir(parents=True, exist_ok=True)
         for target, text in targets.items():
+            target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_name(target.name + ".tmp")
             tmp.write_text(text)
             os.replace(tmp, target)

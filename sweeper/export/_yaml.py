@@ -9,12 +9,16 @@ from typing import Any
 
 def yaml_text(header: list[str], data: Mapping[str, Any], comments: Mapping[str, str]) -> str:
     """YAML of ``data`` in order, with the header comment and a comment after the keys named in ``comments``."""
+    import json
+
     import yaml
 
     lines = list(header) + [""]
     for key, value in data.items():
         if isinstance(value, (list, dict)):  # one line: [q_proj, v_proj], {bnb_4bit_quant_type: nf4, ...}
-            text = f"{key}: " + yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+            text = f"{key}: " + yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False).strip()
+        elif isinstance(value, str) and "\n" in value:  # a template: one line, as a JSON string (which YAML reads)
+            text = f"{key}: {json.dumps(value)}"
         else:
             text = yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False, width=1000).rstrip("\n")
         if key in comments:

@@ -22,7 +22,7 @@ def study_and_knee(tmp_path, tiny_model):
 def test_yaml_and_json_exports_carry_every_value(study_and_knee, tmp_path):
     study, trial = study_and_knee
     assert trial.number == 1
-    [ax] = write_export(study, trial, "axolotl", tmp_path / "out" / "ax")
+    ax, *_ = write_export(study, trial, "axolotl", tmp_path / "out" / "ax")
     text = ax.read_text()
     assert text.startswith("# Exported by sweeper from study 'rep', trial 1") and "peak memory 1.5 GiB" in text
     a = yaml.safe_load(text)
@@ -38,7 +38,7 @@ def test_yaml_and_json_exports_carry_every_value(study_and_knee, tmp_path):
     assert "ties bnb_4bit_compute_dtype" in text  # what axolotl cannot express the same way is said
     # axolotl's defaults would train otherwise than the trial: TF32 matmuls on Ampere+, rows over sequence_len dropped
     assert a["tf32"] is False and a["excess_length_strategy"] == "truncate" and a["sample_packing"] is False
-    [lf] = write_export(study, trial, "llama-factory", tmp_path / "lf.yaml")
+    lf, *_ = write_export(study, trial, "llama-factory", tmp_path / "lf.yaml")
     f = yaml.safe_load(lf.read_text())
     assert f["finetuning_type"] == "lora" and f["quantization_bit"] == 4 and f["quantization_type"] == "nf4"
     assert f["double_quantization"] is True and f["lora_rank"] == 8 and f["lora_alpha"] == 16
@@ -193,7 +193,7 @@ def test_llama_factory_picks_among_the_trials_it_can_express(tmp_path, tiny_mode
         pick_trial(study, number=6, fmt="llama-factory")
     with pytest.raises(StudyError, match="cannot express"):
         write_export(study, pick_trial(study, number=6), "llama-factory", tmp_path / "lf")
-    [ax] = write_export(study, pick_trial(study, number=6), "axolotl", tmp_path / "ax")
+    ax, *_ = write_export(study, pick_trial(study, number=6), "axolotl", tmp_path / "ax")
     a = yaml.safe_load(ax.read_text())
     assert a["bf16"] is False and a["fp16"] is False and a["tf32"] is False
     assert a["bnb_config_kwargs"]["bnb_4bit_compute_dtype"] == "float32"
@@ -394,8 +394,8 @@ def test_an_edited_export_is_never_replaced_without_force(study_and_knee, tmp_pa
     study, trial = study_and_knee
     from sweeper.errors import StudyError
 
-    [first] = write_export(study, trial, "axolotl", tmp_path / "cfg")
-    [again] = write_export(study, trial, "axolotl", tmp_path / "cfg")  # as sweep wrote it: replaced
+    first, *_ = write_export(study, trial, "axolotl", tmp_path / "cfg")
+    again, *_ = write_export(study, trial, "axolotl", tmp_path / "cfg")  # as sweep wrote it: replaced
     assert again == first
     edited = first.read_text() + "num_epochs: 3  # my own\n"
     first.write_text(edited)
@@ -425,3 +425,91 @@ def test_the_confirm_line_names_the_horizon_the_command_runs(study_and_knee):
     study.set_user_attr("confirm_steps", 8)  # study.confirm_steps, which 'sweep confirm' runs by default
     [line] = [n for n in settings_of(study, trial).notes if "sweep confirm" in n]
     assert "to run it 8 steps first" in line, line
+
+
+def _data_study(tmp_path, tiny_model, rows, name="data.jsonl"):
+    """make_study's trials and trial 6: trial 1's settings on ``rows`` (written as JSON lines to ``name``)."""
+    from sweeper.testing import add_configured_trials
+
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    study = make_study(tmp_path, model=str(tiny_model))
+    dataset = {"path": str(path), "format": "auto", "max_samples": 2, "seed": 0, "split": "train"}
+    add_configured_trials(study, tiny_model, [({"dataset": dataset}, 1.0, 0.1)])
+    return study, pick_trial(study, number=6), path
+
+
+#: ShareGPT rows as LLaMA-Factory's and axolotl's examples spell them: speaker names, a system column; one row with a
+#: speaker the trial does not know (left out, and said).
+SHAREGPT = [
+    {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}], "system": "Be brief."},
+    {"conversations": [{"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "4"}]},
+    {"conversations": [{"from": "narrator", "value": "x"}, {"from": "gpt", "value": "y"}]},
+]
+
+
+def test_the_tool_exports_write_the_rows_the_trial_read(tmp_path, tiny_model):
+    """axolotl and LLaMA-Factory exports carry a dataset entry: the trial's rows as it read them (ShareGPT speakers
+    as roles, the system column as the first turn, the unreadable row left out and counted), beside the file, in
+    the tokenizer's template (the tiny one has none: sweeper's ChatML, which axolotl is given as jinja and
+    LLaMA-Factory as chatml). tests/export/test_export_tools.py runs LLaMA-Factory's own loader on them."""
+    from sweeper.data import DEFAULT_CHAT_TEMPLATE, load_samples
+    from sweeper.space import DatasetSpec
+
+    study, trial, path = _data_study(tmp_path, tiny_model, SHAREGPT)
+    warnings: list[str] = []
+    ax, rows_file = write_export(study, trial, "axolotl", tmp_path / "out" / "ax", warnings=warnings)
+    assert warnings == [] and rows_file == (tmp_path / "out" / "ax.data" / "rows.jsonl").resolve()
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert rows == [
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                      {"role": "assistant", "content": "Hello."}]},
+        {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]},
+    ]  # fmt: skip
+    read = sorted(load_samples(DatasetSpec(path=str(path))), key=lambda s: s.index)
+    assert rows == [{"messages": [dict(m) for m in s.messages]} for s in read]  # what every trial reads
+    a = yaml.safe_load(ax.read_text())
+    assert a["datasets"] == [
+        {
+            "path": str(rows_file),
+            "ds_type": "json",
+            "type": "chat_template",
+            "field_messages": "messages",
+            "message_property_mappings": {"role": "role", "content": "content"},
+            "roles_to_train": ["assistant"],
+            "train_on_eos": "turn",
+        }
+    ]
+    assert a["chat_template"] == "jinja" and a["chat_template_jinja"] == DEFAULT_CHAT_TEMPLATE
+    text = ax.read_text()
+    assert "1 of its 3 rows left out, as the trial left them out (1 row: unknown role 'narrator' (row 2))" in text
+    assert "the trials drew 2 of them (dataset.max_samples 2)" in text and "add your dataset" not in text
+    lf, lf_rows, info = write_export(study, trial, "llama-factory", tmp_path / "out" / "lf")
+    f = yaml.safe_load(lf.read_text())
+    assert f["dataset"] == "rep-trial6" and f["dataset_dir"] == str(lf_rows.parent) and f["template"] == "chatml"
+    assert lf_rows.read_text() == rows_file.read_text()
+    assert json.loads(info.read_text())["rep-trial6"]["formatting"] == "sharegpt"
+
+
+def test_a_dataset_that_cannot_be_read_or_is_text_is_said(tmp_path, tiny_model):
+    """The rows file gone at export time: the export is still written, its comment and a warning say why there is no
+    dataset entry. Text rows: axolotl's completion type; LLaMA-Factory has no stage that trains them row by row, and
+    says so. An edited rows file is not replaced without --force."""
+    from sweeper.errors import StudyError
+
+    study, trial, path = _data_study(tmp_path, tiny_model, [{"text": "one"}, {"text": "two"}])
+    ax, rows_file = write_export(study, trial, "axolotl", tmp_path / "ax")
+    assert yaml.safe_load(ax.read_text())["datasets"][0]["type"] == "completion"
+    assert rows_file.read_text() == '{"text": "one"}\n{"text": "two"}\n'
+    [lf] = write_export(study, trial, "llama-factory", tmp_path / "lf")
+    assert "dataset" not in yaml.safe_load(lf.read_text()) and "trains text rows only at stage pt" in lf.read_text()
+    rows_file.write_text('{"text": "one, cleaned"}\n')
+    with pytest.raises(StudyError, match="rows.jsonl: -o: the file was changed since"):
+        write_export(study, trial, "axolotl", tmp_path / "ax")
+    assert rows_file.read_text() == '{"text": "one, cleaned"}\n'
+    path.unlink()
+    warnings: list[str] = []
+    [ax] = write_export(study, trial, "axolotl", tmp_path / "ax2", warnings=warnings)
+    [line] = warnings
+    assert line.startswith("no dataset entry: the trial's rows could not be read here (") and "no such file" in line
+    assert f"# {line}" in ax.read_text() and "add your dataset" in ax.read_text()

@@ -46,10 +46,10 @@ OTHER = {
     "seed": 7,
 }
 
-#: The user's part of a real run, which an export leaves to them (its notes say so): a dataset. ``use_cpu``: the
-#: side venvs' torch is a CPU build, and transformers refuses bf16/fp16 without a GPU unless told to use the CPU.
-LLAMA_FACTORY_ADDS = {"dataset": "rows", "use_cpu": True}
-AXOLOTL_ADDS = {"datasets": [{"path": "rows.jsonl", "type": "chat_template"}]}
+#: ``use_cpu``: the side venvs' torch is a CPU build, and transformers refuses bf16/fp16 without a GPU unless told to
+#: use the CPU. The dataset is the export's own (the trial's rows, written beside it).
+LLAMA_FACTORY_ADDS = {"use_cpu": True}
+AXOLOTL_ADDS: dict = {}
 
 #: The tool's libraries are offline, and axolotl's telemetry is off.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "1"}
@@ -122,7 +122,7 @@ def test_axolotl_is_given_only_whole_lora_alphas(study, tmp_path, monkeypatch):
         pick_trial(study, number=8, fmt="axolotl")
     with pytest.raises(StudyError, match="lora_alpha 2.4, not a whole number, which axolotl cannot express"):
         write_export(study, pick_trial(study, number=8), "axolotl", tmp_path / "ax")
-    [lf] = write_export(study, pick_trial(study, number=8, fmt="llama-factory"), "llama-factory", tmp_path / "lf")
+    lf, *_ = write_export(study, pick_trial(study, number=8, fmt="llama-factory"), "llama-factory", tmp_path / "lf")
     assert yaml.safe_load(lf.read_text())["lora_alpha"] == 2.4
     # The float32 trial: axolotl expresses it, LLaMA-Factory names the formats that do.
     assert pick_trial(study, number=7, fmt="axolotl").number == 7
@@ -151,10 +151,10 @@ def test_llama_factory_parses_the_export_into_the_trials_settings(llama_factory,
     for trial, path, got in zip(trials, files, results):
         text = path.read_text()
         exported = yaml.safe_load(text)
-        assert "add your dataset" in text  # the export leaves the dataset to the user, who adds it as here
+        assert "add your dataset" not in text and exported["dataset"] == f"rep-trial{trial.number}"
         assert set(exported) <= set(got), set(exported) - set(got)
         for key, value in exported.items():
-            want = value.split(",") if key == "lora_target" else value
+            want = value.split(",") if key in ("lora_target", "dataset") else value
             assert got[key] == want, (trial.number, key, got[key], want)
         c = trial.config
         assert got["model_name_or_path"] == str(tiny_model) and got["quantization_method"] == "bnb"
@@ -220,3 +220,125 @@ def test_axolotl_validates_the_export_and_keeps_the_trials_settings(axolotl, stu
         assert got["versions"]["axolotl"] == pins["axolotl"]
         assert got["versions"]["transformers"] == pins["transformers"]
     assert [r["bnb"]["bnb_4bit_compute_dtype"] for r in results] == ["bfloat16", "float16", "float32"]
+
+
+#: SmolLM2-135M-Instruct's chat template (from the built-in model's GGUF file): ChatML that opens with a default
+#: system turn when the conversation has none.
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou "
+    "are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + "
+    "message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
+    "%}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+#: Chat rows: one turn, two exchanges, a system turn, and one whose user speaks twice (the trial trains it,
+#: LLaMA-Factory's reader skips it: the export says so); and alpaca rows, one with an input (the trial joins it to the
+#: instruction with a blank line, LLaMA-Factory's alpaca reader with a newline: the export writes them as turns).
+DATASETS = {
+    "chat.jsonl": [
+        {"messages": [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "Seven."}]},
+        {"messages": [
+            {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! How can I help?"},
+            {"role": "user", "content": "Add 2 and 3."}, {"role": "assistant", "content": "2 + 3 = 5."},
+        ]},
+        {"messages": [
+            {"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Thanks"},
+            {"role": "assistant", "content": "De rien !"},
+        ]},
+        {"messages": [
+            {"role": "user", "content": "One"}, {"role": "user", "content": "Two"},
+            {"role": "assistant", "content": "Three"},
+        ]},
+    ],
+    "alpaca.jsonl": [
+        {"instruction": "Translate to German.", "input": "good morning", "output": "Guten Morgen"},
+        {"instruction": "Say hello.", "input": "", "output": "Hello."},
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def templated_model(tmp_path_factory, tiny_model):
+    """The tiny Llama whose tokenizer carries SmolLM2's chat template (LLaMA-Factory parses it from the tokenizer)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    target = tmp_path_factory.mktemp("templated") / "model"
+    shutil.copytree(tiny_model, target)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    tokenizer.chat_template = SMOLLM2_TEMPLATE
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def _row_exports(fmt, models, datasets, tmp_path, monkeypatch):
+    """For each model and each of ``datasets`` (``{file name: rows}``): a study whose trial 6 read the rows, its
+    ``fmt`` export, and the trial's tokens at 4096 (``tokenize_samples``: ids and labels, a row each, in the file's
+    order, without the rows LLaMA-Factory's reader skips, which the export counts)."""
+    from sweeper.data import load_samples, load_tokenizer, tokenize_samples
+    from sweeper.export._dataset import _alternates
+    from sweeper.space import DatasetSpec
+
+    files, expected = [], []
+    for k, model in enumerate(models):
+        for name, rows in datasets.items():
+            folder = tmp_path / f"{fmt}-model{k}-{name}"
+            folder.mkdir()
+            monkeypatch.chdir(folder)  # each study's folder (studies/rep/) apart
+            data = folder / name
+            data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            study = make_study(folder, model=str(model))
+            dataset = {"path": str(data), "format": "auto", "max_samples": 512, "seed": 0, "split": "train"}
+            add_configured_trials(study, model, [({"dataset": dataset}, 1.0, 0.1)])
+            path, *_ = write_export(study, pick_trial(study, number=6, fmt=fmt), fmt, folder / fmt)
+            samples = sorted(load_samples(DatasetSpec(path=str(data))), key=lambda s: s.index)
+            skipped = sum(s.messages is not None and not _alternates(s.messages) for s in samples)
+            if fmt == "llama-factory":
+                assert (f"; {skipped} of them do not alternate" in path.read_text()) is bool(skipped)
+                samples = [s for s in samples if s.messages is None or _alternates(s.messages)]
+            tokens = tokenize_samples(samples, load_tokenizer(str(model)), 4096)
+            files.append(path)
+            expected.append((model, name, skipped, [(t.input_ids, t.labels) for t in tokens]))
+    return files, expected
+
+
+@pytest.mark.network
+def test_llama_factory_trains_the_exported_rows_on_the_trials_tokens(
+    llama_factory, tmp_path, tiny_model, templated_model, monkeypatch
+):
+    """LLaMA-Factory 0.9.5's own loader (``get_dataset``, stage sft, after ``get_template_and_fix_tokenizer``) reads
+    the export's dataset entry into the input ids and labels the trial trains on (``tokenize_samples``), row for row:
+    for a tokenizer without a chat template (``template: chatml``) and one with SmolLM2's (parsed from the tokenizer,
+    its default system turn included), on chat and alpaca rows. The one row LLaMA-Factory skips is the one the
+    export's comment counts. At 4096 tokens, so that no row is cut (the cut differs, and the export says so)."""
+    files, expected = _row_exports("llama-factory", (tiny_model, templated_model), DATASETS, tmp_path, monkeypatch)
+    adds = {**LLAMA_FACTORY_ADDS, "cutoff_len": 4096, "overwrite_cache": True}
+    results = _check(llama_factory, "llama-factory-rows", adds, files, tmp_path)
+    assert sum(skipped for *_, skipped, _ in expected) == 2  # the speaker-twice row, once a model
+    for (model, name, _, want), got in zip(expected, results):
+        assert got["template"] == ("chatml" if model == tiny_model else None), (model, name)
+        assert list(zip(got["input_ids"], got["labels"])) == want, (str(model), name)
+
+
+@pytest.mark.network
+def test_axolotl_trains_the_exported_rows_on_the_trials_tokens_but_one_a_turn(
+    axolotl, tmp_path, tiny_model, templated_model, monkeypatch
+):
+    """axolotl 0.21.0's own dataset loader and tokenizing strategies (``load_dataset_with_config``,
+    ``get_dataset_wrapper``: ``chat_template`` with the export's template, ``completion``) make of the export's
+    entry the input ids the trial trains on, row for row, and the same labels but one token an assistant turn: the
+    newline the template writes after the end-of-turn token, which the trial supervises (it is the end of the turn's
+    text) and axolotl's ``train_on_eos: turn`` does not (the export's comment says so). Text rows: the same ids and
+    labels."""
+    datasets = {**DATASETS, "text.jsonl": [{"text": "The cat sat."}, {"text": "Two plus two is four."}]}
+    files, expected = _row_exports("axolotl", (tiny_model, templated_model), datasets, tmp_path, monkeypatch)
+    results = _check(axolotl, "axolotl-rows", AXOLOTL_ADDS, files, tmp_path)
+    for (model, name, _, want), got in zip(expected, results):
+        assert [ids for ids, _ in want] == got["input_ids"], (str(model), name)
+        for (ids, ours), theirs in zip(want, got["labels"]):
+            differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+            eos = got["eos_token_id"]
+            turns = sum(t == eos for t, label in zip(ids, ours) if label != -100)
+            assert all(theirs[i] == -100 and ids[i - 1] == eos for i in differ), (str(model), name, differ)
+            assert len(differ) == (0 if name == "text.jsonl" else turns), (str(model), name, differ, turns)

@@ -1,13 +1,14 @@
 """Run a production tool's own config parser on ``sweep export`` files, as its command line would, and print what
 it made of them: LLaMA-Factory's ``get_train_args`` (``llamafactory-cli train FILE KEY=VALUE ...``) and the
 ``BitsAndBytesConfig`` it builds from them; axolotl's ``validate_config`` and ``normalize_config`` (``axolotl
-train FILE``) and the ``BitsAndBytesConfig`` of its model loader. Nothing is trained and no weight is loaded.
+train FILE``) and the ``BitsAndBytesConfig`` of its model loader; and (``-rows``) the input ids and labels each tool's
+own dataset loader makes of the export's dataset entry. Nothing is trained and no weight is loaded.
 
 Run as a script in a side environment that has the tool (``tests/fixtures/stacks/{llama-factory,axolotl}.txt``)::
 
-    python tool_check.py llama-factory|axolotl OVERRIDES_JSON FILE.yaml [FILE.yaml ...]
+    python tool_check.py llama-factory|llama-factory-rows|axolotl|axolotl-rows OVERRIDES_JSON FILE.yaml [...]
 
-``OVERRIDES_JSON`` holds the keys a user adds to the export (the dataset, ``use_cpu`` on a machine without a GPU).
+``OVERRIDES_JSON`` holds the keys a user adds to the export (``use_cpu`` on a machine without a GPU).
 Prints one JSON list, one object per file: the parsed values, or ``{"error": ...}`` when the tool rejects it."""
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ def llama_factory(path: str, overrides: dict[str, Any]) -> dict[str, Any]:
         "lora_dropout": finetuning.lora_dropout,
         "lora_target": finetuning.lora_target,
         "cutoff_len": data.cutoff_len,
+        "dataset": data.dataset,
+        "dataset_dir": data.dataset_dir,
+        "template": data.template,
         "packing": data.packing,
         "train_on_prompt": data.train_on_prompt,
         "per_device_train_batch_size": training.per_device_train_batch_size,
@@ -81,6 +85,57 @@ def llama_factory(path: str, overrides: dict[str, Any]) -> dict[str, Any]:
         "fp16": training.fp16,
         "seed": training.seed,
         "output_dir": training.output_dir,
+    }
+
+
+def _torchaudio_stand_in() -> None:
+    """A STAND-IN for torchaudio, which has no build for this venv's torch (the registry's last is for torch 2.11):
+    LLaMA-Factory 0.9.5's ``data/mm_plugin.py`` imports it at module level and calls it only to load audio files
+    (``torchaudio.load``, ``functional.resample``). The rows checked here are text; any use of the stand-in raises."""
+    import importlib.machinery
+    import types
+
+    if "torchaudio" in sys.modules:
+        return
+    try:
+        import torchaudio  # noqa: F401  (a real one, where it installs)
+    except ImportError:
+        stand_in = types.ModuleType("torchaudio")
+        # A spec, as importlib.util.find_spec requires of a loaded module; with no installed distribution behind it,
+        # transformers' is_torchaudio_available() still says False.
+        stand_in.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
+
+        def refuse(name: str) -> Any:
+            if name.startswith("__"):  # what importers and inspect look up on every module
+                raise AttributeError(name)
+            raise RuntimeError(f"torchaudio.{name}: this is tool_check.py's stand-in; no audio is loaded here")
+
+        stand_in.__getattr__ = refuse  # type: ignore[method-assign]
+        sys.modules["torchaudio"] = stand_in
+
+
+def llama_factory_rows(path: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The tokens LLaMA-Factory trains on from the file's dataset entry, as ``llamafactory-cli train PATH`` builds
+    them before its first step: the arguments parsed (:func:`llama_factory`'s way), its tokenizer loaded, its chat
+    template chosen (``get_template_and_fix_tokenizer``: the file's ``template``, or one parsed from the tokenizer),
+    and its dataset loaded and preprocessed (``get_dataset``, stage ``sft``): each row's ``input_ids`` and
+    ``labels``, in the file's order, and the name of the template."""
+    _torchaudio_stand_in()
+    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.hparams import get_train_args
+    from llamafactory.hparams.parser import read_args
+    from llamafactory.model import load_tokenizer
+
+    sys.argv = ["llamafactory-cli", path, *(f"{k}={json.dumps(v)}" for k, v in overrides.items())]
+    model, data, training, _, _ = get_train_args(read_args())
+    module = load_tokenizer(model)
+    template = get_template_and_fix_tokenizer(module["tokenizer"], data)
+    rows = get_dataset(template, model, data, training, stage="sft", **module)["train_dataset"]
+    return {
+        "template": data.template,
+        "eos_token": module["tokenizer"].eos_token,
+        "input_ids": [list(r) for r in rows["input_ids"]],
+        "labels": [list(r) for r in rows["labels"]],
     }
 
 
@@ -114,7 +169,24 @@ AXOLOTL_KEYS = (
     "seed",
     "tf32",
     "output_dir",
+    "datasets",
+    "chat_template",
+    "chat_template_jinja",
 )
+
+
+def _axolotl_values(cfg: Any, raw: dict[str, Any]) -> dict[str, Any]:
+    """:data:`AXOLOTL_KEYS` of a validated config, enums by value; each ``datasets`` entry in the keys the file
+    gave it (axolotl fills in the rest)."""
+    import enum
+
+    def plain(v: Any) -> Any:
+        return v.value if isinstance(v, enum.Enum) else v
+
+    out = {k: plain(cfg.get(k)) for k in AXOLOTL_KEYS}
+    given = raw.get("datasets") or []
+    out["datasets"] = [{k: plain(entry.get(k)) for k in spec} for entry, spec in zip(cfg.get("datasets") or [], given)]
+    return out
 
 
 def axolotl(path: str, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -143,8 +215,8 @@ def axolotl(path: str, overrides: dict[str, Any]) -> dict[str, Any]:
 
     plain = validate(raw, None)
     cfg = validate(raw)
-    out: dict[str, Any] = {"validated": {k: cfg.get(k) for k in AXOLOTL_KEYS}}
-    out["validated_without_capabilities"] = {k: plain.get(k) for k in AXOLOTL_KEYS}
+    out: dict[str, Any] = {"validated": _axolotl_values(cfg, raw)}
+    out["validated_without_capabilities"] = _axolotl_values(plain, raw)
     without_kernels = {k: v for k, v in raw.items() if not k.endswith("_kernel")}
     kernels = validate(without_kernels)
     normalize_config(kernels)
@@ -158,7 +230,7 @@ def axolotl(path: str, overrides: dict[str, Any]) -> dict[str, Any]:
         out["fractional_alpha_error"] = str(exc)
     normalize_config(cfg)
     out["normalized"] = {
-        **{k: cfg.get(k) for k in AXOLOTL_KEYS},
+        **_axolotl_values(cfg, raw),
         "torch_dtype": str(cfg.torch_dtype).removeprefix("torch."),
         "batch_size": cfg.batch_size,
         "model_config_type": cfg.model_config_type,
@@ -169,17 +241,50 @@ def axolotl(path: str, overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def axolotl_rows(path: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The tokens axolotl trains on from the file's ``datasets``, as ``axolotl train PATH`` builds them: the config
+    validated and normalized, axolotl's tokenizer (``axolotl.loaders.load_tokenizer``, which sets the file's
+    ``chat_template``), each entry loaded (``load_dataset_with_config``) and tokenized by its strategy
+    (``get_dataset_wrapper``: ``chat_template``, ``completion``): each row's ``input_ids`` and ``labels``, in the
+    file's order, before axolotl's length filter and truncation."""
+    import yaml
+    from axolotl.loaders import load_tokenizer
+    from axolotl.utils.config import normalize_config, validate_config
+    from axolotl.utils.data.shared import load_dataset_with_config
+    from axolotl.utils.data.wrappers import get_dataset_wrapper
+    from axolotl.utils.dict import DictDefault
+
+    with open(path, encoding="utf-8") as f:
+        raw = {**yaml.safe_load(f), "dataset_num_proc": 1, **overrides}
+    cfg = validate_config(DictDefault(json.loads(json.dumps(raw))))
+    normalize_config(cfg)
+    tokenizer = load_tokenizer(cfg)
+    ids, labels = [], []
+    for entry in cfg.datasets:
+        rows = load_dataset_with_config(entry, cfg.hf_use_auth_token, streaming=False)
+        wrapped, _ = get_dataset_wrapper(entry, tokenizer, cfg, entry["type"], rows)
+        for row in wrapped:
+            ids.append(list(row["input_ids"]))
+            labels.append(list(row["labels"]))
+    return {"input_ids": ids, "labels": labels, "eos_token_id": tokenizer.eos_token_id}
+
+
 def main(argv: list[str]) -> int:
     """``tool_check.py TOOL OVERRIDES_JSON FILE...``: print one JSON list, one object per file."""
     tool, overrides, paths = argv[0], json.loads(argv[1]), argv[2:]
-    check = {"llama-factory": llama_factory, "axolotl": axolotl}[tool]
+    check = {
+        "llama-factory": llama_factory,
+        "llama-factory-rows": llama_factory_rows,
+        "axolotl": axolotl,
+        "axolotl-rows": axolotl_rows,
+    }[tool]
     results: list[dict[str, Any]] = []
     for path in paths:
         try:
             results.append(check(path, overrides))
         except Exception as exc:  # the tool rejected the file: its message is the result
             results.append({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]})
-    package = {"llama-factory": "llamafactory", "axolotl": "axolotl"}[tool]
+    package = "llamafactory" if tool.startswith("llama-factory") else "axolotl"
     versions = _versions("torch", "transformers", "peft", "bitsandbytes", package)
     print(json.dumps([{**r, "versions": versions} for r in results], default=str))
     return 0
