@@ -38,9 +38,11 @@ def stack_venv(name: str, tmp_path_factory: Any) -> Path:
             if line.startswith(f"# pip {kind}:"):
                 found.append(line.split(":", 1)[1].split())
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
-    subprocess.run([*pip, "install", "--quiet", pins["torch"]], check=True, timeout=900)
+    subprocess.run([*pip, "install", "--quiet", "--no-compile", pins["torch"]], check=True, timeout=900)
     for args in steps["install"] or [["-e", str(REPO), "trl"]]:
-        subprocess.run([*pip, "install", "--quiet", "-c", str(constraints), *args], check=True, timeout=900)
+        subprocess.run(
+            [*pip, "install", "--quiet", "--no-compile", "-c", str(constraints), *args], check=True, timeout=900
+        )
     for names in steps["uninstall"]:
         subprocess.run([*pip, "uninstall", "--quiet", "--yes", *names], check=True, timeout=300)
     (venv / ".stamp").write_text(stamp)

@@ -7,6 +7,7 @@ notes one never confirmed; a second ``sweep confirm`` skips what is done. A run 
 """
 
 import json
+import shutil
 
 import optuna
 import pytest
@@ -16,16 +17,29 @@ from sweeper.testing import sweep, tiny_space, tiny_trial_config, write_space
 from sweeper.trial import run_trial
 
 
+@pytest.fixture(scope="module")
+def confirmed_template(tiny_model, tmp_path_factory):
+    """A 2-trial study on the tiny model whose knee was confirmed at 8 steps: built once a module (two real trials
+    and a confirmation), in a project folder of its own."""
+    folder = tmp_path_factory.mktemp("confirmed")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SWEEPER_CACHE", str(folder / "cache"))
+        space = tiny_space(tiny_model, name="c", search={"r": [4, 8]}, training={"max_steps": 2})
+        path = write_space(folder, space)
+        out = sweep("run", str(path), cwd=folder)
+        assert out.returncode == 0, out.stderr
+        confirm = sweep("confirm", "c", "--steps", "8", cwd=folder)
+        assert confirm.returncode == 0, confirm.stderr
+    return folder, confirm
+
+
 @pytest.fixture
-def confirmed_study(tiny_model, workdir):
-    """A 2-trial study on the tiny model whose knee was confirmed at 8 steps."""
-    space = tiny_space(tiny_model, name="c", search={"r": [4, 8]}, training={"max_steps": 2})
-    path = write_space(workdir, space)
-    out = sweep("run", str(path), cwd=workdir)
-    assert out.returncode == 0, out.stderr
-    confirm = sweep("confirm", "c", "--steps", "8", cwd=workdir)
-    assert confirm.returncode == 0, confirm.stderr
-    return workdir, path, confirm
+def confirmed_study(confirmed_template, workdir):
+    """:func:`confirmed_template`'s project folder copied into the test's own (a copied project folder is the same
+    study: ``test_study.py::test_a_copied_project_folder_is_the_same_study``), so that a test may change it."""
+    folder, confirm = confirmed_template
+    shutil.copytree(folder, workdir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("cache"))
+    return workdir, workdir / "space.yaml", confirm
 
 
 @pytest.mark.slow
