@@ -21,7 +21,8 @@ def stack_venv(name: str, tmp_path_factory: Any) -> Path:
 
     torch is installed first, pinned; then each ``# pip install: ARGS`` line of the file in order, as ``pip install
     -c FILE ARGS`` (without such lines: this package and TRL); then the packages of ``# pip uninstall: NAMES`` lines
-    are removed. The file's hash is the venv's stamp, so a changed recipe or pin rebuilds it."""
+    are removed. Nothing is byte-compiled at install (``--no-compile``: about 40% of a build's time here; what is
+    imported compiles on first use). The file's hash is the venv's stamp, so a changed recipe or pin rebuilds it."""
     constraints = STACKS / f"{name}.txt"
     text = constraints.read_text()
     stamp = hashlib.sha256(constraints.read_bytes()).hexdigest()[:16]
