@@ -12,6 +12,7 @@ tool reads them one way, checked in LLaMA-Factory 0.9.5's own dataset loader (``
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,8 +88,15 @@ class TrialRows:
         )
         return (
             f"the dataset: {rows}, as the trial read them ({self.kind}){out}; the trials drew "
-            f"{min(self.max_samples, len(self.lines))} of them (dataset.max_samples {self.max_samples})"
+            f"{min(self.max_samples, len(self.lines))} of them (dataset.max_samples {self.max_samples}); "
+            f"{ROWS_FILE} sha256 {self.sha256}"
         )
+
+    @property
+    def sha256(self) -> str:
+        """The digest of :attr:`text` as written: an export names it, so that a later export can tell a rows file
+        it wrote (replaced freely) from one edited since (kept without ``--force``)."""
+        return hashlib.sha256(self.text.encode()).hexdigest()
 
 
 def trial_rows(config: TrialConfig, model_path: str | None) -> TrialRows:

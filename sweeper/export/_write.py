@@ -93,14 +93,17 @@ def as_written(text: str) -> bool:
     return False
 
 
-def _refuse_edited(targets: dict[Path, str]) -> None:
+def _refuse_edited(targets: dict[Path, str], main: Path) -> None:
     """Raise when a target exists but is not as ``sweep export`` wrote it (edited since, or another tool's file),
-    unless it already holds what would be written."""
+    unless it already holds what would be written. A data file (no stamp of its own) is as written when the existing
+    ``main`` file, itself as written, names its sha256 (the rows' digest in the dataset entry's comment)."""
+    previous = main.read_text(errors="replace") if main.is_file() else ""
+    previous = previous if as_written(previous) else ""
     for target, text in targets.items():
         if not target.is_file():
             continue
         current = target.read_text(errors="replace")
-        if as_written(current) or current == text:
+        if as_written(current) or current == text or (target != main and _sha256(current) in previous):
             continue
         raise StudyError(
             f"{target}: -o: the file was changed since 'sweep export' wrote it (or sweep did not write it); pass "
@@ -149,7 +152,7 @@ def write_export(
         else:  # the rows and their registry: data the user may edit too, compared whole (no stamp in a data file)
             targets[Path(key)] = text
     if not force:
-        _refuse_edited(targets)
+        _refuse_edited(targets, base)
     out = []
     try:
         for target, text in targets.items():

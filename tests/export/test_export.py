@@ -503,7 +503,10 @@ def test_a_dataset_that_cannot_be_read_or_is_text_is_said(tmp_path, tiny_model):
     assert rows_file.read_text() == '{"text": "one"}\n{"text": "two"}\n'
     [lf] = write_export(study, trial, "llama-factory", tmp_path / "lf")
     assert "dataset" not in yaml.safe_load(lf.read_text()) and "trains text rows only at stage pt" in lf.read_text()
-    rows_file.write_text('{"text": "one, cleaned"}\n')
+    path.write_text('{"text": "one"}\n{"text": "three"}\n')  # the source changed: the rows file sweep wrote is replaced
+    write_export(study, trial, "axolotl", tmp_path / "ax")
+    assert rows_file.read_text() == '{"text": "one"}\n{"text": "three"}\n'
+    rows_file.write_text('{"text": "one, cleaned"}\n')  # edited by the user: kept
     with pytest.raises(StudyError, match="rows.jsonl: -o: the file was changed since"):
         write_export(study, trial, "axolotl", tmp_path / "ax")
     assert rows_file.read_text() == '{"text": "one, cleaned"}\n'
