@@ -30,7 +30,8 @@ def _prepare(dataset: DatasetSpec, model: ModelSpec) -> tuple[str, list[Any]]:
     from sweeper.model import resolve_model
 
     problems: list[str] = []
-    samples, model_path = [], ""
+    samples: list[Any] = []
+    model_path = ""
     try:
         samples = load_samples(dataset)
     except SweeperError as exc:

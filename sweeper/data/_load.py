@@ -201,7 +201,7 @@ def _root_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def load_samples(spec: DatasetSpec) -> list[Sample]:
+def load_samples(spec: DatasetSpec) -> Samples:
     """The study's samples: loaded, converted to one format, shuffled with ``spec.seed``, cut to ``max_samples``.
 
     Every trial calls this with the same spec and so sees the same samples in the same order. No row is left out

@@ -184,11 +184,10 @@ def _encode(sample: Sample, tokenizer: Any) -> tuple[list[int], list[int]]:
         ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
         return ids, list(ids)
     text, spans = _supervised_spans(sample.messages or (), tokenizer)
-    if sample.completion and eos:
+    if _reply_lacks_eos(sample, text, spans, eos):
         a, b = spans[-1]
-        if eos not in text[a:b]:
-            text = text[:b] + eos + text[b:]
-            spans[-1] = (a, b + len(eos))
+        text = text[:b] + eos + text[b:]
+        spans[-1] = (a, b + len(eos))
     try:
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     except NotImplementedError:
@@ -213,8 +212,16 @@ def eos_appended(sample: Sample, tokenizer: Any) -> bool:
         text, spans = _supervised_spans(sample.messages or (), tokenizer)
     except TemplateRefusal:
         return False
+    return _reply_lacks_eos(sample, text, spans, tokenizer.eos_token)
+
+
+def _reply_lacks_eos(sample: Sample, text: str, spans: list[tuple[int, int]], eos: str | None) -> bool:
+    """A completion whose last reply span (of the rendered ``text``) does not hold the end-of-sequence token: the
+    trial appends it there (:func:`_encode`)."""
+    if not sample.completion or not eos:
+        return False
     a, b = spans[-1]
-    return tokenizer.eos_token not in text[a:b]
+    return eos not in text[a:b]
 
 
 def tokenize_samples(

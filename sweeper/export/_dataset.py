@@ -6,7 +6,8 @@ Why the rows are written rather than the source file named: the trial reads five
 tools read otherwise (ShareGPT's speaker names, a top-level ``system`` column, alpaca's ``instruction`` and
 ``input`` joined by a blank line where LLaMA-Factory joins them by a newline, prompt/completion rows that axolotl has
 no chat-template type for, the built-in corpus that is no file at all). As chat turns (``role``/``content``) every
-tool reads them one way, checked in LLaMA-Factory 0.9.5's own dataset loader (``tests/export/test_export_tools.py``).
+tool reads them one way, checked in LLaMA-Factory 0.9.5's and axolotl 0.21.0's own dataset loaders
+(``tests/export/test_export_tools.py``).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def trial_rows(config: TrialConfig, model_path: str | None) -> TrialRows:
     spec = dataclasses.replace(config.dataset, max_samples=10**9)
     samples = load_samples(spec)
     tokenizer = _tokenizer(model_path or config.model.name_or_path, config.model.trust_remote_code)
-    dropped = unused_rows(samples, tokenizer) if tokenizer is not None else list(getattr(samples, "dropped", []))
+    dropped = unused_rows(samples, tokenizer) if tokenizer is not None else list(samples.dropped)
     refused = {d.index for d in dropped}
     kept = sorted((s for s in samples if s.index not in refused), key=lambda s: s.index)
     if not kept:
@@ -127,7 +128,7 @@ def trial_rows(config: TrialConfig, model_path: str | None) -> TrialRows:
         source=config.dataset.path,
         kind=kind,
         lines=lines,
-        n_source_rows=getattr(samples, "rows", len(samples)),
+        n_source_rows=samples.rows,
         left_out=describe_dropped(dropped) if dropped else "",
         n_left_out=len(dropped),
         max_samples=config.dataset.max_samples,
