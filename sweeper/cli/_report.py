@@ -37,6 +37,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         pareto_front,
         stale_running,
         study_dir,
+        study_objectives,
     )
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -49,7 +50,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         front = pareto_front(study)
         _print(f"study '{study.study_name}': Pareto front (peak memory vs {front_axis(study)}), {len(front)} trials:")
-        _print(format_front(front) if front else "  (no complete trial)")
+        _print(format_front(front, study_objectives(study)) if front else "  (no complete trial)")
         _print()
         _print("trials: " + format_counts(counts_with_stale(study), nan_causes(study)))
         for line in stale_running(study).values():

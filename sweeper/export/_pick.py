@@ -12,6 +12,7 @@ import optuna
 from sweeper.errors import StudyError
 from sweeper.stability import format_margin
 from sweeper.study import (
+    Objective,
     StoredTrial,
     by_knee_distance,
     current_trials,
@@ -19,6 +20,7 @@ from sweeper.study import (
     non_dominated,
     pareto_front,
     stored_trials,
+    study_objectives,
 )
 from sweeper.trial import TrialStatus
 
@@ -28,26 +30,27 @@ FORMATS: tuple[str, ...] = ("hf", "trl", "axolotl", "llama-factory", "json")
 PICKS: tuple[str, ...] = ("knee", "min-memory", "most-stable")
 
 
-def objectives(trial: StoredTrial) -> tuple[float, float]:
-    """``(peak_memory_gib, edge_proximity)`` of a COMPLETE trial (the front and the exported trials are);
+def objectives(trial: StoredTrial) -> tuple[float, ...]:
+    """The objective values of a COMPLETE trial (the front and the exported trials are), in the study's order
+    (:func:`sweeper.study.study_objectives`): ``(peak_memory_gib, edge_proximity)`` by default,
     ``(peak_memory_gib, instability)`` in a study written before the stability margin."""
     if trial.values is None:
         raise StudyError(f"trial {trial.number} did not complete: it has no objective values")
     return trial.values
 
 
-def knee(front: Sequence[StoredTrial]) -> StoredTrial:
-    """The front's point of best trade-off: after scaling each objective to [0, 1] over the front (min-max), the
-    point nearest the ideal point (0, 0) in Euclidean distance, the "compromise solution" of multi-objective
-    decision making (Zeleny 1973; Deb, *Multi-Objective Optimization using Evolutionary Algorithms*, 2001, 8.2).
-    Ties go to the lower instability, then the lower memory.
+def knee(front: Sequence[StoredTrial], objectives: Sequence[Objective]) -> StoredTrial:
+    """The front's point of best trade-off on ``objectives``: after scaling each objective to [0, 1] over the front
+    (min-max, by its direction), the point nearest the ideal point in Euclidean distance, the "compromise solution"
+    of multi-objective decision making (Zeleny 1973; Deb, *Multi-Objective Optimization using Evolutionary
+    Algorithms*, 2001, 8.2). Ties go to the better stability objective, then the lower memory.
 
     Raises:
         ValueError: ``front`` is empty.
     """
     if not front:
         raise ValueError("the front is empty")
-    return by_knee_distance(front)[0]
+    return by_knee_distance(front, objectives)[0]
 
 
 def inexpressible(trial: StoredTrial, fmt: str) -> str | None:
@@ -110,15 +113,16 @@ def nearest_expressible(study: optuna.Study, trial: StoredTrial, fmt: str) -> St
     if not candidates:
         return None
     values = [objectives(t) for t in candidates] + [objectives(trial)]
-    lows = [min(v[i] for v in values) for i in range(2)]
-    spans = [(max(v[i] for v in values) - lows[i]) or 1.0 for i in range(2)]
+    n = len(values[-1])
+    lows = [min(v[i] for v in values) for i in range(n)]
+    spans = [(max(v[i] for v in values) - lows[i]) or 1.0 for i in range(n)]
     mine = trial.config.to_dict() if trial.config is not None else {}
 
     def key(t: StoredTrial) -> tuple[int, float, int]:
         theirs = t.config.to_dict() if t.config is not None else {}
         changed = sum(1 for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         a, b = objectives(trial), objectives(t)
-        distance = math.hypot(*((a[i] - b[i]) / spans[i] for i in range(2)))
+        distance = math.hypot(*((a[i] - b[i]) / spans[i] for i in range(n)))
         return (changed, round(distance, 12), t.number)
 
     return min(candidates, key=key)
@@ -143,11 +147,12 @@ def pick_trial(
     if number is not None:
         return _numbered_trial(study, number, fmt)
     name = study.study_name
+    declared = study_objectives(study)
     front = pareto_front(study)
     if not front:
         raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with 'sweep run'")
     if fmt is not None and any(inexpressible(t, fmt) for t in front):
-        expressible = non_dominated(_expressible_trials(study, fmt))
+        expressible = non_dominated(_expressible_trials(study, fmt), declared)
         if not expressible:
             why, fix = _NONE_EXPRESSIBLE[fmt]
             raise StudyError(
@@ -162,11 +167,17 @@ def pick_trial(
     front = passed or usable
     if pick != "min-memory":  # no trial is recommended as safest because it barely learns
         front = learning(study, front)
+    memory = next(i for i, o in enumerate(declared) if o.role == "memory")
+    stability = next(i for i, o in enumerate(declared) if o.role == "stability")
+
+    def signed(t: StoredTrial, i: int) -> float:
+        return declared[i].better(objectives(t)[i])
+
     if pick == "min-memory":
-        return min(front, key=lambda t: (objectives(t)[0], objectives(t)[1]))
+        return min(front, key=lambda t: (signed(t, memory), signed(t, stability)))
     if pick == "most-stable":
-        return min(front, key=lambda t: (objectives(t)[1], objectives(t)[0]))
-    return knee(front)
+        return min(front, key=lambda t: (signed(t, stability), signed(t, memory)))
+    return knee(front, declared)
 
 
 def _numbered_trial(study: optuna.Study, number: int, fmt: str | None) -> StoredTrial:

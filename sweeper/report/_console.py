@@ -11,7 +11,7 @@ from typing import Any
 
 from sweeper.audit import AuditReport, NanRisk
 from sweeper.stability import barely_learns, format_instability, format_margin
-from sweeper.study import StoredTrial
+from sweeper.study import Objective, StoredTrial
 from sweeper.trial import TrialResult, TrialStatus
 
 #: Short column names of per-trial keys in the console (the full names are in the study and the reports).
@@ -109,12 +109,14 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def format_front(front: Sequence[StoredTrial]) -> str:
+def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] = ()) -> str:
     """The Pareto front as a table: trial, r, lora_alpha, compute dtype, double quant, quant type, batch,
     max_seq_length, peak GiB, stability margin (``>=`` when capped), learning progress (the probe loss's drop at
     the trial's rate, ``barely`` under :data:`sweeper.stability.LEARNING_PROGRESS_SHARE` of the front's best),
-    instability (the values come from each trial's stored config); when any of them was confirmed
-    (``sweep confirm``), a last column ``confirmed``: ``300 ok``, ``diverged@120`` ..., or ``-``."""
+    instability (the values come from each trial's stored config); a column for each objective of ``objectives``
+    that is neither the memory nor the stability one (a registered third objective, shown by its
+    :attr:`~sweeper.study.Objective.shown`); when any of them was confirmed (``sweep confirm``), a last column
+    ``confirmed``: ``300 ok``, ``diverged@120`` ..., or ``-``."""
     rows: list[tuple[str, ...]] = [
         (
             "trial",
@@ -129,6 +131,7 @@ def format_front(front: Sequence[StoredTrial]) -> str:
             "margin",
             "learns",
             "instability",
+            *(o.name for o in objectives if o.role is None),
         )
     ]
     best = max((t.result.learning_progress or 0.0 for t in front), default=0.0)
@@ -149,6 +152,11 @@ def format_front(front: Sequence[StoredTrial]) -> str:
                 format_margin(t.result.stability_margin, t.result.margin_capped),
                 format_progress(t.result.learning_progress, best),
                 format_instability(t.result.instability),
+                *(
+                    o.shown(t.result, t.values[i]) if t.values is not None else "-"
+                    for i, o in enumerate(objectives)
+                    if o.role is None
+                ),
             )
         )
     if any(t.confirmation is not None for t in front):

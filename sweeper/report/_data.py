@@ -11,7 +11,7 @@ import dataclasses
 import math
 import statistics
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -21,6 +21,7 @@ from sweeper.errors import StudyError
 from sweeper.memory import median_abs
 from sweeper.study import (
     CALIBRATION_ATTR,
+    Objective,
     StoredTrial,
     current_trials,
     measured_trials,
@@ -28,9 +29,9 @@ from sweeper.study import (
     other_setups_line,
     pareto_front,
     prediction_errors,
-    stability_objective,
     stale_running,
     status_counts,
+    study_objectives,
 )
 
 #: Per-trial settings shown in the report and its hover texts (``lora_alpha`` is derived: ``lora_alpha_ratio * r``).
@@ -74,9 +75,18 @@ def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def trial_record(trial: StoredTrial, searched: list[str], front: set[int]) -> dict[str, Any]:
-    """One trial for the report: number, state, status (with cause), reason, params, measurements, front flag."""
+def trial_record(
+    trial: StoredTrial, searched: list[str], front: set[int], objectives: Sequence[Objective] = ()
+) -> dict[str, Any]:
+    """One trial for the report: number, state, status (with cause), reason, params, measurements, front flag, and
+    the value of each objective of ``objectives`` not already among them (a registered objective beyond the default
+    ones: :func:`extra_objectives`), None unless the trial completed."""
     r = trial.result
+    extra = {
+        o.name: trial.values[i] if trial.values is not None else None
+        for i, o in enumerate(objectives)
+        if o in extra_objectives(objectives)
+    }
     return {
         "number": trial.number,
         "state": trial.state.name,
@@ -99,7 +109,14 @@ def trial_record(trial: StoredTrial, searched: list[str], front: set[int]) -> di
         "steps_done": r.steps_done,
         "on_front": trial.number in front,
         "confirmation": trial.confirmation.to_dict() if trial.confirmation else None,
+        **extra,
     }
+
+
+def extra_objectives(objectives: Sequence[Objective]) -> list[Objective]:
+    """The objectives of ``objectives`` that the report's rows do not already show as a measurement: those with no
+    role (neither the memory nor the stability objective), e.g. a registered third objective."""
+    return [o for o in objectives if o.role is None]
 
 
 def front_data(study: optuna.Study) -> dict[str, Any]:
@@ -116,7 +133,7 @@ def front_data(study: optuna.Study) -> dict[str, Any]:
     searched = list(study.user_attrs.get("searched", []))
     front = {t.number for t in pareto_front(study)}
     current = current_trials(study, measured_trials(study))  # other setups' trials are not on this front's axes
-    points = [trial_record(t, searched, front) for t in current]
+    points = [trial_record(t, searched, front, study_objectives(study)) for t in current]
     kinds = {p["memory_kind"] for p in points if p["memory_kind"]}
     limits = [t.config.memory_limit_gib for t in current if t.config is not None]
     return {
@@ -142,9 +159,9 @@ def counts_with_stale(study: optuna.Study) -> dict[str, int]:
 
 
 def objectives_of(study: optuna.Study) -> list[str]:
-    """The study's two objectives: ``peak_memory_gib`` and its stability objective
-    (:func:`sweeper.study.stability_objective`)."""
-    return ["peak_memory_gib", stability_objective(study)]
+    """The names of the study's objectives in order (:func:`sweeper.study.study_objectives`):
+    ``peak_memory_gib`` and its stability objective, then any other it was created with."""
+    return [o.name for o in study_objectives(study)]
 
 
 def picks(study: optuna.Study) -> dict[str, int]:
@@ -356,18 +373,19 @@ def importance_data(study: optuna.Study) -> dict[str, dict[str, Any]]:
     names = objectives_of(study)
     out: dict[str, dict[str, Any]] = {names[0]: memory_effects(study, current)}
     complete = [t for t in current if t.state == TrialState.COMPLETE and t.frozen is not None]
-    if len(complete) < MIN_IMPORTANCE_TRIALS:
-        out[names[1]] = {
-            "not_shown": f"{len(complete)} complete trials; a ranking needs {MIN_IMPORTANCE_TRIALS} (on fewer it "
-            "ranks noise)"
-        }
-        return out
-    out[names[1]] = _bootstrap_importance([t.frozen for t in complete if t.frozen is not None], study.directions)
+    for i, name in enumerate(names[1:], start=1):
+        if len(complete) < MIN_IMPORTANCE_TRIALS:
+            out[name] = {
+                "not_shown": f"{len(complete)} complete trials; a ranking needs {MIN_IMPORTANCE_TRIALS} (on fewer "
+                "it ranks noise)"
+            }
+            continue
+        out[name] = _bootstrap_importance([t.frozen for t in complete if t.frozen is not None], study.directions, i)
     return out
 
 
-def _bootstrap_importance(trials: list[Any], directions: Any) -> dict[str, Any]:
-    """optuna's importance of the second objective over bootstrap resamples of ``trials``."""
+def _bootstrap_importance(trials: list[Any], directions: Any, index: int) -> dict[str, Any]:
+    """optuna's importance of objective ``index`` over bootstrap resamples of ``trials``."""
     import random
 
     rng = random.Random(0)
@@ -379,7 +397,7 @@ def _bootstrap_importance(trials: list[Any], directions: Any) -> dict[str, Any]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                values = optuna.importance.get_param_importances(resample, target=_objective(1))
+                values = optuna.importance.get_param_importances(resample, target=_objective(index))
         except (RuntimeError, ValueError):  # a resample where no parameter varies
             continue
         for key, value in values.items():
@@ -427,6 +445,7 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
     front = pareto_front(study)
     numbers = {t.number for t in front}
     fit = fit_map_data(study)
+    objectives = study_objectives(study)
     return {
         "study": study.study_name,
         "directions": [d.name.lower() for d in study.directions],
@@ -436,8 +455,7 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
                 "confirmation": t.confirmation.to_dict() if t.confirmation else None,
                 "number": t.number,
                 "params": trial_params(t, searched),
-                "peak_memory_gib": t.values[0],
-                objectives_of(study)[1]: t.values[1],
+                **{o.name: value for o, value in zip(objectives, t.values)},
                 "stability_margin": _finite(t.result.stability_margin),
                 "margin_capped": t.result.margin_capped,
                 "lr_ceiling": _finite(t.result.lr_ceiling),
@@ -448,7 +466,7 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
             for t in front
             if t.values is not None
         ],
-        "trials": [trial_record(t, searched, numbers) for t in measured_trials(study)],
+        "trials": [trial_record(t, searched, numbers, objectives) for t in measured_trials(study)],
         "status_counts": counts_with_stale(study),
         "stale": list(stale_running(study).values()),
         "nan_causes": nan_causes(study),

@@ -73,7 +73,7 @@ def front_figure(front: Mapping[str, Any]) -> Any:
     import plotly.graph_objects as go
 
     points = front["points"]
-    margin = list(front.get("objectives") or [])[1:] == ["edge_proximity"]
+    margin = "edge_proximity" in list(front.get("objectives") or [])
     key = "stability_margin" if margin else "instability"
     complete = [p for p in points if p[key] is not None]
     on_front = sorted((p for p in complete if p["on_front"]), key=lambda p: p["peak_memory_gib"])

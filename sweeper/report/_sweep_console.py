@@ -33,6 +33,7 @@ from sweeper.study import (
     status_counts,
     stored_calibration,
     stored_trials,
+    study_objectives,
     trial_dir,
 )
 from sweeper.trial import FAIL_STATUSES, TrialStatus, cuda_visible
@@ -195,7 +196,7 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
     lines.append("")
     measured = sum(1 for t in stored_trials(study) if not t.is_repeat)
     lines.append(f"Pareto front (peak memory vs {front_axis(study)}), {len(front)} of {measured} trials:")
-    lines.append(format_front(front) if front else "  (no complete trial yet)")
+    lines.append(format_front(front, study_objectives(study)) if front else "  (no complete trial yet)")
     lines.append("")
     causes = nan_causes(study)
     lines.append("trials: " + format_counts(status_counts(study), causes))

@@ -1,5 +1,6 @@
-"""The study: an Optuna study of two minimized objectives, ``peak_memory_gib`` and ``instability``, in an RDB storage
-(SQLite by default, PostgreSQL or MySQL to share it between machines); the typed view of its stored trials; the run
+"""The study: an Optuna study of the objectives declared in :mod:`sweeper.study._objectives` (by default two,
+minimized: ``peak_memory_gib`` and ``edge_proximity``, ``1 / stability_margin``) in an RDB storage (SQLite by default,
+PostgreSQL or MySQL to share it between machines); the typed view of its stored trials; the run
 loop that fills it; stale-trial recovery and coordination between sweeps; and the preflight that prunes what cannot
 fit.
 
@@ -29,6 +30,16 @@ from sweeper.study._loop import (
     run_study,
 )
 from sweeper.study._machine import check_writable
+from sweeper.study._objectives import (
+    DEFAULT_OBJECTIVES,
+    LEGACY_OBJECTIVES,
+    Objective,
+    objective,
+    register_objective,
+    stability_objective,
+    study_objectives,
+    unregister_objective,
+)
 from sweeper.study._plan import (
     SweepPlan,
     plan_sweep,
@@ -39,8 +50,6 @@ from sweeper.study._setup_checks import (
 )
 from sweeper.study._storage import (
     FAILURE_CONSTRAINT,
-    LEGACY_OBJECTIVES,
-    OBJECTIVES,
     STUDIES_DIR,
     STUDY_ID_ATTR,
     check_study_owner,
@@ -49,7 +58,6 @@ from sweeper.study._storage import (
     open_study,
     record_result,
     redact_url,
-    stability_objective,
     study_dir,
     study_identity,
     trial_dir,
@@ -76,14 +84,15 @@ from sweeper.study._stored import (
 
 __all__ = [
     "CALIBRATION_ATTR",
+    "DEFAULT_OBJECTIVES",
     "FAILURE_CONSTRAINT",
     "LEGACY_OBJECTIVES",
     "MAX_CONSECUTIVE_DUPLICATES",
-    "OBJECTIVES",
     "OUTCOME_STATUSES",
     "STUDIES_DIR",
     "STUDY_ID_ATTR",
     "Confirmation",
+    "Objective",
     "StoredTrial",
     "SweepCallback",
     "SweepEvent",
@@ -107,6 +116,7 @@ __all__ = [
     "measured_trials",
     "nan_causes",
     "non_dominated",
+    "objective",
     "open_study",
     "other_setups_line",
     "pareto_front",
@@ -114,6 +124,7 @@ __all__ = [
     "prediction_errors",
     "record_result",
     "redact_url",
+    "register_objective",
     "run_study",
     "stability_objective",
     "stale_running",
@@ -123,5 +134,7 @@ __all__ = [
     "stored_trials",
     "study_dir",
     "study_identity",
+    "study_objectives",
     "trial_dir",
+    "unregister_objective",
 ]

@@ -23,6 +23,7 @@ import optuna
 from sweeper.errors import StudyError
 from sweeper.space import TrialConfig
 from sweeper.study._artifacts import artifact_store, loss_curve_svg
+from sweeper.study._objectives import study_objectives
 from sweeper.study._storage import trial_dir
 from sweeper.study._stored import (
     ATTEMPT_PREFIX,
@@ -46,9 +47,10 @@ def candidates(study: optuna.Study) -> list[StoredTrial]:
     """The front's trials in order of preference, the knee first (:func:`by_knee_distance`), those that barely learn
     (:func:`~sweeper.study._stored.learning`) after the rest."""
     front = pareto_front(study)
-    learns = by_knee_distance(learning(study, front))  # the knee as sweep export --pick knee finds it
+    objectives = study_objectives(study)
+    learns = by_knee_distance(learning(study, front), objectives)  # the knee as sweep export --pick knee finds it
     chosen = {t.number for t in learns}
-    return learns + by_knee_distance([t for t in front if t.number not in chosen])
+    return learns + by_knee_distance([t for t in front if t.number not in chosen], objectives)
 
 
 def horizon(trial: StoredTrial, steps: int | None) -> int:

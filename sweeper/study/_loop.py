@@ -32,11 +32,11 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.errors import STOP_CAUSE, RunError
 from sweeper.memory import preflight
 from sweeper.space import TrialConfig
-from sweeper.stability import edge_proximity
 from sweeper.study._artifacts import artifact_store, upload_trial_artifacts
 from sweeper.study._calibration import CORRECTED_ATTR, device_kind, stored_calibration, update_calibration
 from sweeper.study._coordination import AskLock, Heartbeat, heartbeat_enabled
 from sweeper.study._machine import check_disk, slot_env
+from sweeper.study._objectives import objective_values, study_objectives
 from sweeper.study._plan import SweepPlan
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._recovery import fail_stale_trials, retry
@@ -46,7 +46,6 @@ from sweeper.study._storage import (
     failure_constraint,
     make_sampler,
     record_result,
-    stability_objective,
     study_dir,
     to_distributions,
     trial_dir,
@@ -168,15 +167,12 @@ class _Sweep:
         self.local = threading.local()  # per worker slot: its TrialProcess
         self.warm = os.environ.get("SWEEPER_WARM", "1") != "0"
         self.errors: list[BaseException] = []
-        self.objective = stability_objective(plan.study)
+        self.objectives = study_objectives(plan.study)
 
-    def stability_value(self, result: TrialResult) -> float:
-        """The second objective of a complete trial: ``edge_proximity`` (1 when its margin is unknown: a complete
-        trial is never ranked safer than one measured at its edge), or the instability in an old study."""
-        if self.objective == "instability":
-            return float(result.instability or 0.0)
-        proximity = edge_proximity(result.stability_margin)
-        return 1.0 if proximity is None else proximity
+    def objective_values(self, result: TrialResult) -> list[float]:
+        """What a complete trial tells Optuna: each of the study's objectives (:mod:`sweeper.study._objectives`)
+        computed from its result."""
+        return objective_values(self.objectives, result)
 
     # -- reporting ----------------------------------------------------------------------------------------------
 
@@ -485,8 +481,7 @@ def tell(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, result: TrialR
         _upload_artifacts(sweep.name, trial, result)
         trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
         if result.status == "complete":
-            values = [result.peak_memory_gib, sweep.stability_value(result)]
-            frozen = sweep.study.tell(trial, values)  # type: ignore[arg-type]
+            frozen = sweep.study.tell(trial, sweep.objective_values(result))
         elif result.status.pruned:
             frozen = sweep.study.tell(trial, state=TrialState.PRUNED)
         else:

@@ -1,5 +1,6 @@
-"""The study: an Optuna study of two minimized objectives, ``peak_memory_gib`` and ``instability``, in an RDB storage
-(SQLite by default, PostgreSQL or MySQL to share it between machines), and what sweeper stores and reads there.
+"""The study: an Optuna study of the objectives of :mod:`sweeper.study._objectives` (by default two, minimized:
+``peak_memory_gib`` and ``edge_proximity``) in an RDB storage (SQLite by default, PostgreSQL or MySQL to share it
+between machines), and what sweeper stores and reads there.
 
 Trials that go NaN or run out of memory are told as PRUNED (with their cause in the user attributes) and are marked
 infeasible with ``Trial.set_constraint``; TPE sorts infeasible trials behind every feasible one, so the sampler
@@ -15,6 +16,7 @@ import os
 import re
 import uuid
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +27,8 @@ from sweeper.errors import StudyError
 from sweeper.space import Categorical, SearchSpace, StudySpec, TrialConfig
 from sweeper.stability import COMPONENTS, DIAGNOSTICS
 from sweeper.study._coordination import AskLock, heartbeat_kwargs, in_memory, sqlite_database, sqlite_file
+from sweeper.study._objectives import DEFAULT_OBJECTIVES, is_sweeper_study, resolve_objectives
 from sweeper.trial import TrialResult, TrialStatus
-
-#: The two objectives of a study, both minimized, in this order: peak memory and ``edge_proximity``, the trial's
-#: learning rate over the rate its stress phase diverged at (``1 / stability_margin``, :mod:`sweeper.stability`).
-OBJECTIVES = ("peak_memory_gib", "edge_proximity")
-
-#: The objectives of the studies sweeper wrote before the stability margin (0.1.x): they keep ranking by the
-#: instability, so that a resumed old study compares like with like.
-LEGACY_OBJECTIVES = ("peak_memory_gib", "instability")
-
-
-def stability_objective(study: optuna.Study) -> str:
-    """The study's second objective: ``edge_proximity``, or ``instability`` for a study written before the margin
-    (its metric names say which; a study without metric names is an old one)."""
-    names = list(study.metric_names or ())
-    return names[1] if len(names) == 2 and names[1] in ("edge_proximity", "instability") else "instability"
-
 
 #: Root of studies and their artifacts, relative to the working directory (``docs/contract.md``).
 STUDIES_DIR = Path("studies")
@@ -382,9 +369,21 @@ def check_study_owner(study: optuna.Study, url: str) -> None:
 
 
 def open_study(
-    space: SearchSpace, storage: str | None = None, study_name: str | None = None, n_trials: int | None = None
+    space: SearchSpace,
+    storage: str | None = None,
+    study_name: str | None = None,
+    n_trials: int | None = None,
+    objectives: Sequence[str] | None = None,
 ) -> optuna.Study:
     """Create the study, or load it when it exists (``load_if_exists``).
+
+    Args:
+        space: The parsed ``space.yaml``.
+        storage: The storage URL; None: the space's, else ``sqlite:///studies/<name>.db``.
+        study_name: The study's name; None: the space's.
+        n_trials: The study's size, for the sampler's random start; None: the space's ``n_trials``.
+        objectives: Names of registered objectives (:mod:`sweeper.study._objectives`), in order, for a new study;
+            None: :data:`~sweeper.study._objectives.DEFAULT_OBJECTIVES`. An existing study keeps its own.
 
     Raises:
         StudyError: The storage cannot be created or written, an existing study of that name has other directions, or
@@ -392,6 +391,7 @@ def open_study(
     """
     name = study_name or space.study.name
     url = storage or space.study.storage or default_storage(name)
+    wanted = DEFAULT_OBJECTIVES if objectives is None else resolve_objectives(objectives, str(space.path))
     sampler = make_sampler(space.study, n_trials or space.study.n_trials)
     database = sqlite_file(url)
     fresh = database is not None and not Path(database).exists()
@@ -411,17 +411,27 @@ def open_study(
             study_name=name,
             storage=opened,
             sampler=sampler,
-            directions=["minimize", "minimize"],
+            directions=[o.direction for o in wanted],
             load_if_exists=True,
         )
     except ValueError as exc:
         raise StudyError(
             f"{url}: study.name: a study '{name}' exists with other directions ({exc}); choose another --study name"
         ) from None
-    if list(study.directions) != [optuna.study.StudyDirection.MINIMIZE] * 2:
+    if not study.metric_names and not study.trials:  # an old study without metric names keeps its instability
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([o.name for o in wanted])
+    if not is_sweeper_study(study):
         raise StudyError(
             f"{url}: study.name: study '{name}' is not a sweeper study (directions "
             f"{study.directions}); choose another --study name"
+        )
+    if objectives is not None and study.metric_names and list(study.metric_names) != [o.name for o in wanted]:
+        raise StudyError(
+            f"{url}: study.objectives: study '{name}' ranks by {', '.join(study.metric_names)}, not "
+            f"{', '.join(o.name for o in wanted)}; a study's objectives cannot change: keep them, or start a new "
+            "study (--study NAME)"
         )
     _check_same_search(study, space, url)
     identity = study_identity(study)
@@ -429,10 +439,6 @@ def open_study(
         identity = uuid.uuid4().hex
         study.set_user_attr(STUDY_ID_ATTR, identity)
     _write_owner(name, url, identity)  # checked before the study was created
-    if not study.metric_names and not study.trials:  # an old study without metric names keeps its instability
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(list(OBJECTIVES))
     return study
 
 
@@ -535,9 +541,7 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
     elif name not in names:
         raise StudyError(f"{redact_url(url)}: STUDY: no study '{name}' in it (it holds {', '.join(names) or 'none'})")
     study = optuna.load_study(study_name=name, storage=storage)
-    if list(study.directions) != [optuna.study.StudyDirection.MINIMIZE] * 2 or (
-        study.metric_names and list(study.metric_names) not in (list(OBJECTIVES), list(LEGACY_OBJECTIVES))
-    ):
+    if not is_sweeper_study(study):
         raise StudyError(
             f"{redact_url(url)}: STUDY: '{name}' is not a sweeper study (objectives "
             f"{study.metric_names or [d.name.lower() for d in study.directions]}); give a study that "

@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.space import TrialConfig
 from sweeper.stability import STORED_COMPONENTS, barely_learns
+from sweeper.study._objectives import Objective, dominates, knee_distance, study_objectives
 from sweeper.study._setups import current_setup, differences, stored_setups, trial_setup
 from sweeper.trial import TrialResult, TrialStatus
 
@@ -33,7 +34,8 @@ class StoredTrial:
         state: Optuna's state (COMPLETE, PRUNED, FAIL, RUNNING, WAITING).
         status: How it ended (:class:`TrialStatus`).
         params: The sampled values of the searched keys.
-        values: ``(peak_memory_gib, instability)`` of a COMPLETE trial, else None.
+        values: The study's objective values (:func:`sweeper.study._objectives.study_objectives`, by default
+            ``(peak_memory_gib, edge_proximity)``) of a COMPLETE trial, else None.
         config: The trial's full settings, or None when the trial stored none (never started, or not made by sweeper).
         result: What it measured (every :class:`TrialResult` field read from its user attributes).
         repeat_of: For a repeat of a configuration already measured (``duplicate_of``), the measured trial's number;
@@ -52,7 +54,7 @@ class StoredTrial:
     state: TrialState
     status: TrialStatus
     params: Mapping[str, Any]
-    values: tuple[float, float] | None
+    values: tuple[float, ...] | None
     config: TrialConfig | None
     result: TrialResult
     repeat_of: int | None = None
@@ -249,7 +251,7 @@ def stored_trial(trial: FrozenTrial, confirmation: Confirmation | None = None) -
     attrs = trial.user_attrs
     repeat = attrs.get("duplicate_of")
     retry = attrs.get("retry_of")
-    values = (trial.values[0], trial.values[1]) if trial.state == TrialState.COMPLETE and trial.values else None
+    values = tuple(trial.values) if trial.state == TrialState.COMPLETE and trial.values else None
     return StoredTrial(
         number=trial.number,
         state=trial.state,
@@ -291,47 +293,44 @@ def measured_trials(study: optuna.Study) -> list[StoredTrial]:
 
 
 def pareto_front(study: optuna.Study) -> list[StoredTrial]:
-    """The COMPLETE trials of the study's current setup (:func:`current_trials`) that no other
-    of them beats on both objectives (both minimized), by peak memory; a trial that reused an earlier one's result
-    (a repeat) is listed once, as the original."""
+    """The COMPLETE trials of the study's current setup (:func:`current_trials`) that no other of them dominates on
+    the study's objectives (:func:`sweeper.study._objectives.study_objectives`), by peak memory; a trial that reused
+    an earlier one's result (a repeat) is listed once, as the original."""
     complete = [
         t
         for t in current_trials(study, stored_trials(study, (TrialState.COMPLETE,)))
         if not t.is_repeat and t.values is not None
     ]
-    return non_dominated(complete)
+    return non_dominated(complete, study_objectives(study))
 
 
-def non_dominated(trials: Sequence[StoredTrial]) -> list[StoredTrial]:
-    """The COMPLETE ``trials`` no other of them beats on both objectives (both minimized: no worse on each and not
-    equal), by their values (peak memory first)."""
+def non_dominated(trials: Sequence[StoredTrial], objectives: Sequence[Objective]) -> list[StoredTrial]:
+    """The COMPLETE ``trials`` no other of them dominates on ``objectives`` (each by its direction:
+    :func:`sweeper.study._objectives.dominates`), sorted by their values (peak memory first)."""
     done = [t for t in trials if t.values is not None]
-
-    def beaten(t: StoredTrial) -> bool:
-        a = t.values
-        assert a is not None
-        return any(b[0] <= a[0] and b[1] <= a[1] and b != a for b in (u.values for u in done) if b is not None)
-
-    return sorted((t for t in done if not beaten(t)), key=lambda t: t.values)  # type: ignore[arg-type,return-value]
+    values = [t.values for t in done if t.values is not None]
+    kept = [t for t in done if not any(dominates(other, t.values or (), objectives) for other in values)]
+    return sorted(kept, key=lambda t: tuple(o.better(v) for o, v in zip(objectives, t.values or ())))
 
 
-def by_knee_distance(front: Sequence[StoredTrial]) -> list[StoredTrial]:
-    """``front`` nearest the ideal point first: each objective scaled to [0, 1] over the front (min-max), then the
-    Euclidean distance to (0, 0), the "compromise solution" of multi-objective decision making (Zeleny 1973; Deb,
-    *Multi-Objective Optimization using Evolutionary Algorithms*, 2001, 8.2); ties go to the lower second objective
-    (``edge_proximity``, or the instability of an old study), then the lower memory. The first is the front's knee."""
-    values = [t.values for t in front if t.values is not None]
-    if not values:
+def by_knee_distance(front: Sequence[StoredTrial], objectives: Sequence[Objective]) -> list[StoredTrial]:
+    """``front`` nearest the ideal point first (:func:`sweeper.study._objectives.knee_distance`: each objective
+    scaled to [0, 1] over the front, by its direction, then the Euclidean distance to the best corner); ties go to
+    the better stability objective (``edge_proximity``, or the instability of an old study), then the lower memory.
+    The first is the front's knee."""
+    complete = [t for t in front if t.values is not None]
+    if not complete:
         return list(front)
-    lows = [min(v[i] for v in values) for i in range(2)]
-    spans = [(max(v[i] for v in values) - lows[i]) or 1.0 for i in range(2)]
+    distances = dict(zip((t.number for t in complete), knee_distance([t.values or () for t in complete], objectives)))
+    stability = next((i for i, o in enumerate(objectives) if o.role == "stability"), 0)
 
-    def distance(t: StoredTrial) -> tuple[float, float, float]:
-        v = t.values or (math.inf, math.inf)
-        scaled = [(v[i] - lows[i]) / spans[i] for i in range(2)]
-        return (round(math.hypot(*scaled), 12), v[1], v[0])
+    def key(t: StoredTrial) -> tuple[float, float, float]:
+        if t.values is None:
+            return (math.inf, math.inf, math.inf)
+        signed = [o.better(v) for o, v in zip(objectives, t.values)]
+        return (distances[t.number], signed[stability], signed[0])
 
-    return sorted(front, key=distance)
+    return sorted(front, key=key)
 
 
 def learning(study: optuna.Study, trials: Sequence[StoredTrial]) -> list[StoredTrial]:

@@ -14,7 +14,14 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig, parse_space
-from sweeper.study import FAILURE_CONSTRAINT, failure_constraint, open_study, record_result, stability_objective
+from sweeper.study import (
+    FAILURE_CONSTRAINT,
+    failure_constraint,
+    open_study,
+    record_result,
+    stability_objective,
+    study_objectives,
+)
 from sweeper.trial import TrialResult, TrialStatus
 
 #: The searched keys of the studies made here.
@@ -104,7 +111,10 @@ def add_trial(
     if state == TrialState.COMPLETE:
         if peak is None or instability is None:
             raise ValueError("a complete trial has both objectives: give peak and instability")
-        values = [peak, instability]
+        # peak and instability are the memory and stability objectives' values as given; any other objective of
+        # the study (a registered third one) is computed from the result, as the sweep computes it
+        given = {"memory": peak, "stability": instability}
+        values = [given[o.role] if o.role else o.value_of(result) for o in study_objectives(study)]
     study.add_trial(
         create_trial(
             state=state,

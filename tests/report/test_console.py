@@ -388,7 +388,7 @@ def test_a_resumed_study_written_before_the_margin_says_so_once(tmp_path):
     old = optuna.create_study(study_name="old", storage=url, directions=["minimize", "minimize"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        old.set_metric_names(list(LEGACY_OBJECTIVES))
+        old.set_metric_names([o.name for o in LEGACY_OBJECTIVES])
     old.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0, 0.1]))
     plan = types.SimpleNamespace(
         study=open_study(space, url, "old", 4), finished_before=1, n_trials=4, space=space, new_setup=False

@@ -11,7 +11,7 @@ from sweeper.errors import StudyError
 from sweeper.export import knee, pick_trial
 from sweeper.report import _data as report
 from sweeper.space import parse_space
-from sweeper.study import open_study
+from sweeper.study import DEFAULT_OBJECTIVES, open_study
 from sweeper.testing import add_trial, make_study
 
 
@@ -135,7 +135,7 @@ def test_pick_on_a_hand_made_front(tmp_path):
     with pytest.raises(StudyError, match="no trial 9"):
         pick_trial(study, number=9)
     two = sorted(study.best_trials, key=lambda t: t.number)[::2]
-    assert knee(two).number == 2  # a tie between the two ends goes to the lower instability
+    assert knee(two, DEFAULT_OBJECTIVES).number == 2  # a tie between the two ends goes to the lower instability
 
 
 def test_pick_refuses_a_study_without_complete_trials(tmp_path):

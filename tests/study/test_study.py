@@ -408,19 +408,21 @@ def test_the_contract_documents_every_stored_attribute():
 def test_a_new_study_ranks_by_edge_proximity_and_an_old_one_keeps_its_instability(tmp_path):
     import warnings
 
-    from sweeper.study import LEGACY_OBJECTIVES, OBJECTIVES, open_study, stability_objective
+    from sweeper.study import DEFAULT_OBJECTIVES, LEGACY_OBJECTIVES, open_study, stability_objective
 
     space = parse_space({"study": {"name": "new"}, "search": {"r": [4, 8]}}, "space.yaml")
     url = f"sqlite:///{tmp_path}/s.db"
     new = open_study(space, url, "new", 4)
-    assert list(new.metric_names) == list(OBJECTIVES) and stability_objective(new) == "edge_proximity"
+    assert list(new.metric_names) == [o.name for o in DEFAULT_OBJECTIVES]
+    assert stability_objective(new) == "edge_proximity"
     # A study sweeper 0.1.x wrote: its metric names say instability; opening it (a resume) keeps them.
     old = optuna.create_study(study_name="old", storage=url, directions=["minimize", "minimize"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        old.set_metric_names(list(LEGACY_OBJECTIVES))
+        old.set_metric_names([o.name for o in LEGACY_OBJECTIVES])
     reopened = open_study(space, url, "old", 4)
-    assert list(reopened.metric_names) == list(LEGACY_OBJECTIVES) and stability_objective(reopened) == "instability"
+    assert list(reopened.metric_names) == [o.name for o in LEGACY_OBJECTIVES]
+    assert stability_objective(reopened) == "instability"
     # Older still: no metric names but trials already told; it is not relabelled.
     older = optuna.create_study(study_name="older", storage=url, directions=["minimize", "minimize"])
     older.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0, 0.1]))

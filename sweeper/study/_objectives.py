@@ -1,0 +1,230 @@
+"""The study's objectives, declared once: each :class:`Objective` says its name (Optuna's metric name and the key in
+``sweep report --json``), its direction, its unit, how a complete trial's :class:`~sweeper.trial.TrialResult` gives
+it, and how it is shown. Dominance, the front, the knee and the picks read them from here, for any number of
+objectives.
+
+A study's objectives are its Optuna metric names, in order (:func:`study_objectives`); a study written before metric
+names were set is an old one, ranked by :data:`LEGACY_OBJECTIVES`. Adding an objective is one
+:func:`register_objective` call here (and a study created with it: ``open_study(..., objectives=...)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import optuna
+
+from sweeper.errors import StudyError
+from sweeper.stability import edge_proximity, format_instability, format_margin
+from sweeper.trial import TrialResult
+
+Direction = Literal["minimize", "maximize"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Objective:
+    """One objective of a study.
+
+    Attributes:
+        name: Optuna's metric name, the key of its value in ``sweep report --json``'s front, a column of the tables.
+        direction: ``minimize`` or ``maximize``.
+        unit: Its unit (``GiB``), or ``""`` for a ratio.
+        description: One line for ``--help``, the report and docs: what it measures.
+        value_of: Its value for a COMPLETE trial's result (finite; a complete trial without the measurement gets the
+            value that ranks it worst among plausible ones, never an exception).
+        shown: How a trial shows it (``0.982``, ``19x``): a function of the trial's result and its stored value.
+        role: ``memory`` for the objective ``--pick min-memory`` minimizes, ``stability`` for the one
+            ``--pick most-stable`` optimizes, None for any other.
+    """
+
+    name: str
+    direction: Direction
+    unit: str
+    description: str
+    value_of: Callable[[TrialResult], float]
+    shown: Callable[[TrialResult, float], str]
+    role: Literal["memory", "stability"] | None = None
+
+    @property
+    def optuna_direction(self) -> optuna.study.StudyDirection:
+        """Optuna's :class:`~optuna.study.StudyDirection` of :attr:`direction`."""
+        return optuna.study.StudyDirection[self.direction.upper()]
+
+    def better(self, value: float) -> float:
+        """``value`` signed so that lower is better (maximized objectives are negated): what dominance compares."""
+        return -value if self.direction == "maximize" else value
+
+
+_REGISTRY: dict[str, Objective] = {}
+
+
+def register_objective(objective: Objective) -> Objective:
+    """Make ``objective`` known by its name to :func:`study_objectives` and ``open_study(..., objectives=...)``.
+
+    Returns:
+        ``objective``, for ``NAME = register_objective(Objective(...))``.
+
+    Raises:
+        ValueError: Another objective of that name is registered.
+    """
+    known = _REGISTRY.get(objective.name)
+    if known is not None and known != objective:
+        raise ValueError(f"an objective '{objective.name}' is already registered")
+    _REGISTRY[objective.name] = objective
+    return objective
+
+
+def unregister_objective(name: str) -> None:
+    """Forget the objective ``name`` (a test's throwaway objective); nothing when none is registered."""
+    if name not in (o.name for o in (*DEFAULT_OBJECTIVES, *LEGACY_OBJECTIVES)):
+        _REGISTRY.pop(name, None)
+
+
+def objective(name: str) -> Objective:
+    """The registered objective ``name``.
+
+    Raises:
+        KeyError: No objective of that name is registered.
+    """
+    return _REGISTRY[name]
+
+
+def registered_objectives() -> tuple[Objective, ...]:
+    """Every registered objective, in registration order."""
+    return tuple(_REGISTRY.values())
+
+
+def _edge_proximity_value(result: TrialResult) -> float:
+    proximity = edge_proximity(result.stability_margin)
+    return 1.0 if proximity is None else proximity  # never ranked safer than a trial measured at its edge
+
+
+#: Peak memory (GiB): the peak reserved memory on CUDA, the peak RSS on the CPU (``TrialResult.memory_kind``).
+PEAK_MEMORY = register_objective(
+    Objective(
+        name="peak_memory_gib",
+        direction="minimize",
+        unit="GiB",
+        description="the trial's peak memory (CUDA peak reserved, or the CPU's peak RSS)",
+        value_of=lambda r: float(r.peak_memory_gib if r.peak_memory_gib is not None else math.inf),
+        shown=lambda _r, v: f"{v:.3f}",
+        role="memory",
+    )
+)
+
+#: ``1 / stability_margin``: the trial's learning rate over the rate its stress phase diverged at
+#: (:func:`sweeper.stability.edge_proximity`); 1 when the margin is unknown.
+EDGE_PROXIMITY = register_objective(
+    Objective(
+        name="edge_proximity",
+        direction="minimize",
+        unit="",
+        description="1 / stability_margin: the learning rate as a share of the rate the stress phase diverged at",
+        value_of=_edge_proximity_value,
+        shown=lambda r, _v: format_margin(r.stability_margin, r.margin_capped),
+        role="stability",
+    )
+)
+
+#: sweeper 0.1.x's second objective (:mod:`sweeper.stability`): kept for the studies it wrote.
+INSTABILITY = register_objective(
+    Objective(
+        name="instability",
+        direction="minimize",
+        unit="",
+        description="the probe loss's instability (sweeper 0.1.x's second objective)",
+        value_of=lambda r: float(r.instability or 0.0),
+        shown=lambda _r, v: format_instability(v),
+        role="stability",
+    )
+)
+
+#: A new study's objectives, in order.
+DEFAULT_OBJECTIVES: tuple[Objective, ...] = (PEAK_MEMORY, EDGE_PROXIMITY)
+
+#: The objectives of the studies sweeper wrote before the stability margin (0.1.x): they keep ranking by the
+#: instability, so that a resumed old study compares like with like.
+LEGACY_OBJECTIVES: tuple[Objective, ...] = (PEAK_MEMORY, INSTABILITY)
+
+
+def resolve_objectives(names: Sequence[str], where: str) -> tuple[Objective, ...]:
+    """The registered objectives ``names``, in order; the first must be ``peak_memory_gib`` and one of them a
+    stability objective (the picks and the memory preflight rely on both).
+
+    Raises:
+        StudyError: One line naming ``where`` (the file or option), the unknown or missing objective and the known
+            ones.
+    """
+    known = ", ".join(_REGISTRY)
+    unknown = [n for n in names if n not in _REGISTRY]
+    if unknown:
+        raise StudyError(f"{where}: study.objectives: no objective '{unknown[0]}'; choose among {known}")
+    chosen = tuple(_REGISTRY[n] for n in names)
+    if len(set(names)) != len(names):
+        raise StudyError(f"{where}: study.objectives: an objective is named twice ({', '.join(names)})")
+    if not chosen or chosen[0] is not PEAK_MEMORY or not any(o.role == "stability" for o in chosen):
+        raise StudyError(
+            f"{where}: study.objectives: the first objective must be peak_memory_gib and one a stability objective "
+            f"(edge_proximity); got {', '.join(names) or 'none'}"
+        )
+    return chosen
+
+
+def study_objectives(study: optuna.Study) -> tuple[Objective, ...]:
+    """The objectives ``study`` ranks by: its metric names when each is registered and they match its directions,
+    else :data:`LEGACY_OBJECTIVES` (an old study without metric names)."""
+    names = list(study.metric_names or ())
+    if names and len(names) == len(study.directions) and all(n in _REGISTRY for n in names):
+        chosen = tuple(_REGISTRY[n] for n in names)
+        if [o.optuna_direction for o in chosen] == list(study.directions):
+            return chosen
+    return LEGACY_OBJECTIVES
+
+
+def is_sweeper_study(study: optuna.Study) -> bool:
+    """Whether ``study`` has a sweeper study's objectives: registered metric names in its directions with peak memory
+    first and a stability objective, or no metric names and two minimized objectives (sweeper 0.1.x)."""
+    names = list(study.metric_names or ())
+    if not names:
+        return list(study.directions) == [optuna.study.StudyDirection.MINIMIZE] * 2
+    try:
+        chosen = resolve_objectives(names, study.study_name)
+    except StudyError:
+        return False
+    return [o.optuna_direction for o in chosen] == list(study.directions)
+
+
+def stability_objective(study: optuna.Study) -> str:
+    """The name of the study's stability objective: ``edge_proximity``, or ``instability`` for a study written
+    before the margin."""
+    return next(o.name for o in study_objectives(study) if o.role == "stability")
+
+
+def objective_values(objectives: Sequence[Objective], result: TrialResult) -> list[float]:
+    """What a COMPLETE trial with ``result`` tells Optuna: each objective's :attr:`Objective.value_of`, in order."""
+    return [o.value_of(result) for o in objectives]
+
+
+def dominates(a: Sequence[float], b: Sequence[float], objectives: Sequence[Objective]) -> bool:
+    """Whether values ``a`` dominate ``b``: no worse on every objective (by its direction) and better on one; the
+    definition of ``optuna.study._multi_objective._dominates``."""
+    signed_a = [o.better(x) for o, x in zip(objectives, a)]
+    signed_b = [o.better(x) for o, x in zip(objectives, b)]
+    return all(x <= y for x, y in zip(signed_a, signed_b)) and signed_a != signed_b
+
+
+def knee_distance(values: Sequence[Sequence[float]], objectives: Sequence[Objective]) -> list[float]:
+    """For each point of ``values`` (one row per trial), its distance to the ideal point after scaling each objective
+    to [0, 1] over the points, best end at 0 (min-max, each by its direction), in Euclidean distance: the
+    "compromise solution" of multi-objective decision making (Zeleny 1973; Deb, *Multi-Objective Optimization using
+    Evolutionary Algorithms*, 2001, 8.2). A constant objective adds 0. Rounded to 12 digits so that ties are ties.
+    """
+    signed = [[o.better(x) for o, x in zip(objectives, row)] for row in values]
+    if not signed:
+        return []
+    lows = [min(row[i] for row in signed) for i in range(len(objectives))]
+    spans = [(max(row[i] for row in signed) - lows[i]) or 1.0 for i in range(len(objectives))]
+    return [round(math.hypot(*((row[i] - lows[i]) / spans[i] for i in range(len(objectives)))), 12) for row in signed]

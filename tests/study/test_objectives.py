@@ -1,0 +1,125 @@
+"""Objectives are declared once (sweeper.study._objectives): a third one registered in a test gets a front, picks,
+report rows and ``--json`` without any other change; dominance and the knee follow each objective's direction."""
+
+import json
+
+import pytest
+
+from sweeper.errors import StudyError
+from sweeper.export import pick_trial
+from sweeper.report import report_dict
+from sweeper.space import parse_space
+from sweeper.study import (
+    DEFAULT_OBJECTIVES,
+    Objective,
+    non_dominated,
+    open_study,
+    pareto_front,
+    register_objective,
+    stored_trials,
+    study_objectives,
+    unregister_objective,
+)
+from sweeper.study._objectives import dominates, knee_distance
+from sweeper.testing import add_trial, run_cli
+
+THIRD = "learning_speed"
+
+
+@pytest.fixture
+def third_objective():
+    """A throwaway third objective, maximized: the trial's learning progress."""
+    objective = register_objective(
+        Objective(
+            name=THIRD,
+            direction="maximize",
+            unit="",
+            description="the probe loss's relative drop over the constant phase (a test's objective)",
+            value_of=lambda r: float(r.learning_progress or 0.0),
+            shown=lambda _r, v: f"{100 * v:.0f}%",
+        )
+    )
+    yield objective
+    unregister_objective(THIRD)
+
+
+def _space():
+    return parse_space({"study": {"name": "three"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
+
+
+def test_a_registered_third_objective_gets_a_front_picks_report_rows_and_json(tmp_path, third_objective, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    study = open_study(
+        _space(), "sqlite:///studies/three.db", "three", 4, objectives=["peak_memory_gib", "edge_proximity", THIRD]
+    )
+    assert [o.name for o in study_objectives(study)] == ["peak_memory_gib", "edge_proximity", THIRD]
+    assert [d.name for d in study.directions] == ["MINIMIZE", "MINIMIZE", "MAXIMIZE"]
+    study.set_user_attr("searched", ["r"])
+    # (peak GiB, edge_proximity, learning progress): trial 2 is beaten by trial 0 on memory and stability but learns
+    # four times as fast, so it is on the three-objective front; trial 3 is beaten by trial 2 on all three.
+    for r, peak, proximity, progress in (
+        (4, 1.0, 0.5, 0.1),
+        (8, 1.5, 0.2, 0.1),
+        (16, 2.0, 0.5, 0.4),
+        (16, 2.5, 0.6, 0.3),
+    ):
+        add_trial(
+            study,
+            r=r,
+            batch=1,
+            seq=64,
+            status="complete",
+            peak=peak,
+            instability=proximity,
+            extra={"learning_progress": progress},
+        )
+    add_trial(study, r=16, batch=4, seq=128, status="oom", peak=3.9)
+
+    assert [t.values for t in stored_trials(study)[:4]] == [
+        (1.0, 0.5, 0.1),
+        (1.5, 0.2, 0.1),
+        (2.0, 0.5, 0.4),
+        (2.5, 0.6, 0.3),
+    ]
+    assert [t.number for t in pareto_front(study)] == [0, 1, 2]
+    assert [t.number for t in non_dominated(stored_trials(study), DEFAULT_OBJECTIVES)] == [0, 1]  # blind to learning
+    assert pick_trial(study, pick="min-memory").number == 0
+    assert pick_trial(study, pick="most-stable").number == 1
+    assert pick_trial(study, pick="knee").number in (0, 1, 2)
+
+    data = report_dict(study)
+    assert data["objectives"] == ["peak_memory_gib", "edge_proximity", THIRD]
+    assert data["directions"] == ["minimize", "minimize", "maximize"]
+    assert [p[THIRD] for p in data["front"]] == [0.1, 0.1, 0.4]
+    rows = {row["number"]: row for row in data["trials"]}
+    assert rows[2][THIRD] == 0.4 and rows[4][THIRD] is None  # the oom trial has no objective values
+    assert THIRD in data["importance"]
+
+    shown = run_cli("report", "three")
+    assert shown.returncode == 0, shown.stderr
+    header = next(line for line in shown.stdout.splitlines() if line.lstrip().startswith("trial"))
+    assert header.split()[-1] == THIRD
+    assert "40%" in shown.stdout
+    as_json = run_cli("report", "three", "--json")
+    assert json.loads(as_json.stdout)["front"][2][THIRD] == 0.4
+
+
+def test_a_study_keeps_its_objectives_and_refuses_unknown_ones(tmp_path, third_objective):
+    url = f"sqlite:///{tmp_path}/keep.db"
+    open_study(_space(), url, "keep", 4)
+    with pytest.raises(StudyError, match="study.objectives: study 'keep' ranks by peak_memory_gib, edge_proximity"):
+        open_study(_space(), url, "keep", 4, objectives=["peak_memory_gib", "edge_proximity", THIRD])
+    with pytest.raises(StudyError, match="study.objectives: no objective 'speed'; choose among"):
+        open_study(_space(), f"sqlite:///{tmp_path}/other.db", "other", 4, objectives=["peak_memory_gib", "speed"])
+    with pytest.raises(StudyError, match="the first objective must be peak_memory_gib"):
+        open_study(_space(), f"sqlite:///{tmp_path}/other.db", "other", 4, objectives=[THIRD, "edge_proximity"])
+
+
+def test_dominance_and_the_knee_follow_each_direction(third_objective):
+    objectives = (*DEFAULT_OBJECTIVES, third_objective)
+    assert dominates((1.0, 0.5, 0.4), (1.0, 0.5, 0.1), objectives)  # learns more, the rest equal
+    assert not dominates((1.0, 0.5, 0.1), (1.0, 0.5, 0.4), objectives)
+    assert not dominates((1.0, 0.5, 0.1), (1.0, 0.5, 0.1), objectives)  # equal points do not dominate
+    # the best corner is the least memory, least proximity and most learning
+    distances = knee_distance([(1.0, 0.2, 0.4), (2.0, 0.5, 0.1)], objectives)
+    assert distances[0] == 0.0 and distances[1] == pytest.approx(3**0.5)
