@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from sweeper.data import DroppedRow, Sample, SpecialTokenRow, TokenizedSample
+from sweeper.stability import DTYPE_MAX  # largest finite value per compute dtype, for bad_embedding_row
 
 FindingKind = Literal[
     "no_supervised_tokens",
@@ -58,9 +59,6 @@ FindingKind = Literal[
 
 #: Kinds that make a trial NaN (or crash) when a step consists of such samples; ``sweep doctor --strict`` exits 1.
 NAN_KINDS = ("no_supervised_tokens", "invalid_token_id", "bad_embedding_row")
-#: Largest finite value per compute dtype (``torch.finfo(dtype).max``), for ``bad_embedding_row``.
-DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
-
 #: Longest repeating unit looked for by ``repeated_span``, in tokens.
 MAX_PERIOD = 8
 #: A ``repeated_span`` covers at least this many tokens and repeats its unit at least :data:`MIN_REPEATS` times.

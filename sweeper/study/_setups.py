@@ -86,7 +86,7 @@ def file_sha256(path: str) -> str | None:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def settings_of(config: TrialConfig, searched: Iterable[str]) -> dict[str, Any]:
+def setup_settings(config: TrialConfig, searched: Iterable[str]) -> dict[str, Any]:
     """The settings of ``config`` that change what a trial measures, flat (``model.name_or_path``,
     ``dataset.path``, ``max_steps``, ...): :meth:`TrialConfig.measured` without the run policy keys and without the
     ``searched`` keys (those are the trial's parameters, not its setup). Lists become lists (JSON-ready)."""
@@ -105,9 +105,9 @@ def settings_of(config: TrialConfig, searched: Iterable[str]) -> dict[str, Any]:
 
 
 def space_settings(space: SearchSpace) -> dict[str, Any]:
-    """The setup ``sweep run`` would measure ``space`` under: :func:`settings_of` its base config, and the data's
+    """The setup ``sweep run`` would measure ``space`` under: :func:`setup_settings` its base config, and the data's
     :func:`file_sha256` when the dataset is a local file."""
-    flat = settings_of(space.base, space.search)
+    flat = setup_settings(space.base, space.search)
     sha = file_sha256(space.base.dataset.path)
     if sha is not None:
         flat[DATA_SHA_KEY] = sha
@@ -162,7 +162,7 @@ def _baseline(study: optuna.Study) -> dict[str, Any] | None:
         raw = t.user_attrs.get("config")
         if t.state.is_finished() and isinstance(raw, Mapping) and "status" in t.user_attrs:
             try:
-                settings = settings_of(TrialConfig.from_dict(raw), t.params)
+                settings = setup_settings(TrialConfig.from_dict(raw), t.params)
             except (TypeError, ValueError):
                 continue
             for key in _CHECKSUMS.values():
@@ -264,6 +264,6 @@ def trial_setup(
         return raw
     if config is None:
         return None
-    mine = settings_of(config, params)
+    mine = setup_settings(config, params)
     without_sha = [{k: v for k, v in s.items() if k not in _CHECKSUMS} for s in setups]
     return next((i for i, s in enumerate(without_sha) if not differences(s, mine)), None)

@@ -16,7 +16,7 @@ import resource
 import sys
 from typing import Any
 
-GIB = 2**30
+from sweeper.memory import GIB
 
 #: Substrings of allocation failures: CUDA's OutOfMemoryError, c10's CPU allocator, glibc's ENOMEM.
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
