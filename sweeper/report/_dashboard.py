@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.report._console import format_instability, margin_line
-from sweeper.study import StoredTrial, artifact_store, stored_trials
+from sweeper.study import StoredTrial, artifact_store, dashboard_note, stored_trials, study_system_attrs, trial_id
 
 #: Id of the front figure among the study's plotly graph objects (optuna-dashboard requires ``[A-Za-z0-9_-]+``).
 FRONT_FIGURE_ID = "pareto-front"
@@ -71,17 +71,16 @@ def publish_study(study: optuna.Study) -> None:
     """Put the Pareto-front figure on the study, and a note on every pruned, failed or confirmed trial and every
     repeat that has none yet (a user's own notes are never overwritten)."""
     from optuna_dashboard import save_note, save_plotly_graph_object
-    from optuna_dashboard._note import get_note_from_system_attrs
 
     from sweeper.report._data import front_data
     from sweeper.report._figures import front_figure
 
     save_plotly_graph_object(study, front_figure(front_data(study)), graph_object_id=FRONT_FIGURE_ID)
-    system_attrs = study._storage.get_study_system_attrs(study._study_id)
+    system_attrs = study_system_attrs(study)
     for t in stored_trials(study, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
-        trial_id = t.frozen._trial_id  # type: ignore[union-attr]
-        if get_note_from_system_attrs(system_attrs, trial_id)["body"]:
+        if t.frozen is None or dashboard_note(system_attrs, trial_id(t.frozen)):
             continue
+        storage_id = trial_id(t.frozen)
         if t.is_repeat:
             body = (
                 f"### Trial {t.number}: repeat of trial {t.repeat_of}\n\nThe sampler proposed a "
@@ -96,7 +95,7 @@ def publish_study(study: optuna.Study) -> None:
             continue
         else:
             body = failure_note(t)
-        save_note(optuna.Trial(study, trial_id), body)
+        save_note(optuna.Trial(study, storage_id), body)
 
 
 def serve(storage: str, study_name: str, host: str = "127.0.0.1", port: int = 8080) -> None:

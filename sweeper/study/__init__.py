@@ -40,6 +40,7 @@ from sweeper.study._objectives import (
     study_objectives,
     unregister_objective,
 )
+from sweeper.study._optuna_private import dashboard_note, study_system_attrs, trial_id
 from sweeper.study._plan import (
     SweepPlan,
     plan_sweep,
@@ -108,6 +109,7 @@ __all__ = [
     "confirmations",
     "count_finished",
     "current_trials",
+    "dashboard_note",
     "device_kind",
     "failure_constraint",
     "learning",
@@ -135,6 +137,8 @@ __all__ = [
     "study_dir",
     "study_identity",
     "study_objectives",
+    "study_system_attrs",
     "trial_dir",
+    "trial_id",
     "unregister_objective",
 ]

@@ -31,6 +31,7 @@ import optuna
 from optuna.storages import BaseStorage
 
 from sweeper.errors import StudyError
+from sweeper.study._optuna_private import heartbeat_interval, record_heartbeat
 
 # sweeper drives the study with ask/tell and records heartbeats itself (Heartbeat); Optuna warns at every ask that
 # heartbeats are meant for Study.optimize. Set once here: warnings.catch_warnings is not thread-safe.
@@ -97,8 +98,7 @@ def heartbeat_kwargs() -> dict:
 
 def heartbeat_enabled(storage: BaseStorage) -> bool:
     """Whether ``storage`` records heartbeats (an RDB storage opened with :func:`heartbeat_kwargs`)."""
-    get = getattr(storage, "get_heartbeat_interval", None)
-    return get is not None and get() is not None
+    return heartbeat_interval(storage) is not None
 
 
 class Heartbeat:
@@ -113,14 +113,14 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if heartbeat_enabled(storage):
-            self._interval = storage.get_heartbeat_interval()  # type: ignore[attr-defined]
+            self._interval = heartbeat_interval(storage)
             self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{trial_id}", daemon=True)
             self._thread.start()
 
     def _beat(self) -> None:
         while True:
             try:
-                self._storage.record_heartbeat(self._trial_id)  # type: ignore[attr-defined]
+                record_heartbeat(self._storage, self._trial_id)
             except Exception:
                 pass
             if self._stop.wait(self._interval):
@@ -131,16 +131,6 @@ class Heartbeat:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-
-
-def stale_trial_ids(study: optuna.Study) -> list[int]:
-    """Storage ids of the study's RUNNING trials whose heartbeat is older than the grace period (none when the
-    storage has no heartbeat). Optuna has no public API for this list; ``fail_stale_trials`` fails them without
-    letting us record why first."""
-    storage = study._storage
-    if not heartbeat_enabled(storage):
-        return []
-    return list(storage._get_stale_trial_ids(study._study_id))  # type: ignore[attr-defined]
 
 
 def lock_key(study_name: str) -> int:

@@ -34,9 +34,10 @@ from sweeper.memory import preflight
 from sweeper.space import TrialConfig
 from sweeper.study._artifacts import artifact_store, upload_trial_artifacts
 from sweeper.study._calibration import CORRECTED_ATTR, device_kind, stored_calibration, update_calibration
-from sweeper.study._coordination import AskLock, Heartbeat, heartbeat_enabled
+from sweeper.study._coordination import AskLock, Heartbeat
 from sweeper.study._machine import check_disk, slot_env
 from sweeper.study._objectives import objective_values, study_objectives
+from sweeper.study._optuna_private import heartbeat_interval, storage_of, trial_id
 from sweeper.study._plan import SweepPlan
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._recovery import fail_stale_trials, retry
@@ -184,7 +185,7 @@ class _Sweep:
     def started(self, trial: optuna.Trial) -> None:
         if not self.callbacks:
             return
-        stored = stored_trial(self.study._storage.get_trial(trial._trial_id))
+        stored = stored_trial(storage_of(self.study).get_trial(trial_id(trial)))
         with self.mutex:
             for callback in self.callbacks:
                 callback.trial_started(stored, trial.user_attrs.get("cuda_visible_devices"))
@@ -224,7 +225,7 @@ class _Sweep:
                 if trial is None:
                     self.stop.wait(POLL_S)
                     continue
-                heartbeat = Heartbeat(self.study._storage, trial._trial_id)
+                heartbeat = Heartbeat(storage_of(self.study), trial_id(trial))
                 try:
                     run_one(self, trial)
                 finally:
@@ -300,8 +301,9 @@ class _Sweep:
             trial.set_user_attr("sweep_pid", os.getpid())
             if device is not None:
                 trial.set_user_attr("cuda_visible_devices", device)
-            if heartbeat_enabled(self.study._storage):
-                trial.set_user_attr("heartbeat_interval_s", self.study._storage.get_heartbeat_interval())  # type: ignore[attr-defined]
+            interval = heartbeat_interval(storage_of(self.study))
+            if interval is not None:
+                trial.set_user_attr("heartbeat_interval_s", interval)
             return trial
 
 

@@ -21,6 +21,7 @@ from sweeper.space import SearchSpace, TrialConfig
 from sweeper.study._calibration import device_kind, stored_calibration
 from sweeper.study._coordination import heartbeat_interval_s, in_memory, sqlite_file
 from sweeper.study._machine import check_disk, check_writable, slot_devices
+from sweeper.study._optuna_private import storage_of
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._setup_checks import check_setup
 from sweeper.study._setups import choose_setup, stored_setups
@@ -189,7 +190,7 @@ def _forget_created(study: optuna.Study | None, url: str, name: str, had: dict[s
     ``sweep report`` would list."""
     if study is not None:
         try:
-            optuna.delete_study(study_name=name, storage=study._storage)
+            optuna.delete_study(study_name=name, storage=storage_of(study))
         except Exception:  # the refusal is what the user needs to see; a leftover empty study is harmless
             return
     database = sqlite_file(url)

@@ -21,7 +21,8 @@ from typing import Literal
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.study._coordination import GRACE_INTERVALS, stale_trial_ids
+from sweeper.study._coordination import GRACE_INTERVALS
+from sweeper.study._optuna_private import fail_trial, heartbeat_interval, stale_trial_ids, storage_of, trial_id
 
 
 def retry(study: optuna.Study, trial: FrozenTrial | optuna.Trial, max_retries: int, count: bool = True) -> bool:
@@ -73,12 +74,8 @@ def _fail_running(study: optuna.Study, trial: FrozenTrial, reason: str, max_retr
     Returns:
         False when the trial had ended meanwhile (told by its own sweep, or failed by another one): nothing done.
     """
-    storage = study._storage  # optuna has no public API to end another process's trial
     try:
-        storage.set_trial_user_attr(trial._trial_id, "status", "crash")
-        storage.set_trial_user_attr(trial._trial_id, "reason", reason)
-        storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
-        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        fail_trial(study, trial, {"status": "crash", "reason": reason, "interrupted": True})
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
     retry(study, trial, max_retries)
@@ -91,7 +88,7 @@ def _stale_reason(trial: FrozenTrial, host: str, stale: set[int], interval: floa
     if trial.user_attrs.get("sweep_host") == host and pid is not None and not _pid_alive(int(pid)):
         # Its trial process died with it (PR_SET_PDEATHSIG); its pid may belong to another process now.
         return "gone", f"interrupted: the sweep process (pid {pid}) stopped while this trial ran"
-    if interval is None or trial._trial_id not in stale:
+    if interval is None or trial_id(trial) not in stale:
         return None
     # A sweep that beats less often than this one is judged by its own, longer grace period: by a sweep with its
     # interval or longer, or by its pid on its own host.
@@ -105,12 +102,12 @@ def stale_running(study: optuna.Study) -> dict[int, str]:
     """The study's RUNNING trials that no sweep runs any more, read-only (what ``sweep report`` shows), by number,
     each with a line saying since when: those whose sweep process on this host is gone (killed with ``kill -9``, a
     crash, a reboot), and those whose sweep, on any host, stopped sending heartbeats for longer than the grace period
-    (:func:`sweeper.study._coordination.stale_trial_ids`; the line gives the trial's start and the grace period, as
+    (:func:`sweeper.study._optuna_private.stale_trial_ids`; the line gives the trial's start and the grace period, as
     Optuna keeps no readable time of the last heartbeat). The next ``sweep run`` of the study records them as
     interrupted or lost and runs them again."""
     host = socket.gethostname()
     stale = set(stale_trial_ids(study))
-    interval = study._storage.get_heartbeat_interval() if stale else None  # type: ignore[attr-defined]
+    interval = heartbeat_interval(storage_of(study)) if stale else None
     out = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         found = _stale_reason(t, host, stale, interval)
@@ -139,7 +136,7 @@ def fail_stale_trials(study: optuna.Study, max_retries: int = 1) -> list[StaleTr
     host = socket.gethostname()
     stale = set(stale_trial_ids(study))
     # stale_trial_ids found some: the storage is an RDBStorage with a heartbeat
-    interval = study._storage.get_heartbeat_interval() if stale else None  # type: ignore[attr-defined]
+    interval = heartbeat_interval(storage_of(study)) if stale else None
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         found = _stale_reason(t, host, stale, interval)
