@@ -191,7 +191,7 @@ def _add_report(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
     from sweeper.cli._export import cmd_export
-    from sweeper.export import FORMATS, PICKS
+    from sweeper.export import EXPORT_FORMATS, PICKS, format_names
 
     export = sub.add_parser(
         "export", help="a trial of the study as a config for production training", parents=[_parent(study=True)]
@@ -204,8 +204,12 @@ def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
         default="knee",
         help="a point of the front: knee (best trade-off, the default), min-memory or most-stable",
     )
+    default = "hf"
     export.add_argument(
-        "--format", choices=FORMATS, default="hf", help="hf (default), trl, axolotl, llama-factory, json"
+        "--format",
+        choices=format_names(),
+        default=default,
+        help="; ".join(f"{f.name}{' (default)' if f.name == default else ''}: {f.help}" for f in EXPORT_FORMATS),
     )
     export.add_argument(
         "-o",

@@ -13,7 +13,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.errors import StudyError
-    from sweeper.export import export_path, inexpressible, pick_trial, write_export
+    from sweeper.export import EXPORT_FORMATS, export_path, inexpressible, pick_trial, write_export
     from sweeper.report import format_margin
     from sweeper.study import load_existing_study, study_dir
 
@@ -41,7 +41,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     values = trial.values or (float("nan"), float("nan"))
     where = args.output or f"{study_dir(study.study_name) / 'exports'}/"
     target = export_path(where, args.format, f"trial{trial.number}-{args.format}")
-    existed = {target.with_suffix(suffix) for suffix in (".py", ".json", ".yaml")} if target.parent.is_dir() else set()
+    suffixes = {f.suffix for f in EXPORT_FORMATS}  # the hf export's .json beside its .py is the json format's
+    existed = {target.with_suffix(suffix) for suffix in suffixes} if target.parent.is_dir() else set()
     existed = {p for p in existed if p.exists()}
     warnings: list[str] = []
     files = write_export(study, trial, args.format, target, force=args.force, warnings=warnings)

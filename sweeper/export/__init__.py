@@ -9,42 +9,61 @@ One module a step, and one a target format:
 
 - :mod:`._pick`: which trial (``--trial N`` or a ``--pick`` of the front), which formats can express it, the nearest
   one they can, and the one-line refusals;
-- :mod:`._settings`: :class:`ExportSettings`, what every format writes, from the trial's stored config;
+- :mod:`._settings`: :class:`ExportSettings`, what every format writes, from the trial's stored config, in typed
+  parts (:class:`QuantizationSettings`, :class:`LoraSettings`, :class:`TrainingSettings`, :class:`Provenance`);
+- :mod:`._format`: :class:`ExportFormat`, what a format declares: its name, suffix, help line, what it cannot
+  express (:class:`Limit`) and how it renders;
 - :mod:`._hf` (``hf`` and ``trl`` ``.py`` files), :mod:`._axolotl`, :mod:`._llama_factory` (YAML, with
-  :mod:`._yaml`) and :mod:`._json`: one renderer a format;
+  :mod:`._yaml`) and :mod:`._json`: one renderer a format, each declaring its :class:`ExportFormat`;
+- :mod:`._registry`: :data:`EXPORT_FORMATS`, the list of them, which the CLI, the pick and the write read. A new
+  format is its module and one line there;
 - :mod:`.trl_rows`: the ``trl`` file's row reader, a Python file copied into it as text (the file never imports
   sweeper);
 - :mod:`._write`: where ``-o`` puts the files and the write.
 """
 
 from sweeper.export._axolotl import AXOLOTL_LORA_KERNELS, render_axolotl
+from sweeper.export._format import ExportFormat, Limit
 from sweeper.export._hf import render_hf, trl_rows_source
 from sweeper.export._json import settings_json
 from sweeper.export._llama_factory import LLAMA_FACTORY_DTYPES, render_llama_factory
 from sweeper.export._pick import (
-    FORMATS,
     PICKS,
-    Format,
     Pick,
     inexpressible,
     knee,
     nearest_expressible,
     pick_trial,
 )
-from sweeper.export._settings import HUB_IDS, ExportSettings, settings_of
-from sweeper.export._write import SUFFIXES, export_path, render, write_export
+from sweeper.export._registry import EXPORT_FORMATS, export_format, format_names
+from sweeper.export._settings import (
+    HUB_IDS,
+    ExportSettings,
+    LoraSettings,
+    Provenance,
+    QuantizationSettings,
+    TrainingSettings,
+    settings_of,
+)
+from sweeper.export._write import export_path, render, write_export
 
 __all__ = [
     "AXOLOTL_LORA_KERNELS",
-    "FORMATS",
+    "EXPORT_FORMATS",
     "HUB_IDS",
     "LLAMA_FACTORY_DTYPES",
     "PICKS",
-    "SUFFIXES",
+    "ExportFormat",
     "ExportSettings",
-    "Format",
+    "Limit",
+    "LoraSettings",
     "Pick",
+    "Provenance",
+    "QuantizationSettings",
+    "TrainingSettings",
+    "export_format",
     "export_path",
+    "format_names",
     "inexpressible",
     "knee",
     "nearest_expressible",

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from sweeper.errors import StudyError
 from sweeper.export._dataset import ExportData, axolotl_dataset
+from sweeper.export._format import ExportFormat, Limit
 from sweeper.export._settings import ExportSettings, header
 from sweeper.export._yaml import same_named_training, yaml_text
+from sweeper.study import StoredTrial
 
 #: axolotl's fused LoRA kernels (its ``lora_optims``), which it switches on by default for QLoRA: written as off,
 #: since the trial ran peft's own layers.
@@ -26,11 +28,11 @@ def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
         StudyError: The trial's ``lora_alpha`` is not a whole number (axolotl's is an integer:
             :func:`sweeper.export.inexpressible`).
     """
-    t, q = s.training, s.quantization
-    alpha = s.lora["lora_alpha"]
+    t, q, lora, p = s.training, s.quantization, s.lora, s.provenance
+    alpha = lora.lora_alpha
     if not float(alpha).is_integer():
         raise StudyError(
-            f"{s.provenance['study']}: --format axolotl: trial {s.provenance['trial']} has lora_alpha {alpha}, not a "
+            f"{p.study}: --format axolotl: trial {p.trial} has lora_alpha {alpha}, not a "
             "whole number, which axolotl cannot express (its lora_alpha is an integer); export it with --format hf, "
             "trl or llama-factory"
         )
@@ -39,28 +41,28 @@ def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
         "base_model": s.model,
         "load_in_4bit": True,
         "adapter": "qlora",
-        "lora_r": s.lora["r"],
-        "lora_alpha": s.lora["lora_alpha"],
-        "lora_dropout": s.lora["lora_dropout"],
-        "lora_target_modules": s.lora["target_modules"],
+        "lora_r": lora.r,
+        "lora_alpha": lora.lora_alpha,
+        "lora_dropout": lora.lora_dropout,
+        "lora_target_modules": list(lora.target_modules),
         "bnb_config_kwargs": {
-            "bnb_4bit_quant_type": q["bnb_4bit_quant_type"],
-            "bnb_4bit_use_double_quant": q["bnb_4bit_use_double_quant"],
-            "bnb_4bit_compute_dtype": q["bnb_4bit_compute_dtype"],
+            "bnb_4bit_quant_type": q.bnb_4bit_quant_type,
+            "bnb_4bit_use_double_quant": q.bnb_4bit_use_double_quant,
+            "bnb_4bit_compute_dtype": q.bnb_4bit_compute_dtype,
         },
         **entry,
         "sequence_len": s.max_seq_length,
         "excess_length_strategy": "truncate",
         "sample_packing": False,
-        "micro_batch_size": t["per_device_train_batch_size"],
-        "gradient_accumulation_steps": t["gradient_accumulation_steps"],
-        "learning_rate": t["learning_rate"],
-        "optimizer": t["optim"],
-        "gradient_checkpointing": t["gradient_checkpointing"],
+        "micro_batch_size": t.per_device_train_batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "learning_rate": t.learning_rate,
+        "optimizer": t.optim,
+        "gradient_checkpointing": t.gradient_checkpointing,
         **same_named_training(t),
         "tf32": False,
         **dict.fromkeys(AXOLOTL_LORA_KERNELS, False),
-        "output_dir": f"./outputs/{s.provenance['study']}-trial{s.provenance['trial']}",
+        "output_dir": f"./outputs/{p.study}-trial{p.trial}",
     }
     comments = {
         **entry_comments,
@@ -76,9 +78,40 @@ def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
         AXOLOTL_LORA_KERNELS[0]: "the trial ran peft's own LoRA layers; axolotl turns its fused LoRA kernels on by "
         "default for QLoRA, whose memory and (with lora_dropout) numerics are not what the sweep measured",
     }
-    if not t["bf16"] and not t["fp16"]:
+    if not t.bf16 and not t.fp16:
         comments["bf16"] = "the trial computed in float32: no mixed precision (axolotl's default, auto, would use bf16)"
     lines = header(s, "#", dataset_given=bool(entry))
     if data and data.rows is None:
         lines.append(f"# {data.missing_note()}")
     return yaml_text(lines, out, comments)
+
+
+def _cannot_express(trial: StoredTrial) -> str | None:
+    """A ``lora_alpha`` that is not a whole number (``lora_alpha_ratio * r`` can be): axolotl 0.21's schema types it
+    as an int and rejects a fractional one."""
+    alpha = trial.lora_alpha
+    if alpha is not None and not float(alpha).is_integer():
+        return (
+            f"its lora_alpha {alpha} (lora_alpha_ratio * r) is not a whole number, which axolotl cannot express (its "
+            "lora_alpha is an integer)"
+        )
+    return None
+
+
+def _files(s: ExportSettings, data: ExportData | None) -> dict[str, str]:
+    """The YAML and, with ``data``, the trial's rows beside it."""
+    return {".yaml": render_axolotl(s, data), **(data.rows_file() if data else {})}
+
+
+AXOLOTL = ExportFormat(
+    name="axolotl",
+    suffix=".yaml",
+    help="an axolotl config (.yaml) and the trial's rows",
+    render=_files,
+    limit=Limit(
+        why=_cannot_express,
+        every="every one has a fractional lora_alpha, which axolotl cannot express",
+        fix="run trials whose lora_alpha_ratio * r is a whole number",
+    ),
+    rows=True,
+)

@@ -184,6 +184,11 @@ class ExportData:
             "rendered through the model's chat template with the loss on the assistant replies and their end of turn"
         )
 
+    def rows_file(self) -> dict[str, str]:
+        """``{path: text}`` of the rows file in :attr:`folder` (``rows.jsonl``), ``{}`` when the rows cannot be
+        read: what a format's ``render`` returns for it."""
+        return {str(self.folder / ROWS_FILE): self.rows.text} if self.rows else {}
+
 
 def export_data(config: TrialConfig, model_path: str | None, export: Path) -> ExportData:
     """:class:`ExportData` for the export at ``export`` (its main file): the rows, or why they cannot be read."""

@@ -8,6 +8,9 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from sweeper.export._dataset import ExportData
+from sweeper.export._format import ExportFormat
+from sweeper.export._json import render_json
 from sweeper.export._settings import ExportSettings, header
 
 #: ``TrainingArguments`` keys the ``.py`` exports write by another name: transformers 5.23 renamed
@@ -106,20 +109,19 @@ def _preamble(s: ExportSettings, trl: bool) -> list[str]:
 
 def _configs(s: ExportSettings, args_class: str) -> list[str]:
     """The checkpointing key's name, ``bnb_config`` and ``lora_config``."""
-    q = dict(s.quantization)
-    dtype = q.pop("bnb_4bit_compute_dtype")
+    dtype = s.quantization.bnb_4bit_compute_dtype
     lines = ["", *[line.format(args_class) for line in _CHECKPOINTING_LINES], "", "bnb_config = BitsAndBytesConfig("]
-    lines += [f"    {k}={_py_value(v)}," for k, v in q.items()]
+    lines += [f"    {k}={_py_value(v)}," for k, v in s.quantization.to_dict().items() if k != "bnb_4bit_compute_dtype"]
     lines += [f"    bnb_4bit_compute_dtype=torch.{dtype},", ")", "", "lora_config = LoraConfig("]
-    lines += [f"    {k}={_py_value(v)}," for k, v in s.lora.items()]
+    lines += [f"    {k}={_py_value(v)}," for k, v in s.lora.to_dict().items()]
     return lines + [")", ""]
 
 
 def _training_keys(s: ExportSettings, indent: str) -> list[str]:
     """The training arguments but the checkpointing key (whose name the file asks of transformers), one a line."""
-    out_dir = "outputs/" + str(s.provenance["study"]) + "-trial" + str(s.provenance["trial"])
+    out_dir = f"outputs/{s.provenance.study}-trial{s.provenance.trial}"
     lines = [f"{indent}output_dir={out_dir!r},"]
-    lines += [f"{indent}{k}={_py_value(v)}," for k, v in s.training.items() if k != "gradient_checkpointing"]
+    lines += [f"{indent}{k}={_py_value(v)}," for k, v in s.training.to_dict().items() if k != "gradient_checkpointing"]
     lines.append(f"{indent}use_cpu=not torch.cuda.is_available(),  # so that the file also loads without a GPU")
     return lines
 
@@ -129,7 +131,7 @@ def _training_arguments(s: ExportSettings) -> list[str]:
     return [
         "training_args = TrainingArguments(",
         *_training_keys(s, "    "),
-        f"    **{{CHECKPOINTING: {_py_value(s.training['gradient_checkpointing'])}}},",
+        f"    **{{CHECKPOINTING: {_py_value(s.training.gradient_checkpointing)}}},",
         ")",
     ]
 
@@ -147,9 +149,33 @@ def _sft_config(s: ExportSettings) -> list[str]:
         f'{indent}truncation_mode="keep_start",  # longer rows are cut at the end, as the trial cut them',
         f"{indent}packing=False,  # one sample a row, as in the trial",
         "    )",
-        f"    settings[CHECKPOINTING] = {_py_value(s.training['gradient_checkpointing'])}",
+        f"    settings[CHECKPOINTING] = {_py_value(s.training.gradient_checkpointing)}",
         "    return SFTConfig(**{**settings, **overrides})",
         "",
         "",
         "training_args = make_sft_config()",
     ]
+
+
+def _hf_files(s: ExportSettings, data: ExportData | None) -> dict[str, str]:
+    """The ``.py`` file and the settings as JSON beside it."""
+    return {".py": render_hf(s), ".json": render_json(s)}
+
+
+def _trl_files(s: ExportSettings, data: ExportData | None) -> dict[str, str]:
+    """The ``.py`` file."""
+    return {".py": render_hf(s, trl=True)}
+
+
+HF = ExportFormat(
+    name="hf",
+    suffix=".py",
+    help="transformers and peft configs (.py) and the settings (.json)",
+    render=_hf_files,
+)
+TRL = ExportFormat(
+    name="trl",
+    suffix=".py",
+    help="TRL's SFTConfig and SFTTrainer (.py)",
+    render=_trl_files,
+)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sweeper.export._dataset import ExportData
+from sweeper.export._format import ExportFormat
 from sweeper.export._settings import ExportSettings
 
 
@@ -12,13 +14,13 @@ def settings_json(s: ExportSettings) -> dict[str, Any]:
     """The settings as JSON: ``{"provenance", "notes", "model", "max_seq_length", "bnb_config", "lora_config",
     "training_args", "effective_batch_size", "target_effective_batch_size"}``."""
     return {
-        "provenance": s.provenance,
+        "provenance": s.provenance.to_dict(),
         "notes": s.notes,
         "model": s.model,
         "max_seq_length": s.max_seq_length,
-        "bnb_config": s.quantization,
-        "lora_config": s.lora,
-        "training_args": s.training,
+        "bnb_config": s.quantization.to_dict(),
+        "lora_config": s.lora.to_dict(),
+        "training_args": s.training.to_dict(),
         "effective_batch_size": s.effective_batch_size,
         "target_effective_batch_size": s.target_effective_batch_size,
     }
@@ -27,3 +29,17 @@ def settings_json(s: ExportSettings) -> dict[str, Any]:
 def render_json(s: ExportSettings) -> str:
     """The JSON file's text: :func:`settings_json`, indented."""
     return json.dumps(settings_json(s), indent=2) + "\n"
+
+
+def _files(s: ExportSettings, data: ExportData | None) -> dict[str, str]:
+    """The JSON file."""
+    return {".json": render_json(s)}
+
+
+JSON = ExportFormat(
+    name="json",
+    suffix=".json",
+    help="the settings and their provenance (.json)",
+    render=_files,
+    offered_instead=False,
+)

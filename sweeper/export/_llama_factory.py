@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 from sweeper.errors import StudyError
-from sweeper.export._dataset import ExportData, llama_factory_dataset
+from sweeper.export._dataset import LLAMA_FACTORY_INFO, ExportData, llama_factory_dataset
+from sweeper.export._format import ExportFormat, Limit
 from sweeper.export._settings import ExportSettings, header
 from sweeper.export._yaml import same_named_training, yaml_text
+from sweeper.study import StoredTrial
 
 #: What LLaMA-Factory computes a 4-bit model in: it has no key for the compute dtype and derives it from ``bf16`` /
 #: ``fp16`` (LLaMA-Factory 0.9.5, ``hparams/parser.py``), or with neither from the GPU and the checkpoint's dtype
@@ -32,14 +34,14 @@ def render_llama_factory(s: ExportSettings, data: ExportData | None = None) -> t
     Raises:
         StudyError: The trial computed in float32.
     """
-    t, q = s.training, s.quantization
-    dtype = q["bnb_4bit_compute_dtype"]
+    t, q, lora, p = s.training, s.quantization, s.lora, s.provenance
+    dtype = q.bnb_4bit_compute_dtype
     if dtype == "float32":
         raise StudyError(
-            f"{s.provenance['study']}: --format llama-factory: trial {s.provenance['trial']} computed in float32, "
+            f"{p.study}: --format llama-factory: trial {p.trial} computed in float32, "
             "which LLaMA-Factory cannot express; export it with --format hf, trl or axolotl"
         )
-    name = f"{s.provenance['study']}-trial{s.provenance['trial']}"
+    name = f"{p.study}-trial{p.trial}"
     entry, entry_comments, info = (
         llama_factory_dataset(data.rows, data.folder, name) if data and data.rows else ({}, {}, "")
     )
@@ -50,20 +52,20 @@ def render_llama_factory(s: ExportSettings, data: ExportData | None = None) -> t
         **entry,
         "finetuning_type": "lora",
         "quantization_bit": 4,
-        "quantization_type": q["bnb_4bit_quant_type"],
-        "double_quantization": q["bnb_4bit_use_double_quant"],
-        "lora_rank": s.lora["r"],
-        "lora_alpha": s.lora["lora_alpha"],
-        "lora_dropout": s.lora["lora_dropout"],
-        "lora_target": ",".join(s.lora["target_modules"]),
+        "quantization_type": q.bnb_4bit_quant_type,
+        "double_quantization": q.bnb_4bit_use_double_quant,
+        "lora_rank": lora.r,
+        "lora_alpha": lora.lora_alpha,
+        "lora_dropout": lora.lora_dropout,
+        "lora_target": ",".join(lora.target_modules),
         "cutoff_len": s.max_seq_length,
-        "per_device_train_batch_size": t["per_device_train_batch_size"],
-        "gradient_accumulation_steps": t["gradient_accumulation_steps"],
-        "learning_rate": t["learning_rate"],
-        "optim": t["optim"],
-        "disable_gradient_checkpointing": not t["gradient_checkpointing"],
+        "per_device_train_batch_size": t.per_device_train_batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "learning_rate": t.learning_rate,
+        "optim": t.optim,
+        "disable_gradient_checkpointing": not t.gradient_checkpointing,
         **same_named_training(t),
-        "output_dir": f"outputs/{s.provenance['study']}-trial{s.provenance['trial']}",
+        "output_dir": f"outputs/{p.study}-trial{p.trial}",
     }
     effective = (
         "bfloat16, as the trial (needs a GPU with bfloat16 support: Ampere or newer)"
@@ -84,3 +86,36 @@ def render_llama_factory(s: ExportSettings, data: ExportData | None = None) -> t
     if data and data.rows is None:
         lines.append(f"# {data.missing_note()}")
     return yaml_text(lines, out, comments), info
+
+
+def _cannot_express(trial: StoredTrial) -> str | None:
+    """A float32 compute dtype: LLaMA-Factory has no key for it (see :data:`LLAMA_FACTORY_DTYPES`)."""
+    if trial.config is not None and trial.config.bnb_4bit_compute_dtype == "float32":
+        return (
+            "it computed in float32, which LLaMA-Factory cannot express (it computes a 4-bit model in bfloat16 or "
+            "float16 on a GPU)"
+        )
+    return None
+
+
+def _files(s: ExportSettings, data: ExportData | None) -> dict[str, str]:
+    """The YAML and, with ``data``, the trial's rows and the ``dataset_info.json`` registering them beside it (none
+    for text rows: LLaMA-Factory has no entry that trains them as the trial did)."""
+    text, info = render_llama_factory(s, data)
+    if not (data and info):
+        return {".yaml": text}
+    return {".yaml": text, **data.rows_file(), str(data.folder / LLAMA_FACTORY_INFO): info}
+
+
+LLAMA_FACTORY = ExportFormat(
+    name="llama-factory",
+    suffix=".yaml",
+    help="a LLaMA-Factory config (.yaml) and the trial's rows",
+    render=_files,
+    limit=Limit(
+        why=_cannot_express,
+        every="every one computed in float32, which LLaMA-Factory cannot express",
+        fix="run trials with bnb_4bit_compute_dtype bfloat16 or float16",
+    ),
+    rows=True,
+)

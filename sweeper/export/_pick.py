@@ -10,6 +10,7 @@ from typing import Literal
 import optuna
 
 from sweeper.errors import StudyError
+from sweeper.export._registry import EXPORT_FORMATS, export_format
 from sweeper.stability import format_margin
 from sweeper.study import (
     Objective,
@@ -25,8 +26,6 @@ from sweeper.study import (
 from sweeper.trial import TrialStatus
 
 Pick = Literal["knee", "min-memory", "most-stable"]
-Format = Literal["hf", "trl", "axolotl", "llama-factory", "json"]
-FORMATS: tuple[str, ...] = ("hf", "trl", "axolotl", "llama-factory", "json")
 PICKS: tuple[str, ...] = ("knee", "min-memory", "most-stable")
 
 
@@ -54,40 +53,20 @@ def knee(front: Sequence[StoredTrial], objectives: Sequence[Objective]) -> Store
 
 
 def inexpressible(trial: StoredTrial, fmt: str) -> str | None:
-    """Why ``fmt`` cannot train ``trial`` as it ran, or None when it can: LLaMA-Factory has no float32 compute dtype
-    on a GPU (see :data:`sweeper.export.LLAMA_FACTORY_DTYPES`); axolotl's ``lora_alpha`` is an int (axolotl 0.21's
-    schema rejects a fractional one, as ``lora_alpha_ratio * r`` can be). The other formats express every trial."""
-    dtype = trial.config.bnb_4bit_compute_dtype if trial.config is not None else None
-    if fmt == "llama-factory" and dtype == "float32":
-        return (
-            "it computed in float32, which LLaMA-Factory cannot express (it computes a 4-bit model in bfloat16 or "
-            "float16 on a GPU)"
-        )
-    alpha = trial.lora_alpha
-    if fmt == "axolotl" and alpha is not None and not float(alpha).is_integer():
-        return (
-            f"its lora_alpha {alpha} (lora_alpha_ratio * r) is not a whole number, which axolotl cannot express (its "
-            "lora_alpha is an integer)"
-        )
-    return None
+    """Why ``fmt`` cannot train ``trial`` as it ran, or None when it can: the format's
+    :attr:`~sweeper.export.ExportFormat.limit` (LLaMA-Factory has no float32 compute dtype on a GPU, axolotl no
+    fractional ``lora_alpha``). The other formats express every trial.
 
-
-#: What each format that cannot express some trials says when it can express none: why, and how to get one it can.
-_NONE_EXPRESSIBLE = {
-    "llama-factory": (
-        "every one computed in float32, which LLaMA-Factory cannot express",
-        "run trials with bnb_4bit_compute_dtype bfloat16 or float16",
-    ),
-    "axolotl": (
-        "every one has a fractional lora_alpha, which axolotl cannot express",
-        "run trials whose lora_alpha_ratio * r is a whole number",
-    ),
-}
+    Raises:
+        ValueError: No format is named ``fmt``.
+    """
+    return export_format(fmt).cannot_express(trial)
 
 
 def _formats_expressing(trial: StoredTrial, fmt: str) -> str:
-    """The formats other than ``fmt`` that express ``trial``, as ``hf, trl or axolotl``."""
-    others = [f for f in FORMATS if f not in (fmt, "json") and inexpressible(trial, f) is None]
+    """The formats other than ``fmt`` that express ``trial``, as ``hf, trl or axolotl`` (``json`` is never offered:
+    :attr:`~sweeper.export.ExportFormat.offered_instead`)."""
+    others = [f.name for f in EXPORT_FORMATS if f.name != fmt and f.offered_instead and f.cannot_express(trial) is None]
     return others[0] if len(others) == 1 else ", ".join(others[:-1]) + " or " + others[-1]
 
 
@@ -154,7 +133,8 @@ def pick_trial(
     if fmt is not None and any(inexpressible(t, fmt) for t in front):
         expressible = non_dominated(_expressible_trials(study, fmt), declared)
         if not expressible:
-            why, fix = _NONE_EXPRESSIBLE[fmt]
+            limit = export_format(fmt).limit
+            why, fix = (limit.every, limit.fix) if limit else ("", "")  # a limit made some trial inexpressible
             raise StudyError(
                 f"{name}: --format {fmt}: no complete trial of the study can be expressed in it ({why}); export "
                 f"with --format {_formats_expressing(front[0], fmt)}, or {fix}"

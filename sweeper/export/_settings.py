@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from importlib import metadata
 from typing import Any
 
@@ -14,10 +14,141 @@ import optuna
 
 from sweeper.errors import StudyError
 from sweeper.space import TrialConfig
-from sweeper.study import StoredTrial
+from sweeper.study import Confirmation, StoredTrial
 
 #: Built-in models as the hub ids a production run would load.
 HUB_IDS = {"builtin:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantizationSettings:
+    """``BitsAndBytesConfig`` keyword arguments of the export, as the trial loaded its model.
+
+    Attributes:
+        load_in_4bit: Always True: the trials quantize to 4 bits.
+        bnb_4bit_quant_type: ``nf4`` or ``fp4``.
+        bnb_4bit_use_double_quant: Whether the quantization constants are quantized too.
+        bnb_4bit_compute_dtype: The dtype name of the 4-bit layers' compute: ``bfloat16``, ``float16`` or
+            ``float32``.
+    """
+
+    load_in_4bit: bool = True
+    bnb_4bit_quant_type: str
+    bnb_4bit_use_double_quant: bool
+    bnb_4bit_compute_dtype: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keyword arguments, in this order: the JSON export's ``bnb_config``."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraSettings:
+    """``LoraConfig`` keyword arguments of the export.
+
+    Attributes:
+        r: LoRA rank.
+        lora_alpha: ``lora_alpha_ratio * r`` as the trial ran it (an int when whole).
+        lora_dropout: Dropout probability in [0, 1).
+        target_modules: Module names LoRA adapts.
+        bias: Always ``none``.
+        task_type: Always ``CAUSAL_LM``.
+    """
+
+    r: int
+    lora_alpha: float
+    lora_dropout: float
+    target_modules: tuple[str, ...]
+    bias: str = "none"
+    task_type: str = "CAUSAL_LM"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keyword arguments, in this order (``target_modules`` as a list): the JSON export's ``lora_config``."""
+        return {**asdict(self), "target_modules": list(self.target_modules)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSettings:
+    """``TrainingArguments`` keyword arguments of the export (the trial's, but the accumulation).
+
+    Attributes:
+        per_device_train_batch_size: Rows a micro-batch.
+        gradient_accumulation_steps: Set to keep ``target_effective_batch_size`` (not the short trial's).
+        learning_rate: Peak learning rate.
+        optim: ``TrainingArguments.optim`` name.
+        gradient_checkpointing: Whether activations are recomputed in the backward pass.
+        max_grad_norm: Gradient clipping norm.
+        warmup_steps: Linear warmup steps.
+        weight_decay: AdamW weight decay.
+        bf16: Mixed precision in bfloat16 (the trial computed in bfloat16).
+        fp16: Mixed precision in float16 (the trial computed in float16).
+        seed: Random seed.
+    """
+
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    learning_rate: float
+    optim: str
+    gradient_checkpointing: bool
+    max_grad_norm: float
+    warmup_steps: int
+    weight_decay: float
+    bf16: bool
+    fp16: bool
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keyword arguments, in this order: the JSON export's ``training_args``."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provenance:
+    """Where an export's numbers come from: the header every format carries and the JSON export's ``provenance``.
+
+    Attributes:
+        study: Study name.
+        trial: Trial number.
+        peak_memory_gib: Measured peak memory in GiB (3 decimals), of the kind ``memory_kind``.
+        memory_kind: ``cuda_max_reserved`` or ``cpu_peak_rss``.
+        memory_limit_gib: The space's memory cap in GiB.
+        instability: The trial's instability (4 decimals).
+        stability_margin: How many times the learning rate the stress phase reached before diverging (2
+            significant digits); None when not measured.
+        margin_capped: The stress phase reached its cap without diverging (the margin is a lower bound).
+        lr_ceiling: The learning rate the stress phase diverged at (6 significant digits), None when it did not.
+        predicted_max_lr: The largest constant learning rate predicted to hold (6 significant digits).
+        learning_progress: How far the probe loss fell (3 decimals).
+        confirmation: The trial's long run, None when not confirmed.
+        device: ``cpu`` or ``cuda:<i> (<name>)``.
+        versions: ``(package, version)`` of the trial's libraries and the exporting sweeper, in order; a version is
+            None when unknown.
+        exported: Local time of the export, ``%Y-%m-%d %H:%M:%S``.
+    """
+
+    study: str
+    trial: int
+    peak_memory_gib: float | None
+    memory_kind: str | None
+    memory_limit_gib: float
+    instability: float | None
+    stability_margin: float | None
+    margin_capped: bool | None
+    lr_ceiling: float | None
+    predicted_max_lr: float | None
+    learning_progress: float | None
+    confirmation: Confirmation | None
+    device: str | None
+    versions: tuple[tuple[str, str | None], ...]
+    exported: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON export's ``provenance``: these fields in order, ``confirmation`` as stored, ``versions`` as
+        ``{package: version}``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["confirmation"] = self.confirmation.to_dict() if self.confirmation else None
+        out["versions"] = dict(self.versions)
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,13 +169,13 @@ class ExportSettings:
     """
 
     model: str
-    quantization: dict[str, Any]
-    lora: dict[str, Any]
-    training: dict[str, Any]
+    quantization: QuantizationSettings
+    lora: LoraSettings
+    training: TrainingSettings
     max_seq_length: int
     effective_batch_size: int
     target_effective_batch_size: int
-    provenance: dict[str, Any]
+    provenance: Provenance
     notes: list[str]
 
 
@@ -74,22 +205,17 @@ def _settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
     provenance = _provenance(study, trial, c)
     training = _training(c, accumulation)
     name = c.model.name_or_path
+    alpha = trial.lora_alpha  # a trial with a config has one
+    if alpha is None:
+        raise KeyError("lora_alpha")
     return ExportSettings(
         model=HUB_IDS.get(name, name),
-        quantization={
-            "load_in_4bit": True,
-            "bnb_4bit_quant_type": c.bnb_4bit_quant_type,
-            "bnb_4bit_use_double_quant": c.bnb_4bit_use_double_quant,
-            "bnb_4bit_compute_dtype": c.bnb_4bit_compute_dtype,
-        },
-        lora={
-            "r": c.r,
-            "lora_alpha": trial.lora_alpha,
-            "lora_dropout": c.lora_dropout,
-            "target_modules": list(c.target_modules),
-            "bias": "none",
-            "task_type": "CAUSAL_LM",
-        },
+        quantization=QuantizationSettings(
+            bnb_4bit_quant_type=c.bnb_4bit_quant_type,
+            bnb_4bit_use_double_quant=c.bnb_4bit_use_double_quant,
+            bnb_4bit_compute_dtype=c.bnb_4bit_compute_dtype,
+        ),
+        lora=LoraSettings(r=c.r, lora_alpha=alpha, lora_dropout=c.lora_dropout, target_modules=tuple(c.target_modules)),
         training=training,
         max_seq_length=c.max_seq_length,
         effective_batch_size=batch * accumulation,
@@ -152,48 +278,48 @@ def _model_notes(study: optuna.Study, c: TrialConfig) -> list[str]:
     return []
 
 
-def _provenance(study: optuna.Study, trial: StoredTrial, c: TrialConfig) -> dict[str, Any]:
+def _provenance(study: optuna.Study, trial: StoredTrial, c: TrialConfig) -> Provenance:
     """Study, trial, what was measured where, and the library versions (:attr:`ExportSettings.provenance`)."""
     versions = trial.result.versions or {}
     peak = trial.result.peak_memory_gib
-    return {
-        "study": study.study_name,
-        "trial": trial.number,
-        "peak_memory_gib": round(peak, 3) if isinstance(peak, float) else peak,
-        "memory_kind": trial.result.memory_kind,
-        "memory_limit_gib": c.memory_limit_gib,
-        "instability": _rounded(trial.result.instability, 4),
-        "stability_margin": _rounded(trial.result.stability_margin, 1),
-        "margin_capped": trial.result.margin_capped,
-        "lr_ceiling": _rounded(trial.result.lr_ceiling, 6),
-        "predicted_max_lr": _rounded(trial.result.predicted_max_lr, 6),
-        "learning_progress": _rounded(trial.result.learning_progress, 3),
-        "confirmation": trial.confirmation.to_dict() if trial.confirmation else None,
-        "device": trial.result.device,
-        "versions": {**versions, "sweeper": _version("sweeper")},
-        "exported": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
+    return Provenance(
+        study=study.study_name,
+        trial=trial.number,
+        peak_memory_gib=round(peak, 3) if isinstance(peak, float) else peak,
+        memory_kind=trial.result.memory_kind,
+        memory_limit_gib=c.memory_limit_gib,
+        instability=_rounded(trial.result.instability, 4),
+        stability_margin=_rounded(trial.result.stability_margin, 1),
+        margin_capped=trial.result.margin_capped,
+        lr_ceiling=_rounded(trial.result.lr_ceiling, 6),
+        predicted_max_lr=_rounded(trial.result.predicted_max_lr, 6),
+        learning_progress=_rounded(trial.result.learning_progress, 3),
+        confirmation=trial.confirmation,
+        device=trial.result.device,
+        versions=tuple({**versions, "sweeper": _version("sweeper")}.items()),
+        exported=time.strftime("%Y-%m-%d %H:%M:%S"),
+    )
 
 
 def _rounded(x: float | None, digits: int) -> float | None:
     return None if x is None else float(f"{x:.{digits}g}") if digits > 4 else round(x, digits)
 
 
-def _training(c: TrialConfig, accumulation: int) -> dict[str, Any]:
+def _training(c: TrialConfig, accumulation: int) -> TrainingSettings:
     """The ``TrainingArguments`` keys of the export (:attr:`ExportSettings.training`)."""
-    return {
-        "per_device_train_batch_size": c.per_device_train_batch_size,
-        "gradient_accumulation_steps": accumulation,
-        "learning_rate": c.learning_rate,
-        "optim": c.optim,
-        "gradient_checkpointing": c.gradient_checkpointing,
-        "max_grad_norm": c.max_grad_norm,
-        "warmup_steps": c.warmup_steps,
-        "weight_decay": c.weight_decay,
-        "bf16": c.bnb_4bit_compute_dtype == "bfloat16",
-        "fp16": c.bnb_4bit_compute_dtype == "float16",
-        "seed": c.seed,
-    }
+    return TrainingSettings(
+        per_device_train_batch_size=c.per_device_train_batch_size,
+        gradient_accumulation_steps=accumulation,
+        learning_rate=c.learning_rate,
+        optim=c.optim,
+        gradient_checkpointing=c.gradient_checkpointing,
+        max_grad_norm=c.max_grad_norm,
+        warmup_steps=c.warmup_steps,
+        weight_decay=c.weight_decay,
+        bf16=c.bnb_4bit_compute_dtype == "bfloat16",
+        fp16=c.bnb_4bit_compute_dtype == "float16",
+        seed=c.seed,
+    )
 
 
 def _version(package: str) -> str | None:
@@ -204,16 +330,15 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _margin_sentence(p: dict[str, Any]) -> str:
+def _margin_sentence(p: Provenance) -> str:
     """What the stress phase measured, for the export's header."""
-    margin = p.get("stability_margin")
-    if margin is None:
+    if p.stability_margin is None:
         return "Stability margin: not measured (a study written before it, or its stress phase did not finish)."
-    bound = ">= " if p.get("margin_capped") else ""
-    ceiling = "none up to the cap" if p.get("lr_ceiling") is None else p["lr_ceiling"]
+    bound = ">= " if p.margin_capped else ""
+    ceiling = "none up to the cap" if p.lr_ceiling is None else p.lr_ceiling
     return (
-        f"Stability margin {bound}{margin}x the learning rate (the stress phase diverged at lr_ceiling {ceiling}); "
-        f"predicted_max_lr {p.get('predicted_max_lr')}: a constant learning rate above it is predicted to fail "
+        f"Stability margin {bound}{p.stability_margin}x the learning rate (the stress phase diverged at lr_ceiling "
+        f"{ceiling}); predicted_max_lr {p.predicted_max_lr}: a constant learning rate above it is predicted to fail "
         "within 300 steps (benchmarks/results/validity.md says how wide that prediction is)."
     )
 
@@ -224,11 +349,11 @@ def header(s: ExportSettings, comment: str, dataset_given: bool = False) -> list
     asks for the run's length only)."""
     p = s.provenance
     notes = [RUN_LENGTH_NOTE if n == DATASET_NOTE and dataset_given else n for n in s.notes]
-    versions = ", ".join(f"{k} {v}" for k, v in p["versions"].items() if v)
+    versions = ", ".join(f"{k} {v}" for k, v in p.versions if v)
     lines = [
-        f"Exported by sweeper from study '{p['study']}', trial {p['trial']} ({p['exported']}).",
-        f"Measured: peak memory {p['peak_memory_gib']} GiB ({p['memory_kind']}, cap {p['memory_limit_gib']} GiB), "
-        f"instability {p['instability']}, on {p['device']}.",
+        f"Exported by sweeper from study '{p.study}', trial {p.trial} ({p.exported}).",
+        f"Measured: peak memory {p.peak_memory_gib} GiB ({p.memory_kind}, cap {p.memory_limit_gib} GiB), "
+        f"instability {p.instability}, on {p.device}.",
         _margin_sentence(p),
         f"Versions: {versions}.",
         *notes,

@@ -11,47 +11,32 @@ from pathlib import Path
 import optuna
 
 from sweeper.errors import StudyError
-from sweeper.export._axolotl import render_axolotl
-from sweeper.export._dataset import LLAMA_FACTORY_INFO, ROWS_FILE, ExportData, export_data
-from sweeper.export._hf import render_hf
-from sweeper.export._json import render_json
-from sweeper.export._llama_factory import render_llama_factory
-from sweeper.export._pick import Format
+from sweeper.export._dataset import ExportData, export_data
+from sweeper.export._registry import export_format
 from sweeper.export._settings import ExportSettings, settings_of
 from sweeper.study import StoredTrial
 
 
-def render(s: ExportSettings, fmt: Format, data: ExportData | None = None) -> dict[str, str]:
-    """The files of one export: ``{suffix: text}`` (``hf`` writes ``.py`` and ``.json``, the others one file), and
-    for axolotl and LLaMA-Factory with ``data`` the trial's rows (and LLaMA-Factory's registry of them), keyed by
-    their path in ``data.folder``."""
-    if fmt == "hf":
-        return {".py": render_hf(s), ".json": render_json(s)}
-    if fmt == "trl":
-        return {".py": render_hf(s, trl=True)}
-    rows = {str(data.folder / ROWS_FILE): data.rows.text} if data and data.rows else {}
-    if fmt == "axolotl":
-        return {".yaml": render_axolotl(s, data), **rows}
-    if fmt == "llama-factory":
-        text, info = render_llama_factory(s, data)
-        if not (data and info):  # text rows: LLaMA-Factory has no entry for them, so no rows are written
-            return {".yaml": text}
-        return {".yaml": text, **rows, str(data.folder / LLAMA_FACTORY_INFO): info}
-    return {".json": render_json(s)}
+def render(s: ExportSettings, fmt: str, data: ExportData | None = None) -> dict[str, str]:
+    """The files of one export in the format named ``fmt`` (:attr:`~sweeper.export.ExportFormat.render`):
+    ``{suffix: text}`` (``hf`` writes ``.py`` and ``.json``, the others one file), and for axolotl and LLaMA-Factory
+    with ``data`` the trial's rows (and LLaMA-Factory's registry of them), keyed by their path in ``data.folder``.
+
+    Raises:
+        ValueError: No format is named ``fmt``.
+    """
+    return export_format(fmt).render(s, data)
 
 
-#: The suffix of each format's main file.
-SUFFIXES = {"hf": ".py", "trl": ".py", "axolotl": ".yaml", "llama-factory": ".yaml", "json": ".json"}
-
-
-def export_path(path: str | Path, fmt: Format, default_name: str) -> Path:
+def export_path(path: str | Path, fmt: str, default_name: str) -> Path:
     """Where ``-o PATH`` puts an export: PATH itself (its suffix must be the format's, or none: then it is added);
     inside PATH when it is a folder or ends with ``/``, as ``default_name``.
 
     Raises:
         StudyError: PATH has another suffix (``.txt`` for a YAML export).
+        ValueError: No format is named ``fmt``.
     """
-    suffix = SUFFIXES[fmt]
+    suffix = export_format(fmt).suffix
     text = str(path)
     base = Path(path)
     if text.endswith(("/", os.sep)) or base.is_dir() or base.name in ("", ".", ".."):
@@ -114,7 +99,7 @@ def _refuse_edited(targets: dict[Path, str], main: Path) -> None:
 def write_export(
     study: optuna.Study,
     trial: StoredTrial,
-    fmt: Format,
+    fmt: str,
     path: str | Path,
     force: bool = False,
     warnings: list[str] | None = None,
@@ -135,20 +120,22 @@ def write_export(
     Raises:
         StudyError: The path has the wrong suffix, the folder cannot be written, or a file there was edited (without
             ``force``).
+        ValueError: No format is named ``fmt``.
     """
+    form = export_format(fmt)
     settings = settings_of(study, trial)
     base = export_path(path, fmt, f"trial{trial.number}-{fmt}")
     data = (
         export_data(trial.config, study.user_attrs.get("model_path"), base)
-        if fmt in ("axolotl", "llama-factory") and trial.config is not None
+        if form.rows and trial.config is not None
         else None
     )
     if data is not None and data.rows is None and warnings is not None:
         warnings.append(data.missing_note())
     targets = {}
-    for key, text in render(settings, fmt, data).items():
+    for key, text in form.render(settings, data).items():
         if key.startswith("."):
-            targets[base if key == SUFFIXES[fmt] else base.with_suffix(key)] = stamped(text, key)
+            targets[base if key == form.suffix else base.with_suffix(key)] = stamped(text, key)
         else:  # the rows and their registry: data the user may edit too, compared whole (no stamp in a data file)
             targets[Path(key)] = text
     if not force:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sweeper.export._settings import TrainingSettings
+
 
 def yaml_text(header: list[str], data: Mapping[str, Any], comments: Mapping[str, str]) -> str:
     """YAML of ``data`` in order, with the header comment and a comment after the keys named in ``comments``."""
@@ -28,6 +30,13 @@ def yaml_text(header: list[str], data: Mapping[str, Any], comments: Mapping[str,
     return "\n".join(lines) + "\n"
 
 
-def same_named_training(t: Mapping[str, Any]) -> dict[str, Any]:
+def same_named_training(t: TrainingSettings) -> dict[str, Any]:
     """The ``TrainingArguments`` keys axolotl and LLaMA-Factory both spell as transformers does."""
-    return {k: t[k] for k in ("max_grad_norm", "warmup_steps", "weight_decay", "bf16", "fp16", "seed")}
+    return {
+        "max_grad_norm": t.max_grad_norm,
+        "warmup_steps": t.warmup_steps,
+        "weight_decay": t.weight_decay,
+        "bf16": t.bf16,
+        "fp16": t.fp16,
+        "seed": t.seed,
+    }

@@ -1,7 +1,7 @@
 """``sweep export``: every format carries every value of the trial; the ``hf`` file's objects train two real steps on
 the tiny model; the ``trl`` file builds a real ``SFTTrainer`` that trains the trial's tokens; LLaMA-Factory is given
-only trials it can express; a trial that did not complete is refused in one line. ``test_export_stacks.py`` runs the
-files under the production stacks' older library versions."""
+only trials it can express; a trial that did not complete is refused in one line; a format registered with one line
+is a CLI choice. ``test_export_stacks.py`` runs the files under the production stacks' older library versions."""
 
 import json
 import runpy
@@ -51,6 +51,89 @@ def test_yaml_and_json_exports_carry_every_value(study_and_knee, tmp_path):
     j = json.loads(js.read_text())
     assert j["provenance"]["trial"] == 1 and j["provenance"]["memory_kind"] == "cpu_peak_rss"
     assert j["bnb_config"]["bnb_4bit_compute_dtype"] == "bfloat16" and j["effective_batch_size"] == 16
+
+
+def test_the_typed_settings_write_the_json_exports_keys_in_order(study_and_knee, tmp_path):
+    """ExportSettings' parts are typed (frozen dataclasses); their to_dict gives the keys the JSON export has always
+    written, in the same order (docs/contract.md: the file formats are a contract)."""
+    study, trial = study_and_knee
+    [js] = write_export(study, trial, "json", tmp_path / "x.json")
+    j = json.loads(js.read_text())
+    assert list(j) == [
+        "provenance", "notes", "model", "max_seq_length", "bnb_config", "lora_config", "training_args",
+        "effective_batch_size", "target_effective_batch_size", "sweeper_sha256",
+    ]  # fmt: skip
+    assert j["bnb_config"] == {
+        "load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "bfloat16",
+    }  # fmt: skip
+    assert list(j["bnb_config"]) == ["load_in_4bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+                                     "bnb_4bit_compute_dtype"]  # fmt: skip
+    lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"], "bias": "none",
+            "task_type": "CAUSAL_LM"}  # fmt: skip
+    assert j["lora_config"] == lora and list(j["lora_config"]) == list(lora)
+    assert list(j["training_args"]) == [
+        "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "optim",
+        "gradient_checkpointing", "max_grad_norm", "warmup_steps", "weight_decay", "bf16", "fp16", "seed",
+    ]  # fmt: skip
+    assert list(j["provenance"]) == [
+        "study", "trial", "peak_memory_gib", "memory_kind", "memory_limit_gib", "instability", "stability_margin",
+        "margin_capped", "lr_ceiling", "predicted_max_lr", "learning_progress", "confirmation", "device", "versions",
+        "exported",
+    ]  # fmt: skip
+    assert list(j["provenance"]["versions"])[-1] == "sweeper" and j["provenance"]["confirmation"] is None
+
+
+@pytest.fixture
+def toml_format():
+    """A throwaway export format, registered as a format's module is: its record one line on the registry list
+    (taken off after the test). It writes r and lora_alpha as TOML and cannot express a trial whose r is not 8."""
+    from sweeper.export import EXPORT_FORMATS, ExportFormat, Limit
+
+    def render(s, data):
+        return {".toml": f'base_model = "{s.model}"\nr = {s.lora.r}\nlora_alpha = {s.lora.lora_alpha}\n'}
+
+    def r_not_8(trial):
+        return None if trial.config.r == 8 else f"its r {trial.config.r} is not 8, which toml cannot express"
+
+    toml = ExportFormat(
+        name="toml",
+        suffix=".toml",
+        help="r and lora_alpha as TOML (a test's format)",
+        render=render,
+        limit=Limit(why=r_not_8, every="every one has an r other than 8", fix="run trials with r 8"),
+    )
+    EXPORT_FORMATS.append(toml)
+    yield toml
+    EXPORT_FORMATS.remove(toml)
+
+
+def test_a_format_registers_with_one_line(study_and_knee, tmp_path, tiny_model, toml_format):
+    """A format appended to the registry is a --format choice with its help line, is written through the real CLI
+    with its suffix (stamped, under studies/<study>/exports/ by default), and its limit steers the pick and the
+    refusal as LLaMA-Factory's does."""
+    db = str(tmp_path / "rep.db")
+    usage = run_cli("export", "--help")
+    assert usage.returncode == 0 and "{hf,trl,axolotl,llama-factory,json,toml}" in usage.stdout
+    assert "; toml: r and lora_alpha as TOML (a test's format)" in " ".join(usage.stdout.split())
+    ok = run_cli("export", db, "--pick", "min-memory", "--format", "toml", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    # trial 0 (r 4) is the study's min-memory; toml's pick is made on the front of the trials it can express
+    assert "min-memory of the front of the trials toml can express: trial 1 (the study's min-memory is trial 0: " in (
+        ok.stdout
+    )
+    written = tmp_path / "studies" / "rep" / "exports" / "trial1-toml.toml"
+    assert ok.stdout.rstrip().endswith(f"as toml: {written.relative_to(tmp_path)}"), ok.stdout
+    text = written.read_text()
+    assert text.startswith(f'base_model = "{tiny_model}"\nr = 8\nlora_alpha = 16\n# sweeper-sha256: '), text
+    mine = run_cli("export", db, "--trial", "1", "--format", "toml", "-o", "cfg", cwd=tmp_path)
+    assert mine.returncode == 0 and (tmp_path / "cfg.toml").is_file(), mine.stderr
+    wrong = run_cli("export", db, "--trial", "1", "--format", "toml", "-o", "cfg.yaml", cwd=tmp_path)
+    assert wrong.returncode == 2 and "the toml export is a .toml file" in wrong.stderr, wrong.stderr
+    refused = run_cli("export", db, "--trial", "0", "--format", "toml", cwd=tmp_path)
+    [line] = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and "trial 0: its r 4 is not 8, which toml cannot express" in line, line
+    assert "nearest trial it can express is 1 " in line and "--format hf, trl, axolotl or llama-factory" in line
 
 
 @pytest.mark.slow
