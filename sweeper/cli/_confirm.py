@@ -11,11 +11,12 @@ from sweeper.errors import SpaceError
 
 
 def model_path_for(study: Any, trial: Any) -> str:
-    """The local checkpoint a confirmation loads: the one the sweep's trials loaded when it is still there, else the
-    trial's model resolved again (the built-in model is converted once and cached)."""
+    """The local checkpoint a confirmation loads: the one the sweep's trials loaded (``study``, a
+    :class:`sweeper.study.StudySnapshot`) when it is still there, else the trial's model resolved again (the built-in
+    model is converted once and cached)."""
     from sweeper.model import resolve_model
 
-    local = study.user_attrs.get("model_path")
+    local = study.model_path
     if local and Path(local).exists():
         return str(local)
     return resolve_model(trial.config.model)
@@ -28,16 +29,17 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
         How many failed their confirmation, and how many could not run (a failure of the attempt: nothing recorded).
     """
     from sweeper.report import LiveProgress, format_params
-    from sweeper.study import confirm_trials, stored_trials
+    from sweeper.study import confirm_trials, snapshot
 
     if not numbers:
         return 0, 0
-    trials = {t.number: t for t in stored_trials(study)}
+    read = snapshot(study)
+    trials = read.by_number
     first = trials.get(numbers[0])
     if first is not None and first.repeat_of is not None:
         first = trials.get(first.repeat_of)
     # A number that is not a complete trial is refused by confirm_trials before anything runs.
-    model_path = model_path_for(study, first) if first is not None and first.config is not None else ""
+    model_path = model_path_for(read, first) if first is not None and first.config is not None else ""
     if first is not None and first.config is not None:
         _check_setup(study, first.config)
     failed = not_run = 0
@@ -45,7 +47,7 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
     say = live.line  # the lines go above the live display
 
     def shown(t: Any) -> str:
-        keys = list(study.user_attrs.get("searched", [])) or ["r", "lora_alpha_ratio", "bnb_4bit_compute_dtype"]
+        keys = list(read.searched) or ["r", "lora_alpha_ratio", "bnb_4bit_compute_dtype"]
         return format_params({k: t.params.get(k) for k in keys if k in t.params})
 
     def on_start(t: Any, n: int) -> None:
@@ -147,26 +149,27 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.export import pick_trial
-    from sweeper.study import candidates, check_study_owner, confirmations, load_existing_study
+    from sweeper.study import candidates, check_study_owner, confirmations, load_existing_study, snapshot
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.steps is not None and not 1 <= args.steps <= 10**7:
         raise SpaceError(f"--steps: {args.steps} is not a number of steps; give 1 to 10000000, e.g. --steps 300")
     study, url = load_existing_study(args.study)
     check_study_owner(study, url)  # confirm writes into studies/<name>/: not into another study's folder
+    read = snapshot(study)
     if args.trials:
         numbers = _numbers(args.trials)
     elif args.front:
-        numbers = [t.number for t in candidates(study)]
+        numbers = [t.number for t in candidates(read)]
     else:
-        ranked = candidates(study)
+        ranked = candidates(read)
         if not ranked:
             raise SpaceError(
                 f"{study.study_name}: --pick: the study has no complete trial to confirm; run more "
                 "trials with 'sweep run'"
             )
-        numbers = [ranked[0].number if args.pick == "knee" else pick_trial(study, pick=args.pick).number]
-    steps = args.steps if args.steps is not None else study.user_attrs.get("confirm_steps")
+        numbers = [ranked[0].number if args.pick == "knee" else pick_trial(read, pick=args.pick).number]
+    steps = args.steps if args.steps is not None else read.confirm_steps
     failed, not_run = run_confirmations(study, numbers, steps)
     _publish(study)  # the dashboard's front figure and notes show the confirmations
     done = confirmations(study)

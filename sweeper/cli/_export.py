@@ -15,10 +15,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from sweeper.errors import StudyError
     from sweeper.export import EXPORT_FORMATS, export_path, inexpressible, pick_trial, write_export
     from sweeper.report import format_margin
-    from sweeper.study import load_existing_study, study_dir
+    from sweeper.study import load_existing_study, snapshot, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study, _ = load_existing_study(args.study)
+    loaded, _ = load_existing_study(args.study)
+    study = snapshot(loaded)
     trial = pick_trial(study, number=args.trial, pick=args.pick, fmt=args.format)
     if args.trial is None:
         how = f"{args.pick} of the front: trial {trial.number}"
@@ -39,7 +40,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         how = f"trial {trial.number}"
     _refuse_unmatched_targets(study, trial)
     values = trial.values or (float("nan"), float("nan"))
-    where = args.output or f"{study_dir(study.study_name) / 'exports'}/"
+    where = args.output or f"{study_dir(study.name) / 'exports'}/"
     target = export_path(where, args.format, f"trial{trial.number}-{args.format}")
     suffixes = {f.suffix for f in EXPORT_FORMATS}  # the hf export's .json beside its .py is the json format's
     existed = {target.with_suffix(suffix) for suffix in suffixes} if target.parent.is_dir() else set()
@@ -68,14 +69,14 @@ def _refuse_unmatched_targets(study: Any, trial: Any) -> None:
     from sweeper.checkpoint import module_names, short_names, unmatched_targets
     from sweeper.errors import StudyError
 
-    model_path = study.user_attrs.get("model_path")
+    model_path = study.model_path
     if trial.config is None or not model_path:
         return
     modules = module_names(model_path)
     missing = unmatched_targets(trial.config.target_modules, modules) if modules is not None else []
     if missing:
         raise StudyError(
-            f"{study.study_name}: trial {trial.number}: target_modules {missing} match no module of "
+            f"{study.name}: trial {trial.number}: target_modules {missing} match no module of "
             f"{model_path}, so its LoRA trained without them; not exported: fix training.target_modules "
             f"(the model's modules: {', '.join(short_names(modules or []))}) and run the study again"
         )

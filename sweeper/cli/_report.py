@@ -32,28 +32,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     from sweeper.study import (
         legacy_instability_warning,
         load_existing_study,
-        nan_causes,
         other_setups_line,
-        pareto_front,
+        snapshot,
         stale_running,
         study_dir,
-        study_objectives,
     )
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study, _ = load_existing_study(args.study)
-    html_path = Path(args.html) if args.html else study_dir(study.study_name) / "report.html"
+    loaded, _ = load_existing_study(args.study)
+    study = snapshot(loaded)  # read once: every part of the report reads this snapshot
+    html_path = Path(args.html) if args.html else study_dir(study.name) / "report.html"
     if html_path.suffix.lower() not in (".html", ".htm") or html_path.is_dir():
         raise SpaceError(f"{args.html}: --html: the report is an HTML file; give a path ending in .html")
     if args.json:
         _print(json.dumps(report_dict(study), indent=2))
     else:
-        front = pareto_front(study)
-        _print(f"study '{study.study_name}': Pareto front (peak memory vs {front_axis(study)}), {len(front)} trials:")
-        _print(format_front(front, study_objectives(study)) if front else "  (no complete trial)")
+        front = study.front
+        _print(f"study '{study.name}': Pareto front (peak memory vs {front_axis(study)}), {len(front)} trials:")
+        _print(format_front(front, study.objectives) if front else "  (no complete trial)")
         _print()
-        _print("trials: " + format_counts(counts_with_stale(study), nan_causes(study)))
-        for line in stale_running(study).values():
+        _print("trials: " + format_counts(counts_with_stale(study), study.nan_causes))
+        for line in stale_running(study.study).values():
             _print(f"stale   {line}; the next 'sweep run' of this study records it as interrupted and runs it again")
         for note in (legacy_instability_warning(study), other_setups_line(study)):
             if note:

@@ -7,21 +7,17 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-import optuna
-
 from sweeper.errors import StudyError
 from sweeper.export._registry import EXPORT_FORMATS, export_format
 from sweeper.stability import format_margin
 from sweeper.study import (
     Objective,
     StoredTrial,
+    StudyLike,
+    StudySnapshot,
     by_knee_distance,
-    current_trials,
-    learning,
     non_dominated,
-    pareto_front,
-    stored_trials,
-    study_objectives,
+    snapshot,
 )
 from sweeper.trial import TrialStatus
 
@@ -70,12 +66,12 @@ def _formats_expressing(trial: StoredTrial, fmt: str) -> str:
     return others[0] if len(others) == 1 else ", ".join(others[:-1]) + " or " + others[-1]
 
 
-def _expressible_trials(study: optuna.Study, fmt: str) -> list[StoredTrial]:
+def _expressible_trials(study: StudySnapshot, fmt: str) -> list[StoredTrial]:
     """The measured COMPLETE trials of the study's current setup (:func:`sweeper.study.current_trials`) ``fmt`` can
     express whose confirmation did not fail."""
     return [
         t
-        for t in current_trials(study, stored_trials(study))
+        for t in study.current(study.trials)
         if t.status == TrialStatus.COMPLETE
         and t.values is not None
         and not t.is_repeat
@@ -84,11 +80,11 @@ def _expressible_trials(study: optuna.Study, fmt: str) -> list[StoredTrial]:
     ]
 
 
-def nearest_expressible(study: optuna.Study, trial: StoredTrial, fmt: str) -> StoredTrial | None:
+def nearest_expressible(study: StudyLike, trial: StoredTrial, fmt: str) -> StoredTrial | None:
     """The trial ``fmt`` can express nearest ``trial``: the fewest settings changed (the same configuration in
     another compute dtype first), then the nearest objectives (each scaled to [0, 1] over the candidates); None when
     ``fmt`` can express no complete trial."""
-    candidates = _expressible_trials(study, fmt)
+    candidates = _expressible_trials(snapshot(study), fmt)
     if not candidates:
         return None
     values = [objectives(t) for t in candidates] + [objectives(trial)]
@@ -108,7 +104,7 @@ def nearest_expressible(study: optuna.Study, trial: StoredTrial, fmt: str) -> St
 
 
 def pick_trial(
-    study: optuna.Study, *, number: int | None = None, pick: Pick = "knee", fmt: str | None = None
+    study: StudyLike, *, number: int | None = None, pick: Pick = "knee", fmt: str | None = None
 ) -> StoredTrial:
     """The trial to export: trial ``number``, or the front's ``knee``, ``min-memory`` or ``most-stable`` point.
 
@@ -124,10 +120,11 @@ def pick_trial(
             that did not fail its confirmation.
     """
     if number is not None:
-        return _numbered_trial(study, number, fmt)
-    name = study.study_name
-    declared = study_objectives(study)
-    front = pareto_front(study)
+        return _numbered_trial(snapshot(study), number, fmt)
+    study = snapshot(study)
+    name = study.name
+    declared = study.objectives
+    front = study.front
     if not front:
         raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with 'sweep run'")
     if fmt is not None and any(inexpressible(t, fmt) for t in front):
@@ -146,7 +143,7 @@ def pick_trial(
         _refuse_failed_confirmation(name, front[0], "--pick")
     front = passed or usable
     if pick != "min-memory":  # no trial is recommended as safest because it barely learns
-        front = learning(study, front)
+        front = study.learning(front)
     memory = next(i for i, o in enumerate(declared) if o.role == "memory")
     stability = next(i for i, o in enumerate(declared) if o.role == "stability")
 
@@ -160,11 +157,11 @@ def pick_trial(
     return knee(front, declared)
 
 
-def _numbered_trial(study: optuna.Study, number: int, fmt: str | None) -> StoredTrial:
+def _numbered_trial(study: StudySnapshot, number: int, fmt: str | None) -> StoredTrial:
     """``--trial N``: the measured trial ``number`` stands for (a repeat's original), refused in one line when it did
     not complete, failed its confirmation or ``fmt`` cannot express it."""
-    name = study.study_name
-    trials = {t.number: t for t in stored_trials(study)}
+    name = study.name
+    trials = study.by_number
     if number not in trials:
         raise StudyError(
             f"{name}: --trial: no trial {number} in this study (trials 0-{len(trials) - 1}); "
@@ -185,7 +182,7 @@ def _numbered_trial(study: optuna.Study, number: int, fmt: str | None) -> Stored
     return t
 
 
-def _instead(study: optuna.Study, trial: StoredTrial, fmt: str) -> str:
+def _instead(study: StudySnapshot, trial: StoredTrial, fmt: str) -> str:
     """The fix for a trial ``fmt`` cannot express: the nearest trial it can, or the formats that express it."""
     near = nearest_expressible(study, trial, fmt)
     formats = _formats_expressing(trial, fmt)

@@ -10,11 +10,9 @@ from dataclasses import asdict, dataclass, fields
 from importlib import metadata
 from typing import Any
 
-import optuna
-
 from sweeper.errors import StudyError
 from sweeper.space import TrialConfig
-from sweeper.study import Confirmation, StoredTrial
+from sweeper.study import Confirmation, StoredTrial, StudyLike, StudySnapshot, snapshot
 
 #: Built-in models as the hub ids a production run would load.
 HUB_IDS = {"builtin:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -179,22 +177,24 @@ class ExportSettings:
     notes: list[str]
 
 
-def settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
-    """The export settings of a complete trial (see :class:`ExportSettings`).
+def settings_of(study: StudyLike, trial: StoredTrial) -> ExportSettings:
+    """The export settings of a complete trial (see :class:`ExportSettings`) of ``study`` (a snapshot, or a study
+    read once here).
 
     Raises:
         StudyError: The trial lacks the config sweeper stores (a study not made by ``sweep run``, or edited).
     """
+    study = snapshot(study)
     try:
         return _settings_of(study, trial)
     except (KeyError, TypeError, ValueError) as exc:
         raise StudyError(
-            f"{study.study_name}: --trial: trial {trial.number} has no usable sweeper config "
+            f"{study.name}: --trial: trial {trial.number} has no usable sweeper config "
             f"(missing or bad {exc}); export a trial that 'sweep run' measured"
         ) from None
 
 
-def _settings_of(study: optuna.Study, trial: StoredTrial) -> ExportSettings:
+def _settings_of(study: StudySnapshot, trial: StoredTrial) -> ExportSettings:
     """:func:`settings_of` without the translation of a missing or bad stored value into one line."""
     c = trial.config
     if c is None or trial.values is None:
@@ -250,14 +250,14 @@ def _batch_notes(c: TrialConfig, accumulation: int) -> list[str]:
     return notes
 
 
-def _confirmation_note(study: optuna.Study, trial: StoredTrial, c: TrialConfig) -> str:
+def _confirmation_note(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> str:
     """Whether a long run of the trial's configuration completed, or how to run one."""
     done = trial.confirmation
     if done is None:
         return (
             f"not confirmed at a long horizon: its instability comes from {c.max_steps} steps; run 'sweep confirm "
-            f"{study.study_name} --trials {trial.number}' to run it "
-            f"{study.user_attrs.get('confirm_steps') or 10 * c.max_steps} steps first"
+            f"{study.name} --trials {trial.number}' to run it "
+            f"{study.confirm_steps or 10 * c.max_steps} steps first"
         )
     return (
         f"confirmed: a {done.steps}-step run of this configuration completed (instability "
@@ -266,10 +266,10 @@ def _confirmation_note(study: optuna.Study, trial: StoredTrial, c: TrialConfig) 
     )
 
 
-def _model_notes(study: optuna.Study, c: TrialConfig) -> list[str]:
+def _model_notes(study: StudySnapshot, c: TrialConfig) -> list[str]:
     """Where the trials loaded a built-in or GGUF model from: its local conversion, which the export may point to."""
     name = c.model.name_or_path
-    local = study.user_attrs.get("model_path")
+    local = study.model_path
     if local and (name.startswith("builtin:") or name.lower().endswith(".gguf")):
         return [
             f"the trials loaded {name} from its local conversion {local}; point the model name there to "
@@ -278,12 +278,12 @@ def _model_notes(study: optuna.Study, c: TrialConfig) -> list[str]:
     return []
 
 
-def _provenance(study: optuna.Study, trial: StoredTrial, c: TrialConfig) -> Provenance:
+def _provenance(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Provenance:
     """Study, trial, what was measured where, and the library versions (:attr:`ExportSettings.provenance`)."""
     versions = trial.result.versions or {}
     peak = trial.result.peak_memory_gib
     return Provenance(
-        study=study.study_name,
+        study=study.name,
         trial=trial.number,
         peak_memory_gib=round(peak, 3) if isinstance(peak, float) else peak,
         memory_kind=trial.result.memory_kind,

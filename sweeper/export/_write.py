@@ -8,13 +8,11 @@ import os
 import re
 from pathlib import Path
 
-import optuna
-
 from sweeper.errors import StudyError
 from sweeper.export._dataset import ExportData, export_data
 from sweeper.export._registry import export_format
 from sweeper.export._settings import ExportSettings, settings_of
-from sweeper.study import StoredTrial
+from sweeper.study import StoredTrial, StudyLike, snapshot
 
 
 def render(s: ExportSettings, fmt: str, data: ExportData | None = None) -> dict[str, str]:
@@ -97,7 +95,7 @@ def _refuse_edited(targets: dict[Path, str], main: Path) -> None:
 
 
 def write_export(
-    study: optuna.Study,
+    study: StudyLike,
     trial: StoredTrial,
     fmt: str,
     path: str | Path,
@@ -123,13 +121,10 @@ def write_export(
         ValueError: No format is named ``fmt``.
     """
     form = export_format(fmt)
+    study = snapshot(study)
     settings = settings_of(study, trial)
     base = export_path(path, fmt, f"trial{trial.number}-{fmt}")
-    data = (
-        export_data(trial.config, study.user_attrs.get("model_path"), base)
-        if form.rows and trial.config is not None
-        else None
-    )
+    data = export_data(trial.config, study.model_path, base) if form.rows and trial.config is not None else None
     if data is not None and data.rows is None and warnings is not None:
         warnings.append(data.missing_note())
     targets = {}

@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.report._console import format_instability, margin_line
-from sweeper.study import StoredTrial, artifact_store, dashboard_note, stored_trials, study_system_attrs, trial_id
+from sweeper.study import StoredTrial, artifact_store, dashboard_note, snapshot, study_system_attrs, trial_id
 
 #: Id of the front figure among the study's plotly graph objects (optuna-dashboard requires ``[A-Za-z0-9_-]+``).
 FRONT_FIGURE_ID = "pareto-front"
@@ -75,9 +75,10 @@ def publish_study(study: optuna.Study) -> None:
     from sweeper.report._data import front_data
     from sweeper.report._figures import front_figure
 
-    save_plotly_graph_object(study, front_figure(front_data(study)), graph_object_id=FRONT_FIGURE_ID)
+    read = snapshot(study)  # read once: the figure and the notes
+    save_plotly_graph_object(study, front_figure(front_data(read)), graph_object_id=FRONT_FIGURE_ID)
     system_attrs = study_system_attrs(study)
-    for t in stored_trials(study, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+    for t in read.trials_in((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
         if t.frozen is None or dashboard_note(system_attrs, trial_id(t.frozen)):
             continue
         storage_id = trial_id(t.frozen)

@@ -20,18 +20,13 @@ from optuna.trial import TrialState
 from sweeper.errors import StudyError
 from sweeper.memory import median_abs
 from sweeper.study import (
-    CALIBRATION_ATTR,
     Objective,
     StoredTrial,
-    current_trials,
-    measured_trials,
-    nan_causes,
+    StudyLike,
     other_setups_line,
-    pareto_front,
     prediction_errors,
+    snapshot,
     stale_running,
-    status_counts,
-    study_objectives,
 )
 
 #: Per-trial settings shown in the report and its hover texts (``lora_alpha`` is derived: ``lora_alpha_ratio * r``).
@@ -119,7 +114,7 @@ def extra_objectives(objectives: Sequence[Objective]) -> list[Objective]:
     return [o for o in objectives if o.role is None]
 
 
-def front_data(study: optuna.Study) -> dict[str, Any]:
+def front_data(study: StudyLike) -> dict[str, Any]:
     """Every measured trial of the study's current setup (:func:`sweeper.study.current_trials`) as a point of peak
     memory against its stability margin, the front flagged.
 
@@ -130,10 +125,11 @@ def front_data(study: optuna.Study) -> dict[str, Any]:
         ``stability_margin`` and ``instability`` None and, where the worker measured it, a ``peak_memory_gib`` (an
         OOM's is the memory at the failure).
     """
-    searched = list(study.user_attrs.get("searched", []))
-    front = {t.number for t in pareto_front(study)}
-    current = current_trials(study, measured_trials(study))  # other setups' trials are not on this front's axes
-    points = [trial_record(t, searched, front, study_objectives(study)) for t in current]
+    study = snapshot(study)
+    searched = list(study.searched)
+    front = {t.number for t in study.front}
+    current = study.current(study.measured)  # other setups' trials are not on this front's axes
+    points = [trial_record(t, searched, front, study.objectives) for t in current]
     kinds = {p["memory_kind"] for p in points if p["memory_kind"]}
     limits = [t.config.memory_limit_gib for t in current if t.config is not None]
     return {
@@ -145,11 +141,12 @@ def front_data(study: optuna.Study) -> dict[str, Any]:
     }
 
 
-def counts_with_stale(study: optuna.Study) -> dict[str, int]:
+def counts_with_stale(study: StudyLike) -> dict[str, int]:
     """:func:`sweeper.study.status_counts`, with the RUNNING trials that no sweep runs any more
     (:func:`sweeper.study.stale_running`) counted as ``stale`` instead of ``running``."""
-    counts = status_counts(study)
-    stale = len(stale_running(study))
+    study = snapshot(study)
+    counts = dict(study.status_counts)
+    stale = len(stale_running(study.study))
     if stale:
         counts["running"] = counts.get("running", 0) - stale
         if counts["running"] <= 0:
@@ -158,18 +155,20 @@ def counts_with_stale(study: optuna.Study) -> dict[str, int]:
     return counts
 
 
-def objectives_of(study: optuna.Study) -> list[str]:
+def objectives_of(study: StudyLike) -> list[str]:
     """The names of the study's objectives in order (:func:`sweeper.study.study_objectives`):
     ``peak_memory_gib`` and its stability objective, then any other it was created with."""
-    return [o.name for o in study_objectives(study)]
+    study = snapshot(study)
+    return [o.name for o in study.objectives]
 
 
-def picks(study: optuna.Study) -> dict[str, int]:
+def picks(study: StudyLike) -> dict[str, int]:
     """The trial ``sweep export --pick`` would choose for each pick (``knee``, ``min-memory``, ``most-stable``);
     {} without a complete trial, or when no pick can be made (:func:`no_picks_reason` says why)."""
+    study = snapshot(study)
     from sweeper.export import PICKS, pick_trial
 
-    if not pareto_front(study):
+    if not study.front:
         return {}
     try:
         return {name: pick_trial(study, pick=name).number for name in PICKS}  # type: ignore[arg-type]
@@ -177,12 +176,13 @@ def picks(study: optuna.Study) -> dict[str, int]:
         return {}
 
 
-def no_picks_reason(study: optuna.Study) -> str | None:
+def no_picks_reason(study: StudyLike) -> str | None:
     """Why the study's front yields no pick although it has trials (every one failed its confirmation), as
     ``sweep export --pick`` says it; None when it yields picks or has no trial."""
+    study = snapshot(study)
     from sweeper.export import pick_trial
 
-    if not pareto_front(study):
+    if not study.front:
         return None
     try:
         pick_trial(study)
@@ -191,7 +191,7 @@ def no_picks_reason(study: optuna.Study) -> str | None:
     return None
 
 
-def fit_map_data(study: optuna.Study) -> dict[str, Any]:
+def fit_map_data(study: StudyLike) -> dict[str, Any]:
     """Which ``per_device_train_batch_size`` x ``max_seq_length`` shapes fit the memory cap.
 
     A cell *fits* when some trial of that shape ran a step within the cap (``complete`` or ``nan``), is *oom* when
@@ -202,8 +202,9 @@ def fit_map_data(study: optuna.Study) -> dict[str, Any]:
         ``{"batch_sizes": [...], "max_seq_lengths": [...], "cells": [{"per_device_train_batch_size",
         "max_seq_length", "state", "fits", "ooms", "min_peak_memory_gib", "max_peak_memory_gib", "trials"}]}``.
     """
+    study = snapshot(study)
     cells: dict[tuple[int, int], dict[str, Any]] = {}
-    for t in measured_trials(study):
+    for t in study.measured:
         config, fits = t.config, t.status.fits
         if fits is None or config is None:
             continue
@@ -265,7 +266,7 @@ def describe_fit(fit_map: Mapping[str, Any]) -> dict[int, str]:
     return out
 
 
-def curves_data(study: optuna.Study) -> list[dict[str, Any]]:
+def curves_data(study: StudyLike) -> list[dict[str, Any]]:
     """Loss and gradient-norm curves of the front's trials, of the NaN trials (up to the failing step, whose
     non-finite values are None) and of the diverged trials.
 
@@ -273,10 +274,11 @@ def curves_data(study: optuna.Study) -> list[dict[str, Any]]:
         ``[{"number", "kind": "front" | "nan" | "diverged", "label", "loss": [float | None],
         "grad_norm": [float | None]}]``.
     """
-    front = pareto_front(study)
+    study = snapshot(study)
+    front = study.front
     numbers = {t.number for t in front}
-    nan = [t for t in measured_trials(study) if t.status_name == "nan" and t.number not in numbers]
-    diverged = [t for t in measured_trials(study) if t.status_name == "diverged" and t.number not in numbers]
+    nan = [t for t in study.measured if t.status_name == "nan" and t.number not in numbers]
+    diverged = [t for t in study.measured if t.status_name == "diverged" and t.number not in numbers]
     out = []
     for kind, trials in (("front", front), ("nan", nan), ("diverged", diverged)):
         for t in trials:
@@ -306,7 +308,7 @@ def _objective(i: int) -> Any:
     return lambda t: t.values[i]
 
 
-def memory_effects(study: optuna.Study, trials: list[StoredTrial]) -> dict[str, Any]:
+def memory_effects(study: StudyLike, trials: list[StoredTrial]) -> dict[str, Any]:
     """Which searched setting moves the predicted peak, and by how much, at the study's own configurations: for each
     searched key, the spread (max - min, GiB) of the memory model's prediction over the key's searched values with
     every other setting as a trial had it, the median over the study's measured configurations. A key the memory
@@ -316,6 +318,7 @@ def memory_effects(study: optuna.Study, trials: list[StoredTrial]) -> dict[str, 
         ``{"effects_gib": {param: GiB}, "configurations": n}``, or ``{"not_shown": why}`` when the model's shape is
         unknown or no trial stored its configuration.
     """
+    study = snapshot(study)
     from sweeper.memory import memory_predictor
 
     configured = [t for t in trials if t.config is not None]
@@ -324,7 +327,7 @@ def memory_effects(study: optuna.Study, trials: list[StoredTrial]) -> dict[str, 
     first = configured[0].config
     assert first is not None
     device = "cuda" if str(configured[0].result.device or "").startswith("cuda") else "cpu"
-    path = str(study.user_attrs.get("model_path") or first.model.name_or_path)
+    path = str(study.model_path or first.model.name_or_path)
     predict = memory_predictor(path, first.model.name_or_path, first.model.attn_implementation, device)
     values = _searched_values(study)
     effects: dict[str, list[float]] = {key: [] for key in values}
@@ -342,12 +345,13 @@ def memory_effects(study: optuna.Study, trials: list[StoredTrial]) -> dict[str, 
     }
 
 
-def _searched_values(study: optuna.Study) -> dict[str, list[Any]]:
+def _searched_values(study: StudyLike) -> dict[str, list[Any]]:
     """Each searched key's values as the study's trials were sampled from them: a categorical's choices, a range's
     ends."""
+    study = snapshot(study)
     out: dict[str, list[Any]] = {}
-    for t in study.get_trials(deepcopy=False):
-        for key, dist in t.distributions.items():
+    for t in study.trials:
+        for key, dist in (t.frozen.distributions if t.frozen is not None else {}).items():
             if key in out:
                 continue
             choices = getattr(dist, "choices", None)
@@ -355,7 +359,7 @@ def _searched_values(study: optuna.Study) -> dict[str, list[Any]]:
     return out
 
 
-def importance_data(study: optuna.Study) -> dict[str, dict[str, Any]]:
+def importance_data(study: StudyLike) -> dict[str, dict[str, Any]]:
     """What explains each objective over the study's current setup (:func:`sweeper.study.current_trials`).
 
     - ``peak_memory_gib``: the memory model itself (:func:`memory_effects`), not a fit to a handful of measured
@@ -369,7 +373,8 @@ def importance_data(study: optuna.Study) -> dict[str, dict[str, Any]]:
         ``{"peak_memory_gib": memory_effects(...), <stability objective>: {"importance": {param: median},
         "interval": {param: [p5, p95]}, "trials": n} | {"not_shown": why}}``.
     """
-    current = current_trials(study, measured_trials(study))
+    study = snapshot(study)
+    current = study.current(study.measured)
     names = objectives_of(study)
     out: dict[str, dict[str, Any]] = {names[0]: memory_effects(study, current)}
     complete = [t for t in current if t.state == TrialState.COMPLETE and t.frozen is not None]
@@ -380,7 +385,9 @@ def importance_data(study: optuna.Study) -> dict[str, dict[str, Any]]:
                 "it ranks noise)"
             }
             continue
-        out[name] = _bootstrap_importance([t.frozen for t in complete if t.frozen is not None], study.directions, i)
+        out[name] = _bootstrap_importance(
+            [t.frozen for t in complete if t.frozen is not None], study.study.directions, i
+        )
     return out
 
 
@@ -416,7 +423,7 @@ def _bootstrap_importance(trials: list[Any], directions: Any, index: int) -> dic
     }
 
 
-def memory_prediction_data(study: optuna.Study) -> dict[str, Any]:
+def memory_prediction_data(study: StudyLike) -> dict[str, Any]:
     """Predicted vs measured peak memory of the complete trials, as the preflight predicted each before running it
     (:func:`sweeper.study.prediction_errors`): ``{"trials": [{"number", "memory_kind", "predicted_gib",
     "corrected_gib", "measured_gib", "error", "corrected_error"}], "median_error", "median_corrected_error",
@@ -424,6 +431,7 @@ def memory_prediction_data(study: optuna.Study) -> dict[str, Any]:
     medians are of their absolute values, ``median_corrected_error`` over the trials that had a correction
     (``corrected_trials`` of them); ``calibration`` is the study's stored correction
     (:data:`sweeper.study.CALIBRATION_ATTR`, by memory kind), or None."""
+    study = snapshot(study)
     rows = prediction_errors(study)
     corrected = [r["corrected_error"] for r in rows if r["corrected_error"] is not None]
     return {
@@ -431,24 +439,25 @@ def memory_prediction_data(study: optuna.Study) -> dict[str, Any]:
         "median_error": median_abs(r["error"] for r in rows),
         "median_corrected_error": median_abs(corrected),
         "corrected_trials": len(corrected),
-        "calibration": study.user_attrs.get(CALIBRATION_ATTR),
+        "calibration": study.calibration,
     }
 
 
-def report_dict(study: optuna.Study) -> dict[str, Any]:
+def report_dict(study: StudyLike) -> dict[str, Any]:
     """``sweep report --json``: ``{"study", "directions", "objectives", "front": [{"number", "params",
     "peak_memory_gib", <second objective>, "stability_margin", "margin_capped", "lr_ceiling", "predicted_max_lr",
     "learning_progress", "instability", "confirmation"}], "trials": [record], "status_counts", "nan_causes",
     "largest_max_seq_length_by_batch", "importance", "picks", "memory_prediction", "other_setups"}``
     (:func:`memory_prediction_data`; ``other_setups``: :func:`sweeper.study.other_setups_line`, or None)."""
-    searched = list(study.user_attrs.get("searched", []))
-    front = pareto_front(study)
+    study = snapshot(study)
+    searched = list(study.searched)
+    front = study.front
     numbers = {t.number for t in front}
     fit = fit_map_data(study)
-    objectives = study_objectives(study)
+    objectives = study.objectives
     return {
-        "study": study.study_name,
-        "directions": [d.name.lower() for d in study.directions],
+        "study": study.name,
+        "directions": study.directions,
         "objectives": objectives_of(study),
         "front": [
             {
@@ -466,10 +475,10 @@ def report_dict(study: optuna.Study) -> dict[str, Any]:
             for t in front
             if t.values is not None
         ],
-        "trials": [trial_record(t, searched, numbers, objectives) for t in measured_trials(study)],
+        "trials": [trial_record(t, searched, numbers, objectives) for t in study.measured],
         "status_counts": counts_with_stale(study),
-        "stale": list(stale_running(study).values()),
-        "nan_causes": nan_causes(study),
+        "stale": list(stale_running(study.study).values()),
+        "nan_causes": dict(study.nan_causes),
         "largest_max_seq_length_by_batch": {str(b): s for b, s in largest_fitting_seq(fit).items()},
         "importance": importance_data(study),
         "picks": picks(study),

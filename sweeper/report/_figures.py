@@ -15,11 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import optuna
-
 from sweeper.report import _data as data
 from sweeper.report._console import format_instability, format_margin
 from sweeper.report._data import IMPORTANCE_RESAMPLES, MIN_IMPORTANCE_TRIALS
+from sweeper.study import StudyLike, snapshot
 
 #: Marker per status in the front figure (plotly symbol names).
 SYMBOLS = {
@@ -440,11 +439,12 @@ def _front_rows(summary: Mapping[str, Any], keys: list[str]) -> list[list[Any]]:
     ]
 
 
-def render_html(study: optuna.Study) -> str:
+def render_html(study: StudyLike) -> str:
     """The whole report as one HTML page: front table, counts, fit frontier, and the four figures, with plotly.js
     inline (about 4.7 MB) so that it opens offline."""
     import plotly.io as pio
 
+    study = snapshot(study)
     summary = data.report_dict(study)
     figures = [
         front_figure(data.front_data(study)),
@@ -468,7 +468,7 @@ def render_html(study: optuna.Study) -> str:
     n_complete = sum(1 for t in summary["trials"] if t["state"] == "COMPLETE")
     failed = [t for t in summary["trials"] if t["state"] != "COMPLETE"]
     failed_rows = [["trial", "status", "reason"]] + [[t["number"], t["label"], t["reason"]] for t in failed]
-    title = f"sweeper report: {html.escape(study.study_name)}"
+    title = f"sweeper report: {html.escape(study.name)}"
     memory = _memory_section(summary["memory_prediction"])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
@@ -481,7 +481,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f
 <h2 id="front">Pareto front ({len(summary["front"])} of {len(summary["trials"])} trials)</h2>
 {_table(front_rows)}
 <p>Columns: {html.escape(", ".join(f"{SHORT_NAMES[k]} = {k}" for k in keys if SHORT_NAMES.get(k, k) != k))}.</p>
-<p>Picks (<code>sweep export {html.escape(study.study_name)} --pick NAME</code>): {
+<p>Picks (<code>sweep export {html.escape(study.name)} --pick NAME</code>): {
         html.escape(" · ".join(f"{k} #{n}" for k, n in summary["picks"].items()) or "none")
     }. The knee is the front's point nearest
 the ideal after scaling both objectives to [0, 1].</p>
@@ -505,7 +505,7 @@ resamples of the trials.</p>
 """
 
 
-def write_html_report(study: optuna.Study, path: str | Path) -> Path:
+def write_html_report(study: StudyLike, path: str | Path) -> Path:
     """Write :func:`render_html` to ``path`` (through a temporary file and a rename: an earlier report is never
     left half-written)."""
     path = Path(path)

@@ -10,8 +10,6 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-import optuna
-
 from sweeper.memory import median_abs
 from sweeper.report._console import format_counts, format_data_nan_summary, format_front, format_params
 from sweeper.report._console import format_trial_line as _trial_line
@@ -19,20 +17,17 @@ from sweeper.report._progress import LiveProgress
 from sweeper.study import (
     MAX_CONSECUTIVE_DUPLICATES,
     StoredTrial,
+    StudyLike,
+    StudySnapshot,
     SweepCallback,
     SweepEvent,
     SweepPlan,
-    count_finished,
     device_kind,
     legacy_instability_warning,
-    nan_causes,
-    pareto_front,
     prediction_errors,
     redact_url,
-    stability_objective,
-    status_counts,
+    snapshot,
     stored_calibration,
-    stored_trials,
     study_objectives,
     trial_dir,
 )
@@ -63,25 +58,26 @@ def resume_lines(plan: SweepPlan) -> list[str]:
     """Before the first trial of a resumed study: what it holds, trials measured under another
     ``memory_limit_gib``, trials whose instability was computed the old way, and that nothing is left to run."""
     lines = []
+    read = snapshot(plan.study)
     already, limit_gib = plan.finished_before, plan.space.base.memory_limit_gib
     if 0 < already < plan.n_trials:
         lines.append(f"resume  the study holds {already} finished trials; {plan.n_trials - already} to go")
-        other_caps = _other_caps(plan.study, limit_gib)
+        other_caps = _other_caps(read, limit_gib)
         if other_caps:
             lines.append(
                 f"note    memory_limit_gib is {limit_gib:g} now; {other_caps}: their peaks stand, but what fit "
                 "under their cap need not fit under this one, so the front, the picks and the exports compare the "
                 "trials of this cap (the others stay in the report's tables)"
             )
-    if plan.new_setup and already > 0 and not _other_caps(plan.study, limit_gib):
+    if plan.new_setup and already > 0 and not _other_caps(read, limit_gib):
         lines.append(
             f"setup   new settings for this study (--new-setup): its {already} earlier finished trials are kept apart "
             "from the new ones in report and export; n_trials counts the whole study"
         )
-    legacy = legacy_instability_warning(plan.study)
+    legacy = legacy_instability_warning(read)
     if legacy:
         lines.append(legacy)
-    if already > 0 and stability_objective(plan.study) == "instability":
+    if already > 0 and front_axis(read) == "instability":
         lines.append(
             "note    this study was written before the stability margin: it ranks its trials by instability, "
             "and so will the new ones (they record their margin too); to rank by margin, start a new study "
@@ -95,11 +91,11 @@ def resume_lines(plan: SweepPlan) -> list[str]:
     return lines
 
 
-def _other_caps(study: optuna.Study, limit_gib: float) -> str | None:
+def _other_caps(study: StudySnapshot, limit_gib: float) -> str | None:
     """``3 trials were measured under memory_limit_gib 1.7`` for the measured trials of a resumed study whose cap was
     not this run's, or None."""
     caps: Counter[float] = Counter()
-    for t in stored_trials(study):
+    for t in study.trials:
         cap = t.config.memory_limit_gib if t.config is not None and not t.is_repeat else None
         if cap is not None and float(cap) != limit_gib:
             caps[float(cap)] += 1
@@ -184,28 +180,28 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
         elapsed_s: Seconds this run took.
         out_of_time: The run's ``timeout_s`` was spent (not a reason to say it stopped early).
     """
-    study, name = plan.study, plan.name
+    study, name = snapshot(plan.study), plan.name  # read once for the whole summary
     lines = []
-    front = pareto_front(study)
-    finished = count_finished(study)
+    front = study.front
+    finished = study.finished
     if finished < plan.n_trials and not out_of_time:
         lines.append(
             f"stopped at {finished} of {plan.n_trials} trials: the sampler proposed only configurations already "
             f"measured {MAX_CONSECUTIVE_DUPLICATES} times in a row; widen the search to measure more"
         )
     lines.append("")
-    measured = sum(1 for t in stored_trials(study) if not t.is_repeat)
+    measured = sum(1 for t in study.trials if not t.is_repeat)
     lines.append(f"Pareto front (peak memory vs {front_axis(study)}), {len(front)} of {measured} trials:")
-    lines.append(format_front(front, study_objectives(study)) if front else "  (no complete trial yet)")
+    lines.append(format_front(front, study.objectives) if front else "  (no complete trial yet)")
     lines.append("")
-    causes = nan_causes(study)
-    lines.append("trials: " + format_counts(status_counts(study), causes))
+    causes = study.nan_causes
+    lines.append("trials: " + format_counts(study.status_counts, causes))
     memory = memory_line(study)
     if memory:
         lines.append(memory)
     doctor = plan.space.doctor_command()
     if "data" in causes:
-        blamed = {t.number: t.result.nan_samples for t in stored_trials(study) if t.number in causes["data"]}
+        blamed = {t.number: t.result.nan_samples for t in study.trials if t.number in causes["data"]}
         trials_dir = trial_dir(name, 0).parent.as_posix()
         lines.append(format_data_nan_summary(causes, blamed, trials_dir) + f"; see '{doctor}'")
     ref = name if plan.is_default_storage else f"'{redact_url(plan.storage)}'"
@@ -214,7 +210,7 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
         f"sweep report {ref}, sweep dashboard {ref}, sweep export {ref} --pick knee"
         if front
         else f"sweep report {ref} (nothing to export: no trial completed; each trial's cause is there)"
-        + "".join(f", {step}" for step in _next_steps(plan, causes))
+        + "".join(f", {step}" for step in _next_steps(plan, causes, study))
     )
     lines.append(
         f"done in {elapsed_s:.0f} s; study in {redact_url(plan.storage)}; next: {after}"
@@ -223,11 +219,11 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
     return lines
 
 
-def _next_steps(plan: SweepPlan, causes: Mapping[str, Sequence[int]]) -> list[str]:
+def _next_steps(plan: SweepPlan, causes: Mapping[str, Sequence[int]], study: StudySnapshot | None = None) -> list[str]:
     """What addresses the failures of a sweep with no complete trial: the audit of the data the trials read for a
     data NaN, the memory model for out-of-memory trials, a timed-out or crashed trial's log; the data audit when
     nothing more specific applies."""
-    statuses = {t.status for t in stored_trials(plan.study) if t.measured}
+    statuses = {t.status for t in snapshot(study or plan.study).measured}
     steps = []
     if "data" in causes:
         steps.append(plan.space.doctor_command())
@@ -238,9 +234,10 @@ def _next_steps(plan: SweepPlan, causes: Mapping[str, Sequence[int]]) -> list[st
     return steps or [plan.space.doctor_command()]
 
 
-def front_axis(study: optuna.Study) -> str:
+def front_axis(study: StudyLike) -> str:
     """``stability margin``, or ``instability`` for a study written before the margin: the front's second axis."""
-    return "stability margin" if stability_objective(study) == "edge_proximity" else "instability"
+    objectives = study.objectives if isinstance(study, StudySnapshot) else study_objectives(study)
+    return "stability margin" if any(o.name == "edge_proximity" for o in objectives) else "instability"
 
 
 def all_failed_line(plan: SweepPlan, statuses: list[TrialStatus]) -> str:
@@ -251,7 +248,7 @@ def all_failed_line(plan: SweepPlan, statuses: list[TrialStatus]) -> str:
     )
 
 
-def memory_line(study: optuna.Study) -> str | None:
+def memory_line(study: StudyLike) -> str | None:
     """How far the preflight's predictions were from the measured peaks, before and after the study's correction
     (:func:`sweeper.study.prediction_errors`), and the correction now stored; None without a measured peak."""
     rows = prediction_errors(study)

@@ -49,6 +49,22 @@ from sweeper.study._recovery import stale_running
 from sweeper.study._setup_checks import (
     check_setup,
 )
+from sweeper.study._snapshot import (
+    StudyLike,
+    StudySnapshot,
+    confirmations,
+    count_finished,
+    current_trials,
+    learning,
+    legacy_instability_warning,
+    measured_trials,
+    nan_causes,
+    other_setups_line,
+    pareto_front,
+    snapshot,
+    status_counts,
+    stored_trials,
+)
 from sweeper.study._storage import (
     FAILURE_CONSTRAINT,
     STUDIES_DIR,
@@ -68,19 +84,8 @@ from sweeper.study._stored import (
     Confirmation,
     StoredTrial,
     by_knee_distance,
-    confirmations,
-    count_finished,
-    current_trials,
-    learning,
-    legacy_instability_warning,
-    measured_trials,
-    nan_causes,
     non_dominated,
-    other_setups_line,
-    pareto_front,
-    status_counts,
     stored_trial,
-    stored_trials,
 )
 
 __all__ = [
@@ -95,6 +100,8 @@ __all__ = [
     "Confirmation",
     "Objective",
     "StoredTrial",
+    "StudyLike",
+    "StudySnapshot",
     "SweepCallback",
     "SweepEvent",
     "SweepPlan",
@@ -128,6 +135,7 @@ __all__ = [
     "redact_url",
     "register_objective",
     "run_study",
+    "snapshot",
     "stability_objective",
     "stale_running",
     "status_counts",

@@ -14,11 +14,9 @@ import optuna
 
 from sweeper.memory import Calibration, CalibrationPoint, fit_calibration, group_of
 from sweeper.space import TrialConfig
-from sweeper.study._stored import StoredTrial, TrialStatus, stored_trials
+from sweeper.study._snapshot import CALIBRATION_ATTR, StudyLike, StudySnapshot, stored_trials
+from sweeper.study._stored import StoredTrial, TrialStatus
 from sweeper.trial import cuda_visible
-
-#: Study user attribute holding the fitted correction, ``{memory_kind: Calibration.to_dict()}``.
-CALIBRATION_ATTR = "memory_calibration"
 
 #: Trial user attribute: the corrected prediction the preflight used for this trial (GiB, same kind as
 #: ``peak_memory_gib``); absent before the study had a measured trial of this memory kind.
@@ -58,25 +56,29 @@ def calibration_points(
     return out
 
 
-def stored_calibration(study: optuna.Study, kind: str) -> Calibration | None:
-    """The correction stored on the study for memory kind ``kind``, or None."""
-    data = study.user_attrs.get(CALIBRATION_ATTR)
+def stored_calibration(study: StudyLike, kind: str) -> Calibration | None:
+    """The correction stored on the study (or as a snapshot read it) for memory kind ``kind``, or None."""
+    data = study.calibration if isinstance(study, StudySnapshot) else study.user_attrs.get(CALIBRATION_ATTR)
     if not isinstance(data, Mapping) or not isinstance(data.get(kind), Mapping):
         return None
     return Calibration.from_dict(kind, data[kind])
 
 
 def update_calibration(
-    study: optuna.Study, predict: Callable[[TrialConfig], float | None], kind: str
+    study: optuna.Study,
+    predict: Callable[[TrialConfig], float | None],
+    kind: str,
+    view: StudySnapshot | None = None,
 ) -> Calibration | None:
     """Fit the correction again from every measured trial of ``kind`` and store it on the study (the other kinds'
     entries are kept). Several sweeps may do this at once: each fits all the trials it sees, so the last write holds
-    at least the trials the others saw when they wrote.
+    at least the trials the others saw when they wrote. ``view``: the study as just read (the loop's, after the trial
+    was told), else it is read here.
 
     Returns:
         The stored correction, or None when the study has no point yet (nothing is stored then).
     """
-    fitted = fit_calibration(calibration_points(stored_trials(study), predict, kind), kind)
+    fitted = fit_calibration(calibration_points(stored_trials(view or study), predict, kind), kind)
     if fitted is None:
         return None
     data = study.user_attrs.get(CALIBRATION_ATTR)
@@ -86,7 +88,7 @@ def update_calibration(
     return fitted
 
 
-def prediction_errors(study: optuna.Study) -> list[dict[str, Any]]:
+def prediction_errors(study: StudyLike) -> list[dict[str, Any]]:
     """Predicted vs measured for each measured ``complete`` trial (repeats left out), as the sweep predicted it before
     running it: ``{"number", "memory_kind", "predicted_gib", "corrected_gib", "measured_gib", "error",
     "corrected_error"}`` (GiB); an error is ``(prediction - measured) / measured`` (negative: under), None where the

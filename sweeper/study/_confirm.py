@@ -23,7 +23,7 @@ import optuna
 from sweeper.errors import StudyError
 from sweeper.space import TrialConfig
 from sweeper.study._artifacts import artifact_store, loss_curve_svg
-from sweeper.study._objectives import study_objectives
+from sweeper.study._snapshot import StudyLike, snapshot
 from sweeper.study._storage import trial_dir
 from sweeper.study._stored import (
     ATTEMPT_PREFIX,
@@ -32,10 +32,6 @@ from sweeper.study._stored import (
     StoredTrial,
     TrialStatus,
     by_knee_distance,
-    confirmations,
-    learning,
-    pareto_front,
-    stored_trials,
 )
 from sweeper.trial import TrialResult, run_trial
 
@@ -43,12 +39,12 @@ from sweeper.trial import TrialResult, run_trial
 DEFAULT_HORIZON_FACTOR = 10
 
 
-def candidates(study: optuna.Study) -> list[StoredTrial]:
+def candidates(study: StudyLike) -> list[StoredTrial]:
     """The front's trials in order of preference, the knee first (:func:`by_knee_distance`), those that barely learn
-    (:func:`~sweeper.study._stored.learning`) after the rest."""
-    front = pareto_front(study)
-    objectives = study_objectives(study)
-    learns = by_knee_distance(learning(study, front), objectives)  # the knee as sweep export --pick knee finds it
+    (:meth:`~sweeper.study.StudySnapshot.learning`) after the rest."""
+    snap = snapshot(study)
+    front, objectives = snap.front, snap.objectives
+    learns = by_knee_distance(snap.learning(front), objectives)  # the knee as sweep export --pick knee finds it
     chosen = {t.number for t in learns}
     return learns + by_knee_distance([t for t in front if t.number not in chosen], objectives)
 
@@ -167,7 +163,8 @@ def confirm_trials(
         StudyError: A number is not a trial of the study, did not complete, or has no stored config.
         KeyboardInterrupt: After killing the running trial process; nothing is recorded for it.
     """
-    trials = {t.number: t for t in stored_trials(study)}
+    snap = snapshot(study)
+    trials = snap.by_number
     chosen = []
     for number in numbers:
         t = trials.get(number)
@@ -183,7 +180,7 @@ def confirm_trials(
                 "confirm a complete trial, e.g. --pick knee or --front"
             )
         chosen.append(t)
-    done = confirmations(study)
+    done = snap.confirmations
     out = {}
     for t in {t.number: t for t in chosen}.values():  # each once, in the order given
         assert t.config is not None

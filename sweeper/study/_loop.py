@@ -42,6 +42,7 @@ from sweeper.study._plan import SweepPlan
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._recovery import fail_stale_trials, retry
 from sweeper.study._setups import TRIAL_SETUP_ATTR
+from sweeper.study._snapshot import StudyLike, StudySnapshot, count_finished, snapshot
 from sweeper.study._storage import (
     FAILURE_CONSTRAINT,
     failure_constraint,
@@ -51,7 +52,7 @@ from sweeper.study._storage import (
     to_distributions,
     trial_dir,
 )
-from sweeper.study._stored import StoredTrial, count_finished, stored_trial
+from sweeper.study._stored import StoredTrial, stored_trial
 from sweeper.trial import TrialProcess, TrialResult, TrialStatus
 
 #: Consecutive repeats of measured configurations after which the sweep stops: the sampler has nothing new to offer.
@@ -77,7 +78,7 @@ _BOOKKEEPING_ATTRS = (
 
 
 def find_duplicate(
-    study: optuna.Study, params: Mapping[str, Any], config: TrialConfig | None = None, setup: int | None = None
+    study: StudyLike, params: Mapping[str, Any], config: TrialConfig | None = None, setup: int | None = None
 ) -> FrozenTrial | None:
     """A COMPLETE or PRUNED trial with exactly these params and a result of its own, or None.
 
@@ -91,16 +92,14 @@ def find_duplicate(
     have changed under the same path).
     """
     want = config.measured() if config is not None else None
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        if t.params != params or "status" not in t.user_attrs:
+    for t in snapshot(study).trials_in((TrialState.COMPLETE, TrialState.PRUNED)):
+        if t.params != params or "status" not in t.user_attrs or t.frozen is None:
             continue
         if setup is not None and t.user_attrs.get(TRIAL_SETUP_ATTR, setup) != setup:
             continue
-        if want is not None:
-            had = stored_trial(t).config
-            if had is None or had.measured() != want:
-                continue
-        return t
+        if want is not None and (t.config is None or t.config.measured() != want):
+            continue
+        return t.frozen
     return None
 
 
@@ -197,13 +196,21 @@ class _Sweep:
             for callback in self.callbacks:
                 callback.trial_progress(number, self.local.slot, data)
 
-    def emit(self, frozen: FrozenTrial) -> None:
+    def emit(self, frozen: FrozenTrial) -> StudySnapshot:
+        """Tell the callbacks that ``frozen`` ended; returns the study as read once after it (what the event counts,
+        and what the caller reuses rather than reading the study again)."""
+        view = snapshot(self.study)
         if not self.callbacks:
-            return
-        event = SweepEvent(trial=stored_trial(frozen), finished=count_finished(self.study), n_trials=self.target)
+            return view
+        event = SweepEvent(
+            trial=view.by_number.get(frozen.number) or stored_trial(frozen),
+            finished=view.finished,
+            n_trials=self.target,
+        )
         with self.mutex:
             for callback in self.callbacks:
                 callback.trial_finished(event)
+        return view
 
     # -- slots --------------------------------------------------------------------------------------------------
 
@@ -283,9 +290,9 @@ class _Sweep:
             if self.stop.is_set():
                 raise _Stop
             self.fail_stale()
-            trials = [stored_trial(t) for t in self.study.get_trials(deepcopy=False)]
-            finished = sum(1 for t in trials if t.counts)
-            running = sum(1 for t in trials if t.status == TrialStatus.RUNNING)
+            view = snapshot(self.study)
+            finished = view.finished
+            running = sum(1 for t in view.trials if t.status == TrialStatus.RUNNING)
             if (
                 finished >= self.target
                 or self.repeats >= MAX_CONSECUTIVE_DUPLICATES
@@ -315,17 +322,18 @@ def run_one(sweep: _Sweep, trial: optuna.Trial) -> None:
     config = sweep.space.trial_config(trial.params)
     if not wait_for_same(sweep, trial):
         return
-    if settle_repeat(sweep, trial):
+    view = snapshot(sweep.study)  # read once for the repeat check and the preflight
+    if settle_repeat(sweep, trial, view):
         return
     predicted = sweep.predictor(config)
-    if settle_prediction(sweep, trial, config, predicted):
+    if settle_prediction(sweep, trial, config, predicted, view):
         return
     result = measure(sweep, trial, config)
     if result is not None:
         result.predicted_peak_gib = predicted
-        tell(sweep, trial, config, result)
+        after = tell(sweep, trial, config, result)
         if result.status == "complete":  # a measured peak: the preflight learns the machine from it
-            update_calibration(sweep.study, sweep.predictor, device_kind())
+            update_calibration(sweep.study, sweep.predictor, device_kind(), after)
 
 
 def record_interrupted(sweep: _Sweep, trial: optuna.Trial, reason: str | None = None) -> None:
@@ -370,14 +378,14 @@ def wait_for_same(sweep: _Sweep, trial: optuna.Trial) -> bool:
     return True
 
 
-def settle_repeat(sweep: _Sweep, trial: optuna.Trial) -> bool:
+def settle_repeat(sweep: _Sweep, trial: optuna.Trial, view: StudySnapshot) -> bool:
     """Tell a repeat of a measured configuration with that trial's state, values and attributes, marked
     ``duplicate_of``; count consecutive repeats.
 
     Returns:
         Whether ``trial`` was a repeat (and is now told).
     """
-    same = find_duplicate(sweep.study, trial.params, sweep.space.trial_config(trial.params), sweep.plan.setup)
+    same = find_duplicate(view, trial.params, sweep.space.trial_config(trial.params), sweep.plan.setup)
     with sweep.mutex:
         sweep.repeats = sweep.repeats + 1 if same is not None else 0
     if same is None:
@@ -394,7 +402,9 @@ def settle_repeat(sweep: _Sweep, trial: optuna.Trial) -> bool:
     return True
 
 
-def settle_prediction(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, predicted: float | None) -> bool:
+def settle_prediction(
+    sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, predicted: float | None, view: StudySnapshot
+) -> bool:
     """Prune a configuration that cannot fit, without running it (:func:`sweeper.memory.preflight`): its
     prediction corrected by the study's measured/predicted ratio (:class:`sweeper.memory.Calibration`, recorded as
     ``corrected_peak_gib``), the dominance rule of this machine's device.
@@ -403,12 +413,10 @@ def settle_prediction(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, p
         Whether ``trial`` was pruned (and is now told).
     """
     kind = device_kind()
-    calibration = stored_calibration(sweep.study, kind)
+    calibration = stored_calibration(view, kind)
     if calibration is not None and predicted is not None:
         trial.set_user_attr(CORRECTED_ATTR, calibration.correct(config, predicted))
-    decision = preflight(
-        config, predicted, known_memory(sweep.study, kind), device=trial_device(), calibration=calibration
-    )
+    decision = preflight(config, predicted, known_memory(view, kind), device=trial_device(), calibration=calibration)
     if decision is None:
         return False
     result = TrialResult(
@@ -475,9 +483,13 @@ def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig) -> TrialRes
     return result
 
 
-def tell(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, result: TrialResult) -> None:
-    """Store the result and its artifacts, tell the study (COMPLETE with both objectives, PRUNED for a result
-    about the configuration, FAIL otherwise) and queue a retry of a crash or timeout."""
+def tell(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, result: TrialResult) -> StudySnapshot | None:
+    """Store the result and its artifacts, tell the study (COMPLETE with its objectives' values, PRUNED for a result
+    about the configuration, FAIL otherwise) and queue a retry of a crash or timeout.
+
+    Returns:
+        The study as read once after the trial was told (:meth:`_Sweep.emit`), or None when another sweep had
+        ended the trial meanwhile."""
     try:
         record_result(trial, result, config)
         _upload_artifacts(sweep.name, trial, result)
@@ -496,8 +508,8 @@ def tell(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, result: TrialR
             "heartbeat: was it frozen?); its retry measures it again; this run's files are in "
             f"{trial_dir(sweep.name, trial.number)}"
         )
-        return
-    sweep.emit(frozen)
+        return None
+    return sweep.emit(frozen)
 
 
 def _upload_artifacts(study_name: str, trial: optuna.Trial, result: TrialResult) -> None:

@@ -25,8 +25,8 @@ from sweeper.study._optuna_private import storage_of
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._setup_checks import check_setup
 from sweeper.study._setups import choose_setup, stored_setups
+from sweeper.study._snapshot import count_finished
 from sweeper.study._storage import OWNER_FILE, STUDY_ID_ATTR, default_storage, open_study, redact_url, study_dir
-from sweeper.study._stored import count_finished
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,10 +4,8 @@ the dominance rule and the preflight of :mod:`sweeper.memory`), and the device t
 
 from __future__ import annotations
 
-import optuna
-
 from sweeper.memory import Known
-from sweeper.study._stored import stored_trials
+from sweeper.study._snapshot import StudyLike, stored_trials
 from sweeper.trial import cuda_visible
 
 
@@ -16,7 +14,7 @@ def trial_device() -> str:
     return "cuda" if cuda_visible() else "cpu"
 
 
-def known_memory(study: optuna.Study, memory_kind: str | None = None) -> list[Known]:
+def known_memory(study: StudyLike, memory_kind: str | None = None) -> list[Known]:
     """What the study knows about memory: each measured trial's config, and whether it fit (complete or NaN) or ran
     out of memory (:attr:`sweeper.study.TrialStatus.fits`); repeats and trials without a stored config left out.
     With ``memory_kind``, only trials measured that way (a CPU trial's OOM says nothing about a GPU's)."""

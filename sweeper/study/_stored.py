@@ -10,18 +10,15 @@ older version is read through the same function: a key its stored ``config`` lac
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.space import TrialConfig
-from sweeper.stability import STORED_COMPONENTS, barely_learns
-from sweeper.study._objectives import Objective, dominates, knee_distance, study_objectives
-from sweeper.study._setups import current_setup, differences, stored_setups, trial_setup
+from sweeper.stability import STORED_COMPONENTS
+from sweeper.study._objectives import Objective, dominates, knee_distance
 from sweeper.trial import TrialResult, TrialStatus
 
 
@@ -197,12 +194,13 @@ class Confirmation:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def confirmations(study: optuna.Study) -> dict[int, Confirmation]:
-    """Every confirmation stored on the study that is an outcome of the configuration (:data:`OUTCOME_STATUSES`), by
-    trial number. One that ended in a run failure (a study written before attempts were kept apart recorded a
-    missing data file as ``error@0``) is not one: it neither blocks an export nor a rerun."""
+def confirmations_in(study_attrs: Mapping[str, Any]) -> dict[int, Confirmation]:
+    """Every confirmation in a study's user attributes that is an outcome of the configuration
+    (:data:`OUTCOME_STATUSES`), by trial number. One that ended in a run failure (a study written before attempts
+    were kept apart recorded a missing data file as ``error@0``) is not one: it neither blocks an export nor a
+    rerun."""
     out = {}
-    for key, value in study.user_attrs.items():
+    for key, value in study_attrs.items():
         if key.startswith(ATTR_PREFIX) and isinstance(value, Mapping):
             try:
                 found = Confirmation.from_dict(value)
@@ -271,39 +269,6 @@ def stored_trial(trial: FrozenTrial, confirmation: Confirmation | None = None) -
     )
 
 
-def stored_trials(study: optuna.Study, states: tuple[TrialState, ...] | None = None) -> list[StoredTrial]:
-    """Every trial of ``study`` (or those in ``states``) as :class:`StoredTrial`, by number, with its confirmation."""
-    confirmed = confirmations(study)
-    return [stored_trial(t, confirmed.get(t.number)) for t in study.get_trials(deepcopy=False, states=states)]
-
-
-def is_finished(trial: FrozenTrial | StoredTrial) -> bool:
-    """Counts toward ``n_trials`` (:attr:`StoredTrial.counts`)."""
-    return (trial if isinstance(trial, StoredTrial) else stored_trial(trial)).counts
-
-
-def count_finished(study: optuna.Study) -> int:
-    """Trials that count toward ``n_trials`` (:attr:`StoredTrial.counts`)."""
-    return sum(1 for t in stored_trials(study) if t.counts)
-
-
-def measured_trials(study: optuna.Study) -> list[StoredTrial]:
-    """Finished trials that ran a configuration (:attr:`StoredTrial.measured`), by number."""
-    return [t for t in stored_trials(study) if t.measured]
-
-
-def pareto_front(study: optuna.Study) -> list[StoredTrial]:
-    """The COMPLETE trials of the study's current setup (:func:`current_trials`) that no other of them dominates on
-    the study's objectives (:func:`sweeper.study._objectives.study_objectives`), by peak memory; a trial that reused
-    an earlier one's result (a repeat) is listed once, as the original."""
-    complete = [
-        t
-        for t in current_trials(study, stored_trials(study, (TrialState.COMPLETE,)))
-        if not t.is_repeat and t.values is not None
-    ]
-    return non_dominated(complete, study_objectives(study))
-
-
 def non_dominated(trials: Sequence[StoredTrial], objectives: Sequence[Objective]) -> list[StoredTrial]:
     """The COMPLETE ``trials`` no other of them dominates on ``objectives`` (each by its direction:
     :func:`sweeper.study._objectives.dominates`), sorted by their values (peak memory first)."""
@@ -333,86 +298,6 @@ def by_knee_distance(front: Sequence[StoredTrial], objectives: Sequence[Objectiv
     return sorted(front, key=key)
 
 
-def learning(study: optuna.Study, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
-    """``trials`` without those that barely learn (:func:`sweeper.stability.barely_learns`: a ``learning_progress``
-    under a tenth of the best among the study's complete trials), or all of them when every one does: what ``sweep
-    export --pick knee|most-stable`` and ``sweep confirm`` choose from, so that no trial is recommended as safe
-    because it barely trains. The best is taken over the trials of the study's current setup."""
-    current = current_trials(study, stored_trials(study))
-    best = max((t.result.learning_progress or 0.0 for t in current if t.values), default=0.0)
-    return [t for t in trials if not barely_learns(t.result.learning_progress, best)] or list(trials)
-
-
-def status_counts(study: optuna.Study) -> dict[str, int]:
-    """Trials by :attr:`StoredTrial.count_label` (``running`` for trials still RUNNING, ``waiting`` for queued ones,
-    ``repeated`` for proposals of an already measured configuration, ``interrupted`` for trials a dead sweep or
-    Ctrl-C left unfinished, else the status)."""
-    return dict(Counter(t.count_label for t in stored_trials(study)))
-
-
-def legacy_instability_trials(study: optuna.Study) -> list[int]:
-    """Numbers of the measured trials whose instability is sweeper 0.1.0's (:attr:`StoredTrial.legacy_instability`)."""
-    return [t.number for t in stored_trials(study) if t.measured and t.legacy_instability]
-
-
-def legacy_instability_warning(study: optuna.Study) -> str | None:
-    """One line when the study mixes, or holds, instabilities of sweeper 0.1.0's definition, else None."""
-    old = legacy_instability_trials(study)
-    if not old:
-        return None
-    shown = ", ".join(map(str, old[:8])) + (f" and {len(old) - 8} more" if len(old) > 8 else "")
-    return (
-        f"WARNING instability: {len(old)} trial{'s' if len(old) > 1 else ''} of this study ({shown}) measured it with "
-        "sweeper 0.1.0's definition (the training loss's spikes, which a run that learns nothing scores ~0.6 on), "
-        "not the probe's: the front compares the two; start a new study (--study NAME) to compare like with like"
-    )
-
-
-def nan_causes(study: optuna.Study) -> dict[str, list[int]]:
-    """Numbers of the NaN trials by ``nan_cause`` (``data``, ``precision``, ``optimization``, then ``unknown`` for
-    trials the replay could not decide), repeats of a measured configuration left out; causes with no trial omitted."""
-    out: dict[str, list[int]] = {"data": [], "precision": [], "optimization": [], "unknown": []}
-    for t in stored_trials(study):
-        if t.status == TrialStatus.NAN and not t.is_repeat:
-            out[t.result.nan_cause or "unknown"].append(t.number)
-    return {cause: numbers for cause, numbers in out.items() if numbers}
-
-
-def current_trials(study: optuna.Study, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
-    """Those of ``trials`` measured under the study's current setup (:func:`current_setup`): what the front, the
-    picks and the exports compare; all of them for a study written before setups."""
-    current = current_setup(study)
-    if current is None:
-        return list(trials)
-    setups = stored_setups(study)
-    return [t for t in trials if trial_setup(t.user_attrs, t.config, t.params, setups) == current]
-
-
-def other_setups_line(study: optuna.Study) -> str | None:
-    """One line when the study holds measured trials of setups other than its current one: how many, what differs
-    (each other setup's settings against the current one's), and that they are kept apart; else None."""
-    current = current_setup(study)
-    if current is None:
-        return None
-    setups = stored_setups(study)
-    by_setup: dict[int | None, int] = {}
-    for t in stored_trials(study):
-        if t.measured:
-            index = trial_setup(t.user_attrs, t.config, t.params, setups)
-            by_setup[index] = by_setup.get(index, 0) + 1
-    others = {i: n for i, n in by_setup.items() if i != current}
-    if not others:
-        return None
-    parts = []
-    for index, n in sorted(others.items(), key=lambda item: -1 if item[0] is None else item[0]):
-        if index is None or index >= len(setups) or current >= len(setups):
-            parts.append(f"{n} under settings this version cannot tell")
-            continue
-        changed = differences(setups[current], setups[index], word="now") or ["the same settings"]
-        parts.append(f"{n} with {', '.join(changed)}")
-    total = sum(others.values())
-    return (
-        f"note    {total} measured trial{'s' if total != 1 else ''} of this study {'were' if total != 1 else 'was'} "
-        f"measured under other settings ({'; '.join(parts)}): kept apart, the front, the picks and the exports "
-        f"compare the {by_setup.get(current, 0)} of the current settings"
-    )
+def is_finished(trial: FrozenTrial | StoredTrial) -> bool:
+    """Counts toward ``n_trials`` (:attr:`StoredTrial.counts`)."""
+    return (trial if isinstance(trial, StoredTrial) else stored_trial(trial)).counts

@@ -1,0 +1,293 @@
+"""One typed, read-only view of a study for every reader (optuna's ``FrozenStudy`` shape): :class:`StudySnapshot`.
+
+A command reads the study once (:func:`snapshot`): its attributes as typed fields, every trial as a
+:class:`~sweeper.study.StoredTrial` with its confirmation, its setups; the front, the counts and the current setup's
+trials are computed from that reading at most once each. Report, export, confirm, the dashboard and the sweep's
+bookkeeping take a snapshot; the functions here also accept an ``optuna.Study`` (then they read it once for the call),
+so a caller that holds a snapshot never re-reads the storage and one that holds a study still works.
+
+No study user attribute is read by its string key outside :mod:`sweeper.study`: the keys are here and in the
+modules that write them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import optuna
+from optuna.trial import TrialState
+
+from sweeper.stability import barely_learns
+from sweeper.study._objectives import Objective, study_objectives
+from sweeper.study._setups import CURRENT_SETUP_ATTR, differences, stored_setups, trial_setup
+from sweeper.study._storage import STUDY_ID_ATTR
+from sweeper.study._stored import Confirmation, StoredTrial, confirmations_in, non_dominated, stored_trial
+from sweeper.trial import TrialStatus
+
+#: Study user attributes the snapshot types (written by :mod:`sweeper.study._plan` and ``_confirm``).
+MODEL_PATH_ATTR = "model_path"
+SEARCHED_ATTR = "searched"
+CONFIRM_STEPS_ATTR = "confirm_steps"
+
+#: Study user attribute holding the fitted memory correction, ``{memory_kind: Calibration.to_dict()}``
+#: (:mod:`sweeper.study._calibration` writes it).
+CALIBRATION_ATTR = "memory_calibration"
+
+
+def _int_or_none(raw: Any) -> int | None:
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+
+
+@dataclass(frozen=True, eq=False)
+class StudySnapshot:
+    """A study as it was when read: never changes, never reads the storage again.
+
+    Attributes:
+        study: The Optuna study itself, for Optuna's own APIs (artifacts, notes, importance, ``tell``); readers do
+            not read its trials or attributes.
+        name: The study's name.
+        study_id: Its identity (``study_id``), None for a study written before identities.
+        objectives: What it ranks by (:func:`sweeper.study.study_objectives`).
+        model_path: The local path of the model its trials loaded (a converted GGUF, a checkpoint), None if unknown.
+        searched: The keys it searches, in the space file's order.
+        confirm_steps: ``study.confirm_steps`` of its space: the long horizon of ``sweep confirm``; None: 10x
+            ``max_steps``.
+        calibration: The stored memory correction by memory kind (``memory_calibration``), None without one.
+        trials: Every trial, by number, each with its confirmation.
+        confirmations: The confirmations that are outcomes, by trial number.
+        setups: The settings of each setup it measured under (:mod:`sweeper.study._setups`).
+        current_setup: The index of the setup its latest run measured, None for a study written before setups.
+        user_attrs: Every study user attribute, for the study package's own bookkeeping.
+    """
+
+    study: optuna.Study
+    name: str
+    study_id: str | None
+    objectives: tuple[Objective, ...]
+    model_path: str | None
+    searched: tuple[str, ...]
+    confirm_steps: int | None
+    calibration: Mapping[str, Any] | None
+    trials: tuple[StoredTrial, ...]
+    confirmations: Mapping[int, Confirmation]
+    setups: tuple[Mapping[str, Any], ...]
+    current_setup: int | None
+    user_attrs: Mapping[str, Any]
+
+    @property
+    def directions(self) -> list[str]:
+        """``minimize``/``maximize`` per objective, in order."""
+        return [o.direction for o in self.objectives]
+
+    def trials_in(self, states: Sequence[TrialState] | None = None) -> list[StoredTrial]:
+        """The trials in ``states`` (all when None), by number."""
+        return list(self.trials) if states is None else [t for t in self.trials if t.state in states]
+
+    @functools.cached_property
+    def by_number(self) -> dict[int, StoredTrial]:
+        """Every trial by its number."""
+        return {t.number: t for t in self.trials}
+
+    @functools.cached_property
+    def measured(self) -> list[StoredTrial]:
+        """Finished trials that ran a configuration (:attr:`StoredTrial.measured`), by number."""
+        return [t for t in self.trials if t.measured]
+
+    @functools.cached_property
+    def finished(self) -> int:
+        """Trials that count toward ``n_trials`` (:attr:`StoredTrial.counts`)."""
+        return sum(1 for t in self.trials if t.counts)
+
+    def setup_of(self, trial: StoredTrial) -> int | None:
+        """The setup ``trial`` was measured under (:func:`sweeper.study._setups.trial_setup`)."""
+        return trial_setup(trial.user_attrs, trial.config, trial.params, self.setups)
+
+    def current(self, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
+        """Those of ``trials`` measured under the current setup: what the front, the picks and the exports compare;
+        all of them for a study written before setups."""
+        if self.current_setup is None:
+            return list(trials)
+        return [t for t in trials if self.setup_of(t) == self.current_setup]
+
+    @functools.cached_property
+    def front(self) -> list[StoredTrial]:
+        """The COMPLETE trials of the current setup that no other of them dominates on :attr:`objectives`
+        (:func:`sweeper.study.non_dominated`), by peak memory; a repeat is listed once, as the original."""
+        complete = [
+            t for t in self.current(self.trials_in((TrialState.COMPLETE,))) if not t.is_repeat and t.values is not None
+        ]
+        return non_dominated(complete, self.objectives)
+
+    @functools.cached_property
+    def best_learning_progress(self) -> float:
+        """The largest ``learning_progress`` among the current setup's complete trials (0 without one)."""
+        return max((t.result.learning_progress or 0.0 for t in self.current(self.trials) if t.values), default=0.0)
+
+    def learning(self, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
+        """``trials`` without those that barely learn (:func:`sweeper.stability.barely_learns` against
+        :attr:`best_learning_progress`), or all of them when every one does."""
+        best = self.best_learning_progress
+        return [t for t in trials if not barely_learns(t.result.learning_progress, best)] or list(trials)
+
+    @functools.cached_property
+    def status_counts(self) -> dict[str, int]:
+        """Trials by :attr:`StoredTrial.count_label`."""
+        return dict(Counter(t.count_label for t in self.trials))
+
+    @functools.cached_property
+    def nan_causes(self) -> dict[str, list[int]]:
+        """Numbers of the NaN trials by ``nan_cause`` (``data``, ``precision``, ``optimization``, ``unknown``),
+        repeats left out; causes with no trial omitted."""
+        out: dict[str, list[int]] = {"data": [], "precision": [], "optimization": [], "unknown": []}
+        for t in self.trials:
+            if t.status == TrialStatus.NAN and not t.is_repeat:
+                out[t.result.nan_cause or "unknown"].append(t.number)
+        return {cause: numbers for cause, numbers in out.items() if numbers}
+
+    def with_trial(self, trial: optuna.trial.FrozenTrial) -> StudySnapshot:
+        """This snapshot with ``trial`` added or replaced (the loop's update after a trial ends), its cached views
+        computed afresh; the study's attributes are as read."""
+        stored = stored_trial(trial, self.confirmations.get(trial.number))
+        trials = {t.number: t for t in self.trials}
+        trials[trial.number] = stored
+        return _make(self.study, dict(self.user_attrs), tuple(trials[n] for n in sorted(trials)), self.setups)
+
+
+#: What the readers take: a snapshot (read nothing) or a study (read once for the call).
+StudyLike: TypeAlias = optuna.Study | StudySnapshot
+
+
+def _make(
+    study: optuna.Study,
+    attrs: Mapping[str, Any],
+    trials: tuple[StoredTrial, ...],
+    setups: tuple[Mapping[str, Any], ...],
+) -> StudySnapshot:
+    searched = attrs.get(SEARCHED_ATTR)
+    calibration = attrs.get(CALIBRATION_ATTR)
+    model_path = attrs.get(MODEL_PATH_ATTR)
+    study_id = attrs.get(STUDY_ID_ATTR)
+    return StudySnapshot(
+        study=study,
+        name=study.study_name,
+        study_id=study_id if isinstance(study_id, str) and study_id else None,
+        objectives=study_objectives(study),
+        model_path=str(model_path) if model_path else None,
+        searched=tuple(str(k) for k in searched) if isinstance(searched, (list, tuple)) else (),
+        confirm_steps=_int_or_none(attrs.get(CONFIRM_STEPS_ATTR)),
+        calibration=calibration if isinstance(calibration, Mapping) else None,
+        trials=trials,
+        confirmations=confirmations_in(attrs),
+        setups=setups,
+        current_setup=_int_or_none(attrs.get(CURRENT_SETUP_ATTR)),
+        user_attrs=attrs,
+    )
+
+
+def snapshot(study: StudyLike) -> StudySnapshot:
+    """Read ``study`` once: its attributes, every trial with its confirmation, its setups; a snapshot is returned as
+    it is (readers pass the one their command built)."""
+    if isinstance(study, StudySnapshot):
+        return study
+    attrs = dict(study.user_attrs)
+    confirmed = confirmations_in(attrs)
+    trials = tuple(stored_trial(t, confirmed.get(t.number)) for t in study.get_trials(deepcopy=False))
+    return _make(study, attrs, trials, tuple(stored_setups(study)))
+
+
+# -- The readers' functions: each takes a snapshot (no reading) or a study (read once for the call) ---------------
+
+
+def stored_trials(study: StudyLike, states: tuple[TrialState, ...] | None = None) -> list[StoredTrial]:
+    """Every trial (or those in ``states``) as :class:`StoredTrial`, by number, with its confirmation."""
+    return snapshot(study).trials_in(states)
+
+
+def confirmations(study: StudyLike) -> dict[int, Confirmation]:
+    """Every confirmation that is an outcome of the configuration, by trial number
+    (:func:`sweeper.study._stored.confirmations_in`)."""
+    return dict(snapshot(study).confirmations)
+
+
+def count_finished(study: StudyLike) -> int:
+    """Trials that count toward ``n_trials`` (:attr:`StoredTrial.counts`)."""
+    return snapshot(study).finished
+
+
+def measured_trials(study: StudyLike) -> list[StoredTrial]:
+    """Finished trials that ran a configuration (:attr:`StoredTrial.measured`), by number."""
+    return list(snapshot(study).measured)
+
+
+def pareto_front(study: StudyLike) -> list[StoredTrial]:
+    """The front of the current setup's COMPLETE trials (:attr:`StudySnapshot.front`)."""
+    return list(snapshot(study).front)
+
+
+def current_trials(study: StudyLike, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
+    """Those of ``trials`` measured under the study's current setup (:meth:`StudySnapshot.current`)."""
+    return snapshot(study).current(trials)
+
+
+def learning(study: StudyLike, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
+    """``trials`` without those that barely learn (:meth:`StudySnapshot.learning`): what ``sweep export --pick
+    knee|most-stable`` and ``sweep confirm`` choose from, so that no trial is recommended as safe because it barely
+    trains."""
+    return snapshot(study).learning(trials)
+
+
+def status_counts(study: StudyLike) -> dict[str, int]:
+    """Trials by :attr:`StoredTrial.count_label` (``running``, ``waiting``, ``repeated``, ``interrupted``, else
+    the status)."""
+    return dict(snapshot(study).status_counts)
+
+
+def nan_causes(study: StudyLike) -> dict[str, list[int]]:
+    """Numbers of the NaN trials by cause (:attr:`StudySnapshot.nan_causes`)."""
+    return dict(snapshot(study).nan_causes)
+
+
+def legacy_instability_warning(study: StudyLike) -> str | None:
+    """One line when the study mixes, or holds, instabilities of sweeper 0.1.0's definition, else None."""
+    old = [t.number for t in snapshot(study).measured if t.legacy_instability]
+    if not old:
+        return None
+    shown = ", ".join(map(str, old[:8])) + (f" and {len(old) - 8} more" if len(old) > 8 else "")
+    return (
+        f"WARNING instability: {len(old)} trial{'s' if len(old) > 1 else ''} of this study ({shown}) measured it with "
+        "sweeper 0.1.0's definition (the training loss's spikes, which a run that learns nothing scores ~0.6 on), "
+        "not the probe's: the front compares the two; start a new study (--study NAME) to compare like with like"
+    )
+
+
+def other_setups_line(study: StudyLike) -> str | None:
+    """One line when the study holds measured trials of setups other than its current one: how many, what differs
+    (each other setup's settings against the current one's), and that they are kept apart; else None."""
+    snap = snapshot(study)
+    current, setups = snap.current_setup, snap.setups
+    if current is None:
+        return None
+    by_setup: dict[int | None, int] = {}
+    for t in snap.measured:
+        index = snap.setup_of(t)
+        by_setup[index] = by_setup.get(index, 0) + 1
+    others = {i: n for i, n in by_setup.items() if i != current}
+    if not others:
+        return None
+    parts = []
+    for index, n in sorted(others.items(), key=lambda item: -1 if item[0] is None else item[0]):
+        if index is None or index >= len(setups) or current >= len(setups):
+            parts.append(f"{n} under settings this version cannot tell")
+            continue
+        changed = differences(setups[current], setups[index], word="now") or ["the same settings"]
+        parts.append(f"{n} with {', '.join(changed)}")
+    total = sum(others.values())
+    return (
+        f"note    {total} measured trial{'s' if total != 1 else ''} of this study {'were' if total != 1 else 'was'} "
+        f"measured under other settings ({'; '.join(parts)}): kept apart, the front, the picks and the exports "
+        f"compare the {by_setup.get(current, 0)} of the current settings"
+    )
