@@ -1,10 +1,17 @@
-"""The job line the sweep sends a trial process (shared by both sides of the process boundary; imports neither torch
-nor optuna): one JSON object per line on the process's stdin, naming the trial's files."""
+"""The protocol between the sweep and a trial process, both ways (shared by both sides of the process boundary;
+imports neither torch nor optuna).
+
+Sweep to trial process: a :class:`TrialJob` per trial, one JSON object per line on the process's stdin, naming the
+trial's files. Trial process to sweep, on the control pipe (``SWEEPER_CONTROL_FD``): any number of
+:class:`TrialProgress` lines while the trial runs, then one :class:`TrialDone` line once its result file is written.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
+from typing import Any, Literal, get_args
 
 
 @dataclass(frozen=True)
@@ -35,3 +42,97 @@ class TrialJob:
             ValueError: Not JSON. TypeError: Keys missing or unknown.
         """
         return cls(**json.loads(line))
+
+
+#: What a running trial is doing: loading (reading the data, loading or reusing the 4-bit model, attaching LoRA),
+#: its constant phase (``train``), or its stress phase (``stress``).
+ProgressPhase = Literal["load", "train", "stress"]
+PROGRESS_PHASES: tuple[str, ...] = get_args(ProgressPhase)
+
+
+def _optional(data: dict[str, Any], key: str, kind: type) -> Any:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+        raise ValueError(f"progress field {key!r} must be {kind.__name__}, but got {value!r}")
+    return kind(value)
+
+
+@dataclass(frozen=True)
+class TrialProgress:
+    """What a running trial is doing, as its trial process reports it on the control pipe: a line
+    ``{"progress": {"phase": ..., "step": ..., ...}}`` (fields that are None are left out), at most a few a second.
+
+    Attributes:
+        phase: ``load``, ``train`` (the constant phase) or ``stress`` (the stress phase).
+        step: Optimizer steps of the phase done (1-based, the stress phase's counted from its start), or None.
+        of: Steps of the phase (``max_steps``; the stress phase's at most), or None.
+        loss: The last step's training loss (finite), or None.
+        peak_memory_gib: Peak memory of the trial so far in GiB (as ``peak_memory_gib`` of the result), or None.
+    """
+
+    phase: ProgressPhase
+    step: int | None = None
+    of: int | None = None
+    loss: float | None = None
+    peak_memory_gib: float | None = None
+
+    def to_line(self) -> bytes:
+        """The report as one JSON line, newline included (about 100 bytes: one atomic pipe write)."""
+        fields = {k: v for k, v in asdict(self).items() if v is not None}
+        return (json.dumps({"progress": fields}) + "\n").encode()
+
+    @classmethod
+    def from_line(cls, line: bytes) -> TrialProgress | None:
+        """Inverse of :meth:`to_line`; None for a line that is not a progress line (not a JSON object with a
+        ``progress`` key: the :class:`TrialDone` line, or anything else). Unknown fields are ignored.
+
+        Raises:
+            ValueError: A progress line whose fields are not as :meth:`to_line` writes them (an unknown phase, a
+                step that is not an integer, a non-finite loss).
+        """
+        try:
+            data = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or "progress" not in data:
+            return None
+        fields = data["progress"]
+        if not isinstance(fields, dict) or fields.get("phase") not in PROGRESS_PHASES:
+            raise ValueError(f"not a progress report: {fields!r}")
+        loss = _optional(fields, "loss", float)
+        if loss is not None and not math.isfinite(loss):
+            raise ValueError(f"progress loss must be finite, but got {loss!r}")
+        return cls(
+            phase=fields["phase"],
+            step=_optional(fields, "step", int),
+            of=_optional(fields, "of", int),
+            loss=loss,
+            peak_memory_gib=_optional(fields, "peak_memory_gib", float),
+        )
+
+
+@dataclass(frozen=True)
+class TrialDone:
+    """The trial process's last line for a trial, written after its result file: ``{"reusable": bool}``.
+
+    Attributes:
+        reusable: Whether the process can take another trial (:attr:`sweeper.trial._child.warm.WarmState.reusable`).
+    """
+
+    reusable: bool
+
+    def to_line(self) -> bytes:
+        """The line, newline included."""
+        return (json.dumps({"reusable": self.reusable}) + "\n").encode()
+
+    @classmethod
+    def from_line(cls, line: bytes) -> TrialDone:
+        """Inverse of :meth:`to_line`. Any line ends the trial: one that does not say ``"reusable": true`` (garbled,
+        or not JSON) is not reusable, so its process is replaced."""
+        try:
+            data = json.loads(line)
+        except ValueError:
+            return cls(reusable=False)
+        return cls(reusable=isinstance(data, dict) and data.get("reusable") is True)

@@ -7,7 +7,7 @@ import pytest
 
 from sweeper.stability import STRESS_CAP, STRESS_GROWTH, STRESS_STEPS
 from sweeper.testing import tiny_trial_config
-from sweeper.trial import TrialProcess, run_trial
+from sweeper.trial import TrialProcess, TrialProgress, run_trial
 
 pytestmark = pytest.mark.slow
 
@@ -15,18 +15,18 @@ pytestmark = pytest.mark.slow
 def test_the_stress_phase_measures_a_margin_without_changing_the_constant_phase(tiny_model, tmp_path):
     config = tiny_trial_config(tiny_model, max_steps=8, learning_rate=1e-3)
     plain = run_trial(config, tmp_path / "plain", model_path=str(tiny_model), stress=False)
-    reports: list[dict] = []
+    reports: list[TrialProgress] = []
     stressed = run_trial(config, tmp_path / "stressed", model_path=str(tiny_model), on_progress=reports.append)
     assert plain.status == stressed.status == "complete", (plain.reason, stressed.reason)
     # Its progress came from the trial process as it ran: loading, the constant steps of 8, the stress steps of 11
     # (each phase change is sent; steps within half a second of the last report may be skipped).
-    phases = [r["phase"] for r in reports]
+    phases = [r.phase for r in reports]
     assert phases[0] == "load" and "train" in phases and phases[-1] == "stress", phases
     assert phases.index("train") < phases.index("stress")
-    train = [r for r in reports if r["phase"] == "train"]
-    assert all(r["of"] == 8 for r in train) and [r["step"] for r in train] == sorted(r["step"] for r in train)
-    assert all(r["of"] == STRESS_STEPS for r in reports if r["phase"] == "stress")
-    assert all(r["peak_memory_gib"] > 0 for r in reports) and all("loss" in r for r in train)
+    train = [r for r in reports if r.phase == "train"]
+    assert all(r.of == 8 for r in train) and [r.step for r in train] == sorted(r.step for r in train)
+    assert all(r.of == STRESS_STEPS for r in reports if r.phase == "stress")
+    assert all(r.peak_memory_gib > 0 for r in reports) and all(r.loss is not None for r in train)
     # The constant phase is the same run, bit for bit: the stress steps enter none of its traces.
     assert stressed.loss_trace == plain.loss_trace and len(stressed.loss_trace) == 8
     assert stressed.probe_loss_trace == plain.probe_loss_trace and stressed.probe_steps == plain.probe_steps
