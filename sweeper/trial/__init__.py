@@ -18,7 +18,7 @@ from sweeper._lazy import lazy_names
 
 if TYPE_CHECKING:
     from sweeper.trial._devices import cuda_visible, visible_gpus
-    from sweeper.trial._job import TrialProgress
+    from sweeper.trial._job import ProbeSettings, StressSettings, TrialProgress
     from sweeper.trial._launch import TrialProcess, run_trial
     from sweeper.trial._result import (
         FAIL_STATUSES,
@@ -33,6 +33,8 @@ _HOMES = {
     "FAIL_STATUSES": "sweeper.trial._result",
     "PRUNED_STATUSES": "sweeper.trial._result",
     "Phase": "sweeper.trial._result",
+    "ProbeSettings": "sweeper.trial._job",
+    "StressSettings": "sweeper.trial._job",
     "TrialProcess": "sweeper.trial._launch",
     "TrialProgress": "sweeper.trial._job",
     "TrialResult": "sweeper.trial._result",
@@ -46,6 +48,8 @@ __all__ = [
     "FAIL_STATUSES",
     "PRUNED_STATUSES",
     "Phase",
+    "ProbeSettings",
+    "StressSettings",
     "TrialProcess",
     "TrialProgress",
     "TrialResult",

@@ -2,7 +2,8 @@
 imports neither torch nor optuna).
 
 Sweep to trial process: a :class:`TrialJob` per trial, one JSON object per line on the process's stdin, naming the
-trial's files. Trial process to sweep, on the control pipe (``SWEEPER_CONTROL_FD``): any number of
+trial's files and how it measures (:class:`StressSettings`, :class:`ProbeSettings`): a warm process takes them per
+job. Trial process to sweep, on the control pipe (``SWEEPER_CONTROL_FD``): any number of
 :class:`TrialProgress` lines while the trial runs, then one :class:`TrialDone` line once its result file is written.
 """
 
@@ -12,6 +13,62 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
+
+from sweeper.stability import STRESS_GROWTH, STRESS_STEPS
+
+
+@dataclass(frozen=True)
+class StressSettings:
+    """The stress phase a trial runs after its constant phase (an LR range test, :mod:`sweeper.stability`): stress
+    step ``j`` (1-based) trains at ``learning_rate * growth**j``, up to ``steps`` steps; its cap, the margin of a
+    trial that holds to the last step, is ``growth**steps``.
+
+    Attributes:
+        steps: Stress steps at most (>= 1; default :data:`sweeper.stability.STRESS_STEPS`).
+        growth: The learning rate's factor per stress step (> 1; default :data:`sweeper.stability.STRESS_GROWTH`).
+
+    Raises:
+        ValueError: ``steps`` below 1 or ``growth`` not above 1.
+    """
+
+    steps: int = STRESS_STEPS
+    growth: float = STRESS_GROWTH
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"stress steps must be an integer >= 1, but got {self.steps!r}")
+        if not isinstance(self.growth, (int, float)) or not math.isfinite(self.growth) or self.growth <= 1:
+            raise ValueError(f"stress growth must be a finite number > 1, but got {self.growth!r}")
+
+    @property
+    def cap(self) -> float:
+        """``growth**steps``: the ``stability_margin`` of a trial that holds to the last stress step."""
+        return float(self.growth**self.steps)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """The probe a trial evaluates while it trains (:mod:`sweeper.stability`).
+
+    Attributes:
+        interval_steps: Optimizer steps between two probes (>= 1), or None for
+            :func:`sweeper.stability.probe_interval_steps` of the trial's batch (the default).
+
+    Raises:
+        ValueError: ``interval_steps`` below 1.
+    """
+
+    interval_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        n = self.interval_steps
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"probe interval must be an integer >= 1 or None, but got {n!r}")
+
+
+#: The stress phase and the probe a trial runs unless its job says otherwise.
+DEFAULT_STRESS = StressSettings()
+DEFAULT_PROBE = ProbeSettings()
 
 
 @dataclass(frozen=True)
@@ -23,12 +80,18 @@ class TrialJob:
         result_path: Where the process writes the :class:`~sweeper.trial._result.TrialResult` as JSON.
         log_path: ``worker.log``: the process's stdout and stderr while it runs this trial.
         trial_dir: The trial's folder (the trainer's output, ``nan_batch.jsonl``).
+        stress: The stress phase to run after the constant phase, or None for none (a constant-rate run only: a
+            confirmation, the validity benchmark's long runs). It needs the probe: without one there is none.
+        probe: The probe, or None for none (a diagnostic: the tests compare training with and without it; the trial
+            then has no instability, projected failing step, learning progress or stress phase).
     """
 
     config_path: str
     result_path: str
     log_path: str
     trial_dir: str
+    stress: StressSettings | None = DEFAULT_STRESS
+    probe: ProbeSettings | None = DEFAULT_PROBE
 
     def to_line(self) -> str:
         """The job as one JSON line, newline included."""
@@ -39,9 +102,14 @@ class TrialJob:
         """Inverse of :meth:`to_line` (extra keys are an error: the two sides are one version).
 
         Raises:
-            ValueError: Not JSON. TypeError: Keys missing or unknown.
+            ValueError: Not JSON, or settings out of range. TypeError: Keys missing or unknown.
         """
-        return cls(**json.loads(line))
+        data = json.loads(line)
+        if data.get("stress") is not None:
+            data["stress"] = StressSettings(**data["stress"])
+        if data.get("probe") is not None:
+            data["probe"] = ProbeSettings(**data["probe"])
+        return cls(**data)
 
 
 #: What a running trial is doing: loading (reading the data, loading or reusing the 4-bit model, attaching LoRA),

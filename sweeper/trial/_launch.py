@@ -21,10 +21,13 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from sweeper.space import TrialConfig
-from sweeper.trial._job import TrialDone, TrialJob, TrialProgress
-from sweeper.trial._result import STRESS_STEPS_ENV, TrialResult, TrialStatus
+from sweeper.trial._job import ProbeSettings, StressSettings, TrialDone, TrialJob, TrialProgress
+from sweeper.trial._result import TrialResult, TrialStatus
+
+T = TypeVar("T", StressSettings, ProbeSettings)
 
 #: The module the trial process runs (``python -m``).
 CHILD_MODULE = "sweeper.trial._child.worker"
@@ -215,6 +218,8 @@ class TrialProcess:
         model_path: str,
         on_start: Callable[[int], None] | None = None,
         on_progress: Callable[[TrialProgress], None] | None = None,
+        stress: bool | StressSettings = True,
+        probe: bool | ProbeSettings = True,
     ) -> TrialResult:
         """Run one trial in this trial process (started first when there is none) and return what it measured.
 
@@ -229,6 +234,12 @@ class TrialProcess:
             on_progress: Called in this thread with each :class:`~sweeper.trial._job.TrialProgress` of the running
                 trial (its phase, the phase's steps done and of, the last loss, the peak memory so far), at most a few
                 times a second; None to ignore them.
+            stress: Run the stress phase after the constant one (the stability margin): True with the default
+                :class:`~sweeper.trial._job.StressSettings`, or these settings; False for a constant-rate run only (a
+                confirmation, the validity benchmark's long runs). Travels in the job: a warm process takes it per
+                trial.
+            probe: Evaluate the probe: True at the default interval, a :class:`~sweeper.trial._job.ProbeSettings`,
+                or False for none (a diagnostic; then no stress phase either).
 
         Returns:
             The worker's result, or a ``timeout``/``crash`` result made here.
@@ -238,7 +249,9 @@ class TrialProcess:
             OSError: The trial's files cannot be written.
         """
         self._on_progress = on_progress
-        job = _write_job(config, Path(trial_dir), model_path)
+        job = _write_job(
+            config, Path(trial_dir), model_path, _settings(stress, StressSettings), _settings(probe, ProbeSettings)
+        )
         log_path, result_path = Path(job.log_path), Path(job.result_path)
         start = time.monotonic()
         proc = self._hand_over(job, log_path)
@@ -274,15 +287,30 @@ class TrialProcess:
         return result
 
 
-def _write_job(config: TrialConfig, trial_dir: Path, model_path: str) -> TrialJob:
+def _settings(asked: bool | T, kind: type[T]) -> T | None:
+    """``kind``'s defaults for True, None for False, else ``asked`` itself."""
+    if isinstance(asked, bool):
+        return kind() if asked else None
+    return asked
+
+
+def _write_job(
+    config: TrialConfig,
+    trial_dir: Path,
+    model_path: str,
+    stress: StressSettings | None,
+    probe: ProbeSettings | None,
+) -> TrialJob:
     """Create ``trial_dir`` with the trial's ``config.json`` and an empty ``worker.log`` (no ``result.json``), and
-    return the job naming them."""
+    return the job naming them, with its stress and probe settings."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     job = TrialJob(
         config_path=str(trial_dir / "config.json"),
         result_path=str(trial_dir / "result.json"),
         log_path=str(trial_dir / "worker.log"),
         trial_dir=str(trial_dir),
+        stress=stress,
+        probe=probe,
     )
     Path(job.result_path).unlink(missing_ok=True)
     Path(job.config_path).write_text(json.dumps({"config": config.to_dict(), "model_path": model_path}, indent=1))
@@ -297,8 +325,9 @@ def run_trial(
     model_path: str,
     env: Mapping[str, str] | None = None,
     on_start: Callable[[int], None] | None = None,
-    stress: bool = True,
+    stress: bool | StressSettings = True,
     on_progress: Callable[[TrialProgress], None] | None = None,
+    probe: bool | ProbeSettings = True,
 ) -> TrialResult:
     """Run one trial in a fresh trial process and return what it measured (:meth:`TrialProcess.run`); the process
     ends with it.
@@ -309,9 +338,12 @@ def run_trial(
         model_path: Resolved by :func:`sweeper.model.resolve_model`.
         env: Environment of the trial process (default: this process's).
         on_start: Called with the trial process's pid once it runs (for bookkeeping), or None.
-        stress: Run the stress phase after the constant one (the stability margin); False for a constant-rate run
-            only (a confirmation, the validity benchmark's long runs).
+        stress: Run the stress phase after the constant one (the stability margin): True for the default
+            :class:`~sweeper.trial._job.StressSettings`, or these; False for a constant-rate run only (a
+            confirmation, the validity benchmark's long runs).
         on_progress: The running trial's progress reports (:meth:`TrialProcess.run`), or None.
+        probe: Evaluate the probe (:meth:`TrialProcess.run`): True, a :class:`~sweeper.trial._job.ProbeSettings`, or
+            False for none.
 
     Returns:
         The worker's result, or a ``timeout``/``crash`` result made here.
@@ -319,10 +351,16 @@ def run_trial(
     Raises:
         KeyboardInterrupt: After killing the worker, so the caller can record the trial as interrupted.
     """
-    if not stress:
-        env = {**(os.environ if env is None else env), STRESS_STEPS_ENV: "0"}
     process = TrialProcess(env, warm=False)
     try:
-        return process.run(config, trial_dir, model_path=model_path, on_start=on_start, on_progress=on_progress)
+        return process.run(
+            config,
+            trial_dir,
+            model_path=model_path,
+            on_start=on_start,
+            on_progress=on_progress,
+            stress=stress,
+            probe=probe,
+        )
     finally:
         process.close()

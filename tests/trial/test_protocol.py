@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from sweeper.trial import TrialProcess, TrialProgress
+from sweeper.stability import STRESS_CAP, STRESS_GROWTH, STRESS_STEPS, margin_of
+from sweeper.trial import ProbeSettings, StressSettings, TrialProcess, TrialProgress
 from sweeper.trial._child.progress import ProgressSender
 from sweeper.trial._job import TrialDone, TrialJob
 
@@ -74,9 +75,56 @@ def test_the_done_line_says_whether_the_process_is_reusable():
         assert TrialDone.from_line(garbled) == TrialDone(reusable=False)
 
 
-def test_the_job_line_reads_back():
+@pytest.mark.parametrize(
+    ("stress", "probe"),
+    [
+        (StressSettings(), ProbeSettings()),
+        (StressSettings(steps=3, growth=2.5), ProbeSettings(interval_steps=1)),
+        (None, ProbeSettings(interval_steps=5)),
+        (None, None),
+    ],
+)
+def test_the_job_line_reads_back_with_its_settings(stress, probe):
+    job = TrialJob(
+        config_path="c.json", result_path="r.json", log_path="w.log", trial_dir="t", stress=stress, probe=probe
+    )
+    line = job.to_line()
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert TrialJob.from_line(line) == job
+
+
+def test_a_job_runs_todays_stress_phase_and_probe_unless_it_says_otherwise():
     job = TrialJob(config_path="c.json", result_path="r.json", log_path="w.log", trial_dir="t")
-    assert TrialJob.from_line(job.to_line()) == job
+    assert job.stress == StressSettings(steps=STRESS_STEPS, growth=STRESS_GROWTH)
+    assert job.stress.cap == STRESS_CAP
+    assert job.probe == ProbeSettings(interval_steps=None)
+    with pytest.raises(TypeError):  # the two sides are one version: an unknown key is an error
+        TrialJob.from_line(job.to_line().replace('"trial_dir"', '"trial_folder"'))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: StressSettings(steps=0),
+        lambda: StressSettings(steps=2.5),
+        lambda: StressSettings(steps=True),
+        lambda: StressSettings(growth=1.0),
+        lambda: StressSettings(growth=float("inf")),
+        lambda: ProbeSettings(interval_steps=0),
+        lambda: ProbeSettings(interval_steps=1.5),
+    ],
+)
+def test_settings_out_of_range_are_an_error(make):
+    with pytest.raises(ValueError):
+        make()
+
+
+def test_a_margin_is_read_against_its_own_stress_settings():
+    capped = margin_of(1e-3, "cap", None, growth=2.0, steps=4)
+    assert capped.stability_margin == 16.0 and capped.margin_capped is True
+    at_edge = margin_of(1e-3, "diverged", 3, growth=2.0, steps=4)
+    assert at_edge.lr_ceiling == pytest.approx(8e-3) and at_edge.stability_margin == pytest.approx(8.0)
+    assert margin_of(1e-3, "cap", None).stability_margin == STRESS_CAP  # the defaults
 
 
 def test_the_sweep_reads_what_the_trial_process_sends():

@@ -12,6 +12,7 @@ from sweeper.trial._child.measurements import Measurements
 from sweeper.trial._child.progress import ProgressSender
 from sweeper.trial._child.record import TrainingRecord
 from sweeper.trial._child.warm import WarmState
+from sweeper.trial._job import DEFAULT_PROBE, DEFAULT_STRESS, ProbeSettings, StressSettings
 
 
 @dataclass
@@ -26,6 +27,8 @@ class TrialContext:
         measured: The trial's other measurements as they become known.
         warm: What this process keeps between trials (updated in place).
         progress: Where the trial's progress lines go.
+        stress: The stress phase the job asked for, or None for none (:attr:`sweeper.trial._job.TrialJob.stress`).
+        probe: The probe the job asked for, or None for none (:attr:`sweeper.trial._job.TrialJob.probe`).
     """
 
     config: TrialConfig
@@ -35,3 +38,5 @@ class TrialContext:
     measured: Measurements
     warm: WarmState
     progress: ProgressSender
+    stress: StressSettings | None = DEFAULT_STRESS
+    probe: ProbeSettings | None = DEFAULT_PROBE

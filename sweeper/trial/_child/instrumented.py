@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
-from sweeper.stability import STRESS_GROWTH, divergence, stress_lr
+from sweeper.stability import divergence, stress_lr
 from sweeper.trial._child.progress import ProgressSender
 from sweeper.trial._child.record import (
     DivergedError,
@@ -71,16 +71,16 @@ class TracingTrainer(Trainer):
 
     def create_scheduler(self, num_training_steps, optimizer=None):
         """``constant_with_warmup`` (as ``Trainer`` builds it) for the constant phase; with a stress phase
-        (``record.stress``), stress step ``j`` then runs at ``STRESS_GROWTH**j`` times the learning rate."""
+        (``record.stress``), stress step ``j`` then runs at ``record.stress.growth**j`` times the learning rate."""
         stress = self.record.stress
         if stress is None or self.lr_scheduler is not None:
             return super().create_scheduler(num_training_steps, optimizer)
-        warmup, after = self.args.warmup_steps, stress.after_step
+        warmup, after, growth = self.args.warmup_steps, stress.after_step, stress.growth
 
         def factor(done: int) -> float:  # optimizer steps done before the one it sets the rate of
             if done < after:  # transformers' _get_constant_lambda_with_warmup, the same numbers
                 return float(done) / float(max(1.0, warmup)) if done < warmup else 1.0
-            return STRESS_GROWTH ** (done - after + 1)
+            return growth ** (done - after + 1)
 
         target = optimizer if optimizer is not None else self.optimizer
         assert target is not None  # Trainer creates the optimizer before the scheduler
@@ -268,7 +268,7 @@ class TraceCallback(TrainerCallback):
         record, stress = self.record, self.record.stress
         assert stress is not None and self.probe is not None
         stress.done += 1
-        stress.lr.append(stress_lr(stress.learning_rate, stress.done))
+        stress.lr.append(stress_lr(stress.learning_rate, stress.done, stress.growth))
         stress.loss.append(finite_or_none(record.step_loss))
         record.step_batches = []
         if skipped:

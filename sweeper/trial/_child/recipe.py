@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from sweeper.space import TrialConfig
-from sweeper.stability import PROBE_ROWS, STRESS_STEPS, probe_interval_steps
+from sweeper.stability import PROBE_ROWS, probe_interval_steps
 from sweeper.trial._child.checks import check_lora_targets, check_quantization
 from sweeper.trial._child.context import TrialContext
 from sweeper.trial._child.diagnosis import NanDiagnosis, diagnose_nan
@@ -37,7 +37,7 @@ from sweeper.trial._child.record import (
     TrainingRecord,
 )
 from sweeper.trial._child.warm import WarmState, model_key, release_memory, restore_base
-from sweeper.trial._result import STRESS_STEPS_ENV
+from sweeper.trial._job import ProbeSettings
 
 
 @dataclass
@@ -61,30 +61,24 @@ class Run:
     n_tokens: dict[int, int]
 
 
-def _probe(rows: list[dict[str, Any]], collate: Any, config: TrialConfig) -> Probe | None:
+def _probe(
+    rows: list[dict[str, Any]], collate: Any, config: TrialConfig, settings: ProbeSettings | None
+) -> Probe | None:
     """The probe: the first :data:`~sweeper.stability.PROBE_ROWS` rows of the trial's data that keep a supervised
-    token after truncation, collated as training collates them; None when no row has one, or when
-    ``SWEEPER_PROBE_INTERVAL_STEPS=0`` turns it off (a diagnostic: the tests compare training with and without it)."""
-    override = os.environ.get("SWEEPER_PROBE_INTERVAL_STEPS", "").strip()
-    if override == "0":
+    token after truncation, collated as training collates them, evaluated every ``settings.interval_steps`` steps
+    (None: :func:`~sweeper.stability.probe_interval_steps` of the batch); None when no row has one, or when the job
+    asked for none (``settings`` None: a diagnostic, the tests compare training with and without it)."""
+    if settings is None:
         return None
     chosen = [row for row in rows if any(label != -100 for label in row["labels"][1:])][:PROBE_ROWS]
     if not chosen:
         return None
     batch = collate(chosen)
     batch.pop("sample_index")
-    interval = probe_interval_steps(config.per_device_train_batch_size, config.gradient_accumulation_steps)
-    if override.isdigit():
-        interval = int(override)
+    interval = settings.interval_steps
+    if interval is None:
+        interval = probe_interval_steps(config.per_device_train_batch_size, config.gradient_accumulation_steps)
     return Probe(batch=batch, interval_steps=interval, max_steps=config.max_steps)
-
-
-def _stress_steps() -> int:
-    """Stress steps of a trial: :data:`~sweeper.stability.STRESS_STEPS`, or the value of
-    :data:`~sweeper.trial._result.STRESS_STEPS_ENV` (0 turns the stress phase off, as a confirmation and the validity
-    benchmark's long runs do)."""
-    override = os.environ.get(STRESS_STEPS_ENV, "").strip()
-    return int(override) if override.isdigit() else STRESS_STEPS
 
 
 def _training_arguments(config: TrialConfig, trial_dir: Path, cuda: bool, stress_steps: int = 0) -> Any:
@@ -199,10 +193,16 @@ def setup(trial: TrialContext) -> Run:
     model = _adapted_model(config, model_path, key, cuda, warm, measured)
     hooks = track_activations(model, record) if config.bnb_4bit_compute_dtype != "float32" else []
     collate = make_collator(tokenizer.pad_token_id, config.max_seq_length)
-    probe = _probe(rows, collate, config)
-    stress_steps = _stress_steps() if probe is not None else 0
-    if stress_steps:
-        record.stress = StressPhase(after_step=config.max_steps, steps=stress_steps, learning_rate=config.learning_rate)
+    probe = _probe(rows, collate, config, trial.probe)
+    stress_steps = 0
+    if trial.stress is not None and probe is not None:  # the stress phase reads the probe after each step
+        stress_steps = trial.stress.steps
+        record.stress = StressPhase(
+            after_step=config.max_steps,
+            steps=stress_steps,
+            learning_rate=config.learning_rate,
+            growth=trial.stress.growth,
+        )
     args = _training_arguments(config, trial.trial_dir, cuda, stress_steps)
     trainer = make_trainer(
         model,

@@ -50,7 +50,7 @@ from sweeper.trial._child.progress import ProgressSender
 from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord, finite_or_none
 from sweeper.trial._child.warm import WarmState, release_memory
 from sweeper.trial._devices import cuda_visible
-from sweeper.trial._job import TrialDone, TrialJob
+from sweeper.trial._job import DEFAULT_PROBE, DEFAULT_STRESS, ProbeSettings, StressSettings, TrialDone, TrialJob
 from sweeper.trial._result import TrialResult, TrialStatus
 
 #: Kept allocated while the trial runs and released after an OOM, so the result can still be written under the cap.
@@ -191,7 +191,7 @@ def _margin(result: TrialResult, record: TrainingRecord, config: TrialConfig) ->
     stress = record.stress
     if stress is None or not stress.active or result.status is not TrialStatus.COMPLETE:
         return
-    margin = margin_of(config.learning_rate, stress.stop, stress.stop_step)
+    margin = margin_of(config.learning_rate, stress.stop, stress.stop_step, growth=stress.growth, steps=stress.steps)
     result.lr_ceiling, result.stability_margin = margin.lr_ceiling, margin.stability_margin
     result.margin_capped, result.predicted_max_lr = margin.margin_capped, margin.predicted_max_lr
     result.stress_stop, result.stress_steps = stress.stop, stress.done
@@ -213,6 +213,9 @@ def run(
     trial_dir: Path,
     warm: WarmState | None = None,
     progress: ProgressSender | None = None,
+    *,
+    stress: StressSettings | None = DEFAULT_STRESS,
+    probe: ProbeSettings | None = DEFAULT_PROBE,
 ) -> TrialResult:
     """Run one trial in this process and return its result; never raises for a trial's own failure.
 
@@ -225,6 +228,9 @@ def run(
             or ``diverged`` (an OOM, error or NaN leaves the process as a fresh one would not be: the NaN diagnosis
             replays rows outside training mode, which on some CPUs repacks the 4-bit weights).
         progress: Where the trial's progress lines go (None: nowhere).
+        stress: The stress phase to run after the constant phase (:class:`~sweeper.trial._job.StressSettings`), or
+            None for none.
+        probe: The probe (:class:`~sweeper.trial._job.ProbeSettings`), or None for none (and then no stress phase).
     """
     warm = warm if warm is not None else WarmState()
     progress = progress if progress is not None else ProgressSender(None)
@@ -234,7 +240,7 @@ def run(
     progress.report("load")  # after _begin reset the peaks: the last trial's is not this one's
     record = TrainingRecord()
     measured = Measurements(warm=warm.trials > 0, model_reused=False)
-    trial = TrialContext(config, model_path, trial_dir, record, measured, warm, progress)
+    trial = TrialContext(config, model_path, trial_dir, record, measured, warm, progress, stress=stress, probe=probe)
     try:
         _train(trial)
         outcome = outcome_of(None, record, config)
@@ -282,19 +288,27 @@ def _report_modules() -> None:
 
 
 def _run_file(
-    config_path: Path, trial_dir: Path, warm: WarmState | None = None, progress: ProgressSender | None = None
+    config_path: Path,
+    trial_dir: Path,
+    warm: WarmState | None = None,
+    progress: ProgressSender | None = None,
+    job: TrialJob | None = None,
 ) -> TrialResult:
-    """:func:`run` on a ``config.json`` as the launcher writes it (``config`` and ``model_path``)."""
+    """:func:`run` on a ``config.json`` as the launcher writes it (``config`` and ``model_path``), with ``job``'s
+    stress and probe settings (None: the defaults)."""
     payload = json.loads(config_path.read_text())
-    return run(TrialConfig.from_dict(payload["config"]), payload["model_path"], trial_dir, warm, progress)
+    config, model_path = TrialConfig.from_dict(payload["config"]), payload["model_path"]
+    if job is None:
+        return run(config, model_path, trial_dir, warm, progress)
+    return run(config, model_path, trial_dir, warm, progress, stress=job.stress, probe=job.probe)
 
 
 def serve(control_fd: int) -> None:
-    """Serve trials read as JSON lines on stdin (:class:`~sweeper.trial._job.TrialJob`) until stdin closes or a
-    trial leaves the process unfit for another (:attr:`WarmState.reusable`); while each runs, send its
-    :class:`~sweeper.trial._job.TrialProgress` lines on ``control_fd``, and after it write its result file, then its
-    :class:`~sweeper.trial._job.TrialDone` line. The heavy imports happen once, before the first job is read; the
-    first trial's ``import_time_s`` and ``setup_time_s`` include them."""
+    """Serve trials read as JSON lines on stdin (:class:`~sweeper.trial._job.TrialJob`, each with its own stress and
+    probe settings) until stdin closes or a trial leaves the process unfit for another (:attr:`WarmState.reusable`);
+    while each runs, send its :class:`~sweeper.trial._job.TrialProgress` lines on ``control_fd``, and after it write
+    its result file, then its :class:`~sweeper.trial._job.TrialDone` line. The heavy imports happen once, before the
+    first job is read; the first trial's ``import_time_s`` and ``setup_time_s`` include them."""
     warm = WarmState()
     progress = ProgressSender(control_fd)
     process_import_s = import_heavy()
@@ -303,7 +317,7 @@ def serve(control_fd: int) -> None:
             continue
         job = TrialJob.from_line(line)
         _log_to(job.log_path)
-        result = _run_file(Path(job.config_path), Path(job.trial_dir), warm, progress)
+        result = _run_file(Path(job.config_path), Path(job.trial_dir), warm, progress, job)
         if warm.trials == 1:
             result.import_time_s = process_import_s
             if result.setup_time_s is not None:
