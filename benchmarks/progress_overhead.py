@@ -1,5 +1,6 @@
 """What live progress costs a trial: the time of one progress report in the trial process
-(:func:`sweeper.trial._child.progress.report`: a read of the peak memory and one write on the control pipe), against
+(:meth:`sweeper.trial._child.progress.ProgressSender.report`: a read of the peak memory, a
+:class:`~sweeper.trial._job.TrialProgress` line and one write on the control pipe), against
 the time of a training step. Prints both and their ratio at one report per step (the throttle sends at most two a
 second, so a real trial pays less).
 
@@ -13,7 +14,7 @@ import os
 import threading
 import time
 
-from sweeper.trial._child import progress
+from sweeper.trial._child.progress import ProgressSender
 
 
 def main() -> None:
@@ -29,8 +30,7 @@ def main() -> None:
         drained.set()
 
     threading.Thread(target=drain, daemon=True).start()
-    progress.attach(write_fd)
-    progress.MIN_INTERVAL_S = 0.0  # every call sends: the worst case
+    progress = ProgressSender(write_fd, min_interval_s=0.0)  # every call sends: the worst case
     start = time.perf_counter()
     for step in range(args.reports):
         progress.report("train", step=step, of=args.reports, loss=2.5)

@@ -397,9 +397,10 @@ def barely_learns(progress: float | None, best: float | None) -> bool:
     return best is not None and best > 0 and progress < LEARNING_PROGRESS_SHARE * best
 
 
-def stress_lr(learning_rate: float, stress_step: int) -> float:
-    """The learning rate of stress step ``stress_step`` (1-based): ``learning_rate * STRESS_GROWTH**stress_step``."""
-    return learning_rate * STRESS_GROWTH**stress_step
+def stress_lr(learning_rate: float, stress_step: int, growth: float = STRESS_GROWTH) -> float:
+    """The learning rate of stress step ``stress_step`` (1-based): ``learning_rate * growth**stress_step`` (the
+    growth per step, default :data:`STRESS_GROWTH`)."""
+    return learning_rate * growth**stress_step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -423,9 +424,18 @@ class Margin:
     predicted_max_lr: float | None
 
 
-def margin_of(learning_rate: float, stop: str | None, stress_step: int | None) -> Margin:
+def margin_of(
+    learning_rate: float,
+    stop: str | None,
+    stress_step: int | None,
+    *,
+    growth: float = STRESS_GROWTH,
+    steps: int = STRESS_STEPS,
+) -> Margin:
     """The :class:`Margin` of a stress phase that ended with ``stop`` (one of :data:`STRESS_STOPS`) at 1-based
-    ``stress_step`` (the step whose update showed the edge; ignored for ``cap``).
+    ``stress_step`` (the step whose update showed the edge; ignored for ``cap``), for a stress phase of at most
+    ``steps`` steps growing the rate ``growth`` times a step (defaults :data:`STRESS_STEPS`, :data:`STRESS_GROWTH`:
+    its cap, ``growth**steps``, is then :data:`STRESS_CAP`).
 
     Raises:
         ValueError: ``stop`` is not one of :data:`STRESS_STOPS`.
@@ -433,14 +443,15 @@ def margin_of(learning_rate: float, stop: str | None, stress_step: int | None) -
     if stop is not None and stop not in STRESS_STOPS:
         raise ValueError(f"stress stop must be one of {STRESS_STOPS}, but got {stop!r}")
     if stop == "cap":
+        cap = growth**steps
         return Margin(
             lr_ceiling=None,
-            stability_margin=STRESS_CAP,
+            stability_margin=cap,
             margin_capped=True,
-            predicted_max_lr=learning_rate * STRESS_CAP * LONG_RUN_FACTOR,
+            predicted_max_lr=learning_rate * cap * LONG_RUN_FACTOR,
         )
     if stop in ("diverged", "nan", "overflow") and stress_step is not None and stress_step >= 1:
-        ceiling = stress_lr(learning_rate, stress_step)
+        ceiling = stress_lr(learning_rate, stress_step, growth)
         margin = ceiling / learning_rate
         return Margin(
             lr_ceiling=ceiling,

@@ -86,7 +86,7 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
             on_start=on_start,
             on_result=on_result,
             on_skip=on_skip,
-            on_progress=lambda t, data: live.report(0, data),
+            on_progress=lambda t, progress: live.report(0, progress),
         )
     finally:
         live.close()

@@ -47,7 +47,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     live = LiveProgress(1, stream=sys.stderr if args.json else sys.stdout)
     live.begin(0, 0)
     try:
-        result = run_trial(config, folder, model_path=model_path, on_progress=lambda data: live.report(0, data))
+        result = run_trial(config, folder, model_path=model_path, on_progress=lambda progress: live.report(0, progress))
     finally:
         live.close()
     if args.json:

@@ -15,9 +15,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Any
+
+from sweeper.trial import TrialProgress
 
 #: Seconds between two ``progress`` lines when the output is not a terminal (``SWEEPER_PROGRESS_INTERVAL_S``
 #: overrides it).
@@ -51,22 +52,22 @@ class _Slot:
     number: int
     label: str
     start: float
-    data: dict[str, Any] = field(default_factory=dict)
+    progress: TrialProgress | None = None
 
 
 def describe_running(slot: _Slot, now: float) -> str:
     """``#4 train 7/12 loss 2.31 peak 0.85 GiB 35 s``: one running trial as its last progress report says."""
-    d = slot.data
-    phase = _PHASES.get(str(d.get("phase", "load")), str(d.get("phase")))
+    p = slot.progress if slot.progress is not None else TrialProgress(phase="load")
+    phase = _PHASES.get(p.phase, p.phase)
     if slot.label == "confirm" and phase == "train":
         phase = "confirm"
     parts = [f"#{slot.number}", phase]
-    if d.get("step") is not None and d.get("of") is not None:
-        parts.append(f"{d['step']}/{d['of']}")
-    if d.get("loss") is not None:
-        parts.append(f"loss {d['loss']:.4g}")
-    if d.get("peak_memory_gib") is not None:
-        parts.append(f"peak {d['peak_memory_gib']:.2f} GiB")
+    if p.step is not None and p.of is not None:
+        parts.append(f"{p.step}/{p.of}")
+    if p.loss is not None:
+        parts.append(f"loss {p.loss:.4g}")
+    if p.peak_memory_gib is not None:
+        parts.append(f"peak {p.peak_memory_gib:.2f} GiB")
     parts.append(format_duration(now - slot.start))
     return " ".join(parts)
 
@@ -156,11 +157,11 @@ class LiveProgress:
             self.running[slot] = _Slot(number=number, label=label, start=time.monotonic())
             self._refresh(slot)
 
-    def report(self, slot: int, data: Mapping[str, Any]) -> None:
+    def report(self, slot: int, progress: TrialProgress) -> None:
         """The running trial of ``slot`` sent a progress report (:meth:`sweeper.trial.TrialProcess.run`)."""
         with self.lock:
             if slot in self.running:
-                self.running[slot].data = dict(data)
+                self.running[slot].progress = progress
                 self._refresh(slot)
 
     def end(self, slot: int, *, finished: int | None = None) -> None:

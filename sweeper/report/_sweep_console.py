@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any
+from typing import IO
 
 from sweeper.memory import median_abs
 from sweeper.report._console import format_counts, format_data_nan_summary, format_front, format_params
@@ -31,7 +31,7 @@ from sweeper.study import (
     study_objectives,
     trial_dir,
 )
-from sweeper.trial import FAIL_STATUSES, TrialStatus, cuda_visible
+from sweeper.trial import FAIL_STATUSES, TrialProgress, TrialStatus, cuda_visible
 
 
 def sweep_header(plan: SweepPlan) -> list[str]:
@@ -126,7 +126,7 @@ class SweepConsole(SweepCallback):
         self.write = write or self.live.line
         self.statuses: list[TrialStatus] = []  # of the trials this run measured
 
-    def trial_progress(self, number: int, slot: int, progress: Mapping[str, Any]) -> None:
+    def trial_progress(self, number: int, slot: int, progress: TrialProgress) -> None:
         """The live display's line of ``slot``: the trial's phase, step, loss, peak so far and time."""
         running = self.live.running.get(slot)
         if running is None or running.number != number:

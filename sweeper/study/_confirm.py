@@ -33,7 +33,7 @@ from sweeper.study._stored import (
     TrialStatus,
     by_knee_distance,
 )
-from sweeper.trial import TrialResult, run_trial
+from sweeper.trial import TrialProgress, TrialResult, run_trial
 
 #: A confirmation runs this many times the trial's own ``max_steps`` unless told otherwise.
 DEFAULT_HORIZON_FACTOR = 10
@@ -141,7 +141,7 @@ def confirm_trials(
     on_start: Callable[[StoredTrial, int], None] | None = None,
     on_result: Callable[[StoredTrial, Confirmation], None] | None = None,
     on_skip: Callable[[StoredTrial, Confirmation], None] | None = None,
-    on_progress: Callable[[StoredTrial, dict], None] | None = None,
+    on_progress: Callable[[StoredTrial, TrialProgress], None] | None = None,
 ) -> dict[int, Confirmation]:
     """Run each trial's configuration for ``steps`` steps (default :func:`horizon`) in a trial process and store the
     outcome on the study; a trial already confirmed at that horizon or longer is skipped.
@@ -194,7 +194,7 @@ def confirm_trials(
         if on_start is not None:
             on_start(t, n)
         folder = trial_dir(study.study_name, t.number) / f"confirm-{n}"
-        report = (lambda data, t=t: on_progress(t, data)) if on_progress is not None else None
+        report = (lambda progress, t=t: on_progress(t, progress)) if on_progress is not None else None
         result = run_trial(long_config(t.config, n), folder, model_path=model_path, stress=False, on_progress=report)
         out[t.number] = _record(study, t.number, n, result, folder, t)
         if on_result is not None:

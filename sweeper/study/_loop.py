@@ -53,7 +53,7 @@ from sweeper.study._storage import (
     trial_dir,
 )
 from sweeper.study._stored import StoredTrial, stored_trial
-from sweeper.trial import TrialProcess, TrialResult, TrialStatus
+from sweeper.trial import TrialProcess, TrialProgress, TrialResult, TrialStatus
 
 #: Consecutive repeats of measured configurations after which the sweep stops: the sampler has nothing new to offer.
 MAX_CONSECUTIVE_DUPLICATES = 25
@@ -132,10 +132,10 @@ class SweepCallback:
     def trial_finished(self, event: SweepEvent) -> None:
         """A trial was told to the study: measured, reused from an earlier trial, or pruned by the preflight."""
 
-    def trial_progress(self, number: int, slot: int, progress: Mapping[str, Any]) -> None:
+    def trial_progress(self, number: int, slot: int, progress: TrialProgress) -> None:
         """The running trial ``number`` of worker slot ``slot`` (0 to workers - 1) sent a progress report
-        (:meth:`sweeper.trial.TrialProcess.run`: ``phase``, ``step``, ``of``, ``loss``, ``peak_memory_gib``), at most a
-        few times a second."""
+        (:class:`sweeper.trial.TrialProgress`: its phase, step, steps of the phase, loss, peak memory so far), at
+        most a few times a second."""
 
     def note(self, text: str) -> None:
         """A line about the study's bookkeeping (a lost trial failed and retried, a trial marked lost meanwhile)."""
@@ -189,12 +189,12 @@ class _Sweep:
             for callback in self.callbacks:
                 callback.trial_started(stored, trial.user_attrs.get("cuda_visible_devices"))
 
-    def progress(self, number: int, data: Mapping[str, Any]) -> None:
+    def progress(self, number: int, progress: TrialProgress) -> None:
         if not self.callbacks:
             return
         with self.mutex:
             for callback in self.callbacks:
-                callback.trial_progress(number, self.local.slot, data)
+                callback.trial_progress(number, self.local.slot, progress)
 
     def emit(self, frozen: FrozenTrial) -> StudySnapshot:
         """Tell the callbacks that ``frozen`` ended; returns the study as read once after it (what the event counts,
@@ -462,7 +462,7 @@ def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig) -> TrialRes
             folder,
             model_path=sweep.model_path,
             on_start=started,
-            on_progress=lambda data: sweep.progress(trial.number, data),
+            on_progress=lambda progress: sweep.progress(trial.number, progress),
         )
     except KeyboardInterrupt:  # one slot, in the main thread: the trial process was killed
         record_interrupted(sweep, trial)

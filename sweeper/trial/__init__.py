@@ -2,7 +2,9 @@
 
 The parent side (this package's public face, imported by the sweep) writes the trial's config, starts
 ``python -m sweeper.trial._child.worker``, enforces its timeout and maps how it ended to a :class:`TrialResult`. The
-child side (:mod:`sweeper.trial._child`) is the only code that imports torch, transformers, peft and bitsandbytes.
+two sides speak a typed protocol (:mod:`sweeper.trial._job`): a job line in, :class:`TrialProgress` lines and a done
+line out. The child side (:mod:`sweeper.trial._child`) is the only code that imports torch, transformers, peft and
+bitsandbytes.
 
 The names are loaded on first use (PEP 562): the trial process imports this package's modules (``_result``,
 ``_devices``, ``_job``) directly, and loading the package must not load the sweep's side (``_launch``) there.
@@ -16,6 +18,7 @@ from sweeper._lazy import lazy_names
 
 if TYPE_CHECKING:
     from sweeper.trial._devices import cuda_visible, visible_gpus
+    from sweeper.trial._job import ProbeSettings, StressSettings, TrialProgress
     from sweeper.trial._launch import TrialProcess, run_trial
     from sweeper.trial._result import (
         FAIL_STATUSES,
@@ -30,7 +33,10 @@ _HOMES = {
     "FAIL_STATUSES": "sweeper.trial._result",
     "PRUNED_STATUSES": "sweeper.trial._result",
     "Phase": "sweeper.trial._result",
+    "ProbeSettings": "sweeper.trial._job",
+    "StressSettings": "sweeper.trial._job",
     "TrialProcess": "sweeper.trial._launch",
+    "TrialProgress": "sweeper.trial._job",
     "TrialResult": "sweeper.trial._result",
     "TrialStatus": "sweeper.trial._result",
     "cuda_visible": "sweeper.trial._devices",
@@ -42,7 +48,10 @@ __all__ = [
     "FAIL_STATUSES",
     "PRUNED_STATUSES",
     "Phase",
+    "ProbeSettings",
+    "StressSettings",
     "TrialProcess",
+    "TrialProgress",
     "TrialResult",
     "TrialStatus",
     "cuda_visible",

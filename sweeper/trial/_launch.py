@@ -4,7 +4,8 @@ wait, and map what happened to a :class:`TrialResult`.
 A :class:`TrialProcess` serves trial after trial (a *warm* process: imports paid once, the 4-bit model kept when the
 next trial's model-level settings match), and is replaced by a fresh one whenever a trial ends in anything but
 ``complete`` or ``diverged``: a process is what really frees GPU memory, contains a segfault inside a CUDA kernel, and
-lets a hung trial be killed. The worker writes its result as JSON, then one line on a control pipe; a process that
+lets a hung trial be killed. The worker sends :class:`~sweeper.trial._job.TrialProgress` lines on a control pipe
+while a trial runs, then writes its result as JSON and a :class:`~sweeper.trial._job.TrialDone` line; a process that
 dies without one is a ``crash``, one whose trial outlives ``trial_timeout_s`` is killed and is a ``timeout``.
 :func:`run_trial` runs one trial in a fresh process.
 """
@@ -20,10 +21,13 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from sweeper.space import TrialConfig
-from sweeper.trial._job import TrialJob
-from sweeper.trial._result import STRESS_STEPS_ENV, TrialResult, TrialStatus
+from sweeper.trial._job import ProbeSettings, StressSettings, TrialDone, TrialJob, TrialProgress
+from sweeper.trial._result import TrialResult, TrialStatus
+
+T = TypeVar("T", StressSettings, ProbeSettings)
 
 #: The module the trial process runs (``python -m``).
 CHILD_MODULE = "sweeper.trial._child.worker"
@@ -97,7 +101,7 @@ class TrialProcess:
         self._control: int | None = None
         self._buffer = b""
         self.trials = 0  # trials served by the current process
-        self._on_progress: Callable[[dict], None] | None = None
+        self._on_progress: Callable[[TrialProgress], None] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -133,19 +137,22 @@ class TrialProcess:
         self._proc, self._control, self._buffer, self.trials = proc, read_fd, b"", 0
         return proc
 
-    def _read_line(self, deadline: float) -> bytes | None:
-        """The next control line that is not a progress line (those go to the run's ``on_progress`` as they come,
-        :mod:`sweeper.trial._child.progress`); None at EOF (the process died). Raises TimeoutError past
+    def _read_done(self, deadline: float) -> TrialDone | None:
+        """The trial's :class:`TrialDone` line, the progress lines before it handed to the run's ``on_progress`` as
+        they come (:mod:`sweeper.trial._child.progress`); None at EOF (the process died). Raises TimeoutError past
         ``deadline``."""
         while True:
             line = self._next_line(deadline)
-            if line is None or not line.startswith(b'{"progress"'):
-                return line
+            if line is None:
+                return None
+            try:
+                progress = TrialProgress.from_line(line)
+            except ValueError:
+                continue  # a garbled progress line is not worth a trial
+            if progress is None:
+                return TrialDone.from_line(line)
             if self._on_progress is not None:
-                try:
-                    self._on_progress(json.loads(line)["progress"])
-                except (ValueError, KeyError, TypeError):
-                    pass  # a garbled progress line is not worth a trial
+                self._on_progress(progress)
 
     def _next_line(self, deadline: float) -> bytes | None:
         assert self._control is not None
@@ -210,7 +217,9 @@ class TrialProcess:
         *,
         model_path: str,
         on_start: Callable[[int], None] | None = None,
-        on_progress: Callable[[dict], None] | None = None,
+        on_progress: Callable[[TrialProgress], None] | None = None,
+        stress: bool | StressSettings = True,
+        probe: bool | ProbeSettings = True,
     ) -> TrialResult:
         """Run one trial in this trial process (started first when there is none) and return what it measured.
 
@@ -222,10 +231,15 @@ class TrialProcess:
             trial_dir: Folder for this trial's files (created).
             model_path: Resolved by :func:`sweeper.model.resolve_model`.
             on_start: Called with the trial process's pid once it has the trial (for bookkeeping), or None.
-            on_progress: Called in this thread with each progress report of the running trial (a dict of ``phase``:
-                ``load``, ``train`` or ``stress``; ``step`` and ``of``, the phase's steps; ``loss``; and
-                ``peak_memory_gib``, the peak so far: :func:`sweeper.trial._child.progress.report`), at most a few
+            on_progress: Called in this thread with each :class:`~sweeper.trial._job.TrialProgress` of the running
+                trial (its phase, the phase's steps done and of, the last loss, the peak memory so far), at most a few
                 times a second; None to ignore them.
+            stress: Run the stress phase after the constant one (the stability margin): True with the default
+                :class:`~sweeper.trial._job.StressSettings`, or these settings; False for a constant-rate run only (a
+                confirmation, the validity benchmark's long runs). Travels in the job: a warm process takes it per
+                trial.
+            probe: Evaluate the probe: True at the default interval, a :class:`~sweeper.trial._job.ProbeSettings`,
+                or False for none (a diagnostic; then no stress phase either).
 
         Returns:
             The worker's result, or a ``timeout``/``crash`` result made here.
@@ -235,7 +249,9 @@ class TrialProcess:
             OSError: The trial's files cannot be written.
         """
         self._on_progress = on_progress
-        job = _write_job(config, Path(trial_dir), model_path)
+        job = _write_job(
+            config, Path(trial_dir), model_path, _settings(stress, StressSettings), _settings(probe, ProbeSettings)
+        )
         log_path, result_path = Path(job.log_path), Path(job.result_path)
         start = time.monotonic()
         proc = self._hand_over(job, log_path)
@@ -249,7 +265,7 @@ class TrialProcess:
                 proc.stdin.flush()
             except BrokenPipeError:
                 pass  # it died meanwhile: the control pipe's EOF says so below
-            line = self._read_line(start + config.trial_timeout_s)
+            done = self._read_done(start + config.trial_timeout_s)
         except TimeoutError:
             self.close()
             reason = f"killed after trial_timeout={config.trial_timeout_s:g} s"
@@ -258,14 +274,10 @@ class TrialProcess:
             self.close()
             raise
         wall = time.monotonic() - start
-        if line is None:  # the process died without a result
+        if done is None:  # the process died without a result
             return self._died(config, proc, log_path, wall, warm)
         self.trials += 1
-        try:
-            reusable = bool(json.loads(line).get("reusable"))
-        except ValueError:
-            reusable = False
-        if not reusable:
+        if not done.reusable:
             self.close()
         try:
             result = TrialResult.from_dict(json.loads(result_path.read_text()))
@@ -275,15 +287,30 @@ class TrialProcess:
         return result
 
 
-def _write_job(config: TrialConfig, trial_dir: Path, model_path: str) -> TrialJob:
+def _settings(asked: bool | T, kind: type[T]) -> T | None:
+    """``kind``'s defaults for True, None for False, else ``asked`` itself."""
+    if isinstance(asked, bool):
+        return kind() if asked else None
+    return asked
+
+
+def _write_job(
+    config: TrialConfig,
+    trial_dir: Path,
+    model_path: str,
+    stress: StressSettings | None,
+    probe: ProbeSettings | None,
+) -> TrialJob:
     """Create ``trial_dir`` with the trial's ``config.json`` and an empty ``worker.log`` (no ``result.json``), and
-    return the job naming them."""
+    return the job naming them, with its stress and probe settings."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     job = TrialJob(
         config_path=str(trial_dir / "config.json"),
         result_path=str(trial_dir / "result.json"),
         log_path=str(trial_dir / "worker.log"),
         trial_dir=str(trial_dir),
+        stress=stress,
+        probe=probe,
     )
     Path(job.result_path).unlink(missing_ok=True)
     Path(job.config_path).write_text(json.dumps({"config": config.to_dict(), "model_path": model_path}, indent=1))
@@ -298,8 +325,9 @@ def run_trial(
     model_path: str,
     env: Mapping[str, str] | None = None,
     on_start: Callable[[int], None] | None = None,
-    stress: bool = True,
-    on_progress: Callable[[dict], None] | None = None,
+    stress: bool | StressSettings = True,
+    on_progress: Callable[[TrialProgress], None] | None = None,
+    probe: bool | ProbeSettings = True,
 ) -> TrialResult:
     """Run one trial in a fresh trial process and return what it measured (:meth:`TrialProcess.run`); the process
     ends with it.
@@ -310,9 +338,12 @@ def run_trial(
         model_path: Resolved by :func:`sweeper.model.resolve_model`.
         env: Environment of the trial process (default: this process's).
         on_start: Called with the trial process's pid once it runs (for bookkeeping), or None.
-        stress: Run the stress phase after the constant one (the stability margin); False for a constant-rate run
-            only (a confirmation, the validity benchmark's long runs).
+        stress: Run the stress phase after the constant one (the stability margin): True for the default
+            :class:`~sweeper.trial._job.StressSettings`, or these; False for a constant-rate run only (a
+            confirmation, the validity benchmark's long runs).
         on_progress: The running trial's progress reports (:meth:`TrialProcess.run`), or None.
+        probe: Evaluate the probe (:meth:`TrialProcess.run`): True, a :class:`~sweeper.trial._job.ProbeSettings`, or
+            False for none.
 
     Returns:
         The worker's result, or a ``timeout``/``crash`` result made here.
@@ -320,10 +351,16 @@ def run_trial(
     Raises:
         KeyboardInterrupt: After killing the worker, so the caller can record the trial as interrupted.
     """
-    if not stress:
-        env = {**(os.environ if env is None else env), STRESS_STEPS_ENV: "0"}
     process = TrialProcess(env, warm=False)
     try:
-        return process.run(config, trial_dir, model_path=model_path, on_start=on_start, on_progress=on_progress)
+        return process.run(
+            config,
+            trial_dir,
+            model_path=model_path,
+            on_start=on_start,
+            on_progress=on_progress,
+            stress=stress,
+            probe=probe,
+        )
     finally:
         process.close()

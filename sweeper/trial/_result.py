@@ -13,10 +13,6 @@ from typing import Any, Literal
 
 Phase = Literal["load", "forward", "backward", "optimizer"]
 
-#: Environment variable of a trial process: its stress steps (:data:`sweeper.stability.STRESS_STEPS` unless set; ``0``
-#: runs the constant phase only, as :func:`sweeper.trial.run_trial` does with ``stress=False``).
-STRESS_STEPS_ENV = "SWEEPER_STRESS_STEPS"
-
 
 class TrialStatus(str, enum.Enum):
     """How a trial ended (its ``status`` user attribute), or that it has not yet: the one list of statuses, which

@@ -3,11 +3,13 @@ plain line now and then in a log."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pytest
 
 from sweeper.report import LiveProgress, format_duration
+from sweeper.trial import TrialProgress
 
 
 class _Terminal(io.StringIO):
@@ -15,7 +17,7 @@ class _Terminal(io.StringIO):
         return True
 
 
-REPORT = {"phase": "train", "step": 7, "of": 12, "loss": 2.3125, "peak_memory_gib": 0.8512}
+REPORT = TrialProgress(phase="train", step=7, of=12, loss=2.3125, peak_memory_gib=0.8512)
 
 
 def test_without_a_terminal_a_progress_line_now_and_then():
@@ -39,7 +41,7 @@ def test_a_log_is_not_flooded():
     live = LiveProgress(10, stream=log, interval_s=3600)
     live.begin(0, 0)
     for step in range(50):
-        live.report(0, {**REPORT, "step": step})
+        live.report(0, dataclasses.replace(REPORT, step=step))
     live.close()
     assert "progress" not in log.getvalue()
 

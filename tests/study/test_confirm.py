@@ -158,16 +158,14 @@ def test_a_run_whose_probe_loss_rises_and_stays_is_diverged(tmp_path):
 
 @pytest.mark.slow
 def test_the_probe_does_not_change_training(tiny_model, tmp_path):
-    # The same trial with the probe turned off (a diagnostic override) and with it at every step: the training trace
-    # must be the same bit for bit (a probe in eval mode made bitsandbytes repack its CPU weights and changed it).
-    import os
+    # The same trial with the probe turned off (a diagnostic setting of the job) and with it at every step: the
+    # training trace must be the same bit for bit (a probe in eval mode made bitsandbytes repack its CPU weights and
+    # changed it).
+    from sweeper.trial import ProbeSettings
 
     config = _config(tiny_model, learning_rate=2e-3, bnb_4bit_compute_dtype="bfloat16", max_steps=6)
-    runs = {}
-    for every in ("0", "1"):
-        env = {**os.environ, "SWEEPER_PROBE_INTERVAL_STEPS": every}
-        runs[every] = run_trial(config, tmp_path / every, model_path=str(tiny_model), env=env)
-    off, on = runs["0"], runs["1"]
+    off = run_trial(config, tmp_path / "off", model_path=str(tiny_model), probe=False)
+    on = run_trial(config, tmp_path / "on", model_path=str(tiny_model), probe=ProbeSettings(interval_steps=1))
     assert off.status == on.status == "complete", (off.reason, on.reason)
     assert off.probe_steps == [] and off.instability is None
     assert on.probe_steps == [0, 1, 2, 3, 4, 5, 6]

@@ -1,13 +1,13 @@
 """The stress phase (:mod:`sweeper.stability`, "stability margin"): after a trial's constant phase, an LR range test
 on the same adapter and optimizer. Real trials on the tiny Llama: the constant phase is the same run with and without
-it, its margin is read off a real divergence, a run that learns nothing reaches the cap, and its weights never reach
-the next trial of a warm process."""
+it, its margin is read off a real divergence, a run that learns nothing reaches the cap, its weights never reach the
+next trial of a warm process, and a warm process runs each job's own stress and probe settings."""
 
 import pytest
 
 from sweeper.stability import STRESS_CAP, STRESS_GROWTH, STRESS_STEPS
 from sweeper.testing import tiny_trial_config
-from sweeper.trial import TrialProcess, run_trial
+from sweeper.trial import ProbeSettings, StressSettings, TrialProcess, TrialProgress, run_trial
 
 pytestmark = pytest.mark.slow
 
@@ -15,18 +15,18 @@ pytestmark = pytest.mark.slow
 def test_the_stress_phase_measures_a_margin_without_changing_the_constant_phase(tiny_model, tmp_path):
     config = tiny_trial_config(tiny_model, max_steps=8, learning_rate=1e-3)
     plain = run_trial(config, tmp_path / "plain", model_path=str(tiny_model), stress=False)
-    reports: list[dict] = []
+    reports: list[TrialProgress] = []
     stressed = run_trial(config, tmp_path / "stressed", model_path=str(tiny_model), on_progress=reports.append)
     assert plain.status == stressed.status == "complete", (plain.reason, stressed.reason)
     # Its progress came from the trial process as it ran: loading, the constant steps of 8, the stress steps of 11
     # (each phase change is sent; steps within half a second of the last report may be skipped).
-    phases = [r["phase"] for r in reports]
+    phases = [r.phase for r in reports]
     assert phases[0] == "load" and "train" in phases and phases[-1] == "stress", phases
     assert phases.index("train") < phases.index("stress")
-    train = [r for r in reports if r["phase"] == "train"]
-    assert all(r["of"] == 8 for r in train) and [r["step"] for r in train] == sorted(r["step"] for r in train)
-    assert all(r["of"] == STRESS_STEPS for r in reports if r["phase"] == "stress")
-    assert all(r["peak_memory_gib"] > 0 for r in reports) and all("loss" in r for r in train)
+    train = [r for r in reports if r.phase == "train"]
+    assert all(r.of == 8 for r in train) and [r.step for r in train] == sorted(r.step for r in train)
+    assert all(r.of == STRESS_STEPS for r in reports if r.phase == "stress")
+    assert all(r.peak_memory_gib > 0 for r in reports) and all(r.loss is not None for r in train)
     # The constant phase is the same run, bit for bit: the stress steps enter none of its traces.
     assert stressed.loss_trace == plain.loss_trace and len(stressed.loss_trace) == 8
     assert stressed.probe_loss_trace == plain.probe_loss_trace and stressed.probe_steps == plain.probe_steps
@@ -83,3 +83,34 @@ def test_a_diverging_stress_phase_leaves_nothing_for_the_next_warm_trial(tiny_mo
     assert second.loss_trace == cold.loss_trace and second.probe_loss_trace == cold.probe_loss_trace
     assert second.stress_probe_loss_trace == cold.stress_probe_loss_trace
     assert second.stability_margin == cold.stability_margin
+
+
+def test_a_warm_process_runs_each_job_with_its_own_stress_and_probe_settings(tiny_model, tmp_path):
+    """One warm process, three jobs of a run that learns nothing (so each stress phase reaches its cap): a short stress
+    phase growing 3x a step; none, with a probe at every step; then the defaults. Each result is its own job's: the
+    settings travel in the job, not in the process's environment, and none sticks to the process."""
+    path = str(tiny_model)
+    config = tiny_trial_config(tiny_model, max_steps=4, learning_rate=1e-9)
+    process = TrialProcess()
+    try:
+        short = process.run(config, tmp_path / "short", model_path=path, stress=StressSettings(steps=3, growth=3.0))
+        pid = process.pid
+        every_step = ProbeSettings(interval_steps=1)
+        off = process.run(config, tmp_path / "off", model_path=path, stress=False, probe=every_step)
+        default = process.run(config, tmp_path / "default", model_path=path)
+        assert process.pid == pid  # one process served the three
+    finally:
+        process.close()
+    assert short.status == off.status == default.status == "complete", (short.reason, off.reason, default.reason)
+    assert off.warm is True and default.warm is True
+    assert short.stress_stop == "cap" and short.stress_steps == 3 and short.margin_capped is True
+    assert short.stress_lr_trace == pytest.approx([1e-9 * 3.0**j for j in range(1, 4)])
+    assert short.stability_margin == pytest.approx(27.0)
+    assert off.stress_stop is None and off.stress_steps is None and off.stability_margin is None
+    assert off.stress_lr_trace == [] and off.probe_steps == [0, 1, 2, 3, 4]
+    assert default.stress_stop == "cap" and default.stress_steps == STRESS_STEPS
+    assert default.stress_lr_trace == pytest.approx([1e-9 * STRESS_GROWTH**j for j in range(1, STRESS_STEPS + 1)])
+    assert default.stability_margin == pytest.approx(STRESS_CAP)
+    assert default.probe_steps == short.probe_steps != off.probe_steps  # the batch's interval again
+    # The constant phase is the same run whatever the stress phase and probe after or around it.
+    assert short.loss_trace == off.loss_trace == default.loss_trace and len(default.loss_trace) == 4

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
-from sweeper.stability import STRESS_GROWTH, divergence, stress_lr
-from sweeper.trial._child import progress
+from sweeper.stability import divergence, stress_lr
+from sweeper.trial._child.progress import ProgressSender
 from sweeper.trial._child.record import (
     DivergedError,
     NonFiniteError,
@@ -71,16 +71,16 @@ class TracingTrainer(Trainer):
 
     def create_scheduler(self, num_training_steps, optimizer=None):
         """``constant_with_warmup`` (as ``Trainer`` builds it) for the constant phase; with a stress phase
-        (``record.stress``), stress step ``j`` then runs at ``STRESS_GROWTH**j`` times the learning rate."""
+        (``record.stress``), stress step ``j`` then runs at ``record.stress.growth**j`` times the learning rate."""
         stress = self.record.stress
         if stress is None or self.lr_scheduler is not None:
             return super().create_scheduler(num_training_steps, optimizer)
-        warmup, after = self.args.warmup_steps, stress.after_step
+        warmup, after, growth = self.args.warmup_steps, stress.after_step, stress.growth
 
         def factor(done: int) -> float:  # optimizer steps done before the one it sets the rate of
             if done < after:  # transformers' _get_constant_lambda_with_warmup, the same numbers
                 return float(done) / float(max(1.0, warmup)) if done < warmup else 1.0
-            return STRESS_GROWTH ** (done - after + 1)
+            return growth ** (done - after + 1)
 
         target = optimizer if optimizer is not None else self.optimizer
         assert target is not None  # Trainer creates the optimizer before the scheduler
@@ -198,13 +198,21 @@ class TraceCallback(TrainerCallback):
         record: Where the measurements go.
         probe: The probe, or None for none.
         on_constant_end: Called once when the constant phase has ended and the stress phase begins.
+        progress: Where each step's progress line goes (None: nowhere).
 
     Attributes:
         trainer: The trainer it reports on (set once the trainer exists; its accelerator tells a skipped step).
     """
 
-    def __init__(self, record: TrainingRecord, probe: Probe | None, on_constant_end: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        record: TrainingRecord,
+        probe: Probe | None,
+        on_constant_end: Callable[[], None] | None = None,
+        progress: ProgressSender | None = None,
+    ):
         self.record, self.probe, self.on_constant_end = record, probe, on_constant_end
+        self.progress = progress if progress is not None else ProgressSender(None)
         self.trainer: Any = None
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -231,10 +239,10 @@ class TraceCallback(TrainerCallback):
             self._stress_step_end(skipped)
             stress = record.stress
             assert stress is not None
-            progress.report("stress", step=stress.done, of=stress.steps, loss=record.step_loss)
+            self.progress.report("stress", step=stress.done, of=stress.steps, loss=record.step_loss)
             return
         constant_steps = record.stress.after_step if record.stress is not None else args.max_steps
-        progress.report("train", step=step, of=constant_steps, loss=record.step_loss)
+        self.progress.report("train", step=step, of=constant_steps, loss=record.step_loss)
         act = record.step_max_activation
         record.loss.append(finite_or_none(record.step_loss))
         record.grad_norm.append(finite_or_none(record.step_grad_norm))
@@ -260,7 +268,7 @@ class TraceCallback(TrainerCallback):
         record, stress = self.record, self.record.stress
         assert stress is not None and self.probe is not None
         stress.done += 1
-        stress.lr.append(stress_lr(stress.learning_rate, stress.done))
+        stress.lr.append(stress_lr(stress.learning_rate, stress.done, stress.growth))
         stress.loss.append(finite_or_none(record.step_loss))
         record.step_batches = []
         if skipped:
@@ -278,6 +286,7 @@ def make_trainer(
     record: TrainingRecord,
     probe: Probe | None = None,
     on_constant_end: Callable[[], None] | None = None,
+    progress: ProgressSender | None = None,
 ) -> TracingTrainer:
     """A :class:`TracingTrainer` with its :class:`TraceCallback`: it records every optimizer step's raw loss, pre-clip
     gradient norm and supervised tokens, keeps the step's rows, and raises :class:`NonFiniteError` at the first
@@ -285,8 +294,9 @@ def make_trainer(
     scaler, a skipped step is not a failure). With a ``probe``, it evaluates the probe before the first step and
     every ``probe.interval_steps`` steps, and raises :class:`DivergedError` once :func:`sweeper.stability.divergence`
     says the run diverged. With ``record.stress`` (which needs a probe), ``args.max_steps`` includes the stress steps
-    and ``on_constant_end`` is called when the constant phase ends (:class:`TraceCallback`)."""
-    callback = TraceCallback(record, probe, on_constant_end)
+    and ``on_constant_end`` is called when the constant phase ends (:class:`TraceCallback`). Each step's progress
+    line goes to ``progress``."""
+    callback = TraceCallback(record, probe, on_constant_end, progress)
     trainer = TracingTrainer(
         model=model,
         args=args,

@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from sweeper.space import TrialConfig
-from sweeper.stability import PROBE_ROWS, STRESS_STEPS, probe_interval_steps
+from sweeper.stability import PROBE_ROWS, probe_interval_steps
 from sweeper.trial._child.checks import check_lora_targets, check_quantization
+from sweeper.trial._child.context import TrialContext
 from sweeper.trial._child.diagnosis import NanDiagnosis, diagnose_nan
 from sweeper.trial._child.instrumented import make_collator, make_trainer, track_activations
 from sweeper.trial._child.load import load_model
@@ -36,7 +37,7 @@ from sweeper.trial._child.record import (
     TrainingRecord,
 )
 from sweeper.trial._child.warm import WarmState, model_key, release_memory, restore_base
-from sweeper.trial._result import STRESS_STEPS_ENV
+from sweeper.trial._job import ProbeSettings
 
 
 @dataclass
@@ -60,30 +61,24 @@ class Run:
     n_tokens: dict[int, int]
 
 
-def _probe(rows: list[dict[str, Any]], collate: Any, config: TrialConfig) -> Probe | None:
+def _probe(
+    rows: list[dict[str, Any]], collate: Any, config: TrialConfig, settings: ProbeSettings | None
+) -> Probe | None:
     """The probe: the first :data:`~sweeper.stability.PROBE_ROWS` rows of the trial's data that keep a supervised
-    token after truncation, collated as training collates them; None when no row has one, or when
-    ``SWEEPER_PROBE_INTERVAL_STEPS=0`` turns it off (a diagnostic: the tests compare training with and without it)."""
-    override = os.environ.get("SWEEPER_PROBE_INTERVAL_STEPS", "").strip()
-    if override == "0":
+    token after truncation, collated as training collates them, evaluated every ``settings.interval_steps`` steps
+    (None: :func:`~sweeper.stability.probe_interval_steps` of the batch); None when no row has one, or when the job
+    asked for none (``settings`` None: a diagnostic, the tests compare training with and without it)."""
+    if settings is None:
         return None
     chosen = [row for row in rows if any(label != -100 for label in row["labels"][1:])][:PROBE_ROWS]
     if not chosen:
         return None
     batch = collate(chosen)
     batch.pop("sample_index")
-    interval = probe_interval_steps(config.per_device_train_batch_size, config.gradient_accumulation_steps)
-    if override.isdigit():
-        interval = int(override)
+    interval = settings.interval_steps
+    if interval is None:
+        interval = probe_interval_steps(config.per_device_train_batch_size, config.gradient_accumulation_steps)
     return Probe(batch=batch, interval_steps=interval, max_steps=config.max_steps)
-
-
-def _stress_steps() -> int:
-    """Stress steps of a trial: :data:`~sweeper.stability.STRESS_STEPS`, or the value of
-    :data:`~sweeper.trial._result.STRESS_STEPS_ENV` (0 turns the stress phase off, as a confirmation and the validity
-    benchmark's long runs do)."""
-    override = os.environ.get(STRESS_STEPS_ENV, "").strip()
-    return int(override) if override.isdigit() else STRESS_STEPS
 
 
 def _training_arguments(config: TrialConfig, trial_dir: Path, cuda: bool, stress_steps: int = 0) -> Any:
@@ -162,15 +157,8 @@ def _adapted_model(
     return model
 
 
-def setup(
-    config: TrialConfig,
-    model_path: str,
-    trial_dir: Path,
-    record: TrainingRecord,
-    measured: Measurements,
-    warm: WarmState,
-) -> Run:
-    """Read the data, load (or reuse), check and adapt the model, and build the trainer; sets ``measured``'s
+def setup(trial: TrialContext) -> Run:
+    """Read the data, load (or reuse), check and adapt the model, and build the trainer; sets ``trial.measured``'s
     ``device``, ``model_reused``, ``quantized_linear_count``, ``load_time_s`` and ``load_peak_memory_gib``.
 
     Raises:
@@ -179,6 +167,13 @@ def setup(
     """
     from sweeper.data import load_samples, load_tokenizer, tokenize_samples
 
+    config, model_path, warm, record, measured = (
+        trial.config,
+        trial.model_path,
+        trial.warm,
+        trial.record,
+        trial.measured,
+    )
     t_load = time.monotonic()
     cuda = torch.cuda.is_available()
     if cuda:
@@ -198,13 +193,26 @@ def setup(
     model = _adapted_model(config, model_path, key, cuda, warm, measured)
     hooks = track_activations(model, record) if config.bnb_4bit_compute_dtype != "float32" else []
     collate = make_collator(tokenizer.pad_token_id, config.max_seq_length)
-    probe = _probe(rows, collate, config)
-    stress_steps = _stress_steps() if probe is not None else 0
-    if stress_steps:
-        record.stress = StressPhase(after_step=config.max_steps, steps=stress_steps, learning_rate=config.learning_rate)
-    args = _training_arguments(config, trial_dir, cuda, stress_steps)
+    probe = _probe(rows, collate, config, trial.probe)
+    stress_steps = 0
+    if trial.stress is not None and probe is not None:  # the stress phase reads the probe after each step
+        stress_steps = trial.stress.steps
+        record.stress = StressPhase(
+            after_step=config.max_steps,
+            steps=stress_steps,
+            learning_rate=config.learning_rate,
+            growth=trial.stress.growth,
+        )
+    args = _training_arguments(config, trial.trial_dir, cuda, stress_steps)
     trainer = make_trainer(
-        model, args, rows, collate, record, probe, on_constant_end=lambda: _end_constant(record, measured, cuda)
+        model,
+        args,
+        rows,
+        collate,
+        record,
+        probe,
+        on_constant_end=lambda: _end_constant(record, measured, cuda),
+        progress=trial.progress,
     )
     measured.load_time_s = time.monotonic() - t_load
     measured.load_peak_memory_gib = peak_memory_gib("cuda" if cuda else "cpu")
@@ -247,21 +255,20 @@ def _end_stress(record: TrainingRecord, exc: BaseException | None) -> bool:
     return fit
 
 
-def train(
-    run: Run, config: TrialConfig, trial_dir: Path, record: TrainingRecord, measured: Measurements, warm: WarmState
-) -> None:
+def train(run: Run, trial: TrialContext) -> None:
     """Train ``run`` for ``config.max_steps`` optimizer steps, then its stress phase when ``record.stress`` is set
-    (its end, whatever ended it, is recorded by :func:`_end_stress` and never raised); sets ``measured``'s
+    (its end, whatever ended it, is recorded by :func:`_end_stress` and never raised); sets ``trial.measured``'s
     ``train_start``, ``train_time_s`` (the constant phase's) and the seen-sample lengths. After a NaN in the constant
     phase, diagnoses it on the weights it failed on (the diagnosis goes on the :class:`NonFiniteError`) and writes
     ``nan_batch.jsonl`` into ``trial_dir``. After ``complete`` or ``diverged``, keeps the restored base model in
-    ``warm`` for the next trial (not after a stress phase that ran out of memory); ``run.trainer`` is None afterwards
-    either way.
+    ``trial.warm`` for the next trial (not after a stress phase that ran out of memory); ``run.trainer`` is None
+    afterwards either way.
 
     Raises:
         NonFiniteError, DivergedError: Training stopped early.
         Exception: What training raises (an out-of-memory error under the cap among them).
     """
+    config, record, measured, warm = trial.config, trial.record, trial.measured, trial.warm
     if not torch.cuda.is_available():
         # See sweeper.trial._child.memory: on the CPU the training-phase peak stands for the card. What loading freed
         # is handed back first, so the peak starts from what the process holds, not from when glibc last trimmed.
@@ -281,7 +288,7 @@ def train(
         if not record.stressing:
             kept = isinstance(exc, DivergedError)
             if isinstance(exc, NonFiniteError):
-                _on_nan(exc, run, config, record, measured, trial_dir, t_train)
+                _on_nan(exc, run, config, record, measured, trial.trial_dir, t_train)
             raise
         kept = _end_stress(record, exc)  # the constant phase completed: the edge is a measurement, not a failure
     finally:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.stability import Divergence
+from sweeper.stability import STRESS_GROWTH, Divergence
 from sweeper.trial._result import Phase
 
 
@@ -70,7 +70,7 @@ class TrainingRecord:
         self.probe_max_activation: list[float | None] = []
         self.probe_step_max_activation: Any = None
         self.probe_time_s = 0.0
-        # The stress phase after the constant one (sweeper.stability.STRESS_STEPS), None when there is none.
+        # The stress phase after the constant one (the job's StressSettings), None when there is none.
         self.stress: StressPhase | None = None
 
     @property
@@ -82,13 +82,14 @@ class TrainingRecord:
 @dataclass
 class StressPhase:
     """The stress phase's record (an LR range test after the constant phase, :mod:`sweeper.stability`): stress step
-    ``j`` (1-based, optimizer step ``after_step + j``) trains at ``learning_rate * STRESS_GROWTH**j``, and the probe is
-    read after each.
+    ``j`` (1-based, optimizer step ``after_step + j``) trains at ``learning_rate * growth**j``, and the probe is read
+    after each.
 
     Attributes:
         after_step: The constant phase's last optimizer step (``max_steps``).
-        steps: Stress steps at most.
+        steps: Stress steps at most (the job's :class:`~sweeper.trial._job.StressSettings`).
         learning_rate: The trial's learning rate (the constant phase's).
+        growth: The learning rate's factor per stress step (the job's).
         active: The constant phase has ended.
         done: Stress steps finished.
         lr, loss, probe_loss: Per finished stress step: its learning rate, training loss and the probe loss after it
@@ -103,6 +104,7 @@ class StressPhase:
     after_step: int
     steps: int
     learning_rate: float
+    growth: float = STRESS_GROWTH
     active: bool = False
     done: int = 0
     lr: list[float] = field(default_factory=list)

@@ -3,11 +3,13 @@
 ``python -m sweeper.trial._child.worker --serve`` is a trial process that serves trials one after another (a *warm*
 process, as Ray Tune's ``reuse_actors``): it imports torch, transformers, peft and bitsandbytes once, reads jobs as
 JSON lines on stdin (:class:`~sweeper.trial._job.TrialJob`: ``config_path``, ``result_path``, ``log_path``,
-``trial_dir``), and after each writes the :class:`~sweeper.trial._result.TrialResult` as JSON and one line on the
-control pipe (``SWEEPER_CONTROL_FD``) saying whether it can take another trial. Per trial (:func:`run`) it caps its
-own memory and runs the recipe (:mod:`sweeper.trial._child.recipe`: load the model in 4 bits or keep the one of the
-previous trial, :mod:`~sweeper.trial._child.warm`; check it, :mod:`~sweeper.trial._child.checks`; attach LoRA; train
-``max_steps`` steps recording each step; restore the base model), then maps how it ended to a status
+``trial_dir``), sends :class:`~sweeper.trial._job.TrialProgress` lines on the control pipe (``SWEEPER_CONTROL_FD``)
+while a trial runs, and after each writes the :class:`~sweeper.trial._result.TrialResult` as JSON and a
+:class:`~sweeper.trial._job.TrialDone` line on the control pipe saying whether it can take another trial. Per trial
+(:func:`run`) it caps its own memory and runs the recipe (:mod:`sweeper.trial._child.recipe`, on a
+:class:`~sweeper.trial._child.context.TrialContext`: load the model in 4 bits or keep the one of the previous trial,
+:mod:`~sweeper.trial._child.warm`; check it, :mod:`~sweeper.trial._child.checks`; attach LoRA; train ``max_steps``
+steps recording each step; restore the base model), then maps how it ended to a status
 (:mod:`sweeper.trial._child.outcome`) and fills the result from the record and the
 :class:`~sweeper.trial._child.measurements.Measurements`. After anything but a ``complete`` or ``diverged`` trial it
 exits: the next trial runs in a fresh process.
@@ -38,16 +40,17 @@ from pathlib import Path
 
 from sweeper.space import TrialConfig
 from sweeper.stability import compute_instability, learning_progress, margin_of, projected_fail_step
-from sweeper.trial._child import progress
 from sweeper.trial._child.checks import QuantizationCheckError
+from sweeper.trial._child.context import TrialContext
 from sweeper.trial._child.load import LOAD_REPORT, versions
 from sweeper.trial._child.measurements import Measurements, copy_onto
 from sweeper.trial._child.memory import lift_cpu_memory_cap, peak_memory_gib, process_memory_gib, reset_cpu_peak
 from sweeper.trial._child.outcome import outcome_of
+from sweeper.trial._child.progress import ProgressSender
 from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord, finite_or_none
 from sweeper.trial._child.warm import WarmState, release_memory
 from sweeper.trial._devices import cuda_visible
-from sweeper.trial._job import TrialJob
+from sweeper.trial._job import DEFAULT_PROBE, DEFAULT_STRESS, ProbeSettings, StressSettings, TrialDone, TrialJob
 from sweeper.trial._result import TrialResult, TrialStatus
 
 #: Kept allocated while the trial runs and released after an OOM, so the result can still be written under the cap.
@@ -106,20 +109,12 @@ def _begin(config: TrialConfig, warm: WarmState) -> bytearray:
     return reserve
 
 
-def _train(
-    config: TrialConfig,
-    model_path: str,
-    trial_dir: Path,
-    record: TrainingRecord,
-    measured: Measurements,
-    warm: WarmState,
-) -> None:
-    """The heavy imports (timed into ``measured.import_time_s``), then the recipe's setup and train."""
-    measured.import_time_s = import_heavy()
+def _train(trial: TrialContext) -> None:
+    """The heavy imports (timed into ``trial.measured.import_time_s``), then the recipe's setup and train."""
+    trial.measured.import_time_s = import_heavy()
     from sweeper.trial._child import recipe
 
-    built = recipe.setup(config, model_path, trial_dir, record, measured, warm)
-    recipe.train(built, config, trial_dir, record, measured, warm)
+    recipe.train(recipe.setup(trial), trial)
 
 
 def _end(result: TrialResult, warm: WarmState) -> None:
@@ -196,7 +191,7 @@ def _margin(result: TrialResult, record: TrainingRecord, config: TrialConfig) ->
     stress = record.stress
     if stress is None or not stress.active or result.status is not TrialStatus.COMPLETE:
         return
-    margin = margin_of(config.learning_rate, stress.stop, stress.stop_step)
+    margin = margin_of(config.learning_rate, stress.stop, stress.stop_step, growth=stress.growth, steps=stress.steps)
     result.lr_ceiling, result.stability_margin = margin.lr_ceiling, margin.stability_margin
     result.margin_capped, result.predicted_max_lr = margin.margin_capped, margin.predicted_max_lr
     result.stress_stop, result.stress_steps = stress.stop, stress.done
@@ -212,7 +207,16 @@ def _margin(result: TrialResult, record: TrainingRecord, config: TrialConfig) ->
         result.peak_memory_gib = stress.peak_memory_gib
 
 
-def run(config: TrialConfig, model_path: str, trial_dir: Path, warm: WarmState | None = None) -> TrialResult:
+def run(
+    config: TrialConfig,
+    model_path: str,
+    trial_dir: Path,
+    warm: WarmState | None = None,
+    progress: ProgressSender | None = None,
+    *,
+    stress: StressSettings | None = DEFAULT_STRESS,
+    probe: ProbeSettings | None = DEFAULT_PROBE,
+) -> TrialResult:
     """Run one trial in this process and return its result; never raises for a trial's own failure.
 
     Args:
@@ -223,16 +227,22 @@ def run(config: TrialConfig, model_path: str, trial_dir: Path, warm: WarmState |
             in place, and its ``reusable`` says whether the process may take another trial: only after ``complete``
             or ``diverged`` (an OOM, error or NaN leaves the process as a fresh one would not be: the NaN diagnosis
             replays rows outside training mode, which on some CPUs repacks the 4-bit weights).
+        progress: Where the trial's progress lines go (None: nowhere).
+        stress: The stress phase to run after the constant phase (:class:`~sweeper.trial._job.StressSettings`), or
+            None for none.
+        probe: The probe (:class:`~sweeper.trial._job.ProbeSettings`), or None for none (and then no stress phase).
     """
     warm = warm if warm is not None else WarmState()
+    progress = progress if progress is not None else ProgressSender(None)
     progress.set_device("cuda" if cuda_visible() else "cpu")
     t_setup = time.monotonic()
     reserve: bytearray | None = _begin(config, warm)
     progress.report("load")  # after _begin reset the peaks: the last trial's is not this one's
     record = TrainingRecord()
     measured = Measurements(warm=warm.trials > 0, model_reused=False)
+    trial = TrialContext(config, model_path, trial_dir, record, measured, warm, progress, stress=stress, probe=probe)
     try:
-        _train(config, model_path, trial_dir, record, measured, warm)
+        _train(trial)
         outcome = outcome_of(None, record, config)
     except (NonFiniteError, DivergedError, QuantizationCheckError) as exc:
         outcome = outcome_of(exc, record, config)
@@ -277,26 +287,37 @@ def _report_modules() -> None:
         print(f"sweeper: modules loaded: {json.dumps(loaded)}", file=sys.stderr, flush=True)
 
 
-def _run_file(config_path: Path, trial_dir: Path, warm: WarmState | None = None) -> TrialResult:
-    """:func:`run` on a ``config.json`` as the launcher writes it (``config`` and ``model_path``)."""
+def _run_file(
+    config_path: Path,
+    trial_dir: Path,
+    warm: WarmState | None = None,
+    progress: ProgressSender | None = None,
+    job: TrialJob | None = None,
+) -> TrialResult:
+    """:func:`run` on a ``config.json`` as the launcher writes it (``config`` and ``model_path``), with ``job``'s
+    stress and probe settings (None: the defaults)."""
     payload = json.loads(config_path.read_text())
-    return run(TrialConfig.from_dict(payload["config"]), payload["model_path"], trial_dir, warm)
+    config, model_path = TrialConfig.from_dict(payload["config"]), payload["model_path"]
+    if job is None:
+        return run(config, model_path, trial_dir, warm, progress)
+    return run(config, model_path, trial_dir, warm, progress, stress=job.stress, probe=job.probe)
 
 
 def serve(control_fd: int) -> None:
-    """Serve trials read as JSON lines on stdin (:class:`~sweeper.trial._job.TrialJob`) until stdin closes or a
-    trial leaves the process unfit for another (:attr:`WarmState.reusable`); after each, write its result file, then
-    ``{"reusable": bool}`` and a newline on ``control_fd``. The heavy imports happen once, before the first job is
-    read; the first trial's ``import_time_s`` and ``setup_time_s`` include them."""
+    """Serve trials read as JSON lines on stdin (:class:`~sweeper.trial._job.TrialJob`, each with its own stress and
+    probe settings) until stdin closes or a trial leaves the process unfit for another (:attr:`WarmState.reusable`);
+    while each runs, send its :class:`~sweeper.trial._job.TrialProgress` lines on ``control_fd``, and after it write
+    its result file, then its :class:`~sweeper.trial._job.TrialDone` line. The heavy imports happen once, before the
+    first job is read; the first trial's ``import_time_s`` and ``setup_time_s`` include them."""
     warm = WarmState()
-    progress.attach(control_fd)
+    progress = ProgressSender(control_fd)
     process_import_s = import_heavy()
     for line in sys.stdin:
         if not line.strip():
             continue
         job = TrialJob.from_line(line)
         _log_to(job.log_path)
-        result = _run_file(Path(job.config_path), Path(job.trial_dir), warm)
+        result = _run_file(Path(job.config_path), Path(job.trial_dir), warm, progress, job)
         if warm.trials == 1:
             result.import_time_s = process_import_s
             if result.setup_time_s is not None:
@@ -305,7 +326,7 @@ def serve(control_fd: int) -> None:
         _report_modules()
         sys.stdout.flush()
         sys.stderr.flush()
-        os.write(control_fd, (json.dumps({"reusable": warm.reusable}) + "\n").encode())
+        os.write(control_fd, TrialDone(reusable=warm.reusable).to_line())
         if not warm.reusable:
             break
 
