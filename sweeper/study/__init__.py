@@ -23,6 +23,7 @@ from sweeper.study._confirm import (
     candidates,
     confirm_trials,
 )
+from sweeper.study._identity import STUDIES_DIR, STUDY_ID_ATTR, check_study_owner, study_dir, study_identity, trial_dir
 from sweeper.study._loop import (
     MAX_CONSECUTIVE_DUPLICATES,
     SweepCallback,
@@ -46,6 +47,7 @@ from sweeper.study._plan import (
     plan_sweep,
 )
 from sweeper.study._recovery import stale_running
+from sweeper.study._sampling import FAILURE_CONSTRAINT, failure_constraint
 from sweeper.study._setup_checks import (
     check_setup,
 )
@@ -65,20 +67,7 @@ from sweeper.study._snapshot import (
     status_counts,
     stored_trials,
 )
-from sweeper.study._storage import (
-    FAILURE_CONSTRAINT,
-    STUDIES_DIR,
-    STUDY_ID_ATTR,
-    check_study_owner,
-    failure_constraint,
-    load_existing_study,
-    open_study,
-    record_result,
-    redact_url,
-    study_dir,
-    study_identity,
-    trial_dir,
-)
+from sweeper.study._storage import load_existing_study, open_study, record_result
 from sweeper.study._stored import (
     OUTCOME_STATUSES,
     Confirmation,
@@ -87,6 +76,7 @@ from sweeper.study._stored import (
     non_dominated,
     stored_trial,
 )
+from sweeper.study._urls import redact_url
 
 __all__ = [
     "CALIBRATION_ATTR",

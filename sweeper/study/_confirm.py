@@ -23,8 +23,8 @@ import optuna
 from sweeper.errors import StudyError
 from sweeper.space import TrialConfig
 from sweeper.study._artifacts import artifact_store, loss_curve_svg
+from sweeper.study._identity import trial_dir
 from sweeper.study._snapshot import StudyLike, snapshot
-from sweeper.study._storage import trial_dir
 from sweeper.study._stored import (
     ATTEMPT_PREFIX,
     ATTR_PREFIX,

@@ -35,23 +35,17 @@ from sweeper.space import TrialConfig
 from sweeper.study._artifacts import artifact_store, upload_trial_artifacts
 from sweeper.study._calibration import CORRECTED_ATTR, device_kind, stored_calibration, update_calibration
 from sweeper.study._coordination import AskLock, Heartbeat
+from sweeper.study._identity import study_dir, trial_dir
 from sweeper.study._machine import check_disk, slot_env
 from sweeper.study._objectives import objective_values, study_objectives
 from sweeper.study._optuna_private import heartbeat_interval, storage_of, trial_id
 from sweeper.study._plan import SweepPlan
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._recovery import fail_stale_trials, retry
+from sweeper.study._sampling import FAILURE_CONSTRAINT, failure_constraint, make_sampler, to_distributions
 from sweeper.study._setups import TRIAL_SETUP_ATTR
 from sweeper.study._snapshot import StudyLike, StudySnapshot, count_finished, snapshot
-from sweeper.study._storage import (
-    FAILURE_CONSTRAINT,
-    failure_constraint,
-    make_sampler,
-    record_result,
-    study_dir,
-    to_distributions,
-    trial_dir,
-)
+from sweeper.study._storage import record_result
 from sweeper.study._stored import StoredTrial, stored_trial
 from sweeper.trial import TrialProcess, TrialProgress, TrialResult, TrialStatus
 

@@ -20,13 +20,15 @@ from sweeper.memory import memory_predictor, nothing_fits
 from sweeper.space import SearchSpace, TrialConfig
 from sweeper.study._calibration import device_kind, stored_calibration
 from sweeper.study._coordination import heartbeat_interval_s, in_memory, sqlite_file
+from sweeper.study._identity import OWNER_FILE, STUDY_ID_ATTR, default_storage, study_dir
 from sweeper.study._machine import check_disk, check_writable, slot_devices
 from sweeper.study._optuna_private import storage_of
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._setup_checks import check_setup
 from sweeper.study._setups import choose_setup, stored_setups
 from sweeper.study._snapshot import count_finished
-from sweeper.study._storage import OWNER_FILE, STUDY_ID_ATTR, default_storage, open_study, redact_url, study_dir
+from sweeper.study._storage import open_study
+from sweeper.study._urls import redact_url
 
 
 @dataclass(frozen=True, kw_only=True)

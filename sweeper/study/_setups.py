@@ -33,6 +33,7 @@ import optuna
 
 from sweeper.errors import StudyError
 from sweeper.space import RUN_POLICY_KEYS, SearchSpace, TrialConfig
+from sweeper.study._urls import redact_url
 
 #: Study user attribute: the setups the study was measured under, in the order they were first run.
 SETUPS_ATTR = "setups"
@@ -207,7 +208,6 @@ def choose_setup(study: optuna.Study, space: SearchSpace, url: str, *, new_setup
         StudyError: Settings other than ``memory_limit_gib`` differ from the study's current setup and ``new_setup``
             is False: one line naming each difference and the two ways on.
     """
-    from sweeper.study._storage import redact_url
 
     now = space_settings(space)
     setups = stored_setups(study)

@@ -22,9 +22,9 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.stability import barely_learns
+from sweeper.study._identity import STUDY_ID_ATTR
 from sweeper.study._objectives import Objective, study_objectives
 from sweeper.study._setups import CURRENT_SETUP_ATTR, differences, stored_setups, trial_setup
-from sweeper.study._storage import STUDY_ID_ATTR
 from sweeper.study._stored import Confirmation, StoredTrial, confirmations_in, non_dominated, stored_trial
 from sweeper.trial import TrialStatus
 

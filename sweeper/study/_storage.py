@@ -1,6 +1,7 @@
-"""The study: an Optuna study of the objectives of :mod:`sweeper.study._objectives` (by default two, minimized:
-``peak_memory_gib`` and ``edge_proximity``) in an RDB storage (SQLite by default, PostgreSQL or MySQL to share it
-between machines), and what sweeper stores and reads there.
+"""Opening a study's storage: creating or loading the Optuna study (its objectives from
+:mod:`sweeper.study._objectives`, its sampler from :mod:`sweeper.study._sampling`, its folder's ownership from
+:mod:`sweeper.study._identity`), loading the study a reading command names, and storing a trial's result as its user
+attributes. SQLite by default; PostgreSQL or MySQL to share a study between machines.
 
 Trials that go NaN or run out of memory are told as PRUNED (with their cause in the user attributes) and are marked
 infeasible with ``Trial.set_constraint``; TPE sorts infeasible trials behind every feasible one, so the sampler
@@ -10,10 +11,7 @@ learns to avoid their region. Timeouts, crashes and errors are FAIL. The loop th
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import re
 import uuid
 import warnings
 from collections.abc import Sequence
@@ -21,88 +19,27 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from sweeper.errors import StudyError
-from sweeper.space import Categorical, SearchSpace, StudySpec, TrialConfig
+from sweeper.space import SearchSpace, TrialConfig
 from sweeper.stability import COMPONENTS, DIAGNOSTICS
-from sweeper.study._coordination import AskLock, heartbeat_kwargs, in_memory, sqlite_database, sqlite_file
+from sweeper.study._coordination import AskLock, heartbeat_kwargs, sqlite_database, sqlite_file
+from sweeper.study._identity import (
+    OWNER_FILE,
+    STUDIES_DIR,
+    STUDY_ID_ATTR,
+    _owner,
+    _write_owner,
+    check_study_dir,
+    default_storage,
+    study_dir,
+    study_identity,
+)
 from sweeper.study._objectives import DEFAULT_OBJECTIVES, is_sweeper_study, resolve_objectives
-from sweeper.trial import TrialResult, TrialStatus
-
-#: Root of studies and their artifacts, relative to the working directory (``docs/contract.md``).
-STUDIES_DIR = Path("studies")
-
-
-def default_storage(name: str) -> str:
-    """``sqlite:///studies/<name>.db`` (relative to the working directory)."""
-    return f"sqlite:///{STUDIES_DIR / (name + '.db')}"
-
-
-def trial_dir(study_name: str, number: int) -> Path:
-    """``studies/<study>/trials/<number>/``: the trial's config, result, worker log and artifacts."""
-    return study_dir(study_name) / "trials" / str(number)
-
-
-def to_distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
-    """Optuna distributions of the searched keys (fixed keys are not parameters)."""
-    out: dict[str, BaseDistribution] = {}
-    for key, dim in space.search.items():
-        if isinstance(dim, Categorical):
-            out[key] = CategoricalDistribution(list(dim.choices))
-        elif dim.is_int:
-            out[key] = IntDistribution(int(dim.low), int(dim.high), log=dim.log, step=int(dim.step or 1))
-        else:
-            out[key] = FloatDistribution(dim.low, dim.high, log=dim.log, step=dim.step)
-    return out
-
-
-#: Name of the constraint a NaN/OOM trial violates (optuna ``Trial.set_constraint``).
-FAILURE_CONSTRAINT = "not_nan_or_oom"
-
-
-def failure_constraint(status: str) -> float:
-    """Constraint value of a trial: 1.0 (infeasible) when PRUNED as nan/oom/predicted_oom/dominated_oom, else -1.0.
-
-    Optuna's TPE sorts infeasible trials behind every feasible one when it splits trials into good and bad
-    (``optuna/samplers/_tpe/sampler.py``, ``_split_trials``), and NSGA-II ranks them last, so the sampler learns to
-    avoid the region of a NaN or an OOM even though such a trial has no objective values.
-    """
-    try:
-        return 1.0 if TrialStatus(status).pruned else -1.0
-    except ValueError:  # not a status sweeper knows: not a result about the configuration
-        return -1.0
-
-
-def n_startup_trials(n_trials: int) -> int:
-    """Random trials before TPE models the space: a quarter of the study, between 3 and 10 (optuna's default).
-
-    A short study (the demo's 10 trials) should still spend most trials learning; a long one keeps optuna's 10.
-    """
-    return max(3, min(10, n_trials // 4))
-
-
-def make_sampler(spec: StudySpec, n_trials: int, seed: int | None = None) -> optuna.samplers.BaseSampler:
-    """The study's sampler: TPE (multivariate, constant liar for parallel asks), random, or NSGA-II, seeded with
-    ``seed`` (default ``spec.seed``).
-
-    TPE learns from PRUNED trials (their :func:`failure_constraint`), which is why it is the default; NSGA-II selects
-    parents from COMPLETE trials only, so NaN/OOM trials teach it nothing; random sampling learns nothing at all.
-    """
-    seed = spec.seed if seed is None else seed
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        if spec.sampler == "random":
-            return optuna.samplers.RandomSampler(seed=seed)
-        if spec.sampler == "nsgaii":
-            return optuna.samplers.NSGAIISampler(seed=seed)
-        return optuna.samplers.TPESampler(
-            seed=seed,
-            multivariate=True,
-            constant_liar=True,
-            n_startup_trials=n_startup_trials(n_trials),
-        )
-
+from sweeper.study._sampling import make_sampler, to_distributions
+from sweeper.study._urls import redact_url, scrub_secrets
+from sweeper.trial import TrialResult
 
 #: The name under which sweeps take the storage-wide lock while one of them creates Optuna's tables.
 SCHEMA_LOCK = "\0schema"
@@ -199,173 +136,6 @@ def _unreadable(url: str, exc: BaseException) -> str:
         f"{where}: STUDY: cannot read it as an Optuna study database ({type(causes[-1]).__name__}: {first}); "
         "give the .db that 'sweep run' wrote"
     )
-
-
-def _password(url: str) -> str | None:
-    """The password in a URL's user info (:func:`_userinfo`), or None."""
-    parts = _userinfo(url)
-    return parts[1].split(":", 1)[1] if parts is not None and ":" in parts[1] else None
-
-
-def scrub_secrets(text: str, url: str) -> str:
-    """``text`` (a driver's error message about ``url``) with the URL's password, and any piece of it a parser may
-    have split off at ``@``, ``:`` or ``/``, replaced by ``***``; then :func:`redact_url` on what is left."""
-    secret = _password(url)
-    if secret:
-        pieces = sorted({secret, *re.split(r"[@:/]", secret)}, key=len, reverse=True)
-        for piece in pieces:
-            if len(piece) >= 3:
-                text = text.replace(piece, "***")
-    return redact_url(text)
-
-
-def _userinfo(url: str) -> tuple[str, str, str] | None:
-    """``(scheme, userinfo, after)`` of ``scheme://userinfo@after``, or None. The password may hold ``@``, ``:`` and
-    ``/`` unencoded: the user info ends at the last ``@`` before the query."""
-    scheme, sep, rest = url.partition("://")
-    head = rest.split("?", 1)[0]
-    if not sep or "@" not in head:
-        return None
-    at = head.rindex("@")
-    return scheme, rest[:at], rest[at + 1 :]
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***``: in the user info (``postgresql://user:***@host/db``, see
-    :func:`_userinfo`) and in a ``password=`` query parameter."""
-    parts = _userinfo(url)
-    if parts is not None and ":" in parts[1]:
-        scheme, userinfo, after = parts
-        url = f"{scheme}://{userinfo.split(':', 1)[0]}:***@{after}"
-    return re.sub(r"(?i)(password=)[^&;#]*", r"\1***", url)
-
-
-def study_dir(study_name: str) -> Path:
-    """``studies/<study>/``: the study's trials, artifacts, report and exports. A name that is not a plain file name
-    (a study made outside sweeper may be called ``../x``) is made one, so nothing is written outside ``studies/``."""
-    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", study_name):
-        return STUDIES_DIR / study_name
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", study_name).strip("._")[:80] or "study"
-    return STUDIES_DIR / f"{safe}-{hashlib.sha256(study_name.encode()).hexdigest()[:8]}"
-
-
-#: The file in a study's folder that names the study whose trials, artifacts and exports it holds.
-OWNER_FILE = "study.json"
-
-#: Study user attribute: the study's identity, a random UUID written when it is created (or first opened by a
-#: version that writes one). It travels with the database: a copy of ``studies/<name>.db`` is the same study
-#: wherever it lies, so ownership of ``studies/<name>/`` goes by it, not by the database's path.
-STUDY_ID_ATTR = "study_id"
-
-
-def study_identity(study: optuna.Study) -> str | None:
-    """The study's :data:`STUDY_ID_ATTR`, or None for a study written before identities (or not by sweeper)."""
-    raw = study.user_attrs.get(STUDY_ID_ATTR)
-    return raw if isinstance(raw, str) and raw else None
-
-
-def _identity(url: str, study_id: str | None = None) -> dict[str, Any]:
-    """What :data:`OWNER_FILE` records: the study's identity, the storage without its password, and a SQLite file's
-    real path (read only for owner files written before identities)."""
-    database = sqlite_file(url)
-    return {
-        "study_id": study_id,
-        "storage": redact_url(url),
-        "sqlite_file": os.path.realpath(database) if database is not None else None,
-    }
-
-
-def _owner(study_name: str) -> dict[str, Any] | None:
-    """What ``studies/<study_name>/``'s :data:`OWNER_FILE` says, or None (no file, or not one sweeper wrote)."""
-    try:
-        owner = json.loads((study_dir(study_name) / OWNER_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return owner if isinstance(owner, dict) else None
-
-
-def _same_study(owner: dict[str, Any], url: str, study_id: str | None) -> bool:
-    """Whether ``owner`` (an :data:`OWNER_FILE`'s content) names this study: the same identity when the owner file
-    has one; for an owner file written before identities, the same SQLite file by its real path, else the same URL
-    without its password."""
-    theirs = owner.get("study_id")
-    if isinstance(theirs, str) and theirs:
-        return theirs == study_id
-    mine = _identity(url)
-    other = owner.get("sqlite_file")
-    return other == mine["sqlite_file"] if isinstance(other, str) else owner.get("storage") == mine["storage"]
-
-
-def _owner_conflict(study_name: str, url: str, study_id: str | None) -> str | None:
-    """A line saying that ``studies/<study_name>/`` belongs to another study of that name, or None.
-
-    It does when its :data:`OWNER_FILE` names another study (:func:`_same_study`) that may still exist: one in a
-    SQLite file that is still there, or in any other database. An owner file naming a SQLite file that is gone
-    (deleted) is not a conflict: that study's trials can no longer be read anyway, and the folder is taken over.
-    """
-    owner = None if in_memory(url) else _owner(study_name)
-    if owner is None or _same_study(owner, url, study_id):
-        return None
-    other = owner.get("sqlite_file")
-    theirs = owner.get("study_id")
-    if isinstance(other, str) and not Path(other).is_file():
-        return None
-    them = f"'{study_name}'" + (f" (id {str(theirs)[:8]})" if theirs else "")
-    me = f" (id {study_id[:8]})" if study_id else " (a new study)"
-    return (
-        f"{redact_url(url)}: --storage: {study_dir(study_name)}/ holds the trials, artifacts and exports of another "
-        f"study {them} in {owner.get('storage', 'another storage')}, not of this one{me}; give this one another name "
-        "(--study NAME), or run it from another folder, so that neither overwrites the other's files"
-    )
-
-
-def _write_owner(study_name: str, url: str, study_id: str | None) -> None:
-    """Make ``studies/<study_name>/`` the folder of this study: write its :data:`OWNER_FILE` unless it already names
-    this study in this storage, so that another study of the same name cannot write its trial folders over this
-    one's (trial numbers start at 0 in each). A copy of the study (the same identity in another database) updates the
-    storage it names. Call after :func:`check_study_dir`; nothing is written for an in-memory storage.
-
-    Raises:
-        StudyError: The folder cannot be written.
-    """
-    owner = _owner(study_name)
-    mine = {"study": study_name, **_identity(url, study_id)}
-    if in_memory(url) or (owner is not None and all(owner.get(k) == v for k, v in mine.items())):
-        return
-    folder = study_dir(study_name)
-    path = folder / OWNER_FILE
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{OWNER_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(mine, indent=1) + "\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise StudyError(
-            f"{folder}: cannot write the study's folder ({exc.strerror or exc}); run from a folder you can write, "
-            "or fix its permissions"
-        ) from None
-
-
-def check_study_dir(study_name: str, url: str, study_id: str | None = None) -> None:
-    """Refuse to write ``studies/<study_name>/`` (trials, artifacts, report, exports) for the study ``study_id`` in
-    ``url`` (None: a study not created yet) when the folder belongs to another study of that name (its
-    :data:`OWNER_FILE`); writes nothing. ``sweep run`` and ``sweep confirm`` call it; reading commands do not.
-
-    Raises:
-        StudyError: One line naming both studies, their storages and identities, and the fix.
-    """
-    conflict = _owner_conflict(study_name, url, study_id)
-    if conflict:
-        raise StudyError(conflict)
-
-
-def check_study_owner(study: optuna.Study, url: str) -> None:
-    """:func:`check_study_dir` for an opened study (``sweep confirm`` before it writes a confirmation's folder).
-
-    Raises:
-        StudyError: ``studies/<name>/`` belongs to another study of that name.
-    """
-    check_study_dir(study.study_name, url, study_identity(study))
 
 
 def open_study(

@@ -27,7 +27,7 @@ from sweeper.study import (
     run_study,
     status_counts,
 )
-from sweeper.study._storage import make_sampler, to_distributions
+from sweeper.study._sampling import make_sampler, to_distributions
 from sweeper.study._stored import is_finished
 from sweeper.testing import tiny_space, write_space
 from sweeper.trial import TrialResult

@@ -1,0 +1,160 @@
+"""Where a study's files live and whose they are: ``studies/<name>/`` (trials, artifacts, report, exports), the
+study's identity (a UUID stored on it, travelling with the database), and the owner file that keeps two studies of
+one name from writing over each other's folders."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from sweeper.errors import StudyError
+from sweeper.study._coordination import in_memory, sqlite_file
+from sweeper.study._urls import redact_url
+
+#: Root of studies and their artifacts, relative to the working directory (``docs/contract.md``).
+STUDIES_DIR = Path("studies")
+
+
+def default_storage(name: str) -> str:
+    """``sqlite:///studies/<name>.db`` (relative to the working directory)."""
+    return f"sqlite:///{STUDIES_DIR / (name + '.db')}"
+
+
+def trial_dir(study_name: str, number: int) -> Path:
+    """``studies/<study>/trials/<number>/``: the trial's config, result, worker log and artifacts."""
+    return study_dir(study_name) / "trials" / str(number)
+
+
+def study_dir(study_name: str) -> Path:
+    """``studies/<study>/``: the study's trials, artifacts, report and exports. A name that is not a plain file name
+    (a study made outside sweeper may be called ``../x``) is made one, so nothing is written outside ``studies/``."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", study_name):
+        return STUDIES_DIR / study_name
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", study_name).strip("._")[:80] or "study"
+    return STUDIES_DIR / f"{safe}-{hashlib.sha256(study_name.encode()).hexdigest()[:8]}"
+
+
+#: The file in a study's folder that names the study whose trials, artifacts and exports it holds.
+OWNER_FILE = "study.json"
+
+
+#: Study user attribute: the study's identity, a random UUID written when it is created (or first opened by a
+#: version that writes one). It travels with the database: a copy of ``studies/<name>.db`` is the same study
+#: wherever it lies, so ownership of ``studies/<name>/`` goes by it, not by the database's path.
+STUDY_ID_ATTR = "study_id"
+
+
+def study_identity(study: optuna.Study) -> str | None:
+    """The study's :data:`STUDY_ID_ATTR`, or None for a study written before identities (or not by sweeper)."""
+    raw = study.user_attrs.get(STUDY_ID_ATTR)
+    return raw if isinstance(raw, str) and raw else None
+
+
+def _identity(url: str, study_id: str | None = None) -> dict[str, Any]:
+    """What :data:`OWNER_FILE` records: the study's identity, the storage without its password, and a SQLite file's
+    real path (read only for owner files written before identities)."""
+    database = sqlite_file(url)
+    return {
+        "study_id": study_id,
+        "storage": redact_url(url),
+        "sqlite_file": os.path.realpath(database) if database is not None else None,
+    }
+
+
+def _owner(study_name: str) -> dict[str, Any] | None:
+    """What ``studies/<study_name>/``'s :data:`OWNER_FILE` says, or None (no file, or not one sweeper wrote)."""
+    try:
+        owner = json.loads((study_dir(study_name) / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return owner if isinstance(owner, dict) else None
+
+
+def _same_study(owner: dict[str, Any], url: str, study_id: str | None) -> bool:
+    """Whether ``owner`` (an :data:`OWNER_FILE`'s content) names this study: the same identity when the owner file
+    has one; for an owner file written before identities, the same SQLite file by its real path, else the same URL
+    without its password."""
+    theirs = owner.get("study_id")
+    if isinstance(theirs, str) and theirs:
+        return theirs == study_id
+    mine = _identity(url)
+    other = owner.get("sqlite_file")
+    return other == mine["sqlite_file"] if isinstance(other, str) else owner.get("storage") == mine["storage"]
+
+
+def _owner_conflict(study_name: str, url: str, study_id: str | None) -> str | None:
+    """A line saying that ``studies/<study_name>/`` belongs to another study of that name, or None.
+
+    It does when its :data:`OWNER_FILE` names another study (:func:`_same_study`) that may still exist: one in a
+    SQLite file that is still there, or in any other database. An owner file naming a SQLite file that is gone
+    (deleted) is not a conflict: that study's trials can no longer be read anyway, and the folder is taken over.
+    """
+    owner = None if in_memory(url) else _owner(study_name)
+    if owner is None or _same_study(owner, url, study_id):
+        return None
+    other = owner.get("sqlite_file")
+    theirs = owner.get("study_id")
+    if isinstance(other, str) and not Path(other).is_file():
+        return None
+    them = f"'{study_name}'" + (f" (id {str(theirs)[:8]})" if theirs else "")
+    me = f" (id {study_id[:8]})" if study_id else " (a new study)"
+    return (
+        f"{redact_url(url)}: --storage: {study_dir(study_name)}/ holds the trials, artifacts and exports of another "
+        f"study {them} in {owner.get('storage', 'another storage')}, not of this one{me}; give this one another name "
+        "(--study NAME), or run it from another folder, so that neither overwrites the other's files"
+    )
+
+
+def _write_owner(study_name: str, url: str, study_id: str | None) -> None:
+    """Make ``studies/<study_name>/`` the folder of this study: write its :data:`OWNER_FILE` unless it already names
+    this study in this storage, so that another study of the same name cannot write its trial folders over this
+    one's (trial numbers start at 0 in each). A copy of the study (the same identity in another database) updates the
+    storage it names. Call after :func:`check_study_dir`; nothing is written for an in-memory storage.
+
+    Raises:
+        StudyError: The folder cannot be written.
+    """
+    owner = _owner(study_name)
+    mine = {"study": study_name, **_identity(url, study_id)}
+    if in_memory(url) or (owner is not None and all(owner.get(k) == v for k, v in mine.items())):
+        return
+    folder = study_dir(study_name)
+    path = folder / OWNER_FILE
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{OWNER_FILE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(mine, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StudyError(
+            f"{folder}: cannot write the study's folder ({exc.strerror or exc}); run from a folder you can write, "
+            "or fix its permissions"
+        ) from None
+
+
+def check_study_dir(study_name: str, url: str, study_id: str | None = None) -> None:
+    """Refuse to write ``studies/<study_name>/`` (trials, artifacts, report, exports) for the study ``study_id`` in
+    ``url`` (None: a study not created yet) when the folder belongs to another study of that name (its
+    :data:`OWNER_FILE`); writes nothing. ``sweep run`` and ``sweep confirm`` call it; reading commands do not.
+
+    Raises:
+        StudyError: One line naming both studies, their storages and identities, and the fix.
+    """
+    conflict = _owner_conflict(study_name, url, study_id)
+    if conflict:
+        raise StudyError(conflict)
+
+
+def check_study_owner(study: optuna.Study, url: str) -> None:
+    """:func:`check_study_dir` for an opened study (``sweep confirm`` before it writes a confirmation's folder).
+
+    Raises:
+        StudyError: ``studies/<name>/`` belongs to another study of that name.
+    """
+    check_study_dir(study.study_name, url, study_identity(study))
