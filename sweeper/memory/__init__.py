@@ -24,7 +24,15 @@ from sweeper.memory._calibration import (
     median_abs,
     theil_sen,
 )
-from sweeper.memory._dominance import DIRECTIONS, Known, at_least_as_large, dominating_oom, known_to_fit, preflight
+from sweeper.memory._dominance import (
+    DIRECTIONS,
+    Known,
+    at_least_as_large,
+    direction_of,
+    dominating_oom,
+    known_to_fit,
+    preflight,
+)
 from sweeper.memory._grid import MAX_POINTS, SpaceEstimate, estimate_space, frontier, grid_values, nothing_fits
 from sweeper.memory._model import (
     ALLOCATOR_OVERHEAD,
@@ -84,6 +92,7 @@ __all__ = [
     "activation_bytes",
     "at_least_as_large",
     "dequantization_bytes",
+    "direction_of",
     "dominating_oom",
     "estimate_memory",
     "estimate_space",
