@@ -34,7 +34,9 @@ _DIRECTION_OF = {"gradient_checkpointing": "no_checkpointing", "bnb_4bit_use_dou
 #: The directions the dominance rule may use on each device (``cpu``: the resident set; ``cuda``: reserved memory),
 #: each measured on the CPU by ``tests/study/test_preflight.py`` with real trials: a larger batch, ``max_seq_length`` or
 #: ``r``, a superset of target modules, gradient checkpointing off against on, double quant off against on. The CUDA
-#: set is the same by the memory model's terms (:mod:`sweeper.memory._model`); no GPU measurement yet.
+#: set is the same by the memory model's terms (:mod:`sweeper.memory._model`); no GPU measurement yet. Each is a key of
+#: memory role ``grows`` or ``shrinks`` (:func:`direction_of`), and every such key is one (tests/memory/
+#: test_memory_roles.py); a key not listed for a device must be equal there.
 DIRECTIONS: dict[str, tuple[str, ...]] = {
     "cpu": ("per_device_train_batch_size", "max_seq_length", "r", "target_modules", "no_checkpointing", "no_dq"),
     "cuda": ("per_device_train_batch_size", "max_seq_length", "r", "target_modules", "no_checkpointing", "no_dq"),

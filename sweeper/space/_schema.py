@@ -64,14 +64,16 @@ class KeySpec:
             what it measured.
         memory: How the key changes a trial's peak memory, all else equal; every key of :class:`TrialConfig`
             declares one (``tests/memory/test_memory_roles.py`` fails on one that does not; the ``model`` and
-            ``dataset`` sections each declare ``same`` as a whole, their own keys none). ``grows``: a larger value never needs less (a number; a list of names by inclusion). ``shrinks``:
-            a larger value never needs more (a switch that saves memory when on: on never needs more than off).
-            ``same``: memory depends on it in no order (trials are compared only at the same value). ``none``:
-            memory does not depend on it. The dominance rule (:func:`sweeper.memory.at_least_as_large`) reads its
-            keys from these roles, and the memory model's predictions are checked against them (a ``none`` key moves
-            the predicted peak by exactly 0, a ``grows`` or ``shrinks`` key moves it only its way). A new key
-            memory depends on declares ``same`` unless real trials show its order (``tests/study/test_preflight.py``
-            measures each of the rule's directions, :data:`sweeper.memory.DIRECTIONS`).
+            ``dataset`` sections each declare ``same`` as a whole, their own keys none). ``grows``: a larger value
+            never needs less (a number; a list of names by inclusion). ``shrinks``: a larger value never needs more
+            (a switch that saves memory when on: on never needs more than off). ``same``: memory depends on it in no
+            order (trials are compared only at the same value). ``none``: memory does not depend on it. The dominance
+            rule (:func:`sweeper.memory.at_least_as_large`) reads its keys from these roles, and the memory model's
+            predictions are checked against them (a ``none`` key moves the predicted peak by exactly 0, a ``grows``
+            or ``shrinks`` key moves it only its way, but for the two small bitsandbytes steps noted at ``r`` and
+            ``bnb_4bit_use_double_quant``). A new key memory depends on declares ``same`` until real trials measure
+            its order (``tests/study/test_preflight.py`` measures each of the rule's directions,
+            :data:`sweeper.memory.DIRECTIONS`).
     """
 
     kind: Literal["int", "float", "bool", "choice", "str", "name", "str_list", "duration"]
