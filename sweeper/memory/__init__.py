@@ -4,7 +4,8 @@
   own function with its formula and source), :func:`memory_predictor` from a model and a device, and the model over
   a space's memory-relevant grid (:func:`estimate_space`, :func:`frontier`, ``sweep estimate``);
 - the line that refuses a space of which nothing is predicted to fit (:func:`nothing_fits`);
-- the dominance rule (:func:`at_least_as_large` on each device's :data:`DIRECTIONS`) and the preflight's decision
+- the dominance rule (:func:`at_least_as_large` on each device's :data:`DIRECTIONS`, its keys read from the schema's
+  memory roles, :attr:`sweeper.space.KeySpec.memory`) and the preflight's decision
   (:func:`preflight`: ``dominated_oom``, ``predicted_oom`` or run it);
 - the correction fitted on measured peaks (:class:`Calibration`, :func:`fit_calibration`: a median ratio or a
   Theil-Sen line per group of configurations).
@@ -24,7 +25,15 @@ from sweeper.memory._calibration import (
     median_abs,
     theil_sen,
 )
-from sweeper.memory._dominance import DIRECTIONS, Known, at_least_as_large, dominating_oom, known_to_fit, preflight
+from sweeper.memory._dominance import (
+    DIRECTIONS,
+    Known,
+    at_least_as_large,
+    direction_of,
+    dominating_oom,
+    known_to_fit,
+    preflight,
+)
 from sweeper.memory._grid import MAX_POINTS, SpaceEstimate, estimate_space, frontier, grid_values, nothing_fits
 from sweeper.memory._model import (
     ALLOCATOR_OVERHEAD,
@@ -84,6 +93,7 @@ __all__ = [
     "activation_bytes",
     "at_least_as_large",
     "dequantization_bytes",
+    "direction_of",
     "dominating_oom",
     "estimate_memory",
     "estimate_space",

@@ -12,57 +12,67 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from sweeper.space import TrialConfig
+from sweeper.space import TrialConfig, memory_roles
 
 if TYPE_CHECKING:
     from sweeper.memory._calibration import Calibration
 
-#: Keys whose larger value needs more memory (all else equal), and how to compare them.
-_GROWS = ("per_device_train_batch_size", "max_seq_length", "r")
-#: Keys that change memory in ways the dominance rule does not order: they must be equal. The compute dtype is one:
-#: a wider dtype is not always larger. Measured on the CPU (tests/study/test_preflight.py): at a 64k vocabulary a bf16
-#: trial holds more than an fp32 one of the same shape (under autocast the logits exist in bf16 and as their fp32
-#: copy; in fp32 the upcast is the same tensor), while at SmolLM2's 49k vocabulary and hidden 576 fp32 is larger.
-#: The same logits arithmetic holds under CUDA autocast, so no device orders the dtypes.
-_SAME = (
-    "gradient_accumulation_steps",
-    "optim",
-    "lora_dropout",
-    "model",
-    "dataset",
-    "memory_limit_gib",
-    "bnb_4bit_compute_dtype",
-)
+_ROLES = memory_roles(TrialConfig)
+#: Keys whose larger value never needs less memory, all else equal (memory role ``grows``, :attr:`KeySpec.memory`):
+#: batch, ``max_seq_length``, ``r``, and the target modules by inclusion.
+_GROWS = tuple(key for key, role in _ROLES.items() if role == "grows")
+#: Switches that save memory when on (memory role ``shrinks``): off is the larger setting.
+_SHRINKS = tuple(key for key, role in _ROLES.items() if role == "shrinks")
+#: Keys that change memory in ways the dominance rule does not order (memory role ``same``: the compute dtype, the
+#: optimizer, the cap, the model and data, ...): they must be equal. A key that declares no role counts here too,
+#: so that it never makes a configuration look larger than it is (the tests fail on it).
+_SAME = tuple(key for key, role in _ROLES.items() if role in ("same", None))
+#: The name of a key's direction in :data:`DIRECTIONS` where it is not the key's own: the larger setting of a
+#: ``shrinks`` switch is off.
+_DIRECTION_OF = {"gradient_checkpointing": "no_checkpointing", "bnb_4bit_use_double_quant": "no_dq"}
 
 #: The directions the dominance rule may use on each device (``cpu``: the resident set; ``cuda``: reserved memory),
 #: each measured on the CPU by ``tests/study/test_preflight.py`` with real trials: a larger batch, ``max_seq_length`` or
 #: ``r``, a superset of target modules, gradient checkpointing off against on, double quant off against on. The CUDA
-#: set is the same by the memory model's terms (:mod:`sweeper.memory._model`); no GPU measurement yet.
+#: set is the same by the memory model's terms (:mod:`sweeper.memory._model`); no GPU measurement yet. Each is a key of
+#: memory role ``grows`` or ``shrinks`` (:func:`direction_of`), and every such key is one (tests/memory/
+#: test_memory_roles.py); a key not listed for a device must be equal there.
 DIRECTIONS: dict[str, tuple[str, ...]] = {
     "cpu": ("per_device_train_batch_size", "max_seq_length", "r", "target_modules", "no_checkpointing", "no_dq"),
     "cuda": ("per_device_train_batch_size", "max_seq_length", "r", "target_modules", "no_checkpointing", "no_dq"),
 }
 
 
+def direction_of(key: str) -> str:
+    """The name of a ``grows`` or ``shrinks`` key's direction in :data:`DIRECTIONS` (``gradient_checkpointing`` ->
+    ``no_checkpointing``, ``bnb_4bit_use_double_quant`` -> ``no_dq``, any other key its own name)."""
+    return _DIRECTION_OF.get(key, key)
+
+
+def _no_smaller(x: object, y: object) -> bool:
+    """``x >= y``: numbers and switches by value (off < on), a list of names by inclusion."""
+    if isinstance(x, tuple | list) and isinstance(y, tuple | list):
+        return set(x) >= set(y)
+    return x >= y  # type: ignore[operator]
+
+
 def at_least_as_large(a: TrialConfig, b: TrialConfig, device: str = "cpu") -> bool:
     """Whether configuration ``a`` needs at least the memory of ``b`` on ``device`` by the dominance rule: along each
-    direction of :data:`DIRECTIONS` for that device ``a`` is at least as large (batch, ``max_seq_length`` and ``r``;
-    a superset of ``b``'s target modules; gradient checkpointing off where ``b`` has it off; double quant off where
-    ``b`` has it off), and every other memory-relevant key (:data:`_SAME`, the compute dtype among them) is equal.
-    Keys that do not change memory (lora_alpha_ratio, learning_rate, quant type, seed, ...) may differ."""
+    key of memory role ``grows`` or ``shrinks`` (:attr:`sweeper.space.KeySpec.memory`) whose direction
+    (:func:`direction_of`) :data:`DIRECTIONS` lists for that device ``a`` is at least as large (batch,
+    ``max_seq_length`` and ``r``; a superset of ``b``'s target modules; gradient checkpointing off where ``b`` has it
+    off; double quant off where ``b`` has it off), every such key without a direction there is equal, and every key
+    of role ``same`` (:data:`_SAME`, the compute dtype among them) is equal. Keys of role ``none`` (lora_alpha_ratio,
+    learning_rate, quant type, seed, ...) may differ."""
     if any(getattr(a, k) != getattr(b, k) for k in _SAME):
         return False
     directions = DIRECTIONS.get(device, DIRECTIONS["cpu"])
-    for key in _GROWS:
+    for key in _GROWS + _SHRINKS:
         ak, bk = getattr(a, key), getattr(b, key)
-        if ak < bk if key in directions else ak != bk:
-            return False
-    targets_a, targets_b = set(a.target_modules), set(b.target_modules)
-    if not (targets_b <= targets_a if "target_modules" in directions else targets_a == targets_b):
-        return False
-    for key, direction in (("gradient_checkpointing", "no_checkpointing"), ("bnb_4bit_use_double_quant", "no_dq")):
-        # the larger setting is False (off): a may be off where b is on, never on where b is off
-        if getattr(a, key) != getattr(b, key) and (direction not in directions or getattr(a, key)):
+        if direction_of(key) not in directions:
+            if not (_no_smaller(ak, bk) and _no_smaller(bk, ak)):  # equal (a list of names as a set)
+                return False
+        elif not (_no_smaller(ak, bk) if key in _GROWS else _no_smaller(bk, ak)):
             return False
     return True
 

@@ -430,7 +430,9 @@ def estimate_memory(shape: ModelShape, s: MemorySettings) -> MemoryEstimate:
     return MemoryEstimate(predicted_peak_gib=sum(terms_gib.values()), terms_gib=terms_gib)
 
 
-#: The trial keys memory depends on; the others (lora_alpha_ratio, learning_rate, quant type, ...) do not change it.
+#: The trial keys the memory model reads: every key of memory role ``grows`` or ``shrinks`` and some of role ``same``
+#: (:attr:`sweeper.space.KeySpec.memory`); a key of role ``none`` (lora_alpha_ratio, learning_rate, quant type, ...)
+#: does not change memory (``tests/memory/test_memory_roles.py`` checks both).
 MEMORY_KEYS = (
     "r",
     "target_modules",

@@ -26,10 +26,12 @@ from sweeper.space._schema import (
     DatasetSpec,
     Dimension,
     KeySpec,
+    MemoryRole,
     ModelSpec,
     Range,
     StudySpec,
     TrialConfig,
+    memory_roles,
 )
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "DatasetSpec",
     "Dimension",
     "KeySpec",
+    "MemoryRole",
     "ModelSpec",
     "Range",
     "SearchSpace",
@@ -52,6 +55,7 @@ __all__ = [
     "TrialConfig",
     "apply_overrides",
     "load_space",
+    "memory_roles",
     "name_problem",
     "parse_duration_s",
     "parse_space",

@@ -1,6 +1,6 @@
 """The typed, frozen settings of a study and of one trial: what ``space.yaml`` is parsed into, and what the trial
-process receives as JSON. This is the one schema: each field carries its default and its check (:class:`KeySpec`);
-the space parser, the memory model and the exports derive from it.
+process receives as JSON. This is the one schema: each field carries its default, its check and its memory role
+(:class:`KeySpec`); the space parser, the memory model, the dominance rule and the exports derive from it.
 
 Pure: no torch, no optuna. Field names are the field's own (peft, bitsandbytes, transformers spellings).
 """
@@ -39,6 +39,9 @@ SAMPLERS = ("tpe", "random", "nsgaii")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 DATA_FORMATS = ("auto", "text", "prompt_completion", "alpaca", "chat", "sharegpt")
 
+#: How a trial key changes the trial's peak memory, all else equal (:attr:`KeySpec.memory`).
+MemoryRole = Literal["grows", "shrinks", "same", "none"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class KeySpec:
@@ -59,6 +62,18 @@ class KeySpec:
         policy: A key of run policy (how the sweep runs, retries, prunes or exports a trial), not of what it
             measures: :meth:`TrialConfig.measured` leaves it out, so a study resumed with another value reuses
             what it measured.
+        memory: How the key changes a trial's peak memory, all else equal; every key of :class:`TrialConfig`
+            declares one (``tests/memory/test_memory_roles.py`` fails on one that does not; the ``model`` and
+            ``dataset`` sections each declare ``same`` as a whole, their own keys none). ``grows``: a larger value
+            never needs less (a number; a list of names by inclusion). ``shrinks``: a larger value never needs more
+            (a switch that saves memory when on: on never needs more than off). ``same``: memory depends on it in no
+            order (trials are compared only at the same value). ``none``: memory does not depend on it. The dominance
+            rule (:func:`sweeper.memory.at_least_as_large`) reads its keys from these roles, and the memory model's
+            predictions are checked against them (a ``none`` key moves the predicted peak by exactly 0, a ``grows``
+            or ``shrinks`` key moves it only its way, but for the two small bitsandbytes steps noted at ``r`` and
+            ``bnb_4bit_use_double_quant``). A new key memory depends on declares ``same`` until real trials measure
+            its order (``tests/study/test_preflight.py`` measures each of the rule's directions,
+            :data:`sweeper.memory.DIRECTIONS`).
     """
 
     kind: Literal["int", "float", "bool", "choice", "str", "name", "str_list", "duration"]
@@ -72,6 +87,7 @@ class KeySpec:
     optional: bool = False
     yaml_key: str | None = None
     policy: bool = False
+    memory: MemoryRole | None = None
 
 
 def _key(default: Any, kind: str, **check: Any) -> Any:
@@ -86,6 +102,17 @@ def key_specs(cls: type) -> dict[str, KeySpec]:
         spec = f.metadata.get("check")
         if spec is not None:
             out[spec.yaml_key or f.name] = spec
+    return out
+
+
+def memory_roles(cls: type) -> dict[str, MemoryRole | None]:
+    """The memory role (:attr:`KeySpec.memory`) of each field of a settings dataclass, by field name, in field order:
+    a key's from its :class:`KeySpec`, a nested section's (``model``, ``dataset``) from its field's ``memory``
+    metadata; None where the field declares none."""
+    out: dict[str, MemoryRole | None] = {}
+    for f in dataclasses.fields(cls):
+        spec = f.metadata.get("check")
+        out[f.name] = spec.memory if spec is not None else f.metadata.get("memory")
     return out
 
 
@@ -228,32 +255,50 @@ class TrialConfig:
 
     # Defaults are the QLoRA paper's recipe (Dettmers et al. 2023, "QLoRA", sec. 3 and appendix B): nf4, double
     # quant, bf16 compute, paged AdamW 8-bit; max_grad_norm is 0.3 there, we keep transformers' 1.0 default.
-    r: int = _key(16, "int", low=1, high=4096)
-    lora_alpha_ratio: float = _key(2.0, "float", low=0, low_open=True, high=1e6)
-    bnb_4bit_compute_dtype: ComputeDtype = _key("bfloat16", "choice", choices=COMPUTE_DTYPES)
-    bnb_4bit_use_double_quant: bool = _key(True, "bool")
-    bnb_4bit_quant_type: QuantType = _key("nf4", "choice", choices=QUANT_TYPES)
-    per_device_train_batch_size: int = _key(1, "int", low=1, high=65536)
-    gradient_accumulation_steps: int = _key(1, "int", low=1, high=65536)
-    max_seq_length: int = _key(512, "int", low=8, high=2**20)
-    learning_rate: float = _key(2.0e-4, "float", low=0, low_open=True, high=1e3)
-    max_steps: int = _key(30, "int", low=1, high=10**7)
-    warmup_steps: int = _key(0, "int", low=0, high=10**7)
-    weight_decay: float = _key(0.0, "float", low=0, high=1e3)
-    optim: str = _key("paged_adamw_8bit", "choice", choices=OPTIMIZERS)
-    gradient_checkpointing: bool = _key(True, "bool")
-    max_grad_norm: float = _key(1.0, "float", low=0, high=1e9)
-    lora_dropout: float = _key(0.05, "float", low=0, high=1, high_open=True)
-    seed: int = _key(0, "int", low=0, high=2**32 - 1)
-    target_modules: tuple[str, ...] = _key(("q_proj", "k_proj", "v_proj", "o_proj"), "str_list", searchable=False)
-    memory_limit_gib: float = _key(24.0, "float", low=0, low_open=True, high=65536, searchable=False)
+    # memory= is each key's memory role (KeySpec.memory): the dominance rule compares two trials along the grows and
+    # shrinks keys, at equal same keys, whatever their none keys.
+    # r grows but for one step of bitsandbytes' 8-bit optimizers: a LoRA tensor that reaches 4096 elements switches
+    # from 32-bit to 8-bit state, so r=8 needs 1.6 MiB less than r=7 at SmolLM2-135M's shape (hidden 576); far below
+    # the 0.1 GiB identical trials vary by (tests/memory/test_memory_roles.py bounds it).
+    r: int = _key(16, "int", low=1, high=4096, memory="grows")
+    lora_alpha_ratio: float = _key(2.0, "float", low=0, low_open=True, high=1e6, memory="none")
+    # Not ordered: at a 64k vocabulary a bf16 trial holds more than an fp32 one of the same shape (under autocast the
+    # logits exist in bf16 and as their fp32 copy; in fp32 the upcast is the same tensor), while at SmolLM2's 49k
+    # vocabulary and hidden 576 fp32 is larger (measured on the CPU, tests/study/test_preflight.py). The same logits
+    # arithmetic holds under CUDA autocast, so no device orders the dtypes.
+    bnb_4bit_compute_dtype: ComputeDtype = _key("bfloat16", "choice", choices=COMPUTE_DTYPES, memory="same")
+    # Shrinks but on matrices under ~22k weights (the tests' tiny model), where its 256-entry float32 code per matrix
+    # outweighs the 3 bytes it saves per 64 weights: 11 KiB there.
+    bnb_4bit_use_double_quant: bool = _key(True, "bool", memory="shrinks")
+    # nf4 and fp4 store the same bytes: packed 4-bit values, the absmax constants and a 16-entry code.
+    bnb_4bit_quant_type: QuantType = _key("nf4", "choice", choices=QUANT_TYPES, memory="none")
+    per_device_train_batch_size: int = _key(1, "int", low=1, high=65536, memory="grows")
+    gradient_accumulation_steps: int = _key(1, "int", low=1, high=65536, memory="same")
+    max_seq_length: int = _key(512, "int", low=8, high=2**20, memory="grows")
+    learning_rate: float = _key(2.0e-4, "float", low=0, low_open=True, high=1e3, memory="none")
+    max_steps: int = _key(30, "int", low=1, high=10**7, memory="none")
+    warmup_steps: int = _key(0, "int", low=0, high=10**7, memory="none")
+    weight_decay: float = _key(0.0, "float", low=0, high=1e3, memory="none")
+    optim: str = _key("paged_adamw_8bit", "choice", choices=OPTIMIZERS, memory="same")
+    gradient_checkpointing: bool = _key(True, "bool", memory="shrinks")
+    max_grad_norm: float = _key(1.0, "float", low=0, high=1e9, memory="none")
+    lora_dropout: float = _key(0.05, "float", low=0, high=1, high_open=True, memory="same")
+    seed: int = _key(0, "int", low=0, high=2**32 - 1, memory="none")
+    target_modules: tuple[str, ...] = _key(
+        ("q_proj", "k_proj", "v_proj", "o_proj"), "str_list", searchable=False, memory="grows"
+    )
+    # The cap itself: a trial that ran out of memory under one cap may fit under a higher one.
+    memory_limit_gib: float = _key(24.0, "float", low=0, low_open=True, high=65536, searchable=False, memory="same")
     # Run policy: how the sweep runs, prunes, retries and exports the trial, not what it measures.
-    trial_timeout_s: float = _key(1200.0, "duration", searchable=False, yaml_key="trial_timeout", policy=True)
-    target_effective_batch_size: int = _key(16, "int", low=1, high=10**7, searchable=False, policy=True)
-    preflight_margin: float = _key(0.10, "float", low=0, high=100, searchable=False, policy=True)
-    max_retries: int = _key(1, "int", low=0, high=10, searchable=False, policy=True)
-    model: ModelSpec = field(default_factory=ModelSpec)
-    dataset: DatasetSpec = field(default_factory=DatasetSpec)
+    trial_timeout_s: float = _key(
+        1200.0, "duration", searchable=False, yaml_key="trial_timeout", policy=True, memory="none"
+    )
+    target_effective_batch_size: int = _key(16, "int", low=1, high=10**7, searchable=False, policy=True, memory="none")
+    preflight_margin: float = _key(0.10, "float", low=0, high=100, searchable=False, policy=True, memory="none")
+    max_retries: int = _key(1, "int", low=0, high=10, searchable=False, policy=True, memory="none")
+    # Another model or data: no trial of one is compared with a trial of the other.
+    model: ModelSpec = field(default_factory=ModelSpec, metadata={"memory": "same"})
+    dataset: DatasetSpec = field(default_factory=DatasetSpec, metadata={"memory": "same"})
 
     @property
     def lora_alpha(self) -> float:
