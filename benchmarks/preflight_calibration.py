@@ -20,7 +20,8 @@ import statistics
 
 import optuna
 
-from sweeper.memory import ModelShape, estimate_memory, fit_calibration, group_of, median_abs, settings_from
+from sweeper.memory import ModelShape, fit_calibration, group_of, median_abs
+from sweeper.memory._model import estimate_memory, settings_from
 from sweeper.study import calibration_points, load_existing_study, prediction_errors, stored_trials
 from sweeper.trial import TrialStatus
 

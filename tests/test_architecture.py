@@ -101,3 +101,37 @@ def test_the_trial_process_never_loads_the_sweeps_side(tiny_model, tmp_path):
     # (the worker itself runs as __main__)
     assert {"sweeper.trial._child.recipe", "sweeper.trial._child.outcome", "sweeper.trial._result"} <= set(loaded)
     assert "sweeper.trial._launch" not in loaded, loaded
+
+
+#: The packages whose face is held small: each exports only what another package of sweeper imports, at most 25 names.
+SMALL_FACES = ("sweeper.memory",)
+MAX_FACE = 25
+
+
+def _face_users(package: str) -> dict[str, set[str]]:
+    """Each name of ``package``'s ``__all__`` with the modules of sweeper outside it that import it from the face."""
+    import ast
+    import importlib
+
+    face = importlib.import_module(package)
+    inside = package.replace(".", "/") + "/"
+    users: dict[str, set[str]] = {name: set() for name in face.__all__}
+    for path in (REPO / "sweeper").rglob("*.py"):
+        relative = path.relative_to(REPO).as_posix()
+        if relative.startswith(inside):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == package:
+                for alias in node.names:
+                    users.setdefault(alias.name, set()).add(relative)
+    return users
+
+
+@pytest.mark.parametrize("package", SMALL_FACES)
+def test_a_small_face_exports_only_what_other_packages_use(package):
+    users = _face_users(package)
+    unused = sorted(name for name, where in users.items() if not where)
+    assert unused == [], f"{package} exports names no other package imports (import them from their module): {unused}"
+    assert len(users) <= MAX_FACE, f"{package} exports {len(users)} names: " + "; ".join(
+        f"{name}: {', '.join(sorted(where))}" for name, where in sorted(users.items())
+    )

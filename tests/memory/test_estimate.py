@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from sweeper.memory import (
+from sweeper.memory import ModelShape
+from sweeper.memory._model import (
     MemorySettings,
-    ModelShape,
     activation_bytes,
     estimate_memory,
     gradient_bytes,
@@ -287,7 +287,8 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
 
 
 def test_dominance_rule():
-    from sweeper.memory import Known, at_least_as_large, preflight
+    from sweeper.memory import Known, preflight
+    from sweeper.memory._dominance import at_least_as_large
     from sweeper.testing import MEMORY_BASE as BASE
 
     base = replace(BASE, memory_limit_gib=24, learning_rate=1e-4)

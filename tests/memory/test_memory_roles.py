@@ -10,18 +10,9 @@ from typing import get_args
 
 import pytest
 
-from sweeper.memory import (
-    ALLOCATOR_OVERHEAD,
-    DIRECTIONS,
-    KNOWN_SHAPES,
-    MEMORY_KEYS,
-    ModelShape,
-    at_least_as_large,
-    direction_of,
-    estimate_memory,
-    settings_from,
-)
-from sweeper.memory._dominance import _GROWS, _SAME, _SHRINKS
+from sweeper.memory import ModelShape
+from sweeper.memory._dominance import _GROWS, _SAME, _SHRINKS, DIRECTIONS, at_least_as_large, direction_of
+from sweeper.memory._model import ALLOCATOR_OVERHEAD, KNOWN_SHAPES, MEMORY_KEYS, estimate_memory, settings_from
 from sweeper.space import KeySpec, MemoryRole, ModelSpec, TrialConfig, memory_roles
 from sweeper.testing import MEMORY_BASE, TINY_VOCAB
 

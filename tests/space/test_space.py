@@ -86,7 +86,7 @@ def test_trial_keys_match_trial_config_fields():
 
 
 def test_the_memory_model_and_the_section_keys_derive_from_the_schema():
-    from sweeper.memory import MEMORY_KEYS, MemorySettings
+    from sweeper.memory._model import MEMORY_KEYS, MemorySettings
     from sweeper.space import DatasetSpec, ModelSpec, StudySpec
     from sweeper.space._parse import _SECTION_KEYS
 

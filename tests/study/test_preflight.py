@@ -11,15 +11,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweeper.memory import (
-    DIRECTIONS,
-    Calibration,
-    CalibrationPoint,
-    Known,
-    at_least_as_large,
-    fit_calibration,
-    preflight,
-)
+from sweeper.memory import Calibration, CalibrationPoint, Known, fit_calibration, preflight
+from sweeper.memory._dominance import DIRECTIONS, at_least_as_large
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
 from sweeper.study import CALIBRATION_ATTR, prediction_errors, stored_calibration
 from sweeper.study._calibration import update_calibration
