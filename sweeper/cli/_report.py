@@ -26,7 +26,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         memory_prediction_data,
         no_picks_reason,
         picks,
-        report_dict,
+        report_data,
         write_html_report,
     )
     from sweeper.study import (
@@ -45,7 +45,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if html_path.suffix.lower() not in (".html", ".htm") or html_path.is_dir():
         raise SpaceError(f"{args.html}: --html: the report is an HTML file; give a path ending in .html")
     if args.json:
-        _print(json.dumps(report_dict(study), indent=2))
+        _print(json.dumps(report_data(study).to_dict(), indent=2))
     else:
         front = study.front
         _print(f"study '{study.name}': Pareto front (peak memory vs {front_axis(study)}), {len(front)} trials:")

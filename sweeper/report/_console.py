@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sweeper.audit import AuditReport, NanRisk
+from sweeper.report._records import MemoryPrediction
 from sweeper.stability import barely_learns, format_instability, format_margin
 from sweeper.study import Objective, StoredTrial
 from sweeper.trial import TrialResult, TrialStatus
@@ -136,18 +137,25 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
     ]
     best = max((t.result.learning_progress or 0.0 for t in front), default=0.0)
     for t in front:
-        c = t.config.to_dict() if t.config is not None else {}
+        c = t.config
+        settings = (
+            (
+                c.r,
+                t.lora_alpha,
+                c.bnb_4bit_compute_dtype,
+                c.bnb_4bit_use_double_quant,
+                c.bnb_4bit_quant_type,
+                c.per_device_train_batch_size,
+                c.max_seq_length,
+            )
+            if c is not None
+            else (None, t.lora_alpha, None, None, None, None, None)
+        )
         values = t.values or (float("nan"), float("nan"))
         rows.append(
             (
                 str(t.number),
-                _fmt(c.get("r")),
-                _fmt(t.lora_alpha),
-                _fmt(c.get("bnb_4bit_compute_dtype")),
-                _fmt(c.get("bnb_4bit_use_double_quant")),
-                _fmt(c.get("bnb_4bit_quant_type")),
-                _fmt(c.get("per_device_train_batch_size")),
-                _fmt(c.get("max_seq_length")),
+                *(_fmt(v) for v in settings),
                 f"{values[0]:.3f}",
                 format_margin(t.result.stability_margin, t.result.margin_capped),
                 format_progress(t.result.learning_progress, best),
@@ -370,17 +378,17 @@ def format_dropped_rows(dropped: Sequence[Any], rows: int, path: str, *, doctor:
     )
 
 
-def format_memory_prediction(prediction: Mapping[str, Any]) -> str | None:
+def format_memory_prediction(prediction: MemoryPrediction) -> str | None:
     """One line of ``sweep report``: the preflight's median error before and after its correction
     (:func:`sweeper.report._data.memory_prediction_data`); None without a complete trial that had a prediction."""
-    if prediction.get("median_error") is None:
+    if prediction.median_error is None:
         return None
-    n = sum(1 for r in prediction["trials"] if r["error"] is not None)
-    line = f"memory  predicted vs measured peak: median error {100 * prediction['median_error']:.0f}% over {n} trials"
-    if prediction.get("median_corrected_error") is not None:
+    n = sum(1 for r in prediction.trials if r.error is not None)
+    line = f"memory  predicted vs measured peak: median error {100 * prediction.median_error:.0f}% over {n} trials"
+    if prediction.median_corrected_error is not None:
+        corrected = prediction.corrected_trials
         line += (
-            f", {100 * prediction['median_corrected_error']:.0f}% after the study's correction "
-            f"({prediction['corrected_trials']} trial{'s' if prediction['corrected_trials'] != 1 else ''} predicted "
-            "with it)"
+            f", {100 * prediction.median_corrected_error:.0f}% after the study's correction "
+            f"({corrected} trial{'s' if corrected != 1 else ''} predicted with it)"
         )
     return line

@@ -252,11 +252,11 @@ def memory_line(study: StudyLike) -> str | None:
     """How far the preflight's predictions were from the measured peaks, before and after the study's correction
     (:func:`sweeper.study.prediction_errors`), and the correction now stored; None without a measured peak."""
     rows = prediction_errors(study)
-    raw = median_abs(r["error"] for r in rows)
+    raw = median_abs(r.error for r in rows)
     if raw is None:
         return None
     line = f"memory  predicted vs measured peak: median error {100 * raw:.0f}% (memory model)"
-    corrected = [r["corrected_error"] for r in rows if r["corrected_error"] is not None]
+    corrected = [r.corrected_error for r in rows if r.corrected_error is not None]
     error = median_abs(corrected)
     if error is not None:
         plural = "s" if len(corrected) != 1 else ""

@@ -14,6 +14,7 @@ from sweeper.study._artifacts import (
 )
 from sweeper.study._calibration import (
     CALIBRATION_ATTR,
+    PredictionError,
     calibration_points,
     device_kind,
     prediction_errors,
@@ -99,6 +100,7 @@ __all__ = [
     "STUDY_ID_ATTR",
     "Confirmation",
     "Objective",
+    "PredictionError",
     "StoredTrial",
     "StudyLike",
     "StudySnapshot",
