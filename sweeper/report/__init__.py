@@ -1,7 +1,8 @@
 """What a study says, for people and for other tools: the report's data (:mod:`._data`, frozen records of
 :mod:`._records`; ``sweep report --json`` is :meth:`Report.to_dict`), its figures and self-contained HTML
-(:mod:`._figures`, plotly), the terminal text (:mod:`._console`), optuna-dashboard with sweeper's notes and figure
-(:mod:`._dashboard`). The production configs of ``sweep export`` are :mod:`sweeper.export`'s.
+(:mod:`._figures`, plotly), the terminal text (:mod:`._console`; ``sweep report``'s in :mod:`._report_console`,
+``sweep run``'s in :mod:`._sweep_console`), optuna-dashboard with sweeper's notes and figure (:mod:`._dashboard`).
+The production configs of ``sweep export`` are :mod:`sweeper.export`'s.
 
 Every reader takes an ``optuna.Study`` or its snapshot (:func:`sweeper.study.snapshot`) and reads its trials as
 :class:`sweeper.study.StoredTrial`.
@@ -20,8 +21,12 @@ from sweeper.report._console import (
     format_params,
     format_trace,
     format_trial_line,
+    legacy_instability_warning,
     margin_line,
+    other_setups_line,
     status_label,
+    trial_header,
+    trial_result_lines,
 )
 from sweeper.report._dashboard import dashboard_app, failure_note, publish_study, serve
 from sweeper.report._data import (
@@ -54,6 +59,7 @@ from sweeper.report._records import (
     Report,
     TrialRecord,
 )
+from sweeper.report._report_console import report_lines, report_written_line
 from sweeper.report._sweep_console import (
     SweepConsole,
     all_failed_line,
@@ -102,20 +108,26 @@ __all__ = [
     "front_axis",
     "front_data",
     "importance_data",
+    "legacy_instability_warning",
     "margin_line",
     "memory_line",
     "memory_prediction_data",
     "no_picks_reason",
+    "other_setups_line",
     "picks",
     "publish_study",
     "render_html",
     "report_data",
+    "report_lines",
+    "report_written_line",
     "resume_lines",
     "serve",
     "status_label",
     "sweep_header",
     "sweep_summary",
+    "trial_header",
     "trial_params",
     "trial_record",
+    "trial_result_lines",
     "write_html_report",
 ]

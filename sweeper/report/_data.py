@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 
 from sweeper.errors import StudyError
 from sweeper.memory import median_abs
+from sweeper.report._console import other_setups_line, status_label
 from sweeper.report._records import (
     Curve,
     CurveKind,
@@ -39,7 +40,6 @@ from sweeper.study import (
     Objective,
     StoredTrial,
     StudyLike,
-    other_setups_line,
     prediction_errors,
     snapshot,
     stale_running,
@@ -73,11 +73,9 @@ def trial_params(trial: StoredTrial, searched: Sequence[str] = ()) -> dict[str, 
     return {k: out[k] for k in [*REPORT_KEYS, *searched] if k in out}
 
 
-def status_label(trial: StoredTrial) -> str:
+def trial_label(trial: StoredTrial) -> str:
     """``complete``, ``oom``, ``nan/data`` ...: the trial's status with its NaN cause (as the console shows it)."""
-    from sweeper.report._console import status_label as label
-
-    return label(trial.status_name, trial.result.nan_cause)
+    return status_label(trial.status_name, trial.result.nan_cause)
 
 
 def _finite(x: Any) -> float | None:
@@ -98,7 +96,7 @@ def trial_record(
         number=trial.number,
         state=trial.state.name,
         status=trial.user_attrs.get("status"),
-        label=status_label(trial),
+        label=trial_label(trial),
         nan_cause=r.nan_cause,
         nan_samples=tuple(r.nan_samples or ()),
         reason=r.reason,
@@ -283,7 +281,7 @@ def curves_data(study: StudyLike) -> list[Curve]:
         Curve(
             number=t.number,
             kind=kind,
-            label=f"#{t.number} {status_label(t)}",
+            label=f"#{t.number} {trial_label(t)}",
             loss=tuple(_finite(x) for x in t.result.loss_trace),
             grad_norm=tuple(_finite(x) for x in t.result.grad_norm_trace),
         )

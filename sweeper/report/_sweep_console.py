@@ -11,7 +11,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
 from sweeper.memory import median_abs
-from sweeper.report._console import format_counts, format_data_nan_summary, format_front, format_params
+from sweeper.report._console import (
+    format_counts,
+    format_data_nan_summary,
+    format_front,
+    format_params,
+    legacy_instability_warning,
+)
 from sweeper.report._console import format_trial_line as _trial_line
 from sweeper.report._progress import LiveProgress
 from sweeper.study import (
@@ -23,7 +29,6 @@ from sweeper.study import (
     SweepEvent,
     SweepPlan,
     device_kind,
-    legacy_instability_warning,
     prediction_errors,
     redact_url,
     snapshot,

@@ -50,6 +50,7 @@ from sweeper.study._recovery import stale_running
 from sweeper.study._setup_checks import (
     check_setup,
 )
+from sweeper.study._setups import differences
 from sweeper.study._snapshot import (
     StudyLike,
     StudySnapshot,
@@ -57,10 +58,8 @@ from sweeper.study._snapshot import (
     count_finished,
     current_trials,
     learning,
-    legacy_instability_warning,
     measured_trials,
     nan_causes,
-    other_setups_line,
     pareto_front,
     snapshot,
     status_counts,
@@ -120,16 +119,15 @@ __all__ = [
     "current_trials",
     "dashboard_note",
     "device_kind",
+    "differences",
     "failure_constraint",
     "learning",
-    "legacy_instability_warning",
     "load_existing_study",
     "measured_trials",
     "nan_causes",
     "non_dominated",
     "objective",
     "open_study",
-    "other_setups_line",
     "pareto_front",
     "plan_sweep",
     "prediction_errors",
