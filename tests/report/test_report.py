@@ -58,6 +58,44 @@ def test_curves_importance_and_json(tmp_path, tiny_model):
     assert summary["status_counts"] == {"complete": 3, "oom": 1, "nan": 1, "repeated": 1}
     assert summary["nan_causes"] == {"data": [4]}
     assert summary["largest_max_seq_length_by_batch"] == {"1": 128, "2": 128, "4": None}
+    # The JSON's keys and their order are a user contract (docs/contract.md)
+    assert list(summary) == [
+        "study",
+        "directions",
+        "objectives",
+        "front",
+        "trials",
+        "status_counts",
+        "stale",
+        "nan_causes",
+        "largest_max_seq_length_by_batch",
+        "importance",
+        "picks",
+        "memory_prediction",
+        "other_setups",
+    ]
+    assert list(summary["front"][0]) == [
+        "confirmation",
+        "number",
+        "params",
+        "peak_memory_gib",
+        "edge_proximity",
+        "stability_margin",
+        "margin_capped",
+        "lr_ceiling",
+        "predicted_max_lr",
+        "learning_progress",
+        "instability",
+    ]
+    assert list(summary["trials"][0])[:4] == ["number", "state", "status", "label"]
+    assert list(summary["trials"][0])[-2:] == ["on_front", "confirmation"]
+    assert list(summary["memory_prediction"]) == [
+        "trials",
+        "median_error",
+        "median_corrected_error",
+        "corrected_trials",
+        "calibration",
+    ]
     assert summary["importance"]["edge_proximity"] == {"not_shown": stability.reason}
     assert list(summary["importance"]["peak_memory_gib"]) == ["effects_gib", "configurations"]
 
