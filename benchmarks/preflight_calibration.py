@@ -112,13 +112,13 @@ def main() -> None:
             f"{_pct(median_abs((c - m) / m for _, _, c, m in sequential))} corrected over {len(sequential)} trials: "
             + ", ".join(f"#{n} {c:.2f} vs {m:.2f}" for n, _, c, m in sequential)
         )
-    rows = [r for r in prediction_errors(study) if r["corrected_error"] is not None]
+    rows = [r for r in prediction_errors(study) if r.corrected_error is not None]
     if rows:
+        raw = statistics.median(abs(r.error) for r in rows if r.error is not None)
+        corrected = statistics.median(abs(r.corrected_error) for r in rows if r.corrected_error is not None)
         print(
-            f"\nrecorded by the sweep before each trial ran: median |error| "
-            f"{100 * statistics.median(abs(r['error']) for r in rows):.1f}% raw, "
-            f"{100 * statistics.median(abs(r['corrected_error']) for r in rows):.1f}% corrected, over "
-            f"{len(rows)} trials (#{', #'.join(str(r['number']) for r in rows)})"
+            f"\nrecorded by the sweep before each trial ran: median |error| {100 * raw:.1f}% raw, "
+            f"{100 * corrected:.1f}% corrected, over {len(rows)} trials (#{', #'.join(str(r.number) for r in rows)})"
         )
     pruned = [t for t in stored_trials(study) if t.status == TrialStatus.PREDICTED_OOM]
     for t in pruned:

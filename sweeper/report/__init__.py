@@ -1,8 +1,11 @@
-"""What a study says, for people and for other tools: the report's data (:mod:`._data`, plain dicts), its figures and
-self-contained HTML (:mod:`._figures`, plotly), the terminal text (:mod:`._console`), optuna-dashboard with sweeper's
-notes and figure (:mod:`._dashboard`). The production configs of ``sweep export`` are :mod:`sweeper.export`'s.
+"""What a study says, for people and for other tools: the report's data (:mod:`._data`, frozen records of
+:mod:`._records`; ``sweep report --json`` is :meth:`Report.to_dict`), its figures and self-contained HTML
+(:mod:`._figures`, plotly), the terminal text (:mod:`._console`; ``sweep report``'s in :mod:`._report_console`,
+``sweep run``'s in :mod:`._sweep_console`), optuna-dashboard with sweeper's notes and figure (:mod:`._dashboard`).
+The production configs of ``sweep export`` are :mod:`sweeper.export`'s.
 
-Every reader takes an ``optuna.Study`` and reads its trials through :func:`sweeper.study.stored_trial`.
+Every reader takes an ``optuna.Study`` or its snapshot (:func:`sweeper.study.snapshot`) and reads its trials as
+:class:`sweeper.study.StoredTrial`.
 """
 
 from sweeper.report._console import (
@@ -18,8 +21,12 @@ from sweeper.report._console import (
     format_params,
     format_trace,
     format_trial_line,
+    legacy_instability_warning,
     margin_line,
+    other_setups_line,
     status_label,
+    trial_header,
+    trial_result_lines,
 )
 from sweeper.report._dashboard import dashboard_app, failure_note, publish_study, serve
 from sweeper.report._data import (
@@ -32,12 +39,27 @@ from sweeper.report._data import (
     memory_prediction_data,
     no_picks_reason,
     picks,
-    report_dict,
+    report_data,
     trial_params,
     trial_record,
 )
 from sweeper.report._figures import render_html, write_html_report
 from sweeper.report._progress import LiveProgress, format_duration
+from sweeper.report._records import (
+    Curve,
+    FitCell,
+    FitMap,
+    FrontData,
+    FrontRow,
+    ImportancePart,
+    MemoryEffects,
+    MemoryPrediction,
+    NotShown,
+    ParamImportance,
+    Report,
+    TrialRecord,
+)
+from sweeper.report._report_console import report_lines, report_written_line
 from sweeper.report._sweep_console import (
     SweepConsole,
     all_failed_line,
@@ -49,8 +71,20 @@ from sweeper.report._sweep_console import (
 )
 
 __all__ = [
+    "Curve",
+    "FitCell",
+    "FitMap",
+    "FrontData",
+    "FrontRow",
+    "ImportancePart",
     "LiveProgress",
+    "MemoryEffects",
+    "MemoryPrediction",
+    "NotShown",
+    "ParamImportance",
+    "Report",
     "SweepConsole",
+    "TrialRecord",
     "all_failed_line",
     "counts_with_stale",
     "curves_data",
@@ -74,20 +108,26 @@ __all__ = [
     "front_axis",
     "front_data",
     "importance_data",
+    "legacy_instability_warning",
     "margin_line",
     "memory_line",
     "memory_prediction_data",
     "no_picks_reason",
+    "other_setups_line",
     "picks",
     "publish_study",
     "render_html",
-    "report_dict",
+    "report_data",
+    "report_lines",
+    "report_written_line",
     "resume_lines",
     "serve",
     "status_label",
     "sweep_header",
     "sweep_summary",
+    "trial_header",
     "trial_params",
     "trial_record",
+    "trial_result_lines",
     "write_html_report",
 ]

@@ -1,17 +1,21 @@
-"""Text for the terminal: a line per finished trial, the trace of one trial, the Pareto front table, status counts,
-the data audit.
+"""Text for the terminal: a line per finished trial, what ``sweep trial`` prints of one trial (its trace and
+measurements), the Pareto front table, status counts, the data audit, the study's notes (a 0.1.0 instability, trials
+of other setups).
 
-Pure formatting: every function returns a string; the CLI prints it.
+Pure formatting: every function returns a string (or its lines); the CLI prints it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from sweeper.audit import AuditReport, NanRisk
+from sweeper.report._records import MemoryPrediction
+from sweeper.space import TrialConfig
 from sweeper.stability import barely_learns, format_instability, format_margin
-from sweeper.study import Objective, StoredTrial
+from sweeper.study import Objective, StoredTrial, StudyLike, differences, snapshot
 from sweeper.trial import TrialResult, TrialStatus
 
 #: Short column names of per-trial keys in the console (the full names are in the study and the reports).
@@ -136,18 +140,25 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
     ]
     best = max((t.result.learning_progress or 0.0 for t in front), default=0.0)
     for t in front:
-        c = t.config.to_dict() if t.config is not None else {}
+        c = t.config
+        settings = (
+            (
+                c.r,
+                t.lora_alpha,
+                c.bnb_4bit_compute_dtype,
+                c.bnb_4bit_use_double_quant,
+                c.bnb_4bit_quant_type,
+                c.per_device_train_batch_size,
+                c.max_seq_length,
+            )
+            if c is not None
+            else (None, t.lora_alpha, None, None, None, None, None)
+        )
         values = t.values or (float("nan"), float("nan"))
         rows.append(
             (
                 str(t.number),
-                _fmt(c.get("r")),
-                _fmt(t.lora_alpha),
-                _fmt(c.get("bnb_4bit_compute_dtype")),
-                _fmt(c.get("bnb_4bit_use_double_quant")),
-                _fmt(c.get("bnb_4bit_quant_type")),
-                _fmt(c.get("per_device_train_batch_size")),
-                _fmt(c.get("max_seq_length")),
+                *(_fmt(v) for v in settings),
                 f"{values[0]:.3f}",
                 format_margin(t.result.stability_margin, t.result.margin_capped),
                 format_progress(t.result.learning_progress, best),
@@ -163,6 +174,105 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
         labels = ["confirmed"] + [t.confirmation.label if t.confirmation else "-" for t in front]
         rows = [(*row, label) for row, label in zip(rows, labels)]
     return _table(rows)
+
+
+def trial_header(config: TrialConfig, setup: str, folder: Path) -> list[str]:
+    """``sweep trial``'s first lines: the settings it runs (:func:`format_params`), ``setup`` (what it trains: the
+    model, the data, the memory cap, as ``sweep run`` describes them) and the folder its files go to."""
+    shown = {
+        "r": config.r,
+        "lora_alpha_ratio": config.lora_alpha_ratio,
+        "bnb_4bit_compute_dtype": config.bnb_4bit_compute_dtype,
+        "bnb_4bit_use_double_quant": config.bnb_4bit_use_double_quant,
+        "bnb_4bit_quant_type": config.bnb_4bit_quant_type,
+        "per_device_train_batch_size": config.per_device_train_batch_size,
+        "max_seq_length": config.max_seq_length,
+        "learning_rate": config.learning_rate,
+    }
+    return [f"sweep trial: {format_params(shown)}", setup, f"files   {folder}"]
+
+
+def trial_result_lines(result: TrialResult, config: TrialConfig, folder: Path) -> list[str]:
+    """What ``sweep trial`` prints after its trial (run with ``config``, its files in ``folder``): the per-step trace
+    (:func:`format_trace`), the status and reason, a NaN's cause and samples, the samples' lengths, the peak memory,
+    the instability with its terms, the stability margin (:func:`margin_line`) and the times; each line only where
+    the trial measured it."""
+    lines = []
+    if result.loss_trace:
+        lines.append(format_trace(result))
+    lines.append(f"status  {result.status}: {result.reason}")
+    if result.status == "nan":
+        module = f", first non-finite output in {result.nan_module}" if result.nan_module else ""
+        which = "samples at fault" if result.nan_cause == "data" else "samples of the failing step (not at fault)"
+        lines.append(
+            f"nan     cause {result.nan_cause or 'unknown'}{module}; {which}: "
+            f"{', '.join(map(str, result.nan_samples)) or '-'}; the step's rows are in {folder / 'nan_batch.jsonl'}"
+        )
+    if result.longest_sample_tokens is not None:
+        lines.append(
+            f"data    samples trained on: the longest has {result.longest_sample_tokens} tokens before truncation "
+            f"(sample {result.longest_sample_index}); {100 * (result.truncated_sample_fraction or 0):.0f}% were cut at "
+            f"max_seq_length={config.max_seq_length}; fewest supervised tokens in a step: "
+            f"{result.min_supervised_tokens}"
+        )
+    if result.peak_memory_gib is not None:
+        load = f", {result.load_peak_memory_gib:.3f} GiB while loading" if result.load_peak_memory_gib else ""
+        lines.append(f"memory  {result.peak_memory_gib:.3f} GiB ({result.memory_kind}{load})")
+    if result.instability is not None:
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in result.instability_components.items())
+        lines.append(f"instability {format_instability(result.instability)} ({parts})")
+    if result.stress_stop is not None:
+        lines.append(margin_line(result))
+    phases = (("import", result.import_time_s), ("load", result.load_time_s), ("train", result.train_time_s))
+    times = [f"{phase} {seconds:.1f} s" for phase, seconds in phases if seconds is not None]
+    if result.wall_time_s is not None:
+        times.append(f"total {result.wall_time_s:.1f} s")
+    lines.append("time    " + ", ".join(times))
+    return lines
+
+
+def legacy_instability_warning(study: StudyLike) -> str | None:
+    """One line when the study mixes, or holds, instabilities of sweeper 0.1.0's definition
+    (:attr:`sweeper.study.StoredTrial.legacy_instability`), else None."""
+    old = [t.number for t in snapshot(study).measured if t.legacy_instability]
+    if not old:
+        return None
+    shown = ", ".join(map(str, old[:8])) + (f" and {len(old) - 8} more" if len(old) > 8 else "")
+    return (
+        f"WARNING instability: {len(old)} trial{'s' if len(old) > 1 else ''} of this study ({shown}) measured it with "
+        "sweeper 0.1.0's definition (the training loss's spikes, which a run that learns nothing scores ~0.6 on), "
+        "not the probe's: the front compares the two; start a new study (--study NAME) to compare like with like"
+    )
+
+
+def other_setups_line(study: StudyLike) -> str | None:
+    """One line when the study holds measured trials of setups other than its current one: how many, what differs
+    (each other setup's settings against the current one's, :func:`sweeper.study.differences`), and that they are
+    kept apart; else None."""
+    snap = snapshot(study)
+    current, setups = snap.current_setup, snap.setups
+    if current is None:
+        return None
+    by_setup: dict[int | None, int] = {}
+    for t in snap.measured:
+        index = snap.setup_of(t)
+        by_setup[index] = by_setup.get(index, 0) + 1
+    others = {i: n for i, n in by_setup.items() if i != current}
+    if not others:
+        return None
+    parts = []
+    for index, n in sorted(others.items(), key=lambda item: -1 if item[0] is None else item[0]):
+        if index is None or index >= len(setups) or current >= len(setups):
+            parts.append(f"{n} under settings this version cannot tell")
+            continue
+        changed = differences(setups[current], setups[index], word="now") or ["the same settings"]
+        parts.append(f"{n} with {', '.join(changed)}")
+    total = sum(others.values())
+    return (
+        f"note    {total} measured trial{'s' if total != 1 else ''} of this study {'were' if total != 1 else 'was'} "
+        f"measured under other settings ({'; '.join(parts)}): kept apart, the front, the picks and the exports "
+        f"compare the {by_setup.get(current, 0)} of the current settings"
+    )
 
 
 def margin_line(result: TrialResult) -> str:
@@ -370,17 +480,17 @@ def format_dropped_rows(dropped: Sequence[Any], rows: int, path: str, *, doctor:
     )
 
 
-def format_memory_prediction(prediction: Mapping[str, Any]) -> str | None:
+def format_memory_prediction(prediction: MemoryPrediction) -> str | None:
     """One line of ``sweep report``: the preflight's median error before and after its correction
     (:func:`sweeper.report._data.memory_prediction_data`); None without a complete trial that had a prediction."""
-    if prediction.get("median_error") is None:
+    if prediction.median_error is None:
         return None
-    n = sum(1 for r in prediction["trials"] if r["error"] is not None)
-    line = f"memory  predicted vs measured peak: median error {100 * prediction['median_error']:.0f}% over {n} trials"
-    if prediction.get("median_corrected_error") is not None:
+    n = sum(1 for r in prediction.trials if r.error is not None)
+    line = f"memory  predicted vs measured peak: median error {100 * prediction.median_error:.0f}% over {n} trials"
+    if prediction.median_corrected_error is not None:
+        corrected = prediction.corrected_trials
         line += (
-            f", {100 * prediction['median_corrected_error']:.0f}% after the study's correction "
-            f"({prediction['corrected_trials']} trial{'s' if prediction['corrected_trials'] != 1 else ''} predicted "
-            "with it)"
+            f", {100 * prediction.median_corrected_error:.0f}% after the study's correction "
+            f"({corrected} trial{'s' if corrected != 1 else ''} predicted with it)"
         )
     return line

@@ -1,8 +1,9 @@
-"""What a finished study says, as plain data: the Pareto front with every trial around it, the fit map of batch size
+"""What a finished study says, as records: the Pareto front with every trial around it, the fit map of batch size
 against ``max_seq_length``, loss and gradient-norm curves, parameter importance, and the JSON of ``sweep report``.
 
-The data half of the report: every function takes an ``optuna.Study`` and returns dicts and lists of
-plain values, no torch and no plotly; :mod:`sweeper.report._figures` turns them into figures.
+The data half of the report: every function takes a study or its snapshot (:func:`sweeper.study.snapshot`) and
+returns the frozen records of :mod:`sweeper.report._records`, no torch and no plotly;
+:mod:`sweeper.report._figures` turns them into figures, :mod:`sweeper.report._console` into text.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import math
 import statistics
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
@@ -19,11 +20,26 @@ from optuna.trial import TrialState
 
 from sweeper.errors import StudyError
 from sweeper.memory import median_abs
+from sweeper.report._console import other_setups_line, status_label
+from sweeper.report._records import (
+    Curve,
+    CurveKind,
+    FitCell,
+    FitMap,
+    FrontData,
+    FrontRow,
+    ImportancePart,
+    MemoryEffects,
+    MemoryPrediction,
+    NotShown,
+    ParamImportance,
+    Report,
+    TrialRecord,
+)
 from sweeper.study import (
     Objective,
     StoredTrial,
     StudyLike,
-    other_setups_line,
     prediction_errors,
     snapshot,
     stale_running,
@@ -42,10 +58,8 @@ REPORT_KEYS = (
     "learning_rate",
 )
 
-#: Statuses whose trial ran at least one step within the memory cap: their batch shape fits.
 
-
-def trial_params(trial: StoredTrial, searched: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+def trial_params(trial: StoredTrial, searched: Sequence[str] = ()) -> dict[str, Any]:
     """The trial's settings under :data:`REPORT_KEYS` plus any other searched key, from its stored config; a trial
     that stored none (interrupted before its result was recorded) shows the values it was sampled with."""
     if trial.config is None:
@@ -59,11 +73,9 @@ def trial_params(trial: StoredTrial, searched: list[str] | tuple[str, ...] = ())
     return {k: out[k] for k in [*REPORT_KEYS, *searched] if k in out}
 
 
-def status_label(trial: StoredTrial) -> str:
+def trial_label(trial: StoredTrial) -> str:
     """``complete``, ``oom``, ``nan/data`` ...: the trial's status with its NaN cause (as the console shows it)."""
-    from sweeper.report._console import status_label as label
-
-    return label(trial.status_name, trial.result.nan_cause)
+    return status_label(trial.status_name, trial.result.nan_cause)
 
 
 def _finite(x: Any) -> float | None:
@@ -71,41 +83,43 @@ def _finite(x: Any) -> float | None:
 
 
 def trial_record(
-    trial: StoredTrial, searched: list[str], front: set[int], objectives: Sequence[Objective] = ()
-) -> dict[str, Any]:
-    """One trial for the report: number, state, status (with cause), reason, params, measurements, front flag, and
-    the value of each objective of ``objectives`` not already among them (a registered objective beyond the default
-    ones: :func:`extra_objectives`), None unless the trial completed."""
+    trial: StoredTrial, searched: Sequence[str], front: set[int], objectives: Sequence[Objective] = ()
+) -> TrialRecord:
+    """One trial for the report (:class:`~sweeper.report._records.TrialRecord`): number, state, status (with
+    cause), reason, params, measurements, front flag, and the value of each objective of ``objectives`` not already
+    among them (a registered objective beyond the default ones: :func:`extra_objectives`), None unless the trial
+    completed."""
     r = trial.result
-    extra = {
-        o.name: trial.values[i] if trial.values is not None else None
-        for i, o in enumerate(objectives)
-        if o in extra_objectives(objectives)
-    }
-    return {
-        "number": trial.number,
-        "state": trial.state.name,
-        "status": trial.user_attrs.get("status"),
-        "label": status_label(trial),
-        "nan_cause": r.nan_cause,
-        "nan_samples": r.nan_samples or [],
-        "reason": r.reason,
-        "params": trial_params(trial, searched),
-        "peak_memory_gib": _finite(r.peak_memory_gib),
-        "memory_kind": r.memory_kind,
-        "predicted_peak_gib": _finite(r.predicted_peak_gib),
-        "instability": _finite(r.instability) if trial.state == TrialState.COMPLETE else None,
-        "stability_margin": _finite(r.stability_margin) if trial.state == TrialState.COMPLETE else None,
-        "margin_capped": r.margin_capped,
-        "lr_ceiling": _finite(r.lr_ceiling),
-        "predicted_max_lr": _finite(r.predicted_max_lr),
-        "learning_progress": _finite(r.learning_progress),
-        "fail_step": r.fail_step,
-        "steps_done": r.steps_done,
-        "on_front": trial.number in front,
-        "confirmation": trial.confirmation.to_dict() if trial.confirmation else None,
-        **extra,
-    }
+    extra = extra_objectives(objectives)
+    complete = trial.state == TrialState.COMPLETE
+    return TrialRecord(
+        number=trial.number,
+        state=trial.state.name,
+        status=trial.user_attrs.get("status"),
+        label=trial_label(trial),
+        nan_cause=r.nan_cause,
+        nan_samples=tuple(r.nan_samples or ()),
+        reason=r.reason,
+        params=trial_params(trial, searched),
+        peak_memory_gib=_finite(r.peak_memory_gib),
+        memory_kind=r.memory_kind,
+        predicted_peak_gib=_finite(r.predicted_peak_gib),
+        instability=_finite(r.instability) if complete else None,
+        stability_margin=_finite(r.stability_margin) if complete else None,
+        margin_capped=r.margin_capped,
+        lr_ceiling=_finite(r.lr_ceiling),
+        predicted_max_lr=_finite(r.predicted_max_lr),
+        learning_progress=_finite(r.learning_progress),
+        fail_step=r.fail_step,
+        steps_done=r.steps_done,
+        on_front=trial.number in front,
+        confirmation=trial.confirmation,
+        objective_values={
+            o.name: trial.values[i] if trial.values is not None else None
+            for i, o in enumerate(objectives)
+            if o in extra
+        },
+    )
 
 
 def extra_objectives(objectives: Sequence[Objective]) -> list[Objective]:
@@ -114,31 +128,27 @@ def extra_objectives(objectives: Sequence[Objective]) -> list[Objective]:
     return [o for o in objectives if o.role is None]
 
 
-def front_data(study: StudyLike) -> dict[str, Any]:
-    """Every measured trial of the study's current setup (:func:`sweeper.study.current_trials`) as a point of peak
-    memory against its stability margin, the front flagged.
+def front_data(study: StudyLike) -> FrontData:
+    """Every measured trial of the study's current setup (:meth:`sweeper.study.StudySnapshot.current`) as a point of
+    peak memory against its stability margin, the front flagged (:class:`~sweeper.report._records.FrontData`).
 
-    Returns:
-        ``{"objectives": [...], "memory_kind": str | None, "points": [record]}`` with the records of
-        :func:`trial_record`; ``objectives`` are the study's (``["peak_memory_gib", "edge_proximity"]``, or
-        ``instability`` second in a study written before the margin). PRUNED and FAIL trials have
-        ``stability_margin`` and ``instability`` None and, where the worker measured it, a ``peak_memory_gib`` (an
-        OOM's is the memory at the failure).
+    Its ``objectives`` are the study's (``peak_memory_gib``, ``edge_proximity``, or ``instability`` second in a study
+    written before the margin). PRUNED and FAIL trials have ``stability_margin`` and ``instability`` None and, where
+    the worker measured it, a ``peak_memory_gib`` (an OOM's is the memory at the failure).
     """
     study = snapshot(study)
-    searched = list(study.searched)
     front = {t.number for t in study.front}
     current = study.current(study.measured)  # other setups' trials are not on this front's axes
-    points = [trial_record(t, searched, front, study.objectives) for t in current]
-    kinds = {p["memory_kind"] for p in points if p["memory_kind"]}
+    points = tuple(trial_record(t, study.searched, front, study.objectives) for t in current)
+    kinds = {p.memory_kind for p in points if p.memory_kind}
     limits = [t.config.memory_limit_gib for t in current if t.config is not None]
-    return {
-        "objectives": objectives_of(study),
-        "memory_kind": kinds.pop() if len(kinds) == 1 else None,
-        "memory_limit_gib": max(limits) if limits else None,
-        "picks": picks(study),
-        "points": points,
-    }
+    return FrontData(
+        objectives=tuple(objectives_of(study)),
+        memory_kind=kinds.pop() if len(kinds) == 1 else None,
+        memory_limit_gib=max(limits) if limits else None,
+        picks=picks(study),
+        points=points,
+    )
 
 
 def counts_with_stale(study: StudyLike) -> dict[str, int]:
@@ -191,69 +201,61 @@ def no_picks_reason(study: StudyLike) -> str | None:
     return None
 
 
-def fit_map_data(study: StudyLike) -> dict[str, Any]:
-    """Which ``per_device_train_batch_size`` x ``max_seq_length`` shapes fit the memory cap.
+def fit_map_data(study: StudyLike) -> FitMap:
+    """Which ``per_device_train_batch_size`` x ``max_seq_length`` shapes fit the memory cap
+    (:class:`~sweeper.report._records.FitMap`).
 
     A cell *fits* when some trial of that shape ran a step within the cap (``complete`` or ``nan``), is *oom* when
     every trial of that shape ran out of memory, and is *not tried* otherwise (the figure fills those in). Other
     settings (r, dtype, ...) differ between the trials of a cell: its measured peaks are given as a range.
-
-    Returns:
-        ``{"batch_sizes": [...], "max_seq_lengths": [...], "cells": [{"per_device_train_batch_size",
-        "max_seq_length", "state", "fits", "ooms", "min_peak_memory_gib", "max_peak_memory_gib", "trials"}]}``.
     """
     study = snapshot(study)
-    cells: dict[tuple[int, int], dict[str, Any]] = {}
+    fits: dict[tuple[int, int], int] = {}
+    ooms: dict[tuple[int, int], int] = {}
+    trials: dict[tuple[int, int], list[int]] = {}
+    peaks: dict[tuple[int, int], list[float]] = {}
     for t in study.measured:
-        config, fits = t.config, t.status.fits
-        if fits is None or config is None:
+        config, fit = t.config, t.status.fits
+        if fit is None or config is None:
             continue
         key = (config.per_device_train_batch_size, config.max_seq_length)
-        cell = cells.setdefault(
-            key,
-            {
-                "per_device_train_batch_size": key[0],
-                "max_seq_length": key[1],
-                "fits": 0,
-                "ooms": 0,
-                "peaks": [],
-                "trials": [],
-            },
-        )
-        cell["fits" if fits else "ooms"] += 1
-        cell["trials"].append(t.number)
+        trials.setdefault(key, []).append(t.number)
+        (fits if fit else ooms)[key] = (fits if fit else ooms).get(key, 0) + 1
         peak = _finite(t.result.peak_memory_gib)
-        if peak is not None and fits:
-            cell["peaks"].append(peak)
-    out = []
-    for key in sorted(cells):
-        cell = cells[key]
-        peaks = cell.pop("peaks")
-        cell["state"] = "fits" if cell["fits"] else "oom"
-        cell["min_peak_memory_gib"] = min(peaks) if peaks else None
-        cell["max_peak_memory_gib"] = max(peaks) if peaks else None
-        out.append(cell)
-    return {
-        "batch_sizes": sorted({k[0] for k in cells}),
-        "max_seq_lengths": sorted({k[1] for k in cells}),
-        "cells": out,
-    }
+        if peak is not None and fit:
+            peaks.setdefault(key, []).append(peak)
+    cells = []
+    for key in sorted(trials):
+        shape_peaks = peaks.get(key, [])
+        cells.append(
+            FitCell(
+                per_device_train_batch_size=key[0],
+                max_seq_length=key[1],
+                fits=fits.get(key, 0),
+                ooms=ooms.get(key, 0),
+                trials=tuple(trials[key]),
+                state="fits" if fits.get(key) else "oom",
+                min_peak_memory_gib=min(shape_peaks) if shape_peaks else None,
+                max_peak_memory_gib=max(shape_peaks) if shape_peaks else None,
+            )
+        )
+    return FitMap(
+        batch_sizes=tuple(sorted({k[0] for k in trials})),
+        max_seq_lengths=tuple(sorted({k[1] for k in trials})),
+        cells=tuple(cells),
+    )
 
 
-def largest_fitting_seq(fit_map: Mapping[str, Any]) -> dict[int, int | None]:
+def largest_fitting_seq(fit_map: FitMap) -> dict[int, int | None]:
     """The largest ``max_seq_length`` that fit for each batch size of :func:`fit_map_data` (None: none fit)."""
     out: dict[int, int | None] = {}
-    for b in fit_map["batch_sizes"]:
-        fits = [
-            c["max_seq_length"]
-            for c in fit_map["cells"]
-            if c["per_device_train_batch_size"] == b and c["state"] == "fits"
-        ]
+    for b in fit_map.batch_sizes:
+        fits = [c.max_seq_length for c in fit_map.cells if c.per_device_train_batch_size == b and c.state == "fits"]
         out[b] = max(fits) if fits else None
     return out
 
 
-def describe_fit(fit_map: Mapping[str, Any]) -> dict[int, str]:
+def describe_fit(fit_map: FitMap) -> dict[int, str]:
     """Per batch size, the largest ``max_seq_length`` that fit, or which lengths ran out of memory: ``{1: "256",
     8: "none (OOM at 128, 256)"}``."""
     out = {}
@@ -261,37 +263,31 @@ def describe_fit(fit_map: Mapping[str, Any]) -> dict[int, str]:
         if seq is not None:
             out[b] = str(seq)
         else:
-            ooms = sorted(c["max_seq_length"] for c in fit_map["cells"] if c["per_device_train_batch_size"] == b)
+            ooms = sorted(c.max_seq_length for c in fit_map.cells if c.per_device_train_batch_size == b)
             out[b] = f"none (OOM at {', '.join(map(str, ooms))})"
     return out
 
 
-def curves_data(study: StudyLike) -> list[dict[str, Any]]:
-    """Loss and gradient-norm curves of the front's trials, of the NaN trials (up to the failing step, whose
-    non-finite values are None) and of the diverged trials.
-
-    Returns:
-        ``[{"number", "kind": "front" | "nan" | "diverged", "label", "loss": [float | None],
-        "grad_norm": [float | None]}]``.
-    """
+def curves_data(study: StudyLike) -> list[Curve]:
+    """Loss and gradient-norm curves (:class:`~sweeper.report._records.Curve`) of the front's trials, of the NaN
+    trials (up to the failing step, whose non-finite values are None) and of the diverged trials, in that order."""
     study = snapshot(study)
     front = study.front
     numbers = {t.number for t in front}
     nan = [t for t in study.measured if t.status_name == "nan" and t.number not in numbers]
     diverged = [t for t in study.measured if t.status_name == "diverged" and t.number not in numbers]
-    out = []
-    for kind, trials in (("front", front), ("nan", nan), ("diverged", diverged)):
-        for t in trials:
-            out.append(
-                {
-                    "number": t.number,
-                    "kind": kind,
-                    "label": f"#{t.number} {status_label(t)}",
-                    "loss": [_finite(x) for x in t.result.loss_trace],
-                    "grad_norm": [_finite(x) for x in t.result.grad_norm_trace],
-                }
-            )
-    return out
+    groups: tuple[tuple[CurveKind, list[StoredTrial]], ...] = (("front", front), ("nan", nan), ("diverged", diverged))
+    return [
+        Curve(
+            number=t.number,
+            kind=kind,
+            label=f"#{t.number} {trial_label(t)}",
+            loss=tuple(_finite(x) for x in t.result.loss_trace),
+            grad_norm=tuple(_finite(x) for x in t.result.grad_norm_trace),
+        )
+        for kind, trials in groups
+        for t in trials
+    ]
 
 
 #: Complete trials (of the current setup) below which no importance is shown for the stability objective: on fewer,
@@ -308,22 +304,22 @@ def _objective(i: int) -> Any:
     return lambda t: t.values[i]
 
 
-def memory_effects(study: StudyLike, trials: list[StoredTrial]) -> dict[str, Any]:
+def memory_effects(study: StudyLike, trials: list[StoredTrial]) -> MemoryEffects | NotShown:
     """Which searched setting moves the predicted peak, and by how much, at the study's own configurations: for each
     searched key, the spread (max - min, GiB) of the memory model's prediction over the key's searched values with
     every other setting as a trial had it, the median over the study's measured configurations. A key the memory
     model does not depend on (``lora_alpha_ratio``, ``learning_rate``, the quant type) moves it by exactly 0.
 
     Returns:
-        ``{"effects_gib": {param: GiB}, "configurations": n}``, or ``{"not_shown": why}`` when the model's shape is
-        unknown or no trial stored its configuration.
+        The spread by setting, or why it is not shown (the model's shape is unknown, or no trial stored its
+        configuration).
     """
     study = snapshot(study)
     from sweeper.memory import memory_predictor
 
     configured = [t for t in trials if t.config is not None]
     if not configured:
-        return {"not_shown": "no measured trial stored its configuration"}
+        return NotShown(reason="no measured trial stored its configuration")
     first = configured[0].config
     assert first is not None
     device = "cuda" if str(configured[0].result.device or "").startswith("cuda") else "cpu"
@@ -337,12 +333,12 @@ def memory_effects(study: StudyLike, trials: list[StoredTrial]) -> dict[str, Any
             peaks = [predict(dataclasses.replace(t.config, **{key: v})) for v in choices]
             known = [p for p in peaks if p is not None]
             if len(known) < len(peaks):
-                return {"not_shown": "the memory model does not know this model's shape (no readable config.json)"}
+                return NotShown(reason="the memory model does not know this model's shape (no readable config.json)")
             effects[key].append(max(known) - min(known))
-    return {
-        "effects_gib": {k: float(statistics.median(v)) for k, v in effects.items() if v},
-        "configurations": len(configured),
-    }
+    return MemoryEffects(
+        effects_gib={k: float(statistics.median(v)) for k, v in effects.items() if v},
+        configurations=len(configured),
+    )
 
 
 def _searched_values(study: StudyLike) -> dict[str, list[Any]]:
@@ -359,7 +355,7 @@ def _searched_values(study: StudyLike) -> dict[str, list[Any]]:
     return out
 
 
-def importance_data(study: StudyLike) -> dict[str, dict[str, Any]]:
+def importance_data(study: StudyLike) -> dict[str, ImportancePart]:
     """What explains each objective over the study's current setup (:func:`sweeper.study.current_trials`).
 
     - ``peak_memory_gib``: the memory model itself (:func:`memory_effects`), not a fit to a handful of measured
@@ -370,20 +366,20 @@ def importance_data(study: StudyLike) -> dict[str, dict[str, Any]]:
       :data:`IMPORTANCE_RESAMPLES` bootstrap resamples of the trials (each resample's importances sum to 1).
 
     Returns:
-        ``{"peak_memory_gib": memory_effects(...), <stability objective>: {"importance": {param: median},
-        "interval": {param: [p5, p95]}, "trials": n} | {"not_shown": why}}``.
+        ``{"peak_memory_gib": memory_effects(...), <stability objective>: ParamImportance | NotShown, ...}``, in
+        the study's objective order.
     """
     study = snapshot(study)
     current = study.current(study.measured)
     names = objectives_of(study)
-    out: dict[str, dict[str, Any]] = {names[0]: memory_effects(study, current)}
+    out: dict[str, ImportancePart] = {names[0]: memory_effects(study, current)}
     complete = [t for t in current if t.state == TrialState.COMPLETE and t.frozen is not None]
     for i, name in enumerate(names[1:], start=1):
         if len(complete) < MIN_IMPORTANCE_TRIALS:
-            out[name] = {
-                "not_shown": f"{len(complete)} complete trials; a ranking needs {MIN_IMPORTANCE_TRIALS} (on fewer "
+            out[name] = NotShown(
+                reason=f"{len(complete)} complete trials; a ranking needs {MIN_IMPORTANCE_TRIALS} (on fewer "
                 "it ranks noise)"
-            }
+            )
             continue
         out[name] = _bootstrap_importance(
             [t.frozen for t in complete if t.frozen is not None], study.study.directions, i
@@ -391,7 +387,7 @@ def importance_data(study: StudyLike) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _bootstrap_importance(trials: list[Any], directions: Any, index: int) -> dict[str, Any]:
+def _bootstrap_importance(trials: list[Any], directions: Any, index: int) -> ParamImportance | NotShown:
     """optuna's importance of objective ``index`` over bootstrap resamples of ``trials``."""
     import random
 
@@ -410,78 +406,84 @@ def _bootstrap_importance(trials: list[Any], directions: Any, index: int) -> dic
         for key, value in values.items():
             samples.setdefault(key, []).append(float(value))
     if not samples:
-        return {"not_shown": "no parameter varies among the complete trials"}
+        return NotShown(reason="no parameter varies among the complete trials")
 
     def pct(xs: list[float], q: float) -> float:
         xs = sorted(xs)
         return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
-    return {
-        "importance": {k: float(statistics.median(v)) for k, v in samples.items()},
-        "interval": {k: [pct(v, 0.05), pct(v, 0.95)] for k, v in samples.items()},
-        "trials": len(trials),
-    }
+    return ParamImportance(
+        importance={k: float(statistics.median(v)) for k, v in samples.items()},
+        interval={k: (pct(v, 0.05), pct(v, 0.95)) for k, v in samples.items()},
+        trials=len(trials),
+    )
 
 
-def memory_prediction_data(study: StudyLike) -> dict[str, Any]:
+def memory_prediction_data(study: StudyLike) -> MemoryPrediction:
     """Predicted vs measured peak memory of the complete trials, as the preflight predicted each before running it
-    (:func:`sweeper.study.prediction_errors`): ``{"trials": [{"number", "memory_kind", "predicted_gib",
-    "corrected_gib", "measured_gib", "error", "corrected_error"}], "median_error", "median_corrected_error",
-    "corrected_trials", "calibration"}``. Errors are fractions of the measured peak (``-0.33``: a third under); the
-    medians are of their absolute values, ``median_corrected_error`` over the trials that had a correction
-    (``corrected_trials`` of them); ``calibration`` is the study's stored correction
-    (:data:`sweeper.study.CALIBRATION_ATTR`, by memory kind), or None."""
+    (:func:`sweeper.study.prediction_errors`; :class:`~sweeper.report._records.MemoryPrediction`). Errors are
+    fractions of the measured peak (``-0.33``: a third under); the medians are of their absolute values,
+    ``median_corrected_error`` over the trials that had a correction (``corrected_trials`` of them);
+    ``calibration`` is the study's stored correction (:data:`sweeper.study.CALIBRATION_ATTR`, by memory kind), or
+    None."""
     study = snapshot(study)
     rows = prediction_errors(study)
-    corrected = [r["corrected_error"] for r in rows if r["corrected_error"] is not None]
-    return {
-        "trials": rows,
-        "median_error": median_abs(r["error"] for r in rows),
-        "median_corrected_error": median_abs(corrected),
-        "corrected_trials": len(corrected),
-        "calibration": study.calibration,
-    }
+    corrected = [r.corrected_error for r in rows if r.corrected_error is not None]
+    return MemoryPrediction(
+        trials=tuple(rows),
+        median_error=median_abs(r.error for r in rows),
+        median_corrected_error=median_abs(corrected),
+        corrected_trials=len(corrected),
+        calibration=study.calibration,
+    )
 
 
-def report_dict(study: StudyLike) -> dict[str, Any]:
-    """``sweep report --json``: ``{"study", "directions", "objectives", "front": [{"number", "params",
-    "peak_memory_gib", <second objective>, "stability_margin", "margin_capped", "lr_ceiling", "predicted_max_lr",
-    "learning_progress", "instability", "confirmation"}], "trials": [record], "status_counts", "nan_causes",
-    "largest_max_seq_length_by_batch", "importance", "picks", "memory_prediction", "other_setups"}``
-    (:func:`memory_prediction_data`; ``other_setups``: :func:`sweeper.study.other_setups_line`, or None)."""
+def front_row(trial: StoredTrial, searched: Sequence[str], objectives: Sequence[Objective]) -> FrontRow:
+    """One COMPLETE trial of the front as ``sweep report --json`` lists it (:class:`~sweeper.report._records.FrontRow`).
+
+    Raises:
+        ValueError: ``trial`` has no objective values (it did not complete).
+    """
+    if trial.values is None:
+        raise ValueError(f"trial {trial.number} has no objective values")
+    values = dict(zip((o.name for o in objectives), trial.values))
+    memory = next((i for i, o in enumerate(objectives) if o.role == "memory"), 0)
+    r = trial.result
+    return FrontRow(
+        number=trial.number,
+        params=trial_params(trial, searched),
+        objective_values=values,
+        peak_memory_gib=trial.values[memory],
+        stability_margin=_finite(r.stability_margin),
+        margin_capped=r.margin_capped,
+        lr_ceiling=_finite(r.lr_ceiling),
+        predicted_max_lr=_finite(r.predicted_max_lr),
+        learning_progress=_finite(r.learning_progress),
+        instability=_finite(r.instability),
+        confirmation=trial.confirmation,
+    )
+
+
+def report_data(study: StudyLike) -> Report:
+    """What ``sweep report --json`` prints (:meth:`~sweeper.report._records.Report.to_dict`) and the HTML report
+    shows: the front (:func:`front_row`), every measured trial (:func:`trial_record`), counts, NaN causes, what fit,
+    importance, picks, memory predictions (:func:`memory_prediction_data`) and the line on other setups
+    (:func:`sweeper.report.other_setups_line`, or None)."""
     study = snapshot(study)
-    searched = list(study.searched)
     front = study.front
     numbers = {t.number for t in front}
-    fit = fit_map_data(study)
-    objectives = study.objectives
-    return {
-        "study": study.name,
-        "directions": study.directions,
-        "objectives": objectives_of(study),
-        "front": [
-            {
-                "confirmation": t.confirmation.to_dict() if t.confirmation else None,
-                "number": t.number,
-                "params": trial_params(t, searched),
-                **{o.name: value for o, value in zip(objectives, t.values)},
-                "stability_margin": _finite(t.result.stability_margin),
-                "margin_capped": t.result.margin_capped,
-                "lr_ceiling": _finite(t.result.lr_ceiling),
-                "predicted_max_lr": _finite(t.result.predicted_max_lr),
-                "learning_progress": _finite(t.result.learning_progress),
-                "instability": _finite(t.result.instability),
-            }
-            for t in front
-            if t.values is not None
-        ],
-        "trials": [trial_record(t, searched, numbers, objectives) for t in study.measured],
-        "status_counts": counts_with_stale(study),
-        "stale": list(stale_running(study.study).values()),
-        "nan_causes": dict(study.nan_causes),
-        "largest_max_seq_length_by_batch": {str(b): s for b, s in largest_fitting_seq(fit).items()},
-        "importance": importance_data(study),
-        "picks": picks(study),
-        "memory_prediction": memory_prediction_data(study),
-        "other_setups": other_setups_line(study),
-    }
+    return Report(
+        study=study.name,
+        directions=tuple(study.directions),
+        objectives=tuple(objectives_of(study)),
+        front=tuple(front_row(t, study.searched, study.objectives) for t in front if t.values is not None),
+        trials=tuple(trial_record(t, study.searched, numbers, study.objectives) for t in study.measured),
+        status_counts=counts_with_stale(study),
+        stale=tuple(stale_running(study.study).values()),
+        nan_causes={cause: tuple(nan) for cause, nan in study.nan_causes.items()},
+        largest_max_seq_length_by_batch=largest_fitting_seq(fit_map_data(study)),
+        importance=importance_data(study),
+        picks=picks(study),
+        memory_prediction=memory_prediction_data(study),
+        other_setups=other_setups_line(study),
+    )

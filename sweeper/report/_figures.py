@@ -1,5 +1,5 @@
 """Figures of a study (plotly) and the self-contained HTML report: the second step after :mod:`sweeper.report._data`,
-which computes each figure's data.
+which computes each figure's data as a record (:mod:`sweeper.report._records`).
 
 The HTML carries plotly.js inline once (no CDN), so the file opens offline.
 """
@@ -11,14 +11,30 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from sweeper.report import _data as data
 from sweeper.report._console import format_instability, format_margin
 from sweeper.report._data import IMPORTANCE_RESAMPLES, MIN_IMPORTANCE_TRIALS
+from sweeper.report._records import (
+    Curve,
+    FitMap,
+    FrontData,
+    FrontRow,
+    ImportancePart,
+    MemoryEffects,
+    MemoryPrediction,
+    NotShown,
+    ParamImportance,
+    Report,
+    TrialRecord,
+)
 from sweeper.study import StudyLike, snapshot
+
+#: The front figure's height of a point: its stability margin, or a pre-margin study's instability (None: unknown).
+Height: TypeAlias = Callable[[TrialRecord], float | None]
 
 #: Marker per status in the front figure (plotly symbol names).
 SYMBOLS = {
@@ -43,27 +59,33 @@ COLORS = {
 }
 
 
-def _hover(point: Mapping[str, Any]) -> str:
-    params = "<br>".join(f"{k}={v}" for k, v in point["params"].items())
-    memory = "-" if point["peak_memory_gib"] is None else f"{point['peak_memory_gib']:.3f} GiB"
-    if point.get("predicted_peak_gib") is not None:
-        memory += f" (predicted {point['predicted_peak_gib']:.2f})"
-    stability = format_instability(point["instability"])
-    if point.get("stability_margin") is not None:
-        stability = f"{format_margin(point['stability_margin'], point.get('margin_capped'))}, " + stability
-    reason = html.escape(point["reason"])[:200]
-    confirmed = point.get("confirmation")
+def _hover(point: TrialRecord) -> str:
+    params = "<br>".join(f"{k}={v}" for k, v in point.params.items())
+    memory = "-" if point.peak_memory_gib is None else f"{point.peak_memory_gib:.3f} GiB"
+    if point.predicted_peak_gib is not None:
+        memory += f" (predicted {point.predicted_peak_gib:.2f})"
+    stability = format_instability(point.instability)
+    if point.stability_margin is not None:
+        stability = f"{format_margin(point.stability_margin, point.margin_capped)}, " + stability
+    reason = html.escape(point.reason)[:200]
+    confirmed = point.confirmation
     long = ""
     if confirmed:
-        long = f"<br>confirmed at {confirmed['steps']} steps: {html.escape(str(confirmed['status']))}"
-        if confirmed["status"] != "complete":
-            long += f" at step {confirmed.get('fail_step')}"
-    return (
-        f"trial {point['number']}: {point['label']}<br>peak {memory}, margin {stability}{long}<br>{params}<br>{reason}"
-    )
+        long = f"<br>confirmed at {confirmed.steps} steps: {html.escape(str(confirmed.status))}"
+        if not confirmed.passed:
+            long += f" at step {confirmed.fail_step}"
+    return f"trial {point.number}: {point.label}<br>peak {memory}, margin {stability}{long}<br>{params}<br>{reason}"
 
 
-def front_figure(front: Mapping[str, Any]) -> Any:
+def _margin(point: TrialRecord) -> float | None:
+    return point.stability_margin
+
+
+def _instability(point: TrialRecord) -> float | None:
+    return point.instability
+
+
+def front_figure(front: FrontData) -> Any:
     """Peak memory (x) against the stability margin (y, log axis, higher is safer) for every trial of
     :func:`sweeper.report.front_data`: the front as a red line, other complete trials in blue, pruned and failed
     trials where their memory is known in a band below a margin of 1 (they failed at their own rate), one marker per
@@ -71,23 +93,23 @@ def front_figure(front: Mapping[str, Any]) -> Any:
     (linear, lower is better, failures in a band above)."""
     import plotly.graph_objects as go
 
-    points = front["points"]
-    margin = "edge_proximity" in list(front.get("objectives") or [])
-    key = "stability_margin" if margin else "instability"
-    complete = [p for p in points if p[key] is not None]
-    on_front = sorted((p for p in complete if p["on_front"]), key=lambda p: p["peak_memory_gib"])
+    points = front.points
+    margin = front.ranks_by_margin
+    height: Height = _margin if margin else _instability
+    complete = [(p, y) for p in points if (y := height(p)) is not None]
+    on_front = sorted(((p, y) for p, y in complete if p.on_front), key=lambda py: py[0].peak_memory_gib or 0.0)
     if margin:
-        band = min([0.7, *(p[key] / 1.6 for p in complete)])
+        band = min([0.7, *(y / 1.6 for _, y in complete)])
     else:
-        band = max((p[key] for p in complete), default=1.0) * 1.15 + 0.05
+        band = max((y for _, y in complete), default=1.0) * 1.15 + 0.05
     fig = go.Figure()
     for trace in (
-        *_complete_traces(complete, on_front, key),
-        *_confirmation_traces(complete, key),
-        *_failed_traces(points, band, key),
+        *_complete_traces(complete, on_front),
+        *_confirmation_traces(complete),
+        *_failed_traces(points, band, height, margin),
     ):
         fig.add_trace(trace)
-    limit = front.get("memory_limit_gib")
+    limit = front.memory_limit_gib
     if limit is not None:
         fig.add_vline(
             x=limit,
@@ -96,19 +118,19 @@ def front_figure(front: Mapping[str, Any]) -> Any:
             annotation_text=f"memory_limit_gib {limit:g}",
             annotation_position="bottom left" if margin else "top left",
         )
-    knee = front.get("picks", {}).get("knee")
-    for p in on_front:
-        if p["number"] == knee:
+    knee = front.knee
+    for p, y in on_front:
+        if p.number == knee:
             fig.add_annotation(
-                x=p["peak_memory_gib"],
-                y=math.log10(p[key]) if margin else p[key],
+                x=p.peak_memory_gib,
+                y=math.log10(y) if margin else y,
                 text="knee",
                 showarrow=True,
                 arrowhead=2,
                 ax=-45 if margin else 40,
                 ay=-35 if margin else -40,
             )
-    kind = front.get("memory_kind") or "peak memory"
+    kind = front.memory_kind or "peak memory"
     fig.update_layout(
         title=(
             "Peak memory against stability margin (upper left is better)"
@@ -126,45 +148,45 @@ def front_figure(front: Mapping[str, Any]) -> Any:
 
 
 def _complete_traces(
-    complete: Sequence[Mapping[str, Any]], on_front: Sequence[Mapping[str, Any]], key: str
+    complete: Sequence[tuple[TrialRecord, float]], on_front: Sequence[tuple[TrialRecord, float]]
 ) -> list[Any]:
-    """Of :func:`front_figure`: the complete trials off the front in blue, then the front (by memory) as a red line
-    labelled with the trial numbers."""
+    """Of :func:`front_figure`: the complete trials (each with its height) off the front in blue, then the front (by
+    memory) as a red line labelled with the trial numbers."""
     import plotly.graph_objects as go
 
     traces = []
-    rest = [p for p in complete if not p["on_front"]]
+    rest = [(p, y) for p, y in complete if not p.on_front]
     if rest:
         traces.append(
             go.Scatter(
-                x=[p["peak_memory_gib"] for p in rest],
-                y=[p[key] for p in rest],
+                x=[p.peak_memory_gib for p, _ in rest],
+                y=[y for _, y in rest],
                 mode="markers",
                 name="complete",
                 marker={"color": COLORS["complete"], "size": 9},
-                hovertext=[_hover(p) for p in rest],
+                hovertext=[_hover(p) for p, _ in rest],
                 hoverinfo="text",
             )
         )
     if on_front:
         traces.append(
             go.Scatter(
-                x=[p["peak_memory_gib"] for p in on_front],
-                y=[p[key] for p in on_front],
+                x=[p.peak_memory_gib for p, _ in on_front],
+                y=[y for _, y in on_front],
                 mode="lines+markers+text",
                 name="Pareto front",
-                text=[f"#{p['number']}" for p in on_front],
+                text=[f"#{p.number}" for p, _ in on_front],
                 textposition="top center",
                 line={"color": COLORS["front"]},
                 marker={"color": COLORS["front"], "size": 12},
-                hovertext=[_hover(p) for p in on_front],
+                hovertext=[_hover(p) for p, _ in on_front],
                 hoverinfo="text",
             )
         )
     return traces
 
 
-def _confirmation_traces(complete: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
+def _confirmation_traces(complete: Sequence[tuple[TrialRecord, float]]) -> list[Any]:
     """Of :func:`front_figure`: rings around the complete trials whose long run passed, crosses where it failed."""
     import plotly.graph_objects as go
 
@@ -173,38 +195,39 @@ def _confirmation_traces(complete: Sequence[Mapping[str, Any]], key: str) -> lis
         (True, "confirmed: the long run completed", "circle-open", "#2ca02c"),
         (False, "failed its confirmation (long run)", "x-open", "#d62728"),
     ):
-        group = [p for p in complete if p.get("confirmation") and (p["confirmation"]["status"] == "complete") == passed]
+        group = [(p, y) for p, y in complete if p.confirmation is not None and p.confirmation.passed == passed]
         if group:
             traces.append(
                 go.Scatter(
-                    x=[p["peak_memory_gib"] for p in group],
-                    y=[p[key] for p in group],
+                    x=[p.peak_memory_gib for p, _ in group],
+                    y=[y for _, y in group],
                     mode="markers",
                     name=name,
                     marker={"symbol": symbol, "size": 22, "color": color, "line": {"width": 3}},
-                    hovertext=[_hover(p) for p in group],
+                    hovertext=[_hover(p) for p, _ in group],
                     hoverinfo="text",
                 )
             )
     return traces
 
 
-def _failed_traces(points: Sequence[Mapping[str, Any]], band: float, key: str) -> list[Any]:
-    """Of :func:`front_figure`: the trials with no ``key`` value but a known memory, at height ``band``, one trace
-    per label (so a NaN's cause shows in the legend), one marker per status."""
+def _failed_traces(points: Sequence[TrialRecord], band: float, height: Height, margin: bool) -> list[Any]:
+    """Of :func:`front_figure`: the trials with no height (no margin, or no instability when not ``margin``) but a
+    known memory, at height ``band``, one trace per label (so a NaN's cause shows in the legend), one marker per
+    status."""
     import plotly.graph_objects as go
 
-    failed = [p for p in points if p[key] is None and p["peak_memory_gib"] is not None]
+    failed = [p for p in points if height(p) is None and p.peak_memory_gib is not None]
     traces = []
-    for label in sorted({p["label"] for p in failed}):
-        group = [p for p in failed if p["label"] == label]
-        status = group[0]["status"]
+    for label in sorted({p.label for p in failed}):
+        group = [p for p in failed if p.label == label]
+        status = group[0].status or ""
         traces.append(
             go.Scatter(
-                x=[p["peak_memory_gib"] for p in group],
+                x=[p.peak_memory_gib for p in group],
                 y=[band] * len(group),
                 mode="markers",
-                name=f"{label} (no {'margin' if key == 'stability_margin' else 'instability'})",
+                name=f"{label} (no {'margin' if margin else 'instability'})",
                 marker={"symbol": SYMBOLS.get(status, "diamond"), "size": 12, "color": COLORS.get(status, "#9467bd")},
                 hovertext=[_hover(p) for p in group],
                 hoverinfo="text",
@@ -213,29 +236,28 @@ def _failed_traces(points: Sequence[Mapping[str, Any]], band: float, key: str) -
     return traces
 
 
-def fit_map_figure(fit: Mapping[str, Any]) -> Any:
+def fit_map_figure(fit: FitMap) -> Any:
     """A grid of per_device_train_batch_size (rows) x max_seq_length (columns): green fits (with the measured peak
     range), grey OOM, blank not tried."""
     import plotly.graph_objects as go
 
-    batches, lengths = fit["batch_sizes"], fit["max_seq_lengths"]
-    cells = {(c["per_device_train_batch_size"], c["max_seq_length"]): c for c in fit["cells"]}
+    batches, lengths = fit.batch_sizes, fit.max_seq_lengths
     z, text = [], []
     for b in batches:
         row_z, row_t = [], []
         for s in lengths:
-            c = cells.get((b, s))
+            c = fit.cell(b, s)
             if c is None:
                 row_z.append(0)
                 row_t.append("not tried")
-            elif c["state"] == "fits":
+            elif c.state == "fits":
                 row_z.append(2)
-                lo, hi = c["min_peak_memory_gib"], c["max_peak_memory_gib"]
+                lo, hi = c.min_peak_memory_gib, c.max_peak_memory_gib
                 peak = "" if lo is None else (f"{lo:.2f}" if lo == hi else f"{lo:.2f}-{hi:.2f}") + " GiB"
-                row_t.append(f"fits {peak}" + (f" ({c['ooms']} OOM)" if c["ooms"] else ""))
+                row_t.append(f"fits {peak}" + (f" ({c.ooms} OOM)" if c.ooms else ""))
             else:
                 row_z.append(1)
-                row_t.append(f"OOM ({c['ooms']})")
+                row_t.append(f"OOM ({c.ooms})")
         z.append(row_z)
         text.append(row_t)
     colorscale = [[0, COLORS["not_tried"]], [0.5, COLORS["oom"]], [1, COLORS["fits"]]]
@@ -265,7 +287,7 @@ def fit_map_figure(fit: Mapping[str, Any]) -> Any:
     return fig
 
 
-def curves_figure(curves: Sequence[Mapping[str, Any]]) -> Any:
+def curves_figure(curves: Sequence[Curve]) -> Any:
     """Loss (left) and pre-clip gradient norm (right, log scale) per step for the front's and the NaN trials; a NaN
     trial's failing step is a gap."""
     import plotly.colors
@@ -275,20 +297,20 @@ def curves_figure(curves: Sequence[Mapping[str, Any]]) -> Any:
     palette = plotly.colors.qualitative.Plotly
     fig = make_subplots(rows=1, cols=2, subplot_titles=("loss", "gradient norm (before clipping)"))
     for i, c in enumerate(curves):
-        line = {"dash": "solid" if c["kind"] == "front" else "dot", "color": palette[i % len(palette)]}
-        steps = list(range(1, max(len(c["loss"]), len(c["grad_norm"])) + 1))
+        line = {"dash": "solid" if c.kind == "front" else "dot", "color": palette[i % len(palette)]}
+        steps = list(range(1, max(len(c.loss), len(c.grad_norm)) + 1))
         fig.add_trace(
-            go.Scatter(x=steps, y=c["loss"], mode="lines+markers", name=c["label"], legendgroup=c["label"], line=line),
+            go.Scatter(x=steps, y=list(c.loss), mode="lines+markers", name=c.label, legendgroup=c.label, line=line),
             row=1,
             col=1,
         )
         fig.add_trace(
             go.Scatter(
                 x=steps,
-                y=c["grad_norm"],
+                y=list(c.grad_norm),
                 mode="lines+markers",
-                name=c["label"],
-                legendgroup=c["label"],
+                name=c.label,
+                legendgroup=c.label,
                 showlegend=False,
                 line=line,
             ),
@@ -305,7 +327,7 @@ def curves_figure(curves: Sequence[Mapping[str, Any]]) -> Any:
     return fig
 
 
-def importance_figure(importance: Mapping[str, Mapping[str, Any]]) -> Any:
+def importance_figure(importance: Mapping[str, ImportancePart]) -> Any:
     """Two panels (:func:`sweeper.report._data.importance_data`): what moves the predicted peak memory, in GiB, by
     the memory model at the study's configurations; and optuna's importance of the stability objective with its
     bootstrap interval, or the reason it is not shown."""
@@ -318,11 +340,10 @@ def importance_figure(importance: Mapping[str, Mapping[str, Any]]) -> Any:
         for i, name in enumerate(names)
     ]
     fig = make_subplots(rows=1, cols=max(1, len(names)), subplot_titles=titles or [""], horizontal_spacing=0.3)
-    for i, name in enumerate(names, 1):
-        part = importance[name]
-        if "not_shown" in part:
+    for i, (name, part) in enumerate(importance.items(), 1):
+        if isinstance(part, NotShown):
             fig.add_annotation(
-                text="not shown: " + str(part["not_shown"]),
+                text="not shown: " + part.reason,
                 xref=f"x{i if i > 1 else ''} domain",
                 yref=f"y{i if i > 1 else ''} domain",
                 x=0.5,
@@ -330,12 +351,12 @@ def importance_figure(importance: Mapping[str, Mapping[str, Any]]) -> Any:
                 showarrow=False,
             )
             continue
-        values = part.get("effects_gib") or part.get("importance") or {}
+        values = part.effects_gib if isinstance(part, MemoryEffects) else part.importance
         items = sorted(values.items(), key=lambda kv: kv[1])
         error = None
-        if "interval" in part:
-            low = [v - part["interval"][k][0] for k, v in items]
-            high = [part["interval"][k][1] - v for k, v in items]
+        if isinstance(part, ParamImportance):
+            low = [v - part.interval[k][0] for k, v in items]
+            high = [part.interval[k][1] - v for k, v in items]
             error = {"type": "data", "symmetric": False, "array": high, "arrayminus": low}
         fig.add_trace(
             go.Bar(
@@ -360,7 +381,7 @@ def _table(rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out) + "</tbody></table>"
 
 
-def _memory_section(prediction: Mapping[str, Any]) -> str:
+def _memory_section(prediction: MemoryPrediction) -> str:
     """The preflight's predictions against the measured peaks (:func:`sweeper.report._data.memory_prediction_data`)
     as HTML: the median errors and one row per complete trial."""
     from sweeper.report._console import format_memory_prediction
@@ -378,15 +399,15 @@ def _memory_section(prediction: Mapping[str, Any]) -> str:
     rows: list[list[Any]] = [["trial", "memory model GiB", "error", "corrected GiB", "error", "measured GiB", "kind"]]
     rows += [
         [
-            r["number"],
-            gib(r["predicted_gib"]),
-            pct(r["error"]),
-            gib(r["corrected_gib"]),
-            pct(r["corrected_error"]),
-            gib(r["measured_gib"]),
-            r["memory_kind"] or "-",
+            r.number,
+            gib(r.predicted_gib),
+            pct(r.error),
+            gib(r.corrected_gib),
+            pct(r.corrected_error),
+            gib(r.measured_gib),
+            r.memory_kind or "-",
         ]
-        for r in prediction["trials"]
+        for r in prediction.trials
     ]
     return (
         f"<p>{html.escape(line.removeprefix('memory  '))}. The preflight corrects the memory model by what the study's "
@@ -400,15 +421,14 @@ def _fmt_rate(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _front_rows(summary: Mapping[str, Any], keys: list[str]) -> list[list[Any]]:
-    """The HTML report's front table (:func:`sweeper.report.report_dict`'s ``front``): a header row, then per trial
-    its searched ``keys``, peak memory, margin, ceiling, predicted max rate, progress, instability, confirmation and
+def _front_rows(summary: Report, keys: list[str]) -> list[list[Any]]:
+    """The HTML report's front table (:attr:`sweeper.report.Report.front`): a header row, then per trial its searched
+    ``keys``, peak memory, margin, ceiling, predicted max rate, progress, instability, confirmation and
     the picks that choose it."""
-    from sweeper.report._console import SHORT_NAMES, _fmt
-    from sweeper.study import Confirmation
+    from sweeper.report._console import SHORT_NAMES
 
     by_trial: dict[int, list[str]] = {}
-    for name, number in summary["picks"].items():
+    for name, number in summary.picks.items():
         by_trial.setdefault(number, []).append(name)
     header = [
         "trial",
@@ -422,20 +442,23 @@ def _front_rows(summary: Mapping[str, Any], keys: list[str]) -> list[list[Any]]:
         "confirmed",
         "pick",
     ]
-    return [header] + [
-        [
-            f["number"],
-            *[_fmt(f["params"].get(k)) for k in keys],
-            f"{f['peak_memory_gib']:.3f}",
-            format_margin(f.get("stability_margin"), f.get("margin_capped")),
-            _fmt_rate(f.get("lr_ceiling")),
-            _fmt_rate(f.get("predicted_max_lr")),
-            "-" if f.get("learning_progress") is None else f"{100 * f['learning_progress']:.0f}%",
-            format_instability(f["instability"]),
-            Confirmation.from_dict(f["confirmation"]).label if f.get("confirmation") else "-",
-            ", ".join(by_trial.get(f["number"], [])),
-        ]
-        for f in summary["front"]
+    return [header] + [_front_row(f, keys, by_trial.get(f.number, [])) for f in summary.front]
+
+
+def _front_row(f: FrontRow, keys: list[str], picked: list[str]) -> list[Any]:
+    from sweeper.report._console import _fmt
+
+    return [
+        f.number,
+        *[_fmt(f.params.get(k)) for k in keys],
+        f"{f.peak_memory_gib:.3f}",
+        format_margin(f.stability_margin, f.margin_capped),
+        _fmt_rate(f.lr_ceiling),
+        _fmt_rate(f.predicted_max_lr),
+        "-" if f.learning_progress is None else f"{100 * f.learning_progress:.0f}%",
+        format_instability(f.instability),
+        f.confirmation.label if f.confirmation else "-",
+        ", ".join(picked),
     ]
 
 
@@ -445,12 +468,13 @@ def render_html(study: StudyLike) -> str:
     import plotly.io as pio
 
     study = snapshot(study)
-    summary = data.report_dict(study)
+    summary = data.report_data(study)
+    fit_map = data.fit_map_data(study)
     figures = [
         front_figure(data.front_data(study)),
-        fit_map_figure(data.fit_map_data(study)),
+        fit_map_figure(fit_map),
         curves_figure(data.curves_data(study)),
-        importance_figure(summary["importance"]),
+        importance_figure(summary.importance),
     ]
     divs = [
         pio.to_html(
@@ -460,33 +484,36 @@ def render_html(study: StudyLike) -> str:
     ]
     from sweeper.report._console import SHORT_NAMES
 
-    keys = list(summary["front"][0]["params"]) if summary["front"] else []
+    keys = list(summary.front[0].params) if summary.front else []
     front_rows = _front_rows(summary, keys)
-    counts = " · ".join(f"{k} {v}" for k, v in summary["status_counts"].items())
-    causes = ", ".join(f"{k} {len(v)}" for k, v in summary["nan_causes"].items()) or "none"
-    fit = ", ".join(f"batch {b}: {s}" for b, s in data.describe_fit(data.fit_map_data(study)).items())
-    n_complete = sum(1 for t in summary["trials"] if t["state"] == "COMPLETE")
-    failed = [t for t in summary["trials"] if t["state"] != "COMPLETE"]
-    failed_rows = [["trial", "status", "reason"]] + [[t["number"], t["label"], t["reason"]] for t in failed]
+    counts = " · ".join(f"{k} {v}" for k, v in summary.status_counts.items())
+    causes = ", ".join(f"{k} {len(v)}" for k, v in summary.nan_causes.items()) or "none"
+    fit = ", ".join(f"batch {b}: {s}" for b, s in data.describe_fit(fit_map).items())
+    n_complete = sum(1 for t in summary.trials if t.state == "COMPLETE")
+    failed = [t for t in summary.trials if t.state != "COMPLETE"]
+    failed_rows = [["trial", "status", "reason"]] + [[t.number, t.label, t.reason] for t in failed]
     title = f"sweeper report: {html.escape(study.name)}"
-    memory = _memory_section(summary["memory_prediction"])
+    memory = _memory_section(summary.memory_prediction)
+    other = (
+        f"<p><b>{html.escape(summary.other_setups.removeprefix('note    '))}</b>.</p>" if summary.other_setups else ""
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f3f3f3}}</style></head>
 <body><h1>{title}</h1>
 <p>Generated {time.strftime("%Y-%m-%d %H:%M:%S")}. Objectives, both minimized: {
-        html.escape(", ".join(summary["objectives"]))
+        html.escape(", ".join(summary.objectives))
     } (edge_proximity = 1 / stability_margin: the learning rate over the rate its stress phase diverged at).</p>
-<h2 id="front">Pareto front ({len(summary["front"])} of {len(summary["trials"])} trials)</h2>
+<h2 id="front">Pareto front ({len(summary.front)} of {len(summary.trials)} trials)</h2>
 {_table(front_rows)}
 <p>Columns: {html.escape(", ".join(f"{SHORT_NAMES[k]} = {k}" for k in keys if SHORT_NAMES.get(k, k) != k))}.</p>
 <p>Picks (<code>sweep export {html.escape(study.name)} --pick NAME</code>): {
-        html.escape(" · ".join(f"{k} #{n}" for k, n in summary["picks"].items()) or "none")
+        html.escape(" · ".join(f"{k} #{n}" for k, n in summary.picks.items()) or "none")
     }. The knee is the front's point nearest
 the ideal after scaling both objectives to [0, 1].</p>
 <p>Trials by status: {html.escape(counts)}. NaN causes: {html.escape(causes)}.</p>
-{f"<p><b>{html.escape(summary['other_setups'].removeprefix('note    '))}</b>.</p>" if summary["other_setups"] else ""}
+{other}
 <p>Largest max_seq_length that fit, per batch size: {html.escape(fit) or "none measured"}.</p>
 {divs[0]}
 <h2 id="fit-map">Fit map</h2>{divs[1]}
@@ -500,7 +527,7 @@ resamples of the trials.</p>
 {divs[3]}
 <h2 id="memory">Predicted vs measured peak memory</h2>{memory}
 <h2 id="failed">Pruned and failed trials</h2>{_table(failed_rows) if failed else "<p>none</p>"}
-<script type="application/json" id="report-data">{html.escape(json.dumps(summary))}</script>
+<script type="application/json" id="report-data">{html.escape(json.dumps(summary.to_dict()))}</script>
 </body></html>
 """
 

@@ -11,7 +11,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
 from sweeper.memory import median_abs
-from sweeper.report._console import format_counts, format_data_nan_summary, format_front, format_params
+from sweeper.report._console import (
+    format_counts,
+    format_data_nan_summary,
+    format_front,
+    format_params,
+    legacy_instability_warning,
+)
 from sweeper.report._console import format_trial_line as _trial_line
 from sweeper.report._progress import LiveProgress
 from sweeper.study import (
@@ -23,7 +29,6 @@ from sweeper.study import (
     SweepEvent,
     SweepPlan,
     device_kind,
-    legacy_instability_warning,
     prediction_errors,
     redact_url,
     snapshot,
@@ -252,11 +257,11 @@ def memory_line(study: StudyLike) -> str | None:
     """How far the preflight's predictions were from the measured peaks, before and after the study's correction
     (:func:`sweeper.study.prediction_errors`), and the correction now stored; None without a measured peak."""
     rows = prediction_errors(study)
-    raw = median_abs(r["error"] for r in rows)
+    raw = median_abs(r.error for r in rows)
     if raw is None:
         return None
     line = f"memory  predicted vs measured peak: median error {100 * raw:.0f}% (memory model)"
-    corrected = [r["corrected_error"] for r in rows if r["corrected_error"] is not None]
+    corrected = [r.corrected_error for r in rows if r.corrected_error is not None]
     error = median_abs(corrected)
     if error is not None:
         plural = "s" if len(corrected) != 1 else ""

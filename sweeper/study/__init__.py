@@ -14,6 +14,7 @@ from sweeper.study._artifacts import (
 )
 from sweeper.study._calibration import (
     CALIBRATION_ATTR,
+    PredictionError,
     calibration_points,
     device_kind,
     prediction_errors,
@@ -51,6 +52,7 @@ from sweeper.study._sampling import FAILURE_CONSTRAINT, failure_constraint
 from sweeper.study._setup_checks import (
     check_setup,
 )
+from sweeper.study._setups import differences
 from sweeper.study._snapshot import (
     StudyLike,
     StudySnapshot,
@@ -58,10 +60,8 @@ from sweeper.study._snapshot import (
     count_finished,
     current_trials,
     learning,
-    legacy_instability_warning,
     measured_trials,
     nan_causes,
-    other_setups_line,
     pareto_front,
     snapshot,
     status_counts,
@@ -89,6 +89,7 @@ __all__ = [
     "STUDY_ID_ATTR",
     "Confirmation",
     "Objective",
+    "PredictionError",
     "StoredTrial",
     "StudyLike",
     "StudySnapshot",
@@ -108,16 +109,15 @@ __all__ = [
     "current_trials",
     "dashboard_note",
     "device_kind",
+    "differences",
     "failure_constraint",
     "learning",
-    "legacy_instability_warning",
     "load_existing_study",
     "measured_trials",
     "nan_causes",
     "non_dominated",
     "objective",
     "open_study",
-    "other_setups_line",
     "pareto_front",
     "plan_sweep",
     "prediction_errors",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import optuna
@@ -88,11 +89,39 @@ def update_calibration(
     return fitted
 
 
-def prediction_errors(study: StudyLike) -> list[dict[str, Any]]:
+@dataclass(frozen=True, kw_only=True)
+class PredictionError:
+    """The preflight's prediction of one complete trial's peak memory against what it measured.
+
+    Attributes:
+        number: The trial's number.
+        memory_kind: What its peak measures (``cpu_peak_rss``, ``cuda_max_reserved``), None when not recorded.
+        predicted_gib: The memory model's prediction (GiB), None when unknown.
+        corrected_gib: The prediction after the study's correction as it stood when the trial was asked (GiB), None
+            when no correction existed yet.
+        measured_gib: The measured peak (GiB, > 0).
+        error: ``(predicted_gib - measured_gib) / measured_gib`` (negative: under), None without a prediction.
+        corrected_error: The same for ``corrected_gib``, None without a correction.
+    """
+
+    number: int
+    memory_kind: str | None
+    predicted_gib: float | None
+    corrected_gib: float | None
+    measured_gib: float
+    error: float | None
+    corrected_error: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, keys in field order (``sweep report --json``'s ``memory_prediction.trials`` rows)."""
+        return asdict(self)
+
+
+def prediction_errors(study: StudyLike) -> list[PredictionError]:
     """Predicted vs measured for each measured ``complete`` trial (repeats left out), as the sweep predicted it before
-    running it: ``{"number", "memory_kind", "predicted_gib", "corrected_gib", "measured_gib", "error",
-    "corrected_error"}`` (GiB); an error is ``(prediction - measured) / measured`` (negative: under), None where the
-    prediction is unknown (for ``corrected_error``: no correction existed yet when the trial was asked)."""
+    running it (:class:`PredictionError`, GiB); an error is ``(prediction - measured) / measured`` (negative: under),
+    None where the prediction is unknown (for ``corrected_error``: no correction existed yet when the trial was
+    asked)."""
     rows = []
     for t in stored_trials(study):
         if t.is_repeat or t.status != TrialStatus.COMPLETE:
@@ -104,14 +133,14 @@ def prediction_errors(study: StudyLike) -> list[dict[str, Any]]:
         corrected = t.user_attrs.get(CORRECTED_ATTR)
         corrected = float(corrected) if isinstance(corrected, (int, float)) else None
         rows.append(
-            {
-                "number": t.number,
-                "memory_kind": t.result.memory_kind,
-                "predicted_gib": predicted,
-                "corrected_gib": corrected,
-                "measured_gib": measured,
-                "error": None if predicted is None else (predicted - measured) / measured,
-                "corrected_error": None if corrected is None else (corrected - measured) / measured,
-            }
+            PredictionError(
+                number=t.number,
+                memory_kind=t.result.memory_kind,
+                predicted_gib=predicted,
+                corrected_gib=corrected,
+                measured_gib=measured,
+                error=None if predicted is None else (predicted - measured) / measured,
+                corrected_error=None if corrected is None else (corrected - measured) / measured,
+            )
         )
     return rows

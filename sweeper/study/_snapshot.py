@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from sweeper.stability import barely_learns
 from sweeper.study._identity import STUDY_ID_ATTR
 from sweeper.study._objectives import Objective, study_objectives
-from sweeper.study._setups import CURRENT_SETUP_ATTR, differences, stored_setups, trial_setup
+from sweeper.study._setups import CURRENT_SETUP_ATTR, stored_setups, trial_setup
 from sweeper.study._stored import Confirmation, StoredTrial, confirmations_in, non_dominated, stored_trial
 from sweeper.trial import TrialStatus
 
@@ -249,45 +249,3 @@ def status_counts(study: StudyLike) -> dict[str, int]:
 def nan_causes(study: StudyLike) -> dict[str, list[int]]:
     """Numbers of the NaN trials by cause (:attr:`StudySnapshot.nan_causes`)."""
     return dict(snapshot(study).nan_causes)
-
-
-def legacy_instability_warning(study: StudyLike) -> str | None:
-    """One line when the study mixes, or holds, instabilities of sweeper 0.1.0's definition, else None."""
-    old = [t.number for t in snapshot(study).measured if t.legacy_instability]
-    if not old:
-        return None
-    shown = ", ".join(map(str, old[:8])) + (f" and {len(old) - 8} more" if len(old) > 8 else "")
-    return (
-        f"WARNING instability: {len(old)} trial{'s' if len(old) > 1 else ''} of this study ({shown}) measured it with "
-        "sweeper 0.1.0's definition (the training loss's spikes, which a run that learns nothing scores ~0.6 on), "
-        "not the probe's: the front compares the two; start a new study (--study NAME) to compare like with like"
-    )
-
-
-def other_setups_line(study: StudyLike) -> str | None:
-    """One line when the study holds measured trials of setups other than its current one: how many, what differs
-    (each other setup's settings against the current one's), and that they are kept apart; else None."""
-    snap = snapshot(study)
-    current, setups = snap.current_setup, snap.setups
-    if current is None:
-        return None
-    by_setup: dict[int | None, int] = {}
-    for t in snap.measured:
-        index = snap.setup_of(t)
-        by_setup[index] = by_setup.get(index, 0) + 1
-    others = {i: n for i, n in by_setup.items() if i != current}
-    if not others:
-        return None
-    parts = []
-    for index, n in sorted(others.items(), key=lambda item: -1 if item[0] is None else item[0]):
-        if index is None or index >= len(setups) or current >= len(setups):
-            parts.append(f"{n} under settings this version cannot tell")
-            continue
-        changed = differences(setups[current], setups[index], word="now") or ["the same settings"]
-        parts.append(f"{n} with {', '.join(changed)}")
-    total = sum(others.values())
-    return (
-        f"note    {total} measured trial{'s' if total != 1 else ''} of this study {'were' if total != 1 else 'was'} "
-        f"measured under other settings ({'; '.join(parts)}): kept apart, the front, the picks and the exports "
-        f"compare the {by_setup.get(current, 0)} of the current settings"
-    )

@@ -434,3 +434,102 @@ def test_the_trial_lines_columns_stay_aligned_whatever_the_status():
     lines = [format_trial_line(i, {"r": 8}, r, i + 1, 4) for i, r in enumerate(results)]
     assert len({line.index(" GiB") for line in lines}) == 1, lines
     assert len({line.index("margin") for line in lines}) == 1, lines
+
+
+def test_sweep_trial_prints_only_what_the_trial_measured(tmp_path):
+    from pathlib import Path
+
+    from sweeper.report import trial_header, trial_result_lines
+    from sweeper.testing import tiny_trial_config
+
+    config = TrialConfig.from_dict({**tiny_trial_config(Path("m")).to_dict(), "r": 8, "max_seq_length": 64})
+    folder = tmp_path / "manual" / "1"
+    header = trial_header(config, "model   m", folder)
+    assert header[0].startswith("sweep trial: r=8 alpha/r=") and " seq=64 " in header[0]
+    assert header[1:] == ["model   m", f"files   {folder}"]
+    nan = TrialResult(
+        status="nan",
+        reason="loss nan at step 2",
+        nan_cause="data",
+        nan_samples=[3, 4],
+        loss_trace=[2.0, None],
+        grad_norm_trace=[1.0, None],
+        wall_time_s=4.0,
+    )
+    lines = trial_result_lines(nan, config, folder)
+    assert lines[0].splitlines()[0].split() == ["step", "loss", "grad_norm", "max_activation", "skipped"]
+    assert lines[1:] == [
+        "status  nan: loss nan at step 2",
+        f"nan     cause data; samples at fault: 3, 4; the step's rows are in {folder / 'nan_batch.jsonl'}",
+        "time    total 4.0 s",
+    ]
+    complete = TrialResult(
+        status="complete",
+        reason="ran 3 steps",
+        peak_memory_gib=1.234,
+        load_peak_memory_gib=0.9,
+        memory_kind="cpu_peak_rss",
+        instability=0.42,
+        instability_components={"probe_rebound": 0.3},
+        stress_stop="diverged",
+        stress_steps=6,
+        stability_margin=36.0,
+        lr_ceiling=0.007,
+        import_time_s=1.5,
+        train_time_s=3.0,
+    )
+    lines = trial_result_lines(complete, config, folder)
+    assert lines[:3] == [
+        "status  complete: ran 3 steps",
+        "memory  1.234 GiB (cpu_peak_rss, 0.900 GiB while loading)",
+        "instability 0.420 (probe_rebound 0.300)",
+    ]
+    assert lines[3].startswith("margin  36x the learning rate (lr_ceiling 0.007; stress diverged after 6 steps)")
+    assert lines[4] == "time    import 1.5 s, train 3.0 s"
+
+
+def test_the_report_notes_other_setups_and_old_instabilities(tmp_path):
+    """Trials measured under another setup are counted and their differences named; a 0.1.0 instability (its terms
+    without the probe's) is named by trial; a study with neither gets no note."""
+    import shutil
+    from pathlib import Path
+
+    from sweeper.report import legacy_instability_warning, other_setups_line
+    from sweeper.testing import add_trial, make_study
+
+    study = make_study(tmp_path)
+    assert other_setups_line(study) is None and legacy_instability_warning(study) is None
+    study.set_user_attr("setups", [{"max_steps": 3}, {"max_steps": 4}])
+    study.set_user_attr("current_setup", 1)
+    assert other_setups_line(study) is None  # every trial's config matches the current setup
+    add_trial(study, r=16, batch=1, seq=64, status="complete", peak=0.5, instability=0.1, extra={"setup": 0})
+    add_trial(study, r=16, batch=1, seq=128, status="oom", peak=3.0, extra={"setup": 0})
+    assert other_setups_line(study) == (
+        "note    2 measured trials of this study were measured under other settings (2 with max_steps 3 (now 4)): "
+        "kept apart, the front, the picks and the exports compare the 5 of the current settings"
+    )
+    # sweeper 0.1.0's study (tests/fixtures/study_v010.db): its trials' instabilities are the training loss's
+    shutil.copyfile(Path(__file__).parents[1] / "fixtures" / "study_v010.db", tmp_path / "v010.db")
+    old = optuna.load_study(study_name="v010", storage=f"sqlite:///{tmp_path}/v010.db")
+    assert legacy_instability_warning(old).startswith(
+        "WARNING instability: 3 trials of this study (0, 1, 6) measured it with sweeper 0.1.0's definition"
+    )
+
+
+def test_sweep_report_lines(tmp_path):
+    from sweeper.report import report_lines
+    from sweeper.study import Confirmation
+    from sweeper.testing import make_study
+
+    study = make_study(tmp_path)
+    lines = report_lines(study, "'sqlite:///x.db'")
+    assert lines[0] == "study 'rep': Pareto front (peak memory vs stability margin), 2 trials:"
+    assert lines[1].splitlines()[0].split()[:2] == ["trial", "r"] and lines[2] == ""
+    assert lines[3:] == [
+        "trials: complete 3 · nan 1 (data 1) · oom 1 · repeated 1",
+        "picks   knee #1 · min-memory #0 · most-stable #1 (sweep export 'sqlite:///x.db' --pick knee)",
+        "largest max_seq_length that fit: batch 1: 128, batch 2: 128, batch 4: none (OOM at 128)",
+    ]
+    for n in (0, 1):
+        study.set_user_attr(f"confirmation:{n}", Confirmation(steps=30, status="nan", fail_step=3).to_dict())
+    assert report_lines(study, "rep")[4].startswith("picks   none: trial 0 failed its confirmation")

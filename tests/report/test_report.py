@@ -9,6 +9,7 @@ import pytest
 
 from sweeper.errors import StudyError
 from sweeper.export import knee, pick_trial
+from sweeper.report import MemoryEffects, NotShown, ParamImportance
 from sweeper.report import _data as report
 from sweeper.space import parse_space
 from sweeper.study import DEFAULT_OBJECTIVES, open_study
@@ -17,44 +18,86 @@ from sweeper.testing import add_trial, make_study
 
 def test_front_data_marks_front_failures_and_skips_repeats(tmp_path):
     data = report.front_data(make_study(tmp_path))
-    points = {p["number"]: p for p in data["points"]}
+    points = {p.number: p for p in data.points}
     assert sorted(points) == [0, 1, 2, 3, 4]
-    assert [n for n, p in points.items() if p["on_front"]] == [0, 1]
-    assert points[3]["instability"] is None and points[3]["peak_memory_gib"] == 3.9 and points[3]["label"] == "oom"
-    assert points[4]["label"] == "nan/data" and points[4]["nan_samples"] == [7]
-    assert points[1]["params"]["lora_alpha"] == 16 and points[1]["params"]["max_seq_length"] == 64
-    assert data["memory_kind"] == "cpu_peak_rss"
+    assert [n for n, p in points.items() if p.on_front] == [0, 1]
+    assert points[3].instability is None and points[3].peak_memory_gib == 3.9 and points[3].label == "oom"
+    assert points[4].label == "nan/data" and points[4].nan_samples == (7,)
+    assert points[1].params["lora_alpha"] == 16 and points[1].params["max_seq_length"] == 64
+    assert data.memory_kind == "cpu_peak_rss" and data.knee == 1 and data.ranks_by_margin
 
 
 def test_fit_map_and_largest_length_per_batch(tmp_path):
     fit = report.fit_map_data(make_study(tmp_path))
-    cells = {(c["per_device_train_batch_size"], c["max_seq_length"]): c for c in fit["cells"]}
-    assert fit["batch_sizes"] == [1, 2, 4] and fit["max_seq_lengths"] == [64, 128]
-    assert cells[(4, 128)]["state"] == "oom" and cells[(1, 128)]["state"] == "fits"  # a NaN ran within the cap
-    assert cells[(1, 64)]["trials"] == [0]  # the repeat is not counted twice
-    assert (4, 64) not in cells
+    assert fit.batch_sizes == (1, 2, 4) and fit.max_seq_lengths == (64, 128)
+    assert fit.cell(4, 128).state == "oom" and fit.cell(1, 128).state == "fits"  # a NaN ran within the cap
+    assert fit.cell(4, 128).ooms == 1 and fit.cell(4, 128).max_peak_memory_gib is None  # an OOM's peak is no fit
+    assert fit.cell(1, 64).trials == (0,)  # the repeat is not counted twice
+    assert fit.cell(4, 64) is None
     assert report.largest_fitting_seq(fit) == {1: 128, 2: 128, 4: None}
 
 
 def test_curves_importance_and_json(tmp_path, tiny_model):
     study = make_study(tmp_path, model=str(tiny_model))
     curves = report.curves_data(study)
-    assert [(c["number"], c["kind"]) for c in curves] == [(0, "front"), (1, "front"), (4, "nan")]
-    assert curves[2]["loss"] == [2.0, None]
+    assert [(c.number, c.kind) for c in curves] == [(0, "front"), (1, "front"), (4, "nan")]
+    assert curves[2].loss == (2.0, None) and curves[2].label == "#4 nan/data"
     importance = report.importance_data(study)
     assert set(importance) == {"peak_memory_gib", "edge_proximity"}
     # Peak memory is explained by the memory model at the study's configurations: batch and length move it, r
     # barely; the stability ranking needs 20 complete trials, and this study has 3.
-    effects = importance["peak_memory_gib"]["effects_gib"]
+    memory, stability = importance["peak_memory_gib"], importance["edge_proximity"]
+    assert isinstance(memory, MemoryEffects) and isinstance(stability, NotShown)
+    effects = memory.effects_gib
     assert effects["per_device_train_batch_size"] > effects["r"] >= 0 and effects["max_seq_length"] > 0
-    assert importance["peak_memory_gib"]["configurations"] == 5
-    assert importance["edge_proximity"]["not_shown"].startswith("3 complete trials; a ranking needs 20")
-    summary = json.loads(json.dumps(report.report_dict(study)))
+    assert memory.configurations == 5
+    assert stability.reason.startswith("3 complete trials; a ranking needs 20")
+    summary = json.loads(json.dumps(report.report_data(study).to_dict()))
     assert summary["study"] == "rep" and summary["directions"] == ["minimize", "minimize"]
     assert [f["number"] for f in summary["front"]] == [0, 1] and summary["front"][0]["peak_memory_gib"] == 1.0
     assert summary["status_counts"] == {"complete": 3, "oom": 1, "nan": 1, "repeated": 1}
     assert summary["nan_causes"] == {"data": [4]}
     assert summary["largest_max_seq_length_by_batch"] == {"1": 128, "2": 128, "4": None}
+    # The JSON's keys and their order are a user contract (docs/contract.md)
+    assert list(summary) == [
+        "study",
+        "directions",
+        "objectives",
+        "front",
+        "trials",
+        "status_counts",
+        "stale",
+        "nan_causes",
+        "largest_max_seq_length_by_batch",
+        "importance",
+        "picks",
+        "memory_prediction",
+        "other_setups",
+    ]
+    assert list(summary["front"][0]) == [
+        "confirmation",
+        "number",
+        "params",
+        "peak_memory_gib",
+        "edge_proximity",
+        "stability_margin",
+        "margin_capped",
+        "lr_ceiling",
+        "predicted_max_lr",
+        "learning_progress",
+        "instability",
+    ]
+    assert list(summary["trials"][0])[:4] == ["number", "state", "status", "label"]
+    assert list(summary["trials"][0])[-2:] == ["on_front", "confirmation"]
+    assert list(summary["memory_prediction"]) == [
+        "trials",
+        "median_error",
+        "median_corrected_error",
+        "corrected_trials",
+        "calibration",
+    ]
+    assert summary["importance"]["edge_proximity"] == {"not_shown": stability.reason}
+    assert list(summary["importance"]["peak_memory_gib"]) == ["effects_gib", "configurations"]
 
 
 def test_importance_does_not_invent(tmp_path, tiny_model):
@@ -82,14 +125,17 @@ def test_importance_does_not_invent(tmp_path, tiny_model):
             study, r=8, batch=batch, seq=64, status="complete", peak=1 + 0.1 * batch, instability=proximity, extra=extra
         )
     importance = report.importance_data(study)
-    effects = importance["peak_memory_gib"]["effects_gib"]
+    memory, stability = importance["peak_memory_gib"], importance["edge_proximity"]
+    assert isinstance(memory, MemoryEffects) and isinstance(stability, ParamImportance)
+    effects = memory.effects_gib
     assert effects["lora_alpha_ratio"] == 0 and effects["per_device_train_batch_size"] > 0
-    stability = importance["edge_proximity"]
-    assert stability["trials"] == 24 and max(stability["importance"], key=stability["importance"].get) == (
+    assert stability.trials == 24 and max(stability.importance, key=stability.importance.__getitem__) == (
         "lora_alpha_ratio"
     )
-    for key, (low, high) in stability["interval"].items():
-        assert low <= stability["importance"][key] <= high
+    for key, (low, high) in stability.interval.items():
+        assert low <= stability.importance[key] <= high
+    # --json gives each interval as [p5, p95]
+    assert stability.to_dict()["interval"] == {k: [low, high] for k, (low, high) in stability.interval.items()}
 
 
 def _tiny_config(model):
@@ -243,4 +289,4 @@ def test_a_front_whose_every_trial_failed_its_confirmation_has_no_picks_and_says
         study.set_user_attr(f"confirmation:{n}", failed.to_dict())
     assert report.picks(study) == {}
     assert "failed its confirmation" in report.no_picks_reason(study)
-    assert report.report_dict(study)["picks"] == {}
+    assert report.report_data(study).picks == {}

@@ -7,7 +7,7 @@ import pytest
 
 from sweeper.errors import StudyError
 from sweeper.export import pick_trial
-from sweeper.report import report_dict
+from sweeper.report import report_data
 from sweeper.space import parse_space
 from sweeper.study import (
     DEFAULT_OBJECTIVES,
@@ -87,7 +87,7 @@ def test_a_registered_third_objective_gets_a_front_picks_report_rows_and_json(tm
     assert pick_trial(study, pick="most-stable").number == 1
     assert pick_trial(study, pick="knee").number in (0, 1, 2)
 
-    data = report_dict(study)
+    data = report_data(study).to_dict()
     assert data["objectives"] == ["peak_memory_gib", "edge_proximity", THIRD]
     assert data["directions"] == ["minimize", "minimize", "maximize"]
     assert [p[THIRD] for p in data["front"]] == [0.1, 0.1, 0.4]

@@ -120,7 +120,7 @@ def test_the_correction_is_stored_on_the_study_per_memory_kind():
     assert stored_calibration(study, "cpu_peak_rss") == fitted
     assert stored_calibration(study, "cuda_max_reserved").ratios == pytest.approx({"bfloat16/ckpt": 0.5})
     rows = prediction_errors(study)
-    assert [r["number"] for r in rows] == [0, 1, 3] and rows[0]["error"] == pytest.approx(-1 / 3)
+    assert [r.number for r in rows] == [0, 1, 3] and rows[0].error == pytest.approx(-1 / 3)
 
 
 # -- real measurements on the CPU ---------------------------------------------------------------------------------

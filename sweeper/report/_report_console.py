@@ -1,0 +1,68 @@
+"""What ``sweep report`` prints on the terminal: the front table, the counts by status and NaN cause, stale trials,
+the study's notes, the picks, what fit and the memory predictions (its ``--json`` is
+:meth:`sweeper.report.Report.to_dict`). Text only: the command prints it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sweeper.report._console import (
+    format_counts,
+    format_front,
+    format_memory_prediction,
+    legacy_instability_warning,
+    other_setups_line,
+)
+from sweeper.report._data import (
+    counts_with_stale,
+    describe_fit,
+    fit_map_data,
+    memory_prediction_data,
+    no_picks_reason,
+    picks,
+)
+from sweeper.report._sweep_console import front_axis
+from sweeper.study import StudyLike, snapshot, stale_running
+
+
+def report_lines(study: StudyLike, ref: str) -> list[str]:
+    """``sweep report STUDY``'s lines (before the HTML report is written): the Pareto front
+    (:func:`sweeper.report.format_front`), the trials by status (stale RUNNING ones apart, one line each), the notes
+    on a 0.1.0 instability and on other setups, the picks (or why there is none), the largest ``max_seq_length`` that
+    fit per batch size and the memory predictions' error.
+
+    Args:
+        study: The study, or its snapshot (read once here otherwise).
+        ref: How the user named the study, for the ``sweep export REF --pick knee`` the picks line suggests.
+    """
+    study = snapshot(study)
+    front = study.front
+    lines = [
+        f"study '{study.name}': Pareto front (peak memory vs {front_axis(study)}), {len(front)} trials:",
+        format_front(front, study.objectives) if front else "  (no complete trial)",
+        "",
+        "trials: " + format_counts(counts_with_stale(study), study.nan_causes),
+    ]
+    for line in stale_running(study.study).values():
+        lines.append(f"stale   {line}; the next 'sweep run' of this study records it as interrupted and runs it again")
+    lines += [note for note in (legacy_instability_warning(study), other_setups_line(study)) if note]
+    chosen = picks(study)
+    if not chosen and (why := no_picks_reason(study)):
+        lines.append(f"picks   none: {why.split(': ', 2)[-1]}")
+    if chosen:
+        lines.append(
+            "picks   " + " · ".join(f"{k} #{n}" for k, n in chosen.items()) + f" (sweep export {ref} --pick knee)"
+        )
+    fits = describe_fit(fit_map_data(study))
+    if fits:
+        lines.append("largest max_seq_length that fit: " + ", ".join(f"batch {b}: {s}" for b, s in fits.items()))
+    memory = format_memory_prediction(memory_prediction_data(study))
+    if memory:
+        lines.append(memory)
+    return lines
+
+
+def report_written_line(path: Path) -> str:
+    """The line after the HTML report was written to ``path``."""
+    return f"report  {path} (self-contained, opens offline)"
