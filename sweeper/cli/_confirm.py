@@ -128,10 +128,8 @@ def _check_setup(study: Any, config: Any) -> None:
         StudyError, DataError: Said in one line, naming the folder or the file and the fix.
     """
     from sweeper.data import load_samples
-    from sweeper.study import check_writable, study_dir
 
-    check_writable(study_dir(study.study_name))
-    load_samples(config.dataset)
+    load_samples(config.dataset)  # the study's folder was checked writable with its owner (check_study_owner)
 
 
 def _numbers(text: str) -> list[int]:
@@ -149,7 +147,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.export import pick_trial
-    from sweeper.study import candidates, check_study_owner, confirmations, load_existing_study, snapshot
+    from sweeper.study import candidates, check_study_owner, load_existing_study, snapshot
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.steps is not None and not 1 <= args.steps <= 10**7:
@@ -172,7 +170,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     steps = args.steps if args.steps is not None else read.confirm_steps
     failed, not_run = run_confirmations(study, numbers, steps)
     _publish(study)  # the dashboard's front figure and notes show the confirmations
-    done = confirmations(study)
+    done = snapshot(study).confirmations
     ok = sum(1 for n in numbers if n in done and done[n].passed)
     _print(
         f"confirmed {ok} of {len(set(numbers))}"

@@ -14,7 +14,7 @@ from sweeper.errors import SpaceError
 def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
     from sweeper.report import LiveProgress, trial_header, trial_result_lines
-    from sweeper.study import STUDIES_DIR, check_setup
+    from sweeper.study import check_setup, study_dir
     from sweeper.trial import run_trial
 
     space = _load(args)
@@ -23,7 +23,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     setup = check_setup(space, model_path)  # what would fail the trial before it trains: one line each, exit 2
     if setup:
         raise SpaceError(setup)
-    folder = STUDIES_DIR / space.study.name / "manual" / time.strftime("%Y%m%d-%H%M%S")
+    folder = study_dir(space.study.name) / "manual" / time.strftime("%Y%m%d-%H%M%S")
     if not args.json:
         for line in trial_header(config, _describe_setup(space, model_path, len(samples)), folder):
             _print(line)

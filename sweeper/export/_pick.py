@@ -16,7 +16,6 @@ from sweeper.study import (
     StudyLike,
     StudySnapshot,
     by_knee_distance,
-    non_dominated,
     snapshot,
 )
 from sweeper.trial import TrialStatus
@@ -128,7 +127,7 @@ def pick_trial(
     if not front:
         raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with 'sweep run'")
     if fmt is not None and any(inexpressible(t, fmt) for t in front):
-        expressible = non_dominated(_expressible_trials(study, fmt), declared)
+        expressible = study.non_dominated(_expressible_trials(study, fmt))
         if not expressible:
             limit = export_format(fmt).limit
             why, fix = (limit.every, limit.fix) if limit else ("", "")  # a limit made some trial inexpressible

@@ -15,7 +15,7 @@ from sweeper.audit import AuditReport, NanRisk
 from sweeper.report._records import MemoryPrediction
 from sweeper.space import TrialConfig
 from sweeper.stability import barely_learns, format_instability, format_margin
-from sweeper.study import Objective, StoredTrial, StudyLike, differences, snapshot
+from sweeper.study import Objective, StoredTrial, StudyLike, snapshot
 from sweeper.trial import TrialResult, TrialStatus
 
 #: Short column names of per-trial keys in the console (the full names are in the study and the reports).
@@ -247,31 +247,20 @@ def legacy_instability_warning(study: StudyLike) -> str | None:
 
 def other_setups_line(study: StudyLike) -> str | None:
     """One line when the study holds measured trials of setups other than its current one: how many, what differs
-    (each other setup's settings against the current one's, :func:`sweeper.study.differences`), and that they are
-    kept apart; else None."""
-    snap = snapshot(study)
-    current, setups = snap.current_setup, snap.setups
-    if current is None:
-        return None
-    by_setup: dict[int | None, int] = {}
-    for t in snap.measured:
-        index = snap.setup_of(t)
-        by_setup[index] = by_setup.get(index, 0) + 1
-    others = {i: n for i, n in by_setup.items() if i != current}
+    (each other setup's settings against the current one's, :meth:`sweeper.study.StudySnapshot.other_setups`), and
+    that they are kept apart; else None."""
+    mine, others = snapshot(study).other_setups()
     if not others:
         return None
-    parts = []
-    for index, n in sorted(others.items(), key=lambda item: -1 if item[0] is None else item[0]):
-        if index is None or index >= len(setups) or current >= len(setups):
-            parts.append(f"{n} under settings this version cannot tell")
-            continue
-        changed = differences(setups[current], setups[index], word="now") or ["the same settings"]
-        parts.append(f"{n} with {', '.join(changed)}")
-    total = sum(others.values())
+    parts = [
+        f"{n} under settings this version cannot tell" if changed is None else f"{n} with {', '.join(changed)}"
+        for n, changed in others
+    ]
+    total = sum(n for n, _ in others)
     return (
         f"note    {total} measured trial{'s' if total != 1 else ''} of this study {'were' if total != 1 else 'was'} "
         f"measured under other settings ({'; '.join(parts)}): kept apart, the front, the picks and the exports "
-        f"compare the {by_setup.get(current, 0)} of the current settings"
+        f"compare the {mine} of the current settings"
     )
 
 

@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.report._console import format_instability, margin_line
-from sweeper.study import StoredTrial, artifact_store, dashboard_note, snapshot, study_system_attrs, trial_id
+from sweeper.study import StoredTrial, artifact_store, snapshot, unnoted_trials
 
 #: Id of the front figure among the study's plotly graph objects (optuna-dashboard requires ``[A-Za-z0-9_-]+``).
 FRONT_FIGURE_ID = "pareto-front"
@@ -77,11 +77,7 @@ def publish_study(study: optuna.Study) -> None:
 
     read = snapshot(study)  # read once: the figure and the notes
     save_plotly_graph_object(study, front_figure(front_data(read)), graph_object_id=FRONT_FIGURE_ID)
-    system_attrs = study_system_attrs(study)
-    for t in read.trials_in((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
-        if t.frozen is None or dashboard_note(system_attrs, trial_id(t.frozen)):
-            continue
-        storage_id = trial_id(t.frozen)
+    for t, handle in unnoted_trials(study, read.trials_in((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))):
         if t.is_repeat:
             body = (
                 f"### Trial {t.number}: repeat of trial {t.repeat_of}\n\nThe sampler proposed a "
@@ -96,7 +92,7 @@ def publish_study(study: optuna.Study) -> None:
             continue
         else:
             body = failure_note(t)
-        save_note(optuna.Trial(study, storage_id), body)
+        save_note(handle, body)
 
 
 def serve(storage: str, study_name: str, host: str = "127.0.0.1", port: int = 8080) -> None:

@@ -21,20 +21,16 @@ from sweeper.report._console import (
 from sweeper.report._console import format_trial_line as _trial_line
 from sweeper.report._progress import LiveProgress
 from sweeper.study import (
-    MAX_CONSECUTIVE_DUPLICATES,
     StoredTrial,
     StudyLike,
     StudySnapshot,
     SweepCallback,
     SweepEvent,
     SweepPlan,
-    device_kind,
+    current_calibration,
     prediction_errors,
     redact_url,
     snapshot,
-    stored_calibration,
-    study_objectives,
-    trial_dir,
 )
 from sweeper.trial import FAIL_STATUSES, TrialProgress, TrialStatus, cuda_visible
 
@@ -192,7 +188,7 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
     if finished < plan.n_trials and not out_of_time:
         lines.append(
             f"stopped at {finished} of {plan.n_trials} trials: the sampler proposed only configurations already "
-            f"measured {MAX_CONSECUTIVE_DUPLICATES} times in a row; widen the search to measure more"
+            f"measured {plan.max_consecutive_repeats} times in a row; widen the search to measure more"
         )
     lines.append("")
     measured = sum(1 for t in study.trials if not t.is_repeat)
@@ -207,7 +203,7 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
     doctor = plan.space.doctor_command()
     if "data" in causes:
         blamed = {t.number: t.result.nan_samples for t in study.trials if t.number in causes["data"]}
-        trials_dir = trial_dir(name, 0).parent.as_posix()
+        trials_dir = plan.trials_dir.as_posix()
         lines.append(format_data_nan_summary(causes, blamed, trials_dir) + f"; see '{doctor}'")
     ref = name if plan.is_default_storage else f"'{redact_url(plan.storage)}'"
     # Export only what can be exported: with no complete trial the next step is what addresses the failures.
@@ -235,13 +231,13 @@ def _next_steps(plan: SweepPlan, causes: Mapping[str, Sequence[int]], study: Stu
     if statuses & {TrialStatus.OOM, TrialStatus.PREDICTED_OOM, TrialStatus.DOMINATED_OOM}:
         steps.append(f"sweep estimate {plan.space.path} (what fits memory_limit_gib)")
     if statuses & {TrialStatus.TIMEOUT, TrialStatus.CRASH, TrialStatus.ERROR}:
-        steps.append(f"each failed trial's {trial_dir(plan.name, 0).parent.as_posix()}/N/worker.log")
+        steps.append(f"each failed trial's {plan.trials_dir.as_posix()}/N/worker.log")
     return steps or [plan.space.doctor_command()]
 
 
 def front_axis(study: StudyLike) -> str:
     """``stability margin``, or ``instability`` for a study written before the margin: the front's second axis."""
-    objectives = study.objectives if isinstance(study, StudySnapshot) else study_objectives(study)
+    objectives = snapshot(study).objectives
     return "stability margin" if any(o.name == "edge_proximity" for o in objectives) else "instability"
 
 
@@ -249,7 +245,7 @@ def all_failed_line(plan: SweepPlan, statuses: list[TrialStatus]) -> str:
     """The error line when every trial this run started failed as a run: the machine or the setup."""
     return (
         f"sweep: every trial this run started failed ({', '.join(sorted(set(statuses)))}): the machine or the "
-        f"setup, not the hyperparameters; see the reasons above and {trial_dir(plan.name, 0).parent}/N/worker.log"
+        f"setup, not the hyperparameters; see the reasons above and {plan.trials_dir}/N/worker.log"
     )
 
 
@@ -266,7 +262,7 @@ def memory_line(study: StudyLike) -> str | None:
     if error is not None:
         plural = "s" if len(corrected) != 1 else ""
         line += f", {100 * error:.0f}% corrected ({len(corrected)} trial{plural} predicted with the correction)"
-    calibration = stored_calibration(study, device_kind())
+    calibration = current_calibration(study)
     if calibration is not None:
         shown = [
             f"{g} {calibration.lines[g][0]:+.2f} + {calibration.lines[g][1]:.2f} x predicted"

@@ -65,6 +65,11 @@ def stored_calibration(study: StudyLike, kind: str) -> Calibration | None:
     return Calibration.from_dict(kind, data[kind])
 
 
+def current_calibration(study: StudyLike) -> Calibration | None:
+    """The correction stored on the study for this machine's memory kind (:func:`device_kind`), or None."""
+    return stored_calibration(study, device_kind())
+
+
 def update_calibration(
     study: optuna.Study,
     predict: Callable[[TrialConfig], float | None],

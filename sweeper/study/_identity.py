@@ -15,6 +15,7 @@ import optuna
 
 from sweeper.errors import StudyError
 from sweeper.study._coordination import in_memory, sqlite_file
+from sweeper.study._machine import check_writable
 from sweeper.study._urls import redact_url
 
 #: Root of studies and their artifacts, relative to the working directory (``docs/contract.md``).
@@ -152,9 +153,12 @@ def check_study_dir(study_name: str, url: str, study_id: str | None = None) -> N
 
 
 def check_study_owner(study: optuna.Study, url: str) -> None:
-    """:func:`check_study_dir` for an opened study (``sweep confirm`` before it writes a confirmation's folder).
+    """Whether ``sweep confirm`` may write into the opened study's folder: :func:`check_study_dir` (it belongs to no
+    other study of that name), and the folder can be created and written
+    (:func:`sweeper.study._machine.check_writable`), before anything runs.
 
     Raises:
-        StudyError: ``studies/<name>/`` belongs to another study of that name.
+        StudyError: ``studies/<name>/`` belongs to another study of that name, or cannot be written.
     """
     check_study_dir(study.study_name, url, study_identity(study))
+    check_writable(study_dir(study.study_name))

@@ -49,9 +49,6 @@ from sweeper.study._storage import record_result
 from sweeper.study._stored import StoredTrial, stored_trial
 from sweeper.trial import TrialProcess, TrialProgress, TrialResult, TrialStatus
 
-#: Consecutive repeats of measured configurations after which the sweep stops: the sampler has nothing new to offer.
-MAX_CONSECUTIVE_DUPLICATES = 25
-
 #: Seconds a worker slot waits before looking again when the trials still needed are all running elsewhere.
 POLL_S = 2.0
 
@@ -289,7 +286,7 @@ class _Sweep:
             running = sum(1 for t in view.trials if t.status == TrialStatus.RUNNING)
             if (
                 finished >= self.target
-                or self.repeats >= MAX_CONSECUTIVE_DUPLICATES
+                or self.repeats >= self.plan.max_consecutive_repeats
                 or (self.budget is not None and time.monotonic() - self.start >= self.budget)
             ):
                 raise _Stop
@@ -518,7 +515,7 @@ def _upload_artifacts(study_name: str, trial: optuna.Trial, result: TrialResult)
 def run_study(plan: SweepPlan, callbacks: Sequence[SweepCallback] = ()) -> optuna.Study:
     """Run the planned sweep (:func:`sweeper.study.plan_sweep`) until its study holds ``n_trials`` finished trials,
     or its ``timeout_s`` has passed, or the sampler proposed only configurations already measured
-    ``MAX_CONSECUTIVE_DUPLICATES`` times in a row.
+    ``plan.max_consecutive_repeats`` times in a row.
 
     Several ``run_study`` calls (processes, machines) may share one study: they never start more than ``n_trials``
     trials between them (:class:`sweeper.study._coordination.AskLock`), and find each other's dead or silent trials

@@ -9,11 +9,14 @@ of them (:data:`RELIED_ON`), so an upgrade that moves one fails a fast test inst
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
+
+from sweeper.study._stored import StoredTrial
 
 #: ``(object, attribute)`` pairs this module reads, as ``"module:Class.attribute"``; the test imports each.
 RELIED_ON = (
@@ -78,6 +81,19 @@ def fail_trial(study: optuna.Study, trial: FrozenTrial, user_attrs: dict[str, An
     for key, value in user_attrs.items():
         storage.set_trial_user_attr(trial._trial_id, key, value)
     storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+
+
+def unnoted_trials(study: optuna.Study, trials: Sequence[StoredTrial]) -> list[tuple[StoredTrial, optuna.Trial]]:
+    """Those of ``trials`` (of ``study``) that carry no optuna-dashboard note yet, each with the ``optuna.Trial``
+    handle that ``optuna_dashboard.save_note`` takes (built from the trial's storage id: a finished trial cannot be
+    asked for again)."""
+    system_attrs = study_system_attrs(study)
+    out = []
+    for t in trials:
+        if t.frozen is None or dashboard_note(system_attrs, trial_id(t.frozen)):
+            continue
+        out.append((t, optuna.Trial(study, trial_id(t.frozen))))
+    return out
 
 
 def dashboard_note(system_attrs: dict[str, Any], trial_storage_id: int) -> str:

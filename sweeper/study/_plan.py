@@ -20,7 +20,7 @@ from sweeper.memory import memory_predictor, nothing_fits
 from sweeper.space import SearchSpace, TrialConfig
 from sweeper.study._calibration import device_kind, stored_calibration
 from sweeper.study._coordination import heartbeat_interval_s, in_memory, sqlite_file
-from sweeper.study._identity import OWNER_FILE, STUDY_ID_ATTR, default_storage, study_dir
+from sweeper.study._identity import OWNER_FILE, STUDY_ID_ATTR, default_storage, study_dir, trial_dir
 from sweeper.study._machine import check_disk, check_writable, slot_devices
 from sweeper.study._optuna_private import storage_of
 from sweeper.study._preflight import known_memory, trial_device
@@ -53,6 +53,8 @@ class SweepPlan:
         setup: The study's setup this run measures (:func:`sweeper.study._setups.choose_setup`), stored on each of
             its trials; None for a plan made without one (tests that build a plan by hand).
         new_setup: The setup was first recorded by this run, in a study that already held trials.
+        max_consecutive_repeats: Repeats of measured configurations in a row after which the sweep stops: the
+            sampler has nothing new to offer.
     """
 
     space: SearchSpace
@@ -68,11 +70,17 @@ class SweepPlan:
     predict_peak_gib: Callable[[TrialConfig], float | None]
     setup: int | None = None
     new_setup: bool = False
+    max_consecutive_repeats: int = 25
 
     @property
     def to_run(self) -> int:
         """Finished trials still needed to reach :attr:`n_trials` (0: nothing to run)."""
         return max(0, self.n_trials - self.finished_before)
+
+    @property
+    def trials_dir(self) -> Path:
+        """``studies/<name>/trials/``: each trial's folder (config, result, worker log) is a numbered folder in it."""
+        return trial_dir(self.name, 0).parent
 
     @property
     def is_default_storage(self) -> bool:

@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from sweeper.stability import barely_learns
 from sweeper.study._identity import STUDY_ID_ATTR
 from sweeper.study._objectives import Objective, study_objectives
-from sweeper.study._setups import CURRENT_SETUP_ATTR, stored_setups, trial_setup
+from sweeper.study._setups import CURRENT_SETUP_ATTR, differences, stored_setups, trial_setup
 from sweeper.study._stored import Confirmation, StoredTrial, confirmations_in, non_dominated, stored_trial
 from sweeper.trial import TrialStatus
 
@@ -147,6 +147,33 @@ class StudySnapshot:
             if t.status == TrialStatus.NAN and not t.is_repeat:
                 out[t.result.nan_cause or "unknown"].append(t.number)
         return {cause: numbers for cause, numbers in out.items() if numbers}
+
+    def other_setups(self) -> tuple[int, list[tuple[int, list[str] | None]]]:
+        """The measured trials of the current setup, and for each other setup holding measured trials: how many,
+        and what differs from the current one (:func:`sweeper.study._setups.differences`, ``["the same
+        settings"]`` when nothing this version records does), or None when this version cannot tell; ``(n, [])``
+        for a study written before setups or without other setups' trials."""
+        current, setups = self.current_setup, self.setups
+        by_setup: dict[int | None, int] = {}
+        for t in self.measured:
+            index = self.setup_of(t)
+            by_setup[index] = by_setup.get(index, 0) + 1
+        if current is None:
+            return sum(by_setup.values()), []
+        others: list[tuple[int, list[str] | None]] = []
+        for index, n in sorted(
+            ((i, n) for i, n in by_setup.items() if i != current), key=lambda item: -1 if item[0] is None else item[0]
+        ):
+            if index is None or index >= len(setups) or current >= len(setups):
+                others.append((n, None))
+            else:
+                others.append((n, differences(setups[current], setups[index], word="now") or ["the same settings"]))
+        return by_setup.get(current, 0), others
+
+    def non_dominated(self, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
+        """The COMPLETE ``trials`` no other of them dominates on :attr:`objectives`
+        (:func:`sweeper.study._stored.non_dominated`)."""
+        return non_dominated(trials, self.objectives)
 
     def with_trial(self, trial: optuna.trial.FrozenTrial) -> StudySnapshot:
         """This snapshot with ``trial`` added or replaced (the loop's update after a trial ends), its cached views

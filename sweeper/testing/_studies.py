@@ -14,14 +14,12 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig, parse_space
-from sweeper.study import (
-    FAILURE_CONSTRAINT,
-    failure_constraint,
-    open_study,
-    record_result,
-    stability_objective,
-    study_objectives,
-)
+
+# The test helpers build studies as the sweep records them, from the study package's own modules (optuna.testing's
+# shape): pyproject's private-modules contract lets sweeper.testing, and only it, import them.
+from sweeper.study._objectives import stability_objective, study_objectives
+from sweeper.study._sampling import FAILURE_CONSTRAINT, failure_constraint
+from sweeper.study._storage import open_study, record_result
 from sweeper.trial import TrialResult, TrialStatus
 
 #: The searched keys of the studies made here.

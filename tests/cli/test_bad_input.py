@@ -118,7 +118,7 @@ def test_a_storage_in_a_folder_that_does_not_exist_is_refused_and_nothing_is_cre
 
     from sweeper.errors import StudyError
     from sweeper.space import parse_space
-    from sweeper.study import open_study
+    from sweeper.study._storage import open_study
 
     monkeypatch.chdir(tmp_path)
     space = parse_space({"study": {"name": "s"}, "search": {"r": [4, 8]}}, "space.yaml")

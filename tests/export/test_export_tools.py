@@ -20,7 +20,7 @@ import yaml
 from sweeper.errors import StudyError
 from sweeper.export import AXOLOTL_LORA_KERNELS, pick_trial, write_export
 from sweeper.space import parse_space
-from sweeper.study import open_study
+from sweeper.study._storage import open_study
 from sweeper.testing import REPO, STACKS, add_configured_trials, add_trial, make_study, run_in_venv, stack_venv
 
 #: Trial 6's settings, none at the tools' defaults: float16, fp4 without double quantization, r 16 with lora_alpha

@@ -2,6 +2,8 @@
 trial line per status, a trace, the front table (from real Optuna trials read through ``stored_trial``), the status
 counts and the data audit's lines. Pure formatting: nothing runs."""
 
+from pathlib import Path
+
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
@@ -20,7 +22,7 @@ from sweeper.report import (
     status_label,
 )
 from sweeper.space import TrialConfig
-from sweeper.study import stored_trial
+from sweeper.study._stored import stored_trial
 from sweeper.trial import TrialResult
 
 DOCTOR = "sweep doctor space.yaml"
@@ -381,7 +383,8 @@ def test_a_resumed_study_written_before_the_margin_says_so_once(tmp_path):
 
     from sweeper.report import resume_lines
     from sweeper.space import parse_space
-    from sweeper.study import LEGACY_OBJECTIVES, open_study
+    from sweeper.study._objectives import LEGACY_OBJECTIVES
+    from sweeper.study._storage import open_study
 
     space = parse_space({"study": {"name": "old"}, "search": {"r": [4, 8]}}, "space.yaml")
     url = f"sqlite:///{tmp_path}/old.db"
@@ -408,17 +411,23 @@ def test_next_steps_address_the_failures_at_hand(tmp_path):
 
     from sweeper.report._sweep_console import _next_steps
     from sweeper.space import parse_space
-    from sweeper.study import nan_causes
+    from sweeper.study._snapshot import nan_causes
     from sweeper.testing import add_trial, make_study
 
     space = parse_space({"study": {"name": "rep"}, "search": {"r": [4, 8]}}, "space.yaml")
     study = make_study(tmp_path)  # complete trials, an oom and a data NaN
-    steps = _next_steps(types.SimpleNamespace(study=study, space=space, name="rep"), nan_causes(study))
+    steps = _next_steps(
+        types.SimpleNamespace(study=study, space=space, name="rep", trials_dir=Path("studies/rep/trials")),
+        nan_causes(study),
+    )
     assert steps[0] == "sweep doctor space.yaml" and steps[1].startswith("sweep estimate space.yaml")
     oom_only = optuna.create_study(directions=["minimize", "minimize"])
     add_trial(oom_only, r=8, batch=4, seq=128, status="oom", peak=3.9)
     add_trial(oom_only, r=8, batch=4, seq=128, status="timeout")
-    steps = _next_steps(types.SimpleNamespace(study=oom_only, space=space, name="rep"), nan_causes(oom_only))
+    steps = _next_steps(
+        types.SimpleNamespace(study=oom_only, space=space, name="rep", trials_dir=Path("studies/rep/trials")),
+        nan_causes(oom_only),
+    )
     assert not any("doctor" in s for s in steps) and steps[0].startswith("sweep estimate") and "worker.log" in steps[1]
 
 

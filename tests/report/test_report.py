@@ -12,7 +12,8 @@ from sweeper.export import knee, pick_trial
 from sweeper.report import MemoryEffects, NotShown, ParamImportance
 from sweeper.report import _data as report
 from sweeper.space import parse_space
-from sweeper.study import DEFAULT_OBJECTIVES, open_study
+from sweeper.study._objectives import DEFAULT_OBJECTIVES
+from sweeper.study._storage import open_study
 from sweeper.testing import add_trial, make_study
 
 
@@ -210,7 +211,8 @@ def test_redact_url(url, shown):
 
 
 def test_study_dir_stays_inside_studies():
-    from sweeper.study import STUDIES_DIR, study_dir
+    from sweeper.study import study_dir
+    from sweeper.study._identity import STUDIES_DIR
 
     assert study_dir("demo") == STUDIES_DIR / "demo"
     for name in ("../../escaped", "/tmp/abs", "a b"):

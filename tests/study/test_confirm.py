@@ -177,7 +177,7 @@ def test_a_setup_error_is_never_a_configurations_confirmation(tiny_model, workdi
     """The data file moved away after the sweep: 'sweep confirm' says so in one line before anything runs (exit 2),
     the earlier confirmation stands and the export still takes the trial; once the file is back the same command
     runs. A run failure stored by an older sweeper ('error@0') is no outcome either: it blocks neither."""
-    from sweeper.study import confirmations
+    from sweeper.study._snapshot import confirmations
     from sweeper.testing import clean_rows, write_jsonl
 
     data = write_jsonl(workdir / "train.jsonl", clean_rows() * 4)

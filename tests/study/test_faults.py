@@ -16,7 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from sweeper.study import count_finished
+from sweeper.study._snapshot import count_finished
 from sweeper.testing import REPO, tiny_space, write_space
 
 pytestmark = pytest.mark.slow
@@ -239,7 +239,8 @@ def test_a_trial_whose_sweep_on_another_host_went_silent_is_shown_stale(workdir,
     """A RUNNING trial of a sweep on another machine that stopped sending heartbeats was shown as running until the
     next 'sweep run': the report now calls it stale, with its start and the grace period."""
     from sweeper.space import parse_space
-    from sweeper.study import open_study, stale_running
+    from sweeper.study import stale_running
+    from sweeper.study._storage import open_study
 
     monkeypatch.setenv("SWEEPER_HEARTBEAT_INTERVAL_S", "1")
     space = parse_space({"study": {"name": "hb"}, "search": {"r": [4, 8]}}, "space.yaml")

@@ -9,18 +9,18 @@ from sweeper.errors import StudyError
 from sweeper.export import pick_trial
 from sweeper.report import report_data
 from sweeper.space import parse_space
-from sweeper.study import (
+from sweeper.study import Objective
+from sweeper.study._objectives import (
     DEFAULT_OBJECTIVES,
-    Objective,
-    non_dominated,
-    open_study,
-    pareto_front,
+    dominates,
+    knee_distance,
     register_objective,
-    stored_trials,
     study_objectives,
     unregister_objective,
 )
-from sweeper.study._objectives import dominates, knee_distance
+from sweeper.study._snapshot import pareto_front, stored_trials
+from sweeper.study._storage import open_study
+from sweeper.study._stored import non_dominated
 from sweeper.testing import add_trial, run_cli
 
 THIRD = "learning_speed"

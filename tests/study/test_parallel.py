@@ -13,7 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from sweeper.study import count_finished
+from sweeper.study._snapshot import count_finished
 from sweeper.study._stored import is_finished
 from sweeper.testing import PASSWORD, pg_bin, start_server, sweep, tiny_space, write_space
 
@@ -179,7 +179,7 @@ def test_a_configuration_already_running_is_waited_for_not_run_twice(tiny_model,
     """Two workers asked the same configuration at once (here: queued twice; in practice a retry, or another
     machine): the later trial waits for the earlier one and reuses its result."""
     from sweeper.space import load_space
-    from sweeper.study import open_study
+    from sweeper.study._storage import open_study
 
     path = write_space(workdir, tiny_space(tiny_model, name="same", n_trials=2, search={"r": [4, 8]}))
     study = open_study(load_space(path))

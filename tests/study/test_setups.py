@@ -12,8 +12,8 @@ import pytest
 
 from sweeper.errors import StudyError
 from sweeper.space import load_space
-from sweeper.study import open_study
 from sweeper.study._setups import CURRENT_SETUP_ATTR, SETUPS_ATTR, choose_setup, differences, space_settings
+from sweeper.study._storage import open_study
 from sweeper.testing import sweep, tiny_space, write_space
 
 

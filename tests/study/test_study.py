@@ -16,18 +16,10 @@ from optuna.trial import TrialState
 from sweeper.errors import SpaceError
 from sweeper.space import load_space, parse_space
 from sweeper.stability import COMPONENTS, DIAGNOSTICS
-from sweeper.study import (
-    FAILURE_CONSTRAINT,
-    SweepCallback,
-    count_finished,
-    failure_constraint,
-    open_study,
-    pareto_front,
-    plan_sweep,
-    run_study,
-    status_counts,
-)
-from sweeper.study._sampling import make_sampler, to_distributions
+from sweeper.study import SweepCallback, plan_sweep, run_study
+from sweeper.study._sampling import FAILURE_CONSTRAINT, failure_constraint, make_sampler, to_distributions
+from sweeper.study._snapshot import count_finished, pareto_front, status_counts
+from sweeper.study._storage import open_study
 from sweeper.study._stored import is_finished
 from sweeper.testing import tiny_space, write_space
 from sweeper.trial import TrialResult
@@ -316,8 +308,8 @@ def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
     import dataclasses
 
     from sweeper.space import TrialConfig
-    from sweeper.study import stored_trial
     from sweeper.study._loop import find_duplicate
+    from sweeper.study._stored import stored_trial
     from sweeper.testing import add_trial
 
     study = optuna.create_study(directions=["minimize", "minimize"])
@@ -337,7 +329,8 @@ def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir):
     each): the second is refused, leaving no empty database behind, naming both storages and identities; readers do
     not refuse (a copy is read as it is); a study file that is gone, or the same file, no longer owns the folder."""
     from sweeper.errors import StudyError
-    from sweeper.study import check_study_owner, load_existing_study, study_identity
+    from sweeper.study import check_study_owner, load_existing_study
+    from sweeper.study._identity import study_identity
 
     space = load_space(write_space(workdir, tiny_space(tiny_model, name="same")))
     first = open_study(space, "sqlite:///studies/same.db")
@@ -371,8 +364,8 @@ def test_a_resume_with_other_run_policy_reuses_what_was_measured():
     from optuna.distributions import CategoricalDistribution
 
     from sweeper.space import TrialConfig
-    from sweeper.study import record_result
     from sweeper.study._loop import find_duplicate
+    from sweeper.study._storage import record_result
     from sweeper.trial import TrialResult, TrialStatus
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -408,7 +401,8 @@ def test_the_contract_documents_every_stored_attribute():
 def test_a_new_study_ranks_by_edge_proximity_and_an_old_one_keeps_its_instability(tmp_path):
     import warnings
 
-    from sweeper.study import DEFAULT_OBJECTIVES, LEGACY_OBJECTIVES, open_study, stability_objective
+    from sweeper.study._objectives import DEFAULT_OBJECTIVES, LEGACY_OBJECTIVES, stability_objective
+    from sweeper.study._storage import open_study
 
     space = parse_space({"study": {"name": "new"}, "search": {"r": [4, 8]}}, "space.yaml")
     url = f"sqlite:///{tmp_path}/s.db"
