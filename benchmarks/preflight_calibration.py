@@ -45,13 +45,13 @@ def main() -> None:
     measured = [
         t
         for t in stored_trials(study)
-        if not t.is_repeat and t.status.fits is not None and t.config is not None and t.result.peak_memory_gib
+        if not t.is_repeat and t.status.fits is not None and t.config is not None and t.result.memory.peak_memory_gib
     ]
     if not measured:
         raise SystemExit(f"{args.study}: no measured trial")
     attn = measured[0].config.model.attn_implementation
 
-    kind = measured[0].result.memory_kind or "cpu_peak_rss"
+    kind = measured[0].result.memory.memory_kind or "cpu_peak_rss"
     device = "cuda" if kind == "cuda_max_reserved" else "cpu"
 
     def predict_config(config) -> float:
@@ -63,13 +63,13 @@ def main() -> None:
     print(f"study {study.study_name}: {len(measured)} measured trials, model {model}")
     print(f"{'trial':>5} {'status':>8} {'group':>18} {'predicted':>9} {'measured':>8} {'ratio':>6}  cap")
     for t in measured:
-        p, m = predict(t), t.result.peak_memory_gib
+        p, m = predict(t), t.result.memory.peak_memory_gib
         print(
             f"{t.number:>5} {t.status.value:>8} {group_of(t.config):>18} {p:9.3f} {m:8.3f} "
             f"{m / p:6.2f}  {t.config.memory_limit_gib:g}"
         )
     raw_all = median_abs(
-        (predict(t) - t.result.peak_memory_gib) / t.result.peak_memory_gib
+        (predict(t) - t.result.memory.peak_memory_gib) / t.result.memory.peak_memory_gib
         for t in measured
         if t.status == TrialStatus.COMPLETE
     )
@@ -80,10 +80,10 @@ def main() -> None:
         points = calibration_points(seen, predict_config, kind)
         fit = fit_calibration(points, kind)
         complete = [t for t in later if t.status == TrialStatus.COMPLETE]
-        raw = [(predict(t) - t.result.peak_memory_gib) / t.result.peak_memory_gib for t in complete]
+        raw = [(predict(t) - t.result.memory.peak_memory_gib) / t.result.memory.peak_memory_gib for t in complete]
         corrected = [
-            ((fit.correct(t.config, predict(t)) if fit else predict(t)) - t.result.peak_memory_gib)
-            / t.result.peak_memory_gib
+            ((fit.correct(t.config, predict(t)) if fit else predict(t)) - t.result.memory.peak_memory_gib)
+            / t.result.memory.peak_memory_gib
             for t in complete
         ]
         pruned_oom, pruned_fit = [], []
@@ -105,7 +105,7 @@ def main() -> None:
             continue
         points = calibration_points(measured[:i], predict_config, kind)
         fit = fit_calibration(points, kind)
-        p, m = predict(t), t.result.peak_memory_gib
+        p, m = predict(t), t.result.memory.peak_memory_gib
         sequential.append((t.number, p, fit.correct(t.config, p) if fit else p, m))
     if sequential:
         print(

@@ -55,7 +55,12 @@ def main() -> None:
         sweep_s = time.monotonic() - t0
         for t in stored_trials(study):
             result = t.result
-            if t.repeat_of is not None or t.config is None or result.train_time_s is None or result.wall_time_s is None:
+            if (
+                t.repeat_of is not None
+                or t.config is None
+                or result.constant.train_time_s is None
+                or result.provenance.wall_time_s is None
+            ):
                 continue  # repeats, preflight prunes: nothing ran
             cold = run_trial(t.config, Path(folder) / "cold" / str(t.number), model_path=model_path)
             rows.append((t, result, cold))
@@ -67,41 +72,46 @@ def main() -> None:
     print("-" * len(header))
     warm_ratios, cold_ratios, figures = [], [], []
     for t, warm, cold in rows:
-        kind = "warm, model kept" if warm.model_reused else "warm" if warm.warm else "cold (first)"
-        warm_out = warm.wall_time_s - warm.train_time_s
-        cold_out = cold.wall_time_s - cold.train_time_s if cold.train_time_s is not None else None
-        wr, cr = _ratio(warm_out, warm.train_time_s), _ratio(cold_out, cold.train_time_s)
+        kind = (
+            "warm, model kept" if warm.provenance.model_reused else "warm" if warm.provenance.warm else "cold (first)"
+        )
+        warm_out = warm.provenance.wall_time_s - warm.constant.train_time_s
+        cold_out = (
+            cold.provenance.wall_time_s - cold.constant.train_time_s if cold.constant.train_time_s is not None else None
+        )
+        wr, cr = _ratio(warm_out, warm.constant.train_time_s), _ratio(cold_out, cold.constant.train_time_s)
         warm_ratios.append(wr)
         if cr is not None:
             cold_ratios.append(cr)
         print(
-            f"{t.number:>3} {warm.status:<9} {kind:<17} {_fmt(warm.setup_time_s, '7.2f')} {_fmt(warm_out)} "
-            f"{_fmt(warm.train_time_s, '7.2f')} {_fmt(wr)}   {_fmt(cold.setup_time_s, '13.2f')} {_fmt(cold_out)} "
-            f"{_fmt(cold.train_time_s, '7.2f')} {_fmt(cr)}   {_fmt(warm.peak_memory_gib, '13.3f')} "
-            f"{_fmt(cold.peak_memory_gib, '6.3f')}"
+            f"{t.number:>3} {warm.status:<9} {kind:<17} {_fmt(warm.provenance.setup_time_s, '7.2f')} {_fmt(warm_out)} "
+            f"{_fmt(warm.constant.train_time_s, '7.2f')} {_fmt(wr)}   "
+            f"{_fmt(cold.provenance.setup_time_s, '13.2f')} {_fmt(cold_out)} "
+            f"{_fmt(cold.constant.train_time_s, '7.2f')} {_fmt(cr)}   {_fmt(warm.memory.peak_memory_gib, '13.3f')} "
+            f"{_fmt(cold.memory.peak_memory_gib, '6.3f')}"
         )
         figures.append(
             {
                 "number": t.number,
                 "params": t.params,
                 "status": warm.status,
-                "warm": warm.warm,
-                "model_reused": warm.model_reused,
-                "warm_setup_time_s": warm.setup_time_s,
+                "warm": warm.provenance.warm,
+                "model_reused": warm.provenance.model_reused,
+                "warm_setup_time_s": warm.provenance.setup_time_s,
                 "warm_outside_s": warm_out,
-                "warm_train_time_s": warm.train_time_s,
+                "warm_train_time_s": warm.constant.train_time_s,
                 "warm_ratio": wr,
                 "cold_status": cold.status,
-                "cold_setup_time_s": cold.setup_time_s,
+                "cold_setup_time_s": cold.provenance.setup_time_s,
                 "cold_outside_s": cold_out,
-                "cold_train_time_s": cold.train_time_s,
+                "cold_train_time_s": cold.constant.train_time_s,
                 "cold_ratio": cr,
-                "warm_peak_memory_gib": warm.peak_memory_gib,
-                "cold_peak_memory_gib": cold.peak_memory_gib,
+                "warm_peak_memory_gib": warm.memory.peak_memory_gib,
+                "cold_peak_memory_gib": cold.memory.peak_memory_gib,
             }
         )
-    ran_warm = sum(1 for _, w, _ in rows if w.warm)
-    kept = sum(1 for _, w, _ in rows if w.model_reused)
+    ran_warm = sum(1 for _, w, _ in rows if w.provenance.warm)
+    kept = sum(1 for _, w, _ in rows if w.provenance.model_reused)
     summary = {
         "trials_measured": len(rows),
         "warm_trials": ran_warm,

@@ -294,8 +294,9 @@ class Runner:
         data = {k: result.to_dict().get(k) for k in KEEP}
         data["wall_s"] = round(time.monotonic() - start, 1)
         print(
-            f"{name}: lr={config.learning_rate:.3g} {result.status} step {result.fail_step or result.steps_done} "
-            f"margin={result.stability_margin} ({data['wall_s']:.0f} s)",
+            f"{name}: lr={config.learning_rate:.3g} {result.status} "
+            f"step {result.fail_step or result.constant.steps_done} "
+            f"margin={result.stress.stability_margin} ({data['wall_s']:.0f} s)",
             flush=True,
         )
         return data

@@ -99,7 +99,7 @@ def _outcome_line(t: Any, done: Any) -> str:
     from sweeper.report import format_instability, format_margin
 
     peak = "-" if done.peak_memory_gib is None else f"{done.peak_memory_gib:.2f} GiB"
-    margin = format_margin(t.result.stability_margin, t.result.margin_capped)
+    margin = format_margin(t.result.stress.stability_margin, t.result.stress.margin_capped)
     said = ""
     if done.predicted_to_hold is not None:
         said = (
@@ -110,7 +110,8 @@ def _outcome_line(t: Any, done: Any) -> str:
     if done.passed:
         return (
             f"        #{t.number:<3} confirmed: {done.steps} steps complete, instability "
-            f"{format_instability(done.instability)} (short {format_instability(t.result.instability)}), peak {peak} "
+            f"{format_instability(done.instability)} (short {format_instability(t.result.constant.instability)}), "
+            f"peak {peak} "
             f"({done.wall_time_s or 0:.0f} s){said}"
         )
     return (

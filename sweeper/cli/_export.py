@@ -50,7 +50,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     replaced = [f for f in files if f in existed]
     _print(
         f"export  {how} (peak {values[0]:.3f} GiB, margin "
-        f"{format_margin(trial.result.stability_margin, trial.result.margin_capped)}) as {args.format}: "
+        f"{format_margin(trial.result.stress.stability_margin, trial.result.stress.margin_capped)}) as {args.format}: "
         + ", ".join(str(f) for f in files)
         + (f" (replaced {len(replaced)} earlier file{'s' if len(replaced) > 1 else ''})" if replaced else "")
     )

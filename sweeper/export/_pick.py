@@ -188,7 +188,7 @@ def _instead(study: StudySnapshot, trial: StoredTrial, fmt: str) -> str:
     if near is None:
         return f"no complete trial of the study can be; export with --format {formats}"
     peak = objectives(near)[0]
-    margin = format_margin(near.result.stability_margin, near.result.margin_capped)
+    margin = format_margin(near.result.stress.stability_margin, near.result.stress.margin_capped)
     dtype = near.config.bnb_4bit_compute_dtype if near.config is not None else "?"
     return (
         f"the nearest trial it can express is {near.number} ({dtype}, peak {peak:.3f} GiB, margin "

@@ -280,22 +280,22 @@ def _model_notes(study: StudySnapshot, c: TrialConfig) -> list[str]:
 
 def _provenance(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Provenance:
     """Study, trial, what was measured where, and the library versions (:attr:`ExportSettings.provenance`)."""
-    versions = trial.result.versions or {}
-    peak = trial.result.peak_memory_gib
+    versions = trial.result.provenance.versions or {}
+    peak = trial.result.memory.peak_memory_gib
     return Provenance(
         study=study.name,
         trial=trial.number,
         peak_memory_gib=round(peak, 3) if isinstance(peak, float) else peak,
-        memory_kind=trial.result.memory_kind,
+        memory_kind=trial.result.memory.memory_kind,
         memory_limit_gib=c.memory_limit_gib,
-        instability=_rounded(trial.result.instability, 4),
-        stability_margin=_rounded(trial.result.stability_margin, 1),
-        margin_capped=trial.result.margin_capped,
-        lr_ceiling=_rounded(trial.result.lr_ceiling, 6),
-        predicted_max_lr=_rounded(trial.result.predicted_max_lr, 6),
-        learning_progress=_rounded(trial.result.learning_progress, 3),
+        instability=_rounded(trial.result.constant.instability, 4),
+        stability_margin=_rounded(trial.result.stress.stability_margin, 1),
+        margin_capped=trial.result.stress.margin_capped,
+        lr_ceiling=_rounded(trial.result.stress.lr_ceiling, 6),
+        predicted_max_lr=_rounded(trial.result.stress.predicted_max_lr, 6),
+        learning_progress=_rounded(trial.result.constant.learning_progress, 3),
         confirmation=trial.confirmation,
-        device=trial.result.device,
+        device=trial.result.provenance.device,
         versions=tuple({**versions, "sweeper": _version("sweeper")}.items()),
         exported=time.strftime("%Y-%m-%d %H:%M:%S"),
     )

@@ -69,15 +69,20 @@ def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResul
     reason."""
     duplicate = result.reason.startswith("same configuration")
     progress = " " * (len(str(n_trials)) * 2 + 3) if duplicate else f"[{finished:>{len(str(n_trials))}}/{n_trials}]"
-    status = status_label(result.status, result.nan_cause)
+    status = status_label(result.status, result.nan.cause)
     line = (
         f"{progress} #{number:<3} {format_params(params)}  "
-        f"{status:<{STATUS_WIDTH}} {_num(result.peak_memory_gib, '6.2f'):>6} GiB  "
-        f"margin {format_margin(result.stability_margin, result.margin_capped):>7}  "
-        f"instability {format_instability(result.instability):>7}  {_num(result.wall_time_s, '6.1f'):>6} s"
+        f"{status:<{STATUS_WIDTH}} {_num(result.memory.peak_memory_gib, '6.2f'):>6} GiB  "
+        f"margin {format_margin(result.stress.stability_margin, result.stress.margin_capped):>7}  "
+        f"instability {format_instability(result.constant.instability):>7}  "
+        f"{_num(result.provenance.wall_time_s, '6.1f'):>6} s"
     )
-    if result.warm is not None and not duplicate:  # measured in a trial process: did it pay the imports, the load?
-        line += "  " + ("warm, model kept" if result.model_reused else "warm" if result.warm else "cold")
+    if (
+        result.provenance.warm is not None and not duplicate
+    ):  # measured in a trial process: did it pay the imports, the load?
+        line += "  " + (
+            "warm, model kept" if result.provenance.model_reused else "warm" if result.provenance.warm else "cold"
+        )
     if result.status != "complete" or duplicate:
         line += f"  ({result.reason})"
     return line
@@ -86,14 +91,18 @@ def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResul
 def format_trace(result: TrialResult) -> str:
     """The per-step trace of one trial as a table: step, loss, grad norm, max activation, skipped."""
     rows = [("step", "loss", "grad_norm", "max_activation", "skipped")]
-    skipped = set(result.skipped_steps)
-    n = max(len(result.loss_trace), len(result.grad_norm_trace))
+    skipped = set(result.constant.skipped_steps)
+    n = max(len(result.constant.loss_trace), len(result.constant.grad_norm_trace))
     for i in range(n):
 
         def at(seq: Sequence[Any], i: int = i) -> Any:
             return seq[i] if i < len(seq) else None
 
-        loss, grad, act = at(result.loss_trace), at(result.grad_norm_trace), at(result.max_activation_trace)
+        loss, grad, act = (
+            at(result.constant.loss_trace),
+            at(result.constant.grad_norm_trace),
+            at(result.constant.max_activation_trace),
+        )
         rows.append(
             (
                 str(i + 1),
@@ -138,7 +147,7 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
             *(o.name for o in objectives if o.role is None),
         )
     ]
-    best = max((t.result.learning_progress or 0.0 for t in front), default=0.0)
+    best = max((t.result.constant.learning_progress or 0.0 for t in front), default=0.0)
     for t in front:
         c = t.config
         settings = (
@@ -160,9 +169,9 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
                 str(t.number),
                 *(_fmt(v) for v in settings),
                 f"{values[0]:.3f}",
-                format_margin(t.result.stability_margin, t.result.margin_capped),
-                format_progress(t.result.learning_progress, best),
-                format_instability(t.result.instability),
+                format_margin(t.result.stress.stability_margin, t.result.stress.margin_capped),
+                format_progress(t.result.constant.learning_progress, best),
+                format_instability(t.result.constant.instability),
                 *(
                     o.shown(t.result, t.values[i]) if t.values is not None else "-"
                     for i, o in enumerate(objectives)
@@ -198,35 +207,44 @@ def trial_result_lines(result: TrialResult, config: TrialConfig, folder: Path) -
     the instability with its terms, the stability margin (:func:`margin_line`) and the times; each line only where
     the trial measured it."""
     lines = []
-    if result.loss_trace:
+    if result.constant.loss_trace:
         lines.append(format_trace(result))
     lines.append(f"status  {result.status}: {result.reason}")
     if result.status == "nan":
-        module = f", first non-finite output in {result.nan_module}" if result.nan_module else ""
-        which = "samples at fault" if result.nan_cause == "data" else "samples of the failing step (not at fault)"
+        module = f", first non-finite output in {result.nan.module}" if result.nan.module else ""
+        which = "samples at fault" if result.nan.cause == "data" else "samples of the failing step (not at fault)"
         lines.append(
-            f"nan     cause {result.nan_cause or 'unknown'}{module}; {which}: "
-            f"{', '.join(map(str, result.nan_samples)) or '-'}; the step's rows are in {folder / 'nan_batch.jsonl'}"
+            f"nan     cause {result.nan.cause or 'unknown'}{module}; {which}: "
+            f"{', '.join(map(str, result.nan.samples)) or '-'}; the step's rows are in {folder / 'nan_batch.jsonl'}"
         )
-    if result.longest_sample_tokens is not None:
+    if result.data.longest_sample_tokens is not None:
         lines.append(
-            f"data    samples trained on: the longest has {result.longest_sample_tokens} tokens before truncation "
-            f"(sample {result.longest_sample_index}); {100 * (result.truncated_sample_fraction or 0):.0f}% were cut at "
+            f"data    samples trained on: the longest has {result.data.longest_sample_tokens} tokens before truncation "
+            f"(sample {result.data.longest_sample_index}); "
+            f"{100 * (result.data.truncated_sample_fraction or 0):.0f}% were cut at "
             f"max_seq_length={config.max_seq_length}; fewest supervised tokens in a step: "
-            f"{result.min_supervised_tokens}"
+            f"{result.data.min_supervised_tokens}"
         )
-    if result.peak_memory_gib is not None:
-        load = f", {result.load_peak_memory_gib:.3f} GiB while loading" if result.load_peak_memory_gib else ""
-        lines.append(f"memory  {result.peak_memory_gib:.3f} GiB ({result.memory_kind}{load})")
-    if result.instability is not None:
-        parts = ", ".join(f"{k} {v:.3f}" for k, v in result.instability_components.items())
-        lines.append(f"instability {format_instability(result.instability)} ({parts})")
-    if result.stress_stop is not None:
+    if result.memory.peak_memory_gib is not None:
+        load = (
+            f", {result.memory.load_peak_memory_gib:.3f} GiB while loading"
+            if result.memory.load_peak_memory_gib
+            else ""
+        )
+        lines.append(f"memory  {result.memory.peak_memory_gib:.3f} GiB ({result.memory.memory_kind}{load})")
+    if result.constant.instability is not None:
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in result.constant.instability_components.items())
+        lines.append(f"instability {format_instability(result.constant.instability)} ({parts})")
+    if result.stress.stop is not None:
         lines.append(margin_line(result))
-    phases = (("import", result.import_time_s), ("load", result.load_time_s), ("train", result.train_time_s))
+    phases = (
+        ("import", result.provenance.import_time_s),
+        ("load", result.provenance.load_time_s),
+        ("train", result.constant.train_time_s),
+    )
     times = [f"{phase} {seconds:.1f} s" for phase, seconds in phases if seconds is not None]
-    if result.wall_time_s is not None:
-        times.append(f"total {result.wall_time_s:.1f} s")
+    if result.provenance.wall_time_s is not None:
+        times.append(f"total {result.provenance.wall_time_s:.1f} s")
     lines.append("time    " + ", ".join(times))
     return lines
 
@@ -267,14 +285,15 @@ def other_setups_line(study: StudyLike) -> str | None:
 def margin_line(result: TrialResult) -> str:
     """``margin  36x the learning rate (lr_ceiling 7.1e-03, stress diverged after 6 of 11 steps, 38% of the constant
     phase's time); predicted_max_lr 1.8e-03 for a 300-step run; learning progress 21%``."""
-    ceiling = "-" if result.lr_ceiling is None else f"{result.lr_ceiling:.3g}"
-    share = "" if result.stress_time_share is None else f", {100 * result.stress_time_share:.0f}% of the constant phase"
-    predicted = "-" if result.predicted_max_lr is None else f"{result.predicted_max_lr:.3g}"
-    progress = "-" if result.learning_progress is None else f"{100 * result.learning_progress:.0f}%"
+    ceiling = "-" if result.stress.lr_ceiling is None else f"{result.stress.lr_ceiling:.3g}"
+    share = "" if result.stress.time_share is None else f", {100 * result.stress.time_share:.0f}% of the constant phase"
+    predicted = "-" if result.stress.predicted_max_lr is None else f"{result.stress.predicted_max_lr:.3g}"
+    progress = "-" if result.constant.learning_progress is None else f"{100 * result.constant.learning_progress:.0f}%"
     return (
-        f"margin  {format_margin(result.stability_margin, result.margin_capped)} the learning rate (lr_ceiling "
-        f"{ceiling}; stress {result.stress_stop} after {result.stress_steps} steps{share}); predicted_max_lr "
-        f"{predicted} for a 300-step run{' (a lower bound)' if result.margin_capped else ''}; learning progress "
+        f"margin  {format_margin(result.stress.stability_margin, result.stress.margin_capped)} the learning rate "
+        f"(lr_ceiling "
+        f"{ceiling}; stress {result.stress.stop} after {result.stress.steps} steps{share}); predicted_max_lr "
+        f"{predicted} for a 300-step run{' (a lower bound)' if result.stress.margin_capped else ''}; learning progress "
         f"{progress}"
     )
 

@@ -22,18 +22,18 @@ FRONT_FIGURE_ID = "pareto-front"
 def failure_note(trial: StoredTrial) -> str:
     """A short markdown note on a pruned or failed trial: status (with NaN cause), reason, step and what to look at."""
     r = trial.result
-    cause = f" ({r.nan_cause})" if r.nan_cause else ""
+    cause = f" ({r.nan.cause})" if r.nan.cause else ""
     lines = [f"### Trial {trial.number}: {trial.status_name}{cause}", "", r.reason]
     if r.fail_step is not None:
         lines += [
             "",
             f"Failed at step {r.fail_step} ({r.fail_phase}), "
-            f"peak memory {r.peak_memory_gib or 0:.3f} GiB ({r.memory_kind}).",
+            f"peak memory {r.memory.peak_memory_gib or 0:.3f} GiB ({r.memory.memory_kind}).",
         ]
-    if r.nan_samples:
+    if r.nan.samples:
         lines += [
             "",
-            f"Samples: {', '.join(map(str, r.nan_samples))}; the failing batch is the `nan_batch.jsonl` artifact.",
+            f"Samples: {', '.join(map(str, r.nan.samples))}; the failing batch is the `nan_batch.jsonl` artifact.",
         ]
     return "\n".join(lines)
 
@@ -47,7 +47,7 @@ def confirmation_note(trial: StoredTrial) -> str:
         if done.passed
         else (f"### Trial {trial.number}: FAILED its {done.steps}-step confirmation ({done.status})")
     )
-    short = trial.result.instability
+    short = trial.result.constant.instability
     lines = [head, "", done.reason]
     if done.predicted_to_hold is not None:
         lines += [
@@ -86,7 +86,7 @@ def publish_study(study: optuna.Study) -> None:
             )
         elif t.state == TrialState.COMPLETE and t.confirmation is not None:
             body = confirmation_note(t)
-        elif t.state == TrialState.COMPLETE and t.result.stress_stop is not None:
+        elif t.state == TrialState.COMPLETE and t.result.stress.stop is not None:
             body = f"### Trial {t.number}: complete\n\n{margin_line(t.result)}."
         elif t.state == TrialState.COMPLETE:
             continue

@@ -75,7 +75,7 @@ def trial_params(trial: StoredTrial, searched: Sequence[str] = ()) -> dict[str, 
 
 def trial_label(trial: StoredTrial) -> str:
     """``complete``, ``oom``, ``nan/data`` ...: the trial's status with its NaN cause (as the console shows it)."""
-    return status_label(trial.status_name, trial.result.nan_cause)
+    return status_label(trial.status_name, trial.result.nan.cause)
 
 
 def _finite(x: Any) -> float | None:
@@ -97,21 +97,21 @@ def trial_record(
         state=trial.state.name,
         status=trial.user_attrs.get("status"),
         label=trial_label(trial),
-        nan_cause=r.nan_cause,
-        nan_samples=tuple(r.nan_samples or ()),
+        nan_cause=r.nan.cause,
+        nan_samples=tuple(r.nan.samples or ()),
         reason=r.reason,
         params=trial_params(trial, searched),
-        peak_memory_gib=_finite(r.peak_memory_gib),
-        memory_kind=r.memory_kind,
-        predicted_peak_gib=_finite(r.predicted_peak_gib),
-        instability=_finite(r.instability) if complete else None,
-        stability_margin=_finite(r.stability_margin) if complete else None,
-        margin_capped=r.margin_capped,
-        lr_ceiling=_finite(r.lr_ceiling),
-        predicted_max_lr=_finite(r.predicted_max_lr),
-        learning_progress=_finite(r.learning_progress),
+        peak_memory_gib=_finite(r.memory.peak_memory_gib),
+        memory_kind=r.memory.memory_kind,
+        predicted_peak_gib=_finite(r.memory.predicted_peak_gib),
+        instability=_finite(r.constant.instability) if complete else None,
+        stability_margin=_finite(r.stress.stability_margin) if complete else None,
+        margin_capped=r.stress.margin_capped,
+        lr_ceiling=_finite(r.stress.lr_ceiling),
+        predicted_max_lr=_finite(r.stress.predicted_max_lr),
+        learning_progress=_finite(r.constant.learning_progress),
         fail_step=r.fail_step,
-        steps_done=r.steps_done,
+        steps_done=r.constant.steps_done,
         on_front=trial.number in front,
         confirmation=trial.confirmation,
         objective_values={
@@ -221,7 +221,7 @@ def fit_map_data(study: StudyLike) -> FitMap:
         key = (config.per_device_train_batch_size, config.max_seq_length)
         trials.setdefault(key, []).append(t.number)
         (fits if fit else ooms)[key] = (fits if fit else ooms).get(key, 0) + 1
-        peak = _finite(t.result.peak_memory_gib)
+        peak = _finite(t.result.memory.peak_memory_gib)
         if peak is not None and fit:
             peaks.setdefault(key, []).append(peak)
     cells = []
@@ -282,8 +282,8 @@ def curves_data(study: StudyLike) -> list[Curve]:
             number=t.number,
             kind=kind,
             label=f"#{t.number} {trial_label(t)}",
-            loss=tuple(_finite(x) for x in t.result.loss_trace),
-            grad_norm=tuple(_finite(x) for x in t.result.grad_norm_trace),
+            loss=tuple(_finite(x) for x in t.result.constant.loss_trace),
+            grad_norm=tuple(_finite(x) for x in t.result.constant.grad_norm_trace),
         )
         for kind, trials in groups
         for t in trials
@@ -322,7 +322,7 @@ def memory_effects(study: StudyLike, trials: list[StoredTrial]) -> MemoryEffects
         return NotShown(reason="no measured trial stored its configuration")
     first = configured[0].config
     assert first is not None
-    device = "cuda" if str(configured[0].result.device or "").startswith("cuda") else "cpu"
+    device = "cuda" if str(configured[0].result.provenance.device or "").startswith("cuda") else "cpu"
     path = str(study.model_path or first.model.name_or_path)
     predict = memory_predictor(path, first.model.name_or_path, first.model.attn_implementation, device)
     values = _searched_values(study)
@@ -454,12 +454,12 @@ def front_row(trial: StoredTrial, searched: Sequence[str], objectives: Sequence[
         params=trial_params(trial, searched),
         objective_values=values,
         peak_memory_gib=trial.values[memory],
-        stability_margin=_finite(r.stability_margin),
-        margin_capped=r.margin_capped,
-        lr_ceiling=_finite(r.lr_ceiling),
-        predicted_max_lr=_finite(r.predicted_max_lr),
-        learning_progress=_finite(r.learning_progress),
-        instability=_finite(r.instability),
+        stability_margin=_finite(r.stress.stability_margin),
+        margin_capped=r.stress.margin_capped,
+        lr_ceiling=_finite(r.stress.lr_ceiling),
+        predicted_max_lr=_finite(r.stress.predicted_max_lr),
+        learning_progress=_finite(r.constant.learning_progress),
+        instability=_finite(r.constant.instability),
         confirmation=trial.confirmation,
     )
 

@@ -202,7 +202,7 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
         lines.append(memory)
     doctor = plan.space.doctor_command()
     if "data" in causes:
-        blamed = {t.number: t.result.nan_samples for t in study.trials if t.number in causes["data"]}
+        blamed = {t.number: t.result.nan.samples for t in study.trials if t.number in causes["data"]}
         trials_dir = plan.trials_dir.as_posix()
         lines.append(format_data_nan_summary(causes, blamed, trials_dir) + f"; see '{doctor}'")
     ref = name if plan.is_default_storage else f"'{redact_url(plan.storage)}'"

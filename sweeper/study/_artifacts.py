@@ -44,15 +44,17 @@ def upload_trial_artifacts(
     """
     folder.mkdir(parents=True, exist_ok=True)
     trace = {
-        "loss": result.loss_trace,
-        "grad_norm": result.grad_norm_trace,
-        "max_activation": result.max_activation_trace,
-        "skipped_steps": result.skipped_steps,
-        "supervised_tokens": result.supervised_tokens_trace,
+        "loss": result.constant.loss_trace,
+        "grad_norm": result.constant.grad_norm_trace,
+        "max_activation": result.constant.max_activation_trace,
+        "skipped_steps": result.constant.skipped_steps,
+        "supervised_tokens": result.data.supervised_tokens_trace,
     }
     (folder / "trace.json").write_text(json.dumps(trace))
     (folder / "loss_curve.svg").write_text(
-        loss_curve_svg(result.loss_trace, result.grad_norm_trace, f"trial {trial.number}, {result.status}")
+        loss_curve_svg(
+            result.constant.loss_trace, result.constant.grad_norm_trace, f"trial {trial.number}, {result.status}"
+        )
     )
     files = [("trace.json", "application/json"), ("loss_curve.svg", "image/svg+xml")]
     if (folder / "nan_batch.jsonl").is_file():

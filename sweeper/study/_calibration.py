@@ -40,8 +40,8 @@ def calibration_points(
     for t in trials:
         if t.is_repeat or t.status != TrialStatus.COMPLETE or t.config is None:
             continue
-        measured = t.result.peak_memory_gib
-        if t.result.memory_kind != kind or measured is None or not math.isfinite(measured) or measured <= 0:
+        measured = t.result.memory.peak_memory_gib
+        if t.result.memory.memory_kind != kind or measured is None or not math.isfinite(measured) or measured <= 0:
             continue
         predicted = predict(t.config)
         if predicted is None or not math.isfinite(predicted) or predicted <= 0:
@@ -131,16 +131,16 @@ def prediction_errors(study: StudyLike) -> list[PredictionError]:
     for t in stored_trials(study):
         if t.is_repeat or t.status != TrialStatus.COMPLETE:
             continue
-        measured = t.result.peak_memory_gib
+        measured = t.result.memory.peak_memory_gib
         if measured is None or measured <= 0:
             continue
-        predicted = t.result.predicted_peak_gib
+        predicted = t.result.memory.predicted_peak_gib
         corrected = t.user_attrs.get(CORRECTED_ATTR)
         corrected = float(corrected) if isinstance(corrected, (int, float)) else None
         rows.append(
             PredictionError(
                 number=t.number,
-                memory_kind=t.result.memory_kind,
+                memory_kind=t.result.memory.memory_kind,
                 predicted_gib=predicted,
                 corrected_gib=corrected,
                 measured_gib=measured,

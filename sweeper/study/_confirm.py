@@ -70,19 +70,23 @@ def _record(
     whether it held where the short trial's margin said it would (``predicted_to_hold``, ``margin_held``)."""
     import json
 
-    probe = result.probe_loss_trace
+    probe = result.constant.probe_loss_trace
     artifact_id = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         trace = {
-            "loss": result.loss_trace,
-            "grad_norm": result.grad_norm_trace,
-            "probe_steps": result.probe_steps,
+            "loss": result.constant.loss_trace,
+            "grad_norm": result.constant.grad_norm_trace,
+            "probe_steps": result.constant.probe_steps,
             "probe_loss": probe,
         }
         (folder / "confirm_trace.json").write_text(json.dumps(trace))
         (folder / "confirm_loss_curve.svg").write_text(
-            loss_curve_svg(result.loss_trace, result.grad_norm_trace, f"trial {number}, {steps}-step confirmation")
+            loss_curve_svg(
+                result.constant.loss_trace,
+                result.constant.grad_norm_trace,
+                f"trial {number}, {steps}-step confirmation",
+            )
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -94,20 +98,7 @@ def _record(
             )
     except OSError as exc:
         warnings.warn(f"trial {number}: the confirmation's artifacts were not stored ({exc})", stacklevel=2)
-    outcome = Confirmation(
-        steps=steps,
-        status=result.status,
-        reason=result.reason,
-        fail_step=result.fail_step,
-        steps_done=result.steps_done,
-        instability=result.instability,
-        peak_memory_gib=result.peak_memory_gib,
-        probe_loss_start=probe[0] if probe else None,
-        probe_loss_end=probe[-1] if probe else None,
-        wall_time_s=result.wall_time_s,
-        artifact_id=artifact_id,
-        **_prediction(trial, result),
-    )
+    outcome = Confirmation.of(result, steps=steps, artifact_id=artifact_id, **_prediction(trial, result))
     if outcome.is_outcome:
         study.set_user_attr(f"{ATTR_PREFIX}{number}", outcome.to_dict())
     else:  # the attempt failed, not the configuration: an earlier outcome stands, and the same command runs it again
@@ -119,7 +110,7 @@ def _prediction(trial: StoredTrial | None, result: TrialResult) -> dict[str, Any
     """What the short trial's ``predicted_max_lr`` said of this long run (it holds when the trial's learning rate is
     at most that), and whether the long run agreed; empty for a trial without a margin or a run that did not train
     (``oom``, ``timeout``, ``crash``, ``error``)."""
-    predicted = trial.result.predicted_max_lr if trial is not None else None
+    predicted = trial.result.stress.predicted_max_lr if trial is not None else None
     if predicted is None or trial is None or trial.config is None:
         return {}
     if result.status not in (TrialStatus.COMPLETE, TrialStatus.NAN, TrialStatus.DIVERGED):

@@ -47,7 +47,7 @@ from sweeper.study._setups import TRIAL_SETUP_ATTR
 from sweeper.study._snapshot import StudyLike, StudySnapshot, count_finished, snapshot
 from sweeper.study._storage import record_result
 from sweeper.study._stored import StoredTrial, stored_trial
-from sweeper.trial import TrialProcess, TrialProgress, TrialResult, TrialStatus
+from sweeper.trial import MemoryReading, Provenance, TrialProcess, TrialProgress, TrialResult, TrialStatus
 
 #: Seconds a worker slot waits before looking again when the trials still needed are all running elsewhere.
 POLL_S = 2.0
@@ -321,7 +321,7 @@ def run_one(sweep: _Sweep, trial: optuna.Trial) -> None:
         return
     result = measure(sweep, trial, config)
     if result is not None:
-        result.predicted_peak_gib = predicted
+        result.memory.predicted_peak_gib = predicted
         after = tell(sweep, trial, config, result)
         if result.status == "complete":  # a measured peak: the preflight learns the machine from it
             update_calibration(sweep.study, sweep.predictor, device_kind(), after)
@@ -413,10 +413,10 @@ def settle_prediction(
     result = TrialResult(
         status=TrialStatus(decision[0]),
         reason=decision[1],
-        predicted_peak_gib=predicted,
-        wall_time_s=0.0,
-        lora_alpha=config.lora_alpha,
-        effective_batch_size=config.effective_batch_size,
+        memory=MemoryReading(predicted_peak_gib=predicted),
+        provenance=Provenance(
+            wall_time_s=0.0, lora_alpha=config.lora_alpha, effective_batch_size=config.effective_batch_size
+        ),
     )
     record_result(trial, result, config)
     trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))

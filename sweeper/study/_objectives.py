@@ -98,18 +98,18 @@ def registered_objectives() -> tuple[Objective, ...]:
 
 
 def _edge_proximity_value(result: TrialResult) -> float:
-    proximity = edge_proximity(result.stability_margin)
+    proximity = edge_proximity(result.stress.stability_margin)
     return 1.0 if proximity is None else proximity  # never ranked safer than a trial measured at its edge
 
 
-#: Peak memory (GiB): the peak reserved memory on CUDA, the peak RSS on the CPU (``TrialResult.memory_kind``).
+#: Peak memory (GiB): the peak reserved memory on CUDA, the peak RSS on the CPU (``TrialResult.memory.memory_kind``).
 PEAK_MEMORY = register_objective(
     Objective(
         name="peak_memory_gib",
         direction="minimize",
         unit="GiB",
         description="the trial's peak memory (CUDA peak reserved, or the CPU's peak RSS)",
-        value_of=lambda r: float(r.peak_memory_gib if r.peak_memory_gib is not None else math.inf),
+        value_of=lambda r: float(r.memory.peak_memory_gib if r.memory.peak_memory_gib is not None else math.inf),
         shown=lambda _r, v: f"{v:.3f}",
         role="memory",
     )
@@ -124,7 +124,7 @@ EDGE_PROXIMITY = register_objective(
         unit="",
         description="1 / stability_margin: the learning rate as a share of the rate the stress phase diverged at",
         value_of=_edge_proximity_value,
-        shown=lambda r, _v: format_margin(r.stability_margin, r.margin_capped),
+        shown=lambda r, _v: format_margin(r.stress.stability_margin, r.stress.margin_capped),
         role="stability",
     )
 )
@@ -136,7 +136,7 @@ INSTABILITY = register_objective(
         direction="minimize",
         unit="",
         description="the probe loss's instability (sweeper 0.1.x's second objective)",
-        value_of=lambda r: float(r.instability or 0.0),
+        value_of=lambda r: float(r.constant.instability or 0.0),
         shown=lambda _r, v: format_instability(v),
         role="stability",
     )

@@ -257,6 +257,10 @@ def measure_smallest(config: TrialConfig, model_path: str) -> tuple[float, float
     one = dataclasses.replace(config, max_steps=1, warmup_steps=0, memory_limit_gib=machine_gib, trial_timeout_s=600.0)
     with tempfile.TemporaryDirectory(prefix="sweeper-measure-") as folder:
         result = run_trial(one, folder, model_path=model_path, stress=False)
-    if result.peak_memory_gib is None or result.load_peak_memory_gib is None or result.status.value != "complete":
+    if (
+        result.memory.peak_memory_gib is None
+        or result.memory.load_peak_memory_gib is None
+        or result.status.value != "complete"
+    ):
         return None
-    return result.load_peak_memory_gib, result.peak_memory_gib
+    return result.memory.load_peak_memory_gib, result.memory.peak_memory_gib

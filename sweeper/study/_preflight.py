@@ -23,7 +23,7 @@ def known_memory(study: StudyLike, memory_kind: str | None = None) -> list[Known
         fits = t.status.fits
         if t.is_repeat or fits is None or t.config is None or not t.state.is_finished():
             continue
-        kind = t.result.memory_kind
+        kind = t.result.memory.memory_kind
         if memory_kind is not None and kind is not None and kind != memory_kind:
             continue
         out.append(Known(number=t.number, config=t.config, fits=fits, memory_kind=kind))

@@ -125,13 +125,15 @@ class StudySnapshot:
     @functools.cached_property
     def best_learning_progress(self) -> float:
         """The largest ``learning_progress`` among the current setup's complete trials (0 without one)."""
-        return max((t.result.learning_progress or 0.0 for t in self.current(self.trials) if t.values), default=0.0)
+        return max(
+            (t.result.constant.learning_progress or 0.0 for t in self.current(self.trials) if t.values), default=0.0
+        )
 
     def learning(self, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
         """``trials`` without those that barely learn (:func:`sweeper.stability.barely_learns` against
         :attr:`best_learning_progress`), or all of them when every one does."""
         best = self.best_learning_progress
-        return [t for t in trials if not barely_learns(t.result.learning_progress, best)] or list(trials)
+        return [t for t in trials if not barely_learns(t.result.constant.learning_progress, best)] or list(trials)
 
     @functools.cached_property
     def status_counts(self) -> dict[str, int]:
@@ -145,7 +147,7 @@ class StudySnapshot:
         out: dict[str, list[int]] = {"data": [], "precision": [], "optimization": [], "unknown": []}
         for t in self.trials:
             if t.status == TrialStatus.NAN and not t.is_repeat:
-                out[t.result.nan_cause or "unknown"].append(t.number)
+                out[t.result.nan.cause or "unknown"].append(t.number)
         return {cause: numbers for cause, numbers in out.items() if numbers}
 
     def other_setups(self) -> tuple[int, list[tuple[int, list[str] | None]]]:

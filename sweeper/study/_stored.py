@@ -85,8 +85,8 @@ class StoredTrial:
     @property
     def lora_alpha(self) -> float | None:
         """``lora_alpha`` as the trial ran it: the stored attribute, else ``lora_alpha_ratio * r`` of its config."""
-        if self.result.lora_alpha is not None:
-            return self.result.lora_alpha
+        if self.result.provenance.lora_alpha is not None:
+            return self.result.provenance.lora_alpha
         return self.config.lora_alpha if self.config is not None else None
 
     @property
@@ -94,7 +94,7 @@ class StoredTrial:
         """Its instability is sweeper 0.1.0's (``loss_spike + grad_norm_growth + skipped_step_fraction +
         activation_pressure`` of the training loss), not the probe's: the two are not comparable."""
         return (
-            self.result.instability is not None
+            self.result.constant.instability is not None
             and "probe_rebound" not in self.user_attrs
             and ("activation_pressure" in self.user_attrs)
         )
@@ -165,6 +165,38 @@ class Confirmation:
     predicted_max_lr: float | None = None
     predicted_to_hold: bool | None = None
     margin_held: bool | None = None
+
+    @classmethod
+    def of(
+        cls,
+        result: TrialResult,
+        *,
+        steps: int,
+        artifact_id: str | None = None,
+        predicted_max_lr: float | None = None,
+        predicted_to_hold: bool | None = None,
+        margin_held: bool | None = None,
+    ) -> Confirmation:
+        """The confirmation of a long run of ``steps`` steps that ended with ``result``: how it ended, its constant
+        phase (steps, instability, the probe's first and last loss), its peak memory and wall time; the rest as
+        given (what the short trial's margin predicted of it, :func:`sweeper.study._confirm.confirm_trials`)."""
+        probe = result.constant.probe_loss_trace
+        return cls(
+            steps=steps,
+            status=result.status,
+            reason=result.reason,
+            fail_step=result.fail_step,
+            steps_done=result.constant.steps_done,
+            instability=result.constant.instability,
+            peak_memory_gib=result.memory.peak_memory_gib,
+            probe_loss_start=probe[0] if probe else None,
+            probe_loss_end=probe[-1] if probe else None,
+            wall_time_s=result.provenance.wall_time_s,
+            artifact_id=artifact_id,
+            predicted_max_lr=predicted_max_lr,
+            predicted_to_hold=predicted_to_hold,
+            margin_held=margin_held,
+        )
 
     @property
     def is_outcome(self) -> bool:

@@ -4,7 +4,6 @@ real Optuna storage, without training."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -75,8 +74,8 @@ def add_trial(
     ``stability_margin`` is ``1 / instability`` (and ``learning_progress`` 0.2) unless ``extra`` gives them.
 
     ``extra``: a ``config`` (a stored config dict) replaces the trial's; ``params`` and ``distributions`` replace the
-    sampled values (r, batch, seq) and their distributions; other keys that are :class:`TrialResult` fields set the
-    result's; the rest (``duplicate_of``, ``retry_of``, ...) are stored as user attributes as given.
+    sampled values (r, batch, seq) and their distributions; other keys that are :class:`TrialResult` stored names set
+    the result's; the rest (``duplicate_of``, ``retry_of``, ...) are stored as user attributes as given.
 
     Raises:
         ValueError: ``status`` is not a :class:`TrialStatus` value, or a complete trial lacks an objective.
@@ -85,7 +84,7 @@ def add_trial(
     config = TrialConfig.from_dict(extra.pop("config")) if "config" in extra else _config(r, batch, seq, model)
     params = extra.pop("params", {"r": r, "per_device_train_batch_size": batch, "max_seq_length": seq})
     distributions = extra.pop("distributions", STUDY_DISTRIBUTIONS)
-    names = {f.name for f in dataclasses.fields(TrialResult)}
+    names = set(TrialResult.stored_names())
     fields: dict[str, Any] = {
         "status": TrialStatus(status),
         "reason": f"{status} reason",
@@ -100,7 +99,7 @@ def add_trial(
     }
     if status == "complete" and instability and stability_objective(study) == "edge_proximity":
         fields.update(stability_margin=1 / instability, margin_capped=False, learning_progress=0.2)
-    result = TrialResult(**{**fields, **{k: v for k, v in extra.items() if k in names}})
+    result = TrialResult.from_dict({**fields, **{k: v for k, v in extra.items() if k in names}})
     attrs = _Attrs()
     record_result(attrs, result, config)
     attrs.user_attrs.update({k: v for k, v in extra.items() if k not in names})

@@ -25,7 +25,7 @@ from typing import TypeVar
 
 from sweeper.space import TrialConfig
 from sweeper.trial._job import ProbeSettings, StressSettings, TrialDone, TrialJob, TrialProgress
-from sweeper.trial._result import TrialResult, TrialStatus
+from sweeper.trial._result import Provenance, TrialResult, TrialStatus
 
 T = TypeVar("T", StressSettings, ProbeSettings)
 
@@ -76,10 +76,12 @@ def _made_here(config: TrialConfig, status: str, reason: str, wall: float, warm:
     return TrialResult(
         status=TrialStatus(status),
         reason=reason,
-        wall_time_s=wall,
-        warm=warm,
-        lora_alpha=config.lora_alpha,
-        effective_batch_size=config.effective_batch_size,
+        provenance=Provenance(
+            wall_time_s=wall,
+            warm=warm,
+            lora_alpha=config.lora_alpha,
+            effective_batch_size=config.effective_batch_size,
+        ),
     )
 
 
@@ -283,7 +285,7 @@ class TrialProcess:
             result = TrialResult.from_dict(json.loads(result_path.read_text()))
         except (OSError, ValueError, TypeError) as exc:
             return _made_here(config, "crash", f"worker wrote no readable result ({exc})", wall, warm)
-        result.wall_time_s = wall
+        result.provenance.wall_time_s = wall
         return result
 
 

@@ -23,7 +23,7 @@ from sweeper.report import (
 )
 from sweeper.space import TrialConfig
 from sweeper.study._stored import stored_trial
-from sweeper.trial import TrialResult
+from sweeper.trial import ConstantPhase, MemoryReading, NanFindings, Provenance, StressOutcome, TrialResult
 
 DOCTOR = "sweep doctor space.yaml"
 
@@ -64,22 +64,26 @@ def test_complete_trial_line_has_progress_values_and_no_reason():
     result = TrialResult(
         status="complete",
         reason="finished 30 steps",
-        peak_memory_gib=3.14159,
-        instability=0.12345,
-        wall_time_s=42.0,
-        stability_margin=34.0,
+        memory=MemoryReading(peak_memory_gib=3.14159),
+        constant=ConstantPhase(instability=0.12345),
+        provenance=Provenance(wall_time_s=42.0),
+        stress=StressOutcome(stability_margin=34.0),
     )
     line = format_trial_line(3, {"r": 16, "lora_alpha_ratio": 2.0, "bnb_4bit_use_double_quant": True}, result, 4, 10)
     assert line == (
         "[ 4/10] #3   r=16 alpha/r=2 dq=yes  complete           3.14 GiB  margin     34x  instability   0.123    42.0 s"
     )
-    capped = TrialResult(status="complete", stability_margin=643.0, margin_capped=True)
+    capped = TrialResult(status="complete", stress=StressOutcome(stability_margin=643.0, margin_capped=True))
     assert "margin  >=643x" in format_trial_line(3, {"r": 16}, capped, 4, 10)
 
 
 def test_nan_trial_line_shows_its_cause_dashes_and_reason():
     result = TrialResult(
-        status="nan", nan_cause="data", reason="loss is NaN at step 2", peak_memory_gib=1.0, wall_time_s=5.0
+        status="nan",
+        reason="loss is NaN at step 2",
+        nan=NanFindings(cause="data"),
+        memory=MemoryReading(peak_memory_gib=1.0),
+        provenance=Provenance(wall_time_s=5.0),
     )
     line = format_trial_line(7, {"r": 8}, result, 12, 100)
     assert line == (
@@ -89,7 +93,9 @@ def test_nan_trial_line_shows_its_cause_dashes_and_reason():
 
 
 def test_oom_trial_line_appends_its_reason():
-    result = TrialResult(status="oom", reason="CUDA out of memory at step 1 (backward)", peak_memory_gib=23.9)
+    result = TrialResult(
+        status="oom", reason="CUDA out of memory at step 1 (backward)", memory=MemoryReading(peak_memory_gib=23.9)
+    )
     line = format_trial_line(12, {"r": 64, "per_device_train_batch_size": 8}, result, 1, 8)
     assert line == (
         "[1/8] #12  r=64 batch=8  oom               23.90 GiB  margin       -  instability       -       - s"
@@ -100,14 +106,25 @@ def test_oom_trial_line_appends_its_reason():
 def test_repeat_line_has_no_progress_counter_but_keeps_the_columns():
     params = {"r": 16}
     repeat = TrialResult(
-        status="complete", reason="same configuration as trial 1", peak_memory_gib=1.0, instability=0.5
+        status="complete",
+        reason="same configuration as trial 1",
+        memory=MemoryReading(peak_memory_gib=1.0),
+        constant=ConstantPhase(instability=0.5),
     )
     line = format_trial_line(5, params, repeat, 3, 10)
     assert (
         line == "        #5   r=16  complete           1.00 GiB  margin       -  instability   0.500       - s  "
         "(same configuration as trial 1)"
     )
-    first = format_trial_line(1, params, TrialResult(status="complete", peak_memory_gib=1.0, instability=0.5), 2, 10)
+    first = format_trial_line(
+        1,
+        params,
+        TrialResult(
+            status="complete", memory=MemoryReading(peak_memory_gib=1.0), constant=ConstantPhase(instability=0.5)
+        ),
+        2,
+        10,
+    )
     assert line.index("#") == first.index("#") == 8
     assert first.endswith("      - s")  # a complete trial that is no repeat adds no reason, even an empty one
 
@@ -115,10 +132,12 @@ def test_repeat_line_has_no_progress_counter_but_keeps_the_columns():
 def test_trace_rows_mark_non_finite_and_skipped_steps():
     result = TrialResult(
         status="nan",
-        loss_trace=[2.0, 1.5, None],
-        grad_norm_trace=[1.0, 123456.0, None],
-        max_activation_trace=[10.5, 2000.0],
-        skipped_steps=[2],
+        constant=ConstantPhase(
+            loss_trace=[2.0, 1.5, None],
+            grad_norm_trace=[1.0, 123456.0, None],
+            max_activation_trace=[10.5, 2000.0],
+            skipped_steps=[2],
+        ),
     )
     assert format_trace(result).splitlines() == [
         "step        loss   grad_norm  max_activation  skipped",
@@ -130,7 +149,7 @@ def test_trace_rows_mark_non_finite_and_skipped_steps():
 
 
 def test_trace_runs_to_the_longer_trace_and_is_a_header_for_an_empty_one():
-    result = TrialResult(status="crash", loss_trace=[0.5], grad_norm_trace=[0.25, 0.125])
+    result = TrialResult(status="crash", constant=ConstantPhase(loss_trace=[0.5], grad_norm_trace=[0.25, 0.125]))
     rows = format_trace(result).splitlines()
     assert [r.split() for r in rows[2:]] == [["1", "0.5000", "0.25", "-"], ["2", "non-finite", "0.125", "-"]]
     assert format_trace(TrialResult(status="error")).splitlines() == [
@@ -218,7 +237,13 @@ def test_an_instability_below_a_thousandth_is_not_shown_as_zero():
         "-",
     ]
     line = format_trial_line(
-        0, {"r": 8}, TrialResult(status="complete", peak_memory_gib=1.0, instability=6.85e-05), 1, 1
+        0,
+        {"r": 8},
+        TrialResult(
+            status="complete", memory=MemoryReading(peak_memory_gib=1.0), constant=ConstantPhase(instability=6.85e-05)
+        ),
+        1,
+        1,
     )
     assert "instability 6.85e-05" in line
 
@@ -435,10 +460,20 @@ def test_the_trial_lines_columns_stay_aligned_whatever_the_status():
     from sweeper.report import format_trial_line
 
     results = [
-        TrialResult(status="complete", reason="", peak_memory_gib=1.0, instability=0.1),
-        TrialResult(status="nan", reason="nan at step 3", nan_cause="optimization", peak_memory_gib=1.0),
-        TrialResult(status="predicted_oom", reason="predicted", peak_memory_gib=9.0),
-        TrialResult(status="dominated_oom", reason="dominated", peak_memory_gib=9.0),
+        TrialResult(
+            status="complete",
+            reason="",
+            memory=MemoryReading(peak_memory_gib=1.0),
+            constant=ConstantPhase(instability=0.1),
+        ),
+        TrialResult(
+            status="nan",
+            reason="nan at step 3",
+            nan=NanFindings(cause="optimization"),
+            memory=MemoryReading(peak_memory_gib=1.0),
+        ),
+        TrialResult(status="predicted_oom", reason="predicted", memory=MemoryReading(peak_memory_gib=9.0)),
+        TrialResult(status="dominated_oom", reason="dominated", memory=MemoryReading(peak_memory_gib=9.0)),
     ]
     lines = [format_trial_line(i, {"r": 8}, r, i + 1, 4) for i, r in enumerate(results)]
     assert len({line.index(" GiB") for line in lines}) == 1, lines
@@ -459,11 +494,9 @@ def test_sweep_trial_prints_only_what_the_trial_measured(tmp_path):
     nan = TrialResult(
         status="nan",
         reason="loss nan at step 2",
-        nan_cause="data",
-        nan_samples=[3, 4],
-        loss_trace=[2.0, None],
-        grad_norm_trace=[1.0, None],
-        wall_time_s=4.0,
+        nan=NanFindings(cause="data", samples=[3, 4]),
+        constant=ConstantPhase(loss_trace=[2.0, None], grad_norm_trace=[1.0, None]),
+        provenance=Provenance(wall_time_s=4.0),
     )
     lines = trial_result_lines(nan, config, folder)
     assert lines[0].splitlines()[0].split() == ["step", "loss", "grad_norm", "max_activation", "skipped"]
@@ -475,17 +508,10 @@ def test_sweep_trial_prints_only_what_the_trial_measured(tmp_path):
     complete = TrialResult(
         status="complete",
         reason="ran 3 steps",
-        peak_memory_gib=1.234,
-        load_peak_memory_gib=0.9,
-        memory_kind="cpu_peak_rss",
-        instability=0.42,
-        instability_components={"probe_rebound": 0.3},
-        stress_stop="diverged",
-        stress_steps=6,
-        stability_margin=36.0,
-        lr_ceiling=0.007,
-        import_time_s=1.5,
-        train_time_s=3.0,
+        memory=MemoryReading(peak_memory_gib=1.234, load_peak_memory_gib=0.9, memory_kind="cpu_peak_rss"),
+        constant=ConstantPhase(instability=0.42, instability_components={"probe_rebound": 0.3}, train_time_s=3.0),
+        stress=StressOutcome(stop="diverged", steps=6, stability_margin=36.0, lr_ceiling=0.007),
+        provenance=Provenance(import_time_s=1.5),
     )
     lines = trial_result_lines(complete, config, folder)
     assert lines[:3] == [

@@ -124,9 +124,11 @@ def test_a_run_that_cannot_diverge_scores_zero(tiny_model, tmp_path, batch):
         model_path=str(tiny_model),
     )
     assert result.status == "complete", result.reason
-    assert result.instability is not None and result.instability <= 0.05, result.instability_components
-    assert len(set(result.probe_loss_trace)) == 1  # the same samples, the same weights: the same loss
-    assert result.instability_components["loss_spike"] > 0  # the training loss still moves with the batches
+    assert result.constant.instability is not None and result.constant.instability <= 0.05, (
+        result.constant.instability_components
+    )
+    assert len(set(result.constant.probe_loss_trace)) == 1  # the same samples, the same weights: the same loss
+    assert result.constant.instability_components["loss_spike"] > 0  # the training loss still moves with the batches
 
 
 @pytest.mark.slow
@@ -152,8 +154,8 @@ def test_a_run_whose_probe_loss_rises_and_stays_is_diverged(tmp_path):
     assert result.status == "diverged", result.reason
     assert result.fail_step is not None and result.fail_step < 24
     assert f"diverged at step {result.fail_step}" in result.reason and "probe loss" in result.reason
-    assert all(x is not None for x in result.loss_trace)  # no NaN: the probe caught it
-    assert result.instability is not None and result.instability > 0.5
+    assert all(x is not None for x in result.constant.loss_trace)  # no NaN: the probe caught it
+    assert result.constant.instability is not None and result.constant.instability > 0.5
 
 
 @pytest.mark.slow
@@ -167,9 +169,12 @@ def test_the_probe_does_not_change_training(tiny_model, tmp_path):
     off = run_trial(config, tmp_path / "off", model_path=str(tiny_model), probe=False)
     on = run_trial(config, tmp_path / "on", model_path=str(tiny_model), probe=ProbeSettings(interval_steps=1))
     assert off.status == on.status == "complete", (off.reason, on.reason)
-    assert off.probe_steps == [] and off.instability is None
-    assert on.probe_steps == [0, 1, 2, 3, 4, 5, 6]
-    assert on.loss_trace == off.loss_trace and on.grad_norm_trace == off.grad_norm_trace
+    assert off.constant.probe_steps == [] and off.constant.instability is None
+    assert on.constant.probe_steps == [0, 1, 2, 3, 4, 5, 6]
+    assert (
+        on.constant.loss_trace == off.constant.loss_trace
+        and on.constant.grad_norm_trace == off.constant.grad_norm_trace
+    )
 
 
 @pytest.mark.slow

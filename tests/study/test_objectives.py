@@ -35,7 +35,7 @@ def third_objective():
             direction="maximize",
             unit="",
             description="the probe loss's relative drop over the constant phase (a test's objective)",
-            value_of=lambda r: float(r.learning_progress or 0.0),
+            value_of=lambda r: float(r.constant.learning_progress or 0.0),
             shown=lambda _r, v: f"{100 * v:.0f}%",
         )
     )

@@ -179,8 +179,8 @@ def _peak(model: Path, folder: Path, *, env: dict[str, str] | None = None, **kw)
     # more steps of 16 x 512 tokens outlast trial_timeout (measured on an AVX2-only EPYC).
     result = run_trial(TrialConfig(**{**base, **kw}), folder, model_path=str(model), env=environ, stress=False)
     assert result.status == "complete", result.reason
-    assert result.memory_kind == "cpu_peak_rss"
-    return result.peak_memory_gib
+    assert result.memory.memory_kind == "cpu_peak_rss"
+    return result.memory.peak_memory_gib
 
 
 #: Two runs of one configuration differ by about 0.012 GiB on this CPU (0.800 and 0.788 GiB for the base below), and

@@ -24,11 +24,11 @@ from sweeper.study._stored import is_finished
 from sweeper.testing import tiny_space, write_space
 from sweeper.trial import TrialResult
 
-#: Every user attribute a measured trial stores (docs/contract.md): each field of TrialResult (the instability terms
-#: flattened, sweeper.study.record_result) and its config.
-CONTRACT_ATTRS = (
-    {f.name for f in dataclasses.fields(TrialResult)} - {"instability_components"} | set(COMPONENTS) | set(DIAGNOSTICS)
-) | {"config"}
+#: Every user attribute a measured trial stores (docs/contract.md): each stored field of TrialResult (the instability
+#: terms flattened, sweeper.study.record_result) and its config.
+CONTRACT_ATTRS = (set(TrialResult.stored_names()) - {"instability_components"} | set(COMPONENTS) | set(DIAGNOSTICS)) | {
+    "config"
+}
 
 
 def _oom_share(sampler_name: str) -> float:
@@ -305,7 +305,6 @@ def test_timeouts_are_retried_up_to_max_retries(tiny_model, workdir):
 def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
     """A study resumed with another memory_limit_gib (or learning rate, dataset, ...) measures its configurations
     again instead of reusing results measured under the old settings; trial_timeout alone changes nothing."""
-    import dataclasses
 
     from sweeper.space import TrialConfig
     from sweeper.study._loop import find_duplicate
@@ -366,14 +365,22 @@ def test_a_resume_with_other_run_policy_reuses_what_was_measured():
     from sweeper.space import TrialConfig
     from sweeper.study._loop import find_duplicate
     from sweeper.study._storage import record_result
-    from sweeper.trial import TrialResult, TrialStatus
+    from sweeper.trial import ConstantPhase, MemoryReading, TrialResult, TrialStatus
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=["minimize", "minimize"])
     config = TrialConfig(r=8)
     study.enqueue_trial({"r": 8})
     trial = study.ask({"r": CategoricalDistribution([8, 16])})
-    record_result(trial, TrialResult(status=TrialStatus.COMPLETE, peak_memory_gib=1.0, instability=0.1), config)
+    record_result(
+        trial,
+        TrialResult(
+            status=TrialStatus.COMPLETE,
+            memory=MemoryReading(peak_memory_gib=1.0),
+            constant=ConstantPhase(instability=0.1),
+        ),
+        config,
+    )
     study.tell(trial, [1.0, 0.1])
     assert trial.user_attrs["status"] == "complete" and isinstance(study.trials[0].user_attrs["config"], dict)
     policy = replace(config, max_retries=2, trial_timeout_s=60.0, preflight_margin=0.5, target_effective_batch_size=32)

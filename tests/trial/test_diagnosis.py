@@ -44,10 +44,10 @@ def test_reply_truncated_away_is_a_data_nan_naming_the_sample(tiny_model, tmp_pa
         dataset=DatasetSpec(path=str(data)),
     )
     result = run_trial(config, tmp_path / "t", model_path=str(tiny_model))
-    assert result.status == "nan" and result.nan_cause == "data", result.reason
-    assert result.nan_samples == [6] and "no supervised token" in result.reason
-    assert result.min_supervised_tokens == 0 and result.supervised_tokens_trace[-1] == 0
-    assert all(n > 0 for n in result.supervised_tokens_trace[:-1])
+    assert result.status == "nan" and result.nan.cause == "data", result.reason
+    assert result.nan.samples == [6] and "no supervised token" in result.reason
+    assert result.data.min_supervised_tokens == 0 and result.data.supervised_tokens_trace[-1] == 0
+    assert all(n > 0 for n in result.data.supervised_tokens_trace[:-1])
     (row,) = _nan_batch(tmp_path / "t")
     assert row["index"] == 6 and row["at_fault"] and row["supervised_tokens"] == 0 and row["truncated"]
     assert row["tokens_trained"] == 48 and row["tokens_before_truncation"] > 48 and "import system" in row["text"]
@@ -62,8 +62,8 @@ def test_id_beyond_the_vocabulary_is_a_data_nan(tiny_model_extra_token, tmp_path
         tiny_model_extra_token, per_device_train_batch_size=1, max_steps=len(rows), dataset=DatasetSpec(path=str(data))
     )
     result = run_trial(config, tmp_path / "t", model_path=str(tiny_model_extra_token))
-    assert result.status == "nan" and result.nan_cause == "data", result.reason
-    assert result.nan_samples == [3] and "512" in result.reason and result.fail_phase == "forward"
+    assert result.status == "nan" and result.nan.cause == "data", result.reason
+    assert result.nan.samples == [3] and "512" in result.reason and result.fail_phase == "forward"
     (row,) = _nan_batch(tmp_path / "t")
     assert row["invalid_token_ids"] == [512] and row["at_fault"]
 
@@ -74,11 +74,11 @@ def test_fp16_overflow_is_a_precision_nan(tiny_model, tmp_path):
         tiny_model, bnb_4bit_compute_dtype="float16", lora_alpha_ratio=1000.0, learning_rate=1.0, max_steps=8
     )
     result = run_trial(config, tmp_path, model_path=str(tiny_model))
-    assert result.status == "nan" and result.nan_cause == "precision", result.reason
-    assert result.nan_module and result.nan_module.startswith("model.layers.")
-    assert "fp32 replay" in result.reason and result.nan_module in result.reason
+    assert result.status == "nan" and result.nan.cause == "precision", result.reason
+    assert result.nan.module and result.nan.module.startswith("model.layers.")
+    assert "fp32 replay" in result.reason and result.nan.module in result.reason
     rows = _nan_batch(tmp_path)
-    assert len(rows) == 2 and sorted(result.nan_samples) == sorted(r["index"] for r in rows)
+    assert len(rows) == 2 and sorted(result.nan.samples) == sorted(r["index"] for r in rows)
     assert all(r["fp32_finite"] and r["fp32_loss"] > 0 and not r["at_fault"] for r in rows)
 
 
@@ -95,7 +95,7 @@ def test_divergence_in_fp32_is_an_optimization_nan(tiny_model, tmp_path):
         max_steps=12,
     )
     result = run_trial(config, tmp_path, model_path=str(tiny_model))
-    assert result.status == "nan" and result.nan_cause == "optimization", result.reason
+    assert result.status == "nan" and result.nan.cause == "optimization", result.reason
     assert "learning_rate 10" in result.reason and result.fail_step > 2
     assert all(r["fp32_finite"] is False for r in _nan_batch(tmp_path))
 
@@ -103,9 +103,9 @@ def test_divergence_in_fp32_is_an_optimization_nan(tiny_model, tmp_path):
 def test_complete_trial_records_supervised_tokens_and_sample_lengths(tiny_model, tmp_path):
     result = run_trial(_config(tiny_model), tmp_path, model_path=str(tiny_model))
     assert result.status == "complete", result.reason
-    assert len(result.supervised_tokens_trace) == 3 and result.min_supervised_tokens > 0
-    assert result.longest_sample_tokens > 64 and 0 < result.truncated_sample_fraction <= 1
-    assert result.nan_cause is None and result.nan_samples == []
+    assert len(result.data.supervised_tokens_trace) == 3 and result.data.min_supervised_tokens > 0
+    assert result.data.longest_sample_tokens > 64 and 0 < result.data.truncated_sample_fraction <= 1
+    assert result.nan.cause is None and result.nan.samples == []
     assert not (tmp_path / "nan_batch.jsonl").exists()
 
 
@@ -142,9 +142,9 @@ def test_a_bad_pad_embedding_row_is_a_data_nan_only_in_padded_steps(pad_models, 
     if (row, dtype) == ("1e5", "bfloat16"):  # bfloat16 holds 1e5: nothing to blame
         assert result.status == "complete", result.reason
         return
-    assert result.status == "nan" and result.fail_step == 6 and result.nan_cause == "data", result.reason
-    assert all(x is not None for x in result.loss_trace[:5])  # the unpadded steps train
-    assert result.nan_samples == [3] and "pad token" in result.reason and f"(id {PAD_ID})" in result.reason
+    assert result.status == "nan" and result.fail_step == 6 and result.nan.cause == "data", result.reason
+    assert all(x is not None for x in result.constant.loss_trace[:5])  # the unpadded steps train
+    assert result.nan.samples == [3] and "pad token" in result.reason and f"(id {PAD_ID})" in result.reason
     assert "pads sample 3" in result.reason and "precision" not in result.reason
     if dtype == "float16":
         assert "beyond float16's 65504" in result.reason

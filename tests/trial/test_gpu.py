@@ -34,9 +34,9 @@ def _config(model, **kw) -> TrialConfig:
 def test_the_peak_is_max_memory_reserved_on_the_card(tiny_model, tmp_path):
     result = run_trial(_config(tiny_model), tmp_path, model_path=str(tiny_model))
     assert result.status == "complete", result.reason
-    assert result.device.startswith("cuda") and result.memory_kind == "cuda_max_reserved"
-    assert 0 < result.peak_memory_gib < 1.0  # the tiny model: megabytes, not the CPU process's resident set
-    assert result.versions["cuda"]
+    assert result.provenance.device.startswith("cuda") and result.memory.memory_kind == "cuda_max_reserved"
+    assert 0 < result.memory.peak_memory_gib < 1.0  # the tiny model: megabytes, not the CPU process's resident set
+    assert result.provenance.versions["cuda"]
 
 
 def test_the_cuda_cap_turns_a_real_allocation_into_oom(tiny_model, tmp_path):
@@ -45,7 +45,7 @@ def test_the_cuda_cap_turns_a_real_allocation_into_oom(tiny_model, tmp_path):
     result = run_trial(big, tmp_path, model_path=str(tiny_model))
     assert result.status == "oom", result.reason
     assert result.fail_phase in ("forward", "backward", "optimizer") and result.fail_step == 1
-    assert result.memory_kind == "cuda_max_reserved" and result.peak_memory_gib <= 0.1 + 0.01
+    assert result.memory.memory_kind == "cuda_max_reserved" and result.memory.peak_memory_gib <= 0.1 + 0.01
 
 
 def test_fp16_scaler_skips_are_counted_not_nan(tiny_model, tmp_path):
@@ -57,9 +57,9 @@ def test_fp16_scaler_skips_are_counted_not_nan(tiny_model, tmp_path):
         model_path=str(tiny_model),
     )
     assert result.status == "complete", result.reason
-    assert result.skipped_steps and result.skipped_steps[0] == 1
-    assert all(1 <= s <= 24 for s in result.skipped_steps)
-    assert "skipped_step_fraction" in result.instability_components
+    assert result.constant.skipped_steps and result.constant.skipped_steps[0] == 1
+    assert all(1 <= s <= 24 for s in result.constant.skipped_steps)
+    assert "skipped_step_fraction" in result.constant.instability_components
 
 
 def test_a_warm_process_resets_its_peak_between_trials(tiny_model, tmp_path):
@@ -73,7 +73,9 @@ def test_a_warm_process_resets_its_peak_between_trials(tiny_model, tmp_path):
     finally:
         process.close()
     assert first.status == warm_small.status == cold_small.status == "complete"
-    assert warm_small.warm is True and warm_small.model_reused is True
-    assert first.peak_memory_gib > warm_small.peak_memory_gib + 0.05  # the large trial's peak did not carry over
-    assert abs(warm_small.peak_memory_gib - cold_small.peak_memory_gib) <= 0.05
-    assert warm_small.loss_trace == pytest.approx(cold_small.loss_trace, abs=1e-6)
+    assert warm_small.provenance.warm is True and warm_small.provenance.model_reused is True
+    assert (
+        first.memory.peak_memory_gib > warm_small.memory.peak_memory_gib + 0.05
+    )  # the large trial's peak did not carry over
+    assert abs(warm_small.memory.peak_memory_gib - cold_small.memory.peak_memory_gib) <= 0.05
+    assert warm_small.constant.loss_trace == pytest.approx(cold_small.constant.loss_trace, abs=1e-6)

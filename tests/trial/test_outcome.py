@@ -17,7 +17,7 @@ from sweeper.trial._child.diagnosis import NanDiagnosis
 from sweeper.trial._child.measurements import Measurements, copy_onto
 from sweeper.trial._child.outcome import Outcome, outcome_of
 from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord
-from sweeper.trial._result import TrialResult, TrialStatus
+from sweeper.trial._result import Provenance, TrialResult, TrialStatus
 
 CONFIG = tiny_trial_config("unused", per_device_train_batch_size=4, max_seq_length=256, memory_limit_gib=1.5)
 
@@ -101,16 +101,21 @@ def test_anything_else_is_an_error_with_its_type_and_the_first_line_of_its_messa
 
 
 def test_outcome_and_measurements_fields_are_result_fields_copied_by_name_when_known():
-    names = {f.name for f in fields(TrialResult)}
+    names = set(TrialResult.stored_names())
     assert {f.name for f in fields(Outcome)} <= names
     assert {f.name for f in fields(Measurements)} - names == {"train_start"}
-    result = TrialResult(status=TrialStatus.COMPLETE, device="cpu")
+    result = TrialResult(status=TrialStatus.COMPLETE, provenance=Provenance(device="cpu"))
     measured = Measurements(warm=True, model_reused=False, load_time_s=1.5, train_start=123.0)
     copy_onto(result, measured)
-    assert (result.warm, result.model_reused, result.load_time_s, result.device) == (True, False, 1.5, "cpu")
+    assert (
+        result.provenance.warm,
+        result.provenance.model_reused,
+        result.provenance.load_time_s,
+        result.provenance.device,
+    ) == (True, False, 1.5, "cpu")
     measured.device = "cuda:0 (H200)"
     copy_onto(result, measured)
-    assert result.device == "cuda:0 (H200)" and result.quantized_linear_count is None
+    assert result.provenance.device == "cuda:0 (H200)" and result.provenance.quantized_linear_count is None
 
 
 def test_seen_lengths_count_the_failing_step_and_the_truncated_share():

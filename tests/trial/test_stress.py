@@ -28,28 +28,32 @@ def test_the_stress_phase_measures_a_margin_without_changing_the_constant_phase(
     assert all(r.of == STRESS_STEPS for r in reports if r.phase == "stress")
     assert all(r.peak_memory_gib > 0 for r in reports) and all(r.loss is not None for r in train)
     # The constant phase is the same run, bit for bit: the stress steps enter none of its traces.
-    assert stressed.loss_trace == plain.loss_trace and len(stressed.loss_trace) == 8
-    assert stressed.probe_loss_trace == plain.probe_loss_trace and stressed.probe_steps == plain.probe_steps
-    assert stressed.instability == plain.instability and stressed.steps_done == 8
-    assert plain.stability_margin is None and plain.stress_stop is None and plain.stress_steps is None
+    assert stressed.constant.loss_trace == plain.constant.loss_trace and len(stressed.constant.loss_trace) == 8
+    assert (
+        stressed.constant.probe_loss_trace == plain.constant.probe_loss_trace
+        and stressed.constant.probe_steps == plain.constant.probe_steps
+    )
+    assert stressed.constant.instability == plain.constant.instability and stressed.constant.steps_done == 8
+    assert plain.stress.stability_margin is None and plain.stress.stop is None and plain.stress.steps is None
     # The stress phase: rates growing 1.8x a step from the trial's, one probe after each, stopped at the edge.
-    n = stressed.stress_steps
-    assert 1 <= n <= STRESS_STEPS and len(stressed.stress_probe_loss_trace) == len(stressed.stress_lr_trace) == n
-    assert stressed.stress_lr_trace == pytest.approx([1e-3 * STRESS_GROWTH**j for j in range(1, n + 1)])
-    assert stressed.stress_stop in ("diverged", "nan", "cap")
-    if stressed.stress_stop == "cap":
-        assert stressed.margin_capped and stressed.stability_margin == pytest.approx(STRESS_CAP)
+    n = stressed.stress.steps
+    assert 1 <= n <= STRESS_STEPS and len(stressed.stress.probe_loss_trace) == len(stressed.stress.lr_trace) == n
+    assert stressed.stress.lr_trace == pytest.approx([1e-3 * STRESS_GROWTH**j for j in range(1, n + 1)])
+    assert stressed.stress.stop in ("diverged", "nan", "cap")
+    if stressed.stress.stop == "cap":
+        assert stressed.stress.margin_capped and stressed.stress.stability_margin == pytest.approx(STRESS_CAP)
     else:
-        assert stressed.margin_capped is False and stressed.lr_ceiling in stressed.stress_lr_trace
-        assert stressed.stability_margin == pytest.approx(stressed.lr_ceiling / 1e-3)
-        assert stressed.predicted_max_lr is not None and stressed.predicted_max_lr > 0
-    assert stressed.stress_time_s > 0 and stressed.stress_time_share == pytest.approx(
-        stressed.stress_time_s / stressed.train_time_s
+        assert stressed.stress.margin_capped is False and stressed.stress.lr_ceiling in stressed.stress.lr_trace
+        assert stressed.stress.stability_margin == pytest.approx(stressed.stress.lr_ceiling / 1e-3)
+        assert stressed.stress.predicted_max_lr is not None and stressed.stress.predicted_max_lr > 0
+    assert stressed.stress.time_s > 0 and stressed.stress.time_share == pytest.approx(
+        stressed.stress.time_s / stressed.constant.train_time_s
     )
     # The trial's peak is the constant phase's; the stress phase's is kept apart.
-    assert stressed.peak_memory_gib <= stressed.stress_peak_memory_gib
-    assert stressed.learning_progress == pytest.approx(
-        (stressed.probe_loss_trace[0] - stressed.probe_loss_trace[-1]) / stressed.probe_loss_trace[0]
+    assert stressed.memory.peak_memory_gib <= stressed.memory.stress_peak_memory_gib
+    assert stressed.constant.learning_progress == pytest.approx(
+        (stressed.constant.probe_loss_trace[0] - stressed.constant.probe_loss_trace[-1])
+        / stressed.constant.probe_loss_trace[0]
     )
 
 
@@ -57,9 +61,9 @@ def test_a_run_that_learns_nothing_reaches_the_cap_and_says_it_barely_learns(tin
     config = tiny_trial_config(tiny_model, max_steps=4, learning_rate=1e-9)
     result = run_trial(config, tmp_path / "t", model_path=str(tiny_model))
     assert result.status == "complete", result.reason
-    assert result.stress_stop == "cap" and result.margin_capped is True and result.lr_ceiling is None
-    assert result.stability_margin == pytest.approx(STRESS_CAP) and result.stress_steps == STRESS_STEPS
-    assert abs(result.learning_progress) < 1e-4  # the probe loss did not move
+    assert result.stress.stop == "cap" and result.stress.margin_capped is True and result.stress.lr_ceiling is None
+    assert result.stress.stability_margin == pytest.approx(STRESS_CAP) and result.stress.steps == STRESS_STEPS
+    assert abs(result.constant.learning_progress) < 1e-4  # the probe loss did not move
 
 
 def test_a_diverging_stress_phase_leaves_nothing_for_the_next_warm_trial(tiny_model, tmp_path):
@@ -76,13 +80,18 @@ def test_a_diverging_stress_phase_leaves_nothing_for_the_next_warm_trial(tiny_mo
         second = process.run(calm, tmp_path / "w2", model_path=path)
     finally:
         process.close()
-    assert first.status == "complete" and first.stress_steps >= 3, (first.reason, first.stress_stop)
-    moved = [x for x in first.stress_probe_loss_trace if x is not None]
-    assert not moved or abs(moved[-1] - first.probe_loss_trace[-1]) > 0.01  # the stress steps changed the adapter
-    assert second.warm is True and second.model_reused is True
-    assert second.loss_trace == cold.loss_trace and second.probe_loss_trace == cold.probe_loss_trace
-    assert second.stress_probe_loss_trace == cold.stress_probe_loss_trace
-    assert second.stability_margin == cold.stability_margin
+    assert first.status == "complete" and first.stress.steps >= 3, (first.reason, first.stress.stop)
+    moved = [x for x in first.stress.probe_loss_trace if x is not None]
+    assert (
+        not moved or abs(moved[-1] - first.constant.probe_loss_trace[-1]) > 0.01
+    )  # the stress steps changed the adapter
+    assert second.provenance.warm is True and second.provenance.model_reused is True
+    assert (
+        second.constant.loss_trace == cold.constant.loss_trace
+        and second.constant.probe_loss_trace == cold.constant.probe_loss_trace
+    )
+    assert second.stress.probe_loss_trace == cold.stress.probe_loss_trace
+    assert second.stress.stability_margin == cold.stress.stability_margin
 
 
 def test_a_warm_process_runs_each_job_with_its_own_stress_and_probe_settings(tiny_model, tmp_path):
@@ -102,15 +111,20 @@ def test_a_warm_process_runs_each_job_with_its_own_stress_and_probe_settings(tin
     finally:
         process.close()
     assert short.status == off.status == default.status == "complete", (short.reason, off.reason, default.reason)
-    assert off.warm is True and default.warm is True
-    assert short.stress_stop == "cap" and short.stress_steps == 3 and short.margin_capped is True
-    assert short.stress_lr_trace == pytest.approx([1e-9 * 3.0**j for j in range(1, 4)])
-    assert short.stability_margin == pytest.approx(27.0)
-    assert off.stress_stop is None and off.stress_steps is None and off.stability_margin is None
-    assert off.stress_lr_trace == [] and off.probe_steps == [0, 1, 2, 3, 4]
-    assert default.stress_stop == "cap" and default.stress_steps == STRESS_STEPS
-    assert default.stress_lr_trace == pytest.approx([1e-9 * STRESS_GROWTH**j for j in range(1, STRESS_STEPS + 1)])
-    assert default.stability_margin == pytest.approx(STRESS_CAP)
-    assert default.probe_steps == short.probe_steps != off.probe_steps  # the batch's interval again
+    assert off.provenance.warm is True and default.provenance.warm is True
+    assert short.stress.stop == "cap" and short.stress.steps == 3 and short.stress.margin_capped is True
+    assert short.stress.lr_trace == pytest.approx([1e-9 * 3.0**j for j in range(1, 4)])
+    assert short.stress.stability_margin == pytest.approx(27.0)
+    assert off.stress.stop is None and off.stress.steps is None and off.stress.stability_margin is None
+    assert off.stress.lr_trace == [] and off.constant.probe_steps == [0, 1, 2, 3, 4]
+    assert default.stress.stop == "cap" and default.stress.steps == STRESS_STEPS
+    assert default.stress.lr_trace == pytest.approx([1e-9 * STRESS_GROWTH**j for j in range(1, STRESS_STEPS + 1)])
+    assert default.stress.stability_margin == pytest.approx(STRESS_CAP)
+    assert (
+        default.constant.probe_steps == short.constant.probe_steps != off.constant.probe_steps
+    )  # the batch's interval again
     # The constant phase is the same run whatever the stress phase and probe after or around it.
-    assert short.loss_trace == off.loss_trace == default.loss_trace and len(default.loss_trace) == 4
+    assert (
+        short.constant.loss_trace == off.constant.loss_trace == default.constant.loss_trace
+        and len(default.constant.loss_trace) == 4
+    )

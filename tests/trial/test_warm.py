@@ -13,7 +13,7 @@ import pytest
 
 from sweeper.space import TrialConfig
 from sweeper.testing import tiny_trial_config
-from sweeper.trial import TrialProcess, run_trial
+from sweeper.trial import TrialProcess, TrialResult, run_trial
 
 pytestmark = pytest.mark.slow
 
@@ -22,15 +22,17 @@ def _config(model, **kw) -> TrialConfig:
     return tiny_trial_config(model, **{**dict(max_steps=4, learning_rate=1e-3), **kw})
 
 
-def _same_training(a, b) -> None:
+def _same_training(a: TrialResult, b: TrialResult) -> None:
     assert a.status == b.status == "complete", (a.reason, b.reason)
-    assert a.loss_trace == b.loss_trace
-    assert a.grad_norm_trace == b.grad_norm_trace
-    assert a.probe_loss_trace == b.probe_loss_trace
-    assert a.instability == b.instability
+    assert a.constant.loss_trace == b.constant.loss_trace
+    assert a.constant.grad_norm_trace == b.constant.grad_norm_trace
+    assert a.constant.probe_loss_trace == b.constant.probe_loss_trace
+    assert a.constant.instability == b.constant.instability
     # The stress phase (after the constant one) too: its margin and probe are the same in a warm process.
-    assert a.stress_probe_loss_trace == b.stress_probe_loss_trace and a.stability_margin == b.stability_margin
-    assert abs(a.peak_memory_gib - b.peak_memory_gib) <= 0.05, (a.peak_memory_gib, b.peak_memory_gib)
+    assert a.stress.probe_loss_trace == b.stress.probe_loss_trace
+    assert a.stress.stability_margin == b.stress.stability_margin
+    peaks = (a.memory.peak_memory_gib, b.memory.peak_memory_gib)
+    assert peaks[0] is not None and peaks[1] is not None and abs(peaks[0] - peaks[1]) <= 0.05, peaks
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +69,11 @@ def test_a_warm_trial_trains_as_a_cold_one(tiny_model_bf16, tmp_path):
     )
     cold = run_trial(want, tmp_path / "cold", model_path=path)
     cold_other = run_trial(other, tmp_path / "cold-other", model_path=path)
-    assert cold.warm is False and cold.model_reused is False and cold.setup_time_s > cold.import_time_s > 0
+    assert (
+        cold.provenance.warm is False
+        and cold.provenance.model_reused is False
+        and cold.provenance.setup_time_s > cold.provenance.import_time_s > 0
+    )
     process = TrialProcess()
     try:
         first = process.run(other, tmp_path / "w1", model_path=path)
@@ -80,9 +86,9 @@ def test_a_warm_trial_trains_as_a_cold_one(tiny_model_bf16, tmp_path):
         assert process.pid == pid
     finally:
         process.close()
-    assert first.warm is False and again.warm is True and again.model_reused is False
-    assert fp32.model_reused is True and reused.model_reused is True
-    assert again.import_time_s < 0.5 < first.import_time_s
+    assert first.provenance.warm is False and again.provenance.warm is True and again.provenance.model_reused is False
+    assert fp32.provenance.model_reused is True and reused.provenance.model_reused is True
+    assert again.provenance.import_time_s < 0.5 < first.provenance.import_time_s
     _same_training(cold_other, first)
     _same_training(cold, again)
     _same_training(cold, reused)
@@ -102,13 +108,13 @@ def test_after_an_oom_a_kill_or_a_timeout_the_next_trial_gets_a_fresh_process(ti
         # A real allocation failure under the cap, in the warm process: it is replaced.
         big = _config(tiny_model, per_device_train_batch_size=64, max_seq_length=1024, memory_limit_gib=0.75)
         oom = process.run(big, tmp_path / "2", model_path=path)
-        assert oom.status == "oom" and oom.warm is True, oom.reason
+        assert oom.status == "oom" and oom.provenance.warm is True, oom.reason
         assert process.pid is None
         with pytest.raises(ProcessLookupError):
             os.kill(warm_pid, 0)
         after_oom = process.run(_config(tiny_model), tmp_path / "3", model_path=path)
-        assert after_oom.status == "complete" and after_oom.warm is False
-        assert after_oom.loss_trace == ok.loss_trace
+        assert after_oom.status == "complete" and after_oom.provenance.warm is False
+        assert after_oom.constant.loss_trace == ok.constant.loss_trace
 
         # Killed mid-trial while warm: a crash, and the next trial runs in a fresh process.
         warm_pid = process.pid
@@ -121,9 +127,9 @@ def test_after_an_oom_a_kill_or_a_timeout_the_next_trial_gets_a_fresh_process(ti
         killer.start()
         crashed = process.run(_config(tiny_model, max_steps=400), tmp_path / "4", model_path=path)
         killer.join()
-        assert crashed.status == "crash" and "SIGKILL" in crashed.reason and crashed.warm is True
+        assert crashed.status == "crash" and "SIGKILL" in crashed.reason and crashed.provenance.warm is True
         again = process.run(_config(tiny_model), tmp_path / "5", model_path=path)
-        assert again.status == "complete" and again.warm is False and process.pid != warm_pid
+        assert again.status == "complete" and again.provenance.warm is False and process.pid != warm_pid
 
         # A timeout kills the warm process's whole group.
         warm_pid = process.pid

@@ -23,20 +23,30 @@ def _config(model, **kw) -> TrialConfig:
 def test_trial_completes_with_finite_values(tiny_model, tmp_path):
     result = run_trial(_config(tiny_model, bnb_4bit_compute_dtype="bfloat16"), tmp_path, model_path=str(tiny_model))
     assert result.status == "complete", result.reason
-    assert result.steps_done == 3 and len(result.loss_trace) == len(result.grad_norm_trace) == 3
-    assert all(x is not None and x > 0 for x in result.loss_trace + result.grad_norm_trace)
-    assert 0.2 < result.peak_memory_gib < 4.0 and result.memory_kind == "cpu_peak_rss"
-    assert result.quantized_linear_count == 14  # 2 layers x (q, k, v, o, gate, up, down)
-    assert result.instability is not None and set(result.instability_components) == {
+    assert (
+        result.constant.steps_done == 3 and len(result.constant.loss_trace) == len(result.constant.grad_norm_trace) == 3
+    )
+    assert all(x is not None and x > 0 for x in result.constant.loss_trace + result.constant.grad_norm_trace)
+    assert 0.2 < result.memory.peak_memory_gib < 4.0 and result.memory.memory_kind == "cpu_peak_rss"
+    assert result.provenance.quantized_linear_count == 14  # 2 layers x (q, k, v, o, gate, up, down)
+    assert result.constant.instability is not None and set(result.constant.instability_components) == {
         "probe_rebound",
         "activation_growth",
         "skipped_step_fraction",
         "loss_spike",
         "grad_norm_growth",
     }
-    assert result.probe_steps[0] == 0 and result.probe_steps[-1] == 3 and None not in result.probe_loss_trace
-    assert result.max_activation_trace and all(a > 0 for a in result.max_activation_trace)
-    assert result.lora_alpha == 8 and result.effective_batch_size == 2 and result.versions["bitsandbytes"]
+    assert (
+        result.constant.probe_steps[0] == 0
+        and result.constant.probe_steps[-1] == 3
+        and None not in result.constant.probe_loss_trace
+    )
+    assert result.constant.max_activation_trace and all(a > 0 for a in result.constant.max_activation_trace)
+    assert (
+        result.provenance.lora_alpha == 8
+        and result.provenance.effective_batch_size == 2
+        and result.provenance.versions["bitsandbytes"]
+    )
     assert (tmp_path / "result.json").is_file() and (tmp_path / "worker.log").is_file()
 
 
@@ -48,7 +58,7 @@ def test_fp16_overflow_goes_nan_and_fp32_does_not(tiny_model, tmp_path):
     )
     assert fp16.status == "nan", fp16.reason
     assert fp16.fail_phase in ("forward", "backward") and 1 <= fp16.fail_step < 8
-    assert fp16.loss_trace[-1] is None or fp16.grad_norm_trace[-1] is None
+    assert fp16.constant.loss_trace[-1] is None or fp16.constant.grad_norm_trace[-1] is None
     fp32 = run_trial(
         _config(tiny_model, bnb_4bit_compute_dtype="float32", **hot), tmp_path / "b", model_path=str(tiny_model)
     )
@@ -64,7 +74,7 @@ def test_real_memory_cap_gives_oom_with_phase(tiny_model, tmp_path):
     # The resident set at the failure is near the cap; it may pass it by the shared-library pages that RLIMIT_DATA
     # does not count.
     assert "64 x 1024 tokens" in result.reason and "max_seq_length=1024" in result.reason
-    assert abs(result.peak_memory_gib - 0.75) < 0.2
+    assert abs(result.memory.peak_memory_gib - 0.75) < 0.2
 
 
 def test_oom_while_loading(tiny_model, tmp_path):

@@ -1,5 +1,6 @@
 """What the recipe measures of a trial besides the step traces (child side, imports no torch): :class:`Measurements`,
-whose fields are named as :class:`~sweeper.trial._result.TrialResult`'s and copied onto it by name in one place
+whose fields are named as :class:`~sweeper.trial._result.TrialResult`'s stored attributes and copied onto it by
+name in one place
 (:func:`copy_onto`), which also copies an :class:`~sweeper.trial._child.outcome.Outcome`."""
 
 from __future__ import annotations
@@ -63,12 +64,13 @@ class Measurements:
             self.truncated_sample_fraction = sum(1 for n, _ in seen if n > max_seq_length) / len(seen)
 
 
-_RESULT_FIELDS = frozenset(f.name for f in fields(TrialResult))
+_RESULT_FIELDS = frozenset(TrialResult.stored_names())
 
 
 def copy_onto(result: TrialResult, source: Any) -> None:
-    """Copy every field of the dataclass ``source`` that is not None onto the :class:`TrialResult` field of the same
-    name (fields without one, such as ``Measurements.train_start``, are skipped).
+    """Copy every field of the dataclass ``source`` that is not None onto the :class:`TrialResult` field stored
+    under the same name (:meth:`TrialResult.update`; fields without one, such as ``Measurements.train_start``, are
+    skipped).
 
     Raises:
         TypeError: A field is marked as a result field but the result has none of that name (a renamed field).
@@ -80,4 +82,4 @@ def copy_onto(result: TrialResult, source: Any) -> None:
             raise TypeError(f"{type(source).__name__}.{f.name} is no TrialResult field")
         value = getattr(source, f.name)
         if value is not None:
-            setattr(result, f.name, value)
+            result.update({f.name: value})

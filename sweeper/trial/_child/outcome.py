@@ -29,7 +29,8 @@ from sweeper.trial._result import Phase, TrialStatus
 
 @dataclass(kw_only=True)
 class Outcome:
-    """How a trial ended; every field is the :class:`~sweeper.trial._result.TrialResult` field of the same name.
+    """How a trial ended; every field is the :class:`~sweeper.trial._result.TrialResult` field stored under the same
+    name (``nan_cause`` is ``result.nan.cause``).
 
     Attributes:
         status: The trial's status.

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.stability import STRESS_GROWTH, Divergence
-from sweeper.trial._result import Phase
+from sweeper.stability import STRESS_GROWTH, Divergence, margin_of
+from sweeper.trial._result import Phase, StressOutcome
 
 
 class NonFiniteError(Exception):
@@ -115,6 +115,29 @@ class StressPhase:
     started: float | None = None
     time_s: float | None = None
     peak_memory_gib: float | None = None
+
+    def outcome(self, train_time_s: float | None) -> StressOutcome:
+        """What the result stores of this phase: its margin at the trial's learning rate
+        (:func:`sweeper.stability.margin_of`), its stop, steps finished, traces and seconds, and its cost as a share
+        of ``train_time_s`` (the constant phase's seconds; no share without them).
+
+        Raises:
+            ValueError: ``stop`` is none of :data:`sweeper.stability.STRESS_STOPS`.
+        """
+        margin = margin_of(self.learning_rate, self.stop, self.stop_step, growth=self.growth, steps=self.steps)
+        return StressOutcome(
+            lr_ceiling=margin.lr_ceiling,
+            stability_margin=margin.stability_margin,
+            margin_capped=margin.margin_capped,
+            predicted_max_lr=margin.predicted_max_lr,
+            stop=self.stop,
+            steps=self.done,
+            lr_trace=self.lr,
+            loss_trace=self.loss,
+            probe_loss_trace=self.probe_loss,
+            time_s=self.time_s,
+            time_share=self.time_s / train_time_s if self.time_s is not None and train_time_s else None,
+        )
 
 
 class StressOverflow(Exception):

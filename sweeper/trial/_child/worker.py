@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 
 from sweeper.space import TrialConfig
-from sweeper.stability import compute_instability, learning_progress, margin_of, projected_fail_step
+from sweeper.stability import compute_instability, learning_progress, projected_fail_step
 from sweeper.trial._child.checks import QuantizationCheckError
 from sweeper.trial._child.context import TrialContext
 from sweeper.trial._child.load import LOAD_REPORT, versions
@@ -51,7 +51,7 @@ from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingR
 from sweeper.trial._child.warm import WarmState, release_memory
 from sweeper.trial._devices import cuda_visible
 from sweeper.trial._job import DEFAULT_PROBE, DEFAULT_STRESS, ProbeSettings, StressSettings, TrialDone, TrialJob
-from sweeper.trial._result import TrialResult, TrialStatus
+from sweeper.trial._result import Provenance, TrialResult, TrialStatus
 
 #: Kept allocated while the trial runs and released after an OOM, so the result can still be written under the cap.
 _RESERVE_BYTES = 32 * 2**20
@@ -130,32 +130,33 @@ def _end(result: TrialResult, warm: WarmState) -> None:
     gc.collect()
     torch = sys.modules.get("torch")
     device_type = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
-    result.peak_memory_gib = peak_memory_gib(device_type)
-    result.memory_kind = "cuda_max_reserved" if device_type == "cuda" else "cpu_peak_rss"
-    result.device = device_type
+    result.memory.peak_memory_gib = peak_memory_gib(device_type)
+    result.memory.memory_kind = "cuda_max_reserved" if device_type == "cuda" else "cpu_peak_rss"
+    result.provenance.device = device_type
     if torch is not None:
-        result.versions = versions()
+        result.provenance.versions = versions()
 
 
 def _fill(result: TrialResult, record: TrainingRecord, measured: Measurements, t_setup: float) -> None:
     """The step and probe traces from ``record`` (for a NaN, with the failing step's values), the measurements, and
     what is derived from them (setup time, tokens per second, the probe's share of training)."""
-    result.steps_done = record.step
-    result.loss_trace, result.grad_norm_trace = record.loss, record.grad_norm
-    result.max_activation_trace, result.skipped_steps = record.max_activation, record.skipped
+    constant = result.constant
+    constant.steps_done = record.step
+    constant.loss_trace, constant.grad_norm_trace = record.loss, record.grad_norm
+    constant.max_activation_trace, constant.skipped_steps = record.max_activation, record.skipped
     if result.status is TrialStatus.NAN:  # the failing step's values, for the curves
-        result.loss_trace = record.loss + [finite_or_none(record.step_loss)]
-        result.grad_norm_trace = record.grad_norm + [finite_or_none(record.step_grad_norm)]
+        constant.loss_trace = record.loss + [finite_or_none(record.step_loss)]
+        constant.grad_norm_trace = record.grad_norm + [finite_or_none(record.step_grad_norm)]
     copy_onto(result, measured)
     if measured.load_time_s is not None and measured.train_start is not None:
-        result.setup_time_s = measured.train_start - t_setup
+        result.provenance.setup_time_s = measured.train_start - t_setup
     if measured.train_time_s:
-        result.tokens_per_s = record.tokens / measured.train_time_s
-    result.probe_steps, result.probe_loss_trace = record.probe_steps, record.probe_loss
-    result.probe_max_activation_trace = record.probe_max_activation
-    result.probe_time_s = record.probe_time_s
+        constant.tokens_per_s = record.tokens / measured.train_time_s
+    constant.probe_steps, constant.probe_loss_trace = record.probe_steps, record.probe_loss
+    constant.probe_max_activation_trace = record.probe_max_activation
+    constant.probe_time_s = record.probe_time_s
     training_s = (measured.train_time_s or 0.0) - record.probe_time_s
-    result.probe_time_share = record.probe_time_s / training_s if training_s > 0 and record.probe_steps else None
+    constant.probe_time_share = record.probe_time_s / training_s if training_s > 0 and record.probe_steps else None
 
 
 def _instability(result: TrialResult, record: TrainingRecord, config: TrialConfig) -> None:
@@ -164,47 +165,41 @@ def _instability(result: TrialResult, record: TrainingRecord, config: TrialConfi
     with a probe."""
     if result.status not in (TrialStatus.COMPLETE, TrialStatus.NAN, TrialStatus.DIVERGED):
         return  # too few steps for the instability terms to mean anything
-    if result.nan_cause == "data":
+    if result.nan.cause == "data":
         return  # the data failed, not the configuration: its trace says nothing about stability
     if not record.probe_steps:
         return  # no probe (no row keeps a supervised token, or turned off): no instability to measure
-    result.projected_fail_step = projected_fail_step(record.probe_steps, record.probe_loss)
+    constant = result.constant
+    constant.projected_fail_step = projected_fail_step(record.probe_steps, record.probe_loss)
     components = compute_instability(
         probe_loss=record.probe_loss,
         probe_max_activation=record.probe_max_activation,
-        skipped=[s in record.skipped for s in range(1, len(result.loss_trace) + 1)],
-        steps=len(result.loss_trace),
+        skipped=[s in record.skipped for s in range(1, len(constant.loss_trace) + 1)],
+        steps=len(constant.loss_trace),
         compute_dtype=config.bnb_4bit_compute_dtype,
-        loss=result.loss_trace,
-        grad_norm=result.grad_norm_trace,
+        loss=constant.loss_trace,
+        grad_norm=constant.grad_norm_trace,
     )
-    result.instability = components.instability
-    result.instability_components = {k: v for k, v in components.to_dict().items() if k != "instability"}
+    constant.instability = components.instability
+    constant.instability_components = {k: v for k, v in components.to_dict().items() if k != "instability"}
 
 
-def _margin(result: TrialResult, record: TrainingRecord, config: TrialConfig) -> None:
-    """The learning progress of a trial with a probe, and the stress phase's margin, traces, cost and peak of one
-    that completed its constant phase (:func:`sweeper.stability.margin_of`); the constant phase's peak becomes the
-    trial's ``peak_memory_gib``."""
-    if record.probe_steps and result.nan_cause != "data":
-        result.learning_progress = learning_progress(record.probe_loss)
+def _margin(result: TrialResult, record: TrainingRecord) -> None:
+    """The learning progress of a trial with a probe, and the stress phase's outcome
+    (:meth:`~sweeper.trial._child.record.StressPhase.outcome`: margin, traces, cost) and peak of one that completed
+    its constant phase; the constant phase's peak becomes the trial's ``peak_memory_gib``."""
+    if record.probe_steps and result.nan.cause != "data":
+        result.constant.learning_progress = learning_progress(record.probe_loss)
     stress = record.stress
     if stress is None or not stress.active or result.status is not TrialStatus.COMPLETE:
         return
-    margin = margin_of(config.learning_rate, stress.stop, stress.stop_step, growth=stress.growth, steps=stress.steps)
-    result.lr_ceiling, result.stability_margin = margin.lr_ceiling, margin.stability_margin
-    result.margin_capped, result.predicted_max_lr = margin.margin_capped, margin.predicted_max_lr
-    result.stress_stop, result.stress_steps = stress.stop, stress.done
-    result.stress_lr_trace, result.stress_loss_trace = stress.lr, stress.loss
-    result.stress_probe_loss_trace = stress.probe_loss
-    result.stress_time_s = stress.time_s
-    if stress.time_s is not None and result.train_time_s:
-        result.stress_time_share = stress.time_s / result.train_time_s
+    result.stress = stress.outcome(result.constant.train_time_s)
     if stress.peak_memory_gib is not None:
         # The peak over both phases is at least the constant phase's: on the CPU, VmHWM comes from per-thread RSS
         # counters the kernel folds in lazily, so a later reading can come out a few pages lower (measured: 72 KiB).
-        result.stress_peak_memory_gib = max(result.peak_memory_gib or 0.0, stress.peak_memory_gib)
-        result.peak_memory_gib = stress.peak_memory_gib
+        memory = result.memory
+        memory.stress_peak_memory_gib = max(memory.peak_memory_gib or 0.0, stress.peak_memory_gib)
+        memory.peak_memory_gib = stress.peak_memory_gib
 
 
 def run(
@@ -254,13 +249,14 @@ def run(
             traceback.print_exc()
     del reserve
     result = TrialResult(
-        status=outcome.status, lora_alpha=config.lora_alpha, effective_batch_size=config.effective_batch_size
+        status=outcome.status,
+        provenance=Provenance(lora_alpha=config.lora_alpha, effective_batch_size=config.effective_batch_size),
     )
     copy_onto(result, outcome)
     _end(result, warm)
     _fill(result, record, measured, t_setup)
     _instability(result, record, config)
-    _margin(result, record, config)
+    _margin(result, record)
     return result
 
 
@@ -319,9 +315,9 @@ def serve(control_fd: int) -> None:
         _log_to(job.log_path)
         result = _run_file(Path(job.config_path), Path(job.trial_dir), warm, progress, job)
         if warm.trials == 1:
-            result.import_time_s = process_import_s
-            if result.setup_time_s is not None:
-                result.setup_time_s += process_import_s
+            result.provenance.import_time_s = process_import_s
+            if result.provenance.setup_time_s is not None:
+                result.provenance.setup_time_s += process_import_s
         _write_result(result, Path(job.result_path))
         _report_modules()
         sys.stdout.flush()
