@@ -3,8 +3,8 @@ a file lock beside a SQLite database between processes, gone with the process th
 more than ``n_trials`` trials between several sweep processes), the heartbeat thread, and the failing of stale
 trials (a sweep gone on this host, a sweep that went silent anywhere, a sweep that beats less often left alone).
 
-Everything is real: SQLite storages in the test's folder, trials asked from Optuna studies, sweep processes (small
-Python processes that open the study and ask as ``sweep run`` does, :class:`sweeper.study._loop._Sweep`). A trial
+Everything is real: SQLite storages in the test's folder, trials asked from Optuna studies, sweep processes (forked
+processes that open the study and ask as ``sweep run`` does, :class:`sweeper.study._loop._Sweep`). A trial
 whose sweep went silent is made by moving its last heartbeat back in the database, as if it were a minute old,
 instead of waiting out a grace period. The end-to-end tests with real trials are in test_parallel.py, test_study.py
 and test_faults.py.
@@ -12,14 +12,16 @@ and test_faults.py.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import socket
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import optuna
@@ -78,28 +80,34 @@ def _sweep(url: str, n_trials: int) -> _Sweep:
     return _Sweep(plan, [])
 
 
-# -- what the processes started below run (python -c, this module imported from its folder) ------------------------
+# -- what the sweep processes below run (forked: a process of its own, without a second interpreter's imports) -----
+
+_FORK = multiprocessing.get_context("fork")
 
 
-def _hold_lock(url: str) -> None:
-    """Take the study's ask lock, say ``held``, and keep it until a line arrives on stdin."""
-    with AskLock(url, "s").held():
-        print("held", flush=True)
-        sys.stdin.readline()
+def _hold_lock(url: str, conn: Connection) -> None:
+    """Take the study's ask lock and say ``held``; on ``release`` let it go, on ``again`` take it again."""
+    lock = AskLock(url, "s")
+    while True:
+        with lock.held():
+            conn.send("held")
+            conn.recv()  # release
+        if conn.recv() != "again":
+            return
 
 
-def _ask_on_go(url: str, n_trials: str) -> None:
-    """Open the study, say ``ready``, wait for a line on stdin, then ask one trial and print its number."""
-    sweep = _sweep(url, int(n_trials))
-    print("ready", flush=True)
-    sys.stdin.readline()
+def _ask_on_go(url: str, n_trials: int, conn: Connection) -> None:
+    """Open the study as a sweep, say ``ready``, wait to be told, then ask one trial and send its number."""
+    sweep = _sweep(url, n_trials)
+    conn.send("ready")
+    conn.recv()
     trial = sweep.ask(None)
-    print(trial.number if trial is not None else "none", flush=True)
+    conn.send(None if trial is None else trial.number)
 
 
-def _ask_until_stopped(url: str, n_trials: str) -> None:
-    """Ask, hold the trial a moment, tell it complete, until the sweep stops; print how many trials it ran."""
-    sweep = _sweep(url, int(n_trials))
+def _ask_until_stopped(url: str, n_trials: int, conn: Connection) -> None:
+    """Ask, hold the trial a moment, tell it complete, until the sweep stops; send how many trials it ran."""
+    sweep = _sweep(url, n_trials)
     ran = 0
     while True:
         try:
@@ -107,32 +115,25 @@ def _ask_until_stopped(url: str, n_trials: str) -> None:
         except _Stop:
             break
         if trial is None:  # the trials still needed run in another process
-            time.sleep(0.05)
+            time.sleep(0.02)
             continue
-        time.sleep(0.05)
+        time.sleep(0.02)
         sweep.study.tell(trial, [1.0, 0.5])
         ran += 1
-    print(ran, flush=True)
+    conn.send(ran)
 
 
-def _start(function: str, *args: object, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    code = (
-        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-        f"import test_coordination as t; t.{function}(*sys.argv[1:])"
-    )
-    return subprocess.Popen(
-        [sys.executable, "-c", code, *map(str, args)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
+def _start(target, *args: object) -> tuple[BaseProcess, Connection]:
+    """Run ``target(*args, conn)`` in a forked process; returns it and this end of ``conn``."""
+    here, there = _FORK.Pipe()
+    proc = _FORK.Process(target=target, args=(*args, there), daemon=True)
+    proc.start()
+    return proc, here
 
 
-def _expect_line(proc: subprocess.Popen[str], line: str) -> None:
-    got = proc.stdout.readline().strip()
-    assert got == line, (got, proc.stderr.read() if proc.poll() is not None else "")
+def _receive(conn: Connection, proc: BaseProcess, timeout: float = 30) -> object:
+    assert conn.poll(timeout), f"process {proc.pid} said nothing (exit code {proc.exitcode})"
+    return conn.recv()
 
 
 # -- the ask lock --------------------------------------------------------------------------------------------------
@@ -155,21 +156,19 @@ def test_the_ask_lock_of_a_sqlite_study_excludes_other_processes_and_dies_with_i
     url = f"sqlite:///{tmp_path}/s.db"  # the lock needs no database: it is a file beside it
     lock = AskLock(url, "s")
     assert lock.kind == "file"
-    # Released when its holder leaves the with block.
-    holder = _start("_hold_lock", url)
-    _expect_line(holder, "held")
+    holder, conn = _start(_hold_lock, url)
+    assert _receive(conn, holder) == "held"
     taken, release = _acquire_in_thread(lock)
-    assert not taken.wait(0.5)  # another process holds it
-    holder.communicate("\n", timeout=30)
+    assert not taken.wait(0.3)  # another process holds it
+    conn.send("release")  # released when its holder leaves the with block
     assert taken.wait(10)
     release.set()
-    # Released when its holder is killed (kill -9) holding it: a dead sweep never leaves the study locked.
-    holder = _start("_hold_lock", url)
-    _expect_line(holder, "held")
+    conn.send("again")
+    assert _receive(conn, holder) == "held"
     taken, release = _acquire_in_thread(lock)
-    assert not taken.wait(0.5)
-    holder.kill()
-    holder.wait()
+    assert not taken.wait(0.3)
+    holder.kill()  # kill -9 while it holds the lock: a dead sweep never leaves the study locked
+    holder.join()
     assert taken.wait(10)
     release.set()
     assert (tmp_path / "s.db.lock").exists()
@@ -203,18 +202,19 @@ def test_the_ask_lock_kind_follows_the_storage():
     assert AskLock("sqlite:///file:x.db?mode=memory&uri=true", "s").kind == "thread"
 
 
-def test_a_sweep_asks_only_under_the_lock_and_records_who_asked(db):
+def test_a_sweep_asks_only_under_the_lock_and_records_who_asked(db, monkeypatch):
     url = f"sqlite:///{db}"
-    asker = _start("_ask_on_go", url, 4, env={"SWEEPER_HEARTBEAT_INTERVAL_S": "5"})
-    _expect_line(asker, "ready")
+    monkeypatch.setenv("SWEEPER_HEARTBEAT_INTERVAL_S", "5")
+    asker, conn = _start(_ask_on_go, url, 4)
+    assert _receive(conn, asker) == "ready"
     reader = optuna.load_study(study_name="s", storage=url)  # Optuna's own storage: it never takes the ask lock
     with AskLock(url, "s").held():
-        asker.stdin.write("go\n")
-        asker.stdin.flush()
-        time.sleep(0.5)
+        conn.send("go")
+        time.sleep(0.3)
         assert reader.trials == []  # the sweep waits for the lock before it counts and asks
-    out, err = asker.communicate(timeout=30)
-    assert asker.returncode == 0 and out.strip() == "0", err
+    assert _receive(conn, asker) == 0
+    asker.join(10)
+    assert asker.exitcode == 0
     [trial] = optuna.load_study(study_name="s", storage=url).trials
     assert trial.state == TrialState.RUNNING
     assert trial.user_attrs["sweep_pid"] == asker.pid and trial.user_attrs["sweep_host"] == socket.gethostname()
@@ -240,14 +240,15 @@ def test_asking_waits_while_the_last_trials_run_and_stops_at_n_trials(db):
 
 def test_three_sweep_processes_on_one_study_ask_exactly_n_trials(db):
     url = f"sqlite:///{db}"
-    procs = [_start("_ask_until_stopped", url, 4) for _ in range(3)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    started = [_start(_ask_until_stopped, url, 4) for _ in range(3)]
+    ran = [_receive(conn, proc, 60) for proc, conn in started]
+    for proc, _ in started:
+        proc.join(10)
+        assert proc.exitcode == 0
     study = optuna.load_study(study_name="s", storage=url)
     assert [t.number for t in study.trials] == list(range(4))  # no trial asked beyond n_trials
-    assert all(t.state == TrialState.COMPLETE for t in study.trials)
-    assert sum(int(out) for out, _ in outs) == 4
-    assert {t.user_attrs["sweep_pid"] for t in study.trials} <= {p.pid for p in procs}
+    assert all(t.state == TrialState.COMPLETE for t in study.trials) and sum(ran) == 4
+    assert {t.user_attrs["sweep_pid"] for t in study.trials} <= {proc.pid for proc, _ in started}
 
 
 # -- the heartbeat -------------------------------------------------------------------------------------------------
