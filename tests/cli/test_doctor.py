@@ -48,9 +48,11 @@ def test_doctor_json_names_each_fault(tiny_model, workdir):
     assert loose.returncode == 0 and "no finding would make a trial NaN" in loose.stdout
 
 
+@pytest.mark.slow  # a sweep process importing transformers: seconds
 def test_doctor_on_a_clean_dataset(tiny_model, workdir):
+    """As a process of its own (the console script in a fresh interpreter); the other doctor tests run in-process."""
     data = write_jsonl(workdir / "clean.jsonl", clean_rows())
-    out = run_cli("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "256", "--strict", cwd=workdir)
+    out = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "256", "--strict", cwd=workdir)
     assert out.returncode == 0 and "no findings" in out.stdout and "tokens per sample" in out.stdout
 
 
