@@ -102,19 +102,24 @@ def test_timeout_kills_the_worker(tiny_model, tmp_path):
         os.kill(pid, 0)
 
 
-def test_killed_worker_is_a_crash(tiny_model, tmp_path):
+def test_a_worker_ended_by_a_signal_is_a_crash_naming_it(tiny_model, tmp_path):
+    """SIGSEGV: what a fault inside a CUDA kernel or a C extension sends. The reason names the signal, never a library
+    warning that happened to be the log's last line. SIGKILL: tests/trial/test_warm.py (a warm process) and
+    tests/study/test_study.py (in a sweep, which retries it)."""
+
     def kill_when_started():
         pid_file = tmp_path / "worker.pid"
         while not pid_file.exists():
             time.sleep(0.05)
         time.sleep(1.0)
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        os.kill(int(pid_file.read_text()), signal.SIGSEGV)
 
     killer = threading.Thread(target=kill_when_started)
     killer.start()
     result = run_trial(_config(tiny_model), tmp_path, model_path=str(tiny_model))
     killer.join()
-    assert result.status == "crash" and "SIGKILL" in result.reason
+    assert result.status == "crash" and "SIGSEGV" in result.reason, result.reason
+    assert "warn" not in result.reason.lower() and "OOM killer" not in result.reason
 
 
 def test_error_is_reported_not_raised(tiny_model, tmp_path):
