@@ -448,21 +448,21 @@ def test_a_copied_project_folder_is_the_same_study(tiny_model, workdir):
     folder's owner was the original database's path."""
     import shutil
 
-    from sweeper.testing import sweep
+    from sweeper.testing import run_cli, sweep
 
     path = write_space(workdir, tiny_space(tiny_model, name="demo", n_trials=1))
-    assert sweep("run", str(path), cwd=workdir).returncode == 0
+    assert run_cli("run", str(path), cwd=workdir).returncode == 0
     copy = workdir.parent / "copy"
     shutil.copytree(workdir, copy)
     for args in (("report", "demo"), ("report", "demo", "--json"), ("export", "demo", "--format", "json")):
-        done = sweep(*args, cwd=copy)
+        done = run_cli(*args, cwd=copy)
         assert done.returncode == 0, (args, done.stderr)
-    resumed = sweep("run", "space.yaml", cwd=copy)  # n_trials 1: nothing to run, but the folder is checked
+    resumed = run_cli("run", "space.yaml", cwd=copy)  # n_trials 1: nothing to run, but the folder is checked
     assert resumed.returncode == 0 and "nothing to run" in resumed.stdout, resumed.stderr
-    confirmed = sweep("confirm", "demo", "--steps", "3", cwd=copy)
+    confirmed = sweep("confirm", "demo", "--steps", "3", cwd=copy)  # the console script, in a fresh interpreter
     assert confirmed.returncode == 0, confirmed.stderr
     assert str(copy / "studies" / "demo.db") in (copy / "studies" / "demo" / "study.json").read_text()
     # the original is untouched by what ran in the copy, and another study of that name is still refused
     assert str(workdir / "studies" / "demo.db") in (workdir / "studies" / "demo" / "study.json").read_text()
-    other = sweep("run", "space.yaml", "--storage", "sqlite:///other.db", cwd=copy)
+    other = run_cli("run", "space.yaml", "--storage", "sqlite:///other.db", cwd=copy)
     assert other.returncode == 2 and "holds the trials, artifacts and exports of another study 'demo'" in other.stderr
