@@ -18,7 +18,7 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeper.study import count_finished
-from sweeper.testing import REPO, tiny_space, write_space
+from sweeper.testing import REPO, run_cli, tiny_space, write_space
 
 pytestmark = pytest.mark.slow
 
@@ -229,8 +229,6 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does(tiny_model, workdir):
     # The report shows the interrupted trial with the values it was sampled with.
     import json
 
-    report = subprocess.run(
-        [sys.executable, "-m", "sweeper.cli", "report", name, "--json"], cwd=workdir, capture_output=True, text=True
-    )
+    report = run_cli("report", name, "--json", cwd=workdir)
     [shown] = [t for t in json.loads(report.stdout)["trials"] if t["number"] == stopped.number]
     assert shown["params"] == stopped.params, shown

@@ -29,7 +29,7 @@ from sweeper.study import (
 )
 from sweeper.study._storage import make_sampler, to_distributions
 from sweeper.study._stored import is_finished
-from sweeper.testing import tiny_space, write_space
+from sweeper.testing import run_cli, tiny_space, write_space
 from sweeper.trial import TrialResult
 
 #: Every user attribute a measured trial stores (docs/contract.md): each field of TrialResult (the instability terms
@@ -207,19 +207,11 @@ def test_resume_after_the_sweep_process_is_killed(tiny_model, workdir):
     before = optuna.load_study(study_name="resume", storage=storage).trials
     assert before[0].state == TrialState.COMPLETE and before[1].state == TrialState.RUNNING
     # Until a sweep resumes, the report shows the trial as stale, with when it started, not as running.
-    report = subprocess.run(
-        [sys.executable, "-m", "sweeper.cli", "report", "resume"], cwd=workdir, capture_output=True, text=True
-    )
+    report = run_cli("report", "resume", cwd=workdir)
     assert report.returncode == 0 and "stale 1" in report.stdout and "running" not in report.stdout, report.stdout
     assert "stale   trial 1, started " in report.stdout and "is gone" in report.stdout
 
-    again = subprocess.run(
-        [sys.executable, "-m", "sweeper.cli", "run", str(path)],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    again = run_cli("run", str(path), cwd=workdir)  # in-process: another sweep than the killed one
     assert again.returncode == 0, again.stderr
     assert "(retry 1 of #1)" in again.stdout and "interrupted 1" in again.stdout
     after = optuna.load_study(study_name="resume", storage=storage).trials
