@@ -159,14 +159,14 @@ def test_the_ask_lock_of_a_sqlite_study_excludes_other_processes_and_dies_with_i
     holder, conn = _start(_hold_lock, url)
     assert _receive(conn, holder) == "held"
     taken, release = _acquire_in_thread(lock)
-    assert not taken.wait(0.3)  # another process holds it
+    assert not taken.wait(0.2)  # another process holds it
     conn.send("release")  # released when its holder leaves the with block
     assert taken.wait(10)
     release.set()
     conn.send("again")
     assert _receive(conn, holder) == "held"
     taken, release = _acquire_in_thread(lock)
-    assert not taken.wait(0.3)
+    assert not taken.wait(0.2)
     holder.kill()  # kill -9 while it holds the lock: a dead sweep never leaves the study locked
     holder.join()
     assert taken.wait(10)
@@ -210,7 +210,7 @@ def test_a_sweep_asks_only_under_the_lock_and_records_who_asked(db, monkeypatch)
     reader = optuna.load_study(study_name="s", storage=url)  # Optuna's own storage: it never takes the ask lock
     with AskLock(url, "s").held():
         conn.send("go")
-        time.sleep(0.3)
+        time.sleep(0.2)
         assert reader.trials == []  # the sweep waits for the lock before it counts and asks
     assert _receive(conn, asker) == 0
     asker.join(10)
@@ -302,7 +302,7 @@ def test_a_heartbeat_beats_until_stopped(db):
     heartbeat.stop()  # returns when its thread has ended
     assert not _beating(trial._trial_id)
     _age_heartbeats(db)
-    time.sleep(0.5)  # two and a half intervals
+    time.sleep(0.45)  # over two intervals
     assert stale_trial_ids(study) == [trial._trial_id]  # no beat since it stopped
 
 
@@ -315,7 +315,7 @@ def test_a_heartbeat_outlives_a_locked_database(db):
     try:
         blocker = sqlite3.connect(db, isolation_level=None)
         blocker.execute("BEGIN EXCLUSIVE")
-        time.sleep(0.8)  # beats fail meanwhile
+        time.sleep(0.5)  # two beats fail meanwhile
         blocker.execute("ROLLBACK")
         blocker.close()
         assert _beating(trial._trial_id)
