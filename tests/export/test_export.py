@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from sweeper.export import pick_trial, write_export
-from sweeper.testing import make_study, run_cli
+from sweeper.testing import make_study, run_cli, sweep
 
 
 @pytest.fixture
@@ -237,7 +237,7 @@ def test_report_html_path_must_be_html_and_dashboard_port_must_be_free(study_and
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        out = run_cli("dashboard", str(db), "--port", str(port), cwd=tmp_path)  # refused before serving
+        out = sweep("dashboard", str(db), "--port", str(port), cwd=tmp_path, timeout=60)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "cannot listen there" in lines[0], out.stderr
 
