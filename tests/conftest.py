@@ -3,12 +3,19 @@ helpers the tests share live in :mod:`sweeper.testing`."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# datasets.load_dataset of a local file sends the hub a request counting the load (increase_load_count); without a
+# network its name lookup sometimes waits out the resolver's 5 s timeout (seen in the fast suite, once a session). Set
+# before datasets is imported (it reads the variable at import), for this process and the sweeps and trial processes
+# the tests start.
+os.environ.setdefault("HF_UPDATE_DOWNLOAD_COUNTS", "0")
 
 # build_tiny_model for the fixtures below; REPO and write_space for tests/test_old_study.py, kept as it was written.
 from sweeper.testing import REPO, build_tiny_model, write_space  # noqa: F401

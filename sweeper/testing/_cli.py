@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import subprocess
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +39,8 @@ class CliResult:
 
 def run_cli(*args: str, cwd: Path | None = None) -> CliResult:
     """Run ``sweep ARGS`` in this process, in ``cwd`` (default: the current working directory, which is restored
-    after), with stdout and stderr captured; the warnings filters and Optuna's log level it sets are restored too.
+    after), with stdout and stderr captured; the warnings filters, Optuna's log level and the SIGTERM and SIGHUP
+    handlers it sets are restored too (a test run stopped by SIGTERM stops as pytest does, not as a sweep).
 
     argparse's own exits (``--help``, a usage error) are returned as their exit code, as the console script's are.
     An exception the command does not turn into an exit code propagates (a subprocess would exit 1 with its
@@ -49,6 +52,7 @@ def run_cli(*args: str, cwd: Path | None = None) -> CliResult:
 
     out, err = io.StringIO(), io.StringIO()
     before, verbosity = Path.cwd(), optuna.logging.get_verbosity()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if cwd is not None:
             os.chdir(cwd)
@@ -60,4 +64,7 @@ def run_cli(*args: str, cwd: Path | None = None) -> CliResult:
     finally:
         os.chdir(before)
         optuna.logging.set_verbosity(verbosity)
+        if threading.current_thread() is threading.main_thread():  # where main() installed its handlers
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
     return CliResult(returncode=int(code or 0), stdout=out.getvalue(), stderr=err.getvalue())

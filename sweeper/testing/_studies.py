@@ -4,6 +4,11 @@ real Optuna storage, without training."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import shutil
+import sqlite3
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +18,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig, parse_space
+from sweeper.study._identity import STUDY_ID_ATTR
 
 # The test helpers build studies as the sweep records them, from the study package's own modules (optuna.testing's
 # shape): pyproject's private-modules contract lets sweeper.testing, and only it, import them.
@@ -142,11 +148,32 @@ def add_configured_trials(
     return base
 
 
+#: Per model, a database :func:`make_study` made before (without its identity), copied by the next call: building
+#: the six trials takes most of a second, copying the file a few milliseconds.
+_MADE: dict[str, Path] = {}
+
+
+def _made_dir() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="sweeper-make-study-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def make_study(folder: Path, model: str = "m") -> optuna.Study:
     """A study ``rep`` in ``folder/rep.db`` of six trials: two on the front (0, 1), one behind it (2), an ``oom``
-    (3), a ``nan`` caused by the data (4, sample 7) and a repeat of trial 0 (5)."""
+    (3), a ``nan`` caused by the data (4, sample 7) and a repeat of trial 0 (5).
+
+    Opened with :func:`sweeper.study.open_study`, which writes ``studies/rep/study.json`` in the working directory and
+    gives each study its own identity (:data:`sweeper.study.STUDY_ID_ATTR`). The trials are built once per ``model``
+    in a process; later calls copy that database (without its identity) and open the copy.
+    """
     space = parse_space({"study": {"name": "rep"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
-    study = open_study(space, f"sqlite:///{folder}/rep.db", "rep", 8)
+    url = f"sqlite:///{folder}/rep.db"
+    made = _MADE.get(model)
+    if made is not None and made.is_file():
+        shutil.copyfile(made, folder / "rep.db")
+        return open_study(space, url, "rep", 8)
+    study = open_study(space, url, "rep", 8)
     study.set_user_attr("searched", ["r", "per_device_train_batch_size", "max_seq_length"])
     add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=0.9, model=model)
     add_trial(study, r=8, batch=2, seq=64, status="complete", peak=1.5, instability=0.2, model=model)
@@ -156,4 +183,9 @@ def make_study(folder: Path, model: str = "m") -> optuna.Study:
     add_trial(study, r=8, batch=1, seq=128, status="nan", peak=1.2, model=model, extra={**nan, "fail_step": 2})
     repeat = {"duplicate_of": 0}
     add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=0.9, model=model, extra=repeat)
+    made = _made_dir() / "rep.db"
+    shutil.copyfile(folder / "rep.db", made)
+    with contextlib.closing(sqlite3.connect(made)) as conn, conn:  # a copy opened later is a study of its own
+        conn.execute("DELETE FROM study_user_attributes WHERE key = ?", (STUDY_ID_ATTR,))
+    _MADE[model] = made
     return study

@@ -3,7 +3,6 @@ one line that names the file (or flag), the key and the fix, and leaves the stud
 was."""
 
 import hashlib
-import os
 
 import pytest
 import yaml
@@ -84,12 +83,15 @@ CASES = [
 
 
 @pytest.mark.parametrize(("case", "breakage", "needles"), CASES, ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line_exit_2_and_the_study_untouched(existing, case, breakage, needles):
+def test_bad_input_is_one_line_exit_2_and_the_study_untouched(existing, case, breakage, needles, monkeypatch):
+    """In-process (:func:`sweeper.testing.run_cli`): the console script's exit code and streams are those of
+    :func:`sweeper.cli.main`, which ``test_cli.py::test_bad_storage_is_one_line_without_password`` runs as a real
+    process; a process of its own would import the model's libraries again for each case."""
     folder, space = existing
     db = folder / "studies" / "keep.db"
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     write_jsonl(folder / "rows.jsonl", [{"text": ""}, {"messages": "not a list"}, {"other": 1}])
-    path, argv, env = folder / "space.yaml", [], {}
+    path, argv = folder / "space.yaml", []
     if isinstance(breakage, str):
         path = folder / "broken.yaml"
         path.write_text(breakage.removeprefix("RAW:"))
@@ -97,10 +99,11 @@ def test_bad_input_is_one_line_exit_2_and_the_study_untouched(existing, case, br
     elif callable(breakage):
         path = write_space(folder, breakage(yaml.safe_load((folder / "space.yaml").read_text())), "broken.yaml")
     elif isinstance(breakage, dict):
-        env = breakage
+        for key, value in breakage.items():
+            monkeypatch.setenv(key, value)
     else:
         argv = breakage
-    out = sweep("run", str(path), *argv, cwd=folder, timeout=120, env={**os.environ, **env})
+    out = run_cli("run", str(path), *argv, cwd=folder)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2, out.stdout + out.stderr
     assert len(lines) == 1 and all(n in lines[0] for n in needles), lines

@@ -78,7 +78,9 @@ def test_model_and_data_problems_reported_together(tiny_model, workdir):
     ],
 )
 def test_bad_storage_is_one_line_without_password(tiny_model, workdir, url, needle):
-    out = sweep("run", str(write_space(workdir, tiny_space(tiny_model))), "--storage", url, cwd=workdir)
+    # The PostgreSQL URL as a process of its own (the console script's exit code and streams); the others in-process.
+    run = sweep if url.startswith("postgresql") else run_cli
+    out = run("run", str(write_space(workdir, tiny_space(tiny_model))), "--storage", url, cwd=workdir)
     assert out.returncode == 2 and out.stdout == "", out.stdout
     assert len(out.stderr.strip().splitlines()) == 1 and needle in out.stderr and "s3cret" not in out.stderr
 
@@ -150,3 +152,38 @@ def test_a_run_whose_every_trial_failed_exits_1(tiny_model, workdir):
     assert len(lines) == 1 and "every trial this run started failed (timeout)" in lines[0], lines
     done = [line for line in out.stdout.splitlines() if line.startswith("done in")]
     assert done and "nothing to export" in done[0] and "sweep export" not in done[0], done  # no export hint
+
+
+@pytest.mark.parametrize(("stop", "code"), [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_sigterm_and_sighup_are_handled_as_ctrl_c(stop, code):
+    """The handler ``sweep`` installs turns both signals into :class:`sweeper.errors.Interrupted` (a
+    KeyboardInterrupt: the running trials are killed and queued again) that names the signal, which interrupted
+    trials record, and carries its number (exit code 128 + signal). A real sweep stopped by SIGTERM:
+    test_faults.py::test_sigterm_stops_a_sweep_as_ctrl_c_does."""
+    import os
+    import signal
+    import time
+
+    from sweeper.cli import _stop_on_signals
+    from sweeper.errors import STOP_CAUSE, Interrupted
+
+    signum = signal.Signals[stop]
+
+    def unhandled(signum, frame):
+        raise AssertionError(f"{signal.Signals(signum).name} reached a handler sweep did not install")
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for s in saved:
+            signal.signal(s, unhandled)
+        _stop_on_signals()
+        with pytest.raises(Interrupted) as raised:
+            os.kill(os.getpid(), signum)
+            time.sleep(10)  # the handler raises in the main thread at once
+        assert isinstance(raised.value, KeyboardInterrupt)
+        assert raised.value.signal_name == stop and 128 + raised.value.signal_number == code
+        assert STOP_CAUSE["by"] == stop
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        STOP_CAUSE["by"] = "Ctrl-C"

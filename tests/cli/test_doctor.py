@@ -21,10 +21,9 @@ def faulty_rows() -> list[dict]:
     return rows
 
 
-@pytest.mark.slow  # a sweep subprocess importing transformers: seconds
 def test_doctor_json_names_each_fault(tiny_model, workdir):
     data = write_jsonl(workdir / "faulty.jsonl", faulty_rows())
-    out = sweep(
+    out = run_cli(
         "doctor",
         str(data),
         "--model",
@@ -43,23 +42,23 @@ def test_doctor_json_names_each_fault(tiny_model, workdir):
     assert found[("no_supervised_tokens", 48)] == [6] and ("no_supervised_tokens", 512) not in found
     assert found[("repeated_span", None)] == [1] and found[("duplicate", None)] == [2, 4]
     assert all(set(f) >= {"kind", "max_seq_length", "samples", "detail"} for f in report["findings"])
-    strict = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "48", "--strict", cwd=workdir)
+    strict = run_cli("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "48", "--strict", cwd=workdir)
     assert strict.returncode == 1 and "NaN risk at max_seq_length 48" in strict.stdout
-    loose = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "512", "--strict", cwd=workdir)
+    loose = run_cli("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "512", "--strict", cwd=workdir)
     assert loose.returncode == 0 and "no finding would make a trial NaN" in loose.stdout
 
 
-@pytest.mark.slow  # a sweep subprocess importing transformers: seconds
+@pytest.mark.slow  # a sweep process importing transformers: seconds
 def test_doctor_on_a_clean_dataset(tiny_model, workdir):
+    """As a process of its own (the console script in a fresh interpreter); the other doctor tests run in-process."""
     data = write_jsonl(workdir / "clean.jsonl", clean_rows())
     out = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "256", "--strict", cwd=workdir)
     assert out.returncode == 0 and "no findings" in out.stdout and "tokens per sample" in out.stdout
 
 
-@pytest.mark.slow  # a sweep subprocess importing transformers: seconds
 def test_doctor_on_the_demo_space_reads_its_data_and_lengths(tiny_model, workdir):
     # The demo space's built-in data and max_seq_length values, with the tiny model's tokenizer (no GGUF conversion).
-    out = sweep("doctor", str(REPO / "search_spaces" / "demo.yaml"), "--model", str(tiny_model), cwd=workdir)
+    out = run_cli("doctor", str(REPO / "search_spaces" / "demo.yaml"), "--model", str(tiny_model), cwd=workdir)
     assert out.returncode == 0, out.stderr
     assert "builtin:pydoc-topics" in out.stdout and "truncated" in out.stdout
     assert "no finding would make a trial NaN at max_seq_length 64, 128, 256" in out.stdout
@@ -103,7 +102,6 @@ def test_sweep_whose_only_nans_come_from_the_data_says_so(tiny_model, workdir):
     )
 
 
-@pytest.mark.slow  # a sweep subprocess importing transformers: seconds
 def test_doctor_reads_sharegpt_and_counts_every_row_it_does_not_use(tiny_model, workdir):
     # The issue's file: 30 chat rows and 30 rows with ShareGPT's roles (all 60 read now), plus rows no trial can use.
     good = [
@@ -119,7 +117,7 @@ def test_doctor_reads_sharegpt_and_counts_every_row_it_does_not_use(tiny_model, 
         {"messages": [{"role": "system", "content": "again"}]},
     ]
     data = write_jsonl(workdir / "mixed.jsonl", good + human + bad)
-    out = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "64", "--json", cwd=workdir)
+    out = run_cli("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "64", "--json", cwd=workdir)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["samples"] == 60
@@ -128,13 +126,12 @@ def test_doctor_reads_sharegpt_and_counts_every_row_it_does_not_use(tiny_model, 
     assert "no assistant turn" in dropped[0]["detail"] and "unknown role 'function_call'" in dropped[1]["detail"]
 
 
-@pytest.mark.slow  # a sweep subprocess importing transformers: seconds
 def test_doctor_checks_the_pad_tokens_embedding_row(workdir, tmp_path_factory):
     from sweeper.testing import PAD_ID, build_pad_token_model
 
     model = build_pad_token_model(tmp_path_factory.mktemp("pad-nan"))
     data = write_jsonl(workdir / "clean.jsonl", clean_rows())
-    out = sweep("doctor", str(data), "--model", str(model), "--max-seq-length", "256", "--strict", cwd=workdir)
+    out = run_cli("doctor", str(data), "--model", str(model), "--max-seq-length", "256", "--strict", cwd=workdir)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "bad_embedding_row" in out.stdout and f"'<pad>' (id {PAD_ID})" in out.stdout
     assert "holds NaN" in out.stdout and "NaN risk: bad_embedding_row (10 samples)" in out.stdout

@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
-from sweeper.testing import sweep, tiny_space, tiny_trial_config, write_space
+from sweeper.testing import run_cli, tiny_space, tiny_trial_config, write_space
 from sweeper.trial import run_trial
 
 
@@ -26,9 +26,9 @@ def confirmed_template(tiny_model, tmp_path_factory):
         patch.setenv("SWEEPER_CACHE", str(folder / "cache"))
         space = tiny_space(tiny_model, name="c", search={"r": [4, 8]}, training={"max_steps": 2})
         path = write_space(folder, space)
-        out = sweep("run", str(path), cwd=folder)
+        out = run_cli("run", str(path), cwd=folder)
         assert out.returncode == 0, out.stderr
-        confirm = sweep("confirm", "c", "--steps", "8", cwd=folder)
+        confirm = run_cli("confirm", "c", "--steps", "8", cwd=folder)
         assert confirm.returncode == 0, confirm.stderr
     return folder, confirm
 
@@ -59,15 +59,15 @@ def test_confirm_records_the_long_run_and_the_report_shows_it(confirmed_study):
         ]
         == 8
     )
-    report = sweep("report", "c", cwd=workdir)
+    report = run_cli("report", "c", cwd=workdir)
     assert report.returncode == 0 and "confirmed" in report.stdout and "8 ok" in report.stdout
-    data = json.loads(sweep("report", "c", "--json", cwd=workdir).stdout)
+    data = json.loads(run_cli("report", "c", "--json", cwd=workdir).stdout)
     assert [t["confirmation"]["steps"] for t in data["front"] if t["confirmation"]] == [8]
     html = (workdir / "studies" / "c" / "report.html").read_text()
     assert "confirmed: the long run completed" in html
-    again = sweep("confirm", "c", "--steps", "8", cwd=workdir)
+    again = run_cli("confirm", "c", "--steps", "8", cwd=workdir)
     assert again.returncode == 0 and "already confirmed at 8 steps: 8 ok" in again.stdout  # nothing ran twice
-    exported = sweep("export", "c", "--format", "json", cwd=workdir)
+    exported = run_cli("export", "c", "--format", "json", cwd=workdir)
     assert exported.returncode == 0, exported.stderr
     settings = json.loads(next((workdir / "studies" / "c" / "exports").glob("*.json")).read_text())
     assert settings["provenance"]["confirmation"]["steps"] == 8
@@ -88,11 +88,11 @@ def test_export_refuses_a_failed_confirmation_and_picks_a_confirmed_trial(confir
         "steps_done": 12,
     }
     study.set_user_attr(f"confirmation:{confirmed[0]}", failed)
-    out = sweep("export", "c", "--trial", str(confirmed[0]), cwd=workdir)
+    out = run_cli("export", "c", "--trial", str(confirmed[0]), cwd=workdir)
     assert out.returncode == 2 and "failed its confirmation (diverged at step 12 of 20 steps" in out.stderr
     others = [n for n in front if n != confirmed[0]]
     if others:  # the pick avoids the failed trial
-        picked = sweep("export", "c", "--format", "json", cwd=workdir)
+        picked = run_cli("export", "c", "--format", "json", cwd=workdir)
         assert picked.returncode == 0 and f"trial {others[0]}" in picked.stdout
         notes = json.loads(next((workdir / "studies" / "c" / "exports").glob("*.json")).read_text())["notes"]
         assert any("not confirmed at a long horizon" in n for n in notes)
@@ -106,7 +106,7 @@ def test_confirm_bad_input_is_one_line(confirmed_study):
         (["--trials", "99"], "no trial 99"),
         (["--steps", "0"], "--steps: 0 is not a number of steps"),
     ):
-        out = sweep("confirm", "c", *argv, cwd=workdir)
+        out = run_cli("confirm", "c", *argv, cwd=workdir)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
 
@@ -189,22 +189,22 @@ def test_a_setup_error_is_never_a_configurations_confirmation(tiny_model, workdi
     space = tiny_space(tiny_model, name="s", search={"r": [4, 8]}, training={"max_steps": 2})
     space["dataset"] = {"path": str(data), "max_samples": 32}
     path = write_space(workdir, space)
-    assert sweep("run", str(path), cwd=workdir).returncode == 0
-    first = sweep("confirm", "s", "--steps", "4", cwd=workdir)
+    assert run_cli("run", str(path), cwd=workdir).returncode == 0
+    first = run_cli("confirm", "s", "--steps", "4", cwd=workdir)
     assert first.returncode == 0, first.stderr
     study = optuna.load_study(study_name="s", storage="sqlite:///studies/s.db")
     [(number, kept)] = confirmations(study).items()
     assert kept.passed and kept.steps == 4
 
     data.rename(workdir / "elsewhere.jsonl")
-    out = sweep("confirm", "s", "--trials", str(number), "--steps", "6", cwd=workdir)
+    out = run_cli("confirm", "s", "--trials", str(number), "--steps", "6", cwd=workdir)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "train.jsonl" in lines[0], out.stdout + out.stderr
     assert confirmations(optuna.load_study(study_name="s", storage="sqlite:///studies/s.db"))[number] == kept
-    assert sweep("export", "s", "--trial", str(number), cwd=workdir).returncode == 0
+    assert run_cli("export", "s", "--trial", str(number), cwd=workdir).returncode == 0
 
     (workdir / "elsewhere.jsonl").rename(data)
-    again = sweep("confirm", "s", "--trials", str(number), "--steps", "6", cwd=workdir)
+    again = run_cli("confirm", "s", "--trials", str(number), "--steps", "6", cwd=workdir)
     assert again.returncode == 0 and "confirmed: 6 steps complete" in again.stdout, again.stdout + again.stderr
 
     # What an older sweeper stored for such an attempt: not an outcome, so neither refused nor skipped.
@@ -213,8 +213,8 @@ def test_a_setup_error_is_never_a_configurations_confirmation(tiny_model, workdi
         f"confirmation:{number}", {"steps": 8, "status": "error", "reason": "error at step 0", "fail_step": 0}
     )
     assert number not in confirmations(study)
-    assert sweep("export", "s", "--trial", str(number), cwd=workdir).returncode == 0
-    rerun = sweep("confirm", "s", "--trials", str(number), "--steps", "8", cwd=workdir)
+    assert run_cli("export", "s", "--trial", str(number), cwd=workdir).returncode == 0
+    rerun = run_cli("confirm", "s", "--trials", str(number), "--steps", "8", cwd=workdir)
     assert rerun.returncode == 0 and "already confirmed" not in rerun.stdout, rerun.stdout
 
 
@@ -228,7 +228,7 @@ def test_confirm_in_an_unwritable_studies_folder_is_one_line(confirmed_study):
     try:
         if os.access(folder, os.W_OK):
             pytest.skip("running as a user that can write anywhere (root)")
-        out = sweep("confirm", "c", "--steps", "9", cwd=workdir)
+        out = run_cli("confirm", "c", "--steps", "9", cwd=workdir)
     finally:
         os.chmod(folder, 0o755)
     lines = out.stderr.strip().splitlines()

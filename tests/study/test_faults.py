@@ -1,6 +1,7 @@
 """Faults injected for real: an unwritable studies folder (the sweep runs as another user), a full disk (a small
-tmpfs, filled before the sweep and while a trial runs), Ctrl-C with two workers. Each ends with a clear one-line
-message, the finished trials intact, the database consistent, and the same command completing the study."""
+tmpfs, filled before the sweep and while a trial runs), Ctrl-C with two workers, SIGTERM. Each ends with a clear
+one-line message, the finished trials intact, the database consistent, and the same command completing the study.
+A sweep that went silent on another host is in test_coordination.py (shown stale) and test_parallel.py (lost)."""
 
 import hashlib
 import os
@@ -17,7 +18,7 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeper.study._snapshot import count_finished
-from sweeper.testing import REPO, tiny_space, write_space
+from sweeper.testing import REPO, run_cli, tiny_space, write_space
 
 pytestmark = pytest.mark.slow
 
@@ -192,11 +193,11 @@ def test_ctrl_c_with_two_workers_kills_both_and_resumes(tiny_model, workdir):
     }
 
 
-@pytest.mark.parametrize("stop, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
-def test_sigterm_and_sighup_stop_a_sweep_as_ctrl_c_does(tiny_model, workdir, stop, code):
-    """What `timeout`, systemd and Slurm send (SIGTERM), and a closed terminal (SIGHUP): the trial is killed,
-    recorded as interrupted with the signal's name, queued again without using up a retry, and the exit code is the
-    shell's 128 + signal."""
+def test_sigterm_stops_a_sweep_as_ctrl_c_does(tiny_model, workdir):
+    """What `timeout`, systemd and Slurm send (SIGTERM): the trial is killed, recorded as interrupted with the
+    signal's name, queued again without using up a retry, and the exit code is the shell's 128 + signal. A closed
+    terminal's SIGHUP goes through the same handler (test_cli.py::test_sigterm_and_sighup_are_handled_as_ctrl_c)."""
+    stop, code = signal.SIGTERM, 143
     name = f"stop{code}"
     path = write_space(
         workdir,
@@ -228,29 +229,6 @@ def test_sigterm_and_sighup_stop_a_sweep_as_ctrl_c_does(tiny_model, workdir, sto
     # The report shows the interrupted trial with the values it was sampled with.
     import json
 
-    report = subprocess.run(
-        [sys.executable, "-m", "sweeper.cli", "report", name, "--json"], cwd=workdir, capture_output=True, text=True
-    )
+    report = run_cli("report", name, "--json", cwd=workdir)
     [shown] = [t for t in json.loads(report.stdout)["trials"] if t["number"] == stopped.number]
     assert shown["params"] == stopped.params, shown
-
-
-def test_a_trial_whose_sweep_on_another_host_went_silent_is_shown_stale(workdir, monkeypatch):
-    """A RUNNING trial of a sweep on another machine that stopped sending heartbeats was shown as running until the
-    next 'sweep run': the report now calls it stale, with its start and the grace period."""
-    from sweeper.space import parse_space
-    from sweeper.study import stale_running
-    from sweeper.study._storage import open_study
-
-    monkeypatch.setenv("SWEEPER_HEARTBEAT_INTERVAL_S", "1")
-    space = parse_space({"study": {"name": "hb"}, "search": {"r": [4, 8]}}, "space.yaml")
-    study = open_study(space, "sqlite:///studies/hb.db", "hb")
-    trial = study.ask()
-    trial.set_user_attr("sweep_host", "another-machine")
-    trial.set_user_attr("sweep_pid", 4242)
-    study._storage.record_heartbeat(trial._trial_id)
-    assert stale_running(study) == {}  # its heartbeat is fresh: it runs elsewhere
-    time.sleep(6)  # past the grace period (4 intervals; SQLite keeps whole seconds)
-    [line] = stale_running(study).values()
-    assert line.startswith("trial 0, started ") and "(pid 4242 on another-machine)" in line
-    assert "has sent no heartbeat for over 4 s" in line

@@ -10,7 +10,7 @@ from sweeper.checkpoint import module_names, safetensors_names, unmatched_target
 from sweeper.memory import nothing_fits
 from sweeper.space import load_space
 from sweeper.study import check_setup
-from sweeper.testing import run_cli, sweep, tiny_space, write_space
+from sweeper.testing import run_cli, tiny_space, write_space
 
 
 def _one_line(out) -> str:
@@ -151,7 +151,7 @@ def test_nothing_predicted_to_fit_is_one_line_whose_advice_holds(tiny_model, wor
     assert not (workdir / "studies" / "t.db").exists() and not (workdir / "studies" / "t").exists()
     # following the advice: the smallest configuration fits
     sets = ["per_device_train_batch_size=4", "max_seq_length=512", f"memory_limit_gib={cap.group(1)}", "max_steps=2"]
-    followed = sweep("trial", str(path), *[a for s in sets for a in ("--set", s)], "--json", cwd=workdir)
+    followed = run_cli("trial", str(path), *[a for s in sets for a in ("--set", s)], "--json", cwd=workdir)
     assert followed.returncode == 0, followed.stderr
     result = json.loads(followed.stdout)
     assert result["status"] == "complete", result["reason"]
@@ -166,13 +166,13 @@ def test_a_fit_under_a_larger_cap_does_not_hide_that_nothing_fits_the_new_one(ti
 
     space = tiny_space(tiny_model, n_trials=1, search={"per_device_train_batch_size": [4, 8]})
     path = write_space(workdir, space)
-    first = sweep("run", str(path), cwd=workdir)
+    first = run_cli("run", str(path), cwd=workdir)
     assert first.returncode == 0, first.stderr
-    line = _one_line(sweep("run", str(path), "--n-trials", "2", "--set", "memory_limit_gib=0.3", cwd=workdir))
+    line = _one_line(run_cli("run", str(path), "--n-trials", "2", "--set", "memory_limit_gib=0.3", cwd=workdir))
     assert "no configuration of the space is predicted to fit 0.3" in line
-    again = sweep("run", str(path), cwd=workdir)  # n_trials 1: already there
+    again = run_cli("run", str(path), cwd=workdir)  # n_trials 1: already there
     assert again.returncode == 0 and "nothing to run" in again.stdout
-    larger = sweep("run", str(path), "--n-trials", "2", "--set", "memory_limit_gib=3", cwd=workdir)
+    larger = run_cli("run", str(path), "--n-trials", "2", "--set", "memory_limit_gib=3", cwd=workdir)
     assert larger.returncode == 0, larger.stderr
     assert "note    memory_limit_gib is 3 now; 1 trial was measured under memory_limit_gib 4" in larger.stdout
     study = optuna.load_study(study_name=space["study"]["name"], storage="sqlite:///studies/t.db")
@@ -180,7 +180,7 @@ def test_a_fit_under_a_larger_cap_does_not_hide_that_nothing_fits_the_new_one(ti
     # report and export compare the trials of the current cap; the other cap's trial stays in the tables
     import json
 
-    report = json.loads(sweep("report", "t", "--json", cwd=workdir).stdout)
+    report = json.loads(run_cli("report", "t", "--json", cwd=workdir).stdout)
     assert {f["number"] for f in report["front"]} <= {1} and len(report["trials"]) == 2
     assert "memory_limit_gib 4 (now 3)" in report["other_setups"]
 

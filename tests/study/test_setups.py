@@ -4,7 +4,6 @@ resume under other settings is refused unless ``--new-setup`` records them, and 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import optuna
@@ -14,7 +13,7 @@ from sweeper.errors import StudyError
 from sweeper.space import load_space
 from sweeper.study._setups import CURRENT_SETUP_ATTR, SETUPS_ATTR, choose_setup, differences, space_settings
 from sweeper.study._storage import open_study
-from sweeper.testing import sweep, tiny_space, write_space
+from sweeper.testing import run_cli, tiny_space, write_space
 
 
 def _data(path, n=40, reply="yes"):
@@ -100,34 +99,34 @@ def test_differences_ignore_keys_one_side_does_not_know():
 
 
 @pytest.mark.slow
-def test_a_new_setup_is_kept_apart_in_report_and_export(tiny_model, workdir):
+def test_a_new_setup_is_kept_apart_in_report_and_export(tiny_model, workdir, monkeypatch):
     """Runs two 3-step trials of the tiny model (about a minute with the stress phase): one per setup."""
     data = _data(workdir / "a.jsonl")
     space = tiny_space(tiny_model, n_trials=1)
     space["dataset"]["path"] = "a.jsonl"  # relative: resolved against the space file's folder
     path = write_space(workdir, space)
-    first = sweep("run", str(path), cwd=workdir)
+    first = run_cli("run", str(path), cwd=workdir)
     assert first.returncode == 0, first.stderr
-    refused = sweep("run", str(path), "--n-trials", "2", "--set", "max_steps=4", cwd=workdir)
+    refused = run_cli("run", str(path), "--n-trials", "2", "--set", "max_steps=4", cwd=workdir)
     assert refused.returncode == 2 and refused.stdout == ""
     assert "max_steps 4 (was 3)" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
     study = optuna.load_study(study_name="t", storage="sqlite:///studies/t.db")
     assert len(study.trials) == 1  # the refusal asked for no trial
-    env = {**os.environ, "SWEEPER_PROGRESS_INTERVAL_S": "1"}  # a log's progress line every second, not minute
-    second = sweep("run", str(path), "--n-trials", "2", "--set", "max_steps=4", "--new-setup", cwd=workdir, env=env)
+    monkeypatch.setenv("SWEEPER_PROGRESS_INTERVAL_S", "1")  # a log's progress line every second, not minute
+    second = run_cli("run", str(path), "--n-trials", "2", "--set", "max_steps=4", "--new-setup", cwd=workdir)
     assert second.returncode == 0, second.stderr
     assert "setup   new settings for this study (--new-setup)" in second.stdout
     assert "progress 1/2 trials · 1 running" in second.stdout and "running #1 " in second.stdout
     study = optuna.load_study(study_name="t", storage="sqlite:///studies/t.db")
     assert [t.user_attrs["setup"] for t in study.trials] == [0, 1]
     assert space_settings(load_space(path))["dataset.path"] == str(data)
-    report = json.loads(sweep("report", "t", "--json", cwd=workdir).stdout)
+    report = json.loads(run_cli("report", "t", "--json", cwd=workdir).stdout)
     assert [f["number"] for f in report["front"]] == [1]  # the same r at another horizon is not compared
     assert report["other_setups"].startswith("note    1 measured trial of this study was measured under other")
     assert "max_steps 3 (now 4)" in report["other_setups"]
     assert len(report["trials"]) == 2  # both stay in the tables
-    text = sweep("report", "t", cwd=workdir).stdout
+    text = run_cli("report", "t", cwd=workdir).stdout
     assert "kept apart" in text
-    export = sweep("export", "t", "--format", "json", cwd=workdir)
+    export = run_cli("export", "t", "--format", "json", cwd=workdir)
     assert export.returncode == 0, export.stderr
     assert "trial 1" in export.stdout

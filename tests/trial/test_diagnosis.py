@@ -69,12 +69,15 @@ def test_id_beyond_the_vocabulary_is_a_data_nan(tiny_model_extra_token, tmp_path
 
 
 def test_fp16_overflow_is_a_precision_nan(tiny_model, tmp_path):
-    # An adapter scale of 1000 and a learning rate of 1 push the 4-bit layers' outputs past fp16's 65504.
+    # An adapter scale of 1000 and a learning rate of 1 push the 4-bit layers' outputs past fp16's 65504 (in float32
+    # the same run completes: tests/trial/test_worker.py::test_the_run_that_overflows_fp16_completes_in_fp32).
     config = _config(
         tiny_model, bnb_4bit_compute_dtype="float16", lora_alpha_ratio=1000.0, learning_rate=1.0, max_steps=8
     )
     result = run_trial(config, tmp_path, model_path=str(tiny_model))
     assert result.status == "nan" and result.nan.cause == "precision", result.reason
+    assert result.fail_phase in ("forward", "backward") and 1 <= result.fail_step < 8
+    assert result.constant.loss_trace[-1] is None or result.constant.grad_norm_trace[-1] is None
     assert result.nan.module and result.nan.module.startswith("model.layers.")
     assert "fp32 replay" in result.reason and result.nan.module in result.reason
     rows = _nan_batch(tmp_path)

@@ -105,10 +105,15 @@ def test_after_an_oom_a_kill_or_a_timeout_the_next_trial_gets_a_fresh_process(ti
         ok = process.run(_config(tiny_model), tmp_path / "1", model_path=path)
         warm_pid = process.pid
         assert ok.status == "complete" and warm_pid is not None
-        # A real allocation failure under the cap, in the warm process: it is replaced.
+        # A real allocation failure under the cap, in the warm process: it is replaced. Four times what fits: the
+        # first forward cannot allocate, whatever the allocator noise. The resident set at the failure is near the
+        # cap; it may pass it by the shared-library pages that RLIMIT_DATA does not count.
         big = _config(tiny_model, per_device_train_batch_size=64, max_seq_length=1024, memory_limit_gib=0.75)
         oom = process.run(big, tmp_path / "2", model_path=path)
         assert oom.status == "oom" and oom.provenance.warm is True, oom.reason
+        assert oom.fail_phase in ("forward", "backward", "optimizer") and oom.fail_step == 1
+        assert "64 x 1024 tokens" in oom.reason and "max_seq_length=1024" in oom.reason
+        assert abs(oom.memory.peak_memory_gib - 0.75) < 0.2, oom.memory.peak_memory_gib
         assert process.pid is None
         with pytest.raises(ProcessLookupError):
             os.kill(warm_pid, 0)
