@@ -125,7 +125,10 @@ def _load_rows(spec: DatasetSpec) -> Any:
         if size == 0 or (builder != "parquet" and size < 2**20 and not path.read_bytes().strip()):
             raise DataError(f"{spec.path}: dataset.path: the file is empty; give a file with one sample per row")
         try:
-            loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
+            # A local file needs nothing from the hub: offline, datasets sends no load-count request (a HEAD to the
+            # hub per load; where no network answers, a name lookup that waited 5 s)
+            with _offline(True):
+                loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
             return _csv_empty_cells_as_text(loaded) if builder == "csv" else loaded
         except Exception as exc:  # datasets raises many types for unreadable files
             cause = _root_cause(exc)
