@@ -7,7 +7,9 @@ own plots show the study's objectives, ``edge_proximity`` being ``1 / stability_
 
 from __future__ import annotations
 
+import threading
 from typing import Any
+from wsgiref.simple_server import WSGIServer, make_server
 
 import optuna
 from optuna.trial import TrialState
@@ -103,8 +105,6 @@ def serve(storage: str, study_name: str, host: str = "127.0.0.1", port: int = 80
     """
     import socket
 
-    from optuna_dashboard import run_server
-
     from sweeper.errors import StudyError
 
     try:
@@ -117,7 +117,30 @@ def serve(storage: str, study_name: str, host: str = "127.0.0.1", port: int = 80
             f"{host}:{port}: --host/--port: cannot listen there ({exc}); choose a free --port, or --host 127.0.0.1"
         ) from None
 
-    run_server(storage, host=host, port=port, artifact_store=artifact_store(study_name))
+    # optuna-dashboard's run_server serves requests in this (the main) thread, where wsgiref's handler catches every
+    # exception a request raises, KeyboardInterrupt included: a SIGTERM (the CLI raises it as Ctrl-C) that came during
+    # a request was swallowed and the server went on. Requests are served in a thread of their own here, so that the
+    # signal reaches this thread, which then shuts the server down.
+    server = make_server(host, port, dashboard_app(storage, study_name), server_class=_Server)
+    thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _Server(WSGIServer):
+    """wsgiref's server, accepting the address families ``socket.getaddrinfo`` gives (IPv6 hosts included)."""
+
+    def __init__(self, address: Any, handler: Any) -> None:
+        import socket
+
+        infos = socket.getaddrinfo(address[0], address[1], type=socket.SOCK_STREAM)
+        self.address_family = infos[0][0]
+        super().__init__(address, handler)
 
 
 def dashboard_app(storage: str | Any, study_name: str) -> Any:

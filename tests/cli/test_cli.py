@@ -187,3 +187,60 @@ def test_sigterm_and_sighup_are_handled_as_ctrl_c(stop, code):
         for s, handler in saved.items():
             signal.signal(s, handler)
         STOP_CAUSE["by"] = "Ctrl-C"
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_dashboard_while_it_answers_requests(tmp_path):
+    """A SIGTERM that came while the dashboard answered a request was swallowed by wsgiref's error handling and the
+    server went on (a test's 30 s kill fallback ended it): requests are now served in a thread of their own."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from sweeper.testing import make_study
+
+    make_study(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "sweeper.cli", "dashboard", "rep.db", "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    url = f"http://127.0.0.1:{port}/api/studies"
+    stop = threading.Event()
+
+    def ask() -> bool:
+        try:
+            with opener.open(url, timeout=5) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def hammer() -> None:
+        while not stop.is_set():
+            ask()
+
+    try:
+        deadline = time.monotonic() + 60
+        while not ask():
+            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            assert time.monotonic() < deadline, "the dashboard never answered"
+            time.sleep(0.25)
+        threads = [threading.Thread(target=hammer, daemon=True) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)  # requests in flight all the time: the signal lands in one
+        os.killpg(server.pid, signal.SIGTERM)
+        start = time.monotonic()
+        server.wait(timeout=20)
+        assert time.monotonic() - start < 10, "the dashboard went on serving after SIGTERM"
+    finally:
+        stop.set()
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
