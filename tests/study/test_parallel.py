@@ -29,9 +29,10 @@ def _intervals_overlap(trials) -> bool:
 
 
 def test_two_workers_run_trials_at_once_and_stop_at_n_trials(tiny_model, workdir):
-    """Two worker slots of one sweep. Its first two trials are the same configuration (queued twice; in practice a
-    retry, or another machine asked it): the second waits for the first and reuses its result, and no trial process
-    starts for it. The other trials run two at once, one per device, each slot in one warm process."""
+    """Two worker slots of one sweep run its first two trials at once, one per device, each slot in one warm process.
+    Its last two trials are the same configuration (queued twice; in practice a retry, or another machine asked it):
+    the later one waits for the earlier one (or finds it measured) and reuses its result, and no trial process starts
+    for it."""
     from sweeper.space import load_space
     from sweeper.study._storage import open_study
 
@@ -39,23 +40,23 @@ def test_two_workers_run_trials_at_once_and_stop_at_n_trials(tiny_model, workdir
     space["study"]["sampler"] = "random"
     path = write_space(workdir, space)
     queued = open_study(load_space(path))
-    queued.enqueue_trial({"r": 4})
-    queued.enqueue_trial({"r": 4})
+    for r in (8, 16, 4, 4):  # both slots start at once on the first two; the last two are one configuration
+        queued.enqueue_trial({"r": r})
     out = sweep("run", str(path), "--workers", "2", "--devices", "0,1", cwd=workdir)
     assert out.returncode == 0, out.stderr
     assert "workers 2 trials at once (device 0, device 1)" in out.stdout
     study = optuna.load_study(study_name="par", storage="sqlite:///studies/par.db")
-    first, second = study.trials[:2]
-    assert first.params == second.params == {"r": 4} and first.state == TrialState.COMPLETE
-    assert second.user_attrs["duplicate_of"] == 0 and not re.search(r"start +#1 ", out.stdout), out.stdout
-    assert not (workdir / "studies" / "par" / "trials" / "1").exists()  # no trial process ever started for it
+    third, fourth = study.trials[2:4]
+    assert third.params == fourth.params == {"r": 4} and third.state == TrialState.COMPLETE
+    assert fourth.user_attrs["duplicate_of"] == 2 and not re.search(r"start +#3 ", out.stdout), out.stdout
+    assert not (workdir / "studies" / "par" / "trials" / "3").exists()  # no trial process ever started for it
     measured = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
     assert count_finished(study) == 4 and all(t.state == TrialState.COMPLETE for t in measured)
     assert {t.user_attrs["cuda_visible_devices"] for t in measured} == {"0", "1"}
     # Each worker slot keeps one warm trial process: two processes, and every trial after a slot's first ran warm.
     assert len({t.user_attrs["worker_pid"] for t in measured}) == 2
     assert sum(bool(t.user_attrs["warm"]) for t in measured) == len(measured) - 2
-    assert _intervals_overlap(measured), [(t.datetime_start, t.datetime_complete) for t in measured]
+    assert _intervals_overlap(measured[:2]), [(t.datetime_start, t.datetime_complete) for t in measured]
     assert all(t.user_attrs["peak_memory_gib"] > 0 for t in measured)  # each worker measured its own process
 
 
