@@ -128,8 +128,16 @@ def serve(storage: str, study_name: str, host: str = "127.0.0.1", port: int = 80
         while thread.is_alive():
             thread.join(0.5)
     finally:
-        server.shutdown()
+        # The server thread ends after the request it is answering; one stuck on a client that does not read (or on
+        # a full output pipe) must not keep the process alive: wait for it a few seconds at most (it is a daemon).
+        stopper = threading.Thread(target=server.shutdown, name="dashboard-shutdown", daemon=True)
+        stopper.start()
+        stopper.join(SHUTDOWN_WAIT_S)
         server.server_close()
+
+
+#: Seconds ``sweep dashboard`` waits, after Ctrl-C or SIGTERM, for the request it is answering to end.
+SHUTDOWN_WAIT_S = 5.0
 
 
 class _Server(WSGIServer):

@@ -207,9 +207,8 @@ def test_sigterm_stops_the_dashboard_while_it_answers_requests(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "sweeper.cli", "dashboard", "rep.db", "--host", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen(
-        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    log = (tmp_path / "dashboard.log").open("w")  # a pipe nobody reads would fill with the request log and block it
+    server = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     url = f"http://127.0.0.1:{port}/api/studies"
     stop = threading.Event()
@@ -228,7 +227,7 @@ def test_sigterm_stops_the_dashboard_while_it_answers_requests(tmp_path):
     try:
         deadline = time.monotonic() + 60
         while not ask():
-            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            assert server.poll() is None, (tmp_path / "dashboard.log").read_text()
             assert time.monotonic() < deadline, "the dashboard never answered"
             time.sleep(0.25)
         threads = [threading.Thread(target=hammer, daemon=True) for _ in range(4)]
@@ -244,3 +243,4 @@ def test_sigterm_stops_the_dashboard_while_it_answers_requests(tmp_path):
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+        log.close()
