@@ -22,58 +22,16 @@ One module a step, and one a target format:
 - :mod:`._write`: where ``-o`` puts the files and the write.
 """
 
-from sweeper.export._axolotl import AXOLOTL_LORA_KERNELS, render_axolotl
-from sweeper.export._format import ExportFormat, Limit
-from sweeper.export._hf import render_hf, trl_rows_source
-from sweeper.export._json import settings_json
-from sweeper.export._llama_factory import LLAMA_FACTORY_DTYPES, render_llama_factory
-from sweeper.export._pick import (
-    PICKS,
-    Pick,
-    inexpressible,
-    knee,
-    nearest_expressible,
-    pick_trial,
-)
-from sweeper.export._registry import EXPORT_FORMATS, export_format, format_names
-from sweeper.export._settings import (
-    HUB_IDS,
-    ExportSettings,
-    LoraSettings,
-    Provenance,
-    QuantizationSettings,
-    TrainingSettings,
-    settings_of,
-)
-from sweeper.export._write import export_path, render, write_export
+from sweeper.export._pick import PICKS, inexpressible, pick_trial
+from sweeper.export._registry import EXPORT_FORMATS, format_names
+from sweeper.export._write import export_path, write_export
 
 __all__ = [
-    "AXOLOTL_LORA_KERNELS",
     "EXPORT_FORMATS",
-    "HUB_IDS",
-    "LLAMA_FACTORY_DTYPES",
     "PICKS",
-    "ExportFormat",
-    "ExportSettings",
-    "Limit",
-    "LoraSettings",
-    "Pick",
-    "Provenance",
-    "QuantizationSettings",
-    "TrainingSettings",
-    "export_format",
     "export_path",
     "format_names",
     "inexpressible",
-    "knee",
-    "nearest_expressible",
     "pick_trial",
-    "render",
-    "render_axolotl",
-    "render_hf",
-    "render_llama_factory",
-    "settings_json",
-    "settings_of",
-    "trl_rows_source",
     "write_export",
 ]

@@ -88,7 +88,8 @@ def test_the_typed_settings_write_the_json_exports_keys_in_order(study_and_knee,
 def toml_format():
     """A throwaway export format, registered as a format's module is: its record one line on the registry list
     (taken off after the test). It writes r and lora_alpha as TOML and cannot express a trial whose r is not 8."""
-    from sweeper.export import EXPORT_FORMATS, ExportFormat, Limit
+    from sweeper.export import EXPORT_FORMATS
+    from sweeper.export._format import ExportFormat, Limit
 
     def render(s, data):
         return {".toml": f'base_model = "{s.model}"\nr = {s.lora.r}\nlora_alpha = {s.lora.lora_alpha}\n'}
@@ -430,7 +431,7 @@ def test_the_trl_row_reader_is_a_file_of_the_package_copied_into_the_trl_export(
     import importlib.util
     from pathlib import Path
 
-    from sweeper.export import trl_rows_source
+    from sweeper.export._hf import trl_rows_source
 
     source = trl_rows_source()
     [py] = write_export(*study_and_knee, "trl", tmp_path / "trl")

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from sweeper.errors import StudyError
-from sweeper.export import AXOLOTL_LORA_KERNELS, pick_trial, write_export
+from sweeper.export import pick_trial, write_export
+from sweeper.export._axolotl import AXOLOTL_LORA_KERNELS
 from sweeper.space import parse_space
 from sweeper.study._storage import open_study
 from sweeper.testing import REPO, STACKS, add_configured_trials, add_trial, make_study, run_in_venv, stack_venv

@@ -8,7 +8,8 @@ import optuna
 import pytest
 
 from sweeper.errors import StudyError
-from sweeper.export import knee, pick_trial
+from sweeper.export import pick_trial
+from sweeper.export._pick import knee
 from sweeper.report import MemoryEffects, NotShown, ParamImportance
 from sweeper.report import _data as report
 from sweeper.space import parse_space
