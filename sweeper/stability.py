@@ -19,6 +19,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 #: The terms summed into the instability, in order; each is stored on every trial (None when not measured).
 COMPONENTS = ("probe_rebound", "activation_growth", "skipped_step_fraction")
@@ -403,25 +404,129 @@ def stress_lr(learning_rate: float, stress_step: int, growth: float = STRESS_GRO
     return learning_rate * growth**stress_step
 
 
+#: The seed noise of one short trial's margin, in ladder steps (factors of :data:`STRESS_GROWTH`) each side: the
+#: margin of the same configuration at another ``seed`` (LoRA's initialisation and the data order) lies within one
+#: step of it. Measured: 4 configurations near their edge at 2-3 seeds each moved by at most one step (3 of 4 by one);
+#: ``benchmarks/validity_block.py`` measures it on 12 configurations at 3 seeds (``margin_seed_spread_steps`` in
+#: ``benchmarks/results/validity_block.md``). A margin's interval is ``[margin / growth, margin * growth]``.
+MARGIN_NOISE_STEPS = 1
+
+#: The geometric standard deviation of :data:`LONG_RUN_FACTOR` over the configurations it was measured on (8 bisected
+#: 300-step edges of the built-in model, 0.083 to 0.28): it holds both the short trial's seed noise and how far the
+#: long-run edge departs from proportional to the ramp's ceiling.
+LONG_RUN_FACTOR_GSD = 1.51
+
+#: Where :data:`LONG_RUN_FACTOR` comes from, as every view says it of an uncalibrated ``predicted_max_lr``.
+LONG_RUN_FACTOR_SOURCE = "uncalibrated: factor from SmolLM2-135M (8 edges, geometric SD 1.51)"
+
+#: Standard normal quantile of a two-sided 95% interval: a prediction's interval is ``factor */ GSD**1.96``.
+Z95 = 1.96
+
+
+@dataclass(frozen=True, kw_only=True)
+class LrCalibration:
+    """The factor that turns a stress phase's ``lr_ceiling`` into ``predicted_max_lr``, with its spread.
+
+    Attributes:
+        factor: Long-run edge learning rate over ``lr_ceiling`` (the geometric mean over the edges measured).
+        gsd: Its geometric standard deviation over those edges (>= 1); the 95% interval of a prediction is
+            ``predicted */ gsd**1.96``.
+        edges: How many edges it was measured on.
+        source: One line for every view: ``uncalibrated: factor from SmolLM2-135M (...)`` or ``calibrated on this
+            study's model (n edges, spread x)``.
+    """
+
+    factor: float
+    gsd: float
+    edges: int
+    source: str
+
+    @property
+    def spread(self) -> float:
+        """The 95% factor each side of a prediction: ``gsd ** 1.96``."""
+        return self.gsd**Z95
+
+
+#: The built-in factor, until ``sweep calibrate`` measures the study's own.
+DEFAULT_LR_CALIBRATION = LrCalibration(
+    factor=LONG_RUN_FACTOR, gsd=LONG_RUN_FACTOR_GSD, edges=8, source=LONG_RUN_FACTOR_SOURCE
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Margin:
-    """A trial's distance to its divergence edge, from its stress phase.
+    """A trial's distance to its divergence edge, from its stress phase, with the intervals of its figures.
 
     Attributes:
         lr_ceiling: The learning rate of the stress step after which the probe first showed the divergence (or a
             non-finite value, or an fp16 overflow); None when the cap was reached or nothing was measured.
         stability_margin: ``lr_ceiling / learning_rate`` (> 1); :data:`STRESS_CAP` when capped; None when not
             measured.
+        stability_margin_low, stability_margin_high: Its interval from the seed noise (:data:`MARGIN_NOISE_STEPS`
+            ladder steps each side); ``high`` is None when capped (unbounded above).
         margin_capped: The stress phase reached :data:`STRESS_CAP` without diverging (the margin is a lower bound).
-        predicted_max_lr: ``learning_rate * stability_margin * LONG_RUN_FACTOR``: the largest constant learning rate a
-            run of the validity benchmark's long horizon (300 steps) is predicted to hold at; a lower bound when
-            capped.
+        predicted_max_lr: ``lr_ceiling * factor`` (the calibration's, default :data:`LONG_RUN_FACTOR`): the largest
+            constant learning rate a long run is predicted to hold at; a lower bound when capped.
+        predicted_max_lr_low, predicted_max_lr_high: Its 95% interval, ``predicted */ gsd**1.96``; ``high`` is None
+            when capped.
+        predicted_max_lr_source: Which factor made it (:attr:`LrCalibration.source`).
     """
 
     lr_ceiling: float | None
     stability_margin: float | None
     margin_capped: bool | None
     predicted_max_lr: float | None
+    stability_margin_low: float | None = None
+    stability_margin_high: float | None = None
+    predicted_max_lr_low: float | None = None
+    predicted_max_lr_high: float | None = None
+    predicted_max_lr_source: str | None = None
+
+
+def lr_calibration_of(raw: Any) -> LrCalibration | None:
+    """The :class:`LrCalibration` stored as a study attribute by ``sweep calibrate`` (a mapping with ``factor``,
+    ``gsd``, ``edges``, ``source``), None when ``raw`` is not one (none stored, or unreadable)."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        factor, gsd, edges, source = float(raw["factor"]), float(raw["gsd"]), int(raw["edges"]), str(raw["source"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not (math.isfinite(factor) and factor > 0 and math.isfinite(gsd) and gsd >= 1 and edges > 0):
+        return None
+    return LrCalibration(factor=factor, gsd=gsd, edges=edges, source=source)
+
+
+def margin_interval(
+    margin: float | None, capped: bool | None, growth: float = STRESS_GROWTH
+) -> tuple[float | None, float | None]:
+    """The seed-noise interval of a margin: ``(margin / growth**k, margin * growth**k)`` with ``k`` =
+    :data:`MARGIN_NOISE_STEPS`; ``(margin / growth**k, None)`` when capped (a lower bound); ``(None, None)`` when
+    unknown."""
+    if margin is None or not math.isfinite(margin) or margin <= 0:
+        return None, None
+    noise = growth**MARGIN_NOISE_STEPS
+    return margin / noise, None if capped else margin * noise
+
+
+def predicted_max_lr(
+    learning_rate: float,
+    lr_ceiling: float | None,
+    capped: bool | None,
+    calibration: LrCalibration = DEFAULT_LR_CALIBRATION,
+    *,
+    cap: float = STRESS_CAP,
+) -> tuple[float | None, float | None, float | None]:
+    """``(predicted_max_lr, low, high)`` of a stress phase: ``lr_ceiling * calibration.factor`` and its 95% interval
+    (``*/ calibration.spread``); for a capped phase (its margin ``cap``, the stress phase's cap) ``learning_rate * cap
+    * factor`` with no upper end (a lower bound); all None when nothing was measured."""
+    if capped:
+        value = learning_rate * cap * calibration.factor
+        return value, value / calibration.spread, None
+    if lr_ceiling is None or not math.isfinite(lr_ceiling):
+        return None, None, None
+    value = lr_ceiling * calibration.factor
+    return value, value / calibration.spread, value * calibration.spread
 
 
 def margin_of(
@@ -431,11 +536,12 @@ def margin_of(
     *,
     growth: float = STRESS_GROWTH,
     steps: int = STRESS_STEPS,
+    calibration: LrCalibration = DEFAULT_LR_CALIBRATION,
 ) -> Margin:
     """The :class:`Margin` of a stress phase that ended with ``stop`` (one of :data:`STRESS_STOPS`) at 1-based
     ``stress_step`` (the step whose update showed the edge; ignored for ``cap``), for a stress phase of at most
     ``steps`` steps growing the rate ``growth`` times a step (defaults :data:`STRESS_STEPS`, :data:`STRESS_GROWTH`:
-    its cap, ``growth**steps``, is then :data:`STRESS_CAP`).
+    its cap, ``growth**steps``, is then :data:`STRESS_CAP`), with ``predicted_max_lr`` from ``calibration``.
 
     Raises:
         ValueError: ``stop`` is not one of :data:`STRESS_STOPS`.
@@ -444,22 +550,25 @@ def margin_of(
         raise ValueError(f"stress stop must be one of {STRESS_STOPS}, but got {stop!r}")
     if stop == "cap":
         cap = growth**steps
-        return Margin(
-            lr_ceiling=None,
-            stability_margin=cap,
-            margin_capped=True,
-            predicted_max_lr=learning_rate * cap * LONG_RUN_FACTOR,
-        )
-    if stop in ("diverged", "nan", "overflow") and stress_step is not None and stress_step >= 1:
+        ceiling, margin, capped = None, cap, True
+    elif stop in ("diverged", "nan", "overflow") and stress_step is not None and stress_step >= 1:
         ceiling = stress_lr(learning_rate, stress_step, growth)
-        margin = ceiling / learning_rate
-        return Margin(
-            lr_ceiling=ceiling,
-            stability_margin=margin,
-            margin_capped=False,
-            predicted_max_lr=ceiling * LONG_RUN_FACTOR,
-        )
-    return Margin(lr_ceiling=None, stability_margin=None, margin_capped=None, predicted_max_lr=None)
+        margin, capped = ceiling / learning_rate, False
+    else:
+        return Margin(lr_ceiling=None, stability_margin=None, margin_capped=None, predicted_max_lr=None)
+    low, high = margin_interval(margin, capped, growth)
+    predicted, p_low, p_high = predicted_max_lr(learning_rate, ceiling, capped, calibration, cap=growth**steps)
+    return Margin(
+        lr_ceiling=ceiling,
+        stability_margin=margin,
+        margin_capped=capped,
+        predicted_max_lr=predicted,
+        stability_margin_low=low,
+        stability_margin_high=high,
+        predicted_max_lr_low=p_low,
+        predicted_max_lr_high=p_high,
+        predicted_max_lr_source=calibration.source,
+    )
 
 
 def learning_progress(probe_loss: Sequence[float | None]) -> float | None:
@@ -481,6 +590,33 @@ def edge_proximity(stability_margin: float | None) -> float | None:
     if stability_margin is None or not math.isfinite(stability_margin) or stability_margin <= 0:
         return None
     return 1.0 / stability_margin
+
+
+def format_margin_range(
+    value: float | None, capped: bool | None, low: float | None, high: float | None, *, source: bool = False
+) -> str:
+    """A margin with its interval, as every view shows it: ``5.8x (3.2-10x)``, ``>=643x (>=357x)`` when capped,
+    the bare margin when it has no interval, ``-`` when unknown. ``source`` adds where the interval comes from
+    (``, seed noise``)."""
+    shown = format_margin(value, capped)
+    if shown == "-" or low is None:
+        return shown
+    why = ", seed noise" if source else ""
+    if capped or high is None:
+        return f"{shown} (>={format_margin(low)}{why})"
+    return f"{shown} ({format_margin(low)[:-1]}-{format_margin(high)}{why})"
+
+
+def format_rate_range(value: float | None, low: float | None, high: float | None) -> str:
+    """A predicted learning rate with its 95% interval: ``3.36e-03 (1.5e-03-7.5e-03)``, ``>=0.37 (>=0.17)`` for a
+    lower bound (no high end), ``-`` when unknown."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    if low is None:
+        return f"{value:.3g}"
+    if high is None:
+        return f">={value:.3g} (>={low:.2g})"
+    return f"{value:.3g} ({low:.2g}-{high:.2g})"
 
 
 def format_margin(value: float | None, capped: bool | None = False) -> str:

@@ -96,16 +96,21 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
 def _outcome_line(t: Any, done: Any) -> str:
     """The line of a confirmation that ended with an outcome: confirmed or FAILED, with what the trial's margin had
     predicted."""
-    from sweeper.report import format_instability, format_margin
+    from sweeper.report import format_instability, margin_text, predicted_text
 
     peak = "-" if done.peak_memory_gib is None else f"{done.peak_memory_gib:.2f} GiB"
-    margin = format_margin(t.result.stress.stability_margin, t.result.stress.margin_capped)
+    margin = margin_text(t.result.stress)
     said = ""
     if done.predicted_to_hold is not None:
         said = (
             f"; its margin {margin} said it {'holds' if done.predicted_to_hold else 'fails'} "
             f"(predicted_max_lr {done.predicted_max_lr:.3g}): "
             + ("as predicted" if done.margin_held else "NOT as predicted")
+        )
+    elif done.predicted_max_lr is not None and done.status in ("complete", "nan", "diverged"):
+        said = (
+            f"; its margin {margin} left it open: the learning rate lies inside predicted_max_lr's interval "
+            f"({predicted_text(t.result.stress)}), where either outcome is within the noise"
         )
     if done.passed:
         return (

@@ -14,7 +14,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from sweeper.errors import StudyError
     from sweeper.export import EXPORT_FORMATS, export_path, inexpressible, pick_trial, write_export
-    from sweeper.report import format_margin
+    from sweeper.report import margin_text
     from sweeper.study import load_existing_study, snapshot, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -50,7 +50,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     replaced = [f for f in files if f in existed]
     _print(
         f"export  {how} (peak {values[0]:.3f} GiB, margin "
-        f"{format_margin(trial.result.stress.stability_margin, trial.result.stress.margin_capped)}) as {args.format}: "
+        f"{margin_text(trial.result.stress)}) as {args.format}: "
         + ", ".join(str(f) for f in files)
         + (f" (replaced {len(replaced)} earlier file{'s' if len(replaced) > 1 else ''})" if replaced else "")
     )

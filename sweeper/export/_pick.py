@@ -106,6 +106,8 @@ def pick_trial(
     study: StudyLike, *, number: int | None = None, pick: Pick = "knee", fmt: str | None = None
 ) -> StoredTrial:
     """The trial to export: trial ``number``, or the front's ``knee``, ``min-memory`` or ``most-stable`` point.
+    ``most-stable`` treats the stability objective's noise as a tie: among the trials whose interval overlaps the
+    most stable one's (a stability margin within its seed noise), it takes the least memory.
 
     A pick prefers confirmed trials: when some trials of the front completed their confirmation (``sweep confirm``),
     the pick is made among those; a trial that failed its confirmation is never picked nor exported. With ``fmt``, a
@@ -151,8 +153,10 @@ def pick_trial(
 
     if pick == "min-memory":
         return min(front, key=lambda t: (signed(t, memory), signed(t, stability)))
-    if pick == "most-stable":
-        return min(front, key=lambda t: (signed(t, stability), signed(t, memory)))
+    if pick == "most-stable":  # the least memory among the trials tied with the most stable one
+        best = min(front, key=lambda t: (signed(t, stability), signed(t, memory)))
+        tied = [t for t in front if t.number in study.tied_on_stability(best, front)]
+        return min([best, *tied], key=lambda t: (signed(t, memory), signed(t, stability)))
     return knee(front, declared)
 
 

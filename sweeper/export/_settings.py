@@ -116,6 +116,10 @@ class Provenance:
         margin_capped: The stress phase reached its cap without diverging (the margin is a lower bound).
         lr_ceiling: The learning rate the stress phase diverged at (6 significant digits), None when it did not.
         predicted_max_lr: The largest constant learning rate predicted to hold (6 significant digits).
+        stability_margin_low, stability_margin_high: The margin's seed-noise interval (``high`` None when capped).
+        predicted_max_lr_low, predicted_max_lr_high: ``predicted_max_lr``'s 95% interval (``high`` None when
+            capped).
+        predicted_max_lr_source: Which factor made ``predicted_max_lr`` (calibrated on this study, or not).
         learning_progress: How far the probe loss fell (3 decimals).
         confirmation: The trial's long run, None when not confirmed.
         device: ``cpu`` or ``cuda:<i> (<name>)``.
@@ -134,6 +138,11 @@ class Provenance:
     margin_capped: bool | None
     lr_ceiling: float | None
     predicted_max_lr: float | None
+    stability_margin_low: float | None
+    stability_margin_high: float | None
+    predicted_max_lr_low: float | None
+    predicted_max_lr_high: float | None
+    predicted_max_lr_source: str | None
     learning_progress: float | None
     confirmation: Confirmation | None
     device: str | None
@@ -293,6 +302,11 @@ def _provenance(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Pro
         margin_capped=trial.result.stress.margin_capped,
         lr_ceiling=_rounded(trial.result.stress.lr_ceiling, 6),
         predicted_max_lr=_rounded(trial.result.stress.predicted_max_lr, 6),
+        stability_margin_low=_rounded(trial.result.stress.stability_margin_low, 1),
+        stability_margin_high=_rounded(trial.result.stress.stability_margin_high, 1),
+        predicted_max_lr_low=_rounded(trial.result.stress.predicted_max_lr_low, 6),
+        predicted_max_lr_high=_rounded(trial.result.stress.predicted_max_lr_high, 6),
+        predicted_max_lr_source=trial.result.stress.predicted_max_lr_source,
         learning_progress=_rounded(trial.result.constant.learning_progress, 3),
         confirmation=trial.confirmation,
         device=trial.result.provenance.device,
@@ -336,10 +350,24 @@ def _margin_sentence(p: Provenance) -> str:
         return "Stability margin: not measured (a study written before it, or its stress phase did not finish)."
     bound = ">= " if p.margin_capped else ""
     ceiling = "none up to the cap" if p.lr_ceiling is None else p.lr_ceiling
+    if p.stability_margin_low is None:
+        noise = ""
+    elif p.stability_margin_high is None:
+        noise = f" (seed noise: >= {p.stability_margin_low}x)"
+    else:
+        noise = f" (seed noise: {p.stability_margin_low}x-{p.stability_margin_high}x)"
+    if p.predicted_max_lr_low is None:
+        interval = ""
+    elif p.predicted_max_lr_high is None:
+        interval = f" (95%: >= {p.predicted_max_lr_low})"
+    else:
+        interval = f" (95%: {p.predicted_max_lr_low}-{p.predicted_max_lr_high})"
+    source = f"; {p.predicted_max_lr_source}" if p.predicted_max_lr_source else ""
     return (
-        f"Stability margin {bound}{p.stability_margin}x the learning rate (the stress phase diverged at lr_ceiling "
-        f"{ceiling}); predicted_max_lr {p.predicted_max_lr}: a constant learning rate above it is predicted to fail "
-        "within 300 steps (benchmarks/results/validity.md says how wide that prediction is)."
+        f"Stability margin {bound}{p.stability_margin}x the learning rate{noise} (the stress phase diverged at "
+        f"lr_ceiling {ceiling}); predicted_max_lr {p.predicted_max_lr}{interval}{source}: a constant learning rate "
+        "above it is predicted to fail within a long run (benchmarks/results/validity.md says how wide that "
+        "prediction is)."
     )
 
 

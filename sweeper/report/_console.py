@@ -14,7 +14,12 @@ from typing import Any
 from sweeper.audit import AuditReport, NanRisk
 from sweeper.report._records import MemoryPrediction
 from sweeper.space import TrialConfig
-from sweeper.stability import barely_learns, format_instability, format_margin
+from sweeper.stability import (
+    barely_learns,
+    format_instability,
+    format_margin_range,
+    format_rate_range,
+)
 from sweeper.study import Objective, StoredTrial, StudyLike, snapshot
 from sweeper.trial import TrialResult, TrialStatus
 
@@ -73,7 +78,7 @@ def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResul
     line = (
         f"{progress} #{number:<3} {format_params(params)}  "
         f"{status:<{STATUS_WIDTH}} {_num(result.memory.peak_memory_gib, '6.2f'):>6} GiB  "
-        f"margin {format_margin(result.stress.stability_margin, result.stress.margin_capped):>7}  "
+        f"margin {margin_text(result.stress):>15}  "
         f"instability {format_instability(result.constant.instability):>7}  "
         f"{_num(result.provenance.wall_time_s, '6.1f'):>6} s"
     )
@@ -128,8 +133,9 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
     the trial's rate, ``barely`` under :data:`sweeper.stability.LEARNING_PROGRESS_SHARE` of the front's best),
     instability (the values come from each trial's stored config); a column for each objective of ``objectives``
     that is neither the memory nor the stability one (a registered third objective, shown by its
-    :attr:`~sweeper.study.Objective.shown`); when any of them was confirmed (``sweep confirm``), a last column
-    ``confirmed``: ``300 ok``, ``diverged@120`` ..., or ``-``."""
+    :attr:`~sweeper.study.Objective.shown`); when two of them are tied on stability (their intervals overlap), a
+    column ``tied`` naming the trials each is tied with; when any of them was confirmed (``sweep confirm``), a last
+    column ``confirmed``: ``300 ok``, ``diverged@120`` ..., or ``-``."""
     rows: list[tuple[str, ...]] = [
         (
             "trial",
@@ -169,7 +175,7 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
                 str(t.number),
                 *(_fmt(v) for v in settings),
                 f"{values[0]:.3f}",
-                format_margin(t.result.stress.stability_margin, t.result.stress.margin_capped),
+                margin_text(t.result.stress),
                 format_progress(t.result.constant.learning_progress, best),
                 format_instability(t.result.constant.instability),
                 *(
@@ -179,10 +185,28 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
                 ),
             )
         )
+    ties = stability_ties(front, objectives)
+    if any(ties.values()):
+        column = ["tied"] + [",".join(f"#{n}" for n in ties.get(t.number, ())) or "-" for t in front]
+        rows = [(*row, label) for row, label in zip(rows, column)]
     if any(t.confirmation is not None for t in front):
         labels = ["confirmed"] + [t.confirmation.label if t.confirmation else "-" for t in front]
         rows = [(*row, label) for row, label in zip(rows, labels)]
     return _table(rows)
+
+
+def stability_ties(front: Sequence[StoredTrial], objectives: Sequence[Objective]) -> dict[int, list[int]]:
+    """For each COMPLETE trial of ``front``, the others whose stability objective's interval overlaps its own
+    (:meth:`~sweeper.study.Objective.signed_interval`): a difference within the noise. Empty without a stability
+    objective."""
+    at = next((i for i, o in enumerate(objectives) if o.role == "stability"), None)
+    if at is None:
+        return {}
+    spans = {t.number: objectives[at].signed_interval(t.result, t.values[at]) for t in front if t.values is not None}
+    return {
+        n: [m for m, (lo, hi) in spans.items() if m != n and lo <= mine[1] and mine[0] <= hi]
+        for n, mine in spans.items()
+    }
 
 
 def trial_header(config: TrialConfig, setup: str, folder: Path) -> list[str]:
@@ -282,19 +306,45 @@ def other_setups_line(study: StudyLike) -> str | None:
     )
 
 
+def margin_text(stress: Any) -> str:
+    """A trial's margin with its seed-noise interval (:func:`sweeper.stability.format_margin_range`), from anything
+    with ``stability_margin``, ``margin_capped``, ``stability_margin_low`` and ``stability_margin_high`` (a
+    :class:`~sweeper.trial.StressOutcome`, a front row)."""
+    return format_margin_range(
+        stress.stability_margin, stress.margin_capped, stress.stability_margin_low, stress.stability_margin_high
+    )
+
+
+def predicted_text(stress: Any) -> str:
+    """``predicted_max_lr`` with its 95% interval and which factor made it: ``3.36e-03 (1.5e-03-7.5e-03;
+    uncalibrated: factor from SmolLM2-135M (8 edges, geometric SD 1.51))``; ``-`` when unknown."""
+    shown = format_rate_range(stress.predicted_max_lr, stress.predicted_max_lr_low, stress.predicted_max_lr_high)
+    if shown == "-" or not stress.predicted_max_lr_source:
+        return shown
+    if shown.endswith(")"):
+        return f"{shown[:-1]}; {stress.predicted_max_lr_source})"
+    return f"{shown} ({stress.predicted_max_lr_source})"
+
+
 def margin_line(result: TrialResult) -> str:
-    """``margin  36x the learning rate (lr_ceiling 7.1e-03, stress diverged after 6 of 11 steps, 38% of the constant
-    phase's time); predicted_max_lr 1.8e-03 for a 300-step run; learning progress 21%``."""
-    ceiling = "-" if result.stress.lr_ceiling is None else f"{result.stress.lr_ceiling:.3g}"
-    share = "" if result.stress.time_share is None else f", {100 * result.stress.time_share:.0f}% of the constant phase"
-    predicted = "-" if result.stress.predicted_max_lr is None else f"{result.stress.predicted_max_lr:.3g}"
+    """``margin  36x (20-65x, seed noise) the learning rate (lr_ceiling 7.1e-03, stress diverged after 6 of 11 steps,
+    38% of the constant phase's time); predicted_max_lr 1.8e-03 (8e-04-4e-03; uncalibrated: ...) for a long run;
+    learning progress 21%``."""
+    stress = result.stress
+    ceiling = "-" if stress.lr_ceiling is None else f"{stress.lr_ceiling:.3g}"
+    share = "" if stress.time_share is None else f", {100 * stress.time_share:.0f}% of the constant phase"
     progress = "-" if result.constant.learning_progress is None else f"{100 * result.constant.learning_progress:.0f}%"
+    margin = format_margin_range(
+        stress.stability_margin,
+        stress.margin_capped,
+        stress.stability_margin_low,
+        stress.stability_margin_high,
+        source=True,
+    )
     return (
-        f"margin  {format_margin(result.stress.stability_margin, result.stress.margin_capped)} the learning rate "
-        f"(lr_ceiling "
-        f"{ceiling}; stress {result.stress.stop} after {result.stress.steps} steps{share}); predicted_max_lr "
-        f"{predicted} for a 300-step run{' (a lower bound)' if result.stress.margin_capped else ''}; learning progress "
-        f"{progress}"
+        f"margin  {margin} the learning rate (lr_ceiling {ceiling}; stress {stress.stop} after {stress.steps} "
+        f"steps{share}); predicted_max_lr {predicted_text(stress)} for a long run"
+        f"{' (a lower bound)' if stress.margin_capped else ''}; learning progress {progress}"
     )
 
 

@@ -109,6 +109,11 @@ def trial_record(
         margin_capped=r.stress.margin_capped,
         lr_ceiling=_finite(r.stress.lr_ceiling),
         predicted_max_lr=_finite(r.stress.predicted_max_lr),
+        stability_margin_low=_finite(r.stress.stability_margin_low),
+        stability_margin_high=_finite(r.stress.stability_margin_high),
+        predicted_max_lr_low=_finite(r.stress.predicted_max_lr_low),
+        predicted_max_lr_high=_finite(r.stress.predicted_max_lr_high),
+        predicted_max_lr_source=r.stress.predicted_max_lr_source,
         learning_progress=_finite(r.constant.learning_progress),
         fail_step=r.fail_step,
         steps_done=r.constant.steps_done,
@@ -438,8 +443,15 @@ def memory_prediction_data(study: StudyLike) -> MemoryPrediction:
     )
 
 
-def front_row(trial: StoredTrial, searched: Sequence[str], objectives: Sequence[Objective]) -> FrontRow:
-    """One COMPLETE trial of the front as ``sweep report --json`` lists it (:class:`~sweeper.report._records.FrontRow`).
+def front_row(
+    trial: StoredTrial,
+    searched: Sequence[str],
+    objectives: Sequence[Objective],
+    tied_with: Sequence[int] = (),
+) -> FrontRow:
+    """One COMPLETE trial of the front as ``sweep report --json`` lists it (:class:`~sweeper.report._records.FrontRow`),
+    and the numbers of the front trials it is tied with on stability (``tied_with``:
+    :meth:`sweeper.study.StudySnapshot.tied_on_stability`).
 
     Raises:
         ValueError: ``trial`` has no objective values (it did not complete).
@@ -458,9 +470,15 @@ def front_row(trial: StoredTrial, searched: Sequence[str], objectives: Sequence[
         margin_capped=r.stress.margin_capped,
         lr_ceiling=_finite(r.stress.lr_ceiling),
         predicted_max_lr=_finite(r.stress.predicted_max_lr),
+        stability_margin_low=_finite(r.stress.stability_margin_low),
+        stability_margin_high=_finite(r.stress.stability_margin_high),
+        predicted_max_lr_low=_finite(r.stress.predicted_max_lr_low),
+        predicted_max_lr_high=_finite(r.stress.predicted_max_lr_high),
+        predicted_max_lr_source=r.stress.predicted_max_lr_source,
         learning_progress=_finite(r.constant.learning_progress),
         instability=_finite(r.constant.instability),
         confirmation=trial.confirmation,
+        tied_with=tuple(tied_with),
     )
 
 
@@ -476,7 +494,11 @@ def report_data(study: StudyLike) -> Report:
         study=study.name,
         directions=tuple(study.directions),
         objectives=tuple(objectives_of(study)),
-        front=tuple(front_row(t, study.searched, study.objectives) for t in front if t.values is not None),
+        front=tuple(
+            front_row(t, study.searched, study.objectives, study.tied_on_stability(t, front))
+            for t in front
+            if t.values is not None
+        ),
         trials=tuple(trial_record(t, study.searched, numbers, study.objectives) for t in study.measured),
         status_counts=counts_with_stale(study),
         stale=tuple(stale_running(study.study).values()),

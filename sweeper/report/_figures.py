@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from sweeper.report import _data as data
-from sweeper.report._console import format_instability, format_margin
+from sweeper.report._console import format_instability, margin_text, predicted_text
 from sweeper.report._data import IMPORTANCE_RESAMPLES, MIN_IMPORTANCE_TRIALS
 from sweeper.report._records import (
     Curve,
@@ -66,7 +66,7 @@ def _hover(point: TrialRecord) -> str:
         memory += f" (predicted {point.predicted_peak_gib:.2f})"
     stability = format_instability(point.instability)
     if point.stability_margin is not None:
-        stability = f"{format_margin(point.stability_margin, point.margin_capped)}, " + stability
+        stability = f"margin {margin_text(point)}, " + stability
     reason = html.escape(point.reason)[:200]
     confirmed = point.confirmation
     long = ""
@@ -434,9 +434,10 @@ def _front_rows(summary: Report, keys: list[str]) -> list[list[Any]]:
         "trial",
         *[SHORT_NAMES.get(k, k) for k in keys],
         "peak_memory_gib",
-        "stability_margin",
+        "stability_margin (seed noise)",
+        "tied with",
         "lr_ceiling",
-        "predicted_max_lr",
+        "predicted_max_lr (95%)",
         "learning_progress",
         "instability",
         "confirmed",
@@ -452,9 +453,10 @@ def _front_row(f: FrontRow, keys: list[str], picked: list[str]) -> list[Any]:
         f.number,
         *[_fmt(f.params.get(k)) for k in keys],
         f"{f.peak_memory_gib:.3f}",
-        format_margin(f.stability_margin, f.margin_capped),
+        margin_text(f),
+        ", ".join(f"#{n}" for n in f.tied_with) or "-",
         _fmt_rate(f.lr_ceiling),
-        _fmt_rate(f.predicted_max_lr),
+        predicted_text(f),
         "-" if f.learning_progress is None else f"{100 * f.learning_progress:.0f}%",
         format_instability(f.instability),
         f.confirmation.label if f.confirmation else "-",

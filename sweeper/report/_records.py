@@ -37,7 +37,10 @@ class TrialRecord:
         stability_margin: Its stability margin (x its learning rate), None unless it completed.
         margin_capped: The stress phase hit its cap: the margin is a lower bound (None: not measured).
         lr_ceiling: The learning rate its stress phase diverged at, or None.
-        predicted_max_lr: The largest learning rate predicted to hold for a 300-step run, or None.
+        predicted_max_lr: The largest learning rate predicted to hold for a long run, or None.
+        stability_margin_low, stability_margin_high: The margin's seed-noise interval (``high`` None when capped).
+        predicted_max_lr_low, predicted_max_lr_high: ``predicted_max_lr``'s 95% interval (``high`` None when capped).
+        predicted_max_lr_source: Which factor made ``predicted_max_lr`` (calibrated on this study, or not).
         learning_progress: The probe loss's relative drop at its learning rate (a fraction), or None.
         fail_step: The step it failed at, or None.
         steps_done: Optimizer steps it finished.
@@ -63,6 +66,11 @@ class TrialRecord:
     margin_capped: bool | None
     lr_ceiling: float | None
     predicted_max_lr: float | None
+    stability_margin_low: float | None
+    stability_margin_high: float | None
+    predicted_max_lr_low: float | None
+    predicted_max_lr_high: float | None
+    predicted_max_lr_source: str | None
     learning_progress: float | None
     fail_step: int | None
     steps_done: int
@@ -89,6 +97,11 @@ class TrialRecord:
             "margin_capped": self.margin_capped,
             "lr_ceiling": self.lr_ceiling,
             "predicted_max_lr": self.predicted_max_lr,
+            "stability_margin_low": self.stability_margin_low,
+            "stability_margin_high": self.stability_margin_high,
+            "predicted_max_lr_low": self.predicted_max_lr_low,
+            "predicted_max_lr_high": self.predicted_max_lr_high,
+            "predicted_max_lr_source": self.predicted_max_lr_source,
             "learning_progress": self.learning_progress,
             "fail_step": self.fail_step,
             "steps_done": self.steps_done,
@@ -305,10 +318,15 @@ class FrontRow:
         stability_margin: Its stability margin, or None.
         margin_capped: The margin is a lower bound (the stress phase hit its cap); None: not measured.
         lr_ceiling: The learning rate its stress phase diverged at, or None.
-        predicted_max_lr: The largest learning rate predicted to hold for a 300-step run, or None.
+        predicted_max_lr: The largest learning rate predicted to hold for a long run, or None.
+        stability_margin_low, stability_margin_high: The margin's seed-noise interval (``high`` None when capped).
+        predicted_max_lr_low, predicted_max_lr_high: ``predicted_max_lr``'s 95% interval (``high`` None when capped).
+        predicted_max_lr_source: Which factor made ``predicted_max_lr`` (calibrated on this study, or not).
         learning_progress: The probe loss's relative drop at its learning rate, or None.
         instability: Its instability, or None.
         confirmation: Its long run (``sweep confirm``), or None.
+        tied_with: The other front trials whose stability interval overlaps this one's: their difference in
+            stability is within the noise.
     """
 
     number: int
@@ -319,9 +337,15 @@ class FrontRow:
     margin_capped: bool | None
     lr_ceiling: float | None
     predicted_max_lr: float | None
+    stability_margin_low: float | None
+    stability_margin_high: float | None
+    predicted_max_lr_low: float | None
+    predicted_max_lr_high: float | None
+    predicted_max_lr_source: str | None
     learning_progress: float | None
     instability: float | None
     confirmation: Confirmation | None
+    tied_with: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: ``confirmation``, ``number``, ``params``, one key per objective, then the measurements (a
@@ -335,8 +359,14 @@ class FrontRow:
             "margin_capped": self.margin_capped,
             "lr_ceiling": self.lr_ceiling,
             "predicted_max_lr": self.predicted_max_lr,
+            "stability_margin_low": self.stability_margin_low,
+            "stability_margin_high": self.stability_margin_high,
+            "predicted_max_lr_low": self.predicted_max_lr_low,
+            "predicted_max_lr_high": self.predicted_max_lr_high,
+            "predicted_max_lr_source": self.predicted_max_lr_source,
             "learning_progress": self.learning_progress,
             "instability": self.instability,
+            "tied_with": list(self.tied_with),
         }
 
 

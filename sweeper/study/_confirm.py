@@ -13,6 +13,7 @@ horizon or longer.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -107,19 +108,26 @@ def _record(
 
 
 def _prediction(trial: StoredTrial | None, result: TrialResult) -> dict[str, Any]:
-    """What the short trial's ``predicted_max_lr`` said of this long run (it holds when the trial's learning rate is
-    at most that), and whether the long run agreed; empty for a trial without a margin or a run that did not train
-    (``oom``, ``timeout``, ``crash``, ``error``)."""
-    predicted = trial.result.stress.predicted_max_lr if trial is not None else None
-    if predicted is None or trial is None or trial.config is None:
+    """What the short trial's ``predicted_max_lr`` said of this long run, and whether the long run agreed; empty for
+    a trial without a margin or a run that did not train (``oom``, ``timeout``, ``crash``, ``error``).
+
+    It says "holds" when the trial's learning rate is at most the low end of ``predicted_max_lr``'s 95% interval,
+    "fails" when it is above the high end, and nothing (``predicted_to_hold`` None: a tie) when the rate lies inside
+    the interval, where either outcome is within the prediction's noise."""
+    stress = trial.result.stress if trial is not None else None
+    predicted = stress.predicted_max_lr if stress is not None else None
+    if predicted is None or stress is None or trial is None or trial.config is None:
         return {}
     if result.status not in (TrialStatus.COMPLETE, TrialStatus.NAN, TrialStatus.DIVERGED):
         return {"predicted_max_lr": predicted}
-    holds = trial.config.learning_rate <= predicted
+    rate = trial.config.learning_rate
+    low = stress.predicted_max_lr_low if stress.predicted_max_lr_low is not None else predicted
+    high = stress.predicted_max_lr_high if stress.predicted_max_lr_high is not None else math.inf
+    holds: bool | None = True if rate <= low else False if rate > high else None
     return {
         "predicted_max_lr": predicted,
         "predicted_to_hold": holds,
-        "margin_held": holds == (result.status == TrialStatus.COMPLETE),
+        "margin_held": None if holds is None else holds == (result.status == TrialStatus.COMPLETE),
     }
 
 

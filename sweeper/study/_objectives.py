@@ -38,6 +38,9 @@ class Objective:
         shown: How a trial shows it (``0.982``, ``19x``): a function of the trial's result and its stored value.
         role: ``memory`` for the objective ``--pick min-memory`` minimizes, ``stability`` for the one
             ``--pick most-stable`` optimizes, None for any other.
+        interval: Its noise: ``(low, high)`` of a COMPLETE trial's value (the trial's measured interval); None when
+            the value is taken as exact. Dominance, the front and the picks treat two values whose intervals overlap
+            as tied (:func:`dominates_beyond_noise`).
     """
 
     name: str
@@ -47,6 +50,14 @@ class Objective:
     value_of: Callable[[TrialResult], float]
     shown: Callable[[TrialResult, float], str]
     role: Literal["memory", "stability"] | None = None
+    interval: Callable[[TrialResult], tuple[float, float]] | None = None
+
+    def signed_interval(self, result: TrialResult, value: float) -> tuple[float, float]:
+        """``(low, high)`` of ``value`` signed by :meth:`better` (lower is better), from :attr:`interval`
+        (``(value, value)`` without one); the value itself always lies inside."""
+        low, high = self.interval(result) if self.interval is not None else (value, value)
+        low, high = min(low, value), max(high, value)
+        return (-high, -low) if self.direction == "maximize" else (low, high)
 
     @property
     def optuna_direction(self) -> optuna.study.StudyDirection:
@@ -102,6 +113,18 @@ def _edge_proximity_value(result: TrialResult) -> float:
     return 1.0 if proximity is None else proximity  # never ranked safer than a trial measured at its edge
 
 
+def _edge_proximity_interval(result: TrialResult) -> tuple[float, float]:
+    """``1 / stability_margin``'s interval from the margin's (``stability_margin_low``/``_high``): 0 below a capped
+    margin (no upper end), the value itself where no interval is known."""
+    value = _edge_proximity_value(result)
+    stress = result.stress
+    if stress.stability_margin_low is None:
+        return value, value
+    low = edge_proximity(stress.stability_margin_high) or 0.0
+    high = edge_proximity(stress.stability_margin_low) or value
+    return low, high
+
+
 #: Peak memory (GiB): the peak reserved memory on CUDA, the peak RSS on the CPU (``TrialResult.memory.memory_kind``).
 PEAK_MEMORY = register_objective(
     Objective(
@@ -126,6 +149,7 @@ EDGE_PROXIMITY = register_objective(
         value_of=_edge_proximity_value,
         shown=lambda r, _v: format_margin(r.stress.stability_margin, r.stress.margin_capped),
         role="stability",
+        interval=_edge_proximity_interval,
     )
 )
 
@@ -214,6 +238,21 @@ def dominates(a: Sequence[float], b: Sequence[float], objectives: Sequence[Objec
     signed_a = [o.better(x) for o, x in zip(objectives, a)]
     signed_b = [o.better(x) for o, x in zip(objectives, b)]
     return all(x <= y for x, y in zip(signed_a, signed_b)) and signed_a != signed_b
+
+
+def dominates_beyond_noise(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> bool:
+    """Whether ``a`` dominates ``b`` beyond their noise: each a sequence of signed intervals ``(low, high)``, one per
+    objective, lower better (:meth:`Objective.signed_interval`). ``a`` is not clearly worse on any objective (its low
+    end at or below ``b``'s high end) and clearly better on one (its high end below ``b``'s low end). For exact values
+    (``low == high``) this is :func:`dominates`; two values whose intervals overlap are tied."""
+    not_worse = all(x[0] <= y[1] for x, y in zip(a, b))
+    better = any(x[1] < y[0] for x, y in zip(a, b))
+    return not_worse and better
+
+
+def tied(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two intervals of one objective overlap: neither value is clearly better."""
+    return a[0] <= b[1] and b[0] <= a[1]
 
 
 def knee_distance(values: Sequence[Sequence[float]], objectives: Sequence[Objective]) -> list[float]:

@@ -21,11 +21,18 @@ from typing import Any, TypeAlias
 import optuna
 from optuna.trial import TrialState
 
-from sweeper.stability import barely_learns
+from sweeper.stability import LrCalibration, barely_learns, lr_calibration_of
 from sweeper.study._identity import STUDY_ID_ATTR
 from sweeper.study._objectives import Objective, study_objectives
 from sweeper.study._setups import CURRENT_SETUP_ATTR, differences, stored_setups, trial_setup
-from sweeper.study._stored import Confirmation, StoredTrial, confirmations_in, non_dominated, stored_trial
+from sweeper.study._stored import (
+    Confirmation,
+    StoredTrial,
+    confirmations_in,
+    non_dominated,
+    stored_trial,
+    tied_on_stability,
+)
 from sweeper.trial import TrialStatus
 
 #: Study user attributes the snapshot types (written by :mod:`sweeper.study._plan` and ``_confirm``).
@@ -36,6 +43,9 @@ CONFIRM_STEPS_ATTR = "confirm_steps"
 #: Study user attribute holding the fitted memory correction, ``{memory_kind: Calibration.to_dict()}``
 #: (:mod:`sweeper.study._calibration` writes it).
 CALIBRATION_ATTR = "memory_calibration"
+#: Study user attribute: the study's own ``predicted_max_lr`` factor, written by ``sweep calibrate``
+#: (:mod:`sweeper.study._lr_calibration`).
+LR_CALIBRATION_ATTR = "lr_calibration"
 
 
 def _int_or_none(raw: Any) -> int | None:
@@ -57,6 +67,9 @@ class StudySnapshot:
         confirm_steps: ``study.confirm_steps`` of its space: the long horizon of ``sweep confirm``; None: 10x
             ``max_steps``.
         calibration: The stored memory correction by memory kind (``memory_calibration``), None without one.
+        lr_calibration: The study's own factor from ``lr_ceiling`` to ``predicted_max_lr`` (``lr_calibration``,
+            written by ``sweep calibrate``), None until it has one; every trial's ``predicted_max_lr`` is computed
+            with it.
         trials: Every trial, by number, each with its confirmation.
         confirmations: The confirmations that are outcomes, by trial number.
         setups: The settings of each setup it measured under (:mod:`sweeper.study._setups`).
@@ -72,6 +85,7 @@ class StudySnapshot:
     searched: tuple[str, ...]
     confirm_steps: int | None
     calibration: Mapping[str, Any] | None
+    lr_calibration: LrCalibration | None
     trials: tuple[StoredTrial, ...]
     confirmations: Mapping[int, Confirmation]
     setups: tuple[Mapping[str, Any], ...]
@@ -177,10 +191,15 @@ class StudySnapshot:
         (:func:`sweeper.study._stored.non_dominated`)."""
         return non_dominated(trials, self.objectives)
 
+    def tied_on_stability(self, trial: StoredTrial, others: Sequence[StoredTrial]) -> list[int]:
+        """The numbers of ``others`` whose stability interval overlaps ``trial``'s on :attr:`objectives`
+        (:func:`sweeper.study._stored.tied_on_stability`): their difference is within the noise."""
+        return tied_on_stability(trial, others, self.objectives)
+
     def with_trial(self, trial: optuna.trial.FrozenTrial) -> StudySnapshot:
         """This snapshot with ``trial`` added or replaced (the loop's update after a trial ends), its cached views
         computed afresh; the study's attributes are as read."""
-        stored = stored_trial(trial, self.confirmations.get(trial.number))
+        stored = stored_trial(trial, self.confirmations.get(trial.number), self.lr_calibration)
         trials = {t.number: t for t in self.trials}
         trials[trial.number] = stored
         return _make(self.study, dict(self.user_attrs), tuple(trials[n] for n in sorted(trials)), self.setups)
@@ -209,6 +228,7 @@ def _make(
         searched=tuple(str(k) for k in searched) if isinstance(searched, (list, tuple)) else (),
         confirm_steps=_int_or_none(attrs.get(CONFIRM_STEPS_ATTR)),
         calibration=calibration if isinstance(calibration, Mapping) else None,
+        lr_calibration=lr_calibration_of(attrs.get(LR_CALIBRATION_ATTR)),
         trials=trials,
         confirmations=confirmations_in(attrs),
         setups=setups,
@@ -224,7 +244,8 @@ def snapshot(study: StudyLike) -> StudySnapshot:
         return study
     attrs = dict(study.user_attrs)
     confirmed = confirmations_in(attrs)
-    trials = tuple(stored_trial(t, confirmed.get(t.number)) for t in study.get_trials(deepcopy=False))
+    lr_calibration = lr_calibration_of(attrs.get(LR_CALIBRATION_ATTR))
+    trials = tuple(stored_trial(t, confirmed.get(t.number), lr_calibration) for t in study.get_trials(deepcopy=False))
     return _make(study, attrs, trials, tuple(stored_setups(study)))
 
 

@@ -17,8 +17,14 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.space import TrialConfig
-from sweeper.stability import STORED_COMPONENTS
-from sweeper.study._objectives import Objective, dominates, knee_distance
+from sweeper.stability import (
+    DEFAULT_LR_CALIBRATION,
+    STORED_COMPONENTS,
+    LrCalibration,
+    margin_interval,
+    predicted_max_lr,
+)
+from sweeper.study._objectives import Objective, dominates_beyond_noise, knee_distance, tied
 from sweeper.trial import TrialResult, TrialStatus
 
 
@@ -146,7 +152,8 @@ class Confirmation:
         wall_time_s: Seconds it took.
         artifact_id: Id of its trace in the study's artifact store, or None.
         predicted_max_lr: The short trial's ``predicted_max_lr``, None when it has none (an old study).
-        predicted_to_hold: Whether that prediction said this run holds (the trial's learning rate is at most it).
+        predicted_to_hold: Whether that prediction said this run holds (the learning rate at most the low end of
+            its 95% interval) or fails (above the high end); None when the rate lies inside the interval (a tie).
         margin_held: Whether the long run agreed with the prediction (it completed when predicted to hold, failed
             when predicted not to); None when not judged.
     """
@@ -267,17 +274,45 @@ def _config(attrs: Mapping[str, Any]) -> TrialConfig | None:
         return None
 
 
-def _result(attrs: Mapping[str, Any]) -> TrialResult:
-    """The stored result: the instability terms are stored flattened (see :func:`record_result`)."""
+def _result(attrs: Mapping[str, Any], config: TrialConfig | None, lr_calibration: LrCalibration | None) -> TrialResult:
+    """The stored result: the instability terms are stored flattened (see :func:`record_result`); the intervals of
+    its figures filled in where a study written before them lacks them (:func:`with_intervals`)."""
     components = {name: attrs[name] for name in STORED_COMPONENTS if attrs.get(name) is not None}
-    return TrialResult.from_dict(
+    result = TrialResult.from_dict(
         {**attrs, "status": attrs.get("status", "error"), "instability_components": components}
     )
+    with_intervals(result, config, lr_calibration)
+    return result
 
 
-def stored_trial(trial: FrozenTrial, confirmation: Confirmation | None = None) -> StoredTrial:
-    """The typed view of one stored trial (see :class:`StoredTrial`); never raises on a trial it cannot read in
-    full: what is missing is None or its default."""
+def with_intervals(result: TrialResult, config: TrialConfig | None, lr_calibration: LrCalibration | None) -> None:
+    """Give ``result``'s margin its seed-noise interval where it has none (a trial stored before intervals:
+    :func:`sweeper.stability.margin_interval`), and its ``predicted_max_lr`` (with interval and source) from the
+    study's own calibration when ``sweep calibrate`` stored one (``lr_calibration``), else from the built-in factor
+    where it has no interval."""
+    stress = result.stress
+    if stress.stability_margin is None:
+        return
+    if stress.stability_margin_low is None:
+        stress.stability_margin_low, stress.stability_margin_high = margin_interval(
+            stress.stability_margin, stress.margin_capped
+        )
+    if config is None or (lr_calibration is None and stress.predicted_max_lr_low is not None):
+        return
+    calibration = lr_calibration or DEFAULT_LR_CALIBRATION
+    value, low, high = predicted_max_lr(
+        config.learning_rate, stress.lr_ceiling, stress.margin_capped, calibration, cap=stress.stability_margin
+    )
+    stress.predicted_max_lr, stress.predicted_max_lr_low, stress.predicted_max_lr_high = value, low, high
+    stress.predicted_max_lr_source = calibration.source if value is not None else None
+
+
+def stored_trial(
+    trial: FrozenTrial, confirmation: Confirmation | None = None, lr_calibration: LrCalibration | None = None
+) -> StoredTrial:
+    """The typed view of one stored trial (see :class:`StoredTrial`), its ``predicted_max_lr`` from
+    ``lr_calibration`` when the study has one (``sweep calibrate``); never raises on a trial it cannot read in full:
+    what is missing is None or its default."""
     attrs = trial.user_attrs
     repeat = attrs.get("duplicate_of")
     retry = attrs.get("retry_of")
@@ -288,8 +323,8 @@ def stored_trial(trial: FrozenTrial, confirmation: Confirmation | None = None) -
         status=_status(trial),
         params=dict(trial.params),
         values=values,
-        config=_config(attrs),
-        result=_result(attrs),
+        config=(config := _config(attrs)),
+        result=_result(attrs, config, lr_calibration),
         repeat_of=int(repeat) if repeat is not None else None,
         retry_of=int(retry) if retry is not None else None,
         retry_attempt=int(attrs.get("retry_attempt", 0)),
@@ -301,13 +336,44 @@ def stored_trial(trial: FrozenTrial, confirmation: Confirmation | None = None) -
     )
 
 
+def signed_intervals(trial: StoredTrial, objectives: Sequence[Objective]) -> list[tuple[float, float]]:
+    """The COMPLETE ``trial``'s interval on each objective, signed so that lower is better
+    (:meth:`sweeper.study.Objective.signed_interval`).
+
+    Raises:
+        ValueError: ``trial`` has no objective values.
+    """
+    if trial.values is None:
+        raise ValueError(f"trial {trial.number} has no objective values")
+    return [o.signed_interval(trial.result, v) for o, v in zip(objectives, trial.values)]
+
+
 def non_dominated(trials: Sequence[StoredTrial], objectives: Sequence[Objective]) -> list[StoredTrial]:
-    """The COMPLETE ``trials`` no other of them dominates on ``objectives`` (each by its direction:
-    :func:`sweeper.study._objectives.dominates`), sorted by their values (peak memory first)."""
+    """The COMPLETE ``trials`` no other of them dominates beyond the noise of ``objectives``
+    (:func:`sweeper.study._objectives.dominates_beyond_noise`: a margin within another's interval is a tie, so the
+    front keeps both unless one is clearly better elsewhere), sorted by their values (peak memory first)."""
     done = [t for t in trials if t.values is not None]
-    values = [t.values for t in done if t.values is not None]
-    kept = [t for t in done if not any(dominates(other, t.values or (), objectives) for other in values)]
+    intervals = {t.number: signed_intervals(t, objectives) for t in done}
+    kept = [
+        t
+        for t in done
+        if not any(dominates_beyond_noise(intervals[o.number], intervals[t.number]) for o in done if o is not t)
+    ]
     return sorted(kept, key=lambda t: tuple(o.better(v) for o, v in zip(objectives, t.values or ())))
+
+
+def tied_on_stability(trial: StoredTrial, others: Sequence[StoredTrial], objectives: Sequence[Objective]) -> list[int]:
+    """The numbers of the COMPLETE ``others`` (``trial`` left out) whose stability objective's interval overlaps
+    ``trial``'s: their difference in stability is within the noise (:func:`sweeper.study._objectives.tied`)."""
+    at = next((i for i, o in enumerate(objectives) if o.role == "stability"), None)
+    if at is None or trial.values is None:
+        return []
+    mine = signed_intervals(trial, objectives)[at]
+    return [
+        o.number
+        for o in others
+        if o.number != trial.number and o.values is not None and tied(mine, signed_intervals(o, objectives)[at])
+    ]
 
 
 def by_knee_distance(front: Sequence[StoredTrial], objectives: Sequence[Objective]) -> list[StoredTrial]:

@@ -18,6 +18,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig, parse_space
+from sweeper.stability import margin_interval
 from sweeper.study._identity import STUDY_ID_ATTR
 
 # The test helpers build studies as the sweep records them, from the study package's own modules (optuna.testing's
@@ -106,6 +107,9 @@ def add_trial(
     if status == "complete" and instability and stability_objective(study) == "edge_proximity":
         fields.update(stability_margin=1 / instability, margin_capped=False, learning_progress=0.2)
     result = TrialResult.from_dict({**fields, **{k: v for k, v in extra.items() if k in names}})
+    if result.stress.stability_margin is not None and result.stress.stability_margin_low is None:  # as a trial stores
+        low, high = margin_interval(result.stress.stability_margin, result.stress.margin_capped)
+        result.stress.stability_margin_low, result.stress.stability_margin_high = low, high
     attrs = _Attrs()
     record_result(attrs, result, config)
     attrs.user_attrs.update({k: v for k, v in extra.items() if k not in names})

@@ -164,6 +164,10 @@ class ConstantPhase:
             (:func:`sweeper.stability.projected_fail_step`); None when it is not rising.
         learning_progress: The probe loss's relative drop over the phase (:func:`sweeper.stability.
             learning_progress`); about 0 for a run that learns nothing.
+        update_ratio_trace: At each probe, the LoRA update's size over the base weights',
+            ``sqrt(sum ||scaling * B A||_F^2) / sqrt(sum ||W||_F^2)`` over the adapted layers
+            (:func:`sweeper.trial._child.instrumented.update_to_weight_ratio`); 0 before the first step (B starts
+            at 0). A candidate early sign of divergence: failed LoRA solutions are high-norm (Kim et al. 2025).
     """
 
     instability: float | None = _stored(7)
@@ -182,6 +186,7 @@ class ConstantPhase:
     probe_time_share: float | None = _stored(40)
     projected_fail_step: int | None = _stored(41)
     learning_progress: float | None = _stored(46)
+    update_ratio_trace: list[float | None] = _stored(55, factory=list)
 
 
 @dataclass(kw_only=True)
@@ -208,6 +213,13 @@ class StressOutcome:
             non-finite).
         time_s: Seconds the stress phase took (``stress_time_s``; not inside ``train_time_s``).
         time_share: ``time_s / train_time_s`` (``stress_time_share``): its cost over the constant phase's.
+        stability_margin_low, stability_margin_high: The margin's interval from the short trial's seed noise
+            (:func:`sweeper.stability.margin_interval`); ``high`` is None when capped (unbounded above).
+        predicted_max_lr_low, predicted_max_lr_high: ``predicted_max_lr``'s 95% interval from its calibration's
+            spread (:func:`sweeper.stability.predicted_max_lr`); ``high`` is None when capped.
+        predicted_max_lr_source: Which calibration factor made ``predicted_max_lr``: ``uncalibrated: factor from
+            SmolLM2-135M (...)``, or, in a study ``sweep calibrate`` measured, ``calibrated on this study's model
+            (n edges, spread x)``.
     """
 
     lr_ceiling: float | None = _stored(42)
@@ -221,6 +233,11 @@ class StressOutcome:
     probe_loss_trace: list[float | None] = _stored(51, name="stress_probe_loss_trace", factory=list)
     time_s: float | None = _stored(52, name="stress_time_s")
     time_share: float | None = _stored(53, name="stress_time_share")
+    stability_margin_low: float | None = _stored(56)
+    stability_margin_high: float | None = _stored(57)
+    predicted_max_lr_low: float | None = _stored(58)
+    predicted_max_lr_high: float | None = _stored(59)
+    predicted_max_lr_source: str | None = _stored(60)
 
 
 @dataclass(kw_only=True)

@@ -78,8 +78,9 @@ def test_the_typed_settings_write_the_json_exports_keys_in_order(study_and_knee,
     ]  # fmt: skip
     assert list(j["provenance"]) == [
         "study", "trial", "peak_memory_gib", "memory_kind", "memory_limit_gib", "instability", "stability_margin",
-        "margin_capped", "lr_ceiling", "predicted_max_lr", "learning_progress", "confirmation", "device", "versions",
-        "exported",
+        "margin_capped", "lr_ceiling", "predicted_max_lr", "stability_margin_low", "stability_margin_high",
+        "predicted_max_lr_low", "predicted_max_lr_high", "predicted_max_lr_source", "learning_progress",
+        "confirmation", "device", "versions", "exported",
     ]  # fmt: skip
     assert list(j["provenance"]["versions"])[-1] == "sweeper" and j["provenance"]["confirmation"] is None
 

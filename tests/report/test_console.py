@@ -71,10 +71,11 @@ def test_complete_trial_line_has_progress_values_and_no_reason():
     )
     line = format_trial_line(3, {"r": 16, "lora_alpha_ratio": 2.0, "bnb_4bit_use_double_quant": True}, result, 4, 10)
     assert line == (
-        "[ 4/10] #3   r=16 alpha/r=2 dq=yes  complete           3.14 GiB  margin     34x  instability   0.123    42.0 s"
+        "[ 4/10] #3   r=16 alpha/r=2 dq=yes  complete           3.14 GiB  margin             34x  "
+        "instability   0.123    42.0 s"
     )
     capped = TrialResult(status="complete", stress=StressOutcome(stability_margin=643.0, margin_capped=True))
-    assert "margin  >=643x" in format_trial_line(3, {"r": 16}, capped, 4, 10)
+    assert ">=643x  instability" in format_trial_line(3, {"r": 16}, capped, 4, 10)
 
 
 def test_nan_trial_line_shows_its_cause_dashes_and_reason():
@@ -87,7 +88,7 @@ def test_nan_trial_line_shows_its_cause_dashes_and_reason():
     )
     line = format_trial_line(7, {"r": 8}, result, 12, 100)
     assert line == (
-        "[ 12/100] #7   r=8  nan/data           1.00 GiB  margin       -  instability       -     5.0 s  "
+        "[ 12/100] #7   r=8  nan/data           1.00 GiB  margin               -  instability       -     5.0 s  "
         "(loss is NaN at step 2)"
     )
 
@@ -98,7 +99,7 @@ def test_oom_trial_line_appends_its_reason():
     )
     line = format_trial_line(12, {"r": 64, "per_device_train_batch_size": 8}, result, 1, 8)
     assert line == (
-        "[1/8] #12  r=64 batch=8  oom               23.90 GiB  margin       -  instability       -       - s"
+        "[1/8] #12  r=64 batch=8  oom               23.90 GiB  margin               -  instability       -       - s"
         "  (CUDA out of memory at step 1 (backward))"
     )
 
@@ -113,7 +114,8 @@ def test_repeat_line_has_no_progress_counter_but_keeps_the_columns():
     )
     line = format_trial_line(5, params, repeat, 3, 10)
     assert (
-        line == "        #5   r=16  complete           1.00 GiB  margin       -  instability   0.500       - s  "
+        line
+        == "        #5   r=16  complete           1.00 GiB  margin               -  instability   0.500       - s  "
         "(same configuration as trial 1)"
     )
     first = format_trial_line(
@@ -214,13 +216,27 @@ def test_front_table_reads_each_trials_stored_config():
         "margin", "learns", "instability",
     ]  # fmt: skip
     assert lines[1].startswith("-----  --  ----------  --------  ------------  -----  -----  --------------  --------")
-    assert lines[2].split() == ["0", "8", "16", "float16", "no", "nf4", "2", "256", "1.500", "36x", "30%", "0.250"]
+    assert lines[2].split() == [
+        "0",
+        "8",
+        "16",
+        "float16",
+        "no",
+        "nf4",
+        "2",
+        "256",
+        "1.500",
+        "36x",
+        "(20-65x)",
+        "30%",
+        "0.250",
+    ]
     # Capped, and learning under a tenth of the front's best: said so.
     assert lines[3].split() == [
-        "12", "16", "8", "bfloat16", "yes", "fp4", "1", "1024", "3.250", ">=643x", "2%", "(barely)", "0.125"
+        "12", "16", "8", "bfloat16", "yes", "fp4", "1", "1024", "3.250", ">=643x", "(>=357x)", "2%", "(barely)", "0.125"
     ]  # fmt: skip
     assert len(lines) == 4 and len({len(line) for line in lines}) == 1  # right-aligned columns
-    assert lines[2].endswith("   1.500     36x          30%        0.250")
+    assert lines[2].endswith("   1.500     36x (20-65x)          30%        0.250")
     tiny = [
         frozen(1, config=TrialConfig(r=8), values=[1.0, 0.5], instability=6.85e-05),
         frozen(2, config=TrialConfig(r=8), values=[2.0, 0.25], instability=0.0),

@@ -37,7 +37,9 @@ STORED_ORDER = (
     "probe_steps", "probe_loss_trace", "probe_max_activation_trace", "probe_time_s", "probe_time_share",
     "projected_fail_step", "lr_ceiling", "stability_margin", "margin_capped", "predicted_max_lr",
     "learning_progress", "stress_stop", "stress_steps", "stress_lr_trace", "stress_loss_trace",
-    "stress_probe_loss_trace", "stress_time_s", "stress_time_share", "stress_peak_memory_gib",
+    "stress_probe_loss_trace", "stress_time_s", "stress_time_share", "stress_peak_memory_gib", "update_ratio_trace",
+    "stability_margin_low", "stability_margin_high", "predicted_max_lr_low", "predicted_max_lr_high",
+    "predicted_max_lr_source",
 )  # fmt: skip
 
 
@@ -72,6 +74,7 @@ def _full() -> TrialResult:
             probe_time_share=0.1,
             projected_fail_step=40,
             learning_progress=0.1,
+            update_ratio_trace=[0.0, 0.01],
         ),
         stress=StressOutcome(
             lr_ceiling=0.01,
@@ -85,6 +88,11 @@ def _full() -> TrialResult:
             probe_loss_trace=[2.1, 9.0],
             time_s=0.75,
             time_share=0.2,
+            stability_margin_low=3.2,
+            stability_margin_high=10.5,
+            predicted_max_lr_low=1e-3,
+            predicted_max_lr_high=5e-3,
+            predicted_max_lr_source="uncalibrated: factor from SmolLM2-135M (8 edges, geometric SD 1.51)",
         ),
         nan=NanFindings(cause="precision", samples=[4, 5], module="model.layers.0.mlp"),
         data=DataReading(

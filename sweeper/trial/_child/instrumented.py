@@ -140,6 +140,37 @@ class TracingTrainer(Trainer):
         return grad_norm
 
 
+def update_to_weight_ratio(net: Any, record: TrainingRecord) -> float | None:
+    """The LoRA update's Frobenius norm over the base weights', ``sqrt(sum ||s B A||^2) / sqrt(sum ||W||^2)`` over
+    every adapted layer (``s`` its ``scaling``, ``B A`` its low-rank product); None when non-finite or no layer is
+    adapted. ``||B A||_F^2 = sum((B^T B) * (A A^T))`` (r x r products, cheap at any width); the base weights are
+    dequantized once per trial and their norm kept in ``record.base_weight_norm``."""
+    from peft.tuners.lora import LoraLayer
+
+    layers = [m for m in net.modules() if isinstance(m, LoraLayer)]
+    if not layers:
+        return None
+    with torch.no_grad():
+        if record.base_weight_norm is None:
+            import bitsandbytes.functional as bnbf
+
+            total = 0.0
+            for m in layers:
+                weight: Any = m.get_base_layer().weight
+                state = getattr(weight, "quant_state", None)
+                dense: Any = bnbf.dequantize_4bit(weight.data, state) if state is not None else weight
+                total += float(dense.float().pow(2).sum())
+            record.base_weight_norm = math.sqrt(total)
+        update = 0.0
+        for m in layers:
+            for name, a in m.lora_A.items():
+                A: Any = a.weight.float()
+                B: Any = m.lora_B[name].weight.float()
+                update += m.scaling[name] ** 2 * float(((B.T @ B) * (A @ A.T)).sum())
+    ratio = math.sqrt(max(update, 0.0)) / record.base_weight_norm if record.base_weight_norm else None
+    return ratio if ratio is not None and math.isfinite(ratio) else None
+
+
 def run_probe(trainer: Any, record: TrainingRecord, probe: Probe, step: int) -> None:
     """The probe's mean loss over its supervised tokens (one forward without gradients, dropout off), recorded at
     ``step``; raises :class:`DivergedError` once :func:`sweeper.stability.divergence` says the run diverged.
@@ -177,6 +208,7 @@ def run_probe(trainer: Any, record: TrainingRecord, probe: Probe, step: int) -> 
     else:
         record.probe_steps.append(step)
         record.probe_loss.append(finite_or_none(value))
+        record.update_ratio.append(update_to_weight_ratio(net, record))
         record.probe_max_activation.append(None if act is None else finite_or_none(float(act)))
         record.probe_time_s += time.monotonic() - start
         found = divergence(record.probe_steps, record.probe_loss, final=step >= probe.max_steps)

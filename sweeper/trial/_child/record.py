@@ -70,6 +70,9 @@ class TrainingRecord:
         self.probe_max_activation: list[float | None] = []
         self.probe_step_max_activation: Any = None
         self.probe_time_s = 0.0
+        # The adapters' update-to-weight ratio at each constant-phase probe, and the base weights' norm it divides by.
+        self.update_ratio: list[float | None] = []
+        self.base_weight_norm: float | None = None
         # The stress phase after the constant one (the job's StressSettings), None when there is none.
         self.stress: StressPhase | None = None
 
@@ -130,6 +133,11 @@ class StressPhase:
             stability_margin=margin.stability_margin,
             margin_capped=margin.margin_capped,
             predicted_max_lr=margin.predicted_max_lr,
+            stability_margin_low=margin.stability_margin_low,
+            stability_margin_high=margin.stability_margin_high,
+            predicted_max_lr_low=margin.predicted_max_lr_low,
+            predicted_max_lr_high=margin.predicted_max_lr_high,
+            predicted_max_lr_source=margin.predicted_max_lr_source,
             stop=self.stop,
             steps=self.done,
             lr_trace=self.lr,

@@ -154,6 +154,7 @@ def _fill(result: TrialResult, record: TrainingRecord, measured: Measurements, t
         constant.tokens_per_s = record.tokens / measured.train_time_s
     constant.probe_steps, constant.probe_loss_trace = record.probe_steps, record.probe_loss
     constant.probe_max_activation_trace = record.probe_max_activation
+    constant.update_ratio_trace = record.update_ratio
     constant.probe_time_s = record.probe_time_s
     training_s = (measured.train_time_s or 0.0) - record.probe_time_s
     constant.probe_time_share = record.probe_time_s / training_s if training_s > 0 and record.probe_steps else None
