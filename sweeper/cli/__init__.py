@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_report,
         _add_export,
         _add_confirm,
+        _add_calibrate,
         _add_dashboard,
     )
     for add_command in commands:  # in the order of `sweep --help`
@@ -241,6 +242,37 @@ def _add_confirm(sub: argparse._SubParsersAction[_Parser]) -> None:
     chosen.add_argument("--front", action="store_true", help="every trial of the front, the knee first")
     chosen.add_argument("--pick", choices=PICKS, default="knee", help="a point of the front (default knee)")
     confirm.set_defaults(func=cmd_confirm)
+
+
+def _add_calibrate(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from sweeper.cli._calibrate import cmd_calibrate
+
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="measure the study's own predicted_max_lr factor: bisect the long-run edge of a few front trials",
+        description="Bisect the constant learning rate at which a run of the study's long horizon fails, for a few "
+        "trials of the front (or --trials), on the study's own model and data, within --runs runs (and --hours); "
+        "store the study's factor (edge over lr_ceiling) with its spread. From then on every predicted_max_lr of "
+        "the study uses it and says so. Each run is kept as it ends: after a stop, the same command goes on.",
+        parents=[_parent(study=True)],
+    )
+    calibrate.add_argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help="steps of each long run (default: study.confirm_steps, else 10x the trial's max_steps)",
+    )
+    calibrate.add_argument("--trials", metavar="3,7", help="these trials (default: the front's, least memory first)")
+    calibrate.add_argument("--runs", type=int, default=12, metavar="N", help="long runs at most (default 12)")
+    calibrate.add_argument("--hours", type=float, metavar="H", help="stop starting runs after H hours")
+    calibrate.add_argument(
+        "--resolution",
+        type=float,
+        default=1.5,
+        metavar="F",
+        help="bracket each edge to within this factor (default 1.5)",
+    )
+    calibrate.set_defaults(func=cmd_calibrate)
 
 
 def _add_dashboard(sub: argparse._SubParsersAction[_Parser]) -> None:

@@ -40,7 +40,6 @@ from sweeper.study import (
     Objective,
     StoredTrial,
     StudyLike,
-    prediction_errors,
     snapshot,
     stale_running,
 )
@@ -426,13 +425,13 @@ def _bootstrap_importance(trials: list[Any], directions: Any, index: int) -> Par
 
 def memory_prediction_data(study: StudyLike) -> MemoryPrediction:
     """Predicted vs measured peak memory of the complete trials, as the preflight predicted each before running it
-    (:func:`sweeper.study.prediction_errors`; :class:`~sweeper.report._records.MemoryPrediction`). Errors are
-    fractions of the measured peak (``-0.33``: a third under); the medians are of their absolute values,
+    (:attr:`sweeper.study.StudySnapshot.prediction_errors`; :class:`~sweeper.report._records.MemoryPrediction`).
+    Errors are fractions of the measured peak (``-0.33``: a third under); the medians are of their absolute values,
     ``median_corrected_error`` over the trials that had a correction (``corrected_trials`` of them);
     ``calibration`` is the study's stored correction (:data:`sweeper.study.CALIBRATION_ATTR`, by memory kind), or
     None."""
     study = snapshot(study)
-    rows = prediction_errors(study)
+    rows = snapshot(study).prediction_errors
     corrected = [r.corrected_error for r in rows if r.corrected_error is not None]
     return MemoryPrediction(
         trials=tuple(rows),

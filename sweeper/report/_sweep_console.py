@@ -28,7 +28,6 @@ from sweeper.study import (
     SweepEvent,
     SweepPlan,
     current_calibration,
-    prediction_errors,
     redact_url,
     snapshot,
 )
@@ -251,8 +250,9 @@ def all_failed_line(plan: SweepPlan, statuses: list[TrialStatus]) -> str:
 
 def memory_line(study: StudyLike) -> str | None:
     """How far the preflight's predictions were from the measured peaks, before and after the study's correction
-    (:func:`sweeper.study.prediction_errors`), and the correction now stored; None without a measured peak."""
-    rows = prediction_errors(study)
+    (:attr:`sweeper.study.StudySnapshot.prediction_errors`), and the correction now stored; None without a measured
+    peak."""
+    rows = snapshot(study).prediction_errors
     raw = median_abs(r.error for r in rows)
     if raw is None:
         return None

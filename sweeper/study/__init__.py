@@ -10,10 +10,11 @@ learns to avoid their region. Timeouts, crashes and errors are FAIL.
 """
 
 from sweeper.study._artifacts import artifact_store
-from sweeper.study._calibration import PredictionError, current_calibration, prediction_errors
+from sweeper.study._calibration import PredictionError, current_calibration
 from sweeper.study._confirm import candidates, confirm_trials
 from sweeper.study._identity import check_study_owner, study_dir
 from sweeper.study._loop import SweepCallback, SweepEvent, run_study
+from sweeper.study._lr_calibration import calibrate_study
 from sweeper.study._objectives import Objective
 from sweeper.study._optuna_private import unnoted_trials
 from sweeper.study._plan import SweepPlan, plan_sweep
@@ -36,6 +37,7 @@ __all__ = [
     "SweepPlan",
     "artifact_store",
     "by_knee_distance",
+    "calibrate_study",
     "candidates",
     "check_setup",
     "check_study_owner",
@@ -43,7 +45,6 @@ __all__ = [
     "current_calibration",
     "load_existing_study",
     "plan_sweep",
-    "prediction_errors",
     "redact_url",
     "run_study",
     "snapshot",

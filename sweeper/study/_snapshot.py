@@ -16,7 +16,7 @@ import functools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import optuna
 from optuna.trial import TrialState
@@ -34,6 +34,9 @@ from sweeper.study._stored import (
     tied_on_stability,
 )
 from sweeper.trial import TrialStatus
+
+if TYPE_CHECKING:
+    from sweeper.study._calibration import PredictionError
 
 #: Study user attributes the snapshot types (written by :mod:`sweeper.study._plan` and ``_confirm``).
 MODEL_PATH_ATTR = "model_path"
@@ -190,6 +193,14 @@ class StudySnapshot:
         """The COMPLETE ``trials`` no other of them dominates on :attr:`objectives`
         (:func:`sweeper.study._stored.non_dominated`)."""
         return non_dominated(trials, self.objectives)
+
+    @functools.cached_property
+    def prediction_errors(self) -> list[PredictionError]:
+        """The memory model's predicted vs measured peak of each measured ``complete`` trial
+        (:func:`sweeper.study._calibration.prediction_errors`)."""
+        from sweeper.study._calibration import prediction_errors
+
+        return prediction_errors(self)
 
     def tied_on_stability(self, trial: StoredTrial, others: Sequence[StoredTrial]) -> list[int]:
         """The numbers of ``others`` whose stability interval overlaps ``trial``'s on :attr:`objectives`
