@@ -184,3 +184,63 @@ def test_a_margin_is_shown_with_its_unit_and_its_bound():
 
     assert [format_margin(v) for v in (3.4, 12.2, 357.0, None)] == ["3.4x", "12x", "357x", "-"]
     assert format_margin(642.7, True) == ">=643x"
+
+
+def test_every_margin_and_prediction_carries_its_interval():
+    from sweeper.stability import (
+        DEFAULT_LR_CALIBRATION,
+        LONG_RUN_FACTOR,
+        STRESS_GROWTH,
+        format_margin_range,
+        format_rate_range,
+        margin_of,
+    )
+
+    found = margin_of(2e-4, "diverged", 5)
+    margin = STRESS_GROWTH**5
+    assert (found.stability_margin_low, found.stability_margin_high) == pytest.approx(
+        (margin / STRESS_GROWTH, margin * STRESS_GROWTH)
+    )  # one ladder step each side: the seed noise
+    spread = DEFAULT_LR_CALIBRATION.gsd**1.96
+    assert found.predicted_max_lr == pytest.approx(found.lr_ceiling * LONG_RUN_FACTOR)
+    assert (found.predicted_max_lr_low, found.predicted_max_lr_high) == pytest.approx(
+        (found.predicted_max_lr / spread, found.predicted_max_lr * spread)
+    )
+    assert found.predicted_max_lr_source.startswith("uncalibrated: factor from SmolLM2-135M")
+    capped = margin_of(2e-4, "cap", None)  # a lower bound: no upper end
+    assert capped.stability_margin_high is None and capped.predicted_max_lr_high is None
+    assert capped.stability_margin_low == pytest.approx(capped.stability_margin / STRESS_GROWTH)
+    assert format_margin_range(5.832, False, 3.24, 10.4976) == "5.8x (3.2-10x)"
+    assert format_margin_range(642.7, True, 357.0, None) == ">=643x (>=357x)"
+    assert format_margin_range(None, None, None, None) == "-" and format_margin_range(34.0, False, None, None) == "34x"
+    assert format_rate_range(3.36e-3, 1.5e-3, 7.5e-3) == "0.00336 (0.0015-0.0075)"
+    assert format_rate_range(None, None, None) == "-"
+
+
+def test_margins_within_each_others_noise_are_tied_and_a_tenfold_step_is_not():
+    from sweeper.stability import margin_of
+    from sweeper.study._objectives import EDGE_PROXIMITY, PEAK_MEMORY, dominates_beyond_noise
+    from sweeper.trial import StressOutcome, TrialResult
+
+    def point(peak: float, stop_step: int, learning_rate: float = 2e-4) -> list[tuple[float, float]]:
+        m = margin_of(learning_rate, "diverged", stop_step)
+        result = TrialResult(
+            status="complete",
+            stress=StressOutcome(
+                stability_margin=m.stability_margin,
+                stability_margin_low=m.stability_margin_low,
+                stability_margin_high=m.stability_margin_high,
+            ),
+        )
+        objectives = (PEAK_MEMORY, EDGE_PROXIMITY)
+        return [o.signed_interval(result, v) for o, v in zip(objectives, (peak, 1 / m.stability_margin))]
+
+    # One ladder step apart, more memory for the wider margin: a tie on stability, so the lighter one dominates.
+    assert dominates_beyond_noise(point(1.0, 4), point(2.0, 5))
+    assert not dominates_beyond_noise(point(2.0, 5), point(1.0, 4))
+    # Same memory, one ladder step apart: tied both ways.
+    assert not dominates_beyond_noise(point(1.0, 5), point(1.0, 4))
+    assert not dominates_beyond_noise(point(1.0, 4), point(1.0, 5))
+    # Four ladder steps apart (10.5x, about a tenfold change of the learning rate): beyond the noise.
+    assert dominates_beyond_noise(point(1.0, 8), point(1.0, 4))
+    assert not dominates_beyond_noise(point(1.0, 4), point(1.0, 8))

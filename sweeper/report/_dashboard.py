@@ -58,6 +58,12 @@ def confirmation_note(trial: StoredTrial) -> str:
             f"{'hold' if done.predicted_to_hold else 'fail'}: "
             + ("as predicted." if done.margin_held else "**not** as predicted."),
         ]
+    elif done.predicted_max_lr is not None and done.status in ("complete", "nan", "diverged"):
+        lines += [
+            "",
+            f"Its short trial's predicted_max_lr {done.predicted_max_lr:.3g} left it open: the learning rate lies "
+            "inside the prediction's 95% interval, where either outcome is within the noise.",
+        ]
     if done.instability is not None and short is not None:
         lines += [
             "",
