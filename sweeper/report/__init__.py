@@ -1,135 +1,53 @@
 """What a study says, for people and for other tools: the report's data (:mod:`._data`, frozen records of
-:mod:`._records`; ``sweep report --json`` is :meth:`Report.to_dict`), its figures and self-contained HTML
+:mod:`._records`; ``sweep report --json`` is :meth:`._records.Report.to_dict`), its figures and self-contained HTML
 (:mod:`._figures`, plotly), the terminal text (:mod:`._console`; ``sweep report``'s in :mod:`._report_console`,
 ``sweep run``'s in :mod:`._sweep_console`), optuna-dashboard with sweeper's notes and figure (:mod:`._dashboard`).
 The production configs of ``sweep export`` are :mod:`sweeper.export`'s.
 
 Every reader takes an ``optuna.Study`` or its snapshot (:func:`sweeper.study.snapshot`) and reads its trials as
 :class:`sweeper.study.StoredTrial`.
+
+The face exports only what the CLI uses; the records and the smaller helpers are imported from their modules.
 """
 
 from sweeper.report._console import (
     format_audit,
-    format_counts,
-    format_data_nan_summary,
     format_data_warnings,
     format_dropped_rows,
-    format_front,
     format_instability,
-    format_memory_prediction,
     format_params,
-    format_trace,
-    format_trial_line,
-    legacy_instability_warning,
-    margin_line,
     margin_text,
-    other_setups_line,
     predicted_text,
-    status_label,
     trial_header,
     trial_result_lines,
 )
-from sweeper.report._dashboard import dashboard_app, failure_note, publish_study, serve
-from sweeper.report._data import (
-    counts_with_stale,
-    curves_data,
-    describe_fit,
-    fit_map_data,
-    front_data,
-    importance_data,
-    memory_prediction_data,
-    no_picks_reason,
-    picks,
-    report_data,
-    trial_params,
-    trial_record,
-)
-from sweeper.report._figures import render_html, write_html_report
-from sweeper.report._progress import LiveProgress, format_duration
-from sweeper.report._records import (
-    Curve,
-    FitCell,
-    FitMap,
-    FrontData,
-    FrontRow,
-    ImportancePart,
-    MemoryEffects,
-    MemoryPrediction,
-    NotShown,
-    ParamImportance,
-    Report,
-    TrialRecord,
-)
+from sweeper.report._dashboard import publish_study, serve
+from sweeper.report._data import report_data
+from sweeper.report._figures import write_html_report
+from sweeper.report._progress import LiveProgress
 from sweeper.report._report_console import report_lines, report_written_line
-from sweeper.report._sweep_console import (
-    SweepConsole,
-    all_failed_line,
-    front_axis,
-    memory_line,
-    resume_lines,
-    sweep_header,
-    sweep_summary,
-)
+from sweeper.report._sweep_console import SweepConsole, all_failed_line, resume_lines, sweep_header, sweep_summary
 
 __all__ = [
-    "Curve",
-    "FitCell",
-    "FitMap",
-    "FrontData",
-    "FrontRow",
-    "ImportancePart",
     "LiveProgress",
-    "MemoryEffects",
-    "MemoryPrediction",
-    "NotShown",
-    "ParamImportance",
-    "Report",
     "SweepConsole",
-    "TrialRecord",
     "all_failed_line",
-    "counts_with_stale",
-    "curves_data",
-    "dashboard_app",
-    "describe_fit",
-    "failure_note",
-    "fit_map_data",
     "format_audit",
-    "format_counts",
-    "format_data_nan_summary",
     "format_data_warnings",
     "format_dropped_rows",
-    "format_duration",
-    "format_front",
     "format_instability",
-    "format_memory_prediction",
     "format_params",
-    "format_trace",
-    "format_trial_line",
-    "front_axis",
-    "front_data",
-    "importance_data",
-    "legacy_instability_warning",
-    "margin_line",
     "margin_text",
-    "memory_line",
-    "memory_prediction_data",
-    "no_picks_reason",
-    "other_setups_line",
-    "picks",
     "predicted_text",
     "publish_study",
-    "render_html",
     "report_data",
     "report_lines",
     "report_written_line",
     "resume_lines",
     "serve",
-    "status_label",
     "sweep_header",
     "sweep_summary",
     "trial_header",
-    "trial_params",
-    "trial_record",
     "trial_result_lines",
     "write_html_report",
 ]

@@ -485,7 +485,7 @@ def report_data(study: StudyLike) -> Report:
     """What ``sweep report --json`` prints (:meth:`~sweeper.report._records.Report.to_dict`) and the HTML report
     shows: the front (:func:`front_row`), every measured trial (:func:`trial_record`), counts, NaN causes, what fit,
     importance, picks, memory predictions (:func:`memory_prediction_data`) and the line on other setups
-    (:func:`sweeper.report.other_setups_line`, or None)."""
+    (:func:`sweeper.report._console.other_setups_line`, or None)."""
     study = snapshot(study)
     front = study.front
     numbers = {t.number for t in front}

@@ -87,7 +87,7 @@ def _instability(point: TrialRecord) -> float | None:
 
 def front_figure(front: FrontData) -> Any:
     """Peak memory (x) against the stability margin (y, log axis, higher is safer) for every trial of
-    :func:`sweeper.report.front_data`: the front as a red line, other complete trials in blue, pruned and failed
+    :func:`sweeper.report._data.front_data`: the front as a red line, other complete trials in blue, pruned and failed
     trials where their memory is known in a band below a margin of 1 (they failed at their own rate), one marker per
     status (NaN cause in the hover and legend). A study written before the margin plots its instability instead
     (linear, lower is better, failures in a band above)."""
@@ -422,8 +422,8 @@ def _fmt_rate(x: float | None) -> str:
 
 
 def _front_rows(summary: Report, keys: list[str]) -> list[list[Any]]:
-    """The HTML report's front table (:attr:`sweeper.report.Report.front`): a header row, then per trial its searched
-    ``keys``, peak memory, margin, ceiling, predicted max rate, progress, instability, confirmation and
+    """The HTML report's front table (:attr:`sweeper.report._records.Report.front`): a header row, then per trial its
+    searched ``keys``, peak memory, margin, ceiling, predicted max rate, progress, instability, confirmation and
     the picks that choose it."""
     from sweeper.report._console import SHORT_NAMES
 

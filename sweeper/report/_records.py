@@ -388,7 +388,7 @@ class Report:
         importance: What explains each objective, by objective name.
         picks: The trial each ``sweep export --pick`` chooses, by pick name.
         memory_prediction: The preflight's predictions against the measured peaks.
-        other_setups: The line on trials of other setups (:func:`sweeper.report.other_setups_line`), or None.
+        other_setups: The line on trials of other setups (:func:`sweeper.report._console.other_setups_line`), or None.
     """
 
     study: str

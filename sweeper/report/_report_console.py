@@ -1,6 +1,6 @@
 """What ``sweep report`` prints on the terminal: the front table, the counts by status and NaN cause, stale trials,
 the study's notes, the picks, what fit and the memory predictions (its ``--json`` is
-:meth:`sweeper.report.Report.to_dict`). Text only: the command prints it.
+:meth:`sweeper.report._records.Report.to_dict`). Text only: the command prints it.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from sweeper.study import StudyLike, snapshot, stale_running
 
 def report_lines(study: StudyLike, ref: str) -> list[str]:
     """``sweep report STUDY``'s lines (before the HTML report is written): the Pareto front
-    (:func:`sweeper.report.format_front`), the trials by status (stale RUNNING ones apart, one line each), the notes
-    on a 0.1.0 instability and on other setups, the picks (or why there is none), the largest ``max_seq_length`` that
-    fit per batch size and the memory predictions' error.
+    (:func:`sweeper.report._console.format_front`), the trials by status (stale RUNNING ones apart, one line each),
+    the notes on a 0.1.0 instability and on other setups, the picks (or why there is none), the largest
+    ``max_seq_length`` that fit per batch size and the memory predictions' error.
 
     Args:
         study: The study, or its snapshot (read once here otherwise).

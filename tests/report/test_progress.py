@@ -8,7 +8,8 @@ import io
 
 import pytest
 
-from sweeper.report import LiveProgress, format_duration
+from sweeper.report import LiveProgress
+from sweeper.report._progress import format_duration
 from sweeper.trial import TrialProgress
 
 

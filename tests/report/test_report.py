@@ -10,8 +10,8 @@ import pytest
 from sweeper.errors import StudyError
 from sweeper.export import pick_trial
 from sweeper.export._pick import knee
-from sweeper.report import MemoryEffects, NotShown, ParamImportance
 from sweeper.report import _data as report
+from sweeper.report._records import MemoryEffects, NotShown, ParamImportance
 from sweeper.space import parse_space
 from sweeper.study._objectives import DEFAULT_OBJECTIVES
 from sweeper.study._storage import open_study
@@ -253,7 +253,7 @@ def test_load_existing_study_refuses_what_is_not_a_study(tmp_path, content, need
 def test_no_pick_recommends_a_trial_because_it_barely_learns(tmp_path):
     """A capped margin at a learning rate that moves nothing is the widest margin there is: the front keeps the
     trial, but knee and most-stable skip it (and confirm runs it last); min-memory is about memory and keeps it."""
-    from sweeper.report import format_front
+    from sweeper.report._console import format_front
     from sweeper.study._confirm import candidates
 
     space = parse_space({"study": {"name": "learn"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
