@@ -22,8 +22,8 @@ import optuna
 
 from sweeper.memory import ModelShape, fit_calibration, group_of, median_abs
 from sweeper.memory._model import estimate_memory, settings_from
-from sweeper.study import load_existing_study, prediction_errors
-from sweeper.study._calibration import calibration_points
+from sweeper.study import load_existing_study
+from sweeper.study._calibration import calibration_points, prediction_errors
 from sweeper.study._snapshot import stored_trials
 from sweeper.trial import TrialStatus
 

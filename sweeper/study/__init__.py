@@ -10,7 +10,7 @@ learns to avoid their region. Timeouts, crashes and errors are FAIL.
 """
 
 from sweeper.study._artifacts import artifact_store
-from sweeper.study._calibration import PredictionError, current_calibration
+from sweeper.study._calibration import current_calibration
 from sweeper.study._confirm import candidates, confirm_trials
 from sweeper.study._identity import check_study_owner, study_dir
 from sweeper.study._loop import SweepCallback, SweepEvent, run_study
@@ -22,7 +22,7 @@ from sweeper.study._recovery import stale_running
 from sweeper.study._setup_checks import check_setup
 from sweeper.study._snapshot import StudyLike, StudySnapshot, snapshot
 from sweeper.study._storage import load_existing_study
-from sweeper.study._stored import Confirmation, StoredTrial, by_knee_distance
+from sweeper.study._stored import Confirmation, PredictionError, StoredTrial, by_knee_distance
 from sweeper.study._urls import redact_url
 
 __all__ = [

@@ -33,7 +33,7 @@ from sweeper.errors import STOP_CAUSE, RunError
 from sweeper.memory import preflight
 from sweeper.space import TrialConfig
 from sweeper.study._artifacts import artifact_store, upload_trial_artifacts
-from sweeper.study._calibration import CORRECTED_ATTR, device_kind, stored_calibration, update_calibration
+from sweeper.study._calibration import device_kind, stored_calibration, update_calibration
 from sweeper.study._coordination import AskLock, Heartbeat
 from sweeper.study._identity import study_dir, trial_dir
 from sweeper.study._machine import check_disk, slot_env
@@ -46,7 +46,7 @@ from sweeper.study._sampling import FAILURE_CONSTRAINT, failure_constraint, make
 from sweeper.study._setups import TRIAL_SETUP_ATTR
 from sweeper.study._snapshot import StudyLike, StudySnapshot, count_finished, snapshot
 from sweeper.study._storage import record_result
-from sweeper.study._stored import StoredTrial, stored_trial
+from sweeper.study._stored import CORRECTED_ATTR, StoredTrial, stored_trial
 from sweeper.trial import MemoryReading, Provenance, TrialProcess, TrialProgress, TrialResult, TrialStatus
 
 #: Seconds a worker slot waits before looking again when the trials still needed are all running elsewhere.

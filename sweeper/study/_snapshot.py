@@ -16,7 +16,7 @@ import functools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 import optuna
 from optuna.trial import TrialState
@@ -27,16 +27,15 @@ from sweeper.study._objectives import Objective, study_objectives
 from sweeper.study._setups import CURRENT_SETUP_ATTR, differences, stored_setups, trial_setup
 from sweeper.study._stored import (
     Confirmation,
+    PredictionError,
     StoredTrial,
     confirmations_in,
     non_dominated,
+    prediction_errors_of,
     stored_trial,
     tied_on_stability,
 )
 from sweeper.trial import TrialStatus
-
-if TYPE_CHECKING:
-    from sweeper.study._calibration import PredictionError
 
 #: Study user attributes the snapshot types (written by :mod:`sweeper.study._plan` and ``_confirm``).
 MODEL_PATH_ATTR = "model_path"
@@ -197,10 +196,8 @@ class StudySnapshot:
     @functools.cached_property
     def prediction_errors(self) -> list[PredictionError]:
         """The memory model's predicted vs measured peak of each measured ``complete`` trial
-        (:func:`sweeper.study._calibration.prediction_errors`)."""
-        from sweeper.study._calibration import prediction_errors
-
-        return prediction_errors(self)
+        (:func:`sweeper.study._stored.prediction_errors_of`)."""
+        return prediction_errors_of(self.trials)
 
     def tied_on_stability(self, trial: StoredTrial, others: Sequence[StoredTrial]) -> list[int]:
         """The numbers of ``others`` whose stability interval overlaps ``trial``'s on :attr:`objectives`

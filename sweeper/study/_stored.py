@@ -399,3 +399,65 @@ def by_knee_distance(front: Sequence[StoredTrial], objectives: Sequence[Objectiv
 def is_finished(trial: FrozenTrial | StoredTrial) -> bool:
     """Counts toward ``n_trials`` (:attr:`StoredTrial.counts`)."""
     return (trial if isinstance(trial, StoredTrial) else stored_trial(trial)).counts
+
+
+#: Trial user attribute: the corrected prediction the preflight used for this trial (GiB, same kind as
+#: ``peak_memory_gib``); absent before the study had a measured trial of this memory kind.
+CORRECTED_ATTR = "corrected_peak_gib"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictionError:
+    """The preflight's prediction of one complete trial's peak memory against what it measured.
+
+    Attributes:
+        number: The trial's number.
+        memory_kind: What its peak measures (``cpu_peak_rss``, ``cuda_max_reserved``), None when not recorded.
+        predicted_gib: The memory model's prediction (GiB), None when unknown.
+        corrected_gib: The prediction after the study's correction as it stood when the trial was asked (GiB), None
+            when no correction existed yet.
+        measured_gib: The measured peak (GiB, > 0).
+        error: ``(predicted_gib - measured_gib) / measured_gib`` (negative: under), None without a prediction.
+        corrected_error: The same for ``corrected_gib``, None without a correction.
+    """
+
+    number: int
+    memory_kind: str | None
+    predicted_gib: float | None
+    corrected_gib: float | None
+    measured_gib: float
+    error: float | None
+    corrected_error: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, keys in field order (``sweep report --json``'s ``memory_prediction.trials`` rows)."""
+        return asdict(self)
+
+
+def prediction_errors_of(trials: Sequence[StoredTrial]) -> list[PredictionError]:
+    """Predicted vs measured for each measured ``complete`` trial (repeats left out), as the sweep predicted it before
+    running it (:class:`PredictionError`, GiB); an error is ``(prediction - measured) / measured`` (negative: under),
+    None where the prediction is unknown (for ``corrected_error``: no correction existed yet when the trial was
+    asked)."""
+    rows = []
+    for t in trials:
+        if t.is_repeat or t.status != TrialStatus.COMPLETE:
+            continue
+        measured = t.result.memory.peak_memory_gib
+        if measured is None or measured <= 0:
+            continue
+        predicted = t.result.memory.predicted_peak_gib
+        corrected = t.user_attrs.get(CORRECTED_ATTR)
+        corrected = float(corrected) if isinstance(corrected, (int, float)) else None
+        rows.append(
+            PredictionError(
+                number=t.number,
+                memory_kind=t.result.memory.memory_kind,
+                predicted_gib=predicted,
+                corrected_gib=corrected,
+                measured_gib=measured,
+                error=None if predicted is None else (predicted - measured) / measured,
+                corrected_error=None if corrected is None else (corrected - measured) / measured,
+            )
+        )
+    return rows

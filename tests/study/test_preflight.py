@@ -14,8 +14,7 @@ import pytest
 from sweeper.memory import Calibration, CalibrationPoint, Known, fit_calibration, preflight
 from sweeper.memory._dominance import DIRECTIONS, at_least_as_large
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
-from sweeper.study import prediction_errors
-from sweeper.study._calibration import CALIBRATION_ATTR, stored_calibration, update_calibration
+from sweeper.study._calibration import CALIBRATION_ATTR, prediction_errors, stored_calibration, update_calibration
 from sweeper.testing import MEMORY_BASE
 
 BASE = MEMORY_BASE
@@ -237,8 +236,9 @@ def test_on_the_cpu_no_compute_dtype_is_always_larger(tiny_model, tmp_path):
 def test_a_sweep_learns_its_correction_and_a_stored_one_prunes_before_running(tiny_model, workdir):
     from sweeper.space import load_space
     from sweeper.study import plan_sweep, run_study
-    from sweeper.study._calibration import CORRECTED_ATTR, device_kind
+    from sweeper.study._calibration import device_kind
     from sweeper.study._storage import open_study
+    from sweeper.study._stored import CORRECTED_ATTR
     from sweeper.testing import tiny_space, write_space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
