@@ -289,6 +289,38 @@ def candidates(case: BlockCase, short: dict[str, Any]) -> dict[str, float]:
     }  # fmt: skip
 
 
+def reliability(shorts: dict[tuple[str, int], dict[str, Any] | None]) -> dict[str, Any]:
+    """Per candidate, how much of its spread over the block's complete short trials is between configurations rather
+    than between seeds of one configuration: the intraclass correlation ICC(1) of its value (log of a positive one)
+    over configurations with 2+ seeds (Shrout & Fleiss 1979). 1: the seed does not move it; 0: only the seed does. A
+    figure that should order configurations the step size ties needs a high one."""
+    groups: dict[str, dict[str, list[float]]] = {}
+    for c in BLOCK:
+        for s in SEEDS:
+            short = shorts[(c.name, s)]
+            if not short or short["status"] != "complete":
+                continue
+            for name, value in candidates(c, short).items():
+                if value is None or not math.isfinite(value):
+                    continue
+                groups.setdefault(name, {}).setdefault(c.name, []).append(value)
+    out = {}
+    for name, by_case in groups.items():
+        rows = [v for v in by_case.values() if len(v) >= 2]
+        if len(rows) < 3:
+            continue
+        positive = all(x > 0 for r in rows for x in r)
+        rows = [[math.log(x) for x in r] if positive else r for r in rows]
+        k = statistics.fmean(len(r) for r in rows)
+        grand = statistics.fmean(x for r in rows for x in r)
+        between = sum(len(r) * (statistics.fmean(r) - grand) ** 2 for r in rows) / (len(rows) - 1)
+        within_df = sum(len(r) - 1 for r in rows)
+        within = sum((x - statistics.fmean(r)) ** 2 for r in rows for x in r) / within_df if within_df else math.nan
+        denom = between + (k - 1) * within
+        out[name] = {"icc": round((between - within) / denom, 3) if denom > 0 else None, "configurations": len(rows)}
+    return out
+
+
 def summarize(runs: dict[str, dict[str, Any]], long: int) -> dict[str, Any]:
     """The block's figures from the runs there are (see the module docstring)."""
     shorts = {(c.name, s): runs.get(short_key(c, s)) for c in BLOCK for s in SEEDS}
@@ -302,6 +334,22 @@ def summarize(runs: dict[str, dict[str, Any]], long: int) -> dict[str, Any]:
     out["margin_seed_spread_steps"] = spreads
     if spreads:
         out["margin_seed_spread_share_within_1_step"] = sum(1 for s in spreads if s <= 1.0001) / len(spreads)
+    # The interval's coverage: over ordered pairs of seeds of one configuration, the share whose second margin lies
+    # inside the first's stored interval (what "a second seed's figure falls inside the first seed's interval" asks).
+    inside = pairs = 0
+    for c in BLOCK:
+        got = [v for s in SEEDS if (v := shorts[(c.name, s)]) and v.get("stability_margin")]
+        for a in got:
+            for b in got:
+                if a is b:
+                    continue
+                low = a.get("stability_margin_low") or a["stability_margin"] / STRESS_GROWTH
+                high = a.get("stability_margin_high") or a["stability_margin"] * STRESS_GROWTH
+                pairs += 1
+                inside += low <= b["stability_margin"] <= high
+    if pairs:
+        out["second_seed_inside_first_interval"] = {"pairs": pairs, "inside": inside, "share": round(inside / pairs, 3)}
+    out["seed_reliability"] = reliability(shorts)
     # Own rate: the failure share per configuration, and the share whose seeds disagree.
     rows = []
     disagree = 0
