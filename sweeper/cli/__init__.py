@@ -262,7 +262,11 @@ def _add_calibrate(sub: argparse._SubParsersAction[_Parser]) -> None:
         metavar="N",
         help="steps of each long run (default: study.confirm_steps, else 10x the trial's max_steps)",
     )
-    calibrate.add_argument("--trials", metavar="3,7", help="these trials (default: the front's, least memory first)")
+    calibrate.add_argument(
+        "--trials",
+        metavar="3,7",
+        help="these trials (default: the front's, then the other complete trials with a measured lr_ceiling)",
+    )
     calibrate.add_argument("--runs", type=int, default=12, metavar="N", help="long runs at most (default 12)")
     calibrate.add_argument("--hours", type=float, metavar="H", help="stop starting runs after H hours")
     calibrate.add_argument(

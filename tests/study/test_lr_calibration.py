@@ -133,3 +133,21 @@ def test_calibrate_stores_the_factor_every_view_uses_it_and_a_held_out_edge_land
         if e["trial"] == held_out]  # fmt: skip
     predicted = after[held_out]
     assert predicted["predicted_max_lr_low"] <= edge["edge_lr"] <= predicted["predicted_max_lr_high"], (edge, predicted)
+
+
+@pytest.mark.slow
+def test_calibrate_bad_input_is_one_line_and_writes_nothing(fp16_study, workdir):
+    shutil.copytree(fp16_study, workdir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("cache"))
+    for argv, needle in (
+        (["--trials", "x"], "--trials: 'x' is not a list"),
+        (["--trials", "99"], "no trial 99"),
+        (["--steps", "0"], "--steps: 0 is not a number of steps"),
+        (["--runs", "0"], "--runs: 0 is not a number of runs"),
+        (["--hours", "0"], "--hours: 0.0 is not a duration"),
+        (["--resolution", "1"], "--resolution: 1.0 must be above 1"),
+    ):
+        out = run_cli("calibrate", "cal", *argv, cwd=workdir)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], (argv, out.stderr)
+    study = optuna.load_study(study_name="cal", storage="sqlite:///studies/cal.db")
+    assert not [k for k in study.user_attrs if k.startswith("lr_calibration")]
