@@ -151,3 +151,31 @@ def test_calibrate_bad_input_is_one_line_and_writes_nothing(fp16_study, workdir)
         assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], (argv, out.stderr)
     study = optuna.load_study(study_name="cal", storage="sqlite:///studies/cal.db")
     assert not [k for k in study.user_attrs if k.startswith("lr_calibration")]
+
+
+def test_a_studys_calibration_remakes_every_predicted_max_lr_and_says_so(tmp_path):
+    from sweeper.space import parse_space
+    from sweeper.study import snapshot
+    from sweeper.study._storage import open_study
+    from sweeper.testing import add_trial
+
+    space = parse_space({"study": {"name": "cal"}, "search": {"r": [4, 8]}}, "space.yaml")
+    study = open_study(space, f"sqlite:///{tmp_path}/cal.db", "cal", 2)
+    ceiling = 2e-4 * 5.832  # a trial at the default learning rate whose stress phase diverged at step 3
+    add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=1 / 5.832,
+              extra={"lr_ceiling": ceiling, "predicted_max_lr": ceiling * 0.144})  # fmt: skip
+    [before] = snapshot(study).trials
+    assert before.result.stress.predicted_max_lr == pytest.approx(ceiling * 0.144)
+    assert before.result.stress.predicted_max_lr_source.startswith("uncalibrated")
+    assert before.result.stress.predicted_max_lr_low == pytest.approx(ceiling * 0.144 / 1.51**1.96)
+    study.set_user_attr(
+        "lr_calibration", {"factor": 0.05, "gsd": 1.2, "edges": 3, "source": "calibrated on this study's model (3)"}
+    )
+    [after] = snapshot(study).trials
+    stress = after.result.stress
+    assert stress.predicted_max_lr == pytest.approx(ceiling * 0.05)
+    assert (stress.predicted_max_lr_low, stress.predicted_max_lr_high) == pytest.approx(
+        (ceiling * 0.05 / 1.2**1.96, ceiling * 0.05 * 1.2**1.96)
+    )
+    assert stress.predicted_max_lr_source == "calibrated on this study's model (3)"
+    assert after.result.stress.stability_margin == before.result.stress.stability_margin  # the margin stays
