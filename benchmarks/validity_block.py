@@ -453,7 +453,7 @@ def markdown(runs: dict[str, dict[str, Any]], summary: dict[str, Any], long: int
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--phase", choices=("short", "own", "edge", "all"), default="all")
-    parser.add_argument("--only", help="comma-separated configuration names")
+    parser.add_argument("--only", help="configuration names separated by semicolons (names hold commas)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--threads", type=int)
@@ -468,7 +468,11 @@ def main(argv: list[str] | None = None) -> int:
         with block.lock:
             block.save()
         return 0
-    cases = [c for c in BLOCK if not args.only or c.name in args.only.split(",")]
+    wanted = [n.strip() for n in args.only.split(";")] if args.only else []
+    unknown = [n for n in wanted if n not in {c.name for c in BLOCK}]
+    if unknown:
+        parser.error(f"--only: no configuration {unknown[0]!r}; choose among: {'; '.join(c.name for c in BLOCK)}")
+    cases = [c for c in BLOCK if not wanted or c.name in wanted]
     pairs = [(c, s) for s in SEEDS for c in cases]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         if args.phase in ("short", "all"):
