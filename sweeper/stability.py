@@ -386,6 +386,13 @@ STRESS_STOPS = ("diverged", "nan", "overflow", "cap", "oom", "error")
 LEARNING_PROGRESS_SHARE = 0.10
 
 
+#: The ``safe`` pick leaves out trials that learn less than this share of the fastest-learning safe trial it chooses
+#: among, and a ``knee`` or ``most-stable`` pick below it says so on its line: "learns less than half as fast as a
+#: safe alternative" (the picks issue; at the recipe's rates the demo's knee learned 13% in 12 steps, the other end of
+#: its front 36%).
+SLOW_LEARNING_SHARE = 0.5
+
+
 def barely_learns(progress: float | None, best: float | None) -> bool:
     """Whether a trial's ``learning_progress`` is under :data:`LEARNING_PROGRESS_SHARE` of ``best`` (the largest
     among the complete trials it is compared with), or not above 0. Measured on the built-in model at 30 steps: 0.45
@@ -569,6 +576,95 @@ def margin_of(
         predicted_max_lr_high=p_high,
         predicted_max_lr_source=calibration.source,
     )
+
+
+#: The least headroom (``predicted_max_lr / learning_rate``) at which a trial whose ``predicted_max_lr`` is
+#: uncalibrated counts as safely below its edge, whatever its interval says: the issue that asked for headroom set it,
+#: and the built-in factor's own 95% spread (``1.51**1.96`` = 2.24) already asks for more. A study's own calibration
+#: (``sweep calibrate``) may allow less: its trials need only their interval's low end above their rate.
+MIN_UNCALIBRATED_HEADROOM = 2.0
+
+#: How a calibrated ``predicted_max_lr_source`` begins (``sweep calibrate``'s :class:`LrCalibration`).
+CALIBRATED_SOURCE_PREFIX = "calibrated on this study's model"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Headroom:
+    """How many times its own learning rate a trial's long run is predicted to hold: ``predicted_max_lr /
+    learning_rate``, with the 95% interval of ``predicted_max_lr`` (:func:`predicted_max_lr`) divided alike. A
+    user's question, "can I train this at my rate, and how much room is there", in the user's units.
+
+    Attributes:
+        value: ``predicted_max_lr / learning_rate`` (> 0); a lower bound when ``capped``.
+        low: The low end of its 95% interval.
+        high: The high end, None when ``capped`` (the stress phase reached its cap: no upper end).
+        capped: The stress phase reached its cap without diverging.
+        calibrated: ``predicted_max_lr`` came from the study's own factor (``sweep calibrate``), not the built-in one.
+    """
+
+    value: float
+    low: float
+    high: float | None
+    capped: bool
+    calibrated: bool
+
+    @property
+    def safety_factor(self) -> float:
+        """The headroom below which the trial is :attr:`near_edge`: the factor from ``value`` down to the interval's
+        low end (``gsd**1.96`` of its calibration), and at least :data:`MIN_UNCALIBRATED_HEADROOM` when
+        uncalibrated."""
+        spread = self.value / self.low if self.low > 0 else math.inf
+        return max(spread, MIN_UNCALIBRATED_HEADROOM) if not self.calibrated else spread
+
+    @property
+    def near_edge(self) -> bool:
+        """Whether a long run at the trial's own rate may fail within the prediction's noise: ``value`` below
+        :attr:`safety_factor` (equivalently, uncalibrated: the interval's low end under 1 or the headroom under 2)."""
+        return self.value < self.safety_factor * (1 - 1e-9)
+
+
+def headroom_of(learning_rate: float | None, stress: Any) -> Headroom | None:
+    """The :class:`Headroom` of a trial trained at ``learning_rate`` whose stress phase measured ``stress`` (any
+    object with ``predicted_max_lr``, ``predicted_max_lr_low``, ``predicted_max_lr_high``, ``margin_capped`` and
+    ``predicted_max_lr_source``: a :class:`Margin`, a stored ``StressOutcome``, a report row); None when either is
+    unknown. A prediction stored without its interval gets the built-in spread."""
+    predicted = getattr(stress, "predicted_max_lr", None)
+    if learning_rate is None or not learning_rate > 0 or predicted is None or not math.isfinite(predicted):
+        return None
+    capped = bool(getattr(stress, "margin_capped", False))
+    low = getattr(stress, "predicted_max_lr_low", None)
+    high = getattr(stress, "predicted_max_lr_high", None)
+    if low is None:
+        low = predicted / DEFAULT_LR_CALIBRATION.spread
+        high = None if capped else predicted * DEFAULT_LR_CALIBRATION.spread
+    source = getattr(stress, "predicted_max_lr_source", None) or ""
+    return Headroom(
+        value=predicted / learning_rate,
+        low=low / learning_rate,
+        high=None if capped or high is None else high / learning_rate,
+        capped=capped,
+        calibrated=source.startswith(CALIBRATED_SOURCE_PREFIX),
+    )
+
+
+def format_headroom(headroom: Headroom | None, *, mark: bool = True) -> str:
+    """A headroom with its interval as every view shows it (:func:`format_headroom_range`); ``mark`` adds ``near
+    edge`` when it is :attr:`Headroom.near_edge`; ``-`` when unknown."""
+    if headroom is None:
+        return "-"
+    high = None if headroom.capped else headroom.high
+    return format_headroom_range(headroom.value, headroom.low, high, mark and headroom.near_edge)
+
+
+def format_headroom_range(value: float | None, low: float | None, high: float | None, near_edge: bool | None) -> str:
+    """``16x (7.1-36x)``, ``>=42x (>=19x)`` without a high end (capped), with ``, near edge`` inside the parentheses
+    when ``near_edge``; ``-`` when unknown."""
+    if value is None or low is None:
+        return "-"
+    near = ", near edge" if near_edge else ""
+    if high is None:
+        return f"{format_margin(value, True)} (>={format_margin(low)}{near})"
+    return f"{format_margin(value)} ({format_margin(low)[:-1]}-{format_margin(high)}{near})"
 
 
 def learning_progress(probe_loss: Sequence[float | None]) -> float | None:

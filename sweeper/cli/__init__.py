@@ -202,8 +202,12 @@ def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
     which.add_argument(
         "--pick",
         choices=PICKS,
-        default="knee",
-        help="a point of the front: knee (best trade-off, the default), min-memory or most-stable",
+        default="safe",
+        help="a point of the front (its line says what it chose among; confirmed trials are preferred): safe (the "
+        "default: the least memory among the trials safely below their edge, headroom predicted_max_lr/learning_rate "
+        "at or above its safety factor, leaving out those that learn under half as fast as the fastest of them; "
+        "within 10%% of that memory (the seed's noise on peak memory), the one that learns most), knee (best trade-off), min-memory, most-stable (least "
+        "memory among those tied with the most stable)",
     )
     default = "hf"
     export.add_argument(
@@ -240,7 +244,9 @@ def _add_confirm(sub: argparse._SubParsersAction[_Parser]) -> None:
     chosen = confirm.add_mutually_exclusive_group()
     chosen.add_argument("--trials", metavar="3,7", help="these trials")
     chosen.add_argument("--front", action="store_true", help="every trial of the front, the knee first")
-    chosen.add_argument("--pick", choices=PICKS, default="knee", help="a point of the front (default knee)")
+    chosen.add_argument(
+        "--pick", choices=PICKS, default="safe", help="a point of the front, as sweep export picks it (default safe)"
+    )
     confirm.set_defaults(func=cmd_confirm)
 
 

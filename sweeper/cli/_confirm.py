@@ -149,7 +149,7 @@ def _numbers(text: str) -> list[int]:
 
 
 def cmd_confirm(args: argparse.Namespace) -> int:
-    """``sweep confirm STUDY [--steps N] [--trials 3,7 | --front | --pick knee]``."""
+    """``sweep confirm STUDY [--steps N] [--trials 3,7 | --front | --pick safe]``."""
     import optuna
 
     from sweeper.export import pick_trial
@@ -172,7 +172,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
                 f"{study.study_name}: --pick: the study has no complete trial to confirm; run more "
                 "trials with 'sweep run'"
             )
-        numbers = [ranked[0].number if args.pick == "knee" else pick_trial(read, pick=args.pick).number]
+        numbers = [ranked[0].number if args.pick == "safe" else pick_trial(read, pick=args.pick).number]
     steps = args.steps if args.steps is not None else read.confirm_steps
     failed, not_run = run_confirmations(study, numbers, steps)
     _publish(study)  # the dashboard's front figure and notes show the confirmations

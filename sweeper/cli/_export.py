@@ -13,31 +13,29 @@ def cmd_export(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.errors import StudyError
-    from sweeper.export import EXPORT_FORMATS, export_path, inexpressible, pick_trial, write_export
+    from sweeper.export import EXPORT_FORMATS, choose, export_path, inexpressible, pick_trial, write_export
     from sweeper.report import margin_text
+    from sweeper.stability import format_headroom
     from sweeper.study import load_existing_study, snapshot, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded, _ = load_existing_study(args.study)
     study = snapshot(loaded)
-    trial = pick_trial(study, number=args.trial, pick=args.pick, fmt=args.format)
     if args.trial is None:
-        how = f"{args.pick} of the front: trial {trial.number}"
+        choice = choose(study, args.pick, args.format)
+        trial, how = choice.trial, choice.line
         try:
-            overall = pick_trial(study, pick=args.pick)
+            overall = choose(study, args.pick).trial
         except StudyError:  # every trial of the front failed its confirmation: the format's pick stands alone
             overall = trial
         if overall.number != trial.number:  # picked on the front of the trials the format can express
             reason = inexpressible(overall, args.format)
-            why = f": {reason}" if reason else ""
-            how = (
-                f"{args.pick} of the front of the trials {args.format} can express: trial {trial.number} (the "
-                f"study's {args.pick} is trial {overall.number}{why})"
-            )
-    elif trial.number != args.trial:
-        how = f"trial {args.trial}, a repeat of trial {trial.number} (its measured result)"
+            how += f"; the study's {args.pick} is trial {overall.number}" + (f": {reason}" if reason else "")
     else:
+        trial = pick_trial(study, number=args.trial, fmt=args.format)
         how = f"trial {trial.number}"
+        if trial.number != args.trial:
+            how = f"trial {args.trial}, a repeat of trial {trial.number} (its measured result)"
     _refuse_unmatched_targets(study, trial)
     values = trial.values or (float("nan"), float("nan"))
     where = args.output or f"{study_dir(study.name) / 'exports'}/"
@@ -49,8 +47,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     files = write_export(study, trial, args.format, target, force=args.force, warnings=warnings)
     replaced = [f for f in files if f in existed]
     _print(
-        f"export  {how} (peak {values[0]:.3f} GiB, margin "
-        f"{margin_text(trial.result.stress)}) as {args.format}: "
+        f"export  {how} (peak {values[0]:.3f} GiB, margin {margin_text(trial.result.stress)}, headroom "
+        f"{format_headroom(trial.headroom)}) as {args.format}: "
         + ", ".join(str(f) for f in files)
         + (f" (replaced {len(replaced)} earlier file{'s' if len(replaced) > 1 else ''})" if replaced else "")
     )

@@ -1,15 +1,17 @@
-"""Which trial ``sweep export`` writes: trial N, or the front's knee, min-memory or most-stable point, among the
-trials the format can express and that did not fail their confirmation; and the one-line refusals otherwise."""
+"""Which trial ``sweep export`` writes: trial N, or the front's safe (the default), knee, min-memory or most-stable
+point, among the trials the format can express and that did not fail their confirmation, with what each pick chose
+among (:class:`PickChoice`); and the one-line refusals otherwise."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from sweeper.errors import StudyError
 from sweeper.export._registry import EXPORT_FORMATS, export_format
-from sweeper.stability import format_margin
+from sweeper.stability import SLOW_LEARNING_SHARE, format_headroom, format_margin
 from sweeper.study import (
     Objective,
     StoredTrial,
@@ -20,8 +22,8 @@ from sweeper.study import (
 )
 from sweeper.trial import TrialStatus
 
-Pick = Literal["knee", "min-memory", "most-stable"]
-PICKS: tuple[str, ...] = ("knee", "min-memory", "most-stable")
+Pick = Literal["safe", "knee", "min-memory", "most-stable"]
+PICKS: tuple[str, ...] = ("safe", "knee", "min-memory", "most-stable")
 
 
 def objectives(trial: StoredTrial) -> tuple[float, ...]:
@@ -102,18 +104,35 @@ def nearest_expressible(study: StudyLike, trial: StoredTrial, fmt: str) -> Store
     return min(candidates, key=key)
 
 
-def pick_trial(
-    study: StudyLike, *, number: int | None = None, pick: Pick = "knee", fmt: str | None = None
-) -> StoredTrial:
-    """The trial to export: trial ``number``, or the front's ``knee``, ``min-memory`` or ``most-stable`` point.
-    ``most-stable`` treats the stability objective's noise as a tie: among the trials whose interval overlaps the
-    most stable one's (a stability margin within its seed noise), it takes the least memory.
+@dataclass(frozen=True, kw_only=True)
+class PickChoice:
+    """The trial a pick chose, what it chose among and what the user should know about it.
 
-    A pick prefers confirmed trials: when some trials of the front completed their confirmation (``sweep confirm``),
-    the pick is made among those; a trial that failed its confirmation is never picked nor exported. With ``fmt``, a
-    pick is made on the front of the trials that format can express (:func:`inexpressible`: LLaMA-Factory has no
-    float32 compute, axolotl no fractional ``lora_alpha``), and trial ``number`` is refused when the format cannot
-    express it, naming the nearest trial it can (:func:`nearest_expressible`).
+    Attributes:
+        pick: ``knee``, ``min-memory``, ``most-stable`` or ``safe``.
+        trial: The chosen trial.
+        among: What it chose among, as the line says it: ``the front's 5 trials``, ``the 2 confirmed trials of the
+            front``, ``the front of the trials axolotl can express (3)``.
+        notes: What else the line says: a better trial left out because it is unconfirmed, a trial that learns
+            less than half as fast as a safe alternative, a trial near its edge, no safe trial.
+    """
+
+    pick: str
+    trial: StoredTrial
+    among: str
+    notes: tuple[str, ...] = ()
+
+    @property
+    def line(self) -> str:
+        """``safe #3, among the front's 5 trials; #0 uses 0.080 GiB less and is unconfirmed``."""
+        return "; ".join([f"{self.pick} #{self.trial.number}, among {self.among}", *self.notes])
+
+
+def pick_trial(
+    study: StudyLike, *, number: int | None = None, pick: Pick = "safe", fmt: str | None = None
+) -> StoredTrial:
+    """The trial to export: trial ``number``, or the front's ``safe``, ``knee``, ``min-memory`` or ``most-stable``
+    point (:func:`choose`, whose rules this follows).
 
     Raises:
         StudyError: No such trial, the trial did not complete or failed its confirmation (its status and reason are
@@ -122,12 +141,44 @@ def pick_trial(
     """
     if number is not None:
         return _numbered_trial(snapshot(study), number, fmt)
+    return choose(study, pick, fmt).trial
+
+
+def choose(study: StudyLike, pick: Pick = "safe", fmt: str | None = None) -> PickChoice:
+    """The front's point a pick chooses, with what it chose among and the notes its line carries.
+
+    The rules (``sweep export --help``, docs/contract.md, the report):
+
+    - **Among what.** The front of the study's current setup; with ``fmt``, the front of the trials that format can
+      express (:func:`inexpressible`: LLaMA-Factory has no float32 compute, axolotl no fractional ``lora_alpha``).
+      A trial that failed its confirmation is never picked. When some trials of the front completed their
+      confirmation (``sweep confirm``), every pick is made among those, and its line names the unconfirmed trial
+      the pick would take otherwise. ``knee``, ``most-stable`` and ``safe`` leave out trials that barely learn
+      (:func:`sweeper.stability.barely_learns`).
+    - ``min-memory``: the least peak memory.
+    - ``knee``: the compromise point (:func:`knee`).
+    - ``most-stable``: the least memory among the trials tied with the most stable one (a stability margin within
+      its seed noise).
+    - ``safe`` (``sweep export``'s default): among the trials safely below their edge (headroom, ``predicted_max_lr
+      / learning_rate``, at or above its safety factor: :class:`sweeper.stability.Headroom`) that learn at least
+      half as fast as the fastest of them (:data:`sweeper.stability.SLOW_LEARNING_SHARE`), those within 10% (the
+      seed's noise on peak memory, :data:`sweeper.study._objectives.MEMORY_NOISE_SHARE`) of the
+      least memory; of those the one that learns most. With no safe trial, the most headroom, said on its line.
+    - A ``knee`` or ``most-stable`` pick that learns less than half as fast as a safe trial of the front, and any
+      pick near its edge, says so on its line.
+
+    Raises:
+        StudyError: The study has no complete trial (that ``fmt`` can express) that did not fail its confirmation.
+        ValueError: ``pick`` is none of :data:`PICKS`.
+    """
+    if pick not in PICKS:
+        raise ValueError(f"pick must be one of {PICKS}, but got {pick!r}")
     study = snapshot(study)
     name = study.name
-    declared = study.objectives
     front = study.front
     if not front:
         raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with 'sweep run'")
+    among = f"the front's {len(front)} trial{'s' if len(front) != 1 else ''}"
     if fmt is not None and any(inexpressible(t, fmt) for t in front):
         expressible = study.non_dominated(_expressible_trials(study, fmt))
         if not expressible:
@@ -138,11 +189,31 @@ def pick_trial(
                 f"with --format {_formats_expressing(front[0], fmt)}, or {fix}"
             )
         front = expressible
+        among = f"the front of the trials {fmt} can express ({len(front)})"
     passed = [t for t in front if t.confirmation is not None and t.confirmation.passed]
     usable = [t for t in front if t.confirmation is None or t.confirmation.passed]
     if not usable:
         _refuse_failed_confirmation(name, front[0], "--pick")
-    front = passed or usable
+    chosen, notes = _apply(study, pick, passed or usable)
+    if passed and len(passed) < len(usable):
+        n = len(passed)
+        among = f"the {n} confirmed trial{'s' if n != 1 else ''} of {among}"
+        unrestricted, _ = _apply(study, pick, usable)
+        if unrestricted.number != chosen.number:
+            notes = [*notes, _unconfirmed_note(name, pick, chosen, unrestricted)]
+    headroom = chosen.headroom
+    if pick != "safe" and headroom is not None and headroom.near_edge:
+        notes.append(f"near its edge (headroom {format_headroom(headroom, mark=False)})")
+    return PickChoice(pick=pick, trial=chosen, among=among, notes=tuple(notes))
+
+
+def _progress(t: StoredTrial) -> float | None:
+    return t.result.constant.learning_progress
+
+
+def _apply(study: StudySnapshot, pick: Pick, front: list[StoredTrial]) -> tuple[StoredTrial, list[str]]:
+    """The pick's rule on ``front`` (non-empty): the trial and the notes on it (:func:`choose`)."""
+    declared = study.objectives
     if pick != "min-memory":  # no trial is recommended as safest because it barely learns
         front = study.learning(front)
     memory = next(i for i, o in enumerate(declared) if o.role == "memory")
@@ -151,13 +222,39 @@ def pick_trial(
     def signed(t: StoredTrial, i: int) -> float:
         return declared[i].better(objectives(t)[i])
 
+    safe = [t for t in front if (h := t.headroom) is not None and not h.near_edge]
+    fastest = max((p for t in safe if (p := _progress(t)) is not None), default=None)
+    notes: list[str] = []
+    if pick == "safe":
+        chosen, note = study.safe_pick(front)
+        return chosen, [note] if note else []
     if pick == "min-memory":
-        return min(front, key=lambda t: (signed(t, memory), signed(t, stability)))
-    if pick == "most-stable":  # the least memory among the trials tied with the most stable one
+        chosen = min(front, key=lambda t: (signed(t, memory), signed(t, stability)))
+    elif pick == "most-stable":  # the least memory among the trials tied with the most stable one
         best = min(front, key=lambda t: (signed(t, stability), signed(t, memory)))
         tied = [t for t in front if t.number in study.tied_on_stability(best, front)]
-        return min([best, *tied], key=lambda t: (signed(t, memory), signed(t, stability)))
-    return knee(front, declared)
+        chosen = min([best, *tied], key=lambda t: (signed(t, memory), signed(t, stability)))
+    else:
+        chosen = knee(front, declared)
+    mine = _progress(chosen)
+    if fastest is not None and fastest > 0 and (mine is None or mine < SLOW_LEARNING_SHARE * fastest):
+        faster = max(safe, key=lambda t: _progress(t) or 0.0)
+        shown = "?" if mine is None else f"{100 * mine:.0f}%"
+        notes.append(
+            f"learns {shown}, less than half as fast as safe #{faster.number} ({100 * fastest:.0f}%): see --pick safe"
+        )
+    return chosen, notes
+
+
+def _unconfirmed_note(study_name: str, pick: Pick, chosen: StoredTrial, other: StoredTrial) -> str:
+    """What the pick would take without preferring confirmed trials, said on its line."""
+    if pick == "min-memory":
+        less = objectives(chosen)[0] - objectives(other)[0]
+        return f"#{other.number} uses {less:.3f} GiB less and is unconfirmed"
+    return (
+        f"#{other.number} would be the {pick} pick and is unconfirmed (sweep confirm {study_name} --trials "
+        f"{other.number})"
+    )
 
 
 def _numbered_trial(study: StudySnapshot, number: int, fmt: str | None) -> StoredTrial:

@@ -120,6 +120,13 @@ class Provenance:
         predicted_max_lr_low, predicted_max_lr_high: ``predicted_max_lr``'s 95% interval (``high`` None when
             capped).
         predicted_max_lr_source: Which factor made ``predicted_max_lr`` (calibrated on this study, or not).
+        headroom, headroom_low, headroom_high: ``predicted_max_lr / learning_rate`` and its 95% interval (2
+            significant digits; ``high`` None when capped): how many times its rate a long run is predicted to hold
+            (:class:`sweeper.stability.Headroom`); None when not measured.
+        near_edge: The headroom is below its safety factor (:attr:`sweeper.stability.Headroom.near_edge`).
+        measured_effective_batch_size: ``per_device_train_batch_size * gradient_accumulation_steps`` of the short
+            trial (and of its confirmation): the effective batch the stability figures were measured at, which the
+            export's ``gradient_accumulation_steps`` may change.
         learning_progress: How far the probe loss fell (3 decimals).
         confirmation: The trial's long run, None when not confirmed.
         device: ``cpu`` or ``cuda:<i> (<name>)``.
@@ -143,6 +150,11 @@ class Provenance:
     predicted_max_lr_low: float | None
     predicted_max_lr_high: float | None
     predicted_max_lr_source: str | None
+    headroom: float | None
+    headroom_low: float | None
+    headroom_high: float | None
+    near_edge: bool | None
+    measured_effective_batch_size: int
     learning_progress: float | None
     confirmation: Confirmation | None
     device: str | None
@@ -291,6 +303,7 @@ def _provenance(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Pro
     """Study, trial, what was measured where, and the library versions (:attr:`ExportSettings.provenance`)."""
     versions = trial.result.provenance.versions or {}
     peak = trial.result.memory.peak_memory_gib
+    h = trial.headroom
     return Provenance(
         study=study.name,
         trial=trial.number,
@@ -307,6 +320,11 @@ def _provenance(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Pro
         predicted_max_lr_low=_rounded(trial.result.stress.predicted_max_lr_low, 6),
         predicted_max_lr_high=_rounded(trial.result.stress.predicted_max_lr_high, 6),
         predicted_max_lr_source=trial.result.stress.predicted_max_lr_source,
+        headroom=_rounded(h.value, 2) if h is not None else None,
+        headroom_low=_rounded(h.low, 2) if h is not None else None,
+        headroom_high=_rounded(h.high, 2) if h is not None and h.high is not None else None,
+        near_edge=h.near_edge if h is not None else None,
+        measured_effective_batch_size=c.per_device_train_batch_size * c.gradient_accumulation_steps,
         learning_progress=_rounded(trial.result.constant.learning_progress, 3),
         confirmation=trial.confirmation,
         device=trial.result.provenance.device,
@@ -363,11 +381,37 @@ def _margin_sentence(p: Provenance) -> str:
     else:
         interval = f" (95%: {p.predicted_max_lr_low}-{p.predicted_max_lr_high})"
     source = f"; {p.predicted_max_lr_source}" if p.predicted_max_lr_source else ""
+    if p.headroom is None:
+        headroom = ""
+    else:
+        span = f">= {p.headroom_low}x" if p.headroom_high is None else f"{p.headroom_low}x-{p.headroom_high}x"
+        near = ": NEAR ITS EDGE, a long run at this rate may fail within the noise" if p.near_edge else ""
+        headroom = f" Headroom {bound}{p.headroom}x this learning rate (95%: {span}){near}."
     return (
         f"Stability margin {bound}{p.stability_margin}x the learning rate{noise} (the stress phase diverged at "
         f"lr_ceiling {ceiling}); predicted_max_lr {p.predicted_max_lr}{interval}{source}: a constant learning rate "
         "above it is predicted to fail within a long run (benchmarks/results/validity.md says how wide that "
-        "prediction is)."
+        f"prediction is).{headroom}"
+    )
+
+
+def _batch_sentence(s: ExportSettings) -> str:
+    """At which effective batch the stability figures and the confirmation were measured, against the export's."""
+    p, t = s.provenance, s.training
+    exported = t.per_device_train_batch_size * t.gradient_accumulation_steps
+    measured = p.measured_effective_batch_size
+    confirmed = (
+        ""
+        if p.confirmation is None
+        else f"; its confirmation ran at {measured} too, not as exported"
+        if exported != measured
+        else "; its confirmation ran as exported"
+    )
+    if exported == measured:
+        return f"The stability figures were measured at this export's effective batch, {measured}{confirmed}."
+    return (
+        f"The stability figures were measured at effective batch {measured}; this export trains at {exported} "
+        f"(gradient_accumulation_steps {t.gradient_accumulation_steps}), at which they were not measured{confirmed}."
     )
 
 
@@ -383,6 +427,7 @@ def header(s: ExportSettings, comment: str, dataset_given: bool = False) -> list
         f"Measured: peak memory {p.peak_memory_gib} GiB ({p.memory_kind}, cap {p.memory_limit_gib} GiB), "
         f"instability {p.instability}, on {p.device}.",
         _margin_sentence(p),
+        _batch_sentence(s),
         f"Versions: {versions}.",
         *notes,
     ]

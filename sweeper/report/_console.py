@@ -16,9 +16,11 @@ from sweeper.report._records import MemoryPrediction
 from sweeper.space import TrialConfig
 from sweeper.stability import (
     barely_learns,
+    format_headroom,
     format_instability,
     format_margin_range,
     format_rate_range,
+    headroom_of,
 )
 from sweeper.study import Objective, StoredTrial, StudyLike, snapshot
 from sweeper.trial import TrialResult, TrialStatus
@@ -129,7 +131,9 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] = ()) -> str:
     """The Pareto front as a table: trial, r, lora_alpha, compute dtype, double quant, quant type, batch,
-    max_seq_length, peak GiB, stability margin (``>=`` when capped), learning progress (the probe loss's drop at
+    max_seq_length, peak GiB, stability margin (``>=`` when capped), headroom (``predicted_max_lr /
+    learning_rate`` with its interval, ``near edge`` below its safety factor: :class:`sweeper.stability.Headroom`),
+    learning progress (the probe loss's drop at
     the trial's rate, ``barely`` under :data:`sweeper.stability.LEARNING_PROGRESS_SHARE` of the front's best),
     instability (the values come from each trial's stored config); a column for each objective of ``objectives``
     that is neither the memory nor the stability one (a registered third objective, shown by its
@@ -148,6 +152,7 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
             "max_seq_length",
             "peak_GiB",
             "margin",
+            "headroom",
             "learns",
             "instability",
             *(o.name for o in objectives if o.role is None),
@@ -176,6 +181,7 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
                 *(_fmt(v) for v in settings),
                 f"{values[0]:.3f}",
                 margin_text(t.result.stress),
+                format_headroom(t.headroom),
                 format_progress(t.result.constant.learning_progress, best),
                 format_instability(t.result.constant.instability),
                 *(
@@ -260,7 +266,7 @@ def trial_result_lines(result: TrialResult, config: TrialConfig, folder: Path) -
         parts = ", ".join(f"{k} {v:.3f}" for k, v in result.constant.instability_components.items())
         lines.append(f"instability {format_instability(result.constant.instability)} ({parts})")
     if result.stress.stop is not None:
-        lines.append(margin_line(result))
+        lines.append(margin_line(result, config.learning_rate))
     phases = (
         ("import", result.provenance.import_time_s),
         ("load", result.provenance.load_time_s),
@@ -326,10 +332,11 @@ def predicted_text(stress: Any) -> str:
     return f"{shown} ({stress.predicted_max_lr_source})"
 
 
-def margin_line(result: TrialResult) -> str:
+def margin_line(result: TrialResult, learning_rate: float | None = None) -> str:
     """``margin  36x (20-65x, seed noise) the learning rate (lr_ceiling 7.1e-03, stress diverged after 6 of 11 steps,
-    38% of the constant phase's time); predicted_max_lr 1.8e-03 (8e-04-4e-03; uncalibrated: ...) for a long run;
-    learning progress 21%``."""
+    38% of the constant phase's time); predicted_max_lr 1.8e-03 (8e-04-4e-03; uncalibrated: ...) for a long run,
+    headroom 9x (4-20x) its learning rate; learning progress 21%``; the headroom only with the trial's
+    ``learning_rate``, ``near edge`` in it when it is (:class:`sweeper.stability.Headroom`)."""
     stress = result.stress
     ceiling = "-" if stress.lr_ceiling is None else f"{stress.lr_ceiling:.3g}"
     share = "" if stress.time_share is None else f", {100 * stress.time_share:.0f}% of the constant phase"
@@ -341,10 +348,12 @@ def margin_line(result: TrialResult) -> str:
         stress.stability_margin_high,
         source=True,
     )
+    h = headroom_of(learning_rate, stress)
+    headroom = "" if h is None else f", headroom {format_headroom(h)} its learning rate"
     return (
         f"margin  {margin} the learning rate (lr_ceiling {ceiling}; stress {stress.stop} after {stress.steps} "
         f"steps{share}); predicted_max_lr {predicted_text(stress)} for a long run"
-        f"{' (a lower bound)' if stress.margin_capped else ''}; learning progress {progress}"
+        f"{' (a lower bound)' if stress.margin_capped else ''}{headroom}; learning progress {progress}"
     )
 
 

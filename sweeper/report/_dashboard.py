@@ -95,7 +95,8 @@ def publish_study(study: optuna.Study) -> None:
         elif t.state == TrialState.COMPLETE and t.confirmation is not None:
             body = confirmation_note(t)
         elif t.state == TrialState.COMPLETE and t.result.stress.stop is not None:
-            body = f"### Trial {t.number}: complete\n\n{margin_line(t.result)}."
+            rate = t.config.learning_rate if t.config is not None else None
+            body = f"### Trial {t.number}: complete\n\n{margin_line(t.result, rate)}."
         elif t.state == TrialState.COMPLETE:
             continue
         else:

@@ -113,6 +113,7 @@ def trial_record(
         predicted_max_lr_low=_finite(r.stress.predicted_max_lr_low),
         predicted_max_lr_high=_finite(r.stress.predicted_max_lr_high),
         predicted_max_lr_source=r.stress.predicted_max_lr_source,
+        **headroom_fields(trial),
         learning_progress=_finite(r.constant.learning_progress),
         fail_step=r.fail_step,
         steps_done=r.constant.steps_done,
@@ -124,6 +125,20 @@ def trial_record(
             if o in extra
         },
     )
+
+
+def headroom_fields(trial: StoredTrial) -> dict[str, Any]:
+    """``headroom``, ``headroom_low``, ``headroom_high`` and ``near_edge`` of a report row
+    (:attr:`sweeper.study.StoredTrial.headroom`), all None when not measured."""
+    h = trial.headroom if trial.state == TrialState.COMPLETE else None
+    if h is None:
+        return {"headroom": None, "headroom_low": None, "headroom_high": None, "near_edge": None}
+    return {
+        "headroom": _finite(h.value),
+        "headroom_low": _finite(h.low),
+        "headroom_high": h.high,
+        "near_edge": h.near_edge,
+    }
 
 
 def extra_objectives(objectives: Sequence[Objective]) -> list[Objective]:
@@ -176,18 +191,24 @@ def objectives_of(study: StudyLike) -> list[str]:
     return [o.name for o in study.objectives]
 
 
-def picks(study: StudyLike) -> dict[str, int]:
-    """The trial ``sweep export --pick`` would choose for each pick (``knee``, ``min-memory``, ``most-stable``);
-    {} without a complete trial, or when no pick can be made (:func:`no_picks_reason` says why)."""
+def pick_choices(study: StudyLike) -> dict[str, Any]:
+    """What each ``sweep export --pick`` chooses (``safe``, ``knee``, ``min-memory``, ``most-stable``), as
+    :class:`sweeper.export._pick.PickChoice` (the trial, what it chose among, the notes its line carries); {} without a
+    complete trial, or when no pick can be made (:func:`no_picks_reason` says why)."""
     study = snapshot(study)
-    from sweeper.export import PICKS, pick_trial
+    from sweeper.export import PICKS, choose
 
     if not study.front:
         return {}
     try:
-        return {name: pick_trial(study, pick=name).number for name in PICKS}  # type: ignore[arg-type]
+        return {name: choose(study, name) for name in PICKS}  # type: ignore[arg-type]
     except StudyError:  # every trial of the front failed its confirmation
         return {}
+
+
+def picks(study: StudyLike) -> dict[str, int]:
+    """The trial ``sweep export --pick`` would choose for each pick (:func:`pick_choices`), by pick name."""
+    return {name: choice.trial.number for name, choice in pick_choices(study).items()}
 
 
 def no_picks_reason(study: StudyLike) -> str | None:
@@ -474,6 +495,7 @@ def front_row(
         predicted_max_lr_low=_finite(r.stress.predicted_max_lr_low),
         predicted_max_lr_high=_finite(r.stress.predicted_max_lr_high),
         predicted_max_lr_source=r.stress.predicted_max_lr_source,
+        **headroom_fields(trial),
         learning_progress=_finite(r.constant.learning_progress),
         instability=_finite(r.constant.instability),
         confirmation=trial.confirmation,
@@ -489,6 +511,7 @@ def report_data(study: StudyLike) -> Report:
     study = snapshot(study)
     front = study.front
     numbers = {t.number for t in front}
+    chosen = pick_choices(study)
     return Report(
         study=study.name,
         directions=tuple(study.directions),
@@ -504,7 +527,8 @@ def report_data(study: StudyLike) -> Report:
         nan_causes={cause: tuple(nan) for cause, nan in study.nan_causes.items()},
         largest_max_seq_length_by_batch=largest_fitting_seq(fit_map_data(study)),
         importance=importance_data(study),
-        picks=picks(study),
+        picks={name: choice.trial.number for name, choice in chosen.items()},
+        pick_lines={name: choice.line for name, choice in chosen.items()},
         memory_prediction=memory_prediction_data(study),
         other_setups=other_setups_line(study),
     )

@@ -31,6 +31,7 @@ from sweeper.report._records import (
     Report,
     TrialRecord,
 )
+from sweeper.stability import format_headroom_range
 from sweeper.study import StudyLike, snapshot
 
 #: The front figure's height of a point: its stability margin, or a pre-margin study's instability (None: unknown).
@@ -435,6 +436,7 @@ def _front_rows(summary: Report, keys: list[str]) -> list[list[Any]]:
         *[SHORT_NAMES.get(k, k) for k in keys],
         "peak_memory_gib",
         "stability_margin (seed noise)",
+        "headroom (95%)",
         "tied with",
         "lr_ceiling",
         "predicted_max_lr (95%)",
@@ -454,6 +456,7 @@ def _front_row(f: FrontRow, keys: list[str], picked: list[str]) -> list[Any]:
         *[_fmt(f.params.get(k)) for k in keys],
         f"{f.peak_memory_gib:.3f}",
         margin_text(f),
+        format_headroom_range(f.headroom, f.headroom_low, f.headroom_high, f.near_edge),
         ", ".join(f"#{n}" for n in f.tied_with) or "-",
         _fmt_rate(f.lr_ceiling),
         predicted_text(f),
@@ -510,10 +513,13 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f
 <h2 id="front">Pareto front ({len(summary.front)} of {len(summary.trials)} trials)</h2>
 {_table(front_rows)}
 <p>Columns: {html.escape(", ".join(f"{SHORT_NAMES[k]} = {k}" for k in keys if SHORT_NAMES.get(k, k) != k))}.</p>
-<p>Picks (<code>sweep export {html.escape(study.name)} --pick NAME</code>): {
-        html.escape(" · ".join(f"{k} #{n}" for k, n in summary.picks.items()) or "none")
-    }. The knee is the front's point nearest
-the ideal after scaling both objectives to [0, 1].</p>
+<p>Picks (<code>sweep export {html.escape(study.name)}</code> writes <code>safe</code>; <code>--pick NAME</code>
+another): {"".join(f"<br>{html.escape(line)}" for line in summary.pick_lines.values()) or "none"}.<br>safe: the least
+memory among the trials safely below their edge (headroom, predicted_max_lr / learning_rate, at or above its safety
+factor) that learn at least half as fast as the fastest of them, within 10% of that memory (the seed's noise on
+the measured peak) the one that learns most.
+The knee is the front's point nearest the ideal after scaling both objectives to [0, 1]. Picks prefer confirmed
+trials and say so.</p>
 <p>Trials by status: {html.escape(counts)}. NaN causes: {html.escape(causes)}.</p>
 {other}
 <p>Largest max_seq_length that fit, per batch size: {html.escape(fit) or "none measured"}.</p>

@@ -41,6 +41,11 @@ class TrialRecord:
         stability_margin_low, stability_margin_high: The margin's seed-noise interval (``high`` None when capped).
         predicted_max_lr_low, predicted_max_lr_high: ``predicted_max_lr``'s 95% interval (``high`` None when capped).
         predicted_max_lr_source: Which factor made ``predicted_max_lr`` (calibrated on this study, or not).
+        headroom, headroom_low, headroom_high: ``predicted_max_lr / learning_rate`` and its 95% interval (``high``
+            None when capped): how many times its own rate a long run is predicted to hold
+            (:class:`sweeper.stability.Headroom`); None when not measured.
+        near_edge: Its headroom is below its safety factor (:attr:`sweeper.stability.Headroom.near_edge`); None when
+            not measured.
         learning_progress: The probe loss's relative drop at its learning rate (a fraction), or None.
         fail_step: The step it failed at, or None.
         steps_done: Optimizer steps it finished.
@@ -71,6 +76,10 @@ class TrialRecord:
     predicted_max_lr_low: float | None
     predicted_max_lr_high: float | None
     predicted_max_lr_source: str | None
+    headroom: float | None
+    headroom_low: float | None
+    headroom_high: float | None
+    near_edge: bool | None
     learning_progress: float | None
     fail_step: int | None
     steps_done: int
@@ -102,6 +111,10 @@ class TrialRecord:
             "predicted_max_lr_low": self.predicted_max_lr_low,
             "predicted_max_lr_high": self.predicted_max_lr_high,
             "predicted_max_lr_source": self.predicted_max_lr_source,
+            "headroom": self.headroom,
+            "headroom_low": self.headroom_low,
+            "headroom_high": self.headroom_high,
+            "near_edge": self.near_edge,
             "learning_progress": self.learning_progress,
             "fail_step": self.fail_step,
             "steps_done": self.steps_done,
@@ -322,6 +335,11 @@ class FrontRow:
         stability_margin_low, stability_margin_high: The margin's seed-noise interval (``high`` None when capped).
         predicted_max_lr_low, predicted_max_lr_high: ``predicted_max_lr``'s 95% interval (``high`` None when capped).
         predicted_max_lr_source: Which factor made ``predicted_max_lr`` (calibrated on this study, or not).
+        headroom, headroom_low, headroom_high: ``predicted_max_lr / learning_rate`` and its 95% interval (``high``
+            None when capped): how many times its own rate a long run is predicted to hold
+            (:class:`sweeper.stability.Headroom`); None when not measured.
+        near_edge: Its headroom is below its safety factor (:attr:`sweeper.stability.Headroom.near_edge`); None when
+            not measured.
         learning_progress: The probe loss's relative drop at its learning rate, or None.
         instability: Its instability, or None.
         confirmation: Its long run (``sweep confirm``), or None.
@@ -342,6 +360,10 @@ class FrontRow:
     predicted_max_lr_low: float | None
     predicted_max_lr_high: float | None
     predicted_max_lr_source: str | None
+    headroom: float | None
+    headroom_low: float | None
+    headroom_high: float | None
+    near_edge: bool | None
     learning_progress: float | None
     instability: float | None
     confirmation: Confirmation | None
@@ -364,6 +386,10 @@ class FrontRow:
             "predicted_max_lr_low": self.predicted_max_lr_low,
             "predicted_max_lr_high": self.predicted_max_lr_high,
             "predicted_max_lr_source": self.predicted_max_lr_source,
+            "headroom": self.headroom,
+            "headroom_low": self.headroom_low,
+            "headroom_high": self.headroom_high,
+            "near_edge": self.near_edge,
             "learning_progress": self.learning_progress,
             "instability": self.instability,
             "tied_with": list(self.tied_with),
@@ -387,6 +413,8 @@ class Report:
         largest_max_seq_length_by_batch: The largest ``max_seq_length`` that fit per batch size (None: none fit).
         importance: What explains each objective, by objective name.
         picks: The trial each ``sweep export --pick`` chooses, by pick name.
+        pick_lines: Each pick's line, by pick name: the trial, what it chose among and what the user should know
+            (``safe #3, among the front's 5 trials; ...``: :attr:`sweeper.export._pick.PickChoice.line`).
         memory_prediction: The preflight's predictions against the measured peaks.
         other_setups: The line on trials of other setups (:func:`sweeper.report._console.other_setups_line`), or None.
     """
@@ -402,13 +430,14 @@ class Report:
     largest_max_seq_length_by_batch: Mapping[int, int | None]
     importance: Mapping[str, ImportancePart]
     picks: Mapping[str, int]
+    pick_lines: Mapping[str, str]
     memory_prediction: MemoryPrediction
     other_setups: str | None
 
     def to_dict(self) -> dict[str, Any]:
         """``sweep report --json``: ``{"study", "directions", "objectives", "front", "trials", "status_counts",
-        "stale", "nan_causes", "largest_max_seq_length_by_batch", "importance", "picks", "memory_prediction",
-        "other_setups"}`` (``docs/contract.md``); batch sizes as string keys."""
+        "stale", "nan_causes", "largest_max_seq_length_by_batch", "importance", "picks", "pick_lines",
+        "memory_prediction", "other_setups"}`` (``docs/contract.md``); batch sizes as string keys."""
         return {
             "study": self.study,
             "directions": list(self.directions),
@@ -421,6 +450,7 @@ class Report:
             "largest_max_seq_length_by_batch": {str(b): s for b, s in self.largest_max_seq_length_by_batch.items()},
             "importance": {name: part.to_dict() for name, part in self.importance.items()},
             "picks": dict(self.picks),
+            "pick_lines": dict(self.pick_lines),
             "memory_prediction": self.memory_prediction.to_dict(),
             "other_setups": self.other_setups,
         }

@@ -20,7 +20,7 @@ from sweeper.report._data import (
     fit_map_data,
     memory_prediction_data,
     no_picks_reason,
-    picks,
+    pick_choices,
 )
 from sweeper.report._sweep_console import front_axis
 from sweeper.study import StudyLike, snapshot, stale_running
@@ -34,7 +34,7 @@ def report_lines(study: StudyLike, ref: str) -> list[str]:
 
     Args:
         study: The study, or its snapshot (read once here otherwise).
-        ref: How the user named the study, for the ``sweep export REF --pick knee`` the picks line suggests.
+        ref: How the user named the study, for the ``sweep export REF`` the picks line suggests.
     """
     study = snapshot(study)
     front = study.front
@@ -47,13 +47,12 @@ def report_lines(study: StudyLike, ref: str) -> list[str]:
     for line in stale_running(study.study).values():
         lines.append(f"stale   {line}; the next 'sweep run' of this study records it as interrupted and runs it again")
     lines += [note for note in (legacy_instability_warning(study), other_setups_line(study)) if note]
-    chosen = picks(study)
+    chosen = pick_choices(study)
     if not chosen and (why := no_picks_reason(study)):
         lines.append(f"picks   none: {why.split(': ', 2)[-1]}")
     if chosen:
-        lines.append(
-            "picks   " + " · ".join(f"{k} #{n}" for k, n in chosen.items()) + f" (sweep export {ref} --pick knee)"
-        )
+        lines.append(f"picks   (sweep export {ref} writes safe; --pick NAME another)")
+        lines += [f"  {choice.line}" for choice in chosen.values()]
     fits = describe_fit(fit_map_data(study))
     if fits:
         lines.append("largest max_seq_length that fit: " + ", ".join(f"batch {b}: {s}" for b, s in fits.items()))

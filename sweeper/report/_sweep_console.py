@@ -207,7 +207,7 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
     ref = name if plan.is_default_storage else f"'{redact_url(plan.storage)}'"
     # Export only what can be exported: with no complete trial the next step is what addresses the failures.
     after = (
-        f"sweep report {ref}, sweep dashboard {ref}, sweep export {ref} --pick knee"
+        f"sweep report {ref}, sweep dashboard {ref}, sweep export {ref}"
         if front
         else f"sweep report {ref} (nothing to export: no trial completed; each trial's cause is there)"
         + "".join(f", {step}" for step in _next_steps(plan, causes, study))

@@ -41,11 +41,15 @@ DEFAULT_HORIZON_FACTOR = 10
 
 
 def candidates(study: StudyLike) -> list[StoredTrial]:
-    """The front's trials in order of preference, the knee first (:func:`by_knee_distance`), those that barely learn
-    (:meth:`~sweeper.study.StudySnapshot.learning`) after the rest."""
+    """The front's trials in order of preference: what ``sweep export`` writes by default first (the ``safe`` pick,
+    :meth:`~sweeper.study.StudySnapshot.safe_pick`), then by distance to the knee (:func:`by_knee_distance`), those
+    that barely learn (:meth:`~sweeper.study.StudySnapshot.learning`) after the rest."""
     snap = snapshot(study)
     front, objectives = snap.front, snap.objectives
     learns = by_knee_distance(snap.learning(front), objectives)  # the knee as sweep export --pick knee finds it
+    if learns:
+        safe, _ = snap.safe_pick(learns)
+        learns = [safe, *(t for t in learns if t.number != safe.number)]
     chosen = {t.number for t in learns}
     return learns + by_knee_distance([t for t in front if t.number not in chosen], objectives)
 

@@ -26,7 +26,7 @@ from typing import Any
 import optuna
 
 from sweeper.errors import StudyError
-from sweeper.stability import DEFAULT_LR_CALIBRATION, Z95, LrCalibration
+from sweeper.stability import CALIBRATED_SOURCE_PREFIX, DEFAULT_LR_CALIBRATION, Z95, LrCalibration
 from sweeper.study._confirm import horizon, long_config
 from sweeper.study._identity import trial_dir
 from sweeper.study._snapshot import LR_CALIBRATION_ATTR, StudyLike, snapshot
@@ -157,9 +157,7 @@ def calibration_from(edges: Sequence[Edge], resolution: float) -> LrCalibration:
     if len(edges) < 3:
         gsd = max(gsd, DEFAULT_LR_CALIBRATION.gsd)
     spread = gsd**Z95
-    source = (
-        f"calibrated on this study's model ({len(edges)} edge{'s' if len(edges) != 1 else ''}, spread x{spread:.2g})"
-    )
+    source = f"{CALIBRATED_SOURCE_PREFIX} ({len(edges)} edge{'s' if len(edges) != 1 else ''}, spread x{spread:.2g})"
     return LrCalibration(factor=factor, gsd=gsd, edges=len(edges), source=source)
 
 

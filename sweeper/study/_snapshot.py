@@ -21,9 +21,9 @@ from typing import Any, TypeAlias
 import optuna
 from optuna.trial import TrialState
 
-from sweeper.stability import LrCalibration, barely_learns, lr_calibration_of
+from sweeper.stability import SLOW_LEARNING_SHARE, LrCalibration, barely_learns, format_headroom, lr_calibration_of
 from sweeper.study._identity import STUDY_ID_ATTR
-from sweeper.study._objectives import Objective, study_objectives
+from sweeper.study._objectives import MEMORY_NOISE_SHARE, Objective, study_objectives
 from sweeper.study._setups import CURRENT_SETUP_ATTR, differences, stored_setups, trial_setup
 from sweeper.study._stored import (
     Confirmation,
@@ -150,6 +150,37 @@ class StudySnapshot:
         :attr:`best_learning_progress`), or all of them when every one does."""
         best = self.best_learning_progress
         return [t for t in trials if not barely_learns(t.result.constant.learning_progress, best)] or list(trials)
+
+    def safe_pick(self, trials: Sequence[StoredTrial]) -> tuple[StoredTrial, str | None]:
+        """``sweep export``'s default pick among ``trials`` (COMPLETE, non-empty): of those safely below their edge
+        (:attr:`StoredTrial.headroom` not :attr:`~sweeper.stability.Headroom.near_edge`) that learn at least
+        :data:`~sweeper.stability.SLOW_LEARNING_SHARE` as fast as the fastest of them, those within
+        :data:`~sweeper.study._objectives.MEMORY_NOISE_SHARE` of the least memory, and of those the one that learns
+        most (then the least memory). With no safe trial, the most headroom, and the line that says so (else None).
+
+        Raises:
+            ValueError: ``trials`` is empty.
+        """
+        if not trials:
+            raise ValueError("no trial to pick from")
+        memory = next(i for i, o in enumerate(self.objectives) if o.role == "memory")
+
+        def peak(t: StoredTrial) -> float:
+            return t.values[memory] if t.values is not None else float("inf")
+
+        def progress(t: StoredTrial) -> float:
+            return t.result.constant.learning_progress or 0.0
+
+        safe = [t for t in trials if (h := t.headroom) is not None and not h.near_edge]
+        if not safe:
+            best = max(trials, key=lambda t: (_headroom_value(t), -peak(t)))
+            shown = format_headroom(best.headroom, mark=False)
+            return best, f"no trial is safely below its edge: took the most headroom ({shown}), near its edge"
+        fastest = max(progress(t) for t in safe)
+        learners = [t for t in safe if progress(t) >= SLOW_LEARNING_SHARE * fastest]
+        least = min(peak(t) for t in learners)
+        within = [t for t in learners if peak(t) <= least * (1 + MEMORY_NOISE_SHARE)]
+        return max(within, key=lambda t: (progress(t), -peak(t), -t.number)), None
 
     @functools.cached_property
     def status_counts(self) -> dict[str, int]:
@@ -289,6 +320,12 @@ def pareto_front(study: StudyLike) -> list[StoredTrial]:
 def current_trials(study: StudyLike, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
     """Those of ``trials`` measured under the study's current setup (:meth:`StudySnapshot.current`)."""
     return snapshot(study).current(trials)
+
+
+def _headroom_value(trial: StoredTrial) -> float:
+    """The trial's headroom, -1 when unknown (ranked below every measured one)."""
+    h = trial.headroom
+    return h.value if h is not None else -1.0
 
 
 def learning(study: StudyLike, trials: Sequence[StoredTrial]) -> list[StoredTrial]:

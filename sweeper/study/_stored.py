@@ -20,7 +20,9 @@ from sweeper.space import TrialConfig
 from sweeper.stability import (
     DEFAULT_LR_CALIBRATION,
     STORED_COMPONENTS,
+    Headroom,
     LrCalibration,
+    headroom_of,
     margin_interval,
     predicted_max_lr,
 )
@@ -94,6 +96,12 @@ class StoredTrial:
         if self.result.provenance.lora_alpha is not None:
             return self.result.provenance.lora_alpha
         return self.config.lora_alpha if self.config is not None else None
+
+    @property
+    def headroom(self) -> Headroom | None:
+        """``predicted_max_lr / learning_rate`` with its interval and whether it is near its edge
+        (:func:`sweeper.stability.headroom_of`); None without a measured margin or a stored config."""
+        return headroom_of(self.config.learning_rate if self.config is not None else None, self.result.stress)
 
     @property
     def legacy_instability(self) -> bool:

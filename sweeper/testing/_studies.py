@@ -18,7 +18,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig, parse_space
-from sweeper.stability import margin_interval
+from sweeper.stability import DEFAULT_LR_CALIBRATION, margin_interval, predicted_max_lr
 from sweeper.study._identity import STUDY_ID_ATTR
 
 # The test helpers build studies as the sweep records them, from the study package's own modules (optuna.testing's
@@ -110,6 +110,15 @@ def add_trial(
     if result.stress.stability_margin is not None and result.stress.stability_margin_low is None:  # as a trial stores
         low, high = margin_interval(result.stress.stability_margin, result.stress.margin_capped)
         result.stress.stability_margin_low, result.stress.stability_margin_high = low, high
+    stress = result.stress
+    if stress.stability_margin is not None and stress.predicted_max_lr is None:  # as a trial stores it
+        capped = bool(stress.margin_capped)
+        ceiling = None if capped else stress.lr_ceiling or stress.stability_margin * config.learning_rate
+        stress.lr_ceiling = ceiling
+        stress.predicted_max_lr, stress.predicted_max_lr_low, stress.predicted_max_lr_high = predicted_max_lr(
+            config.learning_rate, ceiling, capped, cap=stress.stability_margin
+        )
+        stress.predicted_max_lr_source = DEFAULT_LR_CALIBRATION.source
     attrs = _Attrs()
     record_result(attrs, result, config)
     attrs.user_attrs.update({k: v for k, v in extra.items() if k not in names})

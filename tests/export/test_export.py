@@ -79,8 +79,9 @@ def test_the_typed_settings_write_the_json_exports_keys_in_order(study_and_knee,
     assert list(j["provenance"]) == [
         "study", "trial", "peak_memory_gib", "memory_kind", "memory_limit_gib", "instability", "stability_margin",
         "margin_capped", "lr_ceiling", "predicted_max_lr", "stability_margin_low", "stability_margin_high",
-        "predicted_max_lr_low", "predicted_max_lr_high", "predicted_max_lr_source", "learning_progress",
-        "confirmation", "device", "versions", "exported",
+        "predicted_max_lr_low", "predicted_max_lr_high", "predicted_max_lr_source", "headroom", "headroom_low",
+        "headroom_high", "near_edge", "measured_effective_batch_size", "learning_progress", "confirmation", "device",
+        "versions", "exported",
     ]  # fmt: skip
     assert list(j["provenance"]["versions"])[-1] == "sweeper" and j["provenance"]["confirmation"] is None
 
@@ -121,9 +122,8 @@ def test_a_format_registers_with_one_line(study_and_knee, tmp_path, tiny_model, 
     ok = run_cli("export", db, "--pick", "min-memory", "--format", "toml", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     # trial 0 (r 4) is the study's min-memory; toml's pick is made on the front of the trials it can express
-    assert "min-memory of the front of the trials toml can express: trial 1 (the study's min-memory is trial 0: " in (
-        ok.stdout
-    )
+    assert "min-memory #1, among the front of the trials toml can express (1);" in ok.stdout
+    assert "; the study's min-memory is trial 0: " in ok.stdout
     written = tmp_path / "studies" / "rep" / "exports" / "trial1-toml.toml"
     assert ok.stdout.rstrip().endswith(f"as toml: {written.relative_to(tmp_path)}"), ok.stdout
     text = written.read_text()
@@ -290,9 +290,9 @@ def test_llama_factory_picks_among_the_trials_it_can_express(tmp_path, tiny_mode
 def test_export_cli_llama_factory_pick_and_refusal(tmp_path, tiny_model):
     _float32_study(tmp_path, tiny_model)
     db = tmp_path / "rep.db"
-    ok = run_cli("export", str(db), "--format", "llama-factory", "-o", "lf", cwd=tmp_path)
+    ok = run_cli("export", str(db), "--pick", "knee", "--format", "llama-factory", "-o", "lf", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
-    assert "knee of the front of the trials llama-factory can express: trial 1" in ok.stdout
+    assert "knee #1, among the front of the trials llama-factory can express (2)" in ok.stdout
     assert "study's knee is trial 6: it computed in float32, which LLaMA-Factory cannot express" in ok.stdout
     f = yaml.safe_load((tmp_path / "lf.yaml").read_text())
     assert f["bf16"] is True and f["lora_rank"] == 8
@@ -308,7 +308,7 @@ def test_export_cli_refuses_an_incomplete_trial(study_and_knee, tmp_path):
     assert out.returncode == 2 and len(lines) == 1 and "trial 3 did not complete (oom" in lines[0]
     ok = run_cli("export", str(db), "--pick", "most-stable", "--format", "llama-factory", "-o", "cfg", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
-    assert "most-stable of the front: trial 1" in ok.stdout and (tmp_path / "cfg.yaml").is_file()
+    assert "most-stable #1, among the front's 2 trials" in ok.stdout and (tmp_path / "cfg.yaml").is_file()
 
 
 def test_report_html_path_must_be_html_and_dashboard_port_must_be_free(study_and_knee, tmp_path):

@@ -210,7 +210,7 @@ def test_front_table_reads_each_trials_stored_config():
     lines = format_front(front).splitlines()
     assert lines[0].split() == [
         "trial", "r", "lora_alpha", "compute", "double_quant", "quant", "batch", "max_seq_length", "peak_GiB",
-        "margin", "learns", "instability",
+        "margin", "headroom", "learns", "instability",
     ]  # fmt: skip
     assert lines[1].startswith("-----  --  ----------  --------  ------------  -----  -----  --------------  --------")
     assert lines[2].split() == [
@@ -225,15 +225,18 @@ def test_front_table_reads_each_trials_stored_config():
         "1.500",
         "36x",
         "(20-65x)",
+        "-",
         "30%",
         "0.250",
     ]
     # Capped, and learning under a tenth of the front's best: said so.
     assert lines[3].split() == [
-        "12", "16", "8", "bfloat16", "yes", "fp4", "1", "1024", "3.250", ">=643x", "(>=357x)", "2%", "(barely)", "0.125"
+        "12", "16", "8", "bfloat16", "yes", "fp4", "1", "1024", "3.250", ">=643x", "(>=357x)", ">=93x", "(>=41x)", "2%",
+        "(barely)",
+        "0.125",
     ]  # fmt: skip
     assert len(lines) == 4 and len({len(line) for line in lines}) == 1  # right-aligned columns
-    assert lines[2].endswith("   1.500     36x (20-65x)          30%        0.250")
+    assert lines[2].endswith("   1.500     36x (20-65x)              -          30%        0.250")
     tiny = [
         frozen(1, config=TrialConfig(r=8), values=[1.0, 0.5], instability=6.85e-05),
         frozen(2, config=TrialConfig(r=8), values=[2.0, 0.25], instability=0.0),
@@ -575,7 +578,12 @@ def test_sweep_report_lines(tmp_path):
     assert lines[1].splitlines()[0].split()[:2] == ["trial", "r"] and lines[2] == ""
     assert lines[3:] == [
         "trials: complete 3 · nan 1 (data 1) · oom 1 · repeated 1",
-        "picks   knee #1 · min-memory #0 · most-stable #1 (sweep export 'sqlite:///x.db' --pick knee)",
+        "picks   (sweep export 'sqlite:///x.db' writes safe; --pick NAME another)",
+        "  safe #1, among the front's 2 trials; no trial is safely below its edge: took the most headroom (0.7x "
+        "(0.3-1.6x)), near its edge",
+        "  knee #1, among the front's 2 trials; near its edge (headroom 0.7x (0.3-1.6x))",
+        "  min-memory #0, among the front's 2 trials; near its edge (headroom 0.2x (0.1-0.4x))",
+        "  most-stable #1, among the front's 2 trials; near its edge (headroom 0.7x (0.3-1.6x))",
         "largest max_seq_length that fit: batch 1: 128, batch 2: 128, batch 4: none (OOM at 128)",
     ]
     for n in (0, 1):

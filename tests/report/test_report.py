@@ -73,6 +73,7 @@ def test_curves_importance_and_json(tmp_path, tiny_model):
         "largest_max_seq_length_by_batch",
         "importance",
         "picks",
+        "pick_lines",
         "memory_prediction",
         "other_setups",
     ]
@@ -91,6 +92,10 @@ def test_curves_importance_and_json(tmp_path, tiny_model):
         "predicted_max_lr_low",
         "predicted_max_lr_high",
         "predicted_max_lr_source",
+        "headroom",
+        "headroom_low",
+        "headroom_high",
+        "near_edge",
         "learning_progress",
         "instability",
         "tied_with",
