@@ -1,0 +1,136 @@
+"""The picks a user acts on: headroom in the user's units, the ``safe`` pick (``sweep export``'s default), and each
+pick's line saying what it chose among. Real optuna storages, trials stored as the sweep stores them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sweeper.export import choose
+from sweeper.space import parse_space
+from sweeper.stability import (
+    DEFAULT_LR_CALIBRATION,
+    LrCalibration,
+    format_headroom,
+    headroom_of,
+    margin_of,
+)
+from sweeper.study import Confirmation, snapshot
+from sweeper.study._storage import open_study
+from sweeper.testing import add_trial, run_cli
+
+LR = 2e-4  # sweeper.testing's trials run at the TrialConfig default
+
+
+def _stress(margin_steps: int | None, *, calibration: LrCalibration = DEFAULT_LR_CALIBRATION) -> dict:
+    """The stored stress fields of a stress phase that diverged after ``margin_steps`` steps (None: capped)."""
+    m = margin_of(LR, "cap" if margin_steps is None else "diverged", margin_steps, calibration=calibration)
+    return {
+        "lr_ceiling": m.lr_ceiling,
+        "stability_margin": m.stability_margin,
+        "margin_capped": m.margin_capped,
+        "predicted_max_lr": m.predicted_max_lr,
+        "stability_margin_low": m.stability_margin_low,
+        "stability_margin_high": m.stability_margin_high,
+        "predicted_max_lr_low": m.predicted_max_lr_low,
+        "predicted_max_lr_high": m.predicted_max_lr_high,
+        "predicted_max_lr_source": m.predicted_max_lr_source,
+        "stress_stop": "cap" if margin_steps is None else "diverged",
+    }
+
+
+def test_headroom_is_the_predicted_rate_over_the_trials_and_near_edge_follows_its_interval():
+    class Stress:
+        predicted_max_lr, predicted_max_lr_low, predicted_max_lr_high = 3e-4, 3e-4 / 2.24, 3e-4 * 2.24
+        margin_capped, predicted_max_lr_source = False, DEFAULT_LR_CALIBRATION.source
+
+    h = headroom_of(1e-4, Stress)
+    assert h is not None and h.value == pytest.approx(3.0) and h.low == pytest.approx(3 / 2.24)
+    assert not h.near_edge and h.safety_factor == pytest.approx(2.24)
+    assert format_headroom(h) == "3.0x (1.3-6.7x)"
+    Stress.predicted_max_lr, Stress.predicted_max_lr_low = 2e-4, 2e-4 / 2.24
+    near = headroom_of(1e-4, Stress)
+    assert near is not None and near.near_edge and format_headroom(near).endswith(", near edge)")
+    # A study's own calibration with a narrow spread: its interval alone sets the safety factor (here 1.5)...
+    Stress.predicted_max_lr, Stress.predicted_max_lr_low = 1.8e-4, 1.8e-4 / 1.5
+    Stress.predicted_max_lr_source = "calibrated on this study's model (4 edges, spread x1.5)"
+    calibrated = headroom_of(1e-4, Stress)
+    assert calibrated is not None and calibrated.calibrated and not calibrated.near_edge
+    # ...while an uncalibrated prediction needs at least 2x, whatever its interval says
+    Stress.predicted_max_lr_source = DEFAULT_LR_CALIBRATION.source
+    uncalibrated = headroom_of(1e-4, Stress)
+    assert uncalibrated is not None and uncalibrated.safety_factor == 2.0 and uncalibrated.near_edge
+    # capped: a lower bound, no high end; unknown rate or prediction: no headroom
+    Stress.margin_capped, Stress.predicted_max_lr_high = True, None
+    capped = headroom_of(1e-4, Stress)
+    assert capped is not None and capped.high is None and format_headroom(capped).startswith(">=")
+    assert headroom_of(None, Stress) is None and headroom_of(0.0, Stress) is None
+
+
+@pytest.fixture
+def picks_study(tmp_path, monkeypatch):
+    """Five complete trials, four on the front: #0 the least memory but near its edge (margin 3.2x: headroom 0.5x),
+    #1 safe but slow (10% against the fastest safe trial's 45%), #2 safe and learning, #3 within the memory noise of
+    #2 and learning faster, #4 the most stable and the most memory (dominated by #3)."""
+    monkeypatch.chdir(tmp_path)
+    space = parse_space({"study": {"name": "p"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
+    study = open_study(space, f"sqlite:///{tmp_path}/p.db", "p", 8)
+    rows = [  # (peak GiB, stress steps to the edge or None for capped, learning progress)
+        (1.00, 2, 0.40),
+        (1.05, 5, 0.10),
+        (1.08, 8, 0.35),
+        (1.10, None, 0.45),
+        (1.50, None, 0.36),
+    ]
+    for i, (peak, steps, progress) in enumerate(rows):
+        stress = _stress(steps)
+        add_trial(
+            study,
+            r=(4, 8, 16, 4, 8)[i],
+            batch=(1, 1, 1, 2, 2)[i],
+            seq=64,
+            status="complete",
+            peak=peak,
+            instability=1 / stress["stability_margin"],
+            extra={**stress, "learning_progress": progress},
+        )
+    return study
+
+
+def test_the_safe_pick_is_the_least_memory_safely_below_its_edge_that_learns(picks_study):
+    snap = snapshot(picks_study)
+    assert [t.number for t in snap.front] == [0, 1, 2, 3]
+    assert [t.headroom.near_edge for t in snap.front] == [True, False, False, False]
+    safe = choose(picks_study, "safe")
+    # #0 is near its edge, #1 learns under half as fast as #3; #2 has the least memory of the rest, and #3, within
+    # the memory noise of it (1.10 against 1.08 GiB), learns more
+    assert safe.trial.number == 3 and safe.line == "safe #3, among the front's 4 trials"
+    assert choose(picks_study, "min-memory").line.startswith("min-memory #0, among the front's 4 trials; near its edge")
+    fastest = max(t.result.constant.learning_progress for t in snap.front if not t.headroom.near_edge)
+    assert safe.trial.result.constant.learning_progress >= 0.5 * fastest
+
+
+def test_a_pick_made_among_confirmed_trials_says_so_and_names_the_better_unconfirmed_one(picks_study):
+    done = Confirmation(steps=300, status="complete", steps_done=300)
+    picks_study.set_user_attr("confirmation:2", json.loads(json.dumps(done.to_dict())))
+    chosen = choose(picks_study, "min-memory")
+    assert chosen.trial.number == 2
+    assert chosen.line == (
+        "min-memory #2, among the 1 confirmed trial of the front's 4 trials; #0 uses 0.080 GiB less and is unconfirmed"
+    )
+    assert choose(picks_study, "safe").line.startswith("safe #2, among the 1 confirmed trial of the front's 4 trials; ")
+    assert "#3 would be the safe pick and is unconfirmed (sweep confirm p --trials 3)" in choose(picks_study).line
+
+
+def test_export_writes_the_safe_pick_by_default_and_says_what_it_chose_among(picks_study, tmp_path):
+    out = run_cli("export", str(tmp_path / "p.db"), "--format", "json", "-o", "cfg", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("export  safe #3, among the front's 4 trials (peak 1.100 GiB, margin >=643x")
+    provenance = json.loads((tmp_path / "cfg.json").read_text())["provenance"]
+    assert provenance["trial"] == 3 and provenance["near_edge"] is False and provenance["headroom_high"] is None
+    assert provenance["headroom"] == pytest.approx(643 * DEFAULT_LR_CALIBRATION.factor, rel=0.01)
+    report = run_cli("report", str(tmp_path / "p.db"), "--json", cwd=tmp_path)
+    data = json.loads(report.stdout)
+    assert data["picks"]["safe"] == 3 and data["pick_lines"]["safe"] == "safe #3, among the front's 4 trials"
+    assert [f["near_edge"] for f in data["front"]] == [True, False, False, False]
