@@ -8,7 +8,8 @@ setting the target tool cannot express the way the trial ran it is said in a com
 One module a step, and one a target format:
 
 - :mod:`._pick`: which trial (``--trial N`` or a ``--pick`` of the front, with what it chose among:
-  :class:`~sweeper.export._pick.PickChoice`), which formats can express it, the nearest one they can, and the one-line refusals;
+  :class:`~sweeper.export._pick.PickChoice`), which formats can express it, the nearest one they can, and the
+  one-line refusals;
 - :mod:`._settings`: :class:`ExportSettings`, what every format writes, from the trial's stored config, in typed
   parts (:class:`QuantizationSettings`, :class:`LoraSettings`, :class:`TrainingSettings`, :class:`Provenance`);
 - :mod:`._format`: :class:`ExportFormat`, what a format declares: its name, suffix, help line, what it cannot
