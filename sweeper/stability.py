@@ -667,6 +667,35 @@ def format_headroom_range(value: float | None, low: float | None, high: float | 
     return f"{format_margin(value)} ({format_margin(low)[:-1]}-{format_margin(high)}{near})"
 
 
+#: The seed noise of a short trial's ``learning_progress`` (absolute, a fraction) away from its edge: the
+#: ``learning_progress`` objective's interval is ``value +/- LEARNING_PROGRESS_NOISE`` for a trial whose headroom is
+#: safe. Measured by ``benchmarks/seed_noise.py`` (the built-in model at 2e-4, 12 steps, 3 seeds, two
+#: configurations: standard deviations 0.0008 and 0.0006, ``benchmarks/results/seed_noise.json``); 0.01 leaves room
+#: for other models and data, on which it is not measured.
+LEARNING_PROGRESS_NOISE = 0.01
+
+#: The same near the edge (a trial whose headroom is :attr:`Headroom.near_edge`, or whose margin was not measured):
+#: the pooled standard deviation over seeds of 11 configurations at 3 seeds in ``benchmarks/validity_block.py``, all
+#: near their edge, where runs also unlearn (progress from -0.85 to 0.41).
+LEARNING_PROGRESS_NOISE_NEAR_EDGE = 0.14
+
+
+def learning_progress_noise(stress: Any) -> float:
+    """The seed noise of a trial's ``learning_progress`` from its stress phase's figures (any object with
+    ``stability_margin``, ``lr_ceiling``, ``margin_capped`` and the ``predicted_max_lr`` fields, as
+    :func:`headroom_of` reads them): :data:`LEARNING_PROGRESS_NOISE` when it is safely below its edge, else
+    :data:`LEARNING_PROGRESS_NOISE_NEAR_EDGE`. The learning rate is recovered as ``lr_ceiling / stability_margin``
+    (a capped phase is never near its edge)."""
+    margin = getattr(stress, "stability_margin", None)
+    if margin is None or not margin > 0:
+        return LEARNING_PROGRESS_NOISE_NEAR_EDGE
+    if getattr(stress, "margin_capped", False):
+        return LEARNING_PROGRESS_NOISE
+    ceiling = getattr(stress, "lr_ceiling", None)
+    h = headroom_of(ceiling / margin, stress) if ceiling else None
+    return LEARNING_PROGRESS_NOISE_NEAR_EDGE if h is None or h.near_edge else LEARNING_PROGRESS_NOISE
+
+
 def learning_progress(probe_loss: Sequence[float | None]) -> float | None:
     """The probe loss's relative drop over the constant phase, ``(L_0 - L_end) / L_0``: how much the run learned at the
     user's learning rate (about 0 at learning rate 1e-9; negative when it got worse). None without a finite first and

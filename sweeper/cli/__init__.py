@@ -247,6 +247,12 @@ def _add_confirm(sub: argparse._SubParsersAction[_Parser]) -> None:
     chosen.add_argument(
         "--pick", choices=PICKS, default="safe", help="a point of the front, as sweep export picks it (default safe)"
     )
+    confirm.add_argument(
+        "--as-exported",
+        action="store_true",
+        help="run the configuration sweep export writes: its gradient_accumulation_steps, so its effective batch "
+        "(target_effective_batch_size); by default the trial's own, and the line says the difference",
+    )
     confirm.set_defaults(func=cmd_confirm)
 
 

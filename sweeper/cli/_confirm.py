@@ -22,8 +22,9 @@ def model_path_for(study: Any, trial: Any) -> str:
     return resolve_model(trial.config.model)
 
 
-def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tuple[int, int]:
-    """Confirm ``numbers`` (:func:`sweeper.study.confirm_trials`), printing a line as each starts and ends.
+def run_confirmations(study: Any, numbers: list[int], steps: int | None, as_exported: bool = False) -> tuple[int, int]:
+    """Confirm ``numbers`` (:func:`sweeper.study.confirm_trials`), printing a line as each starts and ends; with
+    ``as_exported``, the configurations ``sweep export`` writes (their ``gradient_accumulation_steps``).
 
     Returns:
         How many failed their confirmation, and how many could not run (a failure of the attempt: nothing recorded).
@@ -51,7 +52,14 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
         return format_params({k: t.params.get(k) for k in keys if k in t.params})
 
     def on_start(t: Any, n: int) -> None:
-        say(f"confirm #{t.number:<3} {shown(t)}: {n} steps (the trial ran {t.config.max_steps})")
+        own, exported = t.config.effective_batch_size, t.config.as_exported().effective_batch_size
+        if as_exported:
+            batch = f"effective batch {exported}, as exported (the trial ran {own})"
+        elif exported != own:
+            batch = f"effective batch {own}, the trial's; the export trains at {exported}: --as-exported runs that"
+        else:
+            batch = f"effective batch {own}, as exported"
+        say(f"confirm #{t.number:<3} {shown(t)}: {n} steps (the trial ran {t.config.max_steps}), {batch}")
         live.begin(0, t.number, "confirm")
 
     def on_result(t: Any, done: Any) -> None:
@@ -87,6 +95,7 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None) -> tupl
             on_result=on_result,
             on_skip=on_skip,
             on_progress=lambda t, progress: live.report(0, progress),
+            as_exported=as_exported,
         )
     finally:
         live.close()
@@ -149,7 +158,7 @@ def _numbers(text: str) -> list[int]:
 
 
 def cmd_confirm(args: argparse.Namespace) -> int:
-    """``sweep confirm STUDY [--steps N] [--trials 3,7 | --front | --pick safe]``."""
+    """``sweep confirm STUDY [--steps N] [--trials 3,7 | --front | --pick safe] [--as-exported]``."""
     import optuna
 
     from sweeper.export import pick_trial
@@ -174,7 +183,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
             )
         numbers = [ranked[0].number if args.pick == "safe" else pick_trial(read, pick=args.pick).number]
     steps = args.steps if args.steps is not None else read.confirm_steps
-    failed, not_run = run_confirmations(study, numbers, steps)
+    failed, not_run = run_confirmations(study, numbers, steps, as_exported=args.as_exported)
     _publish(study)  # the dashboard's front figure and notes show the confirmations
     done = snapshot(study).confirmations
     ok = sum(1 for n in numbers if n in done and done[n].passed)

@@ -4,7 +4,6 @@ where the numbers come from (the header every format carries)."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, fields
 from importlib import metadata
@@ -220,8 +219,7 @@ def _settings_of(study: StudySnapshot, trial: StoredTrial) -> ExportSettings:
     c = trial.config
     if c is None or trial.values is None:
         raise KeyError("config")
-    batch = c.per_device_train_batch_size
-    accumulation = max(1, math.ceil(c.target_effective_batch_size / batch))
+    accumulation = c.as_exported().gradient_accumulation_steps
     notes = _batch_notes(c, accumulation) + [_confirmation_note(study, trial, c)] + _model_notes(study, c)
     provenance = _provenance(study, trial, c)
     training = _training(c, accumulation)
@@ -239,7 +237,7 @@ def _settings_of(study: StudySnapshot, trial: StoredTrial) -> ExportSettings:
         lora=LoraSettings(r=c.r, lora_alpha=alpha, lora_dropout=c.lora_dropout, target_modules=tuple(c.target_modules)),
         training=training,
         max_seq_length=c.max_seq_length,
-        effective_batch_size=batch * accumulation,
+        effective_batch_size=c.per_device_train_batch_size * accumulation,
         target_effective_batch_size=c.target_effective_batch_size,
         provenance=provenance,
         notes=notes,
@@ -400,13 +398,14 @@ def _batch_sentence(s: ExportSettings) -> str:
     p, t = s.provenance, s.training
     exported = t.per_device_train_batch_size * t.gradient_accumulation_steps
     measured = p.measured_effective_batch_size
-    confirmed = (
-        ""
-        if p.confirmation is None
-        else f"; its confirmation ran at {measured} too, not as exported"
-        if exported != measured
-        else "; its confirmation ran as exported"
-    )
+    done = p.confirmation
+    confirmed_at = None if done is None else exported if done.as_exported else done.effective_batch_size or measured
+    if done is None:
+        confirmed = ""
+    elif confirmed_at == exported:
+        confirmed = "; its confirmation ran as exported"
+    else:
+        confirmed = f"; its confirmation ran at {confirmed_at}, not as exported ('sweep confirm --as-exported' runs it)"
     if exported == measured:
         return f"The stability figures were measured at this export's effective batch, {measured}{confirmed}."
     return (

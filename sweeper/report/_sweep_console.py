@@ -235,9 +235,11 @@ def _next_steps(plan: SweepPlan, causes: Mapping[str, Sequence[int]], study: Stu
 
 
 def front_axis(study: StudyLike) -> str:
-    """``stability margin``, or ``instability`` for a study written before the margin: the front's second axis."""
+    """``stability margin``, or ``instability`` for a study written before the margin: the front's second axis;
+    ``stability margin vs learning progress`` in a study with ``learning_progress`` as its third."""
     objectives = snapshot(study).objectives
-    return "stability margin" if any(o.name == "edge_proximity" for o in objectives) else "instability"
+    axis = "stability margin" if any(o.name == "edge_proximity" for o in objectives) else "instability"
+    return axis + (" vs learning progress" if any(o.role == "learning" for o in objectives) else "")
 
 
 def all_failed_line(plan: SweepPlan, statuses: list[TrialStatus]) -> str:

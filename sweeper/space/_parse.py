@@ -229,7 +229,7 @@ def _describe(spec: KeySpec) -> str:
     if spec.kind == "choice":
         return "one of " + ", ".join(spec.choices)
     if spec.kind == "str_list":
-        return "a list of module names, e.g. [q_proj, v_proj]"
+        return f"a list, e.g. {spec.example}" if spec.example else "a list of module names, e.g. [q_proj, v_proj]"
     if spec.kind == "duration":
         return "a duration such as 90s, 20m or 8h (at most a year)"
     return "a string"

@@ -74,6 +74,8 @@ class KeySpec:
             ``bnb_4bit_use_double_quant``). A new key memory depends on declares ``same`` until real trials measure
             its order (``tests/study/test_preflight.py`` measures each of the rule's directions,
             :data:`sweeper.memory.DIRECTIONS`).
+        example: A valid value as the one-line error for a bad one shows it (``str_list`` keys; default: a list of
+            module names).
     """
 
     kind: Literal["int", "float", "bool", "choice", "str", "name", "str_list", "duration"]
@@ -88,6 +90,7 @@ class KeySpec:
     yaml_key: str | None = None
     policy: bool = False
     memory: MemoryRole | None = None
+    example: str | None = None
 
 
 def _key(default: Any, kind: str, **check: Any) -> Any:
@@ -137,7 +140,11 @@ class StudySpec:
         seed: Sampler seed, so that a study is reproducible; None for a random seed.
         storage: Optuna storage URL; None means ``sqlite:///studies/<name>.db``.
         confirm_steps: Steps of a confirmation run (``sweep confirm``); None for 10x the trial's ``max_steps``.
-        confirm_top: At the end of ``sweep run``, confirm this many of the front's trials, the knee first (0: none).
+        confirm_top: At the end of ``sweep run``, confirm this many of the front's trials, the safe pick first (0:
+            none).
+        objectives: A new study's objectives, in order (registered names: ``peak_memory_gib`` first, then a
+            stability objective, ``edge_proximity``, then optionally ``learning_progress``); None for the default
+            two, ``peak_memory_gib`` and ``edge_proximity``. A study keeps the objectives it was created with.
     """
 
     name: str = _key("sweep", "name")
@@ -148,6 +155,9 @@ class StudySpec:
     storage: str | None = _key(None, "str", optional=True)
     confirm_steps: int | None = _key(None, "int", low=1, high=10**7, optional=True)
     confirm_top: int = _key(0, "int", low=0, high=100)
+    objectives: tuple[str, ...] | None = _key(
+        None, "str_list", optional=True, example="[peak_memory_gib, edge_proximity, learning_progress]"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,6 +320,14 @@ class TrialConfig:
     def effective_batch_size(self) -> int:
         """Rows per optimizer step on one device: ``per_device_train_batch_size * gradient_accumulation_steps``."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    def as_exported(self) -> TrialConfig:
+        """This configuration with the ``gradient_accumulation_steps`` ``sweep export`` writes for it:
+        ``ceil(target_effective_batch_size / per_device_train_batch_size)``, at least 1, so that the effective batch
+        is ``target_effective_batch_size`` (or the next multiple of the batch above it). What ``sweep confirm
+        --as-exported`` runs."""
+        accumulation = max(1, -(-self.target_effective_batch_size // self.per_device_train_batch_size))
+        return dataclasses.replace(self, gradient_accumulation_steps=accumulation)
 
     def measured(self) -> TrialConfig:
         """The settings that change what a trial measures: this config with each key of run policy

@@ -68,11 +68,26 @@ def long_config(config: TrialConfig, steps: int) -> TrialConfig:
     return replace(config, max_steps=steps, trial_timeout_s=config.trial_timeout_s * scale)
 
 
+def _exported(config: TrialConfig) -> TrialConfig:
+    """:meth:`~sweeper.space.TrialConfig.as_exported`, its timeout scaled with the micro-batches a step now runs."""
+    exported = config.as_exported()
+    scale = max(1.0, exported.gradient_accumulation_steps / config.gradient_accumulation_steps)
+    return replace(exported, trial_timeout_s=config.trial_timeout_s * scale)
+
+
 def _record(
-    study: optuna.Study, number: int, steps: int, result: TrialResult, folder: Any, trial: StoredTrial | None = None
+    study: optuna.Study,
+    number: int,
+    steps: int,
+    result: TrialResult,
+    folder: Any,
+    trial: StoredTrial | None = None,
+    config: TrialConfig | None = None,
+    as_exported: bool = False,
 ) -> Confirmation:
     """Write the long run's trace as an artifact of the study and its outcome as ``confirmation:<number>``, with
-    whether it held where the short trial's margin said it would (``predicted_to_hold``, ``margin_held``)."""
+    whether it held where the short trial's margin said it would (``predicted_to_hold``, ``margin_held``), and the
+    effective batch it ran (``config``'s) and whether that is the export's (``as_exported``)."""
     import json
 
     probe = result.constant.probe_loss_trace
@@ -103,7 +118,14 @@ def _record(
             )
     except OSError as exc:
         warnings.warn(f"trial {number}: the confirmation's artifacts were not stored ({exc})", stacklevel=2)
-    outcome = Confirmation.of(result, steps=steps, artifact_id=artifact_id, **_prediction(trial, result))
+    outcome = Confirmation.of(
+        result,
+        steps=steps,
+        artifact_id=artifact_id,
+        effective_batch_size=config.effective_batch_size if config is not None else None,
+        as_exported=as_exported,
+        **_prediction(trial, result),
+    )
     if outcome.is_outcome:
         study.set_user_attr(f"{ATTR_PREFIX}{number}", outcome.to_dict())
     else:  # the attempt failed, not the configuration: an earlier outcome stands, and the same command runs it again
@@ -145,9 +167,11 @@ def confirm_trials(
     on_result: Callable[[StoredTrial, Confirmation], None] | None = None,
     on_skip: Callable[[StoredTrial, Confirmation], None] | None = None,
     on_progress: Callable[[StoredTrial, TrialProgress], None] | None = None,
+    as_exported: bool = False,
 ) -> dict[int, Confirmation]:
     """Run each trial's configuration for ``steps`` steps (default :func:`horizon`) in a trial process and store the
-    outcome on the study; a trial already confirmed at that horizon or longer is skipped.
+    outcome on the study; a trial already confirmed at that horizon or longer (and, with ``as_exported``, as
+    exported) is skipped.
 
     Args:
         study: A study that ``sweep run`` wrote.
@@ -158,6 +182,9 @@ def confirm_trials(
         on_result: Called with the trial and its confirmation after its run.
         on_skip: Called with the trial and its earlier confirmation when it is skipped.
         on_progress: Called with the trial and each progress report of its run (:meth:`sweeper.trial.TrialProcess.run`).
+        as_exported: Run the configuration ``sweep export`` writes (:meth:`~sweeper.space.TrialConfig.as_exported`:
+            the export's ``gradient_accumulation_steps``, so its effective batch), its timeout scaled with the
+            accumulation; else the trial's own.
 
     Returns:
         The confirmations of ``numbers``, by trial number.
@@ -189,17 +216,18 @@ def confirm_trials(
         assert t.config is not None
         n = horizon(t, steps)
         earlier = done.get(t.number)
-        if earlier is not None and earlier.steps >= n:
+        if earlier is not None and earlier.steps >= n and (earlier.as_exported or not as_exported):
             out[t.number] = earlier
             if on_skip is not None:
                 on_skip(t, earlier)
             continue
         if on_start is not None:
             on_start(t, n)
-        folder = trial_dir(study.study_name, t.number) / f"confirm-{n}"
+        folder = trial_dir(study.study_name, t.number) / f"confirm-{n}{'-as-exported' if as_exported else ''}"
         report = (lambda progress, t=t: on_progress(t, progress)) if on_progress is not None else None
-        result = run_trial(long_config(t.config, n), folder, model_path=model_path, stress=False, on_progress=report)
-        out[t.number] = _record(study, t.number, n, result, folder, t)
+        config = long_config(_exported(t.config) if as_exported else t.config, n)
+        result = run_trial(config, folder, model_path=model_path, stress=False, on_progress=report)
+        out[t.number] = _record(study, t.number, n, result, folder, t, config, as_exported)
         if on_result is not None:
             on_result(t, out[t.number])
     return out

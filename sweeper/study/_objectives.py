@@ -18,7 +18,7 @@ from typing import Literal
 import optuna
 
 from sweeper.errors import StudyError
-from sweeper.stability import edge_proximity, format_instability, format_margin
+from sweeper.stability import edge_proximity, format_instability, format_margin, learning_progress_noise
 from sweeper.trial import TrialResult
 
 Direction = Literal["minimize", "maximize"]
@@ -37,7 +37,8 @@ class Objective:
             value that ranks it worst among plausible ones, never an exception).
         shown: How a trial shows it (``0.982``, ``19x``): a function of the trial's result and its stored value.
         role: ``memory`` for the objective ``--pick min-memory`` minimizes, ``stability`` for the one
-            ``--pick most-stable`` optimizes, None for any other.
+            ``--pick most-stable`` optimizes, ``learning`` for ``learning_progress`` (a measurement every report
+            row already shows), None for any other.
         interval: Its noise: ``(low, high)`` of a COMPLETE trial's value (the trial's measured interval); None when
             the value is taken as exact. Dominance, the front and the picks treat two values whose intervals overlap
             as tied (:func:`dominates_beyond_noise`).
@@ -49,7 +50,7 @@ class Objective:
     description: str
     value_of: Callable[[TrialResult], float]
     shown: Callable[[TrialResult, float], str]
-    role: Literal["memory", "stability"] | None = None
+    role: Literal["memory", "stability", "learning"] | None = None
     interval: Callable[[TrialResult], tuple[float, float]] | None = None
 
     def signed_interval(self, result: TrialResult, value: float) -> tuple[float, float]:
@@ -127,9 +128,10 @@ def _edge_proximity_interval(result: TrialResult) -> tuple[float, float]:
 
 #: Two peaks within this share of each other are the same memory to the ``safe`` pick (which then prefers the one
 #: that learns most): the seed alone (LoRA's initialisation and the data order) moves a trial's measured peak by up to
-#: it. Measured by ``benchmarks/memory_noise.py`` on the CPU (peak RSS; the built-in model in float32, 6 steps, 3
-#: seeds): 6.5% at batch 1 and 64 tokens, 9.7% at batch 2 and 128 (``benchmarks/results/memory_noise.json``). CUDA's
-#: peak reserved memory is not measured here; the CPU's figure stands for it until it is.
+#: it. Measured by ``benchmarks/seed_noise.py`` on the CPU (peak RSS; the built-in model in float32 at 2e-4, 3 seeds):
+#: 8.3% at batch 1 and 64 tokens and 1.9% at batch 2 and 128 over 12 steps (``benchmarks/results/seed_noise.json``);
+#: 6.5% and 9.7% in a first run of 6 steps. CUDA's peak reserved memory is not measured here; the CPU's figure
+#: stands for it until it is.
 MEMORY_NOISE_SHARE = 0.10
 
 #: Peak memory (GiB): the peak reserved memory on CUDA, the peak RSS on the CPU (``TrialResult.memory.memory_kind``).
@@ -170,6 +172,32 @@ INSTABILITY = register_objective(
         value_of=lambda r: float(r.constant.instability or 0.0),
         shown=lambda _r, v: format_instability(v),
         role="stability",
+    )
+)
+
+
+def _learning_progress_value(result: TrialResult) -> float:
+    progress = result.constant.learning_progress
+    return float(progress) if progress is not None and math.isfinite(progress) else -1.0  # unknown: ranked last
+
+
+#: ``learning_progress``: how far the probe loss fell over the constant phase at the trial's own rate (a fraction,
+#: maximized), an optional third objective (``study.objectives``): with it the front no longer rewards a small step
+#: for being far from its edge while it barely trains. Its interval is the seed noise each side
+#: (:func:`sweeper.stability.learning_progress_noise`: 0.01 safely below the edge, 0.14 near it).
+LEARNING_PROGRESS = register_objective(
+    Objective(
+        name="learning_progress",
+        direction="maximize",
+        unit="",
+        description="the probe loss's relative drop over the constant phase at the trial's learning rate",
+        value_of=_learning_progress_value,
+        shown=lambda _r, v: f"{100 * v:.0f}%",
+        role="learning",
+        interval=lambda r: (
+            _learning_progress_value(r) - learning_progress_noise(r.stress),
+            _learning_progress_value(r) + learning_progress_noise(r.stress),
+        ),
     )
 )
 

@@ -153,7 +153,8 @@ def open_study(
         study_name: The study's name; None: the space's.
         n_trials: The study's size, for the sampler's random start; None: the space's ``n_trials``.
         objectives: Names of registered objectives (:mod:`sweeper.study._objectives`), in order, for a new study;
-            None: :data:`~sweeper.study._objectives.DEFAULT_OBJECTIVES`. An existing study keeps its own.
+            None: the space's ``study.objectives``, else :data:`~sweeper.study._objectives.DEFAULT_OBJECTIVES`. An
+            existing study keeps its own (asking for others is refused).
 
     Raises:
         StudyError: The storage cannot be created or written, an existing study of that name has other directions, or
@@ -161,6 +162,8 @@ def open_study(
     """
     name = study_name or space.study.name
     url = storage or space.study.storage or default_storage(name)
+    if objectives is None:
+        objectives = space.study.objectives
     wanted = DEFAULT_OBJECTIVES if objectives is None else resolve_objectives(objectives, str(space.path))
     sampler = make_sampler(space.study, n_trials or space.study.n_trials)
     database = sqlite_file(url)

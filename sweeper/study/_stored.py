@@ -164,6 +164,10 @@ class Confirmation:
             its 95% interval) or fails (above the high end); None when the rate lies inside the interval (a tie).
         margin_held: Whether the long run agreed with the prediction (it completed when predicted to hold, failed
             when predicted not to); None when not judged.
+        effective_batch_size: ``per_device_train_batch_size * gradient_accumulation_steps`` of the long run; None
+            in a confirmation stored before it was recorded (those ran the trial's own).
+        as_exported: It ran the configuration ``sweep export`` writes (``sweep confirm --as-exported``: the
+            export's ``gradient_accumulation_steps``), not the trial's.
     """
 
     steps: int
@@ -180,6 +184,8 @@ class Confirmation:
     predicted_max_lr: float | None = None
     predicted_to_hold: bool | None = None
     margin_held: bool | None = None
+    effective_batch_size: int | None = None
+    as_exported: bool = False
 
     @classmethod
     def of(
@@ -191,6 +197,8 @@ class Confirmation:
         predicted_max_lr: float | None = None,
         predicted_to_hold: bool | None = None,
         margin_held: bool | None = None,
+        effective_batch_size: int | None = None,
+        as_exported: bool = False,
     ) -> Confirmation:
         """The confirmation of a long run of ``steps`` steps that ended with ``result``: how it ended, its constant
         phase (steps, instability, the probe's first and last loss), its peak memory and wall time; the rest as
@@ -211,6 +219,8 @@ class Confirmation:
             predicted_max_lr=predicted_max_lr,
             predicted_to_hold=predicted_to_hold,
             margin_held=margin_held,
+            effective_batch_size=effective_batch_size,
+            as_exported=as_exported,
         )
 
     @property

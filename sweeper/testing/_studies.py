@@ -130,7 +130,7 @@ def add_trial(
         # peak and instability are the memory and stability objectives' values as given; any other objective of
         # the study (a registered third one) is computed from the result, as the sweep computes it
         given = {"memory": peak, "stability": instability}
-        values = [given[o.role] if o.role else o.value_of(result) for o in study_objectives(study)]
+        values = [given[o.role] if o.role in given else o.value_of(result) for o in study_objectives(study)]
     study.add_trial(
         create_trial(
             state=state,

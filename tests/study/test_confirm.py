@@ -234,3 +234,29 @@ def test_confirm_in_an_unwritable_studies_folder_is_one_line(confirmed_study):
         os.chmod(folder, 0o755)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "not writable" in lines[0] and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_confirm_as_exported_runs_the_exports_effective_batch_and_the_export_says_so(confirmed_study):
+    workdir, _, confirm = confirmed_study
+    # the fixture's confirmation ran the trial's own effective batch and said what the export trains at
+    assert "the trial's; the export trains at 16: --as-exported runs that" in confirm.stdout
+    study = optuna.load_study(study_name="c", storage="sqlite:///studies/c.db")
+    (number,) = [int(k.split(":")[1]) for k in study.user_attrs if k.startswith("confirmation:")]
+    first = run_cli("export", "c", "--trial", str(number), "--format", "json", "-o", "before", cwd=workdir)
+    assert first.returncode == 0, first.stderr
+    before = (workdir / "before.json").read_text()
+    assert "its confirmation ran at 1, not as exported ('sweep confirm --as-exported' runs it)" in before
+    out = run_cli("confirm", "c", "--trials", str(number), "--steps", "8", "--as-exported", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    assert "effective batch 16, as exported (the trial ran 1)" in out.stdout and "confirmed: 8 steps" in out.stdout
+    study = optuna.load_study(study_name="c", storage="sqlite:///studies/c.db")
+    record = study.user_attrs[f"confirmation:{number}"]
+    assert record["as_exported"] is True and record["effective_batch_size"] == 16 and record["steps_done"] == 8
+    result = workdir / "studies" / "c" / "trials" / str(number) / "confirm-8-as-exported" / "result.json"
+    assert json.loads(result.read_text())["steps_done"] == 8
+    again = run_cli("export", "c", "--trial", str(number), "--format", "json", "-o", "after", cwd=workdir)
+    assert again.returncode == 0, again.stderr
+    after = json.loads((workdir / "after.json").read_text())
+    assert after["training_args"]["gradient_accumulation_steps"] == 16
+    assert "its confirmation ran as exported" in (workdir / "after.json").read_text()

@@ -124,3 +124,31 @@ def test_dominance_and_the_knee_follow_each_direction(third_objective):
     # the best corner is the least memory, least proximity and most learning
     distances = knee_distance([(1.0, 0.2, 0.4), (2.0, 0.5, 0.1)], objectives)
     assert distances[0] == 0.0 and distances[1] == pytest.approx(3**0.5)
+
+
+def test_learning_progress_is_a_third_objective_a_space_asks_for_with_its_noise(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    objectives = ["peak_memory_gib", "edge_proximity", "learning_progress"]
+    space = parse_space({"study": {"name": "learn", "objectives": objectives}, "search": {"r": [4, 8, 16]}}, "s.yaml")
+    assert space.study.objectives == tuple(objectives)
+    study = open_study(space, "sqlite:///studies/learn.db")
+    assert [o.name for o in study_objectives(study)] == objectives
+    assert [d.name for d in study.directions] == ["MINIMIZE", "MINIMIZE", "MAXIMIZE"]
+    study.set_user_attr("searched", ["r"])
+    # trial 1 costs more memory and is no more stable than trial 0, but learns beyond the seed noise (0.40 against
+    # 0.10): on the front. Trial 2 learns within the noise of trial 0 (0.13): dominated by it as before.
+    for r, peak, progress in ((4, 1.0, 0.10), (8, 1.5, 0.40), (16, 2.0, 0.13)):
+        add_trial(study, r=r, batch=1, seq=64, status="complete", peak=peak, instability=0.5,
+                  extra={"learning_progress": progress})  # fmt: skip
+    assert [t.number for t in pareto_front(study)] == [0, 1]
+    shown = run_cli("report", "learn")
+    assert shown.returncode == 0, shown.stderr
+    assert "Pareto front (peak memory vs stability margin vs learning progress)" in shown.stdout
+    data = json.loads(run_cli("report", "learn", "--json").stdout)
+    assert [p["learning_progress"] for p in data["front"]] == [0.1, 0.4]
+    # a name no objective has: one line naming the file and the key
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("study: {name: bad, objectives: [peak_memory_gib, speed]}\nsearch: {r: [4, 8]}\n")
+    out = run_cli("run", str(bad), "--n-trials", "1")
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "study.objectives: no objective 'speed'; choose among" in out.stderr and "bad.yaml" in out.stderr

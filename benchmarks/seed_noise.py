@@ -1,12 +1,14 @@
-"""How much a trial's measured peak memory moves when nothing but the seed changes: the noise the picks treat as a
-tie on memory (:data:`sweeper.study.MEMORY_NOISE_SHARE`).
+"""How much a trial's measured peak memory and learning progress move when nothing but the seed changes: the noise
+the picks treat as a tie on memory (``MEMORY_NOISE_SHARE`` in ``sweeper/study/_objectives.py``) and the
+``learning_progress`` objective's interval (``LEARNING_PROGRESS_NOISE`` in ``sweeper/stability.py``).
 
-Runs the sweep's trial (constant phase only: the stress phase does not enter ``peak_memory_gib``) of a few
-configurations of the built-in model at ``--seeds`` seeds (``seed``: LoRA's initialisation and the data order), each
-in a fresh trial process as ``sweep run`` runs a cold trial, and prints per configuration the peaks and their spread
-(max over min, minus 1), then the largest spread. Results go to ``benchmarks/results/memory_noise.json``.
+Runs the sweep's trial (constant phase only: the stress phase enters neither figure) of a few configurations of the
+built-in model at the QLoRA recipe's rate, at ``--seeds`` seeds (``seed``: LoRA's initialisation and the data order),
+each in a fresh trial process as ``sweep run`` runs a cold trial, and prints per configuration the peaks and their
+spread (max over min, minus 1) and the learning progress and its standard deviation over seeds, then the largest
+spread and the pooled standard deviation. Results go to ``benchmarks/results/seed_noise.json``.
 
-    python benchmarks/memory_noise.py --seeds 3 --steps 6
+    python benchmarks/seed_noise.py --seeds 3 --steps 12
 
 On the CPU the peak is the process's peak RSS; on CUDA the caching allocator's peak reserved memory. Run nothing else
 that allocates much beside it on the CPU (other processes do not enter a process's RSS, but swapping would).
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 import tempfile
 from dataclasses import replace
@@ -44,7 +48,7 @@ CASES: dict[str, dict[str, object]] = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     model = resolve_model(BASE.model)
@@ -52,21 +56,32 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, object]] = {}
     for name, change in CASES.items():
         peaks: list[float] = []
+        progress: list[float] = []
         for seed in range(args.seeds):
             config = replace(BASE, max_steps=args.steps, learning_rate=2e-4, seed=seed, **change)  # type: ignore[arg-type]
             result = run_trial(config, work / f"{len(rows)}-{seed}", model_path=model, stress=False)
-            peak = result.memory.peak_memory_gib
-            print(f"{name} seed {seed}: {result.status}, peak {peak} GiB ({result.memory.memory_kind})", flush=True)
+            peak, learned = result.memory.peak_memory_gib, result.constant.learning_progress
+            print(f"{name} seed {seed}: {result.status}, peak {peak} GiB ({result.memory.memory_kind}), learning "
+                  f"progress {learned}", flush=True)  # fmt: skip
             if peak is not None:
                 peaks.append(peak)
+            if learned is not None:
+                progress.append(learned)
         spread = max(peaks) / min(peaks) - 1 if peaks else None
-        rows[name] = {"peaks_gib": peaks, "spread": spread}
-        print(f"{name}: spread {100 * spread:.2f}%" if spread is not None else f"{name}: no peak", flush=True)
+        sd = statistics.stdev(progress) if len(progress) >= 2 else None
+        rows[name] = {"peaks_gib": peaks, "spread": spread, "learning_progress": progress, "learning_progress_sd": sd}
+        print(f"{name}: peak spread {spread}, learning progress sd {sd}", flush=True)
     spreads = [r["spread"] for r in rows.values() if isinstance(r["spread"], float)]
-    summary = {"seeds": args.seeds, "steps": args.steps, "largest_spread": max(spreads) if spreads else None}
+    sds = [r["learning_progress_sd"] for r in rows.values() if isinstance(r["learning_progress_sd"], float)]
+    summary = {
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "largest_peak_spread": max(spreads) if spreads else None,
+        "pooled_learning_progress_sd": math.sqrt(statistics.fmean(s * s for s in sds)) if sds else None,
+    }
     print(json.dumps(summary))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "memory_noise.json").write_text(json.dumps({"summary": summary, "cases": rows}, indent=1) + "\n")
+    (args.out / "seed_noise.json").write_text(json.dumps({"summary": summary, "cases": rows}, indent=1) + "\n")
     return 0
 
 
