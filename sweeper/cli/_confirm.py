@@ -161,7 +161,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     """``sweep confirm STUDY [--steps N] [--trials 3,7 | --front | --pick safe] [--as-exported]``."""
     import optuna
 
-    from sweeper.export import pick_trial
+    from sweeper.export import choose
     from sweeper.study import candidates, check_study_owner, load_existing_study, snapshot
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -181,7 +181,10 @@ def cmd_confirm(args: argparse.Namespace) -> int:
                 f"{study.study_name}: --pick: the study has no complete trial to confirm; run more "
                 "trials with 'sweep run'"
             )
-        numbers = [ranked[0].number if args.pick == "safe" else pick_trial(read, pick=args.pick).number]
+        # what to confirm next: the pick among every trial of the front, not only the confirmed ones
+        numbers = [
+            ranked[0].number if args.pick == "safe" else choose(read, args.pick, prefer_confirmed=False).trial.number
+        ]
     steps = args.steps if args.steps is not None else read.confirm_steps
     failed, not_run = run_confirmations(study, numbers, steps, as_exported=args.as_exported)
     _publish(study)  # the dashboard's front figure and notes show the confirmations

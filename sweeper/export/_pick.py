@@ -144,7 +144,9 @@ def pick_trial(
     return choose(study, pick, fmt).trial
 
 
-def choose(study: StudyLike, pick: Pick = "safe", fmt: str | None = None) -> PickChoice:
+def choose(
+    study: StudyLike, pick: Pick = "safe", fmt: str | None = None, *, prefer_confirmed: bool = True
+) -> PickChoice:
     """The front's point a pick chooses, with what it chose among and the notes its line carries.
 
     The rules (``sweep export --help``, docs/contract.md, the report):
@@ -166,6 +168,9 @@ def choose(study: StudyLike, pick: Pick = "safe", fmt: str | None = None) -> Pic
       least memory; of those the one that learns most. With no safe trial, the most headroom, said on its line.
     - A ``knee`` or ``most-stable`` pick that learns less than half as fast as a safe trial of the front, and any
       pick near its edge, says so on its line.
+
+    ``prefer_confirmed`` False makes the pick among every trial of the front that did not fail its confirmation, as
+    ``sweep confirm --pick`` chooses what to confirm next.
 
     Raises:
         StudyError: The study has no complete trial (that ``fmt`` can express) that did not fail its confirmation.
@@ -190,7 +195,7 @@ def choose(study: StudyLike, pick: Pick = "safe", fmt: str | None = None) -> Pic
             )
         front = expressible
         among = f"the front of the trials {fmt} can express ({len(front)})"
-    passed = [t for t in front if t.confirmation is not None and t.confirmation.passed]
+    passed = [t for t in front if t.confirmation is not None and t.confirmation.passed] if prefer_confirmed else []
     usable = [t for t in front if t.confirmation is None or t.confirmation.passed]
     if not usable:
         _refuse_failed_confirmation(name, front[0], "--pick")

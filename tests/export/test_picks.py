@@ -121,6 +121,8 @@ def test_a_pick_made_among_confirmed_trials_says_so_and_names_the_better_unconfi
     )
     assert choose(picks_study, "safe").line.startswith("safe #2, among the 1 confirmed trial of the front's 4 trials; ")
     assert "#3 would be the safe pick and is unconfirmed (sweep confirm p --trials 3)" in choose(picks_study).line
+    # what sweep confirm --pick runs next: the pick among every trial, confirmed or not
+    assert choose(picks_study, "min-memory", prefer_confirmed=False).trial.number == 0
 
 
 def test_export_writes_the_safe_pick_by_default_and_says_what_it_chose_among(picks_study, tmp_path):
