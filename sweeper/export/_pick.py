@@ -161,13 +161,15 @@ def choose(
     - ``knee``: the compromise point (:func:`knee`).
     - ``most-stable``: the least memory among the trials tied with the most stable one (a stability margin within
       its seed noise).
-    - ``safe`` (``sweep export``'s default): among the trials safely below their edge (headroom, ``predicted_max_lr
+    - ``safe`` (``sweep export``'s default), among every complete trial of the current setup, not only the front (a
+      safe trial whose margin is within the seed noise of a lighter trial near its edge is off the front, and is
+      what a user wants): among the trials safely below their edge (headroom, ``predicted_max_lr
       / learning_rate``, at or above its safety factor: :class:`sweeper.stability.Headroom`) that learn at least
       half as fast as the fastest of them (:data:`sweeper.stability.SLOW_LEARNING_SHARE`), those within 10% (the
       seed's noise on peak memory, :data:`sweeper.study._objectives.MEMORY_NOISE_SHARE`) of the
       least memory; of those the one that learns most. With no safe trial, the most headroom, said on its line.
-    - A ``knee`` or ``most-stable`` pick that learns less than half as fast as a safe trial of the front, and any
-      pick near its edge, says so on its line.
+    - A ``knee`` or ``most-stable`` pick that learns less than half as fast as a safe trial, and any pick near its
+      edge, says so on its line.
 
     ``prefer_confirmed`` False makes the pick among every trial of the front that did not fail its confirmation, as
     ``sweep confirm --pick`` chooses what to confirm next.
@@ -195,15 +197,23 @@ def choose(
             )
         front = expressible
         among = f"the front of the trials {fmt} can express ({len(front)})"
+    complete = _complete_trials(study, fmt)
+    if pick == "safe":  # a safe trial tied on stability with a lighter one near its edge is off the front, not out
+        front = complete or front
+        narrowed = fmt is not None and len(complete) < len(_complete_trials(study, None))
+        among = f"the {len(front)} complete trial{'s' if len(front) != 1 else ''}" + (
+            f" {fmt} can express" if narrowed else ""
+        )
     passed = [t for t in front if t.confirmation is not None and t.confirmation.passed] if prefer_confirmed else []
     usable = [t for t in front if t.confirmation is None or t.confirmation.passed]
     if not usable:
         _refuse_failed_confirmation(name, front[0], "--pick")
-    chosen, notes = _apply(study, pick, passed or usable)
+    safe_pool = [t for t in complete if t.confirmation is None or t.confirmation.passed]
+    chosen, notes = _apply(study, pick, passed or usable, safe_pool)
     if passed and len(passed) < len(usable):
         n = len(passed)
         among = f"the {n} confirmed trial{'s' if n != 1 else ''} of {among}"
-        unrestricted, _ = _apply(study, pick, usable)
+        unrestricted, _ = _apply(study, pick, usable, safe_pool)
         if unrestricted.number != chosen.number:
             notes = [*notes, _unconfirmed_note(name, pick, chosen, unrestricted)]
     headroom = chosen.headroom
@@ -216,8 +226,24 @@ def _progress(t: StoredTrial) -> float | None:
     return t.result.constant.learning_progress
 
 
-def _apply(study: StudySnapshot, pick: Pick, front: list[StoredTrial]) -> tuple[StoredTrial, list[str]]:
-    """The pick's rule on ``front`` (non-empty): the trial and the notes on it (:func:`choose`)."""
+def _complete_trials(study: StudySnapshot, fmt: str | None) -> list[StoredTrial]:
+    """The measured COMPLETE trials of the study's current setup (repeats stand for their original), those ``fmt``
+    can express when it is given."""
+    return [
+        t
+        for t in study.current(study.trials)
+        if t.status == TrialStatus.COMPLETE
+        and t.values is not None
+        and not t.is_repeat
+        and (fmt is None or inexpressible(t, fmt) is None)
+    ]
+
+
+def _apply(
+    study: StudySnapshot, pick: Pick, front: list[StoredTrial], safe_pool: list[StoredTrial]
+) -> tuple[StoredTrial, list[str]]:
+    """The pick's rule on ``front`` (non-empty): the trial and the notes on it (:func:`choose`); ``safe_pool``: the
+    complete trials a "learns less than half as fast as a safe trial" note compares with."""
     declared = study.objectives
     if pick != "min-memory":  # no trial is recommended as safest because it barely learns
         front = study.learning(front)
@@ -227,7 +253,7 @@ def _apply(study: StudySnapshot, pick: Pick, front: list[StoredTrial]) -> tuple[
     def signed(t: StoredTrial, i: int) -> float:
         return declared[i].better(objectives(t)[i])
 
-    safe = [t for t in front if (h := t.headroom) is not None and not h.near_edge]
+    safe = [t for t in study.learning(safe_pool or front) if (h := t.headroom) is not None and not h.near_edge]
     fastest = max((p for t in safe if (p := _progress(t)) is not None), default=None)
     notes: list[str] = []
     if pick == "safe":

@@ -193,17 +193,38 @@ def objectives_of(study: StudyLike) -> list[str]:
 
 def pick_choices(study: StudyLike) -> dict[str, Any]:
     """What each ``sweep export --pick`` chooses (``safe``, ``knee``, ``min-memory``, ``most-stable``), as
-    :class:`sweeper.export._pick.PickChoice` (the trial, what it chose among, the notes its line carries); {} without a
-    complete trial, or when no pick can be made (:func:`no_picks_reason` says why)."""
+    :class:`sweeper.export._pick.PickChoice` (the trial, what it chose among, the notes its line carries); a pick
+    that cannot be made (every trial it chooses among failed its confirmation) is left out, and
+    :func:`pick_lines` says why; {} without a complete trial."""
+    study = snapshot(study)
+    from sweeper.export import PICKS, choose
+
+    out: dict[str, Any] = {}
+    if not study.front:
+        return out
+    for name in PICKS:
+        try:
+            out[name] = choose(study, name)  # type: ignore[arg-type]
+        except StudyError:  # every trial it chooses among failed its confirmation: pick_lines says so
+            continue
+    return out
+
+
+def pick_lines(study: StudyLike) -> dict[str, str]:
+    """Each pick's line, by pick name: :attr:`sweeper.export._pick.PickChoice.line`, or for a pick that cannot be
+    made ``knee: none: trial 0 failed its confirmation (...)``; {} without a complete trial."""
     study = snapshot(study)
     from sweeper.export import PICKS, choose
 
     if not study.front:
         return {}
-    try:
-        return {name: choose(study, name) for name in PICKS}  # type: ignore[arg-type]
-    except StudyError:  # every trial of the front failed its confirmation
-        return {}
+    lines = {}
+    for name in PICKS:
+        try:
+            lines[name] = choose(study, name).line  # type: ignore[arg-type]
+        except StudyError as exc:
+            lines[name] = f"{name}: none: {str(exc).split(': ', 2)[-1]}"
+    return lines
 
 
 def picks(study: StudyLike) -> dict[str, int]:
@@ -212,18 +233,21 @@ def picks(study: StudyLike) -> dict[str, int]:
 
 
 def no_picks_reason(study: StudyLike) -> str | None:
-    """Why the study's front yields no pick although it has trials (every one failed its confirmation), as
-    ``sweep export --pick`` says it; None when it yields picks or has no trial."""
+    """Why the study's front yields no pick although it has trials (every trial a pick chooses among failed its
+    confirmation), as ``sweep export --pick`` says it; None when some pick can be made or it has no trial."""
     study = snapshot(study)
-    from sweeper.export import pick_trial
+    from sweeper.export import PICKS, choose
 
     if not study.front:
         return None
-    try:
-        pick_trial(study)
-    except StudyError as exc:
-        return str(exc)
-    return None
+    reason = None
+    for name in PICKS:
+        try:
+            choose(study, name)  # type: ignore[arg-type]
+            return None
+        except StudyError as exc:
+            reason = reason or str(exc)
+    return reason
 
 
 def fit_map_data(study: StudyLike) -> FitMap:
@@ -512,6 +536,7 @@ def report_data(study: StudyLike) -> Report:
     front = study.front
     numbers = {t.number for t in front}
     chosen = pick_choices(study)
+    lines = pick_lines(study)
     return Report(
         study=study.name,
         directions=tuple(study.directions),
@@ -528,7 +553,7 @@ def report_data(study: StudyLike) -> Report:
         largest_max_seq_length_by_batch=largest_fitting_seq(fit_map_data(study)),
         importance=importance_data(study),
         picks={name: choice.trial.number for name, choice in chosen.items()},
-        pick_lines={name: choice.line for name, choice in chosen.items()},
+        pick_lines=lines,
         memory_prediction=memory_prediction_data(study),
         other_setups=other_setups_line(study),
     )

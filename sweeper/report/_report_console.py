@@ -21,6 +21,7 @@ from sweeper.report._data import (
     memory_prediction_data,
     no_picks_reason,
     pick_choices,
+    pick_lines,
 )
 from sweeper.report._sweep_console import front_axis
 from sweeper.study import StudyLike, snapshot, stale_running
@@ -47,12 +48,11 @@ def report_lines(study: StudyLike, ref: str) -> list[str]:
     for line in stale_running(study.study).values():
         lines.append(f"stale   {line}; the next 'sweep run' of this study records it as interrupted and runs it again")
     lines += [note for note in (legacy_instability_warning(study), other_setups_line(study)) if note]
-    chosen = pick_choices(study)
-    if not chosen and (why := no_picks_reason(study)):
+    if not pick_choices(study) and (why := no_picks_reason(study)):
         lines.append(f"picks   none: {why.split(': ', 2)[-1]}")
-    if chosen:
+    elif chosen := pick_lines(study):
         lines.append(f"picks   (sweep export {ref} writes safe; --pick NAME another)")
-        lines += [f"  {choice.line}" for choice in chosen.values()]
+        lines += [f"  {line}" for line in chosen.values()]
     fits = describe_fit(fit_map_data(study))
     if fits:
         lines.append("largest max_seq_length that fit: " + ", ".join(f"batch {b}: {s}" for b, s in fits.items()))

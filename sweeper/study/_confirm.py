@@ -41,14 +41,18 @@ DEFAULT_HORIZON_FACTOR = 10
 
 
 def candidates(study: StudyLike) -> list[StoredTrial]:
-    """The front's trials in order of preference: what ``sweep export`` writes by default first (the ``safe`` pick,
-    :meth:`~sweeper.study.StudySnapshot.safe_pick`), then by distance to the knee (:func:`by_knee_distance`), those
+    """The trials to confirm in order of preference: what ``sweep export`` writes by default first (the ``safe`` pick
+    among every complete trial, :meth:`~sweeper.study.StudySnapshot.safe_pick`), then the front's by distance to the
+    knee (:func:`by_knee_distance`), those
     that barely learn (:meth:`~sweeper.study.StudySnapshot.learning`) after the rest."""
     snap = snapshot(study)
     front, objectives = snap.front, snap.objectives
     learns = by_knee_distance(snap.learning(front), objectives)  # the knee as sweep export --pick knee finds it
-    if learns:
-        safe, _ = snap.safe_pick(learns)
+    complete = [
+        t for t in snap.current(snap.trials) if t.status == TrialStatus.COMPLETE and t.values and not t.is_repeat
+    ]
+    if complete:  # the safe pick is chosen among every complete trial, as sweep export chooses it
+        safe, _ = snap.safe_pick(snap.learning(complete))
         learns = [safe, *(t for t in learns if t.number != safe.number)]
     chosen = {t.number for t in learns}
     return learns + by_knee_distance([t for t in front if t.number not in chosen], objectives)

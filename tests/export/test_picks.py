@@ -105,7 +105,7 @@ def test_the_safe_pick_is_the_least_memory_safely_below_its_edge_that_learns(pic
     safe = choose(picks_study, "safe")
     # #0 is near its edge, #1 learns under half as fast as #3; #2 has the least memory of the rest, and #3, within
     # the memory noise of it (1.10 against 1.08 GiB), learns more
-    assert safe.trial.number == 3 and safe.line == "safe #3, among the front's 4 trials"
+    assert safe.trial.number == 3 and safe.line == "safe #3, among the 5 complete trials"
     assert choose(picks_study, "min-memory").line.startswith("min-memory #0, among the front's 4 trials; near its edge")
     fastest = max(t.result.constant.learning_progress for t in snap.front if not t.headroom.near_edge)
     assert safe.trial.result.constant.learning_progress >= 0.5 * fastest
@@ -119,7 +119,9 @@ def test_a_pick_made_among_confirmed_trials_says_so_and_names_the_better_unconfi
     assert chosen.line == (
         "min-memory #2, among the 1 confirmed trial of the front's 4 trials; #0 uses 0.080 GiB less and is unconfirmed"
     )
-    assert choose(picks_study, "safe").line.startswith("safe #2, among the 1 confirmed trial of the front's 4 trials; ")
+    assert choose(picks_study, "safe").line.startswith(
+        "safe #2, among the 1 confirmed trial of the 5 complete trials; "
+    )
     assert "#3 would be the safe pick and is unconfirmed (sweep confirm p --trials 3)" in choose(picks_study).line
     # what sweep confirm --pick runs next: the pick among every trial, confirmed or not
     assert choose(picks_study, "min-memory", prefer_confirmed=False).trial.number == 0
@@ -128,11 +130,27 @@ def test_a_pick_made_among_confirmed_trials_says_so_and_names_the_better_unconfi
 def test_export_writes_the_safe_pick_by_default_and_says_what_it_chose_among(picks_study, tmp_path):
     out = run_cli("export", str(tmp_path / "p.db"), "--format", "json", "-o", "cfg", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("export  safe #3, among the front's 4 trials (peak 1.100 GiB, margin >=643x")
+    assert out.stdout.startswith("export  safe #3, among the 5 complete trials (peak 1.100 GiB, margin >=643x")
     provenance = json.loads((tmp_path / "cfg.json").read_text())["provenance"]
     assert provenance["trial"] == 3 and provenance["near_edge"] is False and provenance["headroom_high"] is None
     assert provenance["headroom"] == pytest.approx(643 * DEFAULT_LR_CALIBRATION.factor, rel=0.01)
     report = run_cli("report", str(tmp_path / "p.db"), "--json", cwd=tmp_path)
     data = json.loads(report.stdout)
-    assert data["picks"]["safe"] == 3 and data["pick_lines"]["safe"] == "safe #3, among the front's 4 trials"
+    assert data["picks"]["safe"] == 3 and data["pick_lines"]["safe"] == "safe #3, among the 5 complete trials"
     assert [f["near_edge"] for f in data["front"]] == [True, False, False, False]
+
+
+def test_the_safe_pick_looks_beyond_the_front(tmp_path, monkeypatch):
+    # Trial 0 is lighter and its margin (10.5x) is within the seed noise of trial 1's (18.9x): trial 1 is off the
+    # front. But trial 0 is near its edge (headroom 1.5x) and trial 1 is not (2.7x): the safe pick is trial 1.
+    monkeypatch.chdir(tmp_path)
+    space = parse_space({"study": {"name": "b"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
+    study = open_study(space, f"sqlite:///{tmp_path}/b.db", "b", 8)
+    for r, peak, steps in ((4, 1.00, 4), (8, 1.10, 5)):
+        stress = _stress(steps)
+        add_trial(study, r=r, batch=1, seq=64, status="complete", peak=peak, instability=1 / stress["stability_margin"],
+                  extra={**stress, "learning_progress": 0.3})  # fmt: skip
+    snap = snapshot(study)
+    assert [t.number for t in snap.front] == [0] and [t.headroom.near_edge for t in snap.trials] == [True, False]
+    assert choose(study, "safe").line == "safe #1, among the 2 complete trials"
+    assert choose(study, "knee").line.startswith("knee #0, among the front's 1 trial; near its edge (headroom 1.5x")

@@ -579,7 +579,7 @@ def test_sweep_report_lines(tmp_path):
     assert lines[3:] == [
         "trials: complete 3 · nan 1 (data 1) · oom 1 · repeated 1",
         "picks   (sweep export 'sqlite:///x.db' writes safe; --pick NAME another)",
-        "  safe #1, among the front's 2 trials; no trial is safely below its edge: took the most headroom (0.7x "
+        "  safe #1, among the 3 complete trials; no trial is safely below its edge: took the most headroom (0.7x "
         "(0.3-1.6x)), near its edge",
         "  knee #1, among the front's 2 trials; near its edge (headroom 0.7x (0.3-1.6x))",
         "  min-memory #0, among the front's 2 trials; near its edge (headroom 0.2x (0.1-0.4x))",
@@ -587,5 +587,11 @@ def test_sweep_report_lines(tmp_path):
         "largest max_seq_length that fit: batch 1: 128, batch 2: 128, batch 4: none (OOM at 128)",
     ]
     for n in (0, 1):
+        study.set_user_attr(f"confirmation:{n}", Confirmation(steps=30, status="nan", fail_step=3).to_dict())
+    lines = report_lines(study, "rep")
+    # the front's picks cannot be made; the safe pick, made among every complete trial, takes trial 2
+    assert lines[5].startswith("  safe #2, among the 3 complete trials; no trial is safely below its edge")
+    assert lines[6].startswith("  knee: none: trial 0 failed its confirmation")
+    for n in (2,):
         study.set_user_attr(f"confirmation:{n}", Confirmation(steps=30, status="nan", fail_step=3).to_dict())
     assert report_lines(study, "rep")[4].startswith("picks   none: trial 0 failed its confirmation")
