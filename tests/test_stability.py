@@ -241,6 +241,12 @@ def test_margins_within_each_others_noise_are_tied_and_a_tenfold_step_is_not():
     # Same memory, one ladder step apart: tied both ways.
     assert not dominates_beyond_noise(point(1.0, 5), point(1.0, 4))
     assert not dominates_beyond_noise(point(1.0, 4), point(1.0, 5))
+    # Two ladder steps apart (intervals meeting at an end): beyond the noise of a difference of two readings (sqrt(2)
+    # times one reading's, 1.4 steps), so the wider margin counts even at more memory.
+    assert dominates_beyond_noise(point(1.0, 6), point(1.0, 4))
+    assert not dominates_beyond_noise(point(1.0, 4), point(2.0, 6)) and not dominates_beyond_noise(
+        point(2.0, 6), point(1.0, 4)
+    )
     # Four ladder steps apart (10.5x, about a tenfold change of the learning rate): beyond the noise.
     assert dominates_beyond_noise(point(1.0, 8), point(1.0, 4))
     assert not dominates_beyond_noise(point(1.0, 4), point(1.0, 8))

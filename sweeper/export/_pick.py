@@ -154,9 +154,9 @@ def choose(
     - **Among what.** The front of the study's current setup; with ``fmt``, the front of the trials that format can
       express (:func:`inexpressible`: LLaMA-Factory has no float32 compute, axolotl no fractional ``lora_alpha``).
       A trial that failed its confirmation is never picked. When some trials of the front completed their
-      confirmation (``sweep confirm``), every pick is made among those, and its line names the unconfirmed trial
-      the pick would take otherwise. ``knee``, ``most-stable`` and ``safe`` leave out trials that barely learn
-      (:func:`sweeper.stability.barely_learns`).
+      confirmation (``sweep confirm``), every pick is made among those (``safe``: among the confirmed trials safely
+      below their edge), and its line names the unconfirmed trial the pick would take otherwise. ``knee``,
+      ``most-stable`` and ``safe`` leave out trials that barely learn (:func:`sweeper.stability.barely_learns`).
     - ``min-memory``: the least peak memory.
     - ``knee``: the compromise point (:func:`knee`).
     - ``most-stable``: the least memory among the trials tied with the most stable one (a stability margin within
@@ -205,6 +205,8 @@ def choose(
             f" {fmt} can express" if narrowed else ""
         )
     passed = [t for t in front if t.confirmation is not None and t.confirmation.passed] if prefer_confirmed else []
+    if pick == "safe":  # a confirmed trial near its edge is no reason to pass over a safe one
+        passed = [t for t in passed if (h := t.headroom) is not None and not h.near_edge]
     usable = [t for t in front if t.confirmation is None or t.confirmation.passed]
     if not usable:
         _refuse_failed_confirmation(name, front[0], "--pick")

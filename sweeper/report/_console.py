@@ -203,15 +203,14 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
 
 def stability_ties(front: Sequence[StoredTrial], objectives: Sequence[Objective]) -> dict[int, list[int]]:
     """For each COMPLETE trial of ``front``, the others whose stability objective's interval overlaps its own
-    (:meth:`~sweeper.study.Objective.signed_interval`): a difference within the noise. Empty without a stability
-    objective."""
+    (:meth:`~sweeper.study.Objective.signed_interval`, :meth:`~sweeper.study.Objective.tied`: the rule the front and
+    the picks use): a difference within the noise. Empty without a stability objective."""
     at = next((i for i, o in enumerate(objectives) if o.role == "stability"), None)
     if at is None:
         return {}
     spans = {t.number: objectives[at].signed_interval(t.result, t.values[at]) for t in front if t.values is not None}
     return {
-        n: [m for m, (lo, hi) in spans.items() if m != n and lo <= mine[1] and mine[0] <= hi]
-        for n, mine in spans.items()
+        n: [m for m, other in spans.items() if m != n and objectives[at].tied(mine, other)] for n, mine in spans.items()
     }
 
 

@@ -60,6 +60,11 @@ class Objective:
         low, high = min(low, value), max(high, value)
         return (-high, -low) if self.direction == "maximize" else (low, high)
 
+    def tied(self, a: tuple[float, float], b: tuple[float, float]) -> bool:
+        """Whether two signed intervals of this objective (:meth:`signed_interval`) are tied: neither value is
+        clearly better (:func:`tied`, the rule the front and the picks use)."""
+        return tied(a, b)
+
     @property
     def optuna_direction(self) -> optuna.study.StudyDirection:
         """Optuna's :class:`~optuna.study.StudyDirection` of :attr:`direction`."""
@@ -275,19 +280,39 @@ def dominates(a: Sequence[float], b: Sequence[float], objectives: Sequence[Objec
     return all(x <= y for x, y in zip(signed_a, signed_b)) and signed_a != signed_b
 
 
+#: Relative tolerance when two interval ends meet: the margin's intervals are ladder steps apart, and ``5.8 * 1.8``
+#: and ``18.9 / 1.8`` differ in the last bits.
+_TOUCH = 1e-9
+
+
+def _clearly_below(x: tuple[float, float], y: tuple[float, float]) -> bool:
+    """``x``'s high end at or below ``y``'s low end (within :data:`_TOUCH`), and ``x`` not the same point as ``y``:
+    ``x`` is clearly lower."""
+
+    def close(u: float, v: float) -> bool:
+        return abs(u - v) <= _TOUCH * max(abs(u), abs(v))
+
+    return (x[1] <= y[0] or close(x[1], y[0])) and not (close(x[0], y[0]) and close(x[1], y[1]))
+
+
 def dominates_beyond_noise(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> bool:
     """Whether ``a`` dominates ``b`` beyond their noise: each a sequence of signed intervals ``(low, high)``, one per
-    objective, lower better (:meth:`Objective.signed_interval`). ``a`` is not clearly worse on any objective (its low
-    end at or below ``b``'s high end) and clearly better on one (its high end below ``b``'s low end). For exact values
-    (``low == high``) this is :func:`dominates`; two values whose intervals overlap are tied."""
-    not_worse = all(x[0] <= y[1] for x, y in zip(a, b))
-    better = any(x[1] < y[0] for x, y in zip(a, b))
+    objective, lower better (:meth:`Objective.signed_interval`). ``a`` is not clearly worse on any objective and
+    clearly better on one (its high end at or below ``b``'s low end). For exact values (``low == high``) this is
+    :func:`dominates`; two values whose intervals overlap are tied (:func:`tied`).
+
+    Intervals that only meet at an end are not tied. Each interval is one reading's noise: a margin's is one ladder
+    step each side, inside which 90% of a second seed's readings fell. The difference of two independent readings is
+    noisier by sqrt(2), so two readings differ beyond it at 1.4 steps or more. Margins 2 steps apart (intervals
+    meeting at an end) differ; margins 1 step apart (intervals overlapping) are tied."""
+    not_worse = all(not _clearly_below(y, x) for x, y in zip(a, b))
+    better = any(_clearly_below(x, y) for x, y in zip(a, b))
     return not_worse and better
 
 
 def tied(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    """Whether two intervals of one objective overlap: neither value is clearly better."""
-    return a[0] <= b[1] and b[0] <= a[1]
+    """Whether two intervals of one objective overlap beyond meeting at an end: neither value is clearly better."""
+    return not _clearly_below(a, b) and not _clearly_below(b, a)
 
 
 def knee_distance(values: Sequence[Sequence[float]], objectives: Sequence[Objective]) -> list[float]:
