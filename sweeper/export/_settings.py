@@ -277,6 +277,11 @@ def _confirmation_note(study: StudySnapshot, trial: StoredTrial, c: TrialConfig)
             f"not confirmed at a long horizon: its instability comes from {c.max_steps} steps; run 'sweep confirm "
             f"{study.name} --trials {trial.number}' to run it "
             f"{study.confirm_steps or 10 * c.max_steps} steps first"
+            + (
+                " (with --as-exported, at this export's effective batch)"
+                if c.as_exported().effective_batch_size != c.effective_batch_size
+                else ""
+            )
         )
     return (
         f"confirmed: a {done.steps}-step run of this configuration completed (instability "
