@@ -129,4 +129,4 @@ def test_a_new_setup_is_kept_apart_in_report_and_export(tiny_model, workdir, mon
     assert "kept apart" in text
     export = run_cli("export", "t", "--format", "json", cwd=workdir)
     assert export.returncode == 0, export.stderr
-    assert "safe #1, among the front's 1 trial" in export.stdout
+    assert "safe #1, among the 1 complete trial" in export.stdout  # trial 0 is of the other setup
