@@ -68,17 +68,9 @@ def _formats_expressing(trial: StoredTrial, fmt: str) -> str:
 
 
 def _expressible_trials(study: StudySnapshot, fmt: str) -> list[StoredTrial]:
-    """The measured COMPLETE trials of the study's current setup (:func:`sweeper.study.current_trials`) ``fmt`` can
-    express whose confirmation did not fail."""
-    return [
-        t
-        for t in study.current(study.trials)
-        if t.status == TrialStatus.COMPLETE
-        and t.values is not None
-        and not t.is_repeat
-        and (t.confirmation is None or t.confirmation.passed)
-        and inexpressible(t, fmt) is None
-    ]
+    """The measured COMPLETE trials of the study's current setup ``fmt`` can express (:func:`_complete_trials`)
+    whose confirmation did not fail."""
+    return [t for t in _complete_trials(study, fmt) if t.confirmation is None or t.confirmation.passed]
 
 
 def nearest_expressible(study: StudyLike, trial: StoredTrial, fmt: str) -> StoredTrial | None:
@@ -206,7 +198,7 @@ def choose(
         )
     passed = [t for t in front if t.confirmation is not None and t.confirmation.passed] if prefer_confirmed else []
     if pick == "safe":  # a confirmed trial near its edge is no reason to pass over a safe one
-        passed = [t for t in passed if (h := t.headroom) is not None and not h.near_edge]
+        passed = [t for t in passed if t.safely_below_edge]
     usable = [t for t in front if t.confirmation is None or t.confirmation.passed]
     if not usable:
         _refuse_failed_confirmation(name, front[0], "--pick")
@@ -255,7 +247,7 @@ def _apply(
     def signed(t: StoredTrial, i: int) -> float:
         return declared[i].better(objectives(t)[i])
 
-    safe = [t for t in study.learning(safe_pool or front) if (h := t.headroom) is not None and not h.near_edge]
+    safe = [t for t in study.learning(safe_pool or front) if t.safely_below_edge]
     fastest = max((p for t in safe if (p := _progress(t)) is not None), default=None)
     notes: list[str] = []
     if pick == "safe":

@@ -237,7 +237,7 @@ def _settings_of(study: StudySnapshot, trial: StoredTrial) -> ExportSettings:
         lora=LoraSettings(r=c.r, lora_alpha=alpha, lora_dropout=c.lora_dropout, target_modules=tuple(c.target_modules)),
         training=training,
         max_seq_length=c.max_seq_length,
-        effective_batch_size=c.per_device_train_batch_size * accumulation,
+        effective_batch_size=c.as_exported().effective_batch_size,
         target_effective_batch_size=c.target_effective_batch_size,
         provenance=provenance,
         notes=notes,
@@ -327,7 +327,7 @@ def _provenance(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Pro
         headroom_low=_rounded(h.low, 2) if h is not None else None,
         headroom_high=_rounded(h.high, 2) if h is not None and h.high is not None else None,
         near_edge=h.near_edge if h is not None else None,
-        measured_effective_batch_size=c.per_device_train_batch_size * c.gradient_accumulation_steps,
+        measured_effective_batch_size=c.effective_batch_size,
         learning_progress=_rounded(trial.result.constant.learning_progress, 3),
         confirmation=trial.confirmation,
         device=trial.result.provenance.device,
@@ -401,7 +401,7 @@ def _margin_sentence(p: Provenance) -> str:
 def _batch_sentence(s: ExportSettings) -> str:
     """At which effective batch the stability figures and the confirmation were measured, against the export's."""
     p, t = s.provenance, s.training
-    exported = t.per_device_train_batch_size * t.gradient_accumulation_steps
+    exported = s.effective_batch_size
     measured = p.measured_effective_batch_size
     done = p.confirmation
     confirmed_at = None if done is None else exported if done.as_exported else done.effective_batch_size or measured

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import statistics
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -191,11 +191,11 @@ def objectives_of(study: StudyLike) -> list[str]:
     return [o.name for o in study.objectives]
 
 
-def pick_choices(study: StudyLike) -> dict[str, Any]:
-    """What each ``sweep export --pick`` chooses (``safe``, ``knee``, ``min-memory``, ``most-stable``), as
-    :class:`sweeper.export._pick.PickChoice` (the trial, what it chose among, the notes its line carries); a pick
-    that cannot be made (every trial it chooses among failed its confirmation) is left out, and
-    :func:`pick_lines` says why; {} without a complete trial."""
+def pick_outcomes(study: StudyLike) -> dict[str, Any]:
+    """What each ``sweep export --pick`` makes of the study (``safe``, ``knee``, ``min-memory``, ``most-stable``), by
+    pick name: its :class:`sweeper.export._pick.PickChoice`, or the :class:`~sweeper.errors.StudyError` that refuses
+    it (every trial it chooses among failed its confirmation); {} without a complete trial. Each pick is made once:
+    :func:`pick_choices`, :func:`pick_lines` and :func:`no_picks_reason` read this."""
     study = snapshot(study)
     from sweeper.export import PICKS, choose
 
@@ -205,49 +205,37 @@ def pick_choices(study: StudyLike) -> dict[str, Any]:
     for name in PICKS:
         try:
             out[name] = choose(study, name)  # type: ignore[arg-type]
-        except StudyError:  # every trial it chooses among failed its confirmation: pick_lines says so
-            continue
+        except StudyError as exc:
+            out[name] = exc
     return out
 
 
-def pick_lines(study: StudyLike) -> dict[str, str]:
-    """Each pick's line, by pick name: :attr:`sweeper.export._pick.PickChoice.line`, or for a pick that cannot be
-    made ``knee: none: trial 0 failed its confirmation (...)``; {} without a complete trial."""
-    study = snapshot(study)
-    from sweeper.export import PICKS, choose
+def pick_choices(outcomes: Mapping[str, Any]) -> dict[str, Any]:
+    """The picks of :func:`pick_outcomes` that could be made, as :class:`sweeper.export._pick.PickChoice`."""
+    return {name: o for name, o in outcomes.items() if not isinstance(o, StudyError)}
 
-    if not study.front:
-        return {}
-    lines = {}
-    for name in PICKS:
-        try:
-            lines[name] = choose(study, name).line  # type: ignore[arg-type]
-        except StudyError as exc:
-            lines[name] = f"{name}: none: {str(exc).split(': ', 2)[-1]}"
-    return lines
+
+def pick_lines(outcomes: Mapping[str, Any]) -> dict[str, str]:
+    """Each pick's line, by pick name: :attr:`sweeper.export._pick.PickChoice.line`, or for a pick that cannot be
+    made ``knee: none: trial 0 failed its confirmation (...)``."""
+    return {
+        name: f"{name}: none: {str(o).split(': ', 2)[-1]}" if isinstance(o, StudyError) else o.line
+        for name, o in outcomes.items()
+    }
 
 
 def picks(study: StudyLike) -> dict[str, int]:
-    """The trial ``sweep export --pick`` would choose for each pick (:func:`pick_choices`), by pick name."""
-    return {name: choice.trial.number for name, choice in pick_choices(study).items()}
+    """The trial ``sweep export --pick`` would choose for each pick that can be made, by pick name."""
+    return {name: choice.trial.number for name, choice in pick_choices(pick_outcomes(study)).items()}
 
 
-def no_picks_reason(study: StudyLike) -> str | None:
-    """Why the study's front yields no pick although it has trials (every trial a pick chooses among failed its
-    confirmation), as ``sweep export --pick`` says it; None when some pick can be made or it has no trial."""
-    study = snapshot(study)
-    from sweeper.export import PICKS, choose
-
-    if not study.front:
-        return None
-    reason = None
-    for name in PICKS:
-        try:
-            choose(study, name)  # type: ignore[arg-type]
-            return None
-        except StudyError as exc:
-            reason = reason or str(exc)
-    return reason
+def no_picks_reason(study: StudyLike, outcomes: Mapping[str, Any] | None = None) -> str | None:
+    """Why no pick can be made although the study has trials (every trial each pick chooses among failed its
+    confirmation), as ``sweep export --pick`` says it; None when some pick can be made or it has no trial.
+    ``outcomes``: the study's :func:`pick_outcomes` when the caller has them (else they are made here)."""
+    outcomes = pick_outcomes(study) if outcomes is None else outcomes
+    refusals = [str(o) for o in outcomes.values() if isinstance(o, StudyError)]
+    return refusals[0] if refusals and len(refusals) == len(outcomes) else None
 
 
 def fit_map_data(study: StudyLike) -> FitMap:
@@ -535,8 +523,8 @@ def report_data(study: StudyLike) -> Report:
     study = snapshot(study)
     front = study.front
     numbers = {t.number for t in front}
-    chosen = pick_choices(study)
-    lines = pick_lines(study)
+    outcomes = pick_outcomes(study)
+    chosen = pick_choices(outcomes)
     return Report(
         study=study.name,
         directions=tuple(study.directions),
@@ -553,7 +541,7 @@ def report_data(study: StudyLike) -> Report:
         largest_max_seq_length_by_batch=largest_fitting_seq(fit_map_data(study)),
         importance=importance_data(study),
         picks={name: choice.trial.number for name, choice in chosen.items()},
-        pick_lines=lines,
+        pick_lines=pick_lines(outcomes),
         memory_prediction=memory_prediction_data(study),
         other_setups=other_setups_line(study),
     )

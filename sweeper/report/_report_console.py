@@ -20,8 +20,8 @@ from sweeper.report._data import (
     fit_map_data,
     memory_prediction_data,
     no_picks_reason,
-    pick_choices,
     pick_lines,
+    pick_outcomes,
 )
 from sweeper.report._sweep_console import front_axis
 from sweeper.study import StudyLike, snapshot, stale_running
@@ -48,9 +48,10 @@ def report_lines(study: StudyLike, ref: str) -> list[str]:
     for line in stale_running(study.study).values():
         lines.append(f"stale   {line}; the next 'sweep run' of this study records it as interrupted and runs it again")
     lines += [note for note in (legacy_instability_warning(study), other_setups_line(study)) if note]
-    if not pick_choices(study) and (why := no_picks_reason(study)):
+    outcomes = pick_outcomes(study)
+    if why := no_picks_reason(study, outcomes):
         lines.append(f"picks   none: {why.split(': ', 2)[-1]}")
-    elif chosen := pick_lines(study):
+    elif chosen := pick_lines(outcomes):
         lines.append(f"picks   (sweep export {ref} writes safe; --pick NAME another)")
         lines += [f"  {line}" for line in chosen.values()]
     fits = describe_fit(fit_map_data(study))

@@ -171,7 +171,7 @@ class StudySnapshot:
         def progress(t: StoredTrial) -> float:
             return t.result.constant.learning_progress or 0.0
 
-        safe = [t for t in trials if (h := t.headroom) is not None and not h.near_edge]
+        safe = [t for t in trials if t.safely_below_edge]
         if not safe:
             best = max(trials, key=lambda t: (_headroom_value(t), -peak(t)))
             shown = format_headroom(best.headroom, mark=False)

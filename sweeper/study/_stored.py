@@ -104,6 +104,13 @@ class StoredTrial:
         return headroom_of(self.config.learning_rate if self.config is not None else None, self.result.stress)
 
     @property
+    def safely_below_edge(self) -> bool:
+        """Its :attr:`headroom` is measured and not :attr:`~sweeper.stability.Headroom.near_edge`: what the ``safe``
+        pick chooses among."""
+        h = self.headroom
+        return h is not None and not h.near_edge
+
+    @property
     def legacy_instability(self) -> bool:
         """Its instability is sweeper 0.1.0's (``loss_spike + grad_norm_growth + skipped_step_fraction +
         activation_pressure`` of the training loss), not the probe's: the two are not comparable."""
