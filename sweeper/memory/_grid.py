@@ -199,7 +199,7 @@ def nothing_fits(
     return (
         f"{space.path}: training.memory_limit_gib: no configuration of the space is predicted to fit "
         f"{limit_gib:g} GiB (+ preflight_margin {margin:g}): the smallest predicted peak is {peak:.2f} GiB ({shown})"
-        f"{seen}; {fix} (sweep estimate {space.path})"
+        f"{seen}; {fix} ({space.command('estimate')})"
     )
 
 

@@ -88,6 +88,11 @@ def resume_lines(plan: SweepPlan) -> list[str]:
             f"the study already holds {already} finished trials (n_trials={plan.n_trials}): nothing to run; "
             "raise --n-trials to measure more"
         )
+        if plan.unapplied:
+            lines.append(
+                f"note    nothing ran, so these settings were not applied: {'; '.join(plan.unapplied)}; the front, "
+                "report and export still compare the trials as measured; raise --n-trials to measure them"
+            )
     return lines
 
 
@@ -190,9 +195,24 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
             f"measured {plan.max_consecutive_repeats} times in a row; widen the search to measure more"
         )
     lines.append("")
-    measured = sum(1 for t in study.trials if not t.is_repeat)
-    lines.append(f"Pareto front (peak memory vs {front_axis(study)}), {len(front)} of {measured} trials:")
-    lines.append(format_front(front, study.objectives) if front else "  (no complete trial yet)")
+    current = study.current(study.trials)
+    measured = sum(1 for t in current if not t.is_repeat)
+    mine = {t.number for t in current}
+    elsewhere = sum(1 for t in study.trials if t.status == TrialStatus.COMPLETE and t.number not in mine)
+    ref = name if plan.is_default_storage else f"'{redact_url(plan.storage)}'"
+    others = (
+        f" ({elsewhere} complete trial{'s' if elsewhere != 1 else ''} of other settings: 'sweep report {ref}')"
+        if elsewhere
+        else ""
+    )
+    lines.append(f"Pareto front (peak memory vs {front_axis(study)}), {len(front)} of {measured} trials{others}:")
+    lines.append(
+        format_front(front, study.objectives)
+        if front
+        else "  (no complete trial under these settings yet)"
+        if elsewhere
+        else "  (no complete trial yet)"
+    )
     lines.append("")
     causes = study.nan_causes
     lines.append("trials: " + format_counts(study.status_counts, causes))
@@ -204,12 +224,13 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
         blamed = {t.number: t.result.nan.samples for t in study.trials if t.number in causes["data"]}
         trials_dir = plan.trials_dir.as_posix()
         lines.append(format_data_nan_summary(causes, blamed, trials_dir) + f"; see '{doctor}'")
-    ref = name if plan.is_default_storage else f"'{redact_url(plan.storage)}'"
     # Export only what can be exported: with no complete trial the next step is what addresses the failures.
     after = (
         f"sweep report {ref}, sweep dashboard {ref}, sweep export {ref}"
         if front
-        else f"sweep report {ref} (nothing to export: no trial completed; each trial's cause is there)"
+        else f"sweep report {ref} (nothing to export: no trial completed"
+        + (" under these settings" if elsewhere else "")
+        + "; each trial's cause is there)"
         + "".join(f", {step}" for step in _next_steps(plan, causes, study))
     )
     lines.append(
@@ -228,7 +249,7 @@ def _next_steps(plan: SweepPlan, causes: Mapping[str, Sequence[int]], study: Stu
     if "data" in causes:
         steps.append(plan.space.doctor_command())
     if statuses & {TrialStatus.OOM, TrialStatus.PREDICTED_OOM, TrialStatus.DOMINATED_OOM}:
-        steps.append(f"sweep estimate {plan.space.path} (what fits memory_limit_gib)")
+        steps.append(f"{plan.space.command('estimate')} (what fits memory_limit_gib)")
     if statuses & {TrialStatus.TIMEOUT, TrialStatus.CRASH, TrialStatus.ERROR}:
         steps.append(f"each failed trial's {plan.trials_dir.as_posix()}/N/worker.log")
     return steps or [plan.space.doctor_command()]

@@ -91,6 +91,7 @@ class SearchSpace:
             A trial's config is this one with the sampled values (:meth:`trial_config`).
         search: The searched keys, in file order: ``Categorical`` or ``Range``.
         overridden: The keys ``--set`` gave (``dataset.path``, ``training.max_steps``, ...).
+        set_items: The ``--set KEY=VALUE`` items as given, in order (for the commands hints print: :meth:`command`).
     """
 
     path: str
@@ -100,6 +101,15 @@ class SearchSpace:
     base: TrialConfig
     search: Mapping[str, Dimension]
     overridden: frozenset[str] = frozenset()
+    set_items: tuple[str, ...] = ()
+
+    def command(self, verb: str) -> str:
+        """``sweep <verb> <path>`` with every ``--set`` this space was loaded with, quoted for a POSIX shell, so that
+        a hint runs on the settings that ran (a dropped ``--set memory_limit_gib=...`` would answer for another
+        cap)."""
+        import shlex
+
+        return " ".join(["sweep", verb, shlex.quote(self.path), *(f"--set {shlex.quote(s)}" for s in self.set_items)])
 
     def doctor_command(self) -> str:
         """The ``sweep doctor`` command that audits the data the trials read: the space file, or, when ``--set``
@@ -565,6 +575,40 @@ def _parse_search(search_raw: Any, training: Any, fixed: dict[str, Any], problem
     return search
 
 
+def _extent(key: str, fixed: Mapping[str, Any], search: Mapping[str, Dimension]) -> tuple[Any, Any]:
+    """The least and the greatest value a trial can take for ``key``: its fixed value twice, or its searched ones'."""
+    dim = search.get(key)
+    if isinstance(dim, Categorical):
+        return min(dim.choices), max(dim.choices)
+    if isinstance(dim, Range):
+        return dim.low, dim.high
+    return fixed[key], fixed[key]
+
+
+def _check_horizons(study: Mapping[str, Any], fixed: Mapping[str, Any], search: Mapping[str, Dimension],
+                    problems: _Problems) -> None:  # fmt: skip
+    """The step counts that cannot measure what they are for, each added to ``problems``: a warmup as long as the
+    short run (the rate never reaches its value: no learning progress, a margin measured during the warmup), and a
+    confirmation no longer than the trial it confirms (it would confirm nothing, yet every pick would prefer it)."""
+    fewest, most = _extent("max_steps", fixed, search)
+    longest_warmup = _extent("warmup_steps", fixed, search)[1]
+    if longest_warmup >= fewest:
+        problems.add(
+            "training.warmup_steps" if "warmup_steps" not in search else "search.warmup_steps",
+            f"{longest_warmup} is not below max_steps {fewest}: the rate would never reach its value, so the trial "
+            "would measure the warmup",
+            f"give fewer warmup steps than max_steps, e.g. {fewest // 10}",
+        )
+    confirm = study.get("confirm_steps")
+    if confirm is not None and confirm <= most:
+        problems.add(
+            "study.confirm_steps",
+            f"{confirm} is not longer than the trial's max_steps {most}: a confirmation must run longer than the "
+            "trial it confirms",
+            f"give more than {most}, e.g. {10 * most}, or leave it out (10x max_steps)",
+        )
+
+
 def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = frozenset()) -> SearchSpace:
     """Validate a raw mapping (as read from YAML) into a :class:`SearchSpace`.
 
@@ -592,6 +636,8 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
     training = raw.get("training")
     fixed = _parse_training(training, problems)
     search = _parse_search(raw.get("search"), training, fixed, problems)
+    if not problems.lines:
+        _check_horizons(sections["study"], fixed, search, problems)
     if problems.lines:
         raise SpaceError(problems.lines)
 
@@ -668,7 +714,7 @@ def load_space(path: str | Path, overrides: list[str] | None = None) -> SearchSp
         if not isinstance(raw, dict):
             parse_space(raw, str(path))
         raw, overridden = apply_overrides(raw, overrides)
-    return parse_space(raw, str(path), overridden)
+    return dataclasses.replace(parse_space(raw, str(path), overridden), set_items=tuple(overrides or ()))
 
 
 class _DuplicateKeyError(yaml.YAMLError):

@@ -194,7 +194,8 @@ def confirm_trials(
         The confirmations of ``numbers``, by trial number.
 
     Raises:
-        StudyError: A number is not a trial of the study, did not complete, or has no stored config.
+        StudyError: A number is not a trial of the study, did not complete, or has no stored config; or its horizon
+            is not longer than its ``max_steps`` (nothing runs then).
         KeyboardInterrupt: After killing the running trial process; nothing is recorded for it.
     """
     snap = snapshot(study)
@@ -212,6 +213,13 @@ def confirm_trials(
             raise StudyError(
                 f"{study.study_name}: --trials: trial {number} did not complete ({t.status_name}); "
                 "confirm a complete trial, e.g. --pick knee or --front"
+            )
+        n = horizon(t, steps)
+        if n <= t.config.max_steps:
+            raise StudyError(
+                f"{study.study_name}: --steps: a {n}-step confirmation is not longer than trial {t.number}'s "
+                f"{t.config.max_steps} steps, so it would confirm nothing; give --steps above {t.config.max_steps}, "
+                f"e.g. --steps {DEFAULT_HORIZON_FACTOR * t.config.max_steps}"
             )
         chosen.append(t)
     done = snap.confirmations

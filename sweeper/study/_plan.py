@@ -25,7 +25,7 @@ from sweeper.study._machine import check_disk, check_writable, slot_devices
 from sweeper.study._optuna_private import storage_of
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._setup_checks import check_setup
-from sweeper.study._setups import choose_setup, stored_setups
+from sweeper.study._setups import choose_setup, stored_setups, unapplied_settings
 from sweeper.study._snapshot import count_finished
 from sweeper.study._storage import open_study
 from sweeper.study._urls import redact_url
@@ -53,6 +53,8 @@ class SweepPlan:
         setup: The study's setup this run measures (:func:`sweeper.study._setups.choose_setup`), stored on each of
             its trials; None for a plan made without one (tests that build a plan by hand).
         new_setup: The setup was first recorded by this run, in a study that already held trials.
+        unapplied: With nothing to run, the settings of the space that differ from the study's current setup, which
+            this run did not record (:func:`sweeper.study._setups.unapplied_settings`): ``key new (measured old)``.
         max_consecutive_repeats: Repeats of measured configurations in a row after which the sweep stops: the
             sampler has nothing new to offer.
     """
@@ -70,6 +72,7 @@ class SweepPlan:
     predict_peak_gib: Callable[[TrialConfig], float | None]
     setup: int | None = None
     new_setup: bool = False
+    unapplied: tuple[str, ...] = ()
     max_consecutive_repeats: int = 25
 
     @property
@@ -142,12 +145,22 @@ def plan_sweep(
         study = open_study(space, url, name, target)  # a storage problem is one line before any output
         created = not study.trials and set(study.user_attrs) <= {STUDY_ID_ATTR}
         known = len(stored_setups(study))
-        setup = choose_setup(study, space, url, new_setup=new_setup)
+        finished = count_finished(study)
+        unapplied: list[str] = []
+        if finished >= target and known > 0:  # nothing to run: what report and export compare stays as it is
+            setup, unapplied = unapplied_settings(study, space)
+        else:
+            setup = choose_setup(study, space, url, new_setup=new_setup)
         check_disk(study_dir(name))  # before any trial starts, and again before each
         predict = memory_predictor(
             model_path, space.model.name_or_path, space.model.attn_implementation, trial_device()
         )
-        unfit = _nothing_fits(space, predict, study, model_path, on_measure) if refuse_if_nothing_fits else None
+        nothing_to_run = finished >= target
+        unfit = (
+            _nothing_fits(space, predict, study, model_path, on_measure)
+            if refuse_if_nothing_fits and not nothing_to_run
+            else None
+        )
         if unfit:
             raise SpaceError(unfit)
     except SweeperError:
@@ -163,10 +176,11 @@ def plan_sweep(
         timeout_s=timeout_s if timeout_s is not None else space.study.timeout_s,
         workers=workers,
         devices=slot_devices(workers, devices),
-        finished_before=count_finished(study),
+        finished_before=finished,
         predict_peak_gib=predict,
         setup=setup,
-        new_setup=setup >= known > 0,
+        new_setup=setup is not None and setup >= known > 0,
+        unapplied=tuple(unapplied),
     )
 
 

@@ -243,6 +243,22 @@ def choose_setup(study: optuna.Study, space: SearchSpace, url: str, *, new_setup
     return index
 
 
+def unapplied_settings(study: optuna.Study, space: SearchSpace) -> tuple[int | None, list[str]]:
+    """For a run that has nothing to run: the study's current setup, left as it is, and the settings of ``space``
+    that differ from it (:func:`differences`, the cap included, ``key <space's> (measured <the setup's>)``), which
+    this run therefore did not apply. A run that measures nothing never changes what report and export compare.
+
+    Returns:
+        The current setup's index (None for a study written before setups), and the differences (empty: the same).
+    """
+    setups = stored_setups(study)
+    if not setups:
+        return None, []
+    current = current_setup(study)
+    index = current if current is not None and current < len(setups) else len(setups) - 1
+    return index, differences(setups[index], space_settings(space), word="measured")
+
+
 def _measured_under(study: optuna.Study, index: int) -> bool:
     """Whether a trial of the study has a result under setup ``index``: finished with a status, not interrupted (a
     trial without :data:`TRIAL_SETUP_ATTR` is an older version's and counts as measured)."""

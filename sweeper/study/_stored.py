@@ -337,7 +337,8 @@ def stored_trial(
 ) -> StoredTrial:
     """The typed view of one stored trial (see :class:`StoredTrial`), its ``predicted_max_lr`` from
     ``lr_calibration`` when the study has one (``sweep calibrate``); never raises on a trial it cannot read in full:
-    what is missing is None or its default."""
+    what is missing is None or its default. A ``confirmation`` no longer than the trial (earlier versions accepted
+    ``--steps 1``) is not attached: it confirms nothing, and a pick would prefer it."""
     attrs = trial.user_attrs
     repeat = attrs.get("duplicate_of")
     retry = attrs.get("retry_of")
@@ -357,7 +358,9 @@ def stored_trial(
         interrupted=bool(attrs.get("interrupted", False)),
         user_attrs=attrs,
         frozen=trial,
-        confirmation=confirmation,
+        confirmation=None
+        if confirmation is not None and config is not None and confirmation.steps <= config.max_steps
+        else confirmation,
     )
 
 

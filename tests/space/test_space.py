@@ -156,6 +156,10 @@ BAD = [
     ("training:\n  lr: 1e-4\n", ["training.lr", "did you mean 'learning_rate'"]),
     ("training:\n  lora_alpha: 32\n", ["training.lora_alpha", "lora_alpha = lora_alpha_ratio * r"]),
     ("", ["empty"]),
+    ("study: {confirm_steps: 30}\n", ["study.confirm_steps", "30 is not longer than the trial's max_steps 30"]),
+    ("study: {confirm_steps: 40}\nsearch:\n  max_steps: [20, 40]\n", ["study.confirm_steps", "max_steps 40"]),
+    ("training: {warmup_steps: 30}\n", ["training.warmup_steps", "30 is not below max_steps 30", "e.g. 3"]),
+    ("search:\n  warmup_steps: [0, 10]\ntraining: {max_steps: 10}\n", ["search.warmup_steps", "max_steps 10"]),
 ]
 
 
@@ -202,6 +206,7 @@ def test_sections_of_the_wrong_type_are_reported_with_overrides(tmp_path):
         ("study.name=", "--set: study.name: empty value"),
         ("r=[4, 8]", "--set: r: training values are fixed; --set fixes one value"),
         ("lr=1e-3", "did you mean 'learning_rate'"),
+        ("study.confirm_steps=1", "--set: study.confirm_steps: 1 is not longer than the trial's max_steps 30"),
     ],
 )
 def test_override_problems_are_blamed_on_set(tmp_path, item, needle):

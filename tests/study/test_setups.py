@@ -130,3 +130,15 @@ def test_a_new_setup_is_kept_apart_in_report_and_export(tiny_model, workdir, mon
     export = run_cli("export", "t", "--format", "json", cwd=workdir)
     assert export.returncode == 0, export.stderr
     assert "safe #1, among the 1 complete trial" in export.stdout  # trial 0 is of the other setup
+    # A run with nothing to run changes nothing of what report and export compare, and says what it did not apply.
+    for argv, unapplied in (
+        (["--set", "max_steps=4", "--set", "memory_limit_gib=2.4"], "memory_limit_gib 2.4 (measured "),
+        ([], "max_steps 3 (measured 4)"),  # going back to the first settings
+    ):
+        idle = run_cli("run", str(path), "--n-trials", "2", *argv, cwd=workdir)
+        assert idle.returncode == 0 and "nothing to run" in idle.stdout, idle.stderr
+        assert f"these settings were not applied: {unapplied}" in idle.stdout, idle.stdout
+        assert "Pareto front (peak memory vs stability margin), 1 of 1 trials (1 complete trial of other" in idle.stdout
+        assert "no complete trial" not in idle.stdout and "nothing to export" not in idle.stdout
+        study = optuna.load_study(study_name="t", storage="sqlite:///studies/t.db")
+        assert study.user_attrs[CURRENT_SETUP_ATTR] == 1 and len(study.user_attrs[SETUPS_ATTR]) == 2
