@@ -86,8 +86,10 @@ def sqlite_file(url: str) -> str | None:
 
 
 def in_memory(url: str) -> bool:
-    """Whether ``url`` is an in-memory SQLite database (one per connection: not shared between threads)."""
-    return sqlite_database(url) in ("", ":memory:")
+    """Whether ``url`` is an in-memory SQLite database (one per connection: not shared between threads, gone when the
+    process ends): ``sqlite://``, ``sqlite:///``, ``sqlite:///:memory:`` or a ``file:`` URI with ``mode=memory``."""
+    database = sqlite_database(url)
+    return database in ("", ":memory:") or (database is not None and "mode=memory" in url)
 
 
 def heartbeat_kwargs() -> dict:

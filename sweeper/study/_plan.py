@@ -129,7 +129,7 @@ def plan_sweep(
             uncapped step, about as long as a trial's loading), so that a wait is never silent.
 
     Raises:
-        SpaceError: A setup problem (one line each), ``--workers`` above 1 on an in-memory storage, or nothing fits.
+        SpaceError: A setup problem (one line each), an in-memory storage, or nothing fits.
         StudyError: The storage cannot be opened or written, holds another study of that name, or the study was
             measured under other settings and ``new_setup`` is False.
         RunError: The studies folder cannot be written or its disk is full.
@@ -185,17 +185,18 @@ def plan_sweep(
 
 
 def _check_before_opening(space: SearchSpace, model_path: str, url: str, name: str, workers: int) -> None:
-    """What :func:`plan_sweep` refuses before it touches the storage: a bad heartbeat setting, ``--workers`` above 1
-    on an in-memory storage, and the setup checks of the model and space (what would fail every trial the same way).
+    """What :func:`plan_sweep` refuses before it touches the storage: a bad heartbeat setting, an in-memory storage
+    (the sweep would keep nothing), and the setup checks of the model and space (what would fail every trial the same way).
 
     Raises:
         SpaceError, StudyError: One line each.
     """
     heartbeat_interval_s()  # a bad SWEEPER_HEARTBEAT_INTERVAL_S is one line before anything runs
-    if workers > 1 and in_memory(url):
+    if in_memory(url):
         raise SpaceError(
-            f"--storage: {redact_url(url)} is an in-memory database, one per connection, which "
-            f"--workers {workers} cannot share; give a file, e.g. --storage sqlite:///studies/{name}.db"
+            f"{redact_url(url)}: study.storage: an in-memory database keeps nothing after the run (no report, no "
+            f"export, no resume); keep the study in a file: leave --storage out (sqlite:///studies/{name}.db) or give "
+            f"--storage sqlite:///studies/{name}.db"
         )
     problem = check_setup(space, model_path)
     if problem:

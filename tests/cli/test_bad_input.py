@@ -77,7 +77,10 @@ CASES = [
     ),
     ("storage-is-a-folder", ["--storage", "sqlite:///studies"], ["study.storage", "is a folder", ".db"]),
     ("storage-password-in-error", ["--storage", "postgresql://u:p@ss:s3cretPW@127.0.0.1:1/x"], ["--storage", "u:***@"]),
-    ("in-memory-with-workers", ["--storage", "sqlite:///:memory:", "--workers", "2"], ["--storage", "in-memory"]),
+    ("in-memory-with-workers", ["--storage", "sqlite:///:memory:", "--workers", "2"], ["study.storage", "in-memory"]),
+    ("in-memory", ["--storage", "sqlite://"], ["sqlite://: study.storage", "keeps nothing", "sqlite:///studies/"]),
+    ("in-memory-bare", ["--storage", "sqlite:///"], ["study.storage", "in-memory"]),
+    ("in-memory-uri", ["--storage", "sqlite:///file:x?mode=memory&uri=true"], ["study.storage", "in-memory"]),
     ("bad-heartbeat-env", {"SWEEPER_HEARTBEAT_INTERVAL_S": "0"}, ["SWEEPER_HEARTBEAT_INTERVAL_S", "e.g. 30"]),
 ]
 
