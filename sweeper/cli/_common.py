@@ -78,6 +78,8 @@ def _load(args: argparse.Namespace) -> SearchSpace:
                 f"--devices: {args.devices!r} is not a list of distinct GPU indices or UUIDs; write e.g. "
                 "--devices 0,1,2,3"
             )
+        else:
+            problems.extend(_missing_devices(devices))
     if problems or space is None:
         raise SpaceError(problems)
     return space
@@ -144,6 +146,25 @@ _STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 #: A CUDA_VISIBLE_DEVICES entry: an index, or a GPU/MIG UUID.
 _DEVICE = re.compile(r"\d{1,3}|(GPU|MIG)-[A-Za-z0-9/-]{1,80}")
+
+
+def _missing_devices(devices: list[str]) -> list[str]:
+    """One line when ``--devices`` names GPUs this machine does not have: none at all (no NVIDIA driver: the trials
+    would run on the CPU whatever it says), or an index at or above the count of ``/dev/nvidiaN``."""
+    from pathlib import Path
+
+    from sweeper.trial import cuda_visible
+
+    if not cuda_visible():
+        return [
+            f"--devices: {','.join(devices)}: no GPU is visible on this machine (no NVIDIA driver), so the trials run "
+            "on the CPU; leave --devices out"
+        ]
+    count = len(list(Path("/dev").glob("nvidia[0-9]*")))
+    absent = [d for d in devices if d.isdigit() and count and int(d) >= count]
+    if absent:
+        return [f"--devices: GPU {absent[0]} does not exist: this machine has {count} (0 to {count - 1}); give those"]
+    return []
 
 
 def _devices(text: str) -> list[str]:

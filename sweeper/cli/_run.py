@@ -45,11 +45,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.cli._confirm import run_confirmations
-    from sweeper.report import SweepConsole, all_failed_line, resume_lines, sweep_header, sweep_summary
+    from sweeper.report import (
+        SweepConsole,
+        all_failed_line,
+        progress_interval_s,
+        resume_lines,
+        sweep_header,
+        sweep_summary,
+    )
     from sweeper.study import candidates, plan_sweep, run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = _load(args)
+    progress_interval_s()  # a bad SWEEPER_PROGRESS_INTERVAL_S is one line before anything is opened
     if not space.search:
         raise SpaceError(
             f"{args.space}: search: nothing to search (every key is fixed); give at least one key a "

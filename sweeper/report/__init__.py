@@ -24,7 +24,7 @@ from sweeper.report._console import (
 from sweeper.report._dashboard import publish_study, serve
 from sweeper.report._data import report_data
 from sweeper.report._figures import write_html_report
-from sweeper.report._progress import LiveProgress
+from sweeper.report._progress import LiveProgress, progress_interval_s
 from sweeper.report._report_console import report_lines, report_written_line
 from sweeper.report._sweep_console import SweepConsole, all_failed_line, resume_lines, sweep_header, sweep_summary
 
@@ -39,6 +39,7 @@ __all__ = [
     "format_params",
     "margin_text",
     "predicted_text",
+    "progress_interval_s",
     "publish_study",
     "report_data",
     "report_lines",

@@ -25,12 +25,30 @@ from sweeper.trial import TrialProgress
 LOG_INTERVAL_S = 60.0
 
 
-def _log_interval_s() -> float:
+def progress_interval_s() -> float:
+    """Seconds between two ``progress`` lines in a log: ``SWEEPER_PROGRESS_INTERVAL_S`` (0 to 86400), or
+    :data:`LOG_INTERVAL_S` when it is unset or empty.
+
+    Raises:
+        StudyError: The variable is set to anything else (one line; a typo is never ignored).
+    """
+    import math
+
+    from sweeper.errors import StudyError
+
     raw = os.environ.get("SWEEPER_PROGRESS_INTERVAL_S", "")
-    try:
-        return max(0.0, float(raw)) if raw.strip() else LOG_INTERVAL_S
-    except ValueError:
+    if not raw.strip():
         return LOG_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 86400:
+        raise StudyError(
+            f"SWEEPER_PROGRESS_INTERVAL_S: {raw[:40]!r} is not a number of seconds from 0 to 86400; unset it "
+            f"({LOG_INTERVAL_S:g} s) or give e.g. 60"
+        )
+    return value
 
 
 _PHASES = {"load": "loading", "train": "train", "stress": "stability", "confirm": "confirm"}
@@ -99,7 +117,7 @@ class LiveProgress:
     ):
         self.total, self.done, self.done_before, self.timeout_s = total, done, done, timeout_s
         self.stream = stream if stream is not None else sys.stdout
-        self.interval_s = _log_interval_s() if interval_s is None else interval_s
+        self.interval_s = progress_interval_s() if interval_s is None else interval_s
         self.label = label
         self.start = time.monotonic()
         self.last_line = self.start

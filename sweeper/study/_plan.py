@@ -186,7 +186,8 @@ def plan_sweep(
 
 def _check_before_opening(space: SearchSpace, model_path: str, url: str, name: str, workers: int) -> None:
     """What :func:`plan_sweep` refuses before it touches the storage: a bad heartbeat setting, an in-memory storage
-    (the sweep would keep nothing), and the setup checks of the model and space (what would fail every trial the same way).
+    (the sweep would keep nothing), and the setup checks of the model and space (what would fail every trial the
+    same way).
 
     Raises:
         SpaceError, StudyError: One line each.

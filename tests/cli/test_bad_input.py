@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from sweeper.testing import run_cli, sweep, tiny_space, write_jsonl, write_space
+from sweeper.trial import cuda_visible
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +83,12 @@ CASES = [
     ("in-memory-bare", ["--storage", "sqlite:///"], ["study.storage", "in-memory"]),
     ("in-memory-uri", ["--storage", "sqlite:///file:x?mode=memory&uri=true"], ["study.storage", "in-memory"]),
     ("bad-heartbeat-env", {"SWEEPER_HEARTBEAT_INTERVAL_S": "0"}, ["SWEEPER_HEARTBEAT_INTERVAL_S", "e.g. 30"]),
+    ("bad-progress-env", {"SWEEPER_PROGRESS_INTERVAL_S": "abc"}, ["SWEEPER_PROGRESS_INTERVAL_S", "'abc'", "e.g. 60"]),
+    ("warmup-not-below-max-steps", ["--set", "warmup_steps=50"], ["--set: warmup_steps", "not below max_steps"]),
 ]
+
+if not cuda_visible():  # a machine with a GPU has device 0
+    CASES.append(("devices-without-gpu", ["--devices", "0"], ["--devices: 0: no GPU is visible", "leave --devices"]))
 
 
 @pytest.mark.parametrize(("case", "breakage", "needles"), CASES, ids=[c[0] for c in CASES])
