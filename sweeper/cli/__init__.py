@@ -9,6 +9,7 @@ Ctrl-C is).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import traceback
@@ -340,6 +341,18 @@ def _stop_on_signals() -> None:
         signal.signal(signum, stop)
 
 
+def _name_too_long(exc: OSError) -> str:
+    """One line for a path whose name (or one of its folders' names) is longer than the file system allows (255 bytes
+    a name on Linux): a dataset, space file, study name or ``--storage`` given too long."""
+    name = str(exc.filename or "")
+    longest = max((len(part.encode()) for part in name.split("/")), default=0)
+    shown = name if len(name) <= 60 else f"{name[:28]}...{name[-28:]}"
+    return (
+        f"{shown}: the name is too long for the file system ({longest} bytes in one name; at most 255); "
+        "give a shorter file, study or storage name"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``sweep``; returns the exit code."""
     from sweeper.errors import Interrupted
@@ -362,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+            print(_name_too_long(exc), file=sys.stderr)
+            return 2
         failure = _storage_failure(exc)
         if failure is None:
             raise

@@ -58,7 +58,7 @@ def _load(args: argparse.Namespace) -> SearchSpace:
             parse_duration_s(args.timeout)
         except ValueError:
             problems.append(f"--timeout: {args.timeout!r} is not a duration; write e.g. 90s, 20m or 8h")
-    if getattr(args, "study", None) is not None and not _STUDY_NAME.fullmatch(args.study):
+    if getattr(args, "study", None) is not None and (not _STUDY_NAME.fullmatch(args.study) or name_problem(args.study)):
         why = name_problem(args.study) or "it is not a file name"
         shown = args.study if len(args.study) <= 40 else args.study[:37] + "..."
         problems.append(

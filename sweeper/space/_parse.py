@@ -219,6 +219,11 @@ def name_problem(value: object) -> str | None:
         return f"{', '.join(repr(c) for c in bad)} cannot be in a name"
     if not value[0].isalnum():
         return f"it starts with {value[0]!r}; start it with a letter or digit"
+    if value.lower().endswith(".db"):
+        return (
+            f"it ends in .db, so 'sweep report {value}' would look for a file of that name; drop the .db (the study's "
+            "file is studies/NAME.db)"
+        )
     return None
 
 
@@ -276,7 +281,7 @@ def _check_value(spec: KeySpec, value: Any) -> Any:
             raise ValueError
         return value
     elif kind == "name":
-        if not isinstance(value, str) or not _NAME.fullmatch(value):
+        if not isinstance(value, str) or not _NAME.fullmatch(value) or name_problem(value):
             raise ValueError
         return value
     elif kind == "str_list":

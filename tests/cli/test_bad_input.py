@@ -69,6 +69,9 @@ CASES = [
     ("bad-workers", ["--workers", "0"], ["--workers: 0"]),
     ("bad-study-name", ["--study=-x"], ["--study", "it starts with '-'"]),
     ("long-study-name", ["--study", "a" * 300], ["--study", "300 characters long, over 100"]),
+    ("study-name-is-a-file", ["--study", "my.db"], ["--study", "ends in .db", "drop the .db"]),
+    ("long-data-name", ["--set", f"dataset.path={'d' * 300}.jsonl"], ["is too long for the file system", "255"]),
+    ("long-storage-name", ["--storage", f"sqlite:///{'s' * 300}.db"], ["is too long for the file system", "255"]),
     ("bad-devices", ["--devices", "0,,0"], ["--devices", "--devices 0,1,2,3"]),
     ("bad-storage", ["--storage", "sqlite:////proc/no/such/dir/x.db"], ["study.storage", "--storage"]),
     (
@@ -118,6 +121,15 @@ def test_bad_input_is_one_line_exit_2_and_the_study_untouched(existing, case, br
     assert len(lines) == 1 and all(n in lines[0] for n in needles), lines
     assert "; " in lines[0] and "Traceback" not in out.stderr and "s3cretPW" not in out.stderr  # what; the fix
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+@pytest.mark.parametrize("command", ["run", "trial", "doctor", "report", "export"])
+def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path, command):
+    out = run_cli(command, "n" * 300 + (".yaml" if command in ("run", "trial", "doctor") else ""), cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "too long" in lines[0] or "run 'sweep run SPACE.yaml' first" in lines[0], lines  # report: no such study
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 def test_version_is_printed():
