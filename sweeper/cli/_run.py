@@ -22,11 +22,29 @@ from sweeper.space import SearchSpace, parse_duration_s
 
 def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> list[str]:
     """Before the first trial: the data audit at the searched ``max_seq_length`` values, as warning lines
-    (:func:`sweeper.report.format_data_warnings`), so that a data fault is never read as a hyperparameter result."""
+    (:func:`sweeper.report.format_data_warnings`), so that a data fault is never read as a hyperparameter result.
+
+    Raises:
+        SpaceError: No row can train at any searched ``max_seq_length`` (every row has a NaN fault there, e.g. its
+            reply cut away): every trial would go NaN at its first step, so nothing runs.
+    """
     from sweeper.audit import nan_risks
     from sweeper.report import format_data_warnings
 
-    report, tokenized = _audit(samples, space.model, model_path, space.values_of("max_seq_length"))
+    lengths = space.values_of("max_seq_length")
+    report, tokenized = _audit(samples, space.model, model_path, lengths)
+    bad = {n: set[int]() for n in lengths}
+    for finding in report.nan_findings:
+        for n in lengths if finding.max_seq_length is None else [finding.max_seq_length]:
+            bad.setdefault(n, set()).update(finding.samples)
+    total = len(tokenized)
+    if total and all(len(bad[n]) >= total for n in lengths):
+        kinds = sorted({f.kind for f in report.nan_findings})
+        raise SpaceError(
+            f"{space.dataset.path}: dataset: none of its {total} rows can train at max_seq_length "
+            f"{', '.join(map(str, sorted(set(lengths))))} ({', '.join(kinds)}): every trial would go NaN at its first "
+            f"step; see '{space.doctor_command()}', then fix the data or raise max_seq_length"
+        )
     accumulation = space.values_of("gradient_accumulation_steps")
     risks = nan_risks(
         report,
@@ -65,6 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     devices = _devices(args.devices) if args.devices else None
     model_path, samples = _prepare(space.dataset, space.model)
+    setup_lines = _setup_lines(space, model_path, samples)  # data that cannot train is refused before the storage
     plan = plan_sweep(
         space,
         model_path,
@@ -78,7 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         on_measure=lambda line: print(line, flush=True),
     )
     _print("\n".join(sweep_header(plan)))
-    for line in _setup_lines(space, model_path, samples) + resume_lines(plan):
+    for line in setup_lines + resume_lines(plan):
         _print(line)
     start = time.monotonic()
     console = SweepConsole(plan)

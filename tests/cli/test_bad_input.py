@@ -70,6 +70,7 @@ CASES = [
     ("bad-study-name", ["--study=-x"], ["--study", "it starts with '-'"]),
     ("long-study-name", ["--study", "a" * 300], ["--study", "300 characters long, over 100"]),
     ("study-name-is-a-file", ["--study", "my.db"], ["--study", "ends in .db", "drop the .db"]),
+    ("every-reply-cut", ["--set", "dataset.path=cut.jsonl"], ["cut.jsonl: dataset: none of its 20 rows can train"]),
     ("long-data-name", ["--set", f"dataset.path={'d' * 300}.jsonl"], ["is too long for the file system", "255"]),
     ("long-storage-name", ["--storage", f"sqlite:///{'s' * 300}.db"], ["is too long for the file system", "255"]),
     ("bad-devices", ["--devices", "0,,0"], ["--devices", "--devices 0,1,2,3"]),
@@ -103,6 +104,7 @@ def test_bad_input_is_one_line_exit_2_and_the_study_untouched(existing, case, br
     db = folder / "studies" / "keep.db"
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     write_jsonl(folder / "rows.jsonl", [{"text": ""}, {"messages": "not a list"}, {"other": 1}])
+    write_jsonl(folder / "cut.jsonl", [{"prompt": "word " * 300 + f"{i}?", "completion": "yes"} for i in range(20)])
     path, argv = folder / "space.yaml", []
     if isinstance(breakage, str):
         path = folder / "broken.yaml"
