@@ -286,6 +286,11 @@ class TrialProcess:
         except (OSError, ValueError, TypeError) as exc:
             return _made_here(config, "crash", f"worker wrote no readable result ({exc})", wall, warm)
         result.provenance.wall_time_s = wall
+        peak = result.memory.peak_memory_gib
+        if result.status == TrialStatus.OOM and peak is not None and peak < config.memory_limit_gib:
+            # What ran out asked for more than the cap; the reading (the resident set on the CPU, taken before the
+            # failed allocation) is below it. The peak recorded is the cap, the least the configuration needs.
+            result.memory.peak_memory_gib = config.memory_limit_gib
         return result
 
 

@@ -64,6 +64,7 @@ def test_the_run_that_overflows_fp16_completes_in_fp32(tiny_model, tmp_path):
 def test_oom_while_loading(tiny_model, tmp_path):
     result = run_trial(_config(tiny_model, memory_limit_gib=0.3), tmp_path, model_path=str(tiny_model))
     assert result.status == "oom" and result.fail_phase == "load" and result.fail_step == 0
+    assert result.memory.peak_memory_gib >= 0.3  # never below the cap it ran out under
 
 
 def test_oom_inside_transformers_weight_conversion_is_an_oom(tmp_path):
