@@ -517,7 +517,8 @@ def front_row(
 
 def report_data(study: StudyLike) -> Report:
     """What ``sweep report --json`` prints (:meth:`~sweeper.report._records.Report.to_dict`) and the HTML report
-    shows: the front (:func:`front_row`), every measured trial (:func:`trial_record`), counts, NaN causes, what fit,
+    shows: the front (:func:`front_row`), every measured trial and every stale running one (a sweep killed midway;
+    :func:`sweeper.study._recovery.stale_running`) (:func:`trial_record`), counts, NaN causes, what fit,
     importance, picks, memory predictions (:func:`memory_prediction_data`) and the line on other setups
     (:func:`sweeper.report._console.other_setups_line`, or None)."""
     study = snapshot(study)
@@ -525,6 +526,8 @@ def report_data(study: StudyLike) -> Report:
     numbers = {t.number for t in front}
     outcomes = pick_outcomes(study)
     chosen = pick_choices(outcomes)
+    stale = stale_running(study.study)
+    listed = sorted([*study.measured, *(t for t in study.trials if t.number in stale)], key=lambda t: t.number)
     return Report(
         study=study.name,
         directions=tuple(study.directions),
@@ -534,9 +537,9 @@ def report_data(study: StudyLike) -> Report:
             for t in front
             if t.values is not None
         ),
-        trials=tuple(trial_record(t, study.searched, numbers, study.objectives) for t in study.measured),
+        trials=tuple(trial_record(t, study.searched, numbers, study.objectives) for t in listed),
         status_counts=counts_with_stale(study),
-        stale=tuple(stale_running(study.study).values()),
+        stale=tuple(stale.values()),
         nan_causes={cause: tuple(nan) for cause, nan in study.nan_causes.items()},
         largest_max_seq_length_by_batch=largest_fitting_seq(fit_map_data(study)),
         importance=importance_data(study),

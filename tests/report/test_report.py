@@ -309,3 +309,20 @@ def test_a_front_whose_every_trial_failed_its_confirmation_has_no_picks_and_says
     assert report.picks(study) == {}
     assert "failed its confirmation" in report.no_picks_reason(study)
     assert report.report_data(study).picks == {}
+
+
+def test_the_json_lists_a_stale_running_trial_among_the_trials(tmp_path, tiny_model):
+    """A trial left RUNNING by a sweep killed with ``kill -9`` (its pid gone on this host) is listed in ``trials``,
+    not only in ``stale``."""
+    import socket
+    import subprocess
+
+    study = make_study(tmp_path, model=str(tiny_model))
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no process holds now
+    running = study.ask()
+    study._storage.set_trial_user_attr(running._trial_id, "sweep_host", socket.gethostname())
+    study._storage.set_trial_user_attr(running._trial_id, "sweep_pid", dead.pid)
+    summary = report.report_data(study).to_dict()
+    assert len(summary["stale"]) == 1
+    assert running.number in [t["number"] for t in summary["trials"]], summary["trials"]
