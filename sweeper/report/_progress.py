@@ -129,10 +129,22 @@ class LiveProgress:
         if self.tty:
             from tqdm import tqdm
 
-            # The summary travels in tqdm's ``unit`` field: its ``postfix`` would be shown after a comma.
-            fmt = "{desc} {n_fmt}/{total_fmt} |{bar:30}| {unit}"
+            # The summary travels in tqdm's ``unit`` field: its ``postfix`` would be shown after a comma. It comes
+            # before the bar, which takes what width is left: at 60 columns the ETA still shows. ``dynamic_ncols``
+            # reads the width at each redraw and trims every line to it, so a terminal made narrower mid-run never
+            # wraps a line (a wrapped line is left behind by the next redraw).
+            fmt = "{desc} {n_fmt}/{total_fmt} {unit} |{bar}|"
             self.bars.append(
-                tqdm(total=total, initial=done, desc=label, unit="", file=self.stream, bar_format=fmt, leave=True)
+                tqdm(
+                    total=total,
+                    initial=done,
+                    desc=label,
+                    unit="",
+                    file=self.stream,
+                    bar_format=fmt,
+                    leave=True,
+                    dynamic_ncols=True,
+                )
             )
             for i in range(slots):
                 self.bars.append(
@@ -143,6 +155,7 @@ class LiveProgress:
                         bar_format="{desc}",
                         position=i + 1,
                         leave=False,
+                        dynamic_ncols=True,
                     )
                 )
         # Redraw the elapsed times (and write a log's progress line) while no report comes, e.g. while a large

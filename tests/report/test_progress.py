@@ -74,3 +74,22 @@ def test_the_eta_comes_from_the_finished_trials_and_stops_at_the_timeout():
 @pytest.mark.parametrize(("seconds", "shown"), [(12, "12 s"), (300, "5 min"), (3 * 3600 + 300, "3 h 05 min")])
 def test_durations_read_as_a_person_reads_them(seconds, shown):
     assert format_duration(seconds) == shown
+
+
+def test_at_60_columns_every_line_fits_and_the_eta_shows(monkeypatch):
+    """tqdm's ``dynamic_ncols`` reads the width at each redraw (here ``COLUMNS``: a StringIO has no terminal size) and
+    trims each line to it, so a narrowed terminal never wraps a line that the next redraw would leave behind."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.setenv("LINES", "40")
+    screen = _Terminal()
+    live = LiveProgress(10, slots=2, stream=screen)
+    live.begin(0, 0)
+    live.end(0)
+    live.begin(0, 1)
+    live.report(0, dataclasses.replace(REPORT, phase="stress", step=3, of=7))
+    live.close()
+    shown = [re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", part) for part in re.split(r"[\r\n]", screen.getvalue())]
+    assert max(len(part) for part in shown) <= 60, max(shown, key=len)
+    assert any("ETA" in part for part in shown), shown
