@@ -89,6 +89,25 @@ def _same_study(owner: dict[str, Any], url: str, study_id: str | None) -> bool:
     return other == mine["sqlite_file"] if isinstance(other, str) else owner.get("storage") == mine["storage"]
 
 
+def _copy_conflict(study_name: str, owner: dict[str, Any], url: str) -> str | None:
+    """A line when this database is a copy of the folder owner's (the same identity in another SQLite file) and the
+    owner's file is still there inside this project folder: from their first new trial on, the two would write trial
+    N's folder over each other. A copied project folder (the owner's file lies outside this folder) is not one: its
+    copy takes the folder over."""
+    theirs, mine = owner.get("sqlite_file"), _identity(url)["sqlite_file"]
+    if not isinstance(theirs, str) or mine is None or theirs == mine or not Path(theirs).is_file():
+        return None
+    here = os.path.realpath(os.getcwd())
+    if os.path.commonpath([here, theirs]) != here:
+        return None
+    return (
+        f"{redact_url(url)}: --storage: this database is a copy of study '{study_name}' in {theirs}, whose trials, "
+        f"artifacts and exports are in {study_dir(study_name)}/; run in this folder, the two would write trial "
+        "folders of the same numbers over each other; run the copy from another folder (copy the whole project "
+        "folder), or keep using the original"
+    )
+
+
 def _owner_conflict(study_name: str, url: str, study_id: str | None) -> str | None:
     """A line saying that ``studies/<study_name>/`` belongs to another study of that name, or None.
 
@@ -97,8 +116,10 @@ def _owner_conflict(study_name: str, url: str, study_id: str | None) -> str | No
     (deleted) is not a conflict: that study's trials can no longer be read anyway, and the folder is taken over.
     """
     owner = None if in_memory(url) else _owner(study_name)
-    if owner is None or _same_study(owner, url, study_id):
+    if owner is None:
         return None
+    if _same_study(owner, url, study_id):
+        return _copy_conflict(study_name, owner, url)
     other = owner.get("sqlite_file")
     theirs = owner.get("study_id")
     if isinstance(other, str) and not Path(other).is_file():

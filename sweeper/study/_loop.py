@@ -23,7 +23,7 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import optuna
@@ -88,8 +88,20 @@ def find_duplicate(
             continue
         if setup is not None and t.user_attrs.get(TRIAL_SETUP_ATTR, setup) != setup:
             continue
-        if want is not None and (t.config is None or t.config.measured() != want):
-            continue
+        if want is not None and config is not None:
+            if t.config is None:
+                continue
+            theirs = t.config
+            if setup is not None and t.user_attrs.get(TRIAL_SETUP_ATTR) == setup:
+                # The setup compared the data by content and a local checkpoint by fingerprint: the same files
+                # under another path (a copied project folder) are the same measurement.
+                theirs = replace(
+                    theirs,
+                    dataset=replace(theirs.dataset, path=config.dataset.path),
+                    model=replace(theirs.model, name_or_path=config.model.name_or_path),
+                )
+            if theirs.measured() != want:
+                continue
         return t.frozen
     return None
 

@@ -314,9 +314,29 @@ def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
     assert find_duplicate(study, params, dataclasses.replace(measured, memory_limit_gib=0.05)) is None
     assert find_duplicate(study, params, dataclasses.replace(measured, learning_rate=5.0)) is None
     assert find_duplicate(study, params).number == 0  # without a config: params only
+    # a copied project folder: the data and the model under other paths. Under the setup (which compared the data
+    # by content) it is the same measurement; without the trial's setup, the paths decide.
+    moved = dataclasses.replace(
+        measured,
+        dataset=dataclasses.replace(measured.dataset, path="/elsewhere/data.jsonl"),
+        model=dataclasses.replace(measured.model, name_or_path="/elsewhere/model"),
+    )
+    assert find_duplicate(study, params, moved) is None
+    first = study.trials[0]
+    under_setup = optuna.create_study(directions=["minimize", "minimize"])
+    under_setup.add_trial(
+        optuna.trial.create_trial(
+            params=first.params,
+            distributions=first.distributions,
+            values=first.values,
+            user_attrs={**first.user_attrs, "setup": 0},
+        )
+    )
+    assert find_duplicate(under_setup, params, moved, setup=0).number == 0
+    assert find_duplicate(under_setup, params, dataclasses.replace(moved, learning_rate=5.0), setup=0) is None
 
 
-def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir):
+def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir, monkeypatch):
     """Two databases holding a study of the same name would share studies/<name>/trials/<N>/ (numbers start at 0 in
     each): the second is refused, leaving no empty database behind, naming both storages and identities; readers do
     not refuse (a copy is read as it is); a study file that is gone, or the same file, no longer owns the folder."""
@@ -342,6 +362,20 @@ def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir):
     other, url = load_existing_study("other.db")  # report, export and dashboard read it
     with pytest.raises(StudyError, match="another name"):
         check_study_owner(other, url)  # confirm would write into the other's folder
+    # A copy of the owner's database used in the same folder: refused (their trial folders would collide); the
+    # same copy in a copied project folder takes that folder over.
+    import shutil
+
+    shutil.copy(workdir / "studies" / "same.db", workdir / "copy.db")
+    with pytest.raises(StudyError, match="is a copy of study 'same'"):
+        open_study(space, "sqlite:///copy.db")
+    assert json.loads((workdir / "studies" / "same" / "study.json").read_text()) == owner
+    elsewhere = workdir.parent / f"{workdir.name}-copied"
+    shutil.copytree(workdir, elsewhere)
+    with monkeypatch.context() as m:
+        m.chdir(elsewhere)
+        open_study(space, "sqlite:///studies/same.db")
+        assert str(elsewhere / "studies" / "same.db") in (elsewhere / "studies" / "same" / "study.json").read_text()
     (workdir / "studies" / "same.db").unlink()  # the owner is gone: the other study takes the folder over
     open_study(space, "sqlite:///other.db")
     assert str(workdir / "other.db") in (workdir / "studies" / "same" / "study.json").read_text()
