@@ -197,3 +197,20 @@ def _dropped_rows_line(space: SearchSpace, model_path: str, samples: Any) -> str
         space.dataset.path,
         doctor=space.doctor_command(),
     )
+
+
+def _check_owner(study: Any, url: str, fix: str) -> None:
+    """Refuse to write into ``studies/<name>/`` when it holds another study's files (another database with a study of
+    that name, or a copy of this one's used in the same folder: :func:`sweeper.study.check_study_owner`): one line,
+    the owner's fix and ``fix`` (the option that writes elsewhere).
+
+    Raises:
+        StudyError: The folder is another study's, or cannot be written.
+    """
+    from sweeper.errors import StudyError
+    from sweeper.study import check_study_owner
+
+    try:
+        check_study_owner(study, url)
+    except StudyError as exc:
+        raise StudyError(f"{exc.problems[0]}; {fix}") from None

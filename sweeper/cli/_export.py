@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sweeper.cli._common import _print
+from sweeper.cli._common import _check_owner, _print
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -19,7 +19,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from sweeper.study import load_existing_study, snapshot, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    loaded, _ = load_existing_study(args.study)
+    loaded, url = load_existing_study(args.study)
+    if not args.output:
+        _check_owner(loaded, url, "to write the export elsewhere, give -o PATH")
     study = snapshot(loaded)
     if args.trial is None:
         choice = choose(study, args.pick, args.format)

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from sweeper.cli._common import _print, _study_ref
+from sweeper.cli._common import _check_owner, _print, _study_ref
 from sweeper.errors import SpaceError, SweeperError
 
 
@@ -19,7 +19,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from sweeper.study import load_existing_study, snapshot, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    loaded, _ = load_existing_study(args.study)
+    loaded, url = load_existing_study(args.study)
+    if not args.html and not args.json:
+        _check_owner(loaded, url, "to write the report elsewhere, give --html PATH")
     study = snapshot(loaded)  # read once: every part of the report reads this snapshot
     html_path = Path(args.html) if args.html else study_dir(study.name) / "report.html"
     if html_path.suffix.lower() not in (".html", ".htm") or html_path.is_dir():
