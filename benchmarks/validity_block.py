@@ -385,8 +385,50 @@ def summarize(runs: dict[str, dict[str, Any]], long: int) -> dict[str, Any]:
                 return stat([ok[i] for i in idx])
 
             low, high = bootstrap(resampled, len(ok)) if ok else (math.nan, math.nan)
-            table[name] = {"auc": round(stat(ok), 3) if ok else None, "auc_low": low, "auc_high": high}
+            # Seeds of one configuration are not independent: resample whole configurations too.
+            groups = sorted({rows[i][0].name for i in ok})
+
+            def by_case(idx: list[int], ok: list[int] = ok, groups: list[str] = groups) -> float:
+                picked = [i for g in idx for i in ok if rows[i][0].name == groups[g]]
+                return stat(picked)
+
+            clow, chigh = bootstrap(by_case, len(groups)) if ok else (math.nan, math.nan)
+            table[name] = {
+                "auc": round(stat(ok), 3) if ok else None,
+                "auc_low": low,
+                "auc_high": high,
+                "auc_low_by_configuration": clow,
+                "auc_high_by_configuration": chigh,
+            }
         out["auc_failure_at_own_rate"] = table
+        out["own_rate_configurations"] = len({c.name for c, _, _ in rows})
+        out["own_rate_configurations_that_held"] = sorted({c.name for c, _, f in rows if not f})
+        # Time to failure at the own rate, per configuration: the mean step of failure over its seeds (a run that
+        # held counts as long + 1), against each figure's mean over the same seeds; Spearman, bootstrap over
+        # configurations. Higher figure (of what foretells a failure) should go with an earlier failure.
+        steps: dict[str, list[float]] = {}
+        figures: dict[str, dict[str, list[float]]] = {}
+        for c in BLOCK:
+            for seed in SEEDS:
+                o, short = runs.get(own_key(c, seed, long)), shorts[(c.name, seed)]
+                if not o or not short or short["status"] != "complete":
+                    continue
+                failed_at = o.get("fail_step") if o["status"] in FAILED else None
+                steps.setdefault(c.name, []).append(float(failed_at if failed_at else long + 1))
+                for name, x in candidates(c, short).items():
+                    figures.setdefault(name, {}).setdefault(c.name, []).append(x)
+        cases = sorted(steps)
+        if len(cases) >= 4:
+            mean_step = [statistics.fmean(steps[n]) for n in cases]
+            ttf = {}
+            for name, per in figures.items():
+                xs = [-statistics.fmean(per[n]) for n in cases]
+                if any(math.isnan(x) for x in xs):
+                    continue
+                low, high = bootstrap(lambda idx, xs=xs: spearman([xs[i] for i in idx], [mean_step[i] for i in idx]),
+                                      len(cases))  # fmt: skip
+                ttf[name] = {"spearman": round(spearman(xs, mean_step), 3), "low": low, "high": high}
+            out["time_to_failure_spearman"] = {"configurations": len(cases), "by_figure": ttf}
     # Edges per seed (where bisected): Spearman of each figure with the edge.
     edges = []
     for c in BLOCK:

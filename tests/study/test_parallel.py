@@ -29,7 +29,8 @@ def _intervals_overlap(trials) -> bool:
 
 
 def test_two_workers_run_trials_at_once_and_stop_at_n_trials(tiny_model, workdir):
-    """Two worker slots of one sweep run its first two trials at once, one per device, each slot in one warm process.
+    """Two worker slots of one sweep run its first two trials at once, each slot in one warm process (on the CPU: no
+    --devices, which is refused where no GPU is visible).
     Its last two trials are the same configuration (queued twice; in practice a retry, or another machine asked it):
     the later one waits for the earlier one (or finds it measured) and reuses its result, and no trial process starts
     for it."""
@@ -42,9 +43,9 @@ def test_two_workers_run_trials_at_once_and_stop_at_n_trials(tiny_model, workdir
     queued = open_study(load_space(path))
     for r in (8, 16, 4, 4):  # both slots start at once on the first two; the last two are one configuration
         queued.enqueue_trial({"r": r})
-    out = sweep("run", str(path), "--workers", "2", "--devices", "0,1", cwd=workdir)
+    out = sweep("run", str(path), "--workers", "2", cwd=workdir)
     assert out.returncode == 0, out.stderr
-    assert "workers 2 trials at once (device 0, device 1)" in out.stdout
+    assert "workers 2 trials at once (on the CPU" in out.stdout
     study = optuna.load_study(study_name="par", storage="sqlite:///studies/par.db")
     third, fourth = study.trials[2:4]
     assert third.params == fourth.params == {"r": 4} and third.state == TrialState.COMPLETE
@@ -52,7 +53,6 @@ def test_two_workers_run_trials_at_once_and_stop_at_n_trials(tiny_model, workdir
     assert not (workdir / "studies" / "par" / "trials" / "3").exists()  # no trial process ever started for it
     measured = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
     assert count_finished(study) == 4 and all(t.state == TrialState.COMPLETE for t in measured)
-    assert {t.user_attrs["cuda_visible_devices"] for t in measured} == {"0", "1"}
     # Each worker slot keeps one warm trial process: two processes, and every trial after a slot's first ran warm.
     assert len({t.user_attrs["worker_pid"] for t in measured}) == 2
     assert sum(bool(t.user_attrs["warm"]) for t in measured) == len(measured) - 2

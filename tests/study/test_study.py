@@ -494,7 +494,7 @@ def test_a_copied_project_folder_is_the_same_study(tiny_model, workdir):
         assert done.returncode == 0, (args, done.stderr)
     resumed = run_cli("run", "space.yaml", cwd=copy)  # n_trials 1: nothing to run, but the folder is checked
     assert resumed.returncode == 0 and "nothing to run" in resumed.stdout, resumed.stderr
-    confirmed = sweep("confirm", "demo", "--steps", "3", cwd=copy)  # the console script, in a fresh interpreter
+    confirmed = sweep("confirm", "demo", "--steps", "4", cwd=copy)  # the console script, in a fresh interpreter
     assert confirmed.returncode == 0, confirmed.stderr
     assert str(copy / "studies" / "demo.db") in (copy / "studies" / "demo" / "study.json").read_text()
     # the original is untouched by what ran in the copy, and another study of that name is still refused
