@@ -163,13 +163,25 @@ class Block:
 
     def save(self) -> None:
         """Write the file and the tables (call with the lock held)."""
-        summary = summarize(self.runs, self.long)
+        summary = _nulls(summarize(self.runs, self.long))
         payload = {"version": 1, "step": STEP, "long_steps": self.long, "resolution": self.resolution,
                    "cases": [asdict(c) for c in BLOCK], "summary": summary, "runs": self.runs}  # fmt: skip
         tmp = self.path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(payload, indent=1, default=str))
         os.replace(tmp, self.path)
         self.path.with_suffix(".md").write_text(markdown(self.runs, summary, self.long))
+
+
+def _nulls(value: Any) -> Any:
+    """``value`` with every non-finite float as None: a figure undefined on the block (a Spearman of a constant) is
+    JSON's null, not Python's NaN, which strict JSON readers refuse."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nulls(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nulls(v) for v in value]
+    return value
 
 
 def short_key(case: BlockCase, seed: int) -> str:
