@@ -552,7 +552,10 @@ def format_memory_prediction(prediction: MemoryPrediction) -> str | None:
     if prediction.median_error is None:
         return None
     n = sum(1 for r in prediction.trials if r.error is not None)
-    line = f"memory  predicted vs measured peak: median error {100 * prediction.median_error:.0f}% over {n} trials"
+    line = (
+        f"memory  predicted vs measured peak: median error {100 * prediction.median_error:.0f}% over {n} "
+        f"trial{'s' if n != 1 else ''}"
+    )
     if prediction.median_corrected_error is not None:
         corrected = prediction.corrected_trials
         line += (

@@ -261,6 +261,8 @@ def fit_map_data(study: StudyLike) -> FitMap:
         peak = _finite(t.result.memory.peak_memory_gib)
         if peak is not None and fit:
             peaks.setdefault(key, []).append(peak)
+    limits = [t.config.memory_limit_gib for t in study.measured if t.config is not None]
+    kinds = {t.result.memory.memory_kind for t in study.measured if t.config is not None}
     cells = []
     for key in sorted(trials):
         shape_peaks = peaks.get(key, [])
@@ -280,6 +282,8 @@ def fit_map_data(study: StudyLike) -> FitMap:
         batch_sizes=tuple(sorted({k[0] for k in trials})),
         max_seq_lengths=tuple(sorted({k[1] for k in trials})),
         cells=tuple(cells),
+        memory_limit_gib=max(limits) if limits else None,
+        cpu="cpu_peak_rss" in kinds,
     )
 
 
@@ -414,8 +418,8 @@ def importance_data(study: StudyLike) -> dict[str, ImportancePart]:
     for i, name in enumerate(names[1:], start=1):
         if len(complete) < MIN_IMPORTANCE_TRIALS:
             out[name] = NotShown(
-                reason=f"{len(complete)} complete trials; a ranking needs {MIN_IMPORTANCE_TRIALS} (on fewer "
-                "it ranks noise)"
+                reason=f"{len(complete)} complete trial{'s' if len(complete) != 1 else ''}; a ranking needs "
+                f"{MIN_IMPORTANCE_TRIALS} (on fewer it ranks noise)"
             )
             continue
         out[name] = _bootstrap_importance(

@@ -105,7 +105,7 @@ def front_figure(front: FrontData) -> Any:
         band = max((y for _, y in complete), default=1.0) * 1.15 + 0.05
     fig = go.Figure()
     for trace in (
-        *_complete_traces(complete, on_front),
+        *_complete_traces(complete, on_front, margin),
         *_confirmation_traces(complete),
         *_failed_traces(points, band, height, margin),
     ):
@@ -116,7 +116,8 @@ def front_figure(front: FrontData) -> Any:
             x=limit,
             line_dash="dash",
             line_color="#7f7f7f",
-            annotation_text=f"memory_limit_gib {limit:g}",
+            annotation_text=f"memory_limit_gib {limit:g}"
+            + (" (on private memory; the peaks count shared libraries)" if front.memory_kind == "cpu_peak_rss" else ""),
             annotation_position="bottom left" if margin else "top left",
         )
     knee = front.knee
@@ -149,10 +150,11 @@ def front_figure(front: FrontData) -> Any:
 
 
 def _complete_traces(
-    complete: Sequence[tuple[TrialRecord, float]], on_front: Sequence[tuple[TrialRecord, float]]
+    complete: Sequence[tuple[TrialRecord, float]], on_front: Sequence[tuple[TrialRecord, float]], margin: bool
 ) -> list[Any]:
     """Of :func:`front_figure`: the complete trials (each with its height) off the front in blue, then the front (by
-    memory) as a red line labelled with the trial numbers."""
+    memory) as a red line labelled with the trial numbers and, when ``margin``, each point's margin ("#4 5.8x"): a
+    log axis ticked at its decades only would leave a 61x point between the 10 and 100 ticks unread."""
     import plotly.graph_objects as go
 
     traces = []
@@ -176,7 +178,14 @@ def _complete_traces(
                 y=[y for _, y in on_front],
                 mode="lines+markers+text",
                 name="Pareto front",
-                text=[f"#{p.number}" for p, _ in on_front],
+                text=[
+                    f"#{p.number} {y:.2g}x"
+                    if margin and y < 100
+                    else f"#{p.number} {y:.0f}x"
+                    if margin
+                    else f"#{p.number}"
+                    for p, y in on_front
+                ],
                 textposition="top center",
                 line={"color": COLORS["front"]},
                 marker={"color": COLORS["front"], "size": 12},
@@ -276,14 +285,19 @@ def fit_map_figure(fit: FitMap) -> Any:
             hovertemplate="batch %{y} x %{x} tokens: %{text}<extra></extra>",
         )
     )
+    cap = "" if fit.memory_limit_gib is None else f" of {fit.memory_limit_gib:g} GiB"
     fig.update_layout(
-        title="What fits the memory cap",
+        title=f"What fits the memory cap{cap}"
+        + ("<br><sup>CPU: the cap is on private memory; the peaks count shared libraries too</sup>" if fit.cpu else ""),
         xaxis_title="max_seq_length",
         xaxis_type="category",
         yaxis_title="per_device_train_batch_size",
         yaxis_type="category",
         template="plotly_white",
-        height=120 + 60 * max(1, len(batches)),
+        # At least 200 px of cells between the title and the axis (a one-row map was a 2-px line whose text and
+        # axis title did not fit), 70 px a row beyond.
+        height=max(320, 180 + 70 * len(batches)),
+        margin={"t": 60, "b": 60},
     )
     return fig
 
@@ -340,17 +354,21 @@ def importance_figure(importance: Mapping[str, ImportancePart]) -> Any:
         "peak memory: spread of the predicted peak (GiB)" if i == 0 else f"{name}: importance (PED-ANOVA, 90% interval)"
         for i, name in enumerate(names)
     ]
-    fig = make_subplots(rows=1, cols=max(1, len(names)), subplot_titles=titles or [""], horizontal_spacing=0.3)
+    # One panel under the other: side by side, a panel's long setting names and its title did not fit at 900 px.
+    fig = make_subplots(rows=max(1, len(names)), cols=1, subplot_titles=titles or [""], vertical_spacing=0.25)
     for i, (name, part) in enumerate(importance.items(), 1):
         if isinstance(part, NotShown):
+            panel = fig.get_subplot(i, 1)
             fig.add_annotation(
                 text="not shown: " + part.reason,
-                xref=f"x{i if i > 1 else ''} domain",
-                yref=f"y{i if i > 1 else ''} domain",
+                xref="paper",
+                yref="paper",
                 x=0.5,
-                y=0.5,
+                y=sum(panel.yaxis.domain) / 2,  # the middle of its own panel
                 showarrow=False,
             )
+            fig.update_xaxes(visible=False, row=i, col=1)  # no empty axes under the reason
+            fig.update_yaxes(visible=False, row=i, col=1)
             continue
         values = part.effects_gib if isinstance(part, MemoryEffects) else part.importance
         items = sorted(values.items(), key=lambda kv: kv[1])
@@ -368,10 +386,10 @@ def importance_figure(importance: Mapping[str, ImportancePart]) -> Any:
                 showlegend=False,
                 error_x=error,
             ),
-            row=1,
-            col=i,
+            row=i,
+            col=1,
         )
-    fig.update_layout(title="What explains each objective", template="plotly_white", height=380)
+    fig.update_layout(title="What explains each objective", template="plotly_white", height=160 + 220 * len(names))
     return fig
 
 
@@ -505,13 +523,14 @@ def render_html(study: StudyLike) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f3f3f3}}</style></head>
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f3f3f3}}
+.wide{{overflow-x:auto;max-width:100%}}.wide td{{white-space:nowrap}}</style></head>
 <body><h1>{title}</h1>
 <p>Generated {time.strftime("%Y-%m-%d %H:%M:%S")}. Objectives, both minimized: {
         html.escape(", ".join(summary.objectives))
     } (edge_proximity = 1 / stability_margin: the learning rate over the rate its stress phase diverged at).</p>
 <h2 id="front">Pareto front ({len(summary.front)} of {len(summary.trials)} trials)</h2>
-{_table(front_rows)}
+<div class="wide">{_table(front_rows)}</div>
 <p>Columns: {html.escape(", ".join(f"{SHORT_NAMES[k]} = {k}" for k in keys if SHORT_NAMES.get(k, k) != k))}.</p>
 <p>Picks (<code>sweep export {html.escape(study.name)}</code> writes <code>safe</code>; <code>--pick NAME</code>
 another): {"".join(f"<br>{html.escape(line)}" for line in summary.pick_lines.values()) or "none"}.<br>safe: the least

@@ -187,11 +187,16 @@ class FitMap:
         batch_sizes: The ``per_device_train_batch_size`` values tried, ascending.
         max_seq_lengths: The ``max_seq_length`` values tried, ascending.
         cells: The tried shapes, by (batch size, length).
+        memory_limit_gib: The highest cap its trials ran under (GiB), None when unknown.
+        cpu: True when the peaks are CPU resident sets (``cpu_peak_rss``), which count shared libraries the cap on
+            private memory does not: such a peak can stand above the cap of a trial that fit.
     """
 
     batch_sizes: tuple[int, ...]
     max_seq_lengths: tuple[int, ...]
     cells: tuple[FitCell, ...]
+    memory_limit_gib: float | None = None
+    cpu: bool = False
 
     def cell(self, batch_size: int, max_seq_length: int) -> FitCell | None:
         """The cell of that shape, None when no trial tried it."""

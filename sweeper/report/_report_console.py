@@ -39,8 +39,9 @@ def report_lines(study: StudyLike, ref: str) -> list[str]:
     """
     study = snapshot(study)
     front = study.front
+    plural = "s" if len(front) != 1 else ""
     lines = [
-        f"study '{study.name}': Pareto front (peak memory vs {front_axis(study)}), {len(front)} trials:",
+        f"study '{study.name}': Pareto front (peak memory vs {front_axis(study)}), {len(front)} trial{plural}:",
         format_front(front, study.objectives) if front else "  (no complete trial)",
         "",
         "trials: " + format_counts(counts_with_stale(study), study.nan_causes),

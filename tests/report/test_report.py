@@ -326,3 +326,27 @@ def test_the_json_lists_a_stale_running_trial_among_the_trials(tmp_path, tiny_mo
     summary = report.report_data(study).to_dict()
     assert len(summary["stale"]) == 1
     assert running.number in [t["number"] for t in summary["trials"]], summary["trials"]
+
+
+def test_the_html_figures_stay_readable_at_one_cell_and_one_trial(tmp_path):
+    """A study of one trial: the fit map's one row was a 2-px line (its figure no taller than plotly's margins), the
+    front's one point between two log ticks had no readable value, an importance panel with nothing to rank drew
+    empty axes under its reason, and the front table ran past a 900-px page."""
+    from sweeper.report._figures import fit_map_figure, front_figure, importance_figure, render_html
+
+    space = parse_space({"study": {"name": "one"}, "search": {"r": [4, 8]}}, "space.yaml")
+    study = open_study(space, f"sqlite:///{tmp_path}/one.db", "one", 1)
+    add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=1 / 61)  # a 61x margin
+    fit = report.fit_map_data(study)
+    assert (len(fit.batch_sizes), len(fit.max_seq_lengths)) == (1, 1)
+    layout = fit_map_figure(fit).layout
+    margin = layout.margin
+    assert layout.height - (margin.t or 100) - (margin.b or 80) >= 200  # px of cells, plotly's defaults 100/80
+    front = next(t for t in front_figure(report.front_data(study)).data if t.name == "Pareto front")
+    assert list(front.text) == ["#0 61x"]
+    summary = report.report_data(study)
+    figure = importance_figure(summary.importance)
+    shown = [a.text for a in figure.layout.annotations if a.text.startswith("not shown")]
+    assert shown and all(ax.visible is False for ax in (figure.layout.xaxis2, figure.layout.yaxis2))
+    page = render_html(study)
+    assert '<div class="wide"><table>' in page and ".wide{overflow-x:auto" in page
