@@ -14,12 +14,20 @@ What a study stores and measures (its known fits and OOMs, its measured points, 
 written by :mod:`sweeper.study`; a checkpoint's ``config.json`` by :mod:`sweeper.checkpoint`.
 """
 
-from sweeper.memory._calibration import Calibration, CalibrationPoint, fit_calibration, group_of, median_abs
+from sweeper.memory._calibration import (
+    BASELINE_NUMBER,
+    Calibration,
+    CalibrationPoint,
+    fit_calibration,
+    group_of,
+    median_abs,
+)
 from sweeper.memory._dominance import Known, preflight
-from sweeper.memory._grid import estimate_space, frontier, nothing_fits
+from sweeper.memory._grid import estimate_space, frontier, nothing_fits, smallest_predicted
 from sweeper.memory._model import GIB, ModelShape, known_shape, memory_predictor
 
 __all__ = [
+    "BASELINE_NUMBER",
     "GIB",
     "Calibration",
     "CalibrationPoint",
@@ -34,4 +42,5 @@ __all__ = [
     "memory_predictor",
     "nothing_fits",
     "preflight",
+    "smallest_predicted",
 ]

@@ -43,6 +43,11 @@ MIN_SPAN_GIB = 0.05
 SLOPE_BOUNDS = (0.25, 8.0)
 
 
+#: The number a calibration gives the one-step measurement of the space's smallest configuration that stands in for
+#: trials on the CPU before any completes (:func:`sweeper.study._calibration.store_baseline`): not a trial.
+BASELINE_NUMBER = -1
+
+
 def group_of(config: TrialConfig) -> str:
     """The calibration group of a trial config: ``<compute dtype>/<checkpointing on|off>``, e.g. ``bfloat16/ckpt``."""
     checkpointing = "ckpt" if config.gradient_checkpointing else "no-ckpt"
@@ -95,6 +100,8 @@ class Calibration:
         group = group_of(config)
         n = self.points.get(group, 0)
         trials = f"{n} measured trial{'s' if n != 1 else ''} of {group}"
+        if self.trials == [BASELINE_NUMBER]:
+            trials = "one measured step of the space's smallest configuration"
         if group in self.lines:
             a, b = self.lines[group]
             corrected = max(a + b * predicted_gib, predicted_gib * RATIO_BOUNDS[0])

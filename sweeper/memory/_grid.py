@@ -166,20 +166,11 @@ def nothing_fits(
         return None
     limit_gib, margin = space.base.memory_limit_gib, space.base.preflight_margin
     bound = limit_gib * (1 + margin)
-    keys = [k for k in MEMORY_KEYS if k in space.search]
-    smallest: tuple[float, TrialConfig] | None = None
-    for combo in itertools.islice(itertools.product(*[grid_values(space, k) for k in keys]), MAX_POINTS):
-        values = dataclasses.replace(space.base, **dict(zip(keys, combo)))
-        peak = predict(values)
-        if peak is None:
-            return None  # the model's shape is unknown: nothing is predicted
-        if peak <= bound:
-            return None
-        if smallest is None or peak < smallest[0]:
-            smallest = (peak, values)
-    if smallest is None:
+    smallest = smallest_predicted(space, predict, stop_at=bound)
+    if smallest is None or smallest[0] <= bound:
         return None
     peak, values = smallest
+    keys = [k for k in MEMORY_KEYS if k in space.search]
     shown = " ".join(f"{k}={getattr(values, k)}" for k in ("per_device_train_batch_size", "max_seq_length", *keys))
     shown = " ".join(dict.fromkeys(shown.split()))
     measured = measure(values) if measure is not None else None
@@ -199,8 +190,29 @@ def nothing_fits(
     return (
         f"{space.path}: training.memory_limit_gib: no configuration of the space is predicted to fit "
         f"{limit_gib:g} GiB (+ preflight_margin {margin:g}): the smallest predicted peak is {peak:.2f} GiB ({shown})"
-        f"{seen}; {fix} ({space.command('estimate')})"
+        f"{seen}; {fix} ({space.command('estimate')}{' --device cpu' if measure is not None else ''})"
     )
+
+
+def smallest_predicted(
+    space: SearchSpace, predict: Callable[[TrialConfig], float | None], stop_at: float = 0.0
+) -> tuple[float, TrialConfig] | None:
+    """The configuration of the space's memory-relevant grid (:func:`grid_values`, at most :data:`MAX_POINTS`, about
+    1 ms each) with the smallest predicted peak, as ``(peak_gib, config)``; None when the model's shape is unknown
+    (``predict`` returned None). ``stop_at`` (GiB): the first configuration predicted at or below it is returned at
+    once (enough to know that something fits)."""
+    keys = [k for k in MEMORY_KEYS if k in space.search]
+    smallest: tuple[float, TrialConfig] | None = None
+    for combo in itertools.islice(itertools.product(*[grid_values(space, k) for k in keys]), MAX_POINTS):
+        values = dataclasses.replace(space.base, **dict(zip(keys, combo)))
+        peak = predict(values)
+        if peak is None:
+            return None
+        if smallest is None or peak < smallest[0]:
+            smallest = (peak, values)
+        if peak <= stop_at:
+            break
+    return smallest
 
 
 def _cheapest_change(

@@ -249,7 +249,8 @@ def _next_steps(plan: SweepPlan, causes: Mapping[str, Sequence[int]], study: Stu
     if "data" in causes:
         steps.append(plan.space.doctor_command())
     if statuses & {TrialStatus.OOM, TrialStatus.PREDICTED_OOM, TrialStatus.DOMINATED_OOM}:
-        steps.append(f"{plan.space.command('estimate')} (what fits memory_limit_gib)")
+        device = "" if cuda_visible() else " --device cpu"  # the model of the trials this machine ran
+        steps.append(f"{plan.space.command('estimate')}{device} (what fits memory_limit_gib)")
     if statuses & {TrialStatus.TIMEOUT, TrialStatus.CRASH, TrialStatus.ERROR}:
         steps.append(f"each failed trial's {plan.trials_dir.as_posix()}/N/worker.log")
     return steps or [plan.space.doctor_command()]

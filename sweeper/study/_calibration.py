@@ -6,12 +6,13 @@ sweep and a sweep on another machine start from it, and the predicted-vs-measure
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 
 import optuna
 
-from sweeper.memory import Calibration, CalibrationPoint, fit_calibration, group_of
+from sweeper.memory import BASELINE_NUMBER, Calibration, CalibrationPoint, fit_calibration, group_of
 from sweeper.space import TrialConfig
 from sweeper.study._snapshot import CALIBRATION_ATTR, StudyLike, StudySnapshot, snapshot, stored_trials
 from sweeper.study._stored import PredictionError, StoredTrial, TrialStatus
@@ -81,6 +82,31 @@ def update_calibration(
     fitted = fit_calibration(calibration_points(stored_trials(view or study), predict, kind), kind)
     if fitted is None:
         return None
+    data = study.user_attrs.get(CALIBRATION_ATTR)
+    stored = dict(data) if isinstance(data, Mapping) else {}
+    stored[kind] = fitted.to_dict()
+    study.set_user_attr(CALIBRATION_ATTR, stored)
+    return fitted
+
+
+def store_baseline(
+    study: optuna.Study, config: TrialConfig, predicted_gib: float, measured_gib: float, kind: str
+) -> Calibration:
+    """Store, as the study's correction for ``kind`` while no trial has measured one, a single measured point: one
+    step of ``config`` (the space's smallest configuration) peaked at ``measured_gib`` where the memory model said
+    ``predicted_gib``. Its group is corrected by the offset (``measured = (measured_gib - predicted_gib) + 1 x
+    predicted``: on the CPU the model's error there is the process's own resident memory, a fixed amount), the other
+    groups by the ratio. The first complete trial's fit (:func:`update_calibration`) replaces it.
+
+    Returns:
+        The stored correction.
+    """
+    point = CalibrationPoint(
+        number=BASELINE_NUMBER, group=group_of(config), predicted_gib=predicted_gib, measured_gib=measured_gib
+    )
+    fitted = fit_calibration([point], kind)
+    assert fitted is not None  # one point
+    fitted = dataclasses.replace(fitted, lines={point.group: (measured_gib - predicted_gib, 1.0)})
     data = study.user_attrs.get(CALIBRATION_ATTR)
     stored = dict(data) if isinstance(data, Mapping) else {}
     stored[kind] = fitted.to_dict()

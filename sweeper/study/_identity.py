@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -173,13 +174,44 @@ def check_study_dir(study_name: str, url: str, study_id: str | None = None) -> N
         raise StudyError(conflict)
 
 
+def _home_elsewhere(study_name: str, url: str, study_id: str | None) -> str | None:
+    """A line when the study's SQLite file lies beside its own folder (``<dir>/<study_name>/`` whose
+    :data:`OWNER_FILE` names this study, as ``sweep run`` lays them out: ``studies/demo.db`` and ``studies/demo/``)
+    and that folder is not this working directory's ``studies/<study_name>/``: a command run from another folder
+    would write the study's files apart from its trials."""
+    database = sqlite_file(url)
+    if database is None:
+        return None
+    home = Path(os.path.realpath(database)).parent / study_name
+    try:
+        owner = json.loads((home / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(owner, dict) or not _same_study(owner, url, study_id):
+        return None
+    if os.path.realpath(study_dir(study_name)) == str(home):
+        return None
+    project = home.parent.parent if home.parent.name == "studies" else home.parent
+    return (
+        f"{redact_url(url)}: study '{study_name}' keeps its trials, artifacts and exports in {home}/, not in this "
+        f"folder's {study_dir(study_name)}/; run this command from {project} (cd {shlex.quote(str(project))}), so "
+        "that its files stay together"
+    )
+
+
 def check_study_owner(study: optuna.Study, url: str) -> None:
-    """Whether ``sweep confirm`` may write into the opened study's folder: :func:`check_study_dir` (it belongs to no
-    other study of that name), and the folder can be created and written
-    (:func:`sweeper.study._machine.check_writable`), before anything runs.
+    """Whether ``sweep confirm`` (and ``calibrate``, and ``report``/``export`` writing into the study's folder) may
+    write into the opened study's folder: :func:`check_study_dir` (it belongs to no other study of that name), the
+    study's own folder is not elsewhere (:func:`_home_elsewhere`: run from another folder, its files would be split),
+    and the folder can be created and written (:func:`sweeper.study._machine.check_writable`), before anything runs.
 
     Raises:
-        StudyError: ``studies/<name>/`` belongs to another study of that name, or cannot be written.
+        StudyError: ``studies/<name>/`` belongs to another study of that name, the study's folder is beside its
+            database in another folder, or the folder cannot be written.
     """
-    check_study_dir(study.study_name, url, study_identity(study))
+    study_id = study_identity(study)
+    check_study_dir(study.study_name, url, study_id)
+    elsewhere = _home_elsewhere(study.study_name, url, study_id)
+    if elsewhere:
+        raise StudyError(elsewhere)
     check_writable(study_dir(study.study_name))

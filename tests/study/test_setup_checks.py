@@ -208,3 +208,40 @@ def test_nothing_fits_names_the_cheapest_setting(tiny_model, tmp_path):
     # Checkpointing on gives 1.05 GiB, within the margin of the 1.0 cap only: no advice; the cap named fits the peak.
     line = nothing_fits(space, lambda c: 1.05 if c.gradient_checkpointing else 1.5)
     assert "the cheapest setting to change" not in line and "raise memory_limit_gib to 1.50 or more" in line
+
+
+@pytest.mark.slow
+def test_on_the_cpu_a_cap_the_model_alone_would_pass_is_measured_before_any_trial(tiny_model, workdir):
+    """Runs the smallest configuration once (about 15 s). A cap at the memory model's own prediction passes its
+    preflight (within the 10% margin), but the CPU trial process's resident memory is larger than the model's constant:
+    every trial ran out of memory (issue 30: 0.66 GiB predicted, 1.1 measured on the built-in model). Now the cap is
+    checked against one measured step first, and the run is refused with one line instead of running trials that
+    cannot fit; at a cap that fits, the measurement is the preflight's correction until a trial completes."""
+    import optuna
+
+    from sweeper.memory import memory_predictor, smallest_predicted
+
+    space = tiny_space(
+        tiny_model,
+        n_trials=1,
+        search={"per_device_train_batch_size": [1, 2]},
+        training={"max_seq_length": 64, "max_steps": 2},
+    )
+    path = write_space(workdir, space)
+    loaded = load_space(path)
+    raw = memory_predictor(str(tiny_model), loaded.model.name_or_path, loaded.model.attn_implementation, "cpu")
+    predicted, _ = smallest_predicted(loaded, raw)
+    cap = f"memory_limit_gib={predicted:.3f}"  # the model alone says the smallest configuration fits
+    out = run_cli("run", str(path), "--set", cap, cwd=workdir)
+    line = _one_line(out)
+    assert "the cap is within the CPU memory model's error" in out.stdout, out.stdout
+    assert "no configuration of the space is predicted to fit" in line and "measured here, it peaked at" in line
+    assert "--device cpu" in line  # the estimate it names is the CPU's
+    # at a cap that fits but is within the model's CPU error, the measurement is stored and the preflight applies it
+    done = run_cli("run", str(path), "--set", f"memory_limit_gib={1.8 * predicted:.3f}", cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    assert "the preflight adds the difference until a trial completes" in done.stdout, done.stdout
+    study = optuna.load_study(study_name=space["study"]["name"], storage="sqlite:///studies/t.db")
+    [trial] = study.trials
+    assert trial.user_attrs["status"] == "complete"
+    assert trial.user_attrs["corrected_peak_gib"] > trial.user_attrs["predicted_peak_gib"]

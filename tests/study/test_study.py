@@ -501,3 +501,29 @@ def test_a_copied_project_folder_is_the_same_study(tiny_model, workdir):
     assert str(workdir / "studies" / "demo.db") in (workdir / "studies" / "demo" / "study.json").read_text()
     other = run_cli("run", "space.yaml", "--storage", "sqlite:///other.db", cwd=copy)
     assert other.returncode == 2 and "holds the trials, artifacts and exports of another study 'demo'" in other.stderr
+
+
+def test_a_command_run_from_another_folder_does_not_split_the_studys_files(tiny_model, workdir, monkeypatch):
+    """``sweep confirm sqlite:////home/me/proj/studies/demo.db`` run from another folder wrote its confirmation into
+    that folder's studies/demo/, apart from the study's trials; report and export did the same with their files. Now
+    each names the folder to run from (report and export can still write elsewhere with --html / -o)."""
+    from sweeper.errors import StudyError
+    from sweeper.study import check_study_owner
+
+    project, other = workdir / "proj", workdir / "elsewhere"
+    project.mkdir()
+    other.mkdir()
+    monkeypatch.chdir(project)
+    space = load_space(write_space(project, tiny_space(tiny_model, name="home")))
+    study = open_study(space, "sqlite:///studies/home.db")
+    check_study_owner(study, "sqlite:///studies/home.db")  # from its own folder: fine
+    url = f"sqlite:///{project}/studies/home.db"
+    monkeypatch.chdir(other)
+    with pytest.raises(StudyError, match=f"keeps its trials, artifacts and exports in {project}/studies/home/"):
+        check_study_owner(study, url)
+    assert not (other / "studies").exists()
+    for args in (("confirm", url, "--steps", "40"), ("report", url), ("export", url)):
+        out = run_cli(*args, cwd=other)
+        assert out.returncode == 2 and f"run this command from {project}" in out.stderr, (args, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1 and not (other / "studies").exists()
+    assert run_cli("report", url, "--html", str(other / "r.html"), cwd=other).returncode == 0
