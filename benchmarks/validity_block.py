@@ -298,6 +298,10 @@ def candidates(case: BlockCase, short: dict[str, Any]) -> dict[str, float]:
         "gradient-norm trend (log slope)": _log_slope(grads),
         "probe-loss curvature (last 3 probes)": curvature(probes),
         "1/ramp crossing at 1.2x": 1 / crossing if math.isfinite(crossing) else 0.0,
+        # Parameter-free combinations, added after the single figures were scored on this block (so chosen on it:
+        # exploratory until held-out configurations confirm them).
+        "(1 + instability) / stability_margin": (1 + (short.get("instability") or 0.0)) / margin if margin else 1.0,
+        "update-to-weight ratio / stability_margin": ratio[-1] / margin if margin and ratio else math.nan,
     }  # fmt: skip
 
 
