@@ -75,6 +75,11 @@ def _hover(point: TrialRecord) -> str:
         long = f"<br>confirmed at {confirmed.steps} steps: {html.escape(str(confirmed.status))}"
         if not confirmed.passed:
             long += f" at step {confirmed.fail_step}"
+    if point.headroom is not None:
+        room = f"headroom {point.headroom:.2g}x"
+        if point.headroom_low is not None and point.headroom_high is not None:
+            room += f" ({point.headroom_low:.2g}-{point.headroom_high:.2g}x)"
+        long += "<br>" + room + (", near its edge" if point.near_edge else "")
     return f"trial {point.number}: {point.label}<br>peak {memory}, margin {stability}{long}<br>{params}<br>{reason}"
 
 
@@ -107,6 +112,7 @@ def front_figure(front: FrontData) -> Any:
     for trace in (
         *_complete_traces(complete, on_front, margin),
         *_confirmation_traces(complete),
+        *_near_edge_traces(complete),
         *_failed_traces(points, band, height, margin),
     ):
         fig.add_trace(trace)
@@ -120,13 +126,16 @@ def front_figure(front: FrontData) -> Any:
             + (" (on private memory; the peaks count shared libraries)" if front.memory_kind == "cpu_peak_rss" else ""),
             annotation_position="bottom left" if margin else "top left",
         )
-    knee = front.knee
-    for p, y in on_front:
-        if p.number == knee:
+    knee, safe = front.knee, front.picks.get("safe")
+    for p, y in complete:
+        # The knee, and the safe pick (sweep export's default) wherever it lies: below it when both are one trial.
+        marks = (("knee", knee if p.on_front else None), ("safe", safe))
+        names = [n for n, number in marks if p.number == number]
+        if names:
             fig.add_annotation(
                 x=p.peak_memory_gib,
                 y=math.log10(y) if margin else y,
-                text="knee",
+                text=" · ".join(names),
                 showarrow=True,
                 arrowhead=2,
                 ax=-45 if margin else 40,
@@ -194,6 +203,28 @@ def _complete_traces(
             )
         )
     return traces
+
+
+def _near_edge_traces(complete: Sequence[tuple[TrialRecord, float]]) -> list[Any]:
+    """Of :func:`front_figure`: an orange square around each complete trial near its edge (headroom,
+    ``predicted_max_lr / learning_rate``, below its safety factor), the mark the front table's headroom column
+    gives it."""
+    import plotly.graph_objects as go
+
+    group = [(p, y) for p, y in complete if p.near_edge]
+    if not group:
+        return []
+    return [
+        go.Scatter(
+            x=[p.peak_memory_gib for p, _ in group],
+            y=[y for _, y in group],
+            mode="markers",
+            name="near its edge (headroom below its safety factor)",
+            marker={"symbol": "square-open", "size": 22, "color": "#ff7f0e", "line": {"width": 2}},
+            hovertext=[_hover(p) for p, _ in group],
+            hoverinfo="text",
+        )
+    ]
 
 
 def _confirmation_traces(complete: Sequence[tuple[TrialRecord, float]]) -> list[Any]:

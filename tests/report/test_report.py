@@ -165,6 +165,7 @@ def test_figures_and_offline_html(tmp_path):
     fig = front_figure(report.front_data(study))
     names = [t.name for t in fig.data]
     assert "Pareto front" in names and "oom (no margin)" in names and "nan/data (no margin)" in names
+    assert "near its edge (headroom below its safety factor)" in names  # its trials' headroom is 0.16-0.72x
     # The margin on a log axis, higher is safer; the failures in a band below a margin of 1 (they failed at their rate).
     assert fig.layout.yaxis.type == "log" and "stability margin" in fig.layout.title.text
     front_trace = next(t for t in fig.data if t.name == "Pareto front")
@@ -342,8 +343,11 @@ def test_the_html_figures_stay_readable_at_one_cell_and_one_trial(tmp_path):
     layout = fit_map_figure(fit).layout
     margin = layout.margin
     assert layout.height - (margin.t or 100) - (margin.b or 80) >= 200  # px of cells, plotly's defaults 100/80
-    front = next(t for t in front_figure(report.front_data(study)).data if t.name == "Pareto front")
+    figure = front_figure(report.front_data(study))
+    front = next(t for t in figure.data if t.name == "Pareto front")
     assert list(front.text) == ["#0 61x"]
+    assert [a.text for a in figure.layout.annotations if "safe" in a.text] == ["knee · safe"]  # export's default
+    assert "headroom" in front.hovertext[0]
     summary = report.report_data(study)
     figure = importance_figure(summary.importance)
     shown = [a.text for a in figure.layout.annotations if a.text.startswith("not shown")]
