@@ -204,8 +204,9 @@ def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--pick",
         choices=PICKS,
         default="safe",
-        help="a point of the front (its line says what it chose among; confirmed trials are preferred): safe (the "
-        "default: the least memory among the trials safely below their edge, headroom predicted_max_lr/learning_rate "
+        help="a point of the front (its line says what it chose among; a confirmed trial is preferred when as good "
+        "within the noise): safe (the default: the least memory among the trials safely below their edge, headroom "
+        "predicted_max_lr/learning_rate "
         "at or above its safety factor, leaving out those that learn under half as fast as the fastest of them; "
         "within 10%% of that memory, the seed's noise on peak memory, the one that learns most), knee (best "
         "trade-off), min-memory, most-stable (least memory among those tied with the most stable)",

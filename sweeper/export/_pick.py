@@ -206,10 +206,18 @@ def choose(
     chosen, notes = _apply(study, pick, passed or usable, safe_pool)
     if passed and len(passed) < len(usable):
         n = len(passed)
-        among = f"the {n} confirmed trial{'s' if n != 1 else ''} of {among}"
-        unrestricted, _ = _apply(study, pick, usable, safe_pool)
-        if unrestricted.number != chosen.number:
-            notes = [*notes, _unconfirmed_note(name, pick, chosen, unrestricted)]
+        unrestricted, unrestricted_notes = _apply(study, pick, usable, safe_pool)
+        if unrestricted.number == chosen.number or _as_good(study, pick, chosen, unrestricted):
+            among = f"the {n} confirmed trial{'s' if n != 1 else ''} of {among}"
+            if unrestricted.number != chosen.number:
+                notes = [*notes, _unconfirmed_note(name, pick, chosen, unrestricted)]
+        else:  # the confirmed trial is worse beyond the noise on what the pick is for: not a substitute
+            notes = [
+                *unrestricted_notes,
+                f"unconfirmed (sweep confirm {name} --trials {unrestricted.number}); the confirmed "
+                f"#{chosen.number} is not within the noise of it on {_CRITERION[pick]}",
+            ]
+            chosen = unrestricted
     headroom = chosen.headroom
     if pick != "safe" and headroom is not None and headroom.near_edge:
         notes.append(f"near its edge (headroom {format_headroom(headroom, mark=False)})")
@@ -269,6 +277,30 @@ def _apply(
             f"learns {shown}, less than half as fast as safe #{faster.number} ({100 * fastest:.0f}%): see --pick safe"
         )
     return chosen, notes
+
+
+#: What each pick is for, as a note names it.
+_CRITERION = {"min-memory": "memory", "most-stable": "stability", "knee": "memory and stability", "safe": "safety"}
+
+
+def _as_good(study: StudySnapshot, pick: Pick, confirmed: StoredTrial, best: StoredTrial) -> bool:
+    """Whether the confirmed trial a pick prefers is as good as the pick made among every trial (``best``), within
+    the noise, on what the pick is for: memory (within the seed's 10% on peak memory) for ``min-memory``, stability
+    (overlapping margin intervals) for ``most-stable``, both for ``knee``. A confirmation is worth a tie, not a worse
+    trial: the front's least stable point must never be the ``most-stable`` pick because it alone was confirmed.
+    ``safe`` chose among confirmed trials that are safely below their edge already: as good."""
+    if pick == "safe":
+        return True
+    light = study.as_light_within_noise(confirmed, best)
+    i = next(i for i, o in enumerate(study.objectives) if o.role == "stability")
+    objective = study.objectives[i]
+    more_stable = objective.better(objectives(confirmed)[i]) <= objective.better(objectives(best)[i])
+    stable = more_stable or best.number in study.tied_on_stability(confirmed, [best])
+    if pick == "min-memory":
+        return light
+    if pick == "most-stable":
+        return stable
+    return light and stable
 
 
 def _unconfirmed_note(study_name: str, pick: Pick, chosen: StoredTrial, other: StoredTrial) -> str:

@@ -568,8 +568,8 @@ another): {"".join(f"<br>{html.escape(line)}" for line in summary.pick_lines.val
 memory among the trials safely below their edge (headroom, predicted_max_lr / learning_rate, at or above its safety
 factor) that learn at least half as fast as the fastest of them, within 10% of that memory (the seed's noise on
 the measured peak) the one that learns most.
-The knee is the front's point nearest the ideal after scaling both objectives to [0, 1]. Picks prefer confirmed
-trials and say so.</p>
+The knee is the front's point nearest the ideal after scaling both objectives to [0, 1]. Picks prefer a confirmed
+trial when it is as good within the noise, and say so.</p>
 <p>Trials by status: {html.escape(counts)}. NaN causes: {html.escape(causes)}.</p>
 {other}
 <p>Largest max_seq_length that fit, per batch size: {html.escape(fit) or "none measured"}.</p>

@@ -230,6 +230,14 @@ class StudySnapshot:
         (:func:`sweeper.study._stored.prediction_errors_of`)."""
         return prediction_errors_of(self.trials)
 
+    def as_light_within_noise(self, trial: StoredTrial, than: StoredTrial) -> bool:
+        """Whether ``trial``'s peak memory is at most ``than``'s plus the seed's noise on it
+        (:data:`~sweeper.study._objectives.MEMORY_NOISE_SHARE`, 10%)."""
+        memory = next(i for i, o in enumerate(self.objectives) if o.role == "memory")
+        if trial.values is None or than.values is None:
+            return False
+        return trial.values[memory] <= than.values[memory] * (1 + MEMORY_NOISE_SHARE)
+
     def tied_on_stability(self, trial: StoredTrial, others: Sequence[StoredTrial]) -> list[int]:
         """The numbers of ``others`` whose stability interval overlaps ``trial``'s on :attr:`objectives`
         (:func:`sweeper.study._stored.tied_on_stability`): their difference is within the noise."""

@@ -154,3 +154,18 @@ def test_the_safe_pick_looks_beyond_the_front(tmp_path, monkeypatch):
     assert [t.number for t in snap.front] == [0] and [t.headroom.near_edge for t in snap.trials] == [True, False]
     assert choose(study, "safe").line == "safe #1, among the 2 complete trials"
     assert choose(study, "knee").line.startswith("knee #0, among the front's 1 trial; near its edge (headroom 1.5x")
+
+
+def test_a_confirmed_trial_worse_beyond_the_noise_is_not_the_pick(picks_study):
+    """A new user confirmed the front's least stable trial (3.2x, headroom 0.5x) and `--pick most-stable` exported
+    it, over a 110x trial, because picks preferred confirmed trials: a confirmation is worth a tie, not a worse
+    trial."""
+    done = Confirmation(steps=300, status="complete", steps_done=300)
+    picks_study.set_user_attr("confirmation:0", json.loads(json.dumps(done.to_dict())))  # the near-edge one
+    stable = choose(picks_study, "most-stable")
+    assert stable.trial.number != 0, stable.line
+    assert "unconfirmed (sweep confirm p --trials" in stable.line and "the confirmed #0 is not within the noise" in (
+        stable.line
+    )
+    # min-memory: #0 is the lightest anyway
+    assert choose(picks_study, "min-memory").trial.number == 0
