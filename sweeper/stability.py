@@ -658,10 +658,11 @@ def format_headroom(headroom: Headroom | None, *, mark: bool = True) -> str:
 
 def format_headroom_range(value: float | None, low: float | None, high: float | None, near_edge: bool | None) -> str:
     """``16x (7.1-36x)``, ``>=42x (>=19x)`` without a high end (capped), with ``, near edge`` inside the parentheses
-    when ``near_edge``; ``-`` when unknown."""
+    when ``near_edge`` (``, above edge`` when the headroom is below 1: the trial's own rate is above its
+    ``predicted_max_lr``); ``-`` when unknown."""
     if value is None or low is None:
         return "-"
-    near = ", near edge" if near_edge else ""
+    near = (", above edge" if value < 1 else ", near edge") if near_edge else ""
     if high is None:
         return f"{format_margin(value, True)} (>={format_margin(low)}{near})"
     return f"{format_margin(value)} ({format_margin(low)[:-1]}-{format_margin(high)}{near})"

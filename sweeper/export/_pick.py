@@ -220,7 +220,13 @@ def choose(
             chosen = unrestricted
     headroom = chosen.headroom
     if pick != "safe" and headroom is not None and headroom.near_edge:
-        notes.append(f"near its edge (headroom {format_headroom(headroom, mark=False)})")
+        if headroom.value < 1:  # not near: past it, by the prediction
+            notes.append(
+                f"above its predicted edge (headroom {format_headroom(headroom, mark=False)}): predicted to fail at "
+                "its own learning rate"
+            )
+        else:
+            notes.append(f"near its edge (headroom {format_headroom(headroom, mark=False)})")
     return PickChoice(pick=pick, trial=chosen, among=among, notes=tuple(notes))
 
 

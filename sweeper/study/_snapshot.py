@@ -175,7 +175,9 @@ class StudySnapshot:
         if not safe:
             best = max(trials, key=lambda t: (_headroom_value(t), -peak(t)))
             shown = format_headroom(best.headroom, mark=False)
-            return best, f"no trial is safely below its edge: took the most headroom ({shown}), near its edge"
+            above = best.headroom is not None and best.headroom.value < 1
+            where = "above its predicted edge" if above else "near its edge"
+            return best, f"no trial is safely below its edge: took the most headroom ({shown}), {where}"
         fastest = max(progress(t) for t in safe)
         learners = [t for t in safe if progress(t) >= SLOW_LEARNING_SHARE * fastest]
         least = min(peak(t) for t in learners)

@@ -580,10 +580,13 @@ def test_sweep_report_lines(tmp_path):
         "trials: complete 3 · nan 1 (data 1) · oom 1 · repeated 1",
         "picks   (sweep export 'sqlite:///x.db' writes safe; --pick NAME another)",
         "  safe #1, among the 3 complete trials; no trial is safely below its edge: took the most headroom (0.7x "
-        "(0.3-1.6x)), near its edge",
-        "  knee #1, among the front's 2 trials; near its edge (headroom 0.7x (0.3-1.6x))",
-        "  min-memory #0, among the front's 2 trials; near its edge (headroom 0.2x (0.1-0.4x))",
-        "  most-stable #1, among the front's 2 trials; near its edge (headroom 0.7x (0.3-1.6x))",
+        "(0.3-1.6x)), above its predicted edge",
+        "  knee #1, among the front's 2 trials; above its predicted edge (headroom 0.7x (0.3-1.6x)): predicted to fail "
+        "at its own learning rate",
+        "  min-memory #0, among the front's 2 trials; above its predicted edge (headroom 0.2x (0.1-0.4x)): predicted "
+        "to fail at its own learning rate",
+        "  most-stable #1, among the front's 2 trials; above its predicted edge (headroom 0.7x (0.3-1.6x)): predicted "
+        "to fail at its own learning rate",
         "largest max_seq_length that fit: batch 1: 128, batch 2: 128, batch 4: none (OOM at 128)",
     ]
     for n in (0, 1):
