@@ -365,7 +365,8 @@ def _truncated_findings(tokenized: Sequence[TokenizedSample], lengths: Sequence[
                     max_seq_length=limit,
                     samples=longer,
                     detail=f"{_samples(len(longer), len(tokenized))} ({_percent(len(longer), len(tokenized))}) "
-                    f"{'is' if len(longer) == 1 else 'are'} longer than {limit} tokens and lose their tail "
+                    f"{'is' if len(longer) == 1 else 'are'} longer than {limit} tokens and "
+                    f"{'loses its' if len(longer) == 1 else 'lose their'} tail "
                     f"(longest {max(t.n_tokens for t in tokenized)}): {_examples(longer)}",
                 )
             )

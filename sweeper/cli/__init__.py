@@ -245,7 +245,9 @@ def _add_confirm(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     chosen = confirm.add_mutually_exclusive_group()
     chosen.add_argument("--trials", metavar="3,7", help="these trials")
-    chosen.add_argument("--front", action="store_true", help="every trial of the front, the knee first")
+    chosen.add_argument(
+        "--front", action="store_true", help="every trial of the front, the safe pick first, then nearest the knee"
+    )
     chosen.add_argument(
         "--pick", choices=PICKS, default="safe", help="a point of the front, as sweep export picks it (default safe)"
     )
@@ -387,14 +389,15 @@ def main(argv: list[str] | None = None) -> int:
         print(failure, file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
-        running = args.command in ("run", "trial")
         by = f" by {exc.signal_name}" if isinstance(exc, Interrupted) else ""
         print(
             f"sweep: interrupted{by}"
             + (
                 "; the running trials were stopped, recorded as interrupted and queued again (run the same command "
                 "to go on)"
-                if running
+                if args.command == "run"
+                else "; the trial was stopped (a trial alone keeps no study: run it again)"
+                if args.command == "trial"
                 else "; files already written are complete"
             ),
             file=sys.stderr,

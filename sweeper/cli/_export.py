@@ -48,9 +48,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     warnings: list[str] = []
     files = write_export(study, trial, args.format, target, force=args.force, warnings=warnings)
     replaced = [f for f in files if f in existed]
+    room = "" if "(headroom " in how else f", headroom {format_headroom(trial.headroom)}"  # said once on the line
     _print(
-        f"export  {how} (peak {values[0]:.3f} GiB, margin {margin_text(trial.result.stress)}, headroom "
-        f"{format_headroom(trial.headroom)}) as {args.format}: "
+        f"export  {how} (peak {values[0]:.3f} GiB, margin {margin_text(trial.result.stress)}{room}) as {args.format}: "
         + ", ".join(str(f) for f in files)
         + (f" (replaced {len(replaced)} earlier file{'s' if len(replaced) > 1 else ''})" if replaced else "")
     )

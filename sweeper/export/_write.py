@@ -89,7 +89,7 @@ def _refuse_edited(targets: dict[Path, str], main: Path) -> None:
         if as_written(current) or current == text or (target != main and _sha256(current) in previous):
             continue
         raise StudyError(
-            f"{target}: -o: the file was changed since 'sweep export' wrote it (or sweep did not write it); pass "
+            f"{target}: the file was changed since 'sweep export' wrote it (or sweep did not write it); pass "
             "--force to replace it, or -o another path to keep both"
         )
 

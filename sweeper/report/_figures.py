@@ -366,7 +366,7 @@ def curves_figure(curves: Sequence[Curve]) -> Any:
     fig.update_yaxes(type="log", row=1, col=2)
     fig.update_xaxes(title_text="step")
     fig.update_layout(
-        title="Curves of the front (solid) and of NaN trials (dotted, up to the failing step)",
+        title="Curves of the front (solid) and of failed trials (dotted: NaN or diverged, up to the failing step)",
         template="plotly_white",
         height=420,
     )

@@ -159,7 +159,11 @@ class SweepConsole(SweepCallback):
         if self.plan.workers > 1 and device is not None:
             line += f"  [device {device}]"
         if trial.retry_of is not None:
-            line += f"  (retry {trial.retry_attempt or 1} of #{trial.retry_of})"
+            line += (  # an interrupted trial's rerun uses up no retry: say so, not "retry 1"
+                f"  (retry {trial.retry_attempt} of #{trial.retry_of})"
+                if trial.retry_attempt
+                else f"  (rerun of #{trial.retry_of}, which was interrupted)"
+            )
         if trial.retried:
             line += "  (its configuration runs again: max_retries)"
         self.write(line)

@@ -592,7 +592,7 @@ def test_a_dataset_that_cannot_be_read_or_is_text_is_said(tmp_path, tiny_model):
     write_export(study, trial, "axolotl", tmp_path / "ax")
     assert rows_file.read_text() == '{"text": "one"}\n{"text": "three"}\n'
     rows_file.write_text('{"text": "one, cleaned"}\n')  # edited by the user: kept
-    with pytest.raises(StudyError, match="rows.jsonl: -o: the file was changed since"):
+    with pytest.raises(StudyError, match="rows.jsonl: the file was changed since"):
         write_export(study, trial, "axolotl", tmp_path / "ax")
     assert rows_file.read_text() == '{"text": "one, cleaned"}\n'
     path.unlink()
