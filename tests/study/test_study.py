@@ -205,7 +205,7 @@ def test_resume_after_the_sweep_process_is_killed(tiny_model, workdir):
 
     again = run_cli("run", str(path), cwd=workdir)  # in-process: another sweep than the killed one
     assert again.returncode == 0, again.stderr
-    assert "(rerun of #1, which was interrupted)" in again.stdout and "interrupted 1" in again.stdout
+    assert "(retry 1 of #1)" in again.stdout and "interrupted 1" in again.stdout  # a killed sweep's trial: a retry
     after = optuna.load_study(study_name="resume", storage=storage).trials
     assert after[0].values == before[0].values and after[0].user_attrs == before[0].user_attrs
     assert after[1].state == TrialState.FAIL and after[1].user_attrs["interrupted"] is True
