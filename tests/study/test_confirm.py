@@ -60,9 +60,13 @@ def test_confirm_records_the_long_run_and_the_report_shows_it(confirmed_study):
         == 8
     )
     report = run_cli("report", "c", cwd=workdir)
-    assert report.returncode == 0 and "confirmed" in report.stdout and "8 ok" in report.stdout
+    assert report.returncode == 0 and "confirmed" in report.stdout
+    # the safe pick (what confirm runs by default) may lie off the front: its confirmation shows in the front table
+    # only when it is on it, and always in the JSON's trials
+    on_front = number in {t.number for t in study.best_trials}
+    assert "8 ok" in report.stdout or not on_front, report.stdout
     data = json.loads(run_cli("report", "c", "--json", cwd=workdir).stdout)
-    assert [t["confirmation"]["steps"] for t in data["front"] if t["confirmation"]] == [8]
+    assert [t["confirmation"]["steps"] for t in data["trials"] if t.get("confirmation")] == [8]
     html = (workdir / "studies" / "c" / "report.html").read_text()
     assert "confirmed: the long run completed" in html
     again = run_cli("confirm", "c", "--steps", "8", cwd=workdir)
@@ -93,7 +97,7 @@ def test_export_refuses_a_failed_confirmation_and_picks_a_confirmed_trial(confir
     others = [n for n in front if n != confirmed[0]]
     if others:  # the pick avoids the failed trial
         picked = run_cli("export", "c", "--format", "json", cwd=workdir)
-        assert picked.returncode == 0 and f"trial {others[0]}" in picked.stdout
+        assert picked.returncode == 0 and f"#{others[0]}" in picked.stdout, picked.stdout
         notes = json.loads(next((workdir / "studies" / "c" / "exports").glob("*.json")).read_text())["notes"]
         assert any("not confirmed at a long horizon" in n for n in notes)
 
