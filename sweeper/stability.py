@@ -622,6 +622,12 @@ class Headroom:
         :attr:`safety_factor` (equivalently, uncalibrated: the interval's low end under 1 or the headroom under 2)."""
         return self.value < self.safety_factor * (1 - 1e-9)
 
+    @property
+    def edge_phrase(self) -> str:
+        """How a line names a trial :attr:`near_edge`: ``above its predicted edge`` when ``value`` is below 1 (its own
+        rate is over ``predicted_max_lr``, predicted to fail), else ``near its edge``."""
+        return "above its predicted edge" if self.value < 1 else "near its edge"
+
 
 def headroom_of(learning_rate: float | None, stress: Any) -> Headroom | None:
     """The :class:`Headroom` of a trial trained at ``learning_rate`` whose stress phase measured ``stress`` (any

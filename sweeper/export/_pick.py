@@ -11,7 +11,7 @@ from typing import Literal
 
 from sweeper.errors import StudyError
 from sweeper.export._registry import EXPORT_FORMATS, export_format
-from sweeper.stability import SLOW_LEARNING_SHARE, format_headroom, format_margin
+from sweeper.stability import SLOW_LEARNING_SHARE, Headroom, format_headroom, format_margin
 from sweeper.study import (
     Objective,
     StoredTrial,
@@ -203,31 +203,48 @@ def choose(
     if not usable:
         _refuse_failed_confirmation(name, front[0], "--pick")
     safe_pool = [t for t in complete if t.confirmation is None or t.confirmation.passed]
-    chosen, notes = _apply(study, pick, passed or usable, safe_pool)
-    if passed and len(passed) < len(usable):
-        n = len(passed)
-        unrestricted, unrestricted_notes = _apply(study, pick, usable, safe_pool)
-        if unrestricted.number == chosen.number or _as_good(study, pick, chosen, unrestricted):
-            among = f"the {n} confirmed trial{'s' if n != 1 else ''} of {among}"
-            if unrestricted.number != chosen.number:
-                notes = [*notes, _unconfirmed_note(name, pick, chosen, unrestricted)]
-        else:  # the confirmed trial is worse beyond the noise on what the pick is for: not a substitute
-            notes = [
-                *unrestricted_notes,
-                f"unconfirmed (sweep confirm {name} --trials {unrestricted.number}); the confirmed "
-                f"#{chosen.number} is not within the noise of it on {_CRITERION[pick]}",
-            ]
-            chosen = unrestricted
+    chosen, notes, among = _prefer_confirmed(study, pick, passed, usable, safe_pool, among)
     headroom = chosen.headroom
     if pick != "safe" and headroom is not None and headroom.near_edge:
-        if headroom.value < 1:  # not near: past it, by the prediction
-            notes.append(
-                f"above its predicted edge (headroom {format_headroom(headroom, mark=False)}): predicted to fail at "
-                "its own learning rate"
-            )
-        else:
-            notes.append(f"near its edge (headroom {format_headroom(headroom, mark=False)})")
+        notes.append(_edge_note(headroom))
     return PickChoice(pick=pick, trial=chosen, among=among, notes=tuple(notes))
+
+
+def _prefer_confirmed(
+    study: StudySnapshot,
+    pick: Pick,
+    passed: list[StoredTrial],
+    usable: list[StoredTrial],
+    safe_pool: list[StoredTrial],
+    among: str,
+) -> tuple[StoredTrial, list[str], str]:
+    """Of :func:`choose`: the pick among the confirmed trials ``passed`` when there are any and the one it takes is
+    as good within the noise as the pick among every ``usable`` trial (:func:`_as_good`), said on its line with the
+    unconfirmed trial it would take otherwise; else the pick among every trial, its line naming the confirmed one
+    passed over. Returns ``(trial, notes, among)``."""
+    chosen, notes = _apply(study, pick, passed or usable, safe_pool)
+    if not passed or len(passed) == len(usable):
+        return chosen, notes, among
+    unrestricted, unrestricted_notes = _apply(study, pick, usable, safe_pool)
+    if unrestricted.number == chosen.number or _as_good(study, pick, chosen, unrestricted):
+        n = len(passed)
+        if unrestricted.number != chosen.number:
+            notes = [*notes, _unconfirmed_note(study.name, pick, chosen, unrestricted)]
+        return chosen, notes, f"the {n} confirmed trial{'s' if n != 1 else ''} of {among}"
+    # the confirmed trial is worse beyond the noise on what the pick is for: not a substitute
+    passed_over = (
+        f"unconfirmed (sweep confirm {study.name} --trials {unrestricted.number}); the confirmed #{chosen.number} is "
+        f"not within the noise of it on {_CRITERION[pick]}"
+    )
+    return unrestricted, [*unrestricted_notes, passed_over], among
+
+
+def _edge_note(headroom: Headroom) -> str:
+    """The note of a pick near its edge: above it (predicted to fail at its own rate) when the headroom is below 1."""
+    shown = format_headroom(headroom, mark=False)
+    if headroom.value < 1:
+        return f"{headroom.edge_phrase} (headroom {shown}): predicted to fail at its own learning rate"
+    return f"{headroom.edge_phrase} (headroom {shown})"
 
 
 def _progress(t: StoredTrial) -> float | None:

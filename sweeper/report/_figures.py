@@ -31,7 +31,7 @@ from sweeper.report._records import (
     Report,
     TrialRecord,
 )
-from sweeper.stability import format_headroom_range
+from sweeper.stability import format_headroom_range, format_margin
 from sweeper.study import StudyLike, snapshot
 
 #: The front figure's height of a point: its stability margin, or a pre-margin study's instability (None: unknown).
@@ -76,10 +76,8 @@ def _hover(point: TrialRecord) -> str:
         if not confirmed.passed:
             long += f" at step {confirmed.fail_step}"
     if point.headroom is not None:
-        room = f"headroom {point.headroom:.2g}x"
-        if point.headroom_low is not None and point.headroom_high is not None:
-            room += f" ({point.headroom_low:.2g}-{point.headroom_high:.2g}x)"
-        long += "<br>" + room + (", near its edge" if point.near_edge else "")
+        room = format_headroom_range(point.headroom, point.headroom_low, point.headroom_high, point.near_edge)
+        long += f"<br>headroom {room}"
     return f"trial {point.number}: {point.label}<br>peak {memory}, margin {stability}{long}<br>{params}<br>{reason}"
 
 
@@ -187,14 +185,7 @@ def _complete_traces(
                 y=[y for _, y in on_front],
                 mode="lines+markers+text",
                 name="Pareto front",
-                text=[
-                    f"#{p.number} {y:.2g}x"
-                    if margin and y < 100
-                    else f"#{p.number} {y:.0f}x"
-                    if margin
-                    else f"#{p.number}"
-                    for p, y in on_front
-                ],
+                text=[f"#{p.number} {format_margin(y)}" if margin else f"#{p.number}" for p, y in on_front],
                 textposition="top center",
                 line={"color": COLORS["front"]},
                 marker={"color": COLORS["front"], "size": 12},

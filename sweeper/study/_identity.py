@@ -69,10 +69,11 @@ def _identity(url: str, study_id: str | None = None) -> dict[str, Any]:
     }
 
 
-def _owner(study_name: str) -> dict[str, Any] | None:
-    """What ``studies/<study_name>/``'s :data:`OWNER_FILE` says, or None (no file, or not one sweeper wrote)."""
+def _owner(study_name: str, folder: Path | None = None) -> dict[str, Any] | None:
+    """What ``studies/<study_name>/``'s :data:`OWNER_FILE` says (or ``folder``'s), or None (no file, or not one
+    sweeper wrote)."""
     try:
-        owner = json.loads((study_dir(study_name) / OWNER_FILE).read_text())
+        owner = json.loads(((folder or study_dir(study_name)) / OWNER_FILE).read_text())
     except (OSError, ValueError):
         return None
     return owner if isinstance(owner, dict) else None
@@ -183,11 +184,8 @@ def _home_elsewhere(study_name: str, url: str, study_id: str | None) -> str | No
     if database is None:
         return None
     home = Path(os.path.realpath(database)).parent / study_name
-    try:
-        owner = json.loads((home / OWNER_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(owner, dict) or not _same_study(owner, url, study_id):
+    owner = _owner(study_name, home)
+    if owner is None or not _same_study(owner, url, study_id):
         return None
     if os.path.realpath(study_dir(study_name)) == str(home):
         return None

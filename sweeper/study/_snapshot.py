@@ -175,8 +175,7 @@ class StudySnapshot:
         if not safe:
             best = max(trials, key=lambda t: (_headroom_value(t), -peak(t)))
             shown = format_headroom(best.headroom, mark=False)
-            above = best.headroom is not None and best.headroom.value < 1
-            where = "above its predicted edge" if above else "near its edge"
+            where = best.headroom.edge_phrase if best.headroom is not None else "near its edge"
             return best, f"no trial is safely below its edge: took the most headroom ({shown}), {where}"
         fastest = max(progress(t) for t in safe)
         learners = [t for t in safe if progress(t) >= SLOW_LEARNING_SHARE * fastest]
