@@ -25,7 +25,7 @@ from sweeper.errors import StudyError
 from sweeper.space import TrialConfig
 from sweeper.study._artifacts import artifact_store, loss_curve_svg
 from sweeper.study._identity import trial_dir
-from sweeper.study._snapshot import StudyLike, snapshot
+from sweeper.study._snapshot import StudyLike, StudySnapshot, snapshot
 from sweeper.study._stored import (
     ATTEMPT_PREFIX,
     ATTR_PREFIX,
@@ -199,29 +199,7 @@ def confirm_trials(
         KeyboardInterrupt: After killing the running trial process; nothing is recorded for it.
     """
     snap = snapshot(study)
-    trials = snap.by_number
-    chosen = []
-    for number in numbers:
-        t = trials.get(number)
-        if t is None:
-            raise StudyError(
-                f"{study.study_name}: --trials: no trial {number} in this study; see 'sweep report {study.study_name}'"
-            )
-        if t.repeat_of is not None:
-            t = trials[t.repeat_of]
-        if t.status != TrialStatus.COMPLETE or t.config is None:
-            raise StudyError(
-                f"{study.study_name}: --trials: trial {number} did not complete ({t.status_name}); "
-                "confirm a complete trial, e.g. --pick knee or --front"
-            )
-        n = horizon(t, steps)
-        if n <= t.config.max_steps:
-            raise StudyError(
-                f"{study.study_name}: --steps: a {n}-step confirmation is not longer than trial {t.number}'s "
-                f"{t.config.max_steps} steps, so it would confirm nothing; give --steps above {t.config.max_steps}, "
-                f"e.g. --steps {DEFAULT_HORIZON_FACTOR * t.config.max_steps}"
-            )
-        chosen.append(t)
+    chosen = _confirmable(snap, study.study_name, numbers, steps)
     done = snap.confirmations
     out = {}
     for t in {t.number: t for t in chosen}.values():  # each once, in the order given
@@ -243,3 +221,35 @@ def confirm_trials(
         if on_result is not None:
             on_result(t, out[t.number])
     return out
+
+
+def _confirmable(snap: StudySnapshot, name: str, numbers: Sequence[int], steps: int | None) -> list[StoredTrial]:
+    """Of :func:`confirm_trials`: the trials of ``numbers`` (a repeat as the trial it repeats), each checked before
+    anything runs.
+
+    Raises:
+        StudyError: A number is not a trial of the study, did not complete, or its horizon is not longer than its
+            ``max_steps``.
+    """
+    trials = snap.by_number
+    chosen = []
+    for number in numbers:
+        t = trials.get(number)
+        if t is None:
+            raise StudyError(f"{name}: --trials: no trial {number} in this study; see 'sweep report {name}'")
+        if t.repeat_of is not None:
+            t = trials[t.repeat_of]
+        if t.status != TrialStatus.COMPLETE or t.config is None:
+            raise StudyError(
+                f"{name}: --trials: trial {number} did not complete ({t.status_name}); "
+                "confirm a complete trial, e.g. --pick knee or --front"
+            )
+        n = horizon(t, steps)
+        if n <= t.config.max_steps:
+            raise StudyError(
+                f"{name}: --steps: a {n}-step confirmation is not longer than trial {t.number}'s "
+                f"{t.config.max_steps} steps, so it would confirm nothing; give --steps above {t.config.max_steps}, "
+                f"e.g. --steps {DEFAULT_HORIZON_FACTOR * t.config.max_steps}"
+            )
+        chosen.append(t)
+    return chosen

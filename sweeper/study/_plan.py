@@ -125,8 +125,9 @@ def plan_sweep(
             under a cap no larger than this one. False lets each trial be pruned by the preflight instead (for tests
             and benchmarks of the preflight).
         new_setup: ``sweep run --new-setup``: measure settings other than the study's as a new setup of it.
-        on_measure: Told one line before nothing-fits advice on the CPU measures the smallest configuration (one
-            uncapped step, about as long as a trial's loading), so that a wait is never silent.
+        on_measure: Told one line before the CPU measures the smallest configuration (one uncapped step, about as
+            long as a trial's loading: a cap near the model's prediction, or nothing-fits advice), and one with what
+            it measured, so that a wait is never silent.
 
     Raises:
         SpaceError: A setup problem (one line each), an in-memory storage, or nothing fits.
@@ -144,25 +145,11 @@ def plan_sweep(
     try:
         study = open_study(space, url, name, target)  # a storage problem is one line before any output
         created = not study.trials and set(study.user_attrs) <= {STUDY_ID_ATTR}
-        known = len(stored_setups(study))
-        finished = count_finished(study)
-        unapplied: list[str] = []
-        if finished >= target and known > 0:  # nothing to run: what report and export compare stays as it is
-            setup, unapplied = unapplied_settings(study, space)
-        else:
-            setup = choose_setup(study, space, url, new_setup=new_setup)
+        known, finished = len(stored_setups(study)), count_finished(study)
+        setup, unapplied = _setup_of(study, space, url, finished >= target and known > 0, new_setup)
         check_disk(study_dir(name))  # before any trial starts, and again before each
-        predict = memory_predictor(
-            model_path, space.model.name_or_path, space.model.attn_implementation, trial_device()
-        )
-        nothing_to_run = finished >= target
-        unfit = (
-            _nothing_fits(space, predict, study, model_path, on_measure)
-            if refuse_if_nothing_fits and not nothing_to_run
-            else None
-        )
-        if unfit:
-            raise SpaceError(unfit)
+        check = refuse_if_nothing_fits and finished < target  # a run with nothing to run measures nothing
+        predict = _checked_predictor(space, model_path, study, check, on_measure)
     except SweeperError:
         _forget_created(study if study is not None and created else None, url, name, had)
         raise
@@ -182,6 +169,37 @@ def plan_sweep(
         new_setup=setup is not None and setup >= known > 0,
         unapplied=tuple(unapplied),
     )
+
+
+def _checked_predictor(
+    space: SearchSpace,
+    model_path: str,
+    study: optuna.Study,
+    check: bool,
+    on_measure: Callable[[str], None] | None,
+) -> Callable[[TrialConfig], float | None]:
+    """Of :func:`plan_sweep`: the memory model's prediction of a trial's peak on this machine's trial device, after
+    refusing, when ``check``, a space of which nothing is predicted to fit (:func:`_nothing_fits`).
+
+    Raises:
+        SpaceError: Nothing fits (one line, with the advice).
+    """
+    predict = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation, trial_device())
+    unfit = _nothing_fits(space, predict, study, model_path, on_measure) if check else None
+    if unfit:
+        raise SpaceError(unfit)
+    return predict
+
+
+def _setup_of(
+    study: optuna.Study, space: SearchSpace, url: str, nothing_to_run: bool, new_setup: bool
+) -> tuple[int | None, list[str]]:
+    """Of :func:`plan_sweep`: the study's setup this run measures under (:func:`choose_setup`), and, when there is
+    nothing to run, the current one unchanged with the settings of ``space`` it leaves unapplied
+    (:func:`unapplied_settings`): what report and export compare stays as it is."""
+    if nothing_to_run:
+        return unapplied_settings(study, space)
+    return choose_setup(study, space, url, new_setup=new_setup), []
 
 
 def _check_before_opening(space: SearchSpace, model_path: str, url: str, name: str, workers: int) -> None:
