@@ -517,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int)
     parser.add_argument("--long", type=int, default=200, help="long-run steps (default 200)")
     parser.add_argument("--resolution", type=float, default=1.5, help="edge bracket factor (default 1.5)")
+    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="seeds, comma-separated (default 0,1,2)")
     parser.add_argument("--report", action="store_true", help="rewrite the tables from the file; run nothing")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -530,8 +531,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in wanted if n not in {c.name for c in BLOCK}]
     if unknown:
         parser.error(f"--only: no configuration {unknown[0]!r}; choose among: {'; '.join(c.name for c in BLOCK)}")
-    cases = [c for c in BLOCK if not wanted or c.name in wanted]
-    pairs = [(c, s) for s in SEEDS for c in cases]
+    by_name = {c.name: c for c in BLOCK}
+    cases = [by_name[n] for n in wanted] if wanted else list(BLOCK)  # in the order given
+    seeds = [int(s) for s in args.seeds.split(",")]
+    pairs = [(c, s) for s in seeds for c in cases]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         if args.phase in ("short", "all"):
             list(pool.map(lambda p: block.run(short_key(*p), p[0].config(30, p[1]), stress=True), pairs))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from sweeper._lazy import lazy_names
 
 if TYPE_CHECKING:
-    from sweeper.trial._devices import cuda_visible, visible_gpus
+    from sweeper.trial._devices import cpu_has_bfloat16, cuda_visible, visible_gpus
     from sweeper.trial._job import ProbeSettings, StressSettings, TrialProgress
     from sweeper.trial._launch import TrialProcess, run_trial
     from sweeper.trial._result import (
@@ -51,6 +51,7 @@ _HOMES = {
     "TrialProgress": "sweeper.trial._job",
     "TrialResult": "sweeper.trial._result",
     "TrialStatus": "sweeper.trial._result",
+    "cpu_has_bfloat16": "sweeper.trial._devices",
     "cuda_visible": "sweeper.trial._devices",
     "run_trial": "sweeper.trial._launch",
     "visible_gpus": "sweeper.trial._devices",
@@ -72,6 +73,7 @@ __all__ = [
     "TrialProgress",
     "TrialResult",
     "TrialStatus",
+    "cpu_has_bfloat16",
     "cuda_visible",
     "run_trial",
     "visible_gpus",
