@@ -22,6 +22,7 @@ against random's (Mann & Whitney 1947, ``scipy.stats.mannwhitneyu``).
 
     python benchmarks/sampler_replay.py                      # every sampler, 20 seeds (scipy: in .[test])
     python benchmarks/sampler_replay.py --samplers random,tpe --seeds 5
+    python benchmarks/sampler_replay.py --where bnb_4bit_compute_dtype=float32   # on the float32 half of the grid
 
 Writes ``benchmarks/results/sampler_replay.{json,md,html,png}``.
 """
@@ -46,7 +47,8 @@ from optuna.trial import TrialState
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from sampler_table import ROOT, key_of, table_space
+import yaml
+from sampler_table import ROOT, grid, key_of, table_space
 
 from sweeper.memory import CalibrationPoint, Known, fit_calibration, group_of, preflight
 from sweeper.space import SearchSpace
@@ -107,10 +109,15 @@ def reference_point(values: Sequence[Sequence[float]]) -> list[float]:
 class Table:
     """The measured table: per configuration key, its result, predicted peak and the objectives' values."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, fixed: dict[str, Any] | None = None):
         data = json.loads(path.read_text())
-        self.space: SearchSpace = table_space()
-        self.rows: dict[str, dict[str, Any]] = data["rows"]
+        fixed = fixed or {}
+        self.space: SearchSpace = table_space(fixed)
+        self.rows: dict[str, dict[str, Any]] = {
+            key_of({k: v for k, v in row["params"].items() if k not in fixed}): row
+            for row in data["rows"].values()
+            if all(row["params"][k] == v for k, v in fixed.items())
+        }
         self.results = {k: TrialResult.from_dict(r) for k, r in self.rows.items()}
         self.values = {
             k: minimized(objective_values(DEFAULT_OBJECTIVES, r))
@@ -121,7 +128,7 @@ class Table:
             raise SystemExit(f"{path}: no complete trial; run benchmarks/sampler_table.py first")
         self.reference = reference_point(list(self.values.values()))
         self.true_hypervolume = hypervolume(list(self.values.values()), self.reference)
-        self.missing = data.get("configurations", 0) - len(self.rows)
+        self.missing = len(grid(self.space)) - len(self.rows)
 
 
 def front_seeds(table: Table) -> list[dict[str, Any]]:
@@ -252,8 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samplers", default=",".join(SAMPLERS))
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--trials", type=int, default=max(BUDGETS))
+    parser.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        help="KEY=VALUE: replay on the part of the grid with that setting fixed (a partial table)",
+    )
     args = parser.parse_args(argv)
-    table = Table(Path(args.table))
+    fixed = {k: yaml.safe_load(v) for k, _, v in (w.partition("=") for w in args.where)}
+    table = Table(Path(args.table), fixed)
     names = [s.strip() for s in args.samplers.split(",")]
     unknown = [s for s in names if s not in SAMPLERS]
     if unknown:

@@ -61,10 +61,13 @@ GRID: dict[str, list[Any]] = {
 TRIAL_SETTINGS = ("max_steps=30", "trial_timeout=30m", "study.confirm_steps=120")
 
 
-def table_space() -> SearchSpace:
-    """The demo's space with its ``search:`` replaced by :data:`GRID` and :data:`TRIAL_SETTINGS` set."""
+def table_space(fixed: dict[str, Any] | None = None) -> SearchSpace:
+    """The demo's space with its ``search:`` replaced by :data:`GRID` and :data:`TRIAL_SETTINGS` set; ``fixed``
+    settings (a part of the grid) are fixed instead of searched."""
+    fixed = fixed or {}
     raw = yaml.safe_load(DEMO.read_text())
-    raw["search"] = GRID
+    raw["search"] = {k: v for k, v in GRID.items() if k not in fixed}
+    raw["training"] = {**raw["training"], **fixed}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(raw, f)
     try:

@@ -454,6 +454,20 @@ def summarize(runs: dict[str, dict[str, Any]], long: int) -> dict[str, Any]:
             if found and short and short["status"] == "complete":
                 edges.append((c, short, math.sqrt(found[0] * found[1]), found))
     out["edges"] = [{"case": c.name, "held": f[0], "failed": f[1]} for c, _, _, f in edges]
+    # predicted_max_lr against the measured edge: the bracket (held, failed) x the rate against its 95% interval
+    checked = [(c, s, f) for c, s, _, f in edges if s.get("predicted_max_lr_low") and s.get("predicted_max_lr_high")]
+    if checked:
+        ratios = [s["predicted_max_lr"] / (math.sqrt(f[0] * f[1]) * c.learning_rate) for c, s, f in checked]
+        out["predicted_max_lr_vs_edge"] = {
+            "edges": len(checked),
+            "bracket_overlaps_interval": sum(
+                f[0] * c.learning_rate <= s["predicted_max_lr_high"]
+                and f[1] * c.learning_rate >= s["predicted_max_lr_low"]
+                for c, s, f in checked
+            ),
+            "predicted_over_edge_median": round(statistics.median(ratios), 3),
+            "predicted_over_edge_range": [round(min(ratios), 3), round(max(ratios), 3)],
+        }
     if len(edges) >= 3:
         table = {}
         for name in candidates(edges[0][0], edges[0][1]):
