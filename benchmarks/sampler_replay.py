@@ -42,7 +42,6 @@ from typing import Any
 
 import numpy as np
 import optuna
-from optuna._hypervolume import compute_hypervolume
 from optuna.trial import TrialState
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -53,6 +52,7 @@ from sampler_table import ROOT, grid, key_of, table_space
 from sweeper.memory import CalibrationPoint, Known, fit_calibration, group_of, preflight
 from sweeper.space import SearchSpace
 from sweeper.study._objectives import DEFAULT_OBJECTIVES, objective_values  # the product's, as sweep run tells them
+from sweeper.study._optuna_private import hypervolume  # Optuna's WFG, as sweep run's front line uses it
 from sweeper.study._sampling import make_sampler, to_distributions
 from sweeper.trial import TrialResult
 
@@ -89,14 +89,6 @@ class Replay:
 def minimized(values: Sequence[float]) -> list[float]:
     """The objectives' values signed so that lower is better."""
     return [o.better(v) for o, v in zip(DEFAULT_OBJECTIVES, values)]
-
-
-def hypervolume(points: Sequence[Sequence[float]], reference: Sequence[float]) -> float:
-    """Hypervolume of minimized ``points`` against ``reference`` (Optuna's WFG); points beyond it add nothing."""
-    inside = [p for p in points if all(x < r for x, r in zip(p, reference))]
-    if not inside:
-        return 0.0
-    return float(compute_hypervolume(np.asarray(inside, dtype=float), np.asarray(reference, dtype=float)))
 
 
 def reference_point(values: Sequence[Sequence[float]]) -> list[float]:

@@ -62,6 +62,9 @@ def resume_lines(plan: SweepPlan) -> list[str]:
     already, limit_gib = plan.finished_before, plan.space.base.memory_limit_gib
     if 0 < already < plan.n_trials:
         lines.append(f"resume  the study holds {already} finished trials; {plan.n_trials - already} to go")
+        progress = front_progress_line(read)
+        if progress:
+            lines.append(progress)
         other_caps = _other_caps(read, limit_gib)
         if other_caps:
             lines.append(
@@ -94,6 +97,22 @@ def resume_lines(plan: SweepPlan) -> list[str]:
                 "report and export still compare the trials as measured; raise --n-trials to measure them"
             )
     return lines
+
+
+def front_progress_line(study: StudySnapshot) -> str | None:
+    """``front   the last 10 of 40 complete trials (#31 on) moved the front's hypervolume by 4%``: whether more trials
+    of this space still find more (:attr:`sweeper.study.StudySnapshot.front_progress`); None with fewer than 6
+    complete trials."""
+    progress = study.front_progress
+    if progress is None:
+        return None
+    line = (
+        f"front   the last {progress.last} of {progress.complete} complete trials (#{progress.first_number} on) "
+        f"moved the front's hypervolume by {progress.moved:.0%}"
+    )
+    if progress.moved < 0.005:
+        line += ": they found nothing beyond the front of the trials before them"
+    return line
 
 
 def _other_caps(study: StudySnapshot, limit_gib: float) -> str | None:
@@ -220,6 +239,9 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
     lines.append("")
     causes = study.nan_causes
     lines.append("trials: " + format_counts(study.status_counts, causes))
+    progress = front_progress_line(study)
+    if progress:
+        lines.append(progress)
     memory = memory_line(study)
     if memory:
         lines.append(memory)

@@ -28,6 +28,7 @@ RELIED_ON = (
     "optuna.storages:RDBStorage.get_heartbeat_interval",
     "optuna.storages:RDBStorage.record_heartbeat",
     "optuna_dashboard._note:get_note_from_system_attrs",
+    "optuna._hypervolume:compute_hypervolume",
 )
 
 
@@ -102,3 +103,22 @@ def dashboard_note(system_attrs: dict[str, Any], trial_storage_id: int) -> str:
     from optuna_dashboard._note import get_note_from_system_attrs
 
     return str(get_note_from_system_attrs(system_attrs, trial_storage_id)["body"])
+
+
+def hypervolume(points: Sequence[Sequence[float]], reference: Sequence[float]) -> float:
+    """The hypervolume dominated by ``points`` (each objective minimized) and bounded by ``reference``: Optuna's
+    ``optuna._hypervolume.compute_hypervolume`` (WFG; While et al. 2012), which its own hypervolume-history plot and
+    NSGA-III use; Optuna exposes no public function for it. Points not better than ``reference`` on every objective
+    add nothing (0.0 when none is).
+
+    Args:
+        points: One row per trial, one column per objective, in the objectives' units.
+        reference: One value per objective, worse than every point that should count.
+    """
+    import numpy as np
+    from optuna._hypervolume import compute_hypervolume
+
+    inside = [list(p) for p in points if all(x < r for x, r in zip(p, reference))]
+    if not inside:
+        return 0.0
+    return float(compute_hypervolume(np.asarray(inside, dtype=float), np.asarray(reference, dtype=float)))

@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from sweeper.stability import SLOW_LEARNING_SHARE, LrCalibration, barely_learns, format_headroom, lr_calibration_of
 from sweeper.study._identity import STUDY_ID_ATTR
 from sweeper.study._objectives import MEMORY_NOISE_SHARE, Objective, study_objectives
+from sweeper.study._optuna_private import hypervolume
 from sweeper.study._setups import CURRENT_SETUP_ATTR, differences, stored_setups, trial_setup
 from sweeper.study._stored import (
     Confirmation,
@@ -52,6 +53,48 @@ LR_CALIBRATION_ATTR = "lr_calibration"
 
 def _int_or_none(raw: Any) -> int | None:
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+
+
+@dataclass(frozen=True)
+class FrontProgress:
+    """How far a study's last trials moved its front: the hypervolume (:func:`sweeper.study._optuna_private.
+    hypervolume`) of the complete trials' front before them and after them, against one reference point: each
+    objective's worst value among the trials plus a tenth of its range, so that every trial counts, the worst too.
+
+    Attributes:
+        complete: Complete trials counted (repeats once).
+        last: How many of them, the latest by number, the move is over.
+        first_number: The number of the first of those ``last`` trials.
+        moved: ``(after - before) / after``, in [0, 1]: 0 when the last trials found nothing beyond the front.
+    """
+
+    complete: int
+    last: int
+    first_number: int
+    moved: float
+
+
+def front_progress(
+    trials: Sequence[tuple[int, Sequence[float]]], objectives: Sequence[Objective]
+) -> FrontProgress | None:
+    """:class:`FrontProgress` over the latest quarter of ``trials`` (3 to 10 of them), or None with fewer than 6.
+
+    Args:
+        trials: ``(number, values)`` of each complete trial, values in ``objectives``' order and units.
+        objectives: The study's objectives (their directions sign the values).
+    """
+    ordered = sorted(trials, key=lambda t: t[0])
+    if len(ordered) < 6:
+        return None
+    last = max(3, min(10, len(ordered) // 4))
+    signed = [[o.better(v) for o, v in zip(objectives, values)] for _, values in ordered]
+    worst = [max(col) for col in zip(*signed)]
+    best = [min(col) for col in zip(*signed)]
+    reference = [w + 0.1 * max(w - b, 1e-12) for w, b in zip(worst, best)]
+    after = hypervolume(signed, reference)
+    before = hypervolume(signed[:-last], reference)
+    moved = (after - before) / after if after > 0 else 0.0
+    return FrontProgress(complete=len(ordered), last=last, first_number=ordered[-last][0], moved=moved)
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,6 +171,15 @@ class StudySnapshot:
         if self.current_setup is None:
             return list(trials)
         return [t for t in trials if self.setup_of(t) == self.current_setup]
+
+    @functools.cached_property
+    def front_progress(self) -> FrontProgress | None:
+        """How far the latest complete trials of the current setup moved its front (:func:`front_progress`;
+        repeats counted once); None with fewer than 6 complete trials."""
+        complete = [
+            t for t in self.current(self.trials_in((TrialState.COMPLETE,))) if not t.is_repeat and t.values is not None
+        ]
+        return front_progress([(t.number, t.values) for t in complete if t.values is not None], self.objectives)
 
     @functools.cached_property
     def front(self) -> list[StoredTrial]:

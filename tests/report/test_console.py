@@ -5,6 +5,7 @@ counts and the data audit's lines. Pure formatting: nothing runs."""
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
@@ -598,3 +599,53 @@ def test_sweep_report_lines(tmp_path):
     for n in (2,):
         study.set_user_attr(f"confirmation:{n}", Confirmation(steps=30, status="nan", fail_step=3).to_dict())
     assert report_lines(study, "rep")[4].startswith("picks   none: trial 0 failed its confirmation")
+
+
+def test_front_progress_is_the_hypervolume_the_latest_trials_added():
+    from sweeper.study._objectives import DEFAULT_OBJECTIVES
+    from sweeper.study._snapshot import front_progress
+
+    # (number, (peak GiB, edge proximity)); both minimized
+    early = [(0, (1.0, 0.5)), (1, (2.0, 0.1)), (2, (1.5, 0.3))]
+    assert front_progress(early, DEFAULT_OBJECTIVES) is None  # under 6: no figure
+    nothing_new = early + [(3, (2.0, 0.5)), (4, (1.6, 0.4)), (5, (2.0, 0.2))]  # each dominated by an earlier one
+    progress = front_progress(nothing_new, DEFAULT_OBJECTIVES)
+    assert (progress.complete, progress.last, progress.first_number, progress.moved) == (6, 3, 3, 0.0)
+    # the last trial dominates the whole front: reference (2.1, 0.54); before it the front covers
+    # 0.5 x 0.04 + 0.5 x 0.24 + 0.1 x 0.44 = 0.184 of the box, after it 1.1 x 0.44 = 0.484
+    better = nothing_new[:5] + [(5, (1.0, 0.1))]
+    moved = front_progress(better, DEFAULT_OBJECTIVES).moved
+    assert moved == pytest.approx((0.484 - 0.184) / 0.484)
+
+
+def test_a_resumed_study_says_how_far_its_last_trials_moved_the_front(tmp_path):
+    import types
+    import warnings
+
+    from sweeper.report import resume_lines
+    from sweeper.report._sweep_console import front_progress_line
+    from sweeper.space import parse_space
+    from sweeper.study import snapshot
+    from sweeper.study._objectives import DEFAULT_OBJECTIVES
+
+    space = parse_space({"study": {"name": "night"}, "search": {"r": [4, 8]}}, "space.yaml")
+    url = f"sqlite:///{tmp_path}/night.db"
+    study = optuna.create_study(study_name="night", storage=url, directions=["minimize", "minimize"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study.set_metric_names([o.name for o in DEFAULT_OBJECTIVES])
+    for values in [(1.0, 0.5), (2.0, 0.1), (1.5, 0.3), (2.0, 0.5), (1.6, 0.4)]:
+        study.add_trial(create_trial(state=TrialState.COMPLETE, values=list(values)))
+    assert front_progress_line(snapshot(study)) is None  # 5 complete trials: too few to say
+    study.add_trial(create_trial(state=TrialState.PRUNED))  # a pruned trial counts for nothing
+    study.add_trial(create_trial(state=TrialState.COMPLETE, values=[2.0, 0.2]))
+    line = front_progress_line(snapshot(study))
+    assert line == (
+        "front   the last 3 of 6 complete trials (#3 on) moved the front's hypervolume by 0%: they found nothing "
+        "beyond the front of the trials before them"
+    )
+    plan = types.SimpleNamespace(study=study, finished_before=7, n_trials=20, space=space, new_setup=False)
+    assert line in resume_lines(plan)
+    study.add_trial(create_trial(state=TrialState.COMPLETE, values=[1.0, 0.1]))
+    # 7 complete: the last 3 (#4, #6, #7) hold one that dominates the front (0.184 -> 0.484 of the box)
+    assert front_progress_line(snapshot(study)).endswith("(#4 on) moved the front's hypervolume by 62%")
