@@ -31,7 +31,7 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25  # the 25 slowest tests, for keeping CI inside its budget
 
 clean-studies:
 	find studies -mindepth 1 ! -name README.md -delete
