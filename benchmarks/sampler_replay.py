@@ -54,6 +54,7 @@ from sweeper.space import SearchSpace
 from sweeper.study._objectives import DEFAULT_OBJECTIVES, objective_values  # the product's, as sweep run tells them
 from sweeper.study._optuna_private import hypervolume  # Optuna's WFG, as sweep run's front line uses it
 from sweeper.study._sampling import make_sampler, to_distributions
+from sweeper.study._snapshot import reference_point  # the same reference as sweep run's front line
 from sweeper.trial import TrialResult
 
 BUDGETS = (10, 20, 40, 80)
@@ -89,13 +90,6 @@ class Replay:
 def minimized(values: Sequence[float]) -> list[float]:
     """The objectives' values signed so that lower is better."""
     return [o.better(v) for o, v in zip(DEFAULT_OBJECTIVES, values)]
-
-
-def reference_point(values: Sequence[Sequence[float]]) -> list[float]:
-    """Each objective's worst value among ``values`` (minimized) plus a tenth of its range."""
-    worst = [max(col) for col in zip(*values)]
-    best = [min(col) for col in zip(*values)]
-    return [w + 0.1 * max(w - b, 1e-9) for w, b in zip(worst, best)]
 
 
 class Table:

@@ -74,6 +74,14 @@ class FrontProgress:
     moved: float
 
 
+def reference_point(signed: Sequence[Sequence[float]]) -> list[float]:
+    """The hypervolume's reference point for minimized ``signed`` values (one row per trial): each objective's worst
+    value plus a tenth of its range, so that every trial counts, the worst too."""
+    worst = [max(col) for col in zip(*signed)]
+    best = [min(col) for col in zip(*signed)]
+    return [w + 0.1 * max(w - b, 1e-12) for w, b in zip(worst, best)]
+
+
 def front_progress(
     trials: Sequence[tuple[int, Sequence[float]]], objectives: Sequence[Objective]
 ) -> FrontProgress | None:
@@ -88,9 +96,7 @@ def front_progress(
         return None
     last = max(3, min(10, len(ordered) // 4))
     signed = [[o.better(v) for o, v in zip(objectives, values)] for _, values in ordered]
-    worst = [max(col) for col in zip(*signed)]
-    best = [min(col) for col in zip(*signed)]
-    reference = [w + 0.1 * max(w - b, 1e-12) for w, b in zip(worst, best)]
+    reference = reference_point(signed)
     after = hypervolume(signed, reference)
     before = hypervolume(signed[:-last], reference)
     moved = (after - before) / after if after > 0 else 0.0
@@ -176,19 +182,20 @@ class StudySnapshot:
     def front_progress(self) -> FrontProgress | None:
         """How far the latest complete trials of the current setup moved its front (:func:`front_progress`;
         repeats counted once); None with fewer than 6 complete trials."""
-        complete = [
+        return front_progress([(t.number, t.values or ()) for t in self._complete], self.objectives)
+
+    @functools.cached_property
+    def _complete(self) -> list[StoredTrial]:
+        """The COMPLETE trials of the current setup with values, a repeat once (as the original)."""
+        return [
             t for t in self.current(self.trials_in((TrialState.COMPLETE,))) if not t.is_repeat and t.values is not None
         ]
-        return front_progress([(t.number, t.values) for t in complete if t.values is not None], self.objectives)
 
     @functools.cached_property
     def front(self) -> list[StoredTrial]:
         """The COMPLETE trials of the current setup that no other of them dominates on :attr:`objectives`
         (:func:`sweeper.study.non_dominated`), by peak memory; a repeat is listed once, as the original."""
-        complete = [
-            t for t in self.current(self.trials_in((TrialState.COMPLETE,))) if not t.is_repeat and t.values is not None
-        ]
-        return non_dominated(complete, self.objectives)
+        return non_dominated(self._complete, self.objectives)
 
     @functools.cached_property
     def best_learning_progress(self) -> float:
