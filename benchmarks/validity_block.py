@@ -198,12 +198,17 @@ def edge_key(case: BlockCase, seed: int, multiple: float, long: int) -> str:
 
 def bisect_edge(block: Block, case: BlockCase, seed: int) -> None:
     """The smallest multiple of the case's rate at which a ``block.long``-step run fails, per seed, to a factor of
-    ``block.resolution``: from the own-rate run, double (or halve) until the outcome flips, then bisect in log space
-    between the largest multiple that held and the smallest that failed."""
+    ``block.resolution``: from the own-rate run, one step of sqrt(2) up (or down), then doubling (or halving) until
+    the outcome flips, then bisection in log space between the largest multiple that held and the smallest that
+    failed. Every multiple is a power of sqrt(2), so seeds share their runs' multiples; an edge within a factor of
+    sqrt(2) of the own rate, the block's usual case, costs one run after the own-rate one where doubling first cost
+    two."""
     own = block.run(own_key(case, seed, block.long), case.config(block.long, seed), stress=False)
     held, failed = (1.0, None) if own["status"] not in FAILED else (None, 1.0)
+    step = math.sqrt(2.0)
     while held is None or failed is None:
-        multiple = failed / 2 if held is None else held * 2  # type: ignore[operator]
+        multiple = failed / step if held is None else held * step  # type: ignore[operator]
+        step = 2.0
         if multiple < 1 / 64 or multiple > 64:
             return
         run = block.run(edge_key(case, seed, multiple, block.long), case.config(block.long, seed, multiple), False)
