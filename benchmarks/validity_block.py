@@ -482,7 +482,41 @@ def summarize(runs: dict[str, dict[str, Any]], long: int) -> dict[str, Any]:
                                   len(xs))  # fmt: skip
             table[name] = {"spearman": spearman(xs, ys), "low": low, "high": high}
         out["spearman_with_edge_lr"] = table
+        out.update(edge_multiples(edges))
     return out
+
+
+def edge_multiples(edges: list[tuple[BlockCase, dict[str, Any], float, tuple[float, float]]]) -> dict[str, Any]:
+    """Each figure against the edge as a multiple of the configuration's own rate (where ``1/(learning_rate x
+    lora_alpha)`` ties every configuration of the block): Spearman per run (one seed's figure against that seed's
+    edge, what one trial shows a user) and per configuration (the figure's mean over its seeds against the mean log
+    of its edges' geometric middles), each with a bootstrap 95% interval (over runs, over configurations); and which
+    configurations' seeds disagree on the bracket. Only runs whose short trial completed count (``edges``)."""
+    per_run, per_config = {}, {}
+    by_case: dict[str, list[tuple[BlockCase, dict[str, Any], float]]] = {}
+    brackets: dict[str, set[tuple[float, float]]] = {}
+    for c, s, e, f in edges:
+        by_case.setdefault(c.name, []).append((c, s, e))
+        brackets.setdefault(c.name, set()).add(f)
+    names = sorted(by_case)
+    for name in candidates(edges[0][0], edges[0][1]):
+        xs = [-candidates(c, s)[name] for c, s, _, _ in edges]
+        ys = [math.log(e) for _, _, e, _ in edges]
+        cx = [statistics.fmean(-candidates(c, s)[name] for c, s, _ in by_case[n]) for n in names]
+        cy = [statistics.fmean(math.log(e) for _, _, e in by_case[n]) for n in names]
+        for table, a, b in ((per_run, xs, ys), (per_config, cx, cy)):
+            if any(math.isnan(x) for x in a):
+                continue
+            low, high = bootstrap(lambda idx, a=a, b=b: spearman([a[i] for i in idx], [b[i] for i in idx]), len(a))
+            table[name] = {"spearman": round(spearman(a, b), 3), "low": round(low, 3), "high": round(high, 3)}
+    return {
+        "spearman_with_edge_multiple_per_run": {"runs": len(edges), "by_figure": per_run},
+        "spearman_with_edge_multiple_per_configuration": {"configurations": len(names), "by_figure": per_config},
+        "edge_seeds_disagree": {
+            "configurations": len(names),
+            "disagree": sorted(n for n in names if len(brackets[n]) > 1),
+        },
+    }
 
 
 def _outcome(run: dict[str, Any] | None) -> str:

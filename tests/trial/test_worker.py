@@ -81,9 +81,17 @@ def test_oom_inside_transformers_weight_conversion_is_an_oom(tmp_path):
     path = resolve_model(ModelSpec())
     outcomes = []
     for cap_gib in (0.8, 0.85, 0.9, 0.95, 1.0):
-        config = _config(Path(path), memory_limit_gib=cap_gib, bnb_4bit_compute_dtype="bfloat16")
-        # No stress phase: what is tested is the load; a trial that loads would otherwise go on to 11 bfloat16
-        # stress steps, minutes on a CPU without AVX512-BF16.
+        # One step of one 32-token row and no stress phase: what is tested is the load; a trial that loads would
+        # otherwise go on to 3 steps of 2 x 64 tokens and 11 bfloat16 stress steps, minutes on a CPU without
+        # AVX512-BF16. What the load allocates does not depend on the training's shape.
+        config = _config(
+            Path(path),
+            memory_limit_gib=cap_gib,
+            bnb_4bit_compute_dtype="bfloat16",
+            max_steps=1,
+            per_device_train_batch_size=1,
+            max_seq_length=32,
+        )
         result = run_trial(config, tmp_path / str(cap_gib), model_path=path, stress=False)
         outcomes.append((cap_gib, result.status, result.fail_phase, result.reason))
     assert not any(status == "error" for _, status, _, _ in outcomes), outcomes
