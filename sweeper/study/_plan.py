@@ -125,7 +125,7 @@ def plan_sweep(
             under a cap no larger than this one. False lets each trial be pruned by the preflight instead (for tests
             and benchmarks of the preflight).
         new_setup: ``sweep run --new-setup``: measure settings other than the study's as a new setup of it.
-        on_measure: Told one line before the CPU measures the smallest configuration (one uncapped step, about as
+        on_measure: Told one line before the CPU measures the smallest configuration (two uncapped steps, about as
             long as a trial's loading: a cap near the model's prediction, or nothing-fits advice), and one with what
             it measured, so that a wait is never silent.
 
@@ -265,7 +265,7 @@ def _nothing_fits(
     a resume with a smaller ``memory_limit_gib``, says nothing about this one).
 
     On the CPU, while the study has no correction and no trial that fit, a cap within :data:`CPU_MODEL_ERROR` of the
-    smallest predicted peak is checked first: the smallest configuration runs one step (:func:`measure_smallest`,
+    smallest predicted peak is checked first: the smallest configuration runs two steps (:func:`measure_smallest`,
     printed through ``on_measure``), and the difference is stored as the study's correction
     (:func:`sweeper.study._calibration.store_baseline`), which the preflight of every trial then applies, until the
     first complete trial's fit replaces it. The advice stands on that measurement too: there the cap binds while the
@@ -282,7 +282,7 @@ def _nothing_fits(
     def measure(config: TrialConfig, why: str) -> tuple[float, float] | None:
         if "smallest" not in measured:
             if on_measure is not None:
-                on_measure(f"memory  {why}; measuring the smallest configuration once (one step, no cap)")
+                on_measure(f"memory  {why}; measuring the smallest configuration once (two steps, no cap)")
             measured["smallest"] = measure_smallest(config, model_path)
         return measured["smallest"]
 
@@ -311,12 +311,14 @@ def _nothing_fits(
 
 
 def measure_smallest(config: TrialConfig, model_path: str) -> tuple[float, float] | None:
-    """Run ``config`` for one step without the stress phase, capped only at the machine's memory, in a fresh trial
-    process: ``(load_peak_memory_gib, peak_memory_gib)``, or None when it did not complete that step."""
+    """Run ``config`` for two steps without the stress phase, capped only at the machine's memory, in a fresh trial
+    process: ``(load_peak_memory_gib, peak_memory_gib)``, or None when it did not complete them. Two, not one: the
+    optimizer allocates its states in the first step's update, so only the second step's backward runs beside them
+    (advice from one step ran out of memory in step 2's backward at 0.63 GiB: tests/study/test_setup_checks.py)."""
     from sweeper.trial import run_trial
 
     machine_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    one = dataclasses.replace(config, max_steps=1, warmup_steps=0, memory_limit_gib=machine_gib, trial_timeout_s=600.0)
+    one = dataclasses.replace(config, max_steps=2, warmup_steps=0, memory_limit_gib=machine_gib, trial_timeout_s=600.0)
     with tempfile.TemporaryDirectory(prefix="sweeper-measure-") as folder:
         result = run_trial(one, folder, model_path=model_path, stress=False)
     if (

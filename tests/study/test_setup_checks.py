@@ -125,7 +125,7 @@ def test_a_checkpoint_with_its_own_quantization_config_names_what_it_forces(tiny
 
 @pytest.mark.slow
 def test_nothing_predicted_to_fit_is_one_line_whose_advice_holds(tiny_model, workdir):
-    """Runs the smallest configuration twice (about 40 s): once for the advice (measured, one uncapped step), once
+    """Runs the smallest configuration twice (about 40 s): once for the advice (measured, two uncapped steps), once
     at the cap the advice names. The advice of the model alone (0.48 GiB here) ran out of memory at that cap: on the
     CPU the trial process's own resident memory is 0.51 GiB while loading the tiny model."""
     import json
