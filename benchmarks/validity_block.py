@@ -499,11 +499,12 @@ def edge_multiples(edges: list[tuple[BlockCase, dict[str, Any], float, tuple[flo
         by_case.setdefault(c.name, []).append((c, s, e))
         brackets.setdefault(c.name, set()).add(f)
     names = sorted(by_case)
-    for name in candidates(edges[0][0], edges[0][1]):
-        xs = [-candidates(c, s)[name] for c, s, _, _ in edges]
-        ys = [math.log(e) for _, _, e, _ in edges]
-        cx = [statistics.fmean(-candidates(c, s)[name] for c, s, _ in by_case[n]) for n in names]
-        cy = [statistics.fmean(math.log(e) for _, _, e in by_case[n]) for n in names]
+    scored = {id(s): candidates(c, s) for c, s, _, _ in edges}  # each short trial's figures, computed once
+    ys = [math.log(e) for _, _, e, _ in edges]
+    cy = [statistics.fmean(math.log(e) for _, _, e in by_case[n]) for n in names]
+    for name in scored[id(edges[0][1])]:
+        xs = [-scored[id(s)][name] for _, s, _, _ in edges]
+        cx = [statistics.fmean(-scored[id(s)][name] for _, s, _ in by_case[n]) for n in names]
         for table, a, b in ((per_run, xs, ys), (per_config, cx, cy)):
             if any(math.isnan(x) for x in a):
                 continue

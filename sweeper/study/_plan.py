@@ -318,9 +318,9 @@ def measure_smallest(config: TrialConfig, model_path: str) -> tuple[float, float
     from sweeper.trial import run_trial
 
     machine_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    one = dataclasses.replace(config, max_steps=2, warmup_steps=0, memory_limit_gib=machine_gib, trial_timeout_s=600.0)
+    two = dataclasses.replace(config, max_steps=2, warmup_steps=0, memory_limit_gib=machine_gib, trial_timeout_s=600.0)
     with tempfile.TemporaryDirectory(prefix="sweeper-measure-") as folder:
-        result = run_trial(one, folder, model_path=model_path, stress=False)
+        result = run_trial(two, folder, model_path=model_path, stress=False)
     if (
         result.memory.peak_memory_gib is None
         or result.memory.load_peak_memory_gib is None
