@@ -72,6 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sweep_summary,
     )
     from sweeper.study import candidates, plan_sweep, run_study
+    from sweeper.trial import prestart
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = _load(args)
@@ -82,6 +83,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             "list or a range, or use 'sweep trial' for one configuration"
         )
     devices = _devices(args.devices) if args.devices else None
+    workers = args.workers or (len(devices) if devices else 1)
+    if workers == 1 and not devices:  # the trial processes' imports run while the data is read and audited
+        prestart()
     model_path, samples = _prepare(space.dataset, space.model)
     setup_lines = _setup_lines(space, model_path, samples)  # data that cannot train is refused before the storage
     plan = plan_sweep(
@@ -91,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         name=args.study,
         n_trials=args.n_trials,
         timeout_s=parse_duration_s(args.timeout) if args.timeout is not None else None,
-        workers=args.workers or (len(devices) if devices else 1),
+        workers=workers,
         devices=devices,
         new_setup=args.new_setup,
         on_measure=lambda line: print(line, flush=True),

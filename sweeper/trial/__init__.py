@@ -1,10 +1,10 @@
 """One trial: a short, real QLoRA run in its own process.
 
-The parent side (this package's public face, imported by the sweep) writes the trial's config, starts
-``python -m sweeper.trial._child.worker``, enforces its timeout and maps how it ended to a :class:`TrialResult`. The
-two sides speak a typed protocol (:mod:`sweeper.trial._job`): a job line in, :class:`TrialProgress` lines and a done
-line out. The child side (:mod:`sweeper.trial._child`) is the only code that imports torch, transformers, peft and
-bitsandbytes.
+The parent side (this package's public face, imported by the sweep) writes the trial's config, starts a trial
+process (``python -m sweeper.trial._child.worker``, or forked by a zygote: :mod:`sweeper.trial._zygote`), enforces
+its timeout and maps how it ended to a :class:`TrialResult`. The two sides speak a typed protocol
+(:mod:`sweeper.trial._job`): a job line in, :class:`TrialProgress` lines and a done line out. The child side
+(:mod:`sweeper.trial._child`) is the only code that imports torch, transformers, peft and bitsandbytes.
 
 The names are loaded on first use (PEP 562): the trial process imports this package's modules (``_result``,
 ``_devices``, ``_job``) directly, and loading the package must not load the sweep's side (``_launch``) there.
@@ -19,7 +19,7 @@ from sweeper._lazy import lazy_names
 if TYPE_CHECKING:
     from sweeper.trial._devices import cpu_has_bfloat16, cuda_visible, visible_gpus
     from sweeper.trial._job import ProbeSettings, StressSettings, TrialProgress
-    from sweeper.trial._launch import TrialProcess, run_trial
+    from sweeper.trial._launch import TrialProcess, prestart, run_trial
     from sweeper.trial._result import (
         FAIL_STATUSES,
         PRUNED_STATUSES,
@@ -48,6 +48,7 @@ _HOMES = {
     "ProbeSettings": "sweeper.trial._job",
     "StressSettings": "sweeper.trial._job",
     "TrialProcess": "sweeper.trial._launch",
+    "prestart": "sweeper.trial._launch",
     "TrialProgress": "sweeper.trial._job",
     "TrialResult": "sweeper.trial._result",
     "TrialStatus": "sweeper.trial._result",
@@ -75,6 +76,7 @@ __all__ = [
     "TrialStatus",
     "cpu_has_bfloat16",
     "cuda_visible",
+    "prestart",
     "run_trial",
     "visible_gpus",
 ]

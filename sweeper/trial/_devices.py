@@ -4,13 +4,15 @@ trial process must set its CPU memory cap before torch is loaded)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 
-def cuda_visible() -> bool:
-    """Whether a CUDA device may be used: an NVIDIA driver is present (``/dev/nvidiactl`` or
-    ``/proc/driver/nvidia``) and ``CUDA_VISIBLE_DEVICES`` does not hide every device (``""`` or ``"-1"``)."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+def cuda_visible(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a CUDA device may be used by a process with environment ``env`` (default: this process's): an NVIDIA
+    driver is present (``/dev/nvidiactl`` or ``/proc/driver/nvidia``) and ``CUDA_VISIBLE_DEVICES`` does not hide
+    every device (``""`` or ``"-1"``)."""
+    if (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False
     return Path("/dev/nvidiactl").exists() or Path("/proc/driver/nvidia").exists()
 

@@ -26,6 +26,7 @@ from typing import TypeVar
 from sweeper.space import TrialConfig
 from sweeper.trial._job import ProbeSettings, StressSettings, TrialDone, TrialJob, TrialProgress
 from sweeper.trial._result import Provenance, TrialResult, TrialStatus
+from sweeper.trial._zygote import ForkedProcess, fork_trial_process, start_zygote
 
 T = TypeVar("T", StressSettings, ProbeSettings)
 
@@ -64,7 +65,7 @@ def _signal_name(rc: int) -> str:
         return f"signal {-rc}"
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen | ForkedProcess) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -85,6 +86,26 @@ def _made_here(config: TrialConfig, status: str, reason: str, wall: float, warm:
     )
 
 
+def trial_env(env: Mapping[str, str] | None, control_fd: int | None = None) -> dict[str, str]:
+    """A trial process's environment: ``env`` (default: this process's) with the sweep's pid, the control pipe
+    (``control_fd``) and ``PYTHONSAFEPATH``."""
+    return {
+        **(env if env is not None else os.environ),
+        "SWEEPER_PARENT_PID": str(os.getpid()),
+        "SWEEPER_CONTROL_FD": str(control_fd if control_fd is not None else -1),
+        # `-m` would put the working directory first on sys.path, and a folder named sweeper/ there (a checkout of
+        # another version) would be imported instead of the installed package.
+        "PYTHONSAFEPATH": "1",
+    }
+
+
+def prestart(env: Mapping[str, str] | None = None) -> None:
+    """Start the zygote that will fork trial processes with environment ``env`` (default: this process's), so that
+    its imports (seconds) overlap what the caller does before the first trial (:mod:`sweeper.trial._zygote`); nothing
+    where trial processes are started with ``python -m``."""
+    start_zygote(trial_env(env))
+
+
 class TrialProcess:
     """A trial process that serves trials one after another; started at the first :meth:`run`, replaced by a fresh
     one after a trial that leaves it unfit (anything but ``complete``/``diverged``), and ended by :meth:`close`.
@@ -99,7 +120,7 @@ class TrialProcess:
 
     def __init__(self, env: Mapping[str, str] | None = None, *, warm: bool = True):
         self.env, self.warm = env, warm
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | ForkedProcess | None = None
         self._control: int | None = None
         self._buffer = b""
         self.trials = 0  # trials served by the current process
@@ -110,27 +131,14 @@ class TrialProcess:
         """The running trial process's pid, or None."""
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
-    def _start(self, log_path: Path) -> subprocess.Popen:
+    def _start(self, log_path: Path, wait_s: float) -> subprocess.Popen | ForkedProcess:
+        """A fresh trial process: forked by this environment's zygote where there is one
+        (:func:`sweeper.trial._zygote.fork_trial_process`, waited for ``wait_s`` seconds at most), else started with
+        ``python -m``."""
         read_fd, write_fd = os.pipe()
-        env = {
-            **(self.env if self.env is not None else os.environ),
-            "SWEEPER_PARENT_PID": str(os.getpid()),
-            "SWEEPER_CONTROL_FD": str(write_fd),
-            # `-m` would put the working directory first on sys.path, and a folder named sweeper/ there (a checkout
-            # of another version) would be imported instead of the installed package.
-            "PYTHONSAFEPATH": "1",
-        }
+        env = trial_env(self.env, write_fd)
         try:
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", CHILD_MODULE, "--serve"],
-                    stdin=subprocess.PIPE,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # Ctrl-C reaches the sweep, which kills the process's whole group itself
-                    pass_fds=(write_fd,),
-                    env=env,
-                )
+            proc = fork_trial_process(env, log_path, write_fd, wait_s) or self._exec(env, log_path, write_fd)
         except BaseException:
             os.close(read_fd)
             raise
@@ -138,6 +146,20 @@ class TrialProcess:
             os.close(write_fd)
         self._proc, self._control, self._buffer, self.trials = proc, read_fd, b"", 0
         return proc
+
+    @staticmethod
+    def _exec(env: dict[str, str], log_path: Path, write_fd: int) -> subprocess.Popen:
+        """A trial process started with ``python -m`` (:data:`CHILD_MODULE`)."""
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", CHILD_MODULE, "--serve"],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches the sweep, which kills the process's whole group itself
+                pass_fds=(write_fd,),
+                env=env,
+            )
 
     def _read_done(self, deadline: float) -> TrialDone | None:
         """The trial's :class:`TrialDone` line, the progress lines before it handed to the run's ``on_progress`` as
@@ -187,19 +209,19 @@ class TrialProcess:
             os.close(self._control)
             self._control = None
 
-    def _hand_over(self, job: TrialJob, log_path: Path) -> subprocess.Popen:
-        """The trial process that takes ``job`` (started first when there is none, or when not warm), its pid
-        written to ``worker.pid`` in the job's folder."""
+    def _hand_over(self, job: TrialJob, log_path: Path, wait_s: float) -> subprocess.Popen | ForkedProcess:
+        """The trial process that takes ``job`` (started first when there is none, or when not warm; a zygote still
+        importing is waited for ``wait_s`` seconds at most), its pid written to ``worker.pid`` in the job's folder."""
         if self._proc is None or self._proc.poll() is not None or not self.warm:
             self.close()
-            self._start(log_path)
+            self._start(log_path, wait_s)
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         (Path(job.trial_dir) / "worker.pid").write_text(str(proc.pid))
         return proc
 
     def _died(
-        self, config: TrialConfig, proc: subprocess.Popen, log_path: Path, wall: float, warm: bool
+        self, config: TrialConfig, proc: subprocess.Popen | ForkedProcess, log_path: Path, wall: float, warm: bool
     ) -> TrialResult:
         """The ``crash`` result of a process that died without a result (its exit and the log's last line)."""
         try:
@@ -256,7 +278,7 @@ class TrialProcess:
         )
         log_path, result_path = Path(job.log_path), Path(job.result_path)
         start = time.monotonic()
-        proc = self._hand_over(job, log_path)
+        proc = self._hand_over(job, log_path, config.trial_timeout_s)
         warm = self.trials > 0
         if on_start is not None:
             on_start(proc.pid)

@@ -1,5 +1,6 @@
 """Warm trial processes (:class:`sweeper.trial.TrialProcess`): a trial run in a process that already ran another one
-gives the same result as in a fresh process, and the process is replaced after what could leave it changed.
+gives the same result as in a fresh process (forked by the zygote, :mod:`sweeper.trial._zygote`, or started with
+``python -m``), and the process is replaced after what could leave it changed.
 
 Real trials on the tiny Llama; the comparisons are bitwise on the CPU (same kernels, same seed)."""
 
@@ -8,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -88,7 +90,7 @@ def test_a_warm_trial_trains_as_a_cold_one(tiny_model_bf16, tmp_path):
         process.close()
     assert first.provenance.warm is False and again.provenance.warm is True and again.provenance.model_reused is False
     assert fp32.provenance.model_reused is True and reused.provenance.model_reused is True
-    assert again.provenance.import_time_s < 0.5 < first.provenance.import_time_s
+    assert again.provenance.import_time_s < 0.5 and first.provenance.import_time_s < 0.5
     _same_training(cold_other, first)
     _same_training(cold, again)
     _same_training(cold, reused)
@@ -144,3 +146,72 @@ def test_after_an_oom_a_kill_or_a_timeout_the_next_trial_gets_a_fresh_process(ti
             os.kill(warm_pid, 0)
     finally:
         process.close()
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _zygotes() -> set[int]:
+    """This process's zygotes (:mod:`sweeper.trial._zygote`), from /proc."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            ppid = _ppid(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"sweeper.trial._child.zygote" in cmdline:
+            found.add(int(entry))
+    return found
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_killed_zygote_takes_its_trial_process_along_and_the_next_trial_gets_a_new_one(tiny_model, tmp_path):
+    """The zygote's child dies with it (PR_SET_PDEATHSIG), the sweep sees a crash naming SIGKILL, and the next
+    fresh process comes from a new zygote; a variable no library reads at import (SWEEPER_CACHE) does not call for
+    another zygote, any other variable does."""
+    path = str(tiny_model)
+    process = TrialProcess()
+    try:
+        first = process.run(_config(tiny_model), tmp_path / "1", model_path=path)
+        assert first.status == "complete" and first.provenance.import_time_s < 0.5, first.reason
+        worker = process.pid
+        assert worker is not None and os.getpgid(worker) == worker  # leads its own group: a killpg reaches it all
+        zygote = _ppid(worker)
+        assert zygote in _zygotes()
+
+        def kill_zygote_soon():
+            time.sleep(1.5)
+            os.kill(zygote, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_zygote_soon)
+        killer.start()
+        crashed = process.run(_config(tiny_model, max_steps=400), tmp_path / "2", model_path=path)
+        killer.join()
+        assert crashed.status == "crash" and "SIGKILL" in crashed.reason, crashed.reason
+        assert _gone(worker)
+        again = process.run(_config(tiny_model), tmp_path / "3", model_path=path)
+        assert again.status == "complete" and again.constant.loss_trace == first.constant.loss_trace
+        assert process.pid is not None and _ppid(process.pid) not in (zygote, os.getpid())
+    finally:
+        process.close()
+    assert zygote not in _zygotes()
+    before = _zygotes()
+    same = run_trial(_config(tiny_model), tmp_path / "4", model_path=path, env={**os.environ, "SWEEPER_CACHE": "x"})
+    assert same.status == "complete" and _zygotes() == before
+    other = {**os.environ, "SWEEPER_ZYGOTE_TEST": str(tmp_path)}
+    assert run_trial(_config(tiny_model), tmp_path / "5", model_path=path, env=other).status == "complete"
+    assert len(_zygotes() - before) == 1
