@@ -24,6 +24,21 @@ def _config(model, **kw) -> TrialConfig:
     return tiny_trial_config(model, **{**dict(max_steps=4, learning_rate=1e-3), **kw})
 
 
+def _run_killing(process: TrialProcess, pid: int, config: TrialConfig, folder, path: str) -> TrialResult:
+    """Run ``config`` in ``process`` while ``pid`` is killed with SIGKILL 1.5 s in."""
+
+    def kill_soon():
+        time.sleep(1.5)
+        os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_soon)
+    killer.start()
+    try:
+        return process.run(config, folder, model_path=path)
+    finally:
+        killer.join()
+
+
 def _same_training(a: TrialResult, b: TrialResult) -> None:
     assert a.status == b.status == "complete", (a.reason, b.reason)
     assert a.constant.loss_trace == b.constant.loss_trace
@@ -126,14 +141,7 @@ def test_after_an_oom_a_kill_or_a_timeout_the_next_trial_gets_a_fresh_process(ti
         # Killed mid-trial while warm: a crash, and the next trial runs in a fresh process.
         warm_pid = process.pid
 
-        def kill_soon():
-            time.sleep(1.5)
-            os.kill(warm_pid, signal.SIGKILL)
-
-        killer = threading.Thread(target=kill_soon)
-        killer.start()
-        crashed = process.run(_config(tiny_model, max_steps=400), tmp_path / "4", model_path=path)
-        killer.join()
+        crashed = _run_killing(process, warm_pid, _config(tiny_model, max_steps=400), tmp_path / "4", path)
         assert crashed.status == "crash" and "SIGKILL" in crashed.reason and crashed.provenance.warm is True
         again = process.run(_config(tiny_model), tmp_path / "5", model_path=path)
         assert again.status == "complete" and again.provenance.warm is False and process.pid != warm_pid
@@ -193,14 +201,7 @@ def test_a_killed_zygote_takes_its_trial_process_along_and_the_next_trial_gets_a
         zygote = _ppid(worker)
         assert zygote in _zygotes()
 
-        def kill_zygote_soon():
-            time.sleep(1.5)
-            os.kill(zygote, signal.SIGKILL)
-
-        killer = threading.Thread(target=kill_zygote_soon)
-        killer.start()
-        crashed = process.run(_config(tiny_model, max_steps=400), tmp_path / "2", model_path=path)
-        killer.join()
+        crashed = _run_killing(process, zygote, _config(tiny_model, max_steps=400), tmp_path / "2", path)
         assert crashed.status == "crash" and "SIGKILL" in crashed.reason, crashed.reason
         assert _gone(worker)
         again = process.run(_config(tiny_model), tmp_path / "3", model_path=path)
