@@ -20,14 +20,8 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# On a CPU without bfloat16 instructions (AVX512-BF16, AMX, Arm BF16) a bfloat16 step is emulated, ~7x a float32 one
-# (sweeper.trial.cpu_has_bfloat16): there the demo computes in float32 only, and says so.
-DEMO_SET = $(shell $(PY) -c "from sweeper.trial import cpu_has_bfloat16 as b, cuda_visible as c; \
-	print('' if c() or b() is not False else '--set bnb_4bit_compute_dtype=float32')" 2>/dev/null)
-
 demo: install
-	$(if $(DEMO_SET),@echo "make demo: this CPU has no bfloat16 instructions; the demo computes in float32 only ($(DEMO_SET))")
-	$(VENV)/bin/sweep run search_spaces/demo.yaml $(DEMO_SET)
+	$(VENV)/bin/sweep run search_spaces/demo.yaml
 
 # Style (ruff), formatting (ruff format), types (mypy) and the architecture contracts (import-linter, in pyproject.toml).
 lint: install

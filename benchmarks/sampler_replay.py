@@ -22,7 +22,7 @@ against random's (Mann & Whitney 1947, ``scipy.stats.mannwhitneyu``).
 
     python benchmarks/sampler_replay.py                      # every sampler, 20 seeds (scipy: in .[test])
     python benchmarks/sampler_replay.py --samplers random,tpe --seeds 5
-    python benchmarks/sampler_replay.py --where bnb_4bit_compute_dtype=float32   # on the float32 half of the grid
+    python benchmarks/sampler_replay.py --where r=4                             # on a part of the grid
 
 Writes ``benchmarks/results/sampler_replay.{json,md,html,png}``.
 """

@@ -1,20 +1,19 @@
 """A table of real trials for replaying samplers (issue: how many trials a night needs): every configuration of a grid
 over the demo's searched settings, each measured once by the sweep's own trial.
 
-The grid (:data:`GRID_SETTINGS`): ``search_spaces/demo.yaml`` with every searched setting at 2 or 3 values,
-2 x 3 x 2 x 2 x 2 x 2 x 2 = 192 configurations, at the default 30 constant steps, then the stress phase, under the
-demo's 1.6 GiB cap. Every configuration runs, also those the preflight would prune (a replay without the pruning
-needs what they cost); the memory model's prediction is stored beside each, so that a replay applies the preflight
-itself (:mod:`sampler_replay`).
+The grid (:data:`GRID`): ``search_spaces/demo.yaml`` (float32 compute, as the demo) with every searched setting at
+2 or 3 values, 2 x 3 x 2 x 2 x 2 x 2 = 96 configurations, at the default 30 constant steps, then the stress phase,
+under the demo's 1.6 GiB cap. Every configuration runs, also those the preflight would prune (a replay without the
+pruning needs what they cost); the memory model's prediction is stored beside each, so that a replay applies the
+preflight itself (:mod:`sampler_replay`).
 
 Each trial's result (``TrialResult.to_dict()`` less its per-step traces, its predicted peak and its wall time) is
 written to ``benchmarks/results/sampler_table.json`` as it ends (an atomic rename): a stopped run keeps what it
-measured and a rerun skips what is there. ``--where KEY=VALUE`` restricts a run to part of the grid (a CPU without
-bfloat16 instructions runs the float32 half in hours, the bfloat16 half several times slower).
+measured and a rerun skips what is there. ``--where KEY=VALUE`` restricts a run to part of the grid.
 
-    python benchmarks/sampler_table.py --jobs 2 --threads 1                                      # the whole grid
-    python benchmarks/sampler_table.py --jobs 2 --threads 1 --where bnb_4bit_compute_dtype=float32
-    python benchmarks/sampler_table.py --status                                                  # what is measured
+    python benchmarks/sampler_table.py --jobs 2 --threads 1                          # the whole grid (hours on 2 cores)
+    python benchmarks/sampler_table.py --jobs 2 --threads 1 --where r=4              # a part of it
+    python benchmarks/sampler_table.py --status                                      # what is measured
 
 Run nothing else that trains while it runs: the trials' wall times are the replay's costs.
 """
@@ -50,7 +49,6 @@ DEMO = ROOT / "search_spaces" / "demo.yaml"
 GRID: dict[str, list[Any]] = {
     "r": [4, 16],
     "lora_alpha_ratio": [0.25, 16, 64],
-    "bnb_4bit_compute_dtype": ["bfloat16", "float32"],
     "bnb_4bit_use_double_quant": [True, False],
     "bnb_4bit_quant_type": ["nf4", "fp4"],
     "per_device_train_batch_size": [1, 4],
@@ -67,7 +65,7 @@ def table_space(fixed: dict[str, Any] | None = None) -> SearchSpace:
     fixed = fixed or {}
     raw = yaml.safe_load(DEMO.read_text())
     raw["search"] = {k: v for k, v in GRID.items() if k not in fixed}
-    raw["training"] = {**raw["training"], **fixed}
+    raw["training"] = {**{k: v for k, v in raw["training"].items() if k not in GRID}, **fixed}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(raw, f)
     try:
