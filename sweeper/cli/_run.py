@@ -113,7 +113,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         plan.study.set_user_attr("confirm_steps", space.study.confirm_steps)  # the default of a later 'sweep confirm'
     top = [t.number for t in candidates(plan.study)[: space.study.confirm_top]]
     if top:
-        _print(f"confirm the front's {len(top)} best (study.confirm_top={space.study.confirm_top}):")
+        what = "the safe pick (what sweep export writes)" + (
+            f" and the front's {len(top) - 1} nearest its knee" if len(top) > 1 else ""
+        )
+        _print(f"confirm {what} (study.confirm_top={space.study.confirm_top}):")
         run_confirmations(plan.study, top, space.study.confirm_steps)
     _publish(plan.study)
     elapsed_s = time.monotonic() - start

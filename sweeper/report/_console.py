@@ -129,7 +129,11 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] = ()) -> str:
+def format_front(
+    front: Sequence[StoredTrial],
+    objectives: Sequence[Objective] = (),
+    picks: Mapping[str, StoredTrial] | None = None,
+) -> str:
     """The Pareto front as a table: trial, r, lora_alpha, compute dtype, double quant, quant type, batch,
     max_seq_length, peak GiB, stability margin (``>=`` when capped), headroom (``predicted_max_lr /
     learning_rate`` with its interval, ``near edge`` below its safety factor: :class:`sweeper.stability.Headroom`),
@@ -139,7 +143,16 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
     that is neither the memory nor the stability one (a registered third objective, shown by its
     :attr:`~sweeper.study.Objective.shown`); when two of them are tied on stability (their intervals overlap), a
     column ``tied`` naming the trials each is tied with; when any of them was confirmed (``sweep confirm``), a last
-    column ``confirmed``: ``300 ok``, ``diverged@120`` ..., or ``-``."""
+    column ``confirmed``: ``300 ok``, ``diverged@120`` ..., or ``-``.
+
+    ``picks`` (pick name -> the trial ``sweep export --pick`` chooses: :func:`sweeper.report._data.pick_choices`)
+    adds a column ``pick`` naming each row's picks; a picked trial that is not on the front (``safe`` chooses among
+    every complete trial: one whose margin ties a lighter trial's that is near its edge) gets its own row, in order of
+    peak memory, marked ``off the front``, so that every trial a pick line names is in the table."""
+    picks = picks or {}
+    on_front = {t.number for t in front}
+    extra = {t.number: t for t in picks.values() if t.number not in on_front}
+    front = sorted([*front, *extra.values()], key=lambda t: (t.values or (float("inf"),))[0]) if extra else front
     rows: list[tuple[str, ...]] = [
         (
             "trial",
@@ -197,6 +210,10 @@ def format_front(front: Sequence[StoredTrial], objectives: Sequence[Objective] =
         rows = [(*row, label) for row, label in zip(rows, column)]
     if any(t.confirmation is not None for t in front):
         labels = ["confirmed"] + [t.confirmation.label if t.confirmation else "-" for t in front]
+        rows = [(*row, label) for row, label in zip(rows, labels)]
+    if picks:
+        named = [", ".join(name for name, p in picks.items() if p.number == t.number) for t in front]
+        labels = ["pick"] + [(f"{n} (off the front)" if t.number in extra else n) or "-" for n, t in zip(named, front)]
         rows = [(*row, label) for row, label in zip(rows, labels)]
     return _table(rows)
 

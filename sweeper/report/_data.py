@@ -224,6 +224,27 @@ def pick_lines(outcomes: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
+def picks_block(study: StudyLike, ref: str) -> tuple[dict[str, StoredTrial], list[str]]:
+    """What the terminal says of the picks, made once: the trial each pick that can be made chooses (by pick name,
+    for :func:`sweeper.report._console.format_front`'s ``pick`` column) and the lines (``picks   (sweep export REF
+    writes safe; --pick NAME another)`` then one line per pick, or ``picks   none: ...``; none without a complete
+    trial).
+
+    Args:
+        study: The study, or its snapshot.
+        ref: How the user named the study, for the ``sweep export REF`` the first line suggests.
+    """
+    outcomes = pick_outcomes(study)
+    chosen = {name: choice.trial for name, choice in pick_choices(outcomes).items()}
+    if why := no_picks_reason(study, outcomes):
+        return chosen, [f"picks   none: {why.split(': ', 2)[-1]}"]
+    if lines := pick_lines(outcomes):
+        return chosen, [f"picks   (sweep export {ref} writes safe; --pick NAME another)"] + [
+            f"  {line}" for line in lines.values()
+        ]
+    return chosen, []
+
+
 def picks(study: StudyLike) -> dict[str, int]:
     """The trial ``sweep export --pick`` would choose for each pick that can be made, by pick name."""
     return {name: choice.trial.number for name, choice in pick_choices(pick_outcomes(study)).items()}

@@ -19,9 +19,7 @@ from sweeper.report._data import (
     describe_fit,
     fit_map_data,
     memory_prediction_data,
-    no_picks_reason,
-    pick_lines,
-    pick_outcomes,
+    picks_block,
 )
 from sweeper.report._sweep_console import front_axis
 from sweeper.study import StudyLike, snapshot, stale_running
@@ -40,21 +38,17 @@ def report_lines(study: StudyLike, ref: str) -> list[str]:
     study = snapshot(study)
     front = study.front
     plural = "s" if len(front) != 1 else ""
+    chosen_trials, pick_block = picks_block(study, ref)
     lines = [
         f"study '{study.name}': Pareto front (peak memory vs {front_axis(study)}), {len(front)} trial{plural}:",
-        format_front(front, study.objectives) if front else "  (no complete trial)",
+        format_front(front, study.objectives, chosen_trials) if front else "  (no complete trial)",
         "",
         "trials: " + format_counts(counts_with_stale(study), study.nan_causes),
     ]
     for line in stale_running(study.study).values():
         lines.append(f"stale   {line}; the next 'sweep run' of this study records it as interrupted and runs it again")
     lines += [note for note in (legacy_instability_warning(study), other_setups_line(study)) if note]
-    outcomes = pick_outcomes(study)
-    if why := no_picks_reason(study, outcomes):
-        lines.append(f"picks   none: {why.split(': ', 2)[-1]}")
-    elif chosen := pick_lines(outcomes):
-        lines.append(f"picks   (sweep export {ref} writes safe; --pick NAME another)")
-        lines += [f"  {line}" for line in chosen.values()]
+    lines += pick_block
     fits = describe_fit(fit_map_data(study))
     if fits:
         lines.append("largest max_seq_length that fit: " + ", ".join(f"batch {b}: {s}" for b, s in fits.items()))

@@ -19,6 +19,7 @@ from sweeper.report._console import (
     legacy_instability_warning,
 )
 from sweeper.report._console import format_trial_line as _trial_line
+from sweeper.report._data import picks_block
 from sweeper.report._progress import LiveProgress
 from sweeper.study import (
     StoredTrial,
@@ -200,8 +201,9 @@ class SweepConsole(SweepCallback):
 
 
 def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> list[str]:
-    """The lines after the last trial: why it stopped early, the Pareto front, the counts by status, how far the
-    memory predictions were from the measured peaks, the data NaN summary and the next commands.
+    """The lines after the last trial: why it stopped early, the Pareto front (with each pick's row), the counts by
+    status, the picks, how far the memory predictions were from the measured peaks, the data NaN summary and the next
+    commands.
 
     Args:
         plan: The sweep that ran.
@@ -229,8 +231,9 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
         else ""
     )
     lines.append(f"Pareto front (peak memory vs {front_axis(study)}), {len(front)} of {measured} trials{others}:")
+    chosen, pick_block = picks_block(study, ref) if front else ({}, [])
     lines.append(
-        format_front(front, study.objectives)
+        format_front(front, study.objectives, chosen)
         if front
         else "  (no complete trial under these settings yet)"
         if elsewhere
@@ -239,6 +242,7 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
     lines.append("")
     causes = study.nan_causes
     lines.append("trials: " + format_counts(study.status_counts, causes))
+    lines += pick_block
     progress = front_progress_line(study)
     if progress:
         lines.append(progress)

@@ -649,3 +649,16 @@ def test_a_resumed_study_says_how_far_its_last_trials_moved_the_front(tmp_path):
     study.add_trial(create_trial(state=TrialState.COMPLETE, values=[1.0, 0.1]))
     # 7 complete: the last 3 (#4, #6, #7) hold one that dominates the front (0.184 -> 0.484 of the box)
     assert front_progress_line(snapshot(study)).endswith("(#4 on) moved the front's hypervolume by 62%")
+
+
+def test_the_front_table_names_each_rows_picks_and_shows_a_pick_off_the_front():
+    light = frozen(3, config=TrialConfig(r=8), values=[0.9, 1 / 10], stability_margin=10.0, learning_progress=0.3)
+    heavy = frozen(7, config=TrialConfig(r=16), values=[1.2, 1 / 60], stability_margin=60.0, learning_progress=0.3)
+    off = frozen(5, config=TrialConfig(r=16), values=[1.0, 1 / 20], stability_margin=20.0, learning_progress=0.4)
+    lines = format_front([light, heavy], picks={"safe": off, "min-memory": light, "knee": heavy}).splitlines()
+    assert lines[0].split()[-1] == "pick"
+    # the off-front pick is a row of its own, in order of peak memory, and says where it stands
+    assert [line.split()[0] for line in lines[2:]] == ["3", "5", "7"]
+    assert lines[2].endswith("min-memory") and lines[4].endswith("knee")
+    assert lines[3].endswith("safe (off the front)")
+    assert "pick" not in format_front([light, heavy]).splitlines()[0]  # no picks given: no column
