@@ -32,10 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
+import os
 import statistics
 import sys
 import warnings
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -238,6 +241,23 @@ def summarize(replays: list[Replay], short: dict[tuple[str, bool, int, int], flo
     return out
 
 
+_TABLE: Table | None = None
+
+
+def _replay_job(job: tuple[str, int, bool, int]) -> tuple[Replay, dict[int, float]]:
+    """One sampler's replay at one seed (in a worker process), and for TPE the final ratio of a study run with each
+    smaller budget as its ``n_trials``: TPE's random start is a quarter of the study's trials (``n_startup_trials``),
+    so a 10-trial night is its own study, not the first 10 trials of an 80-trial one."""
+    name, seed, prune, trials = job
+    assert _TABLE is not None
+    shorter = {
+        budget: replay(_TABLE, name, seed, prune, budget).ratios[-1]
+        for budget in BUDGETS
+        if budget < trials and name.startswith("tpe")
+    }
+    return replay(_TABLE, name, seed, prune, trials), shorter
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--table", default=str(ROOT / "benchmarks" / "results" / "sampler_table.json"))
@@ -245,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samplers", default=",".join(SAMPLERS))
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--trials", type=int, default=max(BUDGETS))
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="replays run at once (processes)")
     parser.add_argument(
         "--where",
         action="append",
@@ -258,16 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in names if s not in SAMPLERS]
     if unknown:
         parser.error(f"--samplers: no sampler {unknown[0]!r}; choose among {', '.join(SAMPLERS)}")
+    global _TABLE
+    _TABLE = table  # inherited by the forked workers
+    jobs = [(name, seed, prune, args.trials) for name in names for prune in (False, True) for seed in range(args.seeds)]
     replays, short = [], {}
-    for name in names:
-        for prune in (False, True):
-            for seed in range(args.seeds):
-                replays.append(replay(table, name, seed, prune, args.trials))
-                for budget in (b for b in BUDGETS if b < args.trials and name.startswith("tpe")):
-                    # TPE's random start is a quarter of the study's trials (n_startup_trials): a 10-trial night is
-                    # its own study, not the first 10 trials of an 80-trial one
-                    short[(name, prune, seed, budget)] = replay(table, name, seed, prune, budget).ratios[-1]
-            print(f"{name} {'pruning' if prune else 'no pruning'}: {args.seeds} seeds", flush=True)
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        for (name, seed, prune, _), (full, shorter) in zip(jobs, pool.map(_replay_job, jobs)):
+            replays.append(full)
+            short.update({(name, prune, seed, budget): ratio for budget, ratio in shorter.items()})
+    print(f"{len(jobs)} replays ({', '.join(names)}; {args.seeds} seeds, with and without pruning)", flush=True)
     summary = summarize(replays, short)
     write(Path(args.out), table, summary, args)
     return 0
