@@ -462,10 +462,11 @@ def _fmt_rate(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _front_rows(summary: Report, keys: list[str]) -> list[list[Any]]:
+def _front_rows(summary: Report, keys: list[str], off_front: Sequence[FrontRow] = ()) -> list[list[Any]]:
     """The HTML report's front table (:attr:`sweeper.report._records.Report.front`): a header row, then per trial its
     searched ``keys``, peak memory, margin, ceiling, predicted max rate, progress, instability, confirmation and
-    the picks that choose it."""
+    the picks that choose it; ``off_front``, picked trials that are not on the front (the ``safe`` pick chooses among
+    every complete trial), in order of peak memory among them, their picks marked ``(off the front)``."""
     from sweeper.report._console import SHORT_NAMES
 
     by_trial: dict[int, list[str]] = {}
@@ -485,7 +486,12 @@ def _front_rows(summary: Report, keys: list[str]) -> list[list[Any]]:
         "confirmed",
         "pick",
     ]
-    return [header] + [_front_row(f, keys, by_trial.get(f.number, [])) for f in summary.front]
+    rows = sorted([*summary.front, *off_front], key=lambda f: f.peak_memory_gib)
+    extra = {f.number for f in off_front}
+    return [header] + [
+        _front_row(f, keys, [f"{p} (off the front)" if f.number in extra else p for p in by_trial.get(f.number, [])])
+        for f in rows
+    ]
 
 
 def _front_row(f: FrontRow, keys: list[str], picked: list[str]) -> list[Any]:
@@ -530,7 +536,13 @@ def render_html(study: StudyLike) -> str:
     from sweeper.report._console import SHORT_NAMES
 
     keys = list(summary.front[0].params) if summary.front else []
-    front_rows = _front_rows(summary, keys)
+    on_front = {f.number for f in summary.front}
+    off_front = [
+        data.front_row(t, study.searched, study.objectives, study.tied_on_stability(t, study.front))
+        for t in study.trials
+        if t.number in set(summary.picks.values()) - on_front and t.values is not None
+    ]
+    front_rows = _front_rows(summary, keys, off_front)
     counts = " · ".join(f"{k} {v}" for k, v in summary.status_counts.items())
     causes = ", ".join(f"{k} {len(v)}" for k, v in summary.nan_causes.items()) or "none"
     fit = ", ".join(f"batch {b}: {s}" for b, s in data.describe_fit(fit_map).items())
