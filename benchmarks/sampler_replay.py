@@ -20,7 +20,7 @@ budgets of 10, 20, 40 and 80 trials: the hypervolume of the complete trials' fro
 and the wall time to reach 90% of it, and the one-sided Mann-Whitney U p-value of each sampler's hypervolume ratio
 against random's (Mann & Whitney 1947, ``scipy.stats.mannwhitneyu``).
 
-    python benchmarks/sampler_replay.py                      # every sampler, 20 seeds (scipy: in .[test])
+    python benchmarks/sampler_replay.py                      # every sampler, 20 seeds (pip install -e '.[bench]')
     python benchmarks/sampler_replay.py --samplers random,tpe --seeds 5
     python benchmarks/sampler_replay.py --where r=4                             # on a part of the grid
 
