@@ -99,7 +99,7 @@ def test_a_registered_third_objective_gets_a_front_picks_report_rows_and_json(tm
     shown = run_cli("report", "three")
     assert shown.returncode == 0, shown.stderr
     header = next(line for line in shown.stdout.splitlines() if line.lstrip().startswith("trial"))
-    assert header.split()[-2:] == [THIRD, "tied"]  # trials 0 and 2 are tied on stability (both 2x)
+    assert header.split()[-3:] == [THIRD, "tied", "pick"]  # trials 0 and 2 are tied on stability (both 2x)
     assert "40%" in shown.stdout
     as_json = run_cli("report", "three", "--json")
     assert json.loads(as_json.stdout)["front"][2][THIRD] == 0.4
