@@ -54,7 +54,12 @@ from sampler_table import ROOT, grid, key_of, table_space
 
 from sweeper.memory import CalibrationPoint, Known, fit_calibration, group_of, preflight
 from sweeper.space import SearchSpace
-from sweeper.study._objectives import DEFAULT_OBJECTIVES, objective_values  # the product's, as sweep run tells them
+from sweeper.study._objectives import (  # the product's, as sweep run tells them
+    DEFAULT_OBJECTIVES,
+    Objective,
+    objective_values,
+    resolve_objectives,
+)
 from sweeper.study._optuna_private import hypervolume  # Optuna's WFG, as sweep run's front line uses it
 from sweeper.study._sampling import make_sampler, to_distributions
 from sweeper.study._snapshot import reference_point  # the same reference as sweep run's front line
@@ -65,6 +70,10 @@ SAMPLERS = ("random", "tpe", "nsgaii", "gp", "tpe+front-seeds")
 TARGET = 0.9
 #: The memory kind of the table's trials (CPU resident set), which the preflight's correction is fitted in.
 KIND = "cpu_peak_rss"
+#: The output files' name: ``sampler_replay``, with ``_`` and the third objective's name under ``--objectives``.
+STEM = "sampler_replay"
+#: The objectives replayed: the product's default two, or those of ``--objectives`` (set once in :func:`main`).
+OBJECTIVES: tuple[Objective, ...] = DEFAULT_OBJECTIVES
 
 
 @dataclass
@@ -92,7 +101,7 @@ class Replay:
 
 def minimized(values: Sequence[float]) -> list[float]:
     """The objectives' values signed so that lower is better."""
-    return [o.better(v) for o, v in zip(DEFAULT_OBJECTIVES, values)]
+    return [o.better(v) for o, v in zip(OBJECTIVES, values)]
 
 
 class Table:
@@ -109,7 +118,7 @@ class Table:
         }
         self.results = {k: TrialResult.from_dict(r) for k, r in self.rows.items()}
         self.values = {
-            k: minimized(objective_values(DEFAULT_OBJECTIVES, r))
+            k: minimized(objective_values(OBJECTIVES, r))
             for k, r in self.results.items()
             if r.status.value == "complete"
         }
@@ -141,14 +150,14 @@ def make(name: str, seed: int, n_trials: int, space: SearchSpace) -> optuna.samp
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.GPSampler(seed=seed)
-    base = "tpe" if name.startswith("tpe") else name
+    base: Any = "tpe" if name.startswith("tpe") else name  # one of the product's sampler names
     return make_sampler(replace(space.study, sampler=base, seed=seed), n_trials, seed)
 
 
 def replay(table: Table, name: str, seed: int, prune: bool, n_trials: int) -> Replay:
     """Replay ``n_trials`` trials of sampler ``name`` at ``seed`` on ``table``."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(directions=["minimize"] * len(DEFAULT_OBJECTIVES),
+    study = optuna.create_study(directions=["minimize"] * len(OBJECTIVES),
                                 sampler=make(name, seed, n_trials, table.space))  # fmt: skip
     if name.endswith("front-seeds"):
         for params in front_seeds(table):
@@ -265,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samplers", default=",".join(SAMPLERS))
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--trials", type=int, default=max(BUDGETS))
+    parser.add_argument("--objectives", help="e.g. peak_memory_gib,edge_proximity,learning_progress (default: the "
+                        "product's two)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="replays run at once (processes)")
     parser.add_argument(
         "--where",
@@ -273,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         help="KEY=VALUE: replay on the part of the grid with that setting fixed (a partial table)",
     )
     args = parser.parse_args(argv)
+    global OBJECTIVES, STEM
+    if args.objectives:
+        OBJECTIVES = resolve_objectives(args.objectives.split(","), "--objectives")
+        STEM = "_".join(["sampler_replay", *(o.name for o in OBJECTIVES if o not in DEFAULT_OBJECTIVES)])
     fixed = {k: yaml.safe_load(v) for k, _, v in (w.partition("=") for w in args.where)}
     table = Table(Path(args.table), fixed)
     names = [s.strip() for s in args.samplers.split(",")]
@@ -297,13 +312,13 @@ def write(out: Path, table: Table, summary: dict[str, Any], args: argparse.Names
     """``sampler_replay.json`` (every figure), ``.md`` (the table of them) and ``.html``/``.png`` (the median
     hypervolume ratio against trials)."""
     payload = {"table": args.table, "true_hypervolume": table.true_hypervolume, "reference_point": table.reference,
-               "objectives": [o.name for o in DEFAULT_OBJECTIVES], "target": TARGET, "summary": summary}  # fmt: skip
-    (out / "sampler_replay.json").write_text(json.dumps(payload, indent=1))
+               "objectives": [o.name for o in OBJECTIVES], "target": TARGET, "summary": summary}  # fmt: skip
+    (out / f"{STEM}.json").write_text(json.dumps(payload, indent=1))
     lines = [
         "# Samplers replayed on the table of real trials (`benchmarks/sampler_replay.py`)",
         "",
         f"Table: {len(table.rows)} configurations, {len(table.values)} complete; objectives "
-        f"{', '.join(o.name for o in DEFAULT_OBJECTIVES)} (both minimized); reference point "
+        f"{', '.join(o.name for o in OBJECTIVES)} (each signed to be minimized); reference point "
         f"({', '.join(f'{x:.4g}' for x in table.reference)}); true hypervolume {table.true_hypervolume:.4g}.",
         "",
         "| sampler | memory pruning | "
@@ -324,7 +339,7 @@ def write(out: Path, table: Table, summary: dict[str, Any], args: argparse.Names
         p = e.get("p_vs_random_at_40")
         lines.append(f"| {sampler} | {prune} | " + " | ".join(cells) + f" | {fmt(e['trials_to_target'], 0)} | "
                      f"{fmt(e['wall_s_to_target'], 0)} | {'-' if p is None else f'{p:.3g}'} |")  # fmt: skip
-    (out / "sampler_replay.md").write_text("\n".join(lines) + "\n")
+    (out / f"{STEM}.md").write_text("\n".join(lines) + "\n")
     plot(out, summary)
 
 
@@ -341,11 +356,11 @@ def plot(out: Path, summary: dict[str, Any]) -> None:
     fig.add_hline(y=TARGET, line={"color": "grey", "dash": "dash"})
     fig.update_layout(title="Hypervolume of the found front over the true front (median over seeds)",
                       xaxis_title="trials", yaxis_title="hypervolume ratio", width=900, height=520)  # fmt: skip
-    fig.write_html(out / "sampler_replay.html", include_plotlyjs="cdn")
+    fig.write_html(out / f"{STEM}.html", include_plotlyjs="cdn")
     try:
-        fig.write_image(out / "sampler_replay.png")
+        fig.write_image(out / f"{STEM}.png")
     except Exception as exc:  # kaleido absent, or without a browser: the HTML stands
-        print(f"no PNG ({type(exc).__name__}: {exc}); the HTML is {out / 'sampler_replay.html'}")
+        print(f"no PNG ({type(exc).__name__}: {exc}); the HTML is {out / f'{STEM}.html'}")
 
 
 if __name__ == "__main__":
