@@ -212,10 +212,15 @@ def format_front(
         labels = ["confirmed"] + [t.confirmation.label if t.confirmation else "-" for t in front]
         rows = [(*row, label) for row, label in zip(rows, labels)]
     if picks:
-        named = [", ".join(name for name, p in picks.items() if p.number == t.number) for t in front]
-        labels = ["pick"] + [(f"{n} (off the front)" if t.number in extra else n) or "-" for n, t in zip(named, front)]
-        rows = [(*row, label) for row, label in zip(rows, labels)]
+        rows = [(*row, label) for row, label in zip(rows, _pick_column(front, picks, set(extra)))]
     return _table(rows)
+
+
+def _pick_column(rows: Sequence[StoredTrial], picks: Mapping[str, StoredTrial], off_front: set[int]) -> list[str]:
+    """The front table's ``pick`` column: its header, then per row the picks choosing it (``-`` for none), marked
+    ``(off the front)`` for the trials numbered in ``off_front``."""
+    named = [", ".join(name for name, p in picks.items() if p.number == t.number) for t in rows]
+    return ["pick"] + [(f"{n} (off the front)" if t.number in off_front else n) or "-" for n, t in zip(named, rows)]
 
 
 def stability_ties(front: Sequence[StoredTrial], objectives: Sequence[Objective]) -> dict[int, list[int]]:
