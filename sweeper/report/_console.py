@@ -145,14 +145,10 @@ def format_front(
     column ``tied`` naming the trials each is tied with; when any of them was confirmed (``sweep confirm``), a last
     column ``confirmed``: ``300 ok``, ``diverged@120`` ..., or ``-``.
 
-    ``picks`` (pick name -> the trial ``sweep export --pick`` chooses: :func:`sweeper.report._data.pick_choices`)
-    adds a column ``pick`` naming each row's picks; a picked trial that is not on the front (``safe`` chooses among
-    every complete trial: one whose margin ties a lighter trial's that is near its edge) gets its own row, in order of
-    peak memory, marked ``off the front``, so that every trial a pick line names is in the table."""
+    ``picks`` (pick name -> trial, :func:`sweeper.report._data.picks_block`) adds a column ``pick``; a picked trial
+    off the front (``safe`` chooses among every complete trial) gets a row marked ``off the front``."""
     picks = picks or {}
-    on_front = {t.number for t in front}
-    extra = {t.number: t for t in picks.values() if t.number not in on_front}
-    front = sorted([*front, *extra.values()], key=lambda t: (t.values or (float("inf"),))[0]) if extra else front
+    front, extra = _with_picks_off_front(front, picks)
     rows: list[tuple[str, ...]] = [
         (
             "trial",
@@ -212,8 +208,19 @@ def format_front(
         labels = ["confirmed"] + [t.confirmation.label if t.confirmation else "-" for t in front]
         rows = [(*row, label) for row, label in zip(rows, labels)]
     if picks:
-        rows = [(*row, label) for row, label in zip(rows, _pick_column(front, picks, set(extra)))]
+        rows = [(*row, label) for row, label in zip(rows, _pick_column(front, picks, extra))]
     return _table(rows)
+
+
+def _with_picks_off_front(
+    front: Sequence[StoredTrial], picks: Mapping[str, StoredTrial]
+) -> tuple[Sequence[StoredTrial], set[int]]:
+    """``front`` with the picked trials not on it added, in order of peak memory, and the numbers of those added."""
+    on_front = {t.number for t in front}
+    extra = {t.number: t for t in picks.values() if t.number not in on_front}
+    if not extra:
+        return front, set()
+    return sorted([*front, *extra.values()], key=lambda t: (t.values or (float("inf"),))[0]), set(extra)
 
 
 def _pick_column(rows: Sequence[StoredTrial], picks: Mapping[str, StoredTrial], off_front: set[int]) -> list[str]:
