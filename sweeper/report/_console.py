@@ -147,8 +147,7 @@ def format_front(
 
     ``picks`` (pick name -> trial, :func:`sweeper.report._data.picks_block`) adds a column ``pick``; a picked trial
     off the front (``safe`` chooses among every complete trial) gets a row marked ``off the front``."""
-    picks = picks or {}
-    front, extra = _with_picks_off_front(front, picks)
+    front, extra = _with_picks_off_front(front, picks or {})
     rows: list[tuple[str, ...]] = [
         (
             "trial",
