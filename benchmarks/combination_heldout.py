@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from validity import FAILED, auc, bootstrap, spearman  # noqa: E402
+from validity import FAILED, auc, bootstrap, spearman
 
 RESULTS = Path(__file__).parent / "results"
 HORIZON = 300
@@ -61,7 +61,9 @@ def score(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """AUC (failure within the horizon) and Spearman (with the long outcome) of each figure, with 95% intervals."""
     fails = [r["long"]["status"] in FAILED for r in rows]
     outcome = [
-        2 + (HORIZON - (r["long"].get("fail_step") or HORIZON)) / HORIZON if f else (r["long"].get("instability") or 0.0)
+        2 + (HORIZON - (r["long"].get("fail_step") or HORIZON)) / HORIZON
+        if f
+        else (r["long"].get("instability") or 0.0)
         for r, f in zip(rows, fails)
     ]
     out: dict[str, dict[str, Any]] = {}
