@@ -248,9 +248,13 @@ class TraceCallback(TrainerCallback):
         self.trainer: Any = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        """Probe the untrained adapter (step 0)."""
+        """Probe the untrained adapter (step 0), then say that training began (step 0 of the constant phase): with
+        many micro-batches a step, the first step's own report can come minutes after the model finished loading."""
         if self.probe is not None:
             run_probe(self.trainer, self.record, self.probe, 0)
+        record = self.record
+        constant_steps = record.stress.after_step if record.stress is not None else args.max_steps
+        self.progress.report("train", step=0, of=constant_steps)
 
     def on_step_begin(self, args, state, control, **kwargs):
         """Reset the step's values."""
