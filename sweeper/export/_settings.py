@@ -11,6 +11,7 @@ from typing import Any
 
 from sweeper.errors import StudyError
 from sweeper.space import TrialConfig
+from sweeper.stability import StabilityFigures, round_figure
 from sweeper.study import Confirmation, StoredTrial, StudyLike, StudySnapshot, snapshot
 
 #: Built-in models as the hub ids a production run would load.
@@ -110,19 +111,8 @@ class Provenance:
         memory_kind: ``cuda_max_reserved`` or ``cpu_peak_rss``.
         memory_limit_gib: The space's memory cap in GiB.
         instability: The trial's instability (4 decimals).
-        stability_margin: How many times the learning rate the stress phase reached before diverging (2
-            significant digits); None when not measured.
-        margin_capped: The stress phase reached its cap without diverging (the margin is a lower bound).
-        lr_ceiling: The learning rate the stress phase diverged at (6 significant digits), None when it did not.
-        predicted_max_lr: The largest constant learning rate predicted to hold (6 significant digits).
-        stability_margin_low, stability_margin_high: The margin's seed-noise interval (``high`` None when capped).
-        predicted_max_lr_low, predicted_max_lr_high: ``predicted_max_lr``'s 95% interval (``high`` None when
-            capped).
-        predicted_max_lr_source: Which factor made ``predicted_max_lr`` (calibrated on this study, or not).
-        headroom, headroom_low, headroom_high: ``predicted_max_lr / learning_rate`` and its 95% interval (2
-            significant digits; ``high`` None when capped): how many times its rate a long run is predicted to hold
-            (:class:`sweeper.stability.Headroom`); None when not measured.
-        near_edge: The headroom is below its safety factor (:attr:`sweeper.stability.Headroom.near_edge`).
+        stability: The stability margin, ``predicted_max_lr`` and headroom with their intervals, rounded as the
+            header writes them (:meth:`sweeper.stability.StabilityFigures.rounded`); flat in :meth:`to_dict`.
         measured_effective_batch_size: ``per_device_train_batch_size * gradient_accumulation_steps`` of the short
             trial (and of its confirmation): the effective batch the stability figures were measured at, which the
             export's ``gradient_accumulation_steps`` may change.
@@ -140,19 +130,7 @@ class Provenance:
     memory_kind: str | None
     memory_limit_gib: float
     instability: float | None
-    stability_margin: float | None
-    margin_capped: bool | None
-    lr_ceiling: float | None
-    predicted_max_lr: float | None
-    stability_margin_low: float | None
-    stability_margin_high: float | None
-    predicted_max_lr_low: float | None
-    predicted_max_lr_high: float | None
-    predicted_max_lr_source: str | None
-    headroom: float | None
-    headroom_low: float | None
-    headroom_high: float | None
-    near_edge: bool | None
+    stability: StabilityFigures
     measured_effective_batch_size: int
     learning_progress: float | None
     confirmation: Confirmation | None
@@ -161,9 +139,12 @@ class Provenance:
     exported: str
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON export's ``provenance``: these fields in order, ``confirmation`` as stored, ``versions`` as
-        ``{package: version}``."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        """The JSON export's ``provenance``: these fields in order, ``stability`` flattened in its place,
+        ``confirmation`` as stored, ``versions`` as ``{package: version}``."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out.update(value.to_dict() if f.name == "stability" else {f.name: value})
         out["confirmation"] = self.confirmation.to_dict() if self.confirmation else None
         out["versions"] = dict(self.versions)
         return out
@@ -306,38 +287,21 @@ def _provenance(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Pro
     """Study, trial, what was measured where, and the library versions (:attr:`ExportSettings.provenance`)."""
     versions = trial.result.provenance.versions or {}
     peak = trial.result.memory.peak_memory_gib
-    h = trial.headroom
     return Provenance(
         study=study.name,
         trial=trial.number,
         peak_memory_gib=round(peak, 3) if isinstance(peak, float) else peak,
         memory_kind=trial.result.memory.memory_kind,
         memory_limit_gib=c.memory_limit_gib,
-        instability=_rounded(trial.result.constant.instability, 4),
-        stability_margin=_rounded(trial.result.stress.stability_margin, 1),
-        margin_capped=trial.result.stress.margin_capped,
-        lr_ceiling=_rounded(trial.result.stress.lr_ceiling, 6),
-        predicted_max_lr=_rounded(trial.result.stress.predicted_max_lr, 6),
-        stability_margin_low=_rounded(trial.result.stress.stability_margin_low, 1),
-        stability_margin_high=_rounded(trial.result.stress.stability_margin_high, 1),
-        predicted_max_lr_low=_rounded(trial.result.stress.predicted_max_lr_low, 6),
-        predicted_max_lr_high=_rounded(trial.result.stress.predicted_max_lr_high, 6),
-        predicted_max_lr_source=trial.result.stress.predicted_max_lr_source,
-        headroom=_rounded(h.value, 2) if h is not None else None,
-        headroom_low=_rounded(h.low, 2) if h is not None else None,
-        headroom_high=_rounded(h.high, 2) if h is not None and h.high is not None else None,
-        near_edge=h.near_edge if h is not None else None,
+        instability=round_figure(trial.result.constant.instability, 4),
+        stability=StabilityFigures.of(trial.result.stress, trial.headroom).rounded(),
         measured_effective_batch_size=c.effective_batch_size,
-        learning_progress=_rounded(trial.result.constant.learning_progress, 3),
+        learning_progress=round_figure(trial.result.constant.learning_progress, 3),
         confirmation=trial.confirmation,
         device=trial.result.provenance.device,
         versions=tuple({**versions, "sweeper": _version("sweeper")}.items()),
         exported=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
-
-
-def _rounded(x: float | None, digits: int) -> float | None:
-    return None if x is None else float(f"{x:.{digits}g}") if digits > 4 else round(x, digits)
 
 
 def _training(c: TrialConfig, accumulation: int) -> TrainingSettings:
@@ -367,32 +331,33 @@ def _version(package: str) -> str | None:
 
 def _margin_sentence(p: Provenance) -> str:
     """What the stress phase measured, for the export's header."""
-    if p.stability_margin is None:
+    f = p.stability
+    if f.stability_margin is None:
         return "Stability margin: not measured (a study written before it, or its stress phase did not finish)."
-    bound = ">= " if p.margin_capped else ""
-    ceiling = "none up to the cap" if p.lr_ceiling is None else p.lr_ceiling
-    if p.stability_margin_low is None:
+    bound = ">= " if f.margin_capped else ""
+    ceiling = "none up to the cap" if f.lr_ceiling is None else f.lr_ceiling
+    if f.stability_margin_low is None:
         noise = ""
-    elif p.stability_margin_high is None:
-        noise = f" (seed noise: >= {p.stability_margin_low}x)"
+    elif f.stability_margin_high is None:
+        noise = f" (seed noise: >= {f.stability_margin_low}x)"
     else:
-        noise = f" (seed noise: {p.stability_margin_low}x-{p.stability_margin_high}x)"
-    if p.predicted_max_lr_low is None:
+        noise = f" (seed noise: {f.stability_margin_low}x-{f.stability_margin_high}x)"
+    if f.predicted_max_lr_low is None:
         interval = ""
-    elif p.predicted_max_lr_high is None:
-        interval = f" (95%: >= {p.predicted_max_lr_low})"
+    elif f.predicted_max_lr_high is None:
+        interval = f" (95%: >= {f.predicted_max_lr_low})"
     else:
-        interval = f" (95%: {p.predicted_max_lr_low}-{p.predicted_max_lr_high})"
-    source = f"; {p.predicted_max_lr_source}" if p.predicted_max_lr_source else ""
-    if p.headroom is None:
+        interval = f" (95%: {f.predicted_max_lr_low}-{f.predicted_max_lr_high})"
+    source = f"; {f.predicted_max_lr_source}" if f.predicted_max_lr_source else ""
+    if f.headroom is None:
         headroom = ""
     else:
-        span = f">= {p.headroom_low}x" if p.headroom_high is None else f"{p.headroom_low}x-{p.headroom_high}x"
-        near = ": NEAR ITS EDGE, a long run at this rate may fail within the noise" if p.near_edge else ""
-        headroom = f" Headroom {bound}{p.headroom}x this learning rate (95%: {span}){near}."
+        span = f">= {f.headroom_low}x" if f.headroom_high is None else f"{f.headroom_low}x-{f.headroom_high}x"
+        near = ": NEAR ITS EDGE, a long run at this rate may fail within the noise" if f.near_edge else ""
+        headroom = f" Headroom {bound}{f.headroom}x this learning rate (95%: {span}){near}."
     return (
-        f"Stability margin {bound}{p.stability_margin}x the learning rate{noise} (the stress phase diverged at "
-        f"lr_ceiling {ceiling}); predicted_max_lr {p.predicted_max_lr}{interval}{source}: a constant learning rate "
+        f"Stability margin {bound}{f.stability_margin}x the learning rate{noise} (the stress phase diverged at "
+        f"lr_ceiling {ceiling}); predicted_max_lr {f.predicted_max_lr}{interval}{source}: a constant learning rate "
         "above it is predicted to fail within a long run (benchmarks/results/validity.md says how wide that "
         f"prediction is).{headroom}"
     )

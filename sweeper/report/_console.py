@@ -15,6 +15,7 @@ from sweeper.audit import AuditReport, NanRisk
 from sweeper.report._records import MemoryPrediction
 from sweeper.space import TrialConfig
 from sweeper.stability import (
+    StabilityFigures,
     barely_learns,
     format_headroom,
     format_instability,
@@ -23,7 +24,7 @@ from sweeper.stability import (
     headroom_of,
 )
 from sweeper.study import Objective, StoredTrial, StudyLike, snapshot
-from sweeper.trial import TrialResult, TrialStatus
+from sweeper.trial import StressOutcome, TrialResult, TrialStatus
 
 #: Short column names of per-trial keys in the console (the full names are in the study and the reports).
 SHORT_NAMES = {
@@ -339,16 +340,15 @@ def other_setups_line(study: StudyLike) -> str | None:
     )
 
 
-def margin_text(stress: Any) -> str:
-    """A trial's margin with its seed-noise interval (:func:`sweeper.stability.format_margin_range`), from anything
-    with ``stability_margin``, ``margin_capped``, ``stability_margin_low`` and ``stability_margin_high`` (a
-    :class:`~sweeper.trial.StressOutcome`, a front row)."""
+def margin_text(stress: StressOutcome | StabilityFigures) -> str:
+    """A trial's margin with its seed-noise interval (:func:`sweeper.stability.format_margin_range`), from its stored
+    stress phase or a report row's :class:`~sweeper.stability.StabilityFigures`."""
     return format_margin_range(
         stress.stability_margin, stress.margin_capped, stress.stability_margin_low, stress.stability_margin_high
     )
 
 
-def predicted_text(stress: Any) -> str:
+def predicted_text(stress: StressOutcome | StabilityFigures) -> str:
     """``predicted_max_lr`` with its 95% interval and which factor made it: ``3.36e-03 (1.5e-03-7.5e-03;
     uncalibrated: factor from SmolLM2-135M (8 edges, geometric SD 1.51))``; ``-`` when unknown."""
     shown = format_rate_range(stress.predicted_max_lr, stress.predicted_max_lr_low, stress.predicted_max_lr_high)

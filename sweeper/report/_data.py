@@ -104,16 +104,7 @@ def trial_record(
         memory_kind=r.memory.memory_kind,
         predicted_peak_gib=_finite(r.memory.predicted_peak_gib),
         instability=_finite(r.constant.instability) if complete else None,
-        stability_margin=_finite(r.stress.stability_margin) if complete else None,
-        margin_capped=r.stress.margin_capped,
-        lr_ceiling=_finite(r.stress.lr_ceiling),
-        predicted_max_lr=_finite(r.stress.predicted_max_lr),
-        stability_margin_low=_finite(r.stress.stability_margin_low),
-        stability_margin_high=_finite(r.stress.stability_margin_high),
-        predicted_max_lr_low=_finite(r.stress.predicted_max_lr_low),
-        predicted_max_lr_high=_finite(r.stress.predicted_max_lr_high),
-        predicted_max_lr_source=r.stress.predicted_max_lr_source,
-        **headroom_fields(trial),
+        stability=trial.stability if complete else dataclasses.replace(trial.stability, stability_margin=None),
         learning_progress=_finite(r.constant.learning_progress),
         fail_step=r.fail_step,
         steps_done=r.constant.steps_done,
@@ -125,20 +116,6 @@ def trial_record(
             if o in extra
         },
     )
-
-
-def headroom_fields(trial: StoredTrial) -> dict[str, Any]:
-    """``headroom``, ``headroom_low``, ``headroom_high`` and ``near_edge`` of a report row
-    (:attr:`sweeper.study.StoredTrial.headroom`), all None when not measured."""
-    h = trial.headroom if trial.state == TrialState.COMPLETE else None
-    if h is None:
-        return {"headroom": None, "headroom_low": None, "headroom_high": None, "near_edge": None}
-    return {
-        "headroom": _finite(h.value),
-        "headroom_low": _finite(h.low),
-        "headroom_high": h.high,
-        "near_edge": h.near_edge,
-    }
 
 
 def extra_objectives(objectives: Sequence[Objective]) -> list[Objective]:
@@ -523,16 +500,7 @@ def front_row(
         params=trial_params(trial, searched),
         objective_values=values,
         peak_memory_gib=trial.values[memory],
-        stability_margin=_finite(r.stress.stability_margin),
-        margin_capped=r.stress.margin_capped,
-        lr_ceiling=_finite(r.stress.lr_ceiling),
-        predicted_max_lr=_finite(r.stress.predicted_max_lr),
-        stability_margin_low=_finite(r.stress.stability_margin_low),
-        stability_margin_high=_finite(r.stress.stability_margin_high),
-        predicted_max_lr_low=_finite(r.stress.predicted_max_lr_low),
-        predicted_max_lr_high=_finite(r.stress.predicted_max_lr_high),
-        predicted_max_lr_source=r.stress.predicted_max_lr_source,
-        **headroom_fields(trial),
+        stability=trial.stability,
         learning_progress=_finite(r.constant.learning_progress),
         instability=_finite(r.constant.instability),
         confirmation=trial.confirmation,

@@ -31,7 +31,7 @@ from sweeper.report._records import (
     Report,
     TrialRecord,
 )
-from sweeper.stability import format_headroom_range, format_margin
+from sweeper.stability import format_margin
 from sweeper.study import StudyLike, snapshot
 
 #: The front figure's height of a point: its stability margin, or a pre-margin study's instability (None: unknown).
@@ -66,8 +66,8 @@ def _hover(point: TrialRecord) -> str:
     if point.predicted_peak_gib is not None:
         memory += f" (predicted {point.predicted_peak_gib:.2f})"
     stability = format_instability(point.instability)
-    if point.stability_margin is not None:
-        stability = f"margin {margin_text(point)}, " + stability
+    if point.stability.stability_margin is not None:
+        stability = f"margin {margin_text(point.stability)}, " + stability
     reason = html.escape(point.reason)[:200]
     confirmed = point.confirmation
     long = ""
@@ -75,14 +75,13 @@ def _hover(point: TrialRecord) -> str:
         long = f"<br>confirmed at {confirmed.steps} steps: {html.escape(str(confirmed.status))}"
         if not confirmed.passed:
             long += f" at step {confirmed.fail_step}"
-    if point.headroom is not None:
-        room = format_headroom_range(point.headroom, point.headroom_low, point.headroom_high, point.near_edge)
-        long += f"<br>headroom {room}"
+    if point.stability.headroom is not None:
+        long += f"<br>headroom {point.stability.headroom_text()}"
     return f"trial {point.number}: {point.label}<br>peak {memory}, margin {stability}{long}<br>{params}<br>{reason}"
 
 
 def _margin(point: TrialRecord) -> float | None:
-    return point.stability_margin
+    return point.stability.stability_margin
 
 
 def _instability(point: TrialRecord) -> float | None:
@@ -202,7 +201,7 @@ def _near_edge_traces(complete: Sequence[tuple[TrialRecord, float]]) -> list[Any
     gives it."""
     import plotly.graph_objects as go
 
-    group = [(p, y) for p, y in complete if p.near_edge]
+    group = [(p, y) for p, y in complete if p.stability.near_edge]
     if not group:
         return []
     return [
@@ -501,11 +500,11 @@ def _front_row(f: FrontRow, keys: list[str], picked: list[str]) -> list[Any]:
         f.number,
         *[_fmt(f.params.get(k)) for k in keys],
         f"{f.peak_memory_gib:.3f}",
-        margin_text(f),
-        format_headroom_range(f.headroom, f.headroom_low, f.headroom_high, f.near_edge),
+        margin_text(f.stability),
+        f.stability.headroom_text(),
         ", ".join(f"#{n}" for n in f.tied_with) or "-",
-        _fmt_rate(f.lr_ceiling),
-        predicted_text(f),
+        _fmt_rate(f.stability.lr_ceiling),
+        predicted_text(f.stability),
         "-" if f.learning_progress is None else f"{100 * f.learning_progress:.0f}%",
         format_instability(f.instability),
         f.confirmation.label if f.confirmation else "-",

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
+from sweeper.stability import StabilityFigures
 from sweeper.study import Confirmation, PredictionError
 
 
@@ -34,18 +35,9 @@ class TrialRecord:
         memory_kind: What the peak measures (``cpu_peak_rss``, ``cuda_max_reserved``), or None.
         predicted_peak_gib: The memory model's prediction before it ran (GiB), or None.
         instability: Its instability, None unless it completed.
-        stability_margin: Its stability margin (x its learning rate), None unless it completed.
-        margin_capped: The stress phase hit its cap: the margin is a lower bound (None: not measured).
-        lr_ceiling: The learning rate its stress phase diverged at, or None.
-        predicted_max_lr: The largest learning rate predicted to hold for a long run, or None.
-        stability_margin_low, stability_margin_high: The margin's seed-noise interval (``high`` None when capped).
-        predicted_max_lr_low, predicted_max_lr_high: ``predicted_max_lr``'s 95% interval (``high`` None when capped).
-        predicted_max_lr_source: Which factor made ``predicted_max_lr`` (calibrated on this study, or not).
-        headroom, headroom_low, headroom_high: ``predicted_max_lr / learning_rate`` and its 95% interval (``high``
-            None when capped): how many times its own rate a long run is predicted to hold
-            (:class:`sweeper.stability.Headroom`); None when not measured.
-        near_edge: Its headroom is below its safety factor (:attr:`sweeper.stability.Headroom.near_edge`); None when
-            not measured.
+        stability: Its stability margin, ``predicted_max_lr`` and headroom with their intervals
+            (:class:`sweeper.stability.StabilityFigures`), flat in ``to_dict``; the margin and headroom None unless it
+            completed.
         learning_progress: The probe loss's relative drop at its learning rate (a fraction), or None.
         fail_step: The step it failed at, or None.
         steps_done: Optimizer steps it finished.
@@ -67,19 +59,7 @@ class TrialRecord:
     memory_kind: str | None
     predicted_peak_gib: float | None
     instability: float | None
-    stability_margin: float | None
-    margin_capped: bool | None
-    lr_ceiling: float | None
-    predicted_max_lr: float | None
-    stability_margin_low: float | None
-    stability_margin_high: float | None
-    predicted_max_lr_low: float | None
-    predicted_max_lr_high: float | None
-    predicted_max_lr_source: str | None
-    headroom: float | None
-    headroom_low: float | None
-    headroom_high: float | None
-    near_edge: bool | None
+    stability: StabilityFigures
     learning_progress: float | None
     fail_step: int | None
     steps_done: int
@@ -88,7 +68,8 @@ class TrialRecord:
     objective_values: Mapping[str, float | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the fields in order, ``objective_values`` flattened at the end (one key per objective)."""
+        """JSON-ready: the fields in order, ``stability`` flattened in its place and ``objective_values`` at the
+        end (one key per objective)."""
         return {
             "number": self.number,
             "state": self.state,
@@ -102,19 +83,7 @@ class TrialRecord:
             "memory_kind": self.memory_kind,
             "predicted_peak_gib": self.predicted_peak_gib,
             "instability": self.instability,
-            "stability_margin": self.stability_margin,
-            "margin_capped": self.margin_capped,
-            "lr_ceiling": self.lr_ceiling,
-            "predicted_max_lr": self.predicted_max_lr,
-            "stability_margin_low": self.stability_margin_low,
-            "stability_margin_high": self.stability_margin_high,
-            "predicted_max_lr_low": self.predicted_max_lr_low,
-            "predicted_max_lr_high": self.predicted_max_lr_high,
-            "predicted_max_lr_source": self.predicted_max_lr_source,
-            "headroom": self.headroom,
-            "headroom_low": self.headroom_low,
-            "headroom_high": self.headroom_high,
-            "near_edge": self.near_edge,
+            **self.stability.to_dict(),
             "learning_progress": self.learning_progress,
             "fail_step": self.fail_step,
             "steps_done": self.steps_done,
@@ -333,18 +302,8 @@ class FrontRow:
         params: Its settings (:func:`sweeper.report._data.trial_params`).
         objective_values: Its value of each of the study's objectives, by name, in the study's order.
         peak_memory_gib: Its measured peak (GiB): the memory objective's value.
-        stability_margin: Its stability margin, or None.
-        margin_capped: The margin is a lower bound (the stress phase hit its cap); None: not measured.
-        lr_ceiling: The learning rate its stress phase diverged at, or None.
-        predicted_max_lr: The largest learning rate predicted to hold for a long run, or None.
-        stability_margin_low, stability_margin_high: The margin's seed-noise interval (``high`` None when capped).
-        predicted_max_lr_low, predicted_max_lr_high: ``predicted_max_lr``'s 95% interval (``high`` None when capped).
-        predicted_max_lr_source: Which factor made ``predicted_max_lr`` (calibrated on this study, or not).
-        headroom, headroom_low, headroom_high: ``predicted_max_lr / learning_rate`` and its 95% interval (``high``
-            None when capped): how many times its own rate a long run is predicted to hold
-            (:class:`sweeper.stability.Headroom`); None when not measured.
-        near_edge: Its headroom is below its safety factor (:attr:`sweeper.stability.Headroom.near_edge`); None when
-            not measured.
+        stability: Its stability margin, ``predicted_max_lr`` and headroom with their intervals
+            (:class:`sweeper.stability.StabilityFigures`), flat in ``to_dict``.
         learning_progress: The probe loss's relative drop at its learning rate, or None.
         instability: Its instability, or None.
         confirmation: Its long run (``sweep confirm``), or None.
@@ -356,19 +315,7 @@ class FrontRow:
     params: Mapping[str, Any]
     objective_values: Mapping[str, float]
     peak_memory_gib: float
-    stability_margin: float | None
-    margin_capped: bool | None
-    lr_ceiling: float | None
-    predicted_max_lr: float | None
-    stability_margin_low: float | None
-    stability_margin_high: float | None
-    predicted_max_lr_low: float | None
-    predicted_max_lr_high: float | None
-    predicted_max_lr_source: str | None
-    headroom: float | None
-    headroom_low: float | None
-    headroom_high: float | None
-    near_edge: bool | None
+    stability: StabilityFigures
     learning_progress: float | None
     instability: float | None
     confirmation: Confirmation | None
@@ -382,19 +329,7 @@ class FrontRow:
             "number": self.number,
             "params": dict(self.params),
             **self.objective_values,
-            "stability_margin": self.stability_margin,
-            "margin_capped": self.margin_capped,
-            "lr_ceiling": self.lr_ceiling,
-            "predicted_max_lr": self.predicted_max_lr,
-            "stability_margin_low": self.stability_margin_low,
-            "stability_margin_high": self.stability_margin_high,
-            "predicted_max_lr_low": self.predicted_max_lr_low,
-            "predicted_max_lr_high": self.predicted_max_lr_high,
-            "predicted_max_lr_source": self.predicted_max_lr_source,
-            "headroom": self.headroom,
-            "headroom_low": self.headroom_low,
-            "headroom_high": self.headroom_high,
-            "near_edge": self.near_edge,
+            **self.stability.to_dict(),
             "learning_progress": self.learning_progress,
             "instability": self.instability,
             "tied_with": list(self.tied_with),

@@ -22,6 +22,7 @@ from sweeper.stability import (
     STORED_COMPONENTS,
     Headroom,
     LrCalibration,
+    StabilityFigures,
     headroom_of,
     margin_interval,
     predicted_max_lr,
@@ -102,6 +103,13 @@ class StoredTrial:
         """``predicted_max_lr / learning_rate`` with its interval and whether it is near its edge
         (:func:`sweeper.stability.headroom_of`); None without a measured margin or a stored config."""
         return headroom_of(self.config.learning_rate if self.config is not None else None, self.result.stress)
+
+    @property
+    def stability(self) -> StabilityFigures:
+        """Its stress phase's figures and :attr:`headroom` as every view shows them
+        (:class:`sweeper.stability.StabilityFigures`); headroom None unless it completed."""
+        complete = self.state == TrialState.COMPLETE
+        return StabilityFigures.of(self.result.stress, self.headroom if complete else None)
 
     @property
     def safely_below_edge(self) -> bool:
