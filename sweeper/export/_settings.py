@@ -264,8 +264,15 @@ def _confirmation_note(study: StudySnapshot, trial: StoredTrial, c: TrialConfig)
                 else ""
             )
         )
+    exported = c.as_exported().effective_batch_size
+    ran = exported if done.as_exported else done.effective_batch_size or c.effective_batch_size
+    batch = (
+        "as exported"
+        if ran == exported
+        else f"at effective batch {ran}, not as exported ({exported}; 'sweep confirm --as-exported' runs it)"
+    )
     return (
-        f"confirmed: a {done.steps}-step run of this configuration completed (instability "
+        f"confirmed: a {done.steps}-step run of this configuration completed {batch} (instability "
         f"{done.instability if done.instability is None else round(done.instability, 4)}, peak "
         f"{done.peak_memory_gib if done.peak_memory_gib is None else round(done.peak_memory_gib, 3)} GiB)"
     )

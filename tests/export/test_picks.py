@@ -172,3 +172,17 @@ def test_a_confirmed_trial_worse_beyond_the_noise_is_not_the_pick(picks_study):
     )
     # min-memory: #0 is the lightest anyway
     assert choose(picks_study, "min-memory").trial.number == 0
+
+
+def test_the_exports_confirmation_note_says_whether_it_ran_as_exported(picks_study, tmp_path):
+    # Trial 3 trained at batch 1; the export keeps target_effective_batch_size 16 through gradient accumulation.
+    cases = ((1, False, "at effective batch 1, not as exported (16;"), (16, True, "as exported"))
+    for batch, as_exported, said in cases:
+        done = Confirmation(steps=300, status="complete", steps_done=300, effective_batch_size=batch,
+                            as_exported=as_exported)  # fmt: skip
+        picks_study.set_user_attr("confirmation:3", json.loads(json.dumps(done.to_dict())))
+        out = run_cli("export", str(tmp_path / "p.db"), "--trial", "3", "--format", "json", "-o", "c", "--force",
+                      cwd=tmp_path)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        notes = [n for n in json.loads((tmp_path / "c.json").read_text())["notes"] if n.startswith("confirmed:")]
+        assert len(notes) == 1 and f"completed {said}" in notes[0], notes
