@@ -165,7 +165,9 @@ def _add_estimate(sub: argparse._SubParsersAction[_Parser]) -> None:
     estimate = sub.add_parser(
         "estimate",
         help="predicted peak GPU memory of the space's configurations, no weights",
-        parents=[_parent(set_help=_SET_HELP, json_help="print {points, frontier} as JSON")],
+        parents=[
+            _parent(set_help=_SET_HELP, json_help="print {model, device, memory_limit_gib, points, frontier} as JSON")
+        ],
     )
     estimate.add_argument("space", help="space file; the model may be a folder holding only config.json")
     estimate.add_argument(
@@ -235,7 +237,9 @@ def _add_confirm(sub: argparse._SubParsersAction[_Parser]) -> None:
     from sweeper.export import PICKS
 
     confirm = sub.add_parser(
-        "confirm", help="run the front's chosen trials again at a long horizon", parents=[_parent(study=True)]
+        "confirm",
+        help="run the chosen trials again at a long horizon (by default the safe pick)",
+        parents=[_parent(study=True)],
     )
     confirm.add_argument(
         "--steps",
@@ -265,11 +269,12 @@ def _add_calibrate(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     calibrate = sub.add_parser(
         "calibrate",
-        help="measure the study's own predicted_max_lr factor: bisect the long-run edge of a few front trials",
+        help="measure the study's own predicted_max_lr factor: bisect the long-run edge of a few trials",
         description="Bisect the constant learning rate at which a run of the study's long horizon fails, for a few "
-        "trials of the front (or --trials), on the study's own model and data, within --runs runs (and --hours); "
-        "store the study's factor (edge over lr_ceiling) with its spread. From then on every predicted_max_lr of "
-        "the study uses it and says so. Each run is kept as it ends: after a stop, the same command goes on.",
+        "trials (the front's, then other complete ones; or --trials), on the study's own model and data, within "
+        "--runs runs (and --hours); store the study's factor (edge over lr_ceiling) with its spread. From then on "
+        "every predicted_max_lr of the study uses it and says so. Each run is kept as it ends: after a stop, the "
+        "same command goes on.",
         parents=[_parent(study=True)],
     )
     calibrate.add_argument(
