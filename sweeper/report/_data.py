@@ -40,6 +40,7 @@ from sweeper.study import (
     Objective,
     StoredTrial,
     StudyLike,
+    StudySnapshot,
     snapshot,
     stale_running,
 )
@@ -484,8 +485,8 @@ def front_row(
     tied_with: Sequence[int] = (),
 ) -> FrontRow:
     """One COMPLETE trial of the front as ``sweep report --json`` lists it (:class:`~sweeper.report._records.FrontRow`),
-    and the numbers of the front trials it is tied with on stability (``tied_with``:
-    :meth:`sweeper.study.StudySnapshot.tied_on_stability`).
+    and the numbers of the trials shown beside it (the front and the picks off it, :func:`picked_off_front`) it is
+    tied with on stability (``tied_with``: :meth:`sweeper.study.StudySnapshot.tied_on_stability`).
 
     Raises:
         ValueError: ``trial`` has no objective values (it did not complete).
@@ -508,6 +509,14 @@ def front_row(
     )
 
 
+def picked_off_front(study: StudySnapshot, picks: Mapping[str, int]) -> list[StoredTrial]:
+    """The complete trials ``picks`` (trial numbers by pick name) chose that are not on the front (the ``safe`` pick
+    can be: a safe trial tied on stability with a lighter one near its edge), by number: the tables show each on a
+    row of its own, and the front rows' ``tied_with`` counts them."""
+    wanted = set(picks.values()) - {t.number for t in study.front}
+    return [t for t in study.trials if t.number in wanted and t.values is not None]
+
+
 def report_data(study: StudyLike) -> Report:
     """What ``sweep report --json`` prints (:meth:`~sweeper.report._records.Report.to_dict`) and the HTML report
     shows: the front (:func:`front_row`), every measured trial and every stale running one (a sweep killed midway;
@@ -519,6 +528,7 @@ def report_data(study: StudyLike) -> Report:
     numbers = {t.number for t in front}
     outcomes = pick_outcomes(study)
     chosen = pick_choices(outcomes)
+    shown = [*front, *picked_off_front(study, {name: c.trial.number for name, c in chosen.items()})]
     stale = stale_running(study.study)
     listed = sorted([*study.measured, *(t for t in study.trials if t.number in stale)], key=lambda t: t.number)
     return Report(
@@ -526,7 +536,7 @@ def report_data(study: StudyLike) -> Report:
         directions=tuple(study.directions),
         objectives=tuple(objectives_of(study)),
         front=tuple(
-            front_row(t, study.searched, study.objectives, study.tied_on_stability(t, front))
+            front_row(t, study.searched, study.objectives, study.tied_on_stability(t, shown))
             for t in front
             if t.values is not None
         ),

@@ -535,12 +535,9 @@ def render_html(study: StudyLike) -> str:
     from sweeper.report._console import SHORT_NAMES
 
     keys = list(summary.front[0].params) if summary.front else []
-    on_front = {f.number for f in summary.front}
-    off_front = [
-        data.front_row(t, study.searched, study.objectives, study.tied_on_stability(t, study.front))
-        for t in study.trials
-        if t.number in set(summary.picks.values()) - on_front and t.values is not None
-    ]
+    picked = data.picked_off_front(study, summary.picks)
+    shown = [*study.front, *picked]
+    off_front = [data.front_row(t, study.searched, study.objectives, study.tied_on_stability(t, shown)) for t in picked]
     front_rows = _front_rows(summary, keys, off_front)
     counts = " · ".join(f"{k} {v}" for k, v in summary.status_counts.items())
     causes = ", ".join(f"{k} {len(v)}" for k, v in summary.nan_causes.items()) or "none"

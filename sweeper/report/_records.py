@@ -307,8 +307,8 @@ class FrontRow:
         learning_progress: The probe loss's relative drop at its learning rate, or None.
         instability: Its instability, or None.
         confirmation: Its long run (``sweep confirm``), or None.
-        tied_with: The other front trials whose stability interval overlaps this one's: their difference in
-            stability is within the noise.
+        tied_with: The other trials shown with the front (its trials and the picks off it) whose stability interval
+            overlaps this one's: their difference in stability is within the noise.
     """
 
     number: int

@@ -157,6 +157,9 @@ def test_the_safe_pick_looks_beyond_the_front(tmp_path, monkeypatch):
     assert [t.number for t in snap.front] == [0] and [t.headroom.near_edge for t in snap.trials] == [True, False]
     assert choose(study, "safe").line == "safe #1, among the 2 complete trials"
     assert choose(study, "knee").line.startswith("knee #0, among the front's 1 trial; near its edge (headroom 1.5x")
+    # the report shows the safe pick beside the front, and the front row's tied_with names it as the table does
+    data = json.loads(run_cli("report", str(tmp_path / "b.db"), "--json", cwd=tmp_path).stdout)
+    assert [(f["number"], f["tied_with"]) for f in data["front"]] == [(0, [1])] and data["picks"]["safe"] == 1
 
 
 def test_a_confirmed_trial_worse_beyond_the_noise_is_not_the_pick(picks_study):
