@@ -45,7 +45,10 @@ PROBE_SHARE = 0.10
 #: the backward at about twice it, and the forward again under gradient checkpointing; at short lengths the fixed
 #: cost of each pass (dequantizing every 4-bit weight) dominates, so a step's cost grows about as the square root of
 #: its rows. Measured on the built-in model on the CPU (64 tokens a row, bfloat16, 40 steps): a probe cost 0.37 of a
-#: step at batch 1 (9.3% of training, probing every 4 steps) and 0.20 at batch 4 (20.4%, probing every step).
+#: step at batch 1 (9.3% of training, probing every 4 steps) and 0.20 at batch 4 (20.4%, probing every step). In
+#: float32 on the CPU it costs about 0.5 of a step (a median 15-16% of the constant phase at batch 1:
+#: ``docs/validity.md``); the schedule is kept there because probing less often loses most of what the instability
+#: foretells (``benchmarks/probe_schedule.py``: AUC 0.86 every 4 steps, 0.62 every 16).
 PROBE_COST = 0.4
 
 #: The probe loss at this multiple of its value before the first step (or non-finite) is a divergence once it stays
