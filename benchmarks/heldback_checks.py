@@ -124,12 +124,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("calibrated: --predicted-max-lr is required")
         base = dict(kv.split("=", 1) for kv in args.set)
         x = args.predicted_max_lr
+        long = {"max_steps": str(args.steps), "trial_timeout": "60m", "study.confirm_steps": str(10 * args.steps)}
         runs = {
-            f"calibrated {x:.4g}: 2x, {args.steps} steps": {**base, "learning_rate": f"{2 * x:.6g}",
-                                                             "max_steps": str(args.steps), "trial_timeout": "60m"},
-            f"calibrated {x:.4g}: 1/2, {args.steps} steps": {**base, "learning_rate": f"{x / 2:.6g}",
-                                                              "max_steps": str(args.steps), "trial_timeout": "60m"},
-        }  # fmt: skip
+            f"calibrated {x:.4g}: 2x, {args.steps} steps": {**base, **long, "learning_rate": f"{2 * x:.6g}"},
+            f"calibrated {x:.4g}: 1/2, {args.steps} steps": {**base, **long, "learning_rate": f"{x / 2:.6g}"},
+        }
     with ThreadPoolExecutor(args.jobs) as pool:
         results = dict(zip(runs, pool.map(lambda kv: run(*kv), runs.items())))
     if args.part == "seeds":
