@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
+from pathlib import Path
 
 from sweeper.cli._common import _describe_setup, _dropped_rows_line, _load, _prepare, _print
 from sweeper.errors import SpaceError
+
+
+def manual_trial_folder(parent: Path) -> Path:
+    """A new folder for one ``sweep trial`` under ``parent``, created here: ``YYYYmmdd-HHMMSS``, with ``-2``,
+    ``-3`` ... when another trial took that second's name (two ``sweep trial`` started in the same second in one
+    project shared a folder, and each printed the other's result)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count(1):
+        folder = parent / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise AssertionError("unreachable")
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
@@ -23,7 +41,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     setup = check_setup(space, model_path)  # what would fail the trial before it trains: one line each, exit 2
     if setup:
         raise SpaceError(setup)
-    folder = study_dir(space.study.name) / "manual" / time.strftime("%Y%m%d-%H%M%S")
+    folder = manual_trial_folder(study_dir(space.study.name) / "manual")
     if not args.json:
         for line in trial_header(config, _describe_setup(space, model_path, len(samples)), folder):
             _print(line)

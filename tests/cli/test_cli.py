@@ -4,6 +4,7 @@ and a study that optuna-dashboard serves with every trial's status, reason, memo
 import json
 import threading
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import optuna
@@ -88,18 +89,33 @@ def test_bad_storage_is_one_line_without_password(tiny_model, workdir, url, need
 @pytest.mark.slow
 def test_trial_json_with_set(tiny_model, workdir):
     path = write_space(workdir, tiny_space(tiny_model, search={"r": [4, 8], "bnb_4bit_quant_type": ["nf4", "fp4"]}))
-    out = sweep("trial", str(path), "--set", "r=8", "--set", "bnb_4bit_use_double_quant=false", "--json", cwd=workdir)
+    # Two trials at once in one project (a script's loop): each must print its own result (they once shared a folder
+    # named by the second they started in, and each printed the other's).
+    with ThreadPoolExecutor(2) as pool:
+        other = pool.submit(sweep, "trial", str(path), cwd=workdir)
+        sets = ["--set", "r=8", "--set", "bnb_4bit_use_double_quant=false"]
+        out = sweep("trial", str(path), *sets, "--json", cwd=workdir)
+        text = other.result()
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["status"] == "complete" and result["config"]["r"] == 8
     assert result["config"]["bnb_4bit_quant_type"] == "nf4" and result["config"]["bnb_4bit_use_double_quant"] is False
-    assert len(result["loss_trace"]) == 3 and result["lora_alpha"] == 16
+    assert len(result["loss_trace"]) == 3 and result["lora_alpha"] == 16  # the trial process's own: r 8, not 4
     # The stress phase's margin, as the held-back checks of benchmarks/validity.py read it.
     assert result["stability_margin"] > 1 and result["stress_stop"] in ("diverged", "nan", "overflow", "cap")
     assert result["predicted_max_lr"] > 0 and ("lr_ceiling" in result) and result["stress_steps"] >= 1
-    text = sweep("trial", str(path), cwd=workdir)
     assert text.returncode == 0 and "grad_norm" in text.stdout and "status  complete" in text.stdout
     assert "margin  " in text.stdout and "predicted_max_lr" in text.stdout
+    assert len(list((workdir / "studies").glob("*/manual/*"))) == 2
+
+
+def test_trials_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):
+    from sweeper.cli._trial import manual_trial_folder
+
+    monkeypatch.setattr("time.strftime", lambda fmt: "20261204-095712")  # a fixed clock: the same second, named so
+    folders = [manual_trial_folder(tmp_path / "manual") for _ in range(3)]
+    assert [f.name for f in folders] == ["20261204-095712", "20261204-095712-2", "20261204-095712-3"]
+    assert all(f.is_dir() for f in folders)
 
 
 class _Quiet(WSGIRequestHandler):
