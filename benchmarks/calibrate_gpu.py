@@ -100,6 +100,9 @@ def measure(folder: Path, s: MemorySettings, cuda: bool) -> float:
             task_type="CAUSAL_LM",
         ),
     )
+    # from_pretrained returns a model in eval mode, where gradient checkpointing and dropout do nothing: the GPU check
+    # of 2026-12-04 measured every row so (the same peak with checkpointing on and off); the Trainer calls train().
+    model.train()
     import bitsandbytes as bnb
 
     optimizer = bnb.optim.PagedAdamW8bit([p for p in model.parameters() if p.requires_grad], lr=1e-4)

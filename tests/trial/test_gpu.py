@@ -48,17 +48,20 @@ def test_the_cuda_cap_turns_a_real_allocation_into_oom(tiny_model, tmp_path):
     assert result.memory.memory_kind == "cuda_max_reserved" and result.memory.peak_memory_gib <= 0.1 + 0.01
 
 
-def test_fp16_scaler_skips_are_counted_not_nan(tiny_model, tmp_path):
-    # GradScaler starts at a scale of 65536: the first backward passes overflow fp16 and their steps are skipped (the
-    # scale halves each time); that is calibration, not instability.
+def test_fp16_steps_the_scaler_skips_are_counted_not_nan(tiny_model, tmp_path):
+    # A step the fp16 loss scaler skips (its gradients overflowed) is counted, not taken for a NaN: a complete trial's
+    # skipped steps are exactly its steps without a finite gradient norm. This test assumed until 2026-12-04 that
+    # the scaler's first scale (65536) always overflows; on an H200 it overflowed nothing at the tiny model's
+    # gradients (norm ~0.3) and no step was skipped (benchmarks/results/gpu-2026-12-04): both outcomes pass now.
     result = run_trial(
         _config(tiny_model, bnb_4bit_compute_dtype="float16", max_steps=24, learning_rate=1e-4),
         tmp_path,
         model_path=str(tiny_model),
     )
     assert result.status == "complete", result.reason
-    assert result.constant.skipped_steps and result.constant.skipped_steps[0] == 1
-    assert all(1 <= s <= 24 for s in result.constant.skipped_steps)
+    norms = result.constant.grad_norm_trace
+    assert len(norms) == 24
+    assert result.constant.skipped_steps == [step for step, norm in enumerate(norms, start=1) if norm is None]
     assert "skipped_step_fraction" in result.constant.instability_components
 
 

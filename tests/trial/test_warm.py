@@ -2,7 +2,8 @@
 gives the same result as in a fresh process (forked by the zygote, :mod:`sweeper.trial._zygote`, or started with
 ``python -m``), and the process is replaced after what could leave it changed.
 
-Real trials on the tiny Llama; the comparisons are bitwise on the CPU (same kernels, same seed)."""
+Real trials on the tiny Llama; the comparisons are bitwise on the CPU (same kernels, same seed), and were on an H200
+(``benchmarks/results/gpu-2026-12-04``)."""
 
 import dataclasses
 import os
@@ -16,6 +17,7 @@ import pytest
 from sweeper.space import TrialConfig
 from sweeper.testing import tiny_trial_config
 from sweeper.trial import TrialProcess, TrialResult, run_trial
+from sweeper.trial._devices import cuda_visible
 
 pytestmark = pytest.mark.slow
 
@@ -105,7 +107,13 @@ def test_a_warm_trial_trains_as_a_cold_one(tiny_model_bf16, tmp_path):
         process.close()
     assert first.provenance.warm is False and again.provenance.warm is True and again.provenance.model_reused is False
     assert fp32.provenance.model_reused is True and reused.provenance.model_reused is True
-    assert again.provenance.import_time_s < 0.5 and first.provenance.import_time_s < 0.5
+    assert again.provenance.import_time_s < 0.5
+    # A process's first trial: forked by a zygote that has imported already on the CPU; where CUDA is visible there
+    # are no zygotes (a forked CUDA context is unusable), so it imports itself (14-15 s on an H200, 2026-12-04).
+    if cuda_visible():
+        assert first.provenance.import_time_s > again.provenance.import_time_s
+    else:
+        assert first.provenance.import_time_s < 0.5
     _same_training(cold_other, first)
     _same_training(cold, again)
     _same_training(cold, reused)
@@ -187,6 +195,7 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
     return False
 
 
+@pytest.mark.skipif(cuda_visible(), reason="no zygotes where CUDA is visible (a forked CUDA context is unusable)")
 def test_a_killed_zygote_takes_its_trial_process_along_and_the_next_trial_gets_a_new_one(tiny_model, tmp_path):
     """The zygote's child dies with it (PR_SET_PDEATHSIG), the sweep sees a crash naming SIGKILL, and the next
     fresh process comes from a new zygote; a variable no library reads at import (SWEEPER_CACHE) does not call for
