@@ -138,7 +138,10 @@ def test_after_an_oom_a_kill_or_a_timeout_the_next_trial_gets_a_fresh_process(ti
         assert oom.status == "oom" and oom.provenance.warm is True, oom.reason
         assert oom.fail_phase in ("forward", "backward", "optimizer") and oom.fail_step == 1
         assert "64 x 1024 tokens" in oom.reason and "max_seq_length=1024" in oom.reason
-        assert 0.75 <= oom.memory.peak_memory_gib < 0.95, oom.memory.peak_memory_gib  # never below its cap
+        if cuda_visible():  # the allocation that failed is never reserved: the peak stays under the cap
+            assert 0 < oom.memory.peak_memory_gib <= 0.75 + 0.01, oom.memory.peak_memory_gib
+        else:
+            assert 0.75 <= oom.memory.peak_memory_gib < 0.95, oom.memory.peak_memory_gib  # never below its cap
         assert process.pid is None
         with pytest.raises(ProcessLookupError):
             os.kill(warm_pid, 0)
