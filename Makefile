@@ -30,8 +30,10 @@ lint: install
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# 2 workers, a test file each (its module fixtures, such as a stack's venv, built once); the 25 slowest tests, for
+# keeping CI inside its budget.
 test: install
-	$(PY) -m pytest --durations=25  # the 25 slowest tests, for keeping CI inside its budget
+	$(PY) -m pytest -n 2 --dist loadfile --durations=25
 
 clean-studies:
 	find studies -mindepth 1 ! -name README.md -delete
