@@ -30,10 +30,8 @@ lint: install
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# 2 workers, a test file each (its module fixtures, such as a stack's venv, built once); the 25 slowest tests, for
-# keeping CI inside its budget.
 test: install
-	$(PY) -m pytest -n 2 --dist loadfile --durations=25
+	$(PY) -m pytest --durations=25  # the 25 slowest tests, for keeping CI inside its budget
 
 clean-studies:
 	find studies -mindepth 1 ! -name README.md -delete
