@@ -16,8 +16,7 @@ import pytest
 
 from sweeper.space import TrialConfig
 from sweeper.testing import tiny_trial_config
-from sweeper.trial import TrialProcess, TrialResult, run_trial
-from sweeper.trial._devices import cuda_visible
+from sweeper.trial import TrialProcess, TrialResult, cuda_visible, run_trial
 
 pytestmark = pytest.mark.slow
 
