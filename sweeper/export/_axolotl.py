@@ -21,8 +21,10 @@ def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
     train otherwise than the trial: ``tf32: auto`` turns TF32 matmuls on for Ampere and newer GPUs (the trial ran
     PyTorch's default, full float32 matmuls), and ``excess_length_strategy`` defaults to ``drop`` for rows longer
     than ``sequence_len`` (the trial truncated them): both are written out, and so are axolotl's fused LoRA kernels
-    (:data:`AXOLOTL_LORA_KERNELS`), as off. With ``data``, the ``datasets`` entry and ``chat_template`` of the
-    trial's rows (:func:`sweeper.export._dataset.axolotl_dataset`), or a comment saying why they could not be read.
+    (:data:`AXOLOTL_LORA_KERNELS`), as off. The trial's collation (:func:`_collation`): ``sample_packing`` and
+    ``pad_to_sequence_len``, and with packing the trial's ``attn_implementation``. With ``data``, the ``datasets``
+    entry and ``chat_template`` of the trial's rows (:func:`sweeper.export._dataset.axolotl_dataset`), or a comment
+    saying why they could not be read.
 
     Raises:
         StudyError: The trial's ``lora_alpha`` is not a whole number (axolotl's is an integer:
@@ -53,7 +55,7 @@ def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
         **entry,
         "sequence_len": s.max_seq_length,
         "excess_length_strategy": "truncate",
-        "sample_packing": False,
+        **_collation(s),
         "micro_batch_size": t.per_device_train_batch_size,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
         "learning_rate": t.learning_rate,
@@ -71,7 +73,7 @@ def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
         "sequence_len": "sweeper's max_seq_length",
         "excess_length_strategy": "longer rows are cut to sequence_len, as the trial cut them (axolotl's default, "
         "drop, would leave them out)",
-        "sample_packing": "one sample a row, as in the trial",
+        **_collation_comments(s),
         "micro_batch_size": "per_device_train_batch_size",
         "tf32": "the trial ran float32 matmuls in full float32 (PyTorch's default); axolotl's default, auto, turns "
         "TF32 on for Ampere and newer GPUs",
@@ -84,6 +86,38 @@ def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
     if data and data.rows is None:
         lines.append(f"# {data.missing_note()}")
     return yaml_text(lines, out, comments)
+
+
+def _collation(s: ExportSettings) -> dict[str, object]:
+    """axolotl 0.21's keys of the trial's collation. Padded: ``sample_packing: false`` and ``pad_to_sequence_len:
+    false`` (each micro-batch padded to its longest row; left unset, axolotl pads to a multiple of 64). Packed:
+    ``sample_packing: true`` (its multipack: whole samples a row, position ids restarting at each) with
+    ``pad_to_sequence_len: true`` (axolotl's recommendation with packing) and the trial's ``attn_implementation``:
+    axolotl keeps packed samples apart only with an attention it knows handles packed rows (flash attention, sdpa,
+    eager: it then drops the padding mask and the position ids mark the samples); left unset, it keeps the mask and
+    warns that samples attend across each other."""
+    c = s.collation
+    if not c.packing:
+        return {"sample_packing": False, "pad_to_sequence_len": False}
+    return {"sample_packing": True, "pad_to_sequence_len": True, "attn_implementation": c.attn_implementation}
+
+
+def _collation_comments(s: ExportSettings) -> dict[str, str]:
+    """The comments of :func:`_collation`'s keys."""
+    if not s.collation.packing:
+        return {
+            "sample_packing": "one sample a row, as in the trial",
+            "pad_to_sequence_len": "each micro-batch padded to its longest row, as in the trial (left unset, axolotl "
+            "pads to a multiple of 64)",
+        }
+    return {
+        "sample_packing": "samples packed into rows of at most sequence_len tokens, position ids restarting at each "
+        "sample, as in the trial",
+        "pad_to_sequence_len": "axolotl's recommendation with sample_packing (it pads a packed row to sequence_len "
+        "rounded up to a multiple of 64)",
+        "attn_implementation": "the trial's attention, which keeps packed samples apart (without it axolotl lets "
+        "them attend across each other)",
+    }
 
 
 def _cannot_express(trial: StoredTrial) -> str | None:

@@ -1,6 +1,7 @@
 """The ``.py`` exports: ``hf``, a file building transformers' and peft's config objects, and ``trl``, the same with
 TRL's ``SFTConfig`` and a ``build_trainer`` whose row reader is :mod:`sweeper.export.trl_rows`, copied in as text.
-Both files stand alone: they import torch, transformers, peft and TRL, never sweeper."""
+Both files stand alone: they import torch, transformers, peft and TRL, never sweeper. A trial that packed samples
+into rows is exported as ``trl`` (``packing``), never as ``hf`` (:data:`HF_PACKING`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from sweeper.errors import StudyError
 from sweeper.export._dataset import ExportData
-from sweeper.export._format import ExportFormat
+from sweeper.export._format import ExportFormat, Limit
 from sweeper.export._json import render_json
 from sweeper.export._settings import ExportSettings, header
+from sweeper.study import StoredTrial
 
 #: ``TrainingArguments`` keys the ``.py`` exports write by another name: transformers 5.23 renamed
 #: ``gradient_checkpointing`` to ``activation_checkpointing`` (the old name warns there and goes in v6), while the
@@ -23,6 +26,36 @@ _CHECKPOINTING_LINES = [
     'CHECKPOINTING = "activation_checkpointing"',
     "if CHECKPOINTING not in {0}.__dataclass_fields__:",
     '    CHECKPOINTING = "gradient_checkpointing"',
+]
+
+#: Why the ``hf`` export cannot express a trial that packed samples (``packing: true``): a transformers ``Trainer``
+#: has no collator that packs samples into rows; ``DataCollatorWithFlattening`` (transformers 5) restarts the position
+#: ids and masks the first label of each sample, but flattens a whole micro-batch into one row, so that a micro-batch
+#: holds ``per_device_train_batch_size`` samples instead of that many packed rows of ``max_seq_length`` tokens: not
+#: the batches whose memory and stability the trial measured.
+HF_PACKING = (
+    "it packed samples into rows (packing: true), which the hf export cannot express (a transformers Trainer has no "
+    "collator that packs samples into rows: DataCollatorWithFlattening flattens each micro-batch into one row)"
+)
+
+#: The ``hf`` file's header line on packing (it writes the padded collation only).
+_HF_PACKING_LINE = (
+    "# hf pads only: a trial that packed samples is exported with --format trl, axolotl or llama-factory "
+    "(transformers' DataCollatorWithFlattening flattens each micro-batch into one row, not into packed rows)."
+)
+
+#: The ``hf`` file's ``make_data_collator``: the trial's padded collation, as transformers builds it.
+_HF_COLLATOR = [
+    "",
+    "",
+    "def make_data_collator(tokenizer):",
+    '    """The trial\'s collation: one sample a row, each micro-batch padded (right) to its longest row, the padding',
+    '    unsupervised (label -100); give it to Trainer(data_collator=...)."""',
+    "    if tokenizer.pad_token is None:",
+    "        tokenizer.pad_token = tokenizer.eos_token  # as the trial did",
+    '    tokenizer.padding_side = "right"  # as the trial padded',
+    '    return DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100)',
+    "",
 ]
 
 #: The line of :mod:`sweeper.export.trl_rows` after which the file is the ``trl`` script's text.
@@ -43,7 +76,8 @@ _HF_USAGE = [
     "",
     "# Load the model with: AutoModelForCausalLM.from_pretrained(MODEL_NAME, "
     "quantization_config=bnb_config, dtype=bnb_config.bnb_4bit_compute_dtype)",
-    "# Tokenize as the trial did: one sample a row (no packing), cut to MAX_SEQ_LENGTH tokens at its end.",
+    "# Tokenize as the trial did: one sample a row (no packing), cut to MAX_SEQ_LENGTH tokens at its end; train with",
+    "# Trainer(model=model, args=training_args, train_dataset=rows, data_collator=make_data_collator(tokenizer)).",
 ]
 
 
@@ -71,14 +105,22 @@ def render_hf(s: ExportSettings, *, trl: bool = False) -> str:
     It runs on every transformers 5 release (the checkpointing key's name is asked of the installed one). The
     ``trl`` file chooses at run time how TRL supervises what the trial supervised: ``assistant_only_loss`` where the
     tokenizer's chat template lets TRL mask assistant turns, else each reply as a prompt/completion row
-    (``completion_only_loss``), the template's end-of-turn token included either way.
+    (``completion_only_loss``), the template's end-of-turn token included either way. Both carry the trial's
+    collation: the ``hf`` file's ``make_data_collator`` pads each micro-batch to its longest row; the ``trl`` file sets
+    ``packing`` (with ``packing_strategy="bfd"`` and ``padding_free`` for a trial that packed samples).
+
+    Raises:
+        StudyError: ``hf`` of a trial that packed samples (:data:`HF_PACKING`).
     """
+    if not trl and s.collation.packing:
+        p = s.provenance
+        raise StudyError(f"{p.study}: --format hf: trial {p.trial}: {HF_PACKING}; export it with --format trl")
     args_class = "SFTConfig" if trl else "TrainingArguments"
     lines = _preamble(s, trl) + _configs(s, args_class)
     if trl:
         lines += _sft_config(s) + trl_rows_source().rstrip("\n").split("\n") + _TRL_USAGE
     else:
-        lines += _training_arguments(s) + _HF_USAGE
+        lines += _training_arguments(s) + _HF_COLLATOR + _HF_USAGE
     return "\n".join(lines) + "\n"
 
 
@@ -86,11 +128,14 @@ def _preamble(s: ExportSettings, trl: bool) -> list[str]:
     """The file's docstring, header comment, imports and constants (the ``trl`` file's chat template among them)."""
     from sweeper.data import DEFAULT_CHAT_TEMPLATE
 
-    lines = ['"""QLoRA settings chosen with sweeper."""', "", *header(s, "#"), ""]
+    lines = ['"""QLoRA settings chosen with sweeper."""', "", *header(s, "#")]
+    if not trl:
+        lines.append(_HF_PACKING_LINE)
     lines += [
+        "",
         "import torch",
         "from peft import LoraConfig",
-        "from transformers import BitsAndBytesConfig" + ("" if trl else ", TrainingArguments"),
+        "from transformers import BitsAndBytesConfig" + ("" if trl else ", DataCollatorForSeq2Seq, TrainingArguments"),
     ]
     if trl:
         lines.append("from trl import SFTConfig, SFTTrainer")
@@ -147,7 +192,7 @@ def _sft_config(s: ExportSettings) -> list[str]:
         *_training_keys(s, indent),
         f"{indent}max_length=MAX_SEQ_LENGTH,  # TRL's name for max_seq_length",
         f'{indent}truncation_mode="keep_start",  # longer rows are cut at the end, as the trial cut them',
-        f"{indent}packing=False,  # one sample a row, as in the trial",
+        *_trl_collation(s, indent),
         "    )",
         f"    settings[CHECKPOINTING] = {_py_value(s.training.gradient_checkpointing)}",
         "    return SFTConfig(**{**settings, **overrides})",
@@ -155,6 +200,26 @@ def _sft_config(s: ExportSettings) -> list[str]:
         "",
         "training_args = make_sft_config()",
     ]
+
+
+def _trl_collation(s: ExportSettings, indent: str) -> list[str]:
+    """The ``SFTConfig`` keys of the trial's collation: ``packing=False`` (TRL pads each micro-batch to its longest
+    row), or ``packing=True`` with ``packing_strategy="bfd"`` (whole samples a row, each cut at ``max_length``) and
+    ``padding_free=True`` (position ids restart at each sample, which keeps the samples apart)."""
+    if not s.collation.packing:
+        return [
+            f"{indent}packing=False,  # one sample a row, each micro-batch padded to its longest row, as in the trial"
+        ]
+    return [
+        f"{indent}packing=True,  # samples packed into rows of at most max_length tokens, as in the trial",
+        f'{indent}packing_strategy="bfd",  # whole samples a row, each cut at max_length (rows filled best-fit)',
+        f"{indent}padding_free=True,  # position ids restart at each sample: no token attends across samples",
+    ]
+
+
+def _hf_cannot_express(trial: StoredTrial) -> str | None:
+    """A trial that packed samples (:data:`HF_PACKING`)."""
+    return HF_PACKING if trial.config is not None and trial.config.packing else None
 
 
 def _hf_files(s: ExportSettings, data: ExportData | None) -> dict[str, str]:
@@ -172,6 +237,11 @@ HF = ExportFormat(
     suffix=".py",
     help="transformers and peft configs (.py) and the settings (.json)",
     render=_hf_files,
+    limit=Limit(
+        why=_hf_cannot_express,
+        every="every one packed samples into rows, which the hf export cannot express",
+        fix="run trials with packing: false",
+    ),
 )
 TRL = ExportFormat(
     name="trl",

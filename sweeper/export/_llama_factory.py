@@ -25,6 +25,7 @@ def render_llama_factory(s: ExportSettings, data: ExportData | None = None) -> t
     """A LLaMA-Factory training config (``finetuning_type: lora``, ``quantization_bit: 4``). LLaMA-Factory derives
     the 4-bit compute dtype from ``bf16``/``fp16`` and has no key for it (see :data:`LLAMA_FACTORY_DTYPES`): the
     comment states what it computes in. A float32 trial cannot be expressed (:func:`sweeper.export.inexpressible`).
+    The trial's collation: ``packing: false``, or ``packing: true`` with ``neat_packing: true`` (:func:`_collation`).
     With ``data``, the ``dataset``/``dataset_dir``/``template`` keys of the trial's rows
     (:func:`sweeper.export._dataset.llama_factory_dataset`), or a comment saying why they could not be read.
 
@@ -59,6 +60,7 @@ def render_llama_factory(s: ExportSettings, data: ExportData | None = None) -> t
         "lora_dropout": lora.lora_dropout,
         "lora_target": ",".join(lora.target_modules),
         "cutoff_len": s.max_seq_length,
+        **_collation(s),
         "per_device_train_batch_size": t.per_device_train_batch_size,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
         "learning_rate": t.learning_rate,
@@ -81,11 +83,36 @@ def render_llama_factory(s: ExportSettings, data: ExportData | None = None) -> t
         "in part (LLaMA-Factory's infer_seqlen), where the trial cut the row's end: such rows train other tokens than "
         "in the trial ('sweep doctor' lists them as truncated)",
         "bf16" if dtype == "bfloat16" else "fp16": f"LLaMA-Factory computes the 4-bit layers in {effective}",
+        **_collation_comments(s),
     }
     lines = header(s, "#", dataset_given=bool(entry)) + [f"# {LLAMA_FACTORY_DTYPES}"]
     if data and data.rows is None:
         lines.append(f"# {data.missing_note()}")
     return yaml_text(lines, out, comments), info
+
+
+def _collation(s: ExportSettings) -> dict[str, bool]:
+    """LLaMA-Factory 0.9.5's keys of the trial's collation (its ``DataArguments``): ``packing: false`` (one sample a
+    row, each micro-batch padded to its longest row), or ``packing: true`` with ``neat_packing: true`` (packing
+    without cross-attention: position ids restart at each sample and a block-diagonal mask keeps the samples apart;
+    plain ``packing`` lets them attend across each other)."""
+    if not s.collation.packing:
+        return {"packing": False}
+    return {"packing": True, "neat_packing": True}
+
+
+def _collation_comments(s: ExportSettings) -> dict[str, str]:
+    """The comments of :func:`_collation`'s keys."""
+    if not s.collation.packing:
+        return {
+            "packing": "one sample a row, each micro-batch padded to its longest row (LLaMA-Factory rounds it up to "
+            "a multiple of 8), as in the trial"
+        }
+    return {
+        "packing": "samples packed into rows of cutoff_len tokens, as in the trial (LLaMA-Factory fills a row with "
+        "at most cutoff_len - 1 tokens)",
+        "neat_packing": "position ids restart at each sample and no token attends across samples, as in the trial",
+    }
 
 
 def _cannot_express(trial: StoredTrial) -> str | None:

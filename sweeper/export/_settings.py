@@ -1,6 +1,6 @@
 """What an export writes, gathered once from the trial's stored config (:class:`ExportSettings`), whatever the
-format: the 4-bit, LoRA and training settings, the notes on how the short trial differs from a production run, and
-where the numbers come from (the header every format carries)."""
+format: the 4-bit, LoRA, training and collation settings, the notes on how the short trial differs from a production
+run, and where the numbers come from (the header every format carries)."""
 
 from __future__ import annotations
 
@@ -101,6 +101,39 @@ class TrainingSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CollationSettings:
+    """How the trial built its micro-batches, which the exported run must repeat for the trial's peak memory and
+    stability figures to hold.
+
+    Attributes:
+        packing: True: consecutive samples packed into rows of at most ``max_seq_length`` tokens, position ids
+            restarting at each sample, no attention across samples (TRL's ``packing``, axolotl's ``sample_packing``,
+            LLaMA-Factory's ``neat_packing``); False: one sample a row, each micro-batch padded to its longest row
+            (transformers' ``DataCollatorForSeq2Seq``, TRL's collator without packing).
+        attn_implementation: The attention the trial ran (``sdpa``, ``eager`` or ``flash_attention_2``): with
+            packing, what keeps the samples of a row apart.
+    """
+
+    packing: bool
+    attn_implementation: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """These fields, in this order: the JSON export's ``collation``."""
+        return asdict(self)
+
+    def sentence(self, max_seq_length: int) -> str:
+        """The header's line: the collation the trial measured, which the exported run must use."""
+        if self.packing:
+            how = (
+                f"samples packed into rows of at most {max_seq_length} tokens, position ids restarting at each "
+                "sample, no attention across samples"
+            )
+        else:
+            how = "one sample a row, each micro-batch padded to its longest row (no packing)"
+        return f"Collation: {how}, as the trial ran; train with it, or its memory and stability figures do not hold."
+
+
+@dataclass(frozen=True, kw_only=True)
 class Provenance:
     """Where an export's numbers come from: the header every format carries and the JSON export's ``provenance``.
 
@@ -161,6 +194,7 @@ class ExportSettings:
         training: ``TrainingArguments`` keyword arguments, ``gradient_accumulation_steps`` set to keep
             ``target_effective_batch_size``.
         max_seq_length: Tokens per row.
+        collation: How the trial built its micro-batches (padded or packed rows).
         effective_batch_size: ``per_device_train_batch_size * gradient_accumulation_steps`` of the export.
         target_effective_batch_size: What the space asked for.
         provenance: Study, trial, measured peak memory and its kind, instability, library versions.
@@ -172,6 +206,7 @@ class ExportSettings:
     lora: LoraSettings
     training: TrainingSettings
     max_seq_length: int
+    collation: CollationSettings
     effective_batch_size: int
     target_effective_batch_size: int
     provenance: Provenance
@@ -218,6 +253,7 @@ def _settings_of(study: StudySnapshot, trial: StoredTrial) -> ExportSettings:
         lora=LoraSettings(r=c.r, lora_alpha=alpha, lora_dropout=c.lora_dropout, target_modules=tuple(c.target_modules)),
         training=training,
         max_seq_length=c.max_seq_length,
+        collation=CollationSettings(packing=c.packing, attn_implementation=c.model.attn_implementation),
         effective_batch_size=c.as_exported().effective_batch_size,
         target_effective_batch_size=c.target_effective_batch_size,
         provenance=provenance,
@@ -404,6 +440,7 @@ def header(s: ExportSettings, comment: str, dataset_given: bool = False) -> list
         f"instability {p.instability}, on {p.device}.",
         _margin_sentence(p),
         _batch_sentence(s),
+        s.collation.sentence(s.max_seq_length),
         f"Versions: {versions}.",
         *notes,
     ]

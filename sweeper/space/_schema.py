@@ -241,7 +241,12 @@ class TrialConfig:
         bnb_4bit_quant_type: ``nf4`` or ``fp4``.
         per_device_train_batch_size: Rows per micro-batch.
         gradient_accumulation_steps: Micro-batches per optimizer step.
-        max_seq_length: Every row is padded or truncated to this many tokens, so each step is the worst case.
+        max_seq_length: Every sample is truncated to this many tokens; each micro-batch is padded to its longest
+            row (``packing`` false) or samples are packed into rows of at most this many tokens (``packing`` true).
+        packing: Pack consecutive samples into rows of ``max_seq_length`` tokens, as TRL's ``packing``, axolotl's
+            ``sample_packing`` and LLaMA-Factory's ``neat_packing`` do: position ids restart at each sample and no
+            token attends across samples (a block-diagonal causal mask); false (the default) pads each micro-batch
+            to its longest row, as transformers' ``DataCollatorForSeq2Seq`` and TRL's collator do.
         learning_rate: Peak learning rate.
         max_steps: Optimizer steps of the short run.
         warmup_steps: Linear warmup steps.
@@ -285,6 +290,8 @@ class TrialConfig:
     per_device_train_batch_size: int = _key(1, "int", low=1, high=65536, memory="grows")
     gradient_accumulation_steps: int = _key(1, "int", low=1, high=65536, memory="same")
     max_seq_length: int = _key(512, "int", low=8, high=2**20, memory="grows")
+    # A packed row is at least as long as the longest sample it holds: packing never needs less memory.
+    packing: bool = _key(False, "bool", memory="grows")
     learning_rate: float = _key(2.0e-4, "float", low=0, low_open=True, high=1e3, memory="none")
     max_steps: int = _key(30, "int", low=1, high=10**7, memory="none")
     warmup_steps: int = _key(0, "int", low=0, high=10**7, memory="none")

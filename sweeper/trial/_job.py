@@ -84,6 +84,8 @@ class TrialJob:
             confirmation, the validity benchmark's long runs). It needs the probe: without one there is none.
         probe: The probe, or None for none (a diagnostic: the tests compare training with and without it; the trial
             then has no instability, projected failing step, learning progress or stress phase).
+        worst_case: Measure the worst-case step after step 1 (:func:`sweeper.trial._child.instrumented.
+            run_worst_case_step`); False is a diagnostic (the tests compare training with and without it).
     """
 
     config_path: str
@@ -92,6 +94,7 @@ class TrialJob:
     trial_dir: str
     stress: StressSettings | None = DEFAULT_STRESS
     probe: ProbeSettings | None = DEFAULT_PROBE
+    worst_case: bool = True
 
     def to_line(self) -> str:
         """The job as one JSON line, newline included."""

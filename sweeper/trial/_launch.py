@@ -244,6 +244,7 @@ class TrialProcess:
         on_progress: Callable[[TrialProgress], None] | None = None,
         stress: bool | StressSettings = True,
         probe: bool | ProbeSettings = True,
+        worst_case: bool = True,
     ) -> TrialResult:
         """Run one trial in this trial process (started first when there is none) and return what it measured.
 
@@ -264,6 +265,8 @@ class TrialProcess:
                 trial.
             probe: Evaluate the probe: True at the default interval, a :class:`~sweeper.trial._job.ProbeSettings`,
                 or False for none (a diagnostic; then no stress phase either).
+            worst_case: Measure the worst-case step (:attr:`sweeper.trial._job.TrialJob.worst_case`); False is a
+                diagnostic.
 
         Returns:
             The worker's result, or a ``timeout``/``crash`` result made here.
@@ -274,7 +277,12 @@ class TrialProcess:
         """
         self._on_progress = on_progress
         job = _write_job(
-            config, Path(trial_dir), model_path, _settings(stress, StressSettings), _settings(probe, ProbeSettings)
+            config,
+            Path(trial_dir),
+            model_path,
+            _settings(stress, StressSettings),
+            _settings(probe, ProbeSettings),
+            worst_case,
         )
         log_path, result_path = Path(job.log_path), Path(job.result_path)
         start = time.monotonic()
@@ -329,6 +337,7 @@ def _write_job(
     model_path: str,
     stress: StressSettings | None,
     probe: ProbeSettings | None,
+    worst_case: bool = True,
 ) -> TrialJob:
     """Create ``trial_dir`` with the trial's ``config.json`` and an empty ``worker.log`` (no ``result.json``), and
     return the job naming them, with its stress and probe settings."""
@@ -340,6 +349,7 @@ def _write_job(
         trial_dir=str(trial_dir),
         stress=stress,
         probe=probe,
+        worst_case=worst_case,
     )
     Path(job.result_path).unlink(missing_ok=True)
     Path(job.config_path).write_text(json.dumps({"config": config.to_dict(), "model_path": model_path}, indent=1))
@@ -357,6 +367,7 @@ def run_trial(
     stress: bool | StressSettings = True,
     on_progress: Callable[[TrialProgress], None] | None = None,
     probe: bool | ProbeSettings = True,
+    worst_case: bool = True,
 ) -> TrialResult:
     """Run one trial in a fresh trial process and return what it measured (:meth:`TrialProcess.run`); the process
     ends with it.
@@ -373,6 +384,7 @@ def run_trial(
         on_progress: The running trial's progress reports (:meth:`TrialProcess.run`), or None.
         probe: Evaluate the probe (:meth:`TrialProcess.run`): True, a :class:`~sweeper.trial._job.ProbeSettings`, or
             False for none.
+        worst_case: Measure the worst-case step (:meth:`TrialProcess.run`).
 
     Returns:
         The worker's result, or a ``timeout``/``crash`` result made here.
@@ -390,6 +402,7 @@ def run_trial(
             on_progress=on_progress,
             stress=stress,
             probe=probe,
+            worst_case=worst_case,
         )
     finally:
         process.close()

@@ -123,14 +123,20 @@ class MemoryReading:
     """What a trial's memory measured, and what the memory model predicted of it, in GiB.
 
     Attributes:
-        peak_memory_gib: Peak memory of the trial process (see ``memory_kind``); known for OOM trials too. On the
-            CPU, the peak after the model was loaded (see :mod:`sweeper.trial._child.memory`). With a stress phase,
-            the constant phase's peak.
+        peak_memory_gib: The peak of the steps the user's run takes (see ``memory_kind``): the larger of the
+            training steps' peak and the worst-case step's (one micro-batch of the data's longest rows, as the
+            trial's collation builds it: ``worst_case_shape``); the probe, the stress phase and loading are measured
+            apart (``phase_peak_memory_gib``). Known for OOM trials too (the peak reached before the failure). On
+            the CPU, the peak after the model was loaded (see :mod:`sweeper.trial._child.memory`).
         load_peak_memory_gib: Peak memory while loading, quantizing and attaching LoRA.
         memory_kind: ``cuda_max_reserved`` or ``cpu_peak_rss``.
         predicted_peak_gib: The memory model's prediction for this trial (:mod:`sweeper.memory`), in the same kind
             as ``peak_memory_gib`` (CUDA reserved, or CPU resident set), set by the sweep before it runs.
-        stress_peak_memory_gib: Peak memory over both phases, constant and stress; None without a stress phase.
+        stress_peak_memory_gib: Peak memory of the stress phase's steps; None without a stress phase.
+        phase_peak_memory_gib: Peak memory of each phase measured, by name (``load``, ``train``, ``worst_case``,
+            ``probe``, ``stress``: :data:`sweeper.trial._child.memory.MEMORY_PHASES`), each read apart from the
+            others (the allocator's cache emptied and the peak statistics reset between them).
+        worst_case_shape: ``[rows, tokens]`` of the worst-case step measured (None: it did not run).
     """
 
     peak_memory_gib: float | None = _stored(4)
@@ -138,6 +144,8 @@ class MemoryReading:
     memory_kind: str | None = _stored(6)
     predicted_peak_gib: float | None = _stored(35)
     stress_peak_memory_gib: float | None = _stored(54)
+    phase_peak_memory_gib: dict[str, float] = _stored(61, factory=dict)
+    worst_case_shape: list[int] | None = _stored(62)
 
 
 @dataclass(kw_only=True)
@@ -155,6 +163,8 @@ class ConstantPhase:
         steps_done: Optimizer steps finished.
         train_time_s: Seconds inside ``Trainer.train``.
         tokens_per_s: Non-padding tokens trained per second of ``train_time_s``.
+        data_token_share: The share of the tokens the constant phase's steps processed that are the data's own
+            (the rest is padding), in ``[0, 1]``.
         probe_steps: Optimizer steps at which the probe was evaluated (0: before the first step).
         probe_loss_trace: The probe's loss at each (:mod:`sweeper.stability`), None where non-finite.
         probe_max_activation_trace: Largest |activation| of the 4-bit layers during each probe (fp16/bf16 compute).
@@ -179,6 +189,7 @@ class ConstantPhase:
     steps_done: int = _stored(13, default=0)
     train_time_s: float | None = _stored(17)
     tokens_per_s: float | None = _stored(21)
+    data_token_share: float | None = _stored(63)
     probe_steps: list[int] = _stored(36, factory=list)
     probe_loss_trace: list[float | None] = _stored(37, factory=list)
     probe_max_activation_trace: list[float | None] = _stored(38, factory=list)

@@ -1,7 +1,8 @@
 """Run a ``sweep export`` file as its production stack would: the ``hf`` file's objects train a transformers
 ``Trainer``, the ``trl`` file's ``build_trainer`` builds and trains a real ``SFTTrainer``, both for two steps on the
 CPU. Imported by the tests, and run as a script in a side environment with other library versions
-(``python export_check.py HF.py TRL.py MODEL_DIR OUT_DIR``: prints one JSON object)."""
+(``python export_check.py HF.py TRL.py MODEL_DIR OUT_DIR [PACKED_TRL.py]``: prints one JSON object; the last, the trl
+file of a trial that packed samples)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,13 @@ CHAT_ROWS = [
 ]
 
 
+#: Six short exchanges: three or more fit a packed row of 64 tokens.
+SHORT_ROWS = [
+    {"messages": [{"role": "user", "content": f"Say {w}."}, {"role": "assistant", "content": f"{w.title()}."}]}
+    for w in ("one", "two", "three", "four", "five", "six")
+]
+
+
 def versions() -> dict[str, str]:
     from importlib import metadata
 
@@ -42,7 +50,8 @@ def _short(out: Path) -> dict:
 
 
 def train_hf(py: Path, model_dir: Path, out: Path) -> dict:
-    """The hf export's objects: the 4-bit model of ``bnb_config``, ``lora_config``, two steps of ``Trainer``."""
+    """The hf export's objects: the 4-bit model of ``bnb_config``, ``lora_config``, two steps of ``Trainer`` on rows
+    of 24 to 32 tokens, batched by the file's ``make_data_collator``; and the shape of the first micro-batch."""
     from peft import get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 
@@ -50,14 +59,18 @@ def train_hf(py: Path, model_dir: Path, out: Path) -> dict:
     bnb, lora, args = ns["bnb_config"], ns["lora_config"], ns["training_args"]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     ids = tokenizer("The for statement is used to iterate over the elements of a sequence. " * 4)["input_ids"]
-    rows = [{"input_ids": ids[:32], "attention_mask": [1] * 32, "labels": ids[:32]} for _ in range(32)]
+    rows = [{"input_ids": ids[: 24 + i % 9], "labels": ids[: 24 + i % 9]} for i in range(32)]
+    collator = ns["make_data_collator"](tokenizer)
+    first = collator(rows[:2])
     model = AutoModelForCausalLM.from_pretrained(
         str(model_dir), quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype
     )
     model = get_peft_model(prepare_model_for_kbit_training(model), lora)
     short = dataclasses.replace(args, **_short(out))
-    result = Trainer(model=model, args=short, train_dataset=rows).train()
+    result = Trainer(model=model, args=short, train_dataset=rows, data_collator=collator).train()
     return {
+        "first_batch": list(first["input_ids"].shape),
+        "first_batch_padding_labels": first["labels"][0, 24:].tolist(),
         "global_step": result.global_step,
         "loss": result.training_loss,
         "checkpointing": bool(getattr(args, ns["CHECKPOINTING"])),
@@ -87,6 +100,12 @@ def train_trl(py: Path, model_dir: Path, out: Path, rows: list[dict] | None = No
     args = trainer.args
     first = trainer.train_dataset[0]
     supervised = [t for t in first["labels"] if t != -100] if "labels" in first else None
+    # The first micro-batch as TRL's collator builds it: with packing, one row of the packed rows' samples (padding
+    # free), their position ids restarting at each, and no attention mask.
+    rows_in_batch = [
+        trainer.train_dataset[i] for i in range(min(args.per_device_train_batch_size, len(trainer.train_dataset)))
+    ]
+    batch = trainer.data_collator(rows_in_batch)
     adapters = {str(p.dtype) for p in trainer.model.parameters() if p.requires_grad}
     result = trainer.train()
     return {
@@ -101,14 +120,23 @@ def train_trl(py: Path, model_dir: Path, out: Path, rows: list[dict] | None = No
         "bf16": bool(args.bf16),
         "max_length": args.max_length,
         "finite": bool(torch.isfinite(torch.tensor(result.training_loss))),
+        "packing": bool(args.packing),
+        "packing_strategy": args.packing_strategy,
+        "padding_free": bool(args.padding_free),
+        "batch_keys": sorted(batch),
+        "batch_shape": list(batch["input_ids"].shape),
+        "samples_in_batch": sum(len(r.get("seq_lengths") or [0]) for r in rows_in_batch),
+        "position_starts": int((batch["position_ids"] == 0).sum()) if "position_ids" in batch else None,
     }
 
 
 if __name__ == "__main__":
-    hf, trl, model_dir, out = (Path(a) for a in sys.argv[1:5])
+    hf, trl, model_dir, out, *packed = (Path(a) for a in sys.argv[1:6])
     report = {
         "versions": versions(),
         "hf": train_hf(hf, model_dir, out / "hf"),
         "trl": train_trl(trl, model_dir, out / "trl"),
     }
+    if packed:
+        report["trl_packed"] = train_trl(packed[0], model_dir, out / "trl-packed", SHORT_ROWS)
     print(json.dumps(report))

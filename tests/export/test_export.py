@@ -60,9 +60,10 @@ def test_the_typed_settings_write_the_json_exports_keys_in_order(study_and_knee,
     [js] = write_export(study, trial, "json", tmp_path / "x.json")
     j = json.loads(js.read_text())
     assert list(j) == [
-        "provenance", "notes", "model", "max_seq_length", "bnb_config", "lora_config", "training_args",
+        "provenance", "notes", "model", "max_seq_length", "collation", "bnb_config", "lora_config", "training_args",
         "effective_batch_size", "target_effective_batch_size", "sweeper_sha256",
     ]  # fmt: skip
+    assert j["collation"] == {"packing": False, "attn_implementation": "sdpa"}
     assert j["bnb_config"] == {
         "load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
         "bnb_4bit_compute_dtype": "bfloat16",
@@ -155,6 +156,7 @@ def test_hf_export_trains_two_steps(study_and_knee, tmp_path, tiny_model):
     assert ns["CHECKPOINTING"] == ("activation_checkpointing" if new_name else "gradient_checkpointing")
     out = train_hf(py, tiny_model, tmp_path / "run")
     assert out["global_step"] == 2 and out["loss"] > 0 and out["checkpointing"]
+    assert out["first_batch"] == [2, 25] and out["first_batch_padding_labels"] == [-100]  # padded to its longest row
 
 
 def torch_dtype(name):
@@ -174,6 +176,111 @@ def test_trl_export_builds_a_real_sft_config(study_and_knee, tmp_path):
     assert args.per_device_train_batch_size == 2 and args.gradient_accumulation_steps == 8 and args.bf16
     assert not args.packing and args.gradient_checkpointing
     assert ns["make_sft_config"](max_steps=3).max_steps == 3 and callable(ns["build_trainer"])
+
+
+@pytest.fixture
+def packed_study(study_and_knee, tiny_model):
+    """make_study's trials and trial 6: trial 1 (the knee) with packing, measured lighter and as stable."""
+    from sweeper.testing import add_configured_trials
+
+    study, _ = study_and_knee
+    add_configured_trials(study, tiny_model, [({"packing": True}, 1.2, 0.2)])
+    return study, pick_trial(study, number=6)
+
+
+def _collation_line(text, packing):
+    """The header line of the collation the trial measured."""
+    [line] = [line for line in text.splitlines() if line.startswith("# Collation: ")]
+    how = "samples packed into rows of at most 64 tokens" if packing else "each micro-batch padded to its longest row"
+    assert how in line and line.endswith("train with it, or its memory and stability figures do not hold."), line
+    return line
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_every_format_writes_the_trials_collation_in_its_own_keys(study_and_knee, packed_study, tmp_path, packing):
+    """The trial's collation, in each stack's own keys, and in each file's header: padded (one sample a row, each
+    micro-batch padded to its longest row) or packed (rows of at most max_seq_length tokens, position ids restarting
+    at each sample, no attention across samples). TRL's real SFTConfig takes the trl file's keys."""
+    study, trial = packed_study if packing else study_and_knee
+    assert trial.config.packing is packing and trial.config.max_seq_length == 64
+    [trl] = write_export(study, trial, "trl", tmp_path / "trl")
+    _collation_line(trl.read_text(), packing)
+    args = runpy.run_path(str(trl))["training_args"]
+    assert args.packing is packing and args.max_length == 64 and args.truncation_mode == "keep_start"
+    assert args.padding_free is packing and args.packing_strategy == "bfd"  # whole samples a row, each cut at 64
+    ax, *_ = write_export(study, trial, "axolotl", tmp_path / "ax")
+    _collation_line(ax.read_text(), packing)
+    a = yaml.safe_load(ax.read_text())
+    assert a["sample_packing"] is packing and a["pad_to_sequence_len"] is packing and a["sequence_len"] == 64
+    assert a.get("attn_implementation") == ("sdpa" if packing else None)  # what keeps packed samples apart
+    lf, *_ = write_export(study, trial, "llama-factory", tmp_path / "lf")
+    _collation_line(lf.read_text(), packing)
+    f = yaml.safe_load(lf.read_text())
+    assert f["packing"] is packing and f.get("neat_packing") is (True if packing else None) and f["cutoff_len"] == 64
+    [js] = write_export(study, trial, "json", tmp_path / "x.json")
+    assert json.loads(js.read_text())["collation"] == {"packing": packing, "attn_implementation": "sdpa"}
+    if not packing:
+        py, hf_json = write_export(study, trial, "hf", tmp_path / "hf")
+        text = py.read_text()
+        _collation_line(text, packing)
+        assert "# hf pads only: a trial that packed samples is exported with --format trl" in text
+        assert 'DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100)' in text
+        assert json.loads(hf_json.read_text())["collation"]["packing"] is False
+        return
+    # The hf export has no packing: a packed trial is refused, naming the fix, and picks pass over it.
+    from sweeper.errors import StudyError
+
+    with pytest.raises(StudyError, match=r"trial 6: it packed samples into rows \(packing: true\).*--format trl$"):
+        write_export(study, trial, "hf", tmp_path / "hf")
+    with pytest.raises(
+        StudyError,
+        match=r"trial 6: it packed samples.*nearest trial it can express is 1 .*--format trl, axolotl or "
+        r"llama-factory$",
+    ):
+        pick_trial(study, number=6, fmt="hf")
+    assert pick_trial(study, pick="knee").number == 6 and pick_trial(study, pick="knee", fmt="hf").number == 1
+
+
+def test_the_hf_files_collator_pads_each_micro_batch_to_its_longest_row(study_and_knee, tmp_path, tiny_model):
+    """The hf file's make_data_collator is transformers' DataCollatorForSeq2Seq padding to the longest row of the
+    micro-batch (not to max_seq_length), on the right, the padding unsupervised; a tokenizer without a pad token gets
+    the end-of-sequence token, as in the trial."""
+    from transformers import AutoTokenizer, DataCollatorForSeq2Seq
+
+    py, _ = write_export(*study_and_knee, "hf", tmp_path / "hf")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.pad_token, tokenizer.padding_side = None, "left"  # a tokenizer without a pad token, padding left
+    collator = runpy.run_path(str(py))["make_data_collator"](tokenizer)
+    assert isinstance(collator, DataCollatorForSeq2Seq) and tokenizer.pad_token == tokenizer.eos_token
+    batch = collator(
+        [{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}, {"input_ids": [8, 9, 10, 11, 12], "labels": [8] * 5}]
+    )
+    assert (
+        batch["input_ids"].shape == (2, 5)
+        and batch["input_ids"][0].tolist() == [5, 6, 7] + [tokenizer.pad_token_id] * 2
+    )
+    assert batch["labels"][0].tolist() == [5, 6, 7, -100, -100] and batch["attention_mask"][0].tolist() == [
+        1,
+        1,
+        1,
+        0,
+        0,
+    ]
+
+
+@pytest.mark.slow
+def test_trl_export_of_a_packed_trial_trains_packed_rows(packed_study, tmp_path, tiny_model):
+    """The packed trial's trl file builds an SFTTrainer that packs whole samples into rows of at most 64 tokens and
+    trains two steps on them: a micro-batch is the packed rows' samples without padding or attention mask, their
+    position ids restarting at each sample (what keeps them apart)."""
+    from export_check import SHORT_ROWS, train_trl
+
+    [py] = write_export(*packed_study, "trl", tmp_path / "trl")
+    out = train_trl(py, tiny_model, tmp_path / "run", SHORT_ROWS)
+    assert out["global_step"] == 2 and out["finite"] and out["packing"] and out["padding_free"]
+    assert out["rows"] < len(SHORT_ROWS) and out["samples_in_batch"] > 2  # more than one sample a row
+    assert out["position_starts"] == out["samples_in_batch"] and out["batch_shape"][0] == 1
+    assert "attention_mask" not in out["batch_keys"] and "position_ids" in out["batch_keys"]
 
 
 #: ChatML with transformers' generation markers around each reply and its end of turn.

@@ -27,7 +27,7 @@ from sweeper.testing import REPO, STACKS, add_configured_trials, add_trial, make
 #: Trial 6's settings, none at the tools' defaults: float16, fp4 without double quantization, r 16 with lora_alpha
 #: 8 (LLaMA-Factory's default would be 2 * r), four target modules, batch 4 of 128 tokens, paged 8-bit AdamW, no
 #: gradient checkpointing. Trial 7 is trial 6 in float32; trial 8 is trial 1 with lora_alpha_ratio 0.3 (lora_alpha
-#: 2.4).
+#: 2.4); trials 9 and 10 are trials 6 and 1 with packing (behind the front).
 OTHER = {
     "bnb_4bit_compute_dtype": "float16",
     "bnb_4bit_quant_type": "fp4",
@@ -58,7 +58,7 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory, tiny_model):
-    """make_study's trials 0-5 on the tiny model, and trials 6-8 (see :data:`OTHER`). Trial 8 dominates trial 1:
+    """make_study's trials 0-5 on the tiny model, and trials 6-10 (see :data:`OTHER`). Trial 8 dominates trial 1:
     the front is trials 0 and 8."""
     folder = tmp_path_factory.mktemp("tools-study")
     with pytest.MonkeyPatch.context() as patch:
@@ -69,8 +69,9 @@ def study(tmp_path_factory, tiny_model):
 def _make(folder, tiny_model):
     study = make_study(folder, model=str(tiny_model))
     float32 = {**OTHER, "bnb_4bit_compute_dtype": "float32"}
+    packed = [({**OTHER, "packing": True}, 3.0, 0.95), ({"packing": True}, 3.1, 0.95)]
     add_configured_trials(
-        study, tiny_model, [(OTHER, 1.8, 0.3), (float32, 1.9, 0.35), ({"lora_alpha_ratio": 0.3}, 1.4, 0.1)]
+        study, tiny_model, [(OTHER, 1.8, 0.3), (float32, 1.9, 0.35), ({"lora_alpha_ratio": 0.3}, 1.4, 0.1), *packed]
     )
     return study
 
@@ -141,11 +142,14 @@ def test_axolotl_is_given_only_whole_lora_alphas(study, tmp_path, monkeypatch):
 
 
 @pytest.mark.network
-def test_llama_factory_parses_the_export_into_the_trials_settings(llama_factory, study, tmp_path, tiny_model):
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_llama_factory_parses_the_export_into_the_trials_settings(llama_factory, study, tmp_path, tiny_model, packing):
     """LLaMA-Factory 0.9.5 accepts the exports of trials 1 (bfloat16, nf4), 6 (float16, fp4, no double quant, every
     setting off its defaults) and 8 (a fractional lora_alpha), and every key comes out with the file's value, which
-    is the trial's; it computes in the dtype the file's comment states, and quantizes with the trial's settings."""
-    trials = [pick_trial(study, number=n, fmt="llama-factory") for n in (1, 6, 8)]
+    is the trial's; it computes in the dtype the file's comment states, and quantizes with the trial's settings.
+    Packed, trials 10 and 9 (1 and 6 with packing): packing with neat_packing, its block-diagonal attention on; it
+    packs rows of cutoff_len - 1 tokens (its DataArguments take one off with packing)."""
+    trials = [pick_trial(study, number=n, fmt="llama-factory") for n in ((10, 9) if packing else (1, 6, 8))]
     files = [write_export(study, t, "llama-factory", tmp_path / f"lf{t.number}")[0] for t in trials]
     results = _check(llama_factory, "llama-factory", LLAMA_FACTORY_ADDS, files, tmp_path)
     pins = _pins("llama-factory")
@@ -156,6 +160,7 @@ def test_llama_factory_parses_the_export_into_the_trials_settings(llama_factory,
         assert set(exported) <= set(got), set(exported) - set(got)
         for key, value in exported.items():
             want = value.split(",") if key in ("lora_target", "dataset") else value
+            want = want - 1 if key == "cutoff_len" and packing else want
             assert got[key] == want, (trial.number, key, got[key], want)
         c = trial.config
         assert got["model_name_or_path"] == str(tiny_model) and got["quantization_method"] == "bnb"
@@ -163,9 +168,10 @@ def test_llama_factory_parses_the_export_into_the_trials_settings(llama_factory,
         assert got["lora_target"] == list(c.target_modules) and got["lora_dropout"] == c.lora_dropout
         assert got["per_device_train_batch_size"] == c.per_device_train_batch_size
         assert got["gradient_accumulation_steps"] == math.ceil(16 / c.per_device_train_batch_size)
-        assert got["cutoff_len"] == c.max_seq_length and got["learning_rate"] == c.learning_rate
+        assert got["cutoff_len"] == c.max_seq_length - (1 if packing else 0) and got["learning_rate"] == c.learning_rate
         assert got["optim"] == c.optim and got["disable_gradient_checkpointing"] is not c.gradient_checkpointing
-        assert got["packing"] is False and got["train_on_prompt"] is False  # one row a sample, replies supervised
+        assert c.packing is packing and got["train_on_prompt"] is False  # the replies supervised
+        assert got["packing"] is got["neat_packing"] is got["block_diag_attn"] is packing  # no cross-attention
         [stated] = re.findall(r"LLaMA-Factory computes the 4-bit layers in (\w+)", text)
         assert got["compute_dtype"] == stated == c.bnb_4bit_compute_dtype
         assert got["bnb"] == {
@@ -177,16 +183,19 @@ def test_llama_factory_parses_the_export_into_the_trials_settings(llama_factory,
         }
         assert got["versions"]["llamafactory"] == pins["llamafactory"]
         assert got["versions"]["transformers"] == pins["transformers"]
-    assert [r["bnb"]["bnb_4bit_quant_type"] for r in results] == ["nf4", "fp4", "nf4"]
+    assert [r["bnb"]["bnb_4bit_quant_type"] for r in results] == (["nf4", "fp4"] if packing else ["nf4", "fp4", "nf4"])
 
 
 @pytest.mark.network
-def test_axolotl_validates_the_export_and_keeps_the_trials_settings(axolotl, study, tmp_path, tiny_model):
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_axolotl_validates_the_export_and_keeps_the_trials_settings(axolotl, study, tmp_path, tiny_model, packing):
     """axolotl 0.21.0 accepts the exports of trials 1 (bfloat16), 6 (float16, fp4, no double quant) and 7 (float32)
     and keeps every key: through validate_config on an Ampere GPU's capabilities (where tf32: auto would turn TF32
     on, and does when the key is left out) and without, and through normalize_config; its BitsAndBytesConfig takes
-    the trial's compute dtype, quant type and double quantization from bnb_config_kwargs."""
-    trials = [pick_trial(study, number=n, fmt="axolotl") for n in (1, 6, 7)]
+    the trial's compute dtype, quant type and double quantization from bnb_config_kwargs. Padded: sample_packing and
+    pad_to_sequence_len false (pad to the longest row). Packed, trials 10 and 9 (1 and 6 with packing):
+    sample_packing and pad_to_sequence_len true, with the trial's attention (sdpa), which keeps samples apart."""
+    trials = [pick_trial(study, number=n, fmt="axolotl") for n in ((10, 9) if packing else (1, 6, 7))]
     files = [write_export(study, t, "axolotl", tmp_path / f"ax{t.number}")[0] for t in trials]
     results = _check(axolotl, "axolotl", AXOLOTL_ADDS, files, tmp_path)
     pins = _pins("axolotl")
@@ -197,7 +206,9 @@ def test_axolotl_validates_the_export_and_keeps_the_trials_settings(axolotl, stu
             for key, value in exported.items():
                 assert got[stage][key] == value, (trial.number, stage, key, got[stage][key], value)
         c, v = trial.config, got["normalized"]
-        assert v["tf32"] is False and v["excess_length_strategy"] == "truncate" and v["sample_packing"] is False
+        assert v["tf32"] is False and v["excess_length_strategy"] == "truncate" and c.packing is packing
+        assert v["sample_packing"] is v["pad_to_sequence_len"] is packing
+        assert v["attn_implementation"] == ("sdpa" if packing else None)
         assert v["load_in_4bit"] is True and v["adapter"] == "qlora" and v["base_model"] == str(tiny_model)
         assert v["lora_r"] == c.r and v["lora_alpha"] == trial.lora_alpha and v["lora_dropout"] == c.lora_dropout
         assert v["lora_target_modules"] == list(c.target_modules) and v["sequence_len"] == c.max_seq_length
@@ -220,7 +231,8 @@ def test_axolotl_validates_the_export_and_keeps_the_trials_settings(axolotl, stu
         assert "lora_alpha" in got["fractional_alpha_error"] and "valid integer" in got["fractional_alpha_error"]
         assert got["versions"]["axolotl"] == pins["axolotl"]
         assert got["versions"]["transformers"] == pins["transformers"]
-    assert [r["bnb"]["bnb_4bit_compute_dtype"] for r in results] == ["bfloat16", "float16", "float32"]
+    dtypes = ["bfloat16", "float16"] + ([] if packing else ["float32"])
+    assert [r["bnb"]["bnb_4bit_compute_dtype"] for r in results] == dtypes
 
 
 #: SmolLM2-135M-Instruct's chat template (from the built-in model's GGUF file): ChatML that opens with a default

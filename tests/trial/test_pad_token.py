@@ -17,17 +17,17 @@ def pad_model(tmp_path_factory):
 
 
 def _step(tokenizer, texts: list[str], max_seq_length: int) -> list[dict]:
-    """One micro-batch of chat rows, collated as a trial collates them (every row padded to ``max_seq_length``)."""
-    from sweeper.trial._child.instrumented import make_collator
+    """One micro-batch of chat rows, collated as a trial collates them (each row padded to the longest)."""
+    from sweeper.trial._child.collate import make_collator
 
     samples = [
         Sample(index=10 + k, messages=({"role": "user", "content": "Say it."}, {"role": "assistant", "content": t}))
         for k, t in enumerate(texts)
     ]
     tokenized: list[TokenizedSample] = tokenize_samples(samples, tokenizer, max_seq_length)
-    collate = make_collator(tokenizer.pad_token_id, max_seq_length)
+    collate = make_collator(tokenizer.pad_token_id)
     batch = collate([{"input_ids": t.input_ids, "labels": t.labels, "index": t.index} for t in tokenized])
-    return [{**batch, "sample_index": batch["sample_index"].tolist()}]
+    return [batch]
 
 
 def _diagnose(model, tokenizer, batches, compute_dtype="float32"):
@@ -72,12 +72,15 @@ def test_a_row_that_fails_only_with_its_padding_is_data(pad_model, monkeypatch):
 
     tokenizer = load_tokenizer(str(pad_model))
     model = LlamaForCausalLM.from_pretrained(pad_model, dtype=torch.float32)
-    batches = _step(tokenizer, ["Hello.", "Fine, thanks."], 32)
-    # Without the static check of the embedding rows, the replay as trained still finds it: each row is non-finite
-    # with its padding and finite without it (replayed alone and unpadded, as before, both were finite).
+    batches = _step(tokenizer, ["Hello.", "Fine, thanks.", "Fine, thanks, and you? It was a long day here."], 32)
+    # Without the static check of the embedding rows, the replay as trained still finds it: each padded row is
+    # non-finite with its padding and finite without it (replayed alone and unpadded, as before, both were finite);
+    # the longest row of the micro-batch has no padding and is finite.
     monkeypatch.setattr(diagnosis, "bad_embedding_rows", lambda *a, **k: {})
-    for row in diagnosis.step_rows(batches, model.get_input_embeddings().num_embeddings):
-        assert diagnosis.replay_row(model, row, with_gradient=False)[1] is False
+    rows = diagnosis.step_rows(batches, model.get_input_embeddings().num_embeddings)
+    assert [row.padding > 0 for row in rows] == [True, True, False]
+    for row in rows:
+        assert diagnosis.replay_row(model, row, with_gradient=False)[1] is (row.padding == 0)
         assert diagnosis.replay_row(model, row, with_gradient=False, padded=False)[1] is True
     found = _diagnose(model, tokenizer, batches)
     assert found.cause == "data" and found.samples == [10, 11], found.reason

@@ -29,6 +29,7 @@ class TrialContext:
         progress: Where the trial's progress lines go.
         stress: The stress phase the job asked for, or None for none (:attr:`sweeper.trial._job.TrialJob.stress`).
         probe: The probe the job asked for, or None for none (:attr:`sweeper.trial._job.TrialJob.probe`).
+        worst_case: Measure the worst-case step (:attr:`sweeper.trial._job.TrialJob.worst_case`).
     """
 
     config: TrialConfig
@@ -40,3 +41,4 @@ class TrialContext:
     progress: ProgressSender
     stress: StressSettings | None = DEFAULT_STRESS
     probe: ProbeSettings | None = DEFAULT_PROBE
+    worst_case: bool = True

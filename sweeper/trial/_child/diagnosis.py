@@ -52,8 +52,8 @@ class NanRow:
         micro_batch: 0-based micro-batch of the step it was in (``gradient_accumulation_steps`` > 1).
         input_ids: The row's tokens as trained (padding removed), ``len <= max_seq_length``.
         labels: Same length; -100 where no loss is computed.
-        padded_ids, attention_mask, padded_labels: The row exactly as the collator built it (padding included), for
-            the replay; not written to ``nan_batch.jsonl``.
+        padded_ids, attention_mask, padded_labels: The row exactly as the collator built it (padding included; a
+            packed sample: the sample alone), for the replay; not written to ``nan_batch.jsonl``.
         supervised_tokens: ``labels[1:] != -100`` (the causal shift drops position 0).
         invalid_token_ids: Ids outside ``[0, vocab_size)``, sorted, unique.
         nonfinite_inputs: A float input of the row holds NaN or inf.
@@ -119,39 +119,43 @@ def _data_fault(rows: list[NanRow], faulty: Sequence[NanRow], reason: str) -> Na
 
 
 def step_rows(batches: Sequence[Mapping[str, Any]], vocab_size: int) -> list[NanRow]:
-    """The rows of a step's micro-batches (as the collator built them, on any device), padding removed.
+    """The samples of a step's micro-batches (as the collator built them, on any device), one :class:`NanRow` each,
+    padding removed: a padded row is one sample; a packed row holds several, each replayed alone (its positions
+    restart at 0 and it attends to no other sample, so alone it computes what it computed packed).
 
     Args:
-        batches: Dicts with ``input_ids``, ``attention_mask``, ``labels`` (``[b, s]`` tensors) and
-            ``sample_index`` (``b`` dataset indices); other float tensors are checked for non-finite values.
+        batches: Collated micro-batches (:func:`sweeper.trial._child.collate.make_collator`): ``input_ids``,
+            ``labels`` (``[b, s]`` tensors), ``attention_mask`` or ``position_ids``, ``sample_index``; other float
+            tensors are checked for non-finite values.
         vocab_size: Rows of the model's input embedding.
     """
     import torch
 
+    from sweeper.trial._child.collate import segments
+
     rows = []
     for mb, batch in enumerate(batches):
         floats = [v for v in batch.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
-        for r, index in enumerate(batch["sample_index"]):
-            mask = batch["attention_mask"][r].tolist()
-            keep = [j for j, m in enumerate(mask) if m]
-            padded_ids = batch["input_ids"][r].tolist()
-            padded_labels = batch["labels"][r].tolist()
-            ids = [padded_ids[j] for j in keep]
-            labels = [padded_labels[j] for j in keep]
-            rows.append(
-                NanRow(
-                    index=int(index),
-                    micro_batch=mb,
-                    input_ids=ids,
-                    labels=labels,
-                    supervised_tokens=sum(1 for t in labels[1:] if t != -100),
-                    invalid_token_ids=sorted({i for i in ids if i < 0 or i >= vocab_size}),
-                    nonfinite_inputs=any(not bool(torch.isfinite(f[r]).all()) for f in floats),
-                    padded_ids=padded_ids,
-                    attention_mask=mask,
-                    padded_labels=padded_labels,
+        for r in range(batch["input_ids"].shape[0]):
+            full_ids = batch["input_ids"][r].tolist()
+            full_labels = batch["labels"][r].tolist()
+            packed = "position_ids" in batch
+            for index, start, end in segments(batch, r):
+                ids, labels = full_ids[start:end], full_labels[start:end]
+                rows.append(
+                    NanRow(
+                        index=int(index),
+                        micro_batch=mb,
+                        input_ids=ids,
+                        labels=labels,
+                        supervised_tokens=sum(1 for t in labels[1:] if t != -100),
+                        invalid_token_ids=sorted({i for i in ids if i < 0 or i >= vocab_size}),
+                        nonfinite_inputs=any(not bool(torch.isfinite(f[r]).all()) for f in floats),
+                        padded_ids=ids if packed else full_ids,
+                        attention_mask=[1] * len(ids) if packed else batch["attention_mask"][r].tolist(),
+                        padded_labels=labels if packed else full_labels,
+                    )
                 )
-            )
     return rows
 
 
@@ -221,13 +225,15 @@ def first_nonfinite_module(model: Any, batches: Sequence[Mapping[str, Any]], pre
 
     Args:
         model: The peft model.
-        batches: The step's micro-batches (``input_ids``, ``attention_mask``, ``labels``).
+        batches: The step's collated micro-batches (their bookkeeping keys are not passed to the model).
         precision: A context manager factory giving the training's autocast (``Trainer.compute_loss_context_manager``).
 
     Returns:
         The module's name without peft's ``base_model.model.`` prefix, or None when every output was finite.
     """
     import torch
+
+    from sweeper.trial._child.collate import model_inputs
 
     found: list[str] = []
 
@@ -253,12 +259,7 @@ def first_nonfinite_module(model: Any, batches: Sequence[Mapping[str, Any]], pre
         with torch.no_grad():
             for batch in batches:
                 with precision():
-                    model(
-                        input_ids=batch["input_ids"].to(device),
-                        attention_mask=batch["attention_mask"].to(device),
-                        labels=batch["labels"].to(device),
-                        use_cache=False,
-                    )
+                    model(**{k: v.to(device) for k, v in model_inputs(batch).items()}, use_cache=False)
                 if found:
                     break
     finally:

@@ -1,8 +1,8 @@
-"""The trainer side of a trial's measurements (child process; imports torch and transformers): the collator that
-pads every row to ``max_seq_length`` and carries the rows' dataset indices, a ``transformers.Trainer``
-(:class:`TracingTrainer`) that records each optimizer step's raw loss, pre-clip gradient norm, supervised tokens and
-rows into a :class:`~sweeper.trial._child.record.TrainingRecord`, the callback (:class:`TraceCallback`) that closes
-each step and runs the probe, and forward hooks that keep the largest activation of the 4-bit layers. Used by
+"""The trainer side of a trial's measurements (child process; imports torch and transformers): a
+``transformers.Trainer`` (:class:`TracingTrainer`) that records each optimizer step's raw loss, pre-clip gradient
+norm, supervised tokens and rows into a :class:`~sweeper.trial._child.record.TrainingRecord`, the callback
+(:class:`TraceCallback`) that closes each step, runs the worst-case step once (:func:`run_worst_case_step`) and the
+probe, and forward hooks that keep the largest activation of the 4-bit layers. Used by
 :mod:`sweeper.trial._child.recipe` only, and imported with the heavy libraries
 (:func:`sweeper.trial._child.load.import_heavy`).
 """
@@ -18,6 +18,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from sweeper.stability import divergence, stress_lr
+from sweeper.trial._child.collate import model_inputs, sample_indices
 from sweeper.trial._child.progress import ProgressSender
 from sweeper.trial._child.record import (
     DivergedError,
@@ -27,31 +28,6 @@ from sweeper.trial._child.record import (
     TrainingRecord,
     finite_or_none,
 )
-
-
-def make_collator(pad_id: int, max_seq_length: int):
-    """Pad every row to ``max_seq_length`` (right), so each step runs at the worst-case shape ``[b, max_seq_length]``;
-    ``sample_index`` (``[b]``) carries the rows' dataset indices to the trainer, which removes it before the model."""
-
-    def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-        b = len(rows)
-        input_ids = torch.full((b, max_seq_length), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((b, max_seq_length), dtype=torch.long)
-        labels = torch.full((b, max_seq_length), -100, dtype=torch.long)
-        for i, row in enumerate(rows):
-            n = len(row["input_ids"])
-            input_ids[i, :n] = torch.tensor(row["input_ids"])
-            attention_mask[i, :n] = 1
-            labels[i, :n] = torch.tensor(row["labels"])
-        sample_index = torch.tensor([row["index"] for row in rows], dtype=torch.long)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "labels": labels,
-            "sample_index": sample_index,
-        }
-
-    return collate
 
 
 class TracingTrainer(Trainer):
@@ -102,13 +78,17 @@ class TracingTrainer(Trainer):
         return out
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        """``Trainer.training_step`` of one micro-batch, its rows and loss recorded (``sample_index`` removed)."""
+        """``Trainer.training_step`` of one micro-batch, its rows, tokens (the data's and all processed) and loss
+        recorded (the collator's bookkeeping keys removed)."""
         record = self.record
-        index = inputs.pop("sample_index").tolist()
+        index = sample_indices(inputs)
+        data_tokens = int(inputs["sample_tokens"].sum())
+        step_batch = {k: v.detach() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        inputs = model_inputs(inputs)
         # References, not copies: a step's batch is a few KB and stays alive for one step anyway; the NaN
         # diagnosis reads it only when a step fails.
-        kept = {k: v.detach() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-        record.step_batches.append({**kept, "sample_index": index})
+        kept = step_batch
+        record.step_batches.append(step_batch)
         if not record.stressing:  # the trial's data attributes are the constant phase's
             record.seen.update(index)
         # Trainer's num_items_in_batch is the step's count of labels[..., 1:] != -100 over all micro-batches.
@@ -122,7 +102,8 @@ class TracingTrainer(Trainer):
                 "input id", int(ids.max()) if int(ids.max()) >= self.vocab_size else int(ids.min()), "forward"
             )
         if not record.stressing:
-            record.tokens += int(inputs["attention_mask"].sum())
+            record.tokens += data_tokens
+            record.processed_tokens += int(ids.numel())
         loss = super().training_step(model, inputs, num_items_in_batch)
         # The returned loss is this micro-batch's share of the step's mean loss; their sum is the step's loss.
         value = float(loss)
@@ -172,8 +153,9 @@ def update_to_weight_ratio(net: Any, record: TrainingRecord) -> float | None:
 
 
 def run_probe(trainer: Any, record: TrainingRecord, probe: Probe, step: int) -> None:
-    """The probe's mean loss over its supervised tokens (one forward without gradients, dropout off), recorded at
-    ``step``; raises :class:`DivergedError` once :func:`sweeper.stability.divergence` says the run diverged.
+    """The probe's mean loss over its supervised tokens (forwards without gradients, dropout off; its memory is the
+    ``probe`` phase's, :class:`~sweeper.trial._child.memory.PhasePeaks`), recorded at ``step``; raises
+    :class:`DivergedError` once :func:`sweeper.stability.divergence` says the run diverged.
 
     The model runs in training mode with only its dropout modules in eval mode, and every module's mode is
     restored afterwards: on a CPU with AVX512-BF16, bitsandbytes repacks a ``Linear4bit``'s weights for
@@ -191,14 +173,22 @@ def run_probe(trainer: Any, record: TrainingRecord, probe: Probe, step: int) -> 
         if isinstance(m, torch.nn.Dropout):
             m.eval()
     record.probing, record.probe_step_max_activation = True, None
+    before = record.enter_memory_phase("probe")
     try:
+        total, count = 0.0, 0
         with torch.no_grad():
-            batch = {k: v.to(trainer.args.device) for k, v in probe.batch.items()}
-            value = float(net(**batch).loss.float())
+            for batch in probe.batches:
+                batch = {k: v.to(trainer.args.device) for k, v in batch.items()}
+                n = int((batch["labels"][..., 1:] != -100).sum())
+                total += float(net(**batch).loss.float()) * n
+                count += n
+        value = total / count if count else float("nan")
     finally:
         record.probing = False
         for m, training in modes:
             m.train(training)
+        if before is not None:
+            record.enter_memory_phase(before)
     act = record.probe_step_max_activation
     stress = record.stress if record.stressing else None
     if stress is not None:  # the stress phase's probe: its own trace, read with the constant phase's before it
@@ -214,6 +204,46 @@ def run_probe(trainer: Any, record: TrainingRecord, probe: Probe, step: int) -> 
         found = divergence(record.probe_steps, record.probe_loss, final=step >= probe.max_steps)
     if found is not None:
         raise DivergedError(found)
+
+
+def run_worst_case_step(trainer: Any, record: TrainingRecord) -> None:
+    """One forward and backward of the data's worst step (``record.worst_case_batch``: the micro-batch of its longest
+    rows, :func:`sweeper.trial._child.collate.worst_case_rows`), measured as the ``worst_case`` memory phase and then
+    undone: its gradients are dropped before any optimizer step, the random number generators (dropout's) are
+    restored, and nothing is recorded in the traces, so the trial trains exactly as it would without it. Run after
+    step 1, once the optimizer's state exists, so that its peak holds everything a training step of that shape
+    holds. Sets ``record.worst_case_shape`` (``[rows, tokens]``).
+
+    Raises:
+        Exception: What the step raises (an out-of-memory error under the cap: the configuration's OOM, with
+            ``record.in_worst_case`` left True to name it).
+    """
+    batch = record.worst_case_batch
+    if batch is None:
+        return
+    net: Any = trainer.model
+    cuda = torch.cuda.is_available()
+    rng = torch.get_rng_state(), (torch.cuda.get_rng_state_all() if cuda else None)
+    phase = record.phase
+    record.in_worst_case = True
+    before = record.enter_memory_phase("worst_case")
+    try:
+        inputs = {k: v.to(trainer.args.device) for k, v in model_inputs(batch).items()}
+        record.phase = "forward"
+        with trainer.compute_loss_context_manager():
+            loss = net(**inputs).loss
+        record.phase = "backward"
+        trainer.accelerator.backward(loss)
+        del loss, inputs
+    finally:
+        net.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng[0])
+        if rng[1] is not None:
+            torch.cuda.set_rng_state_all(rng[1])
+    record.worst_case_shape = list(batch["input_ids"].shape)
+    record.phase, record.in_worst_case = phase, False
+    if before is not None:
+        record.enter_memory_phase(before)
 
 
 class TraceCallback(TrainerCallback):
@@ -291,6 +321,8 @@ class TraceCallback(TrainerCallback):
         record.step_supervised = None
         if not math.isfinite(record.step_grad_norm) and not skipped:
             raise NonFiniteError("gradient norm", record.step_grad_norm, "backward")
+        if step == 1:
+            run_worst_case_step(self.trainer, record)
         if probe is not None and (step % probe.interval_steps == 0 or step >= probe.max_steps):
             run_probe(self.trainer, record, probe, step)
         if record.stress is not None and probe is not None and step >= probe.max_steps:
@@ -362,6 +394,8 @@ def track_activations(model: Any, record: TrainingRecord) -> list[Any]:
         tensors = [t for t in (*inputs, output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
         for t in tensors:
             peak = t.detach().abs().amax().float()
+            if record.in_worst_case:
+                continue
             if record.probing:
                 cur = record.probe_step_max_activation
                 record.probe_step_max_activation = peak if cur is None else torch.maximum(cur, peak)

@@ -120,3 +120,74 @@ def oom_cause_chain(exc: BaseException) -> Any:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return None
+
+
+#: The phases of a trial whose peaks are recorded apart (``phase_peak_memory_gib``): loading; the training steps
+#: (the constant phase's); the worst-case step (one step of the data's longest rows, :mod:`sweeper.trial._child.
+#: worst_case`); the probe's forwards; the stress phase's steps. Only ``train`` and ``worst_case`` are steps the
+#: user's run takes: the trial's ``peak_memory_gib`` is their maximum.
+MEMORY_PHASES = ("load", "train", "worst_case", "probe", "stress")
+#: The phases whose peak is the user's run's: the judged ``peak_memory_gib`` is their maximum.
+JUDGED_PHASES = ("train", "worst_case")
+
+
+class PhasePeaks:
+    """The peak memory of each phase of a trial (:data:`MEMORY_PHASES`), read apart: entering a phase closes the one
+    before (its peak so far is kept, the maximum over its visits), hands back what the process cached (CUDA's
+    caching allocator, glibc's free heap: :func:`~sweeper.trial._child.warm.release_memory`'s work, without the
+    garbage collection) and restarts the peak statistics from what the process holds now, so that the memory one
+    phase freed but kept cached is not read as the next phase's. Readings are ``max_memory_reserved`` on CUDA and the
+    resident set's high-water mark (``VmHWM``) on the CPU, in GiB (:func:`peak_memory_gib`).
+
+    Args:
+        device_type: ``cuda`` or ``cpu``.
+
+    Attributes:
+        peaks: Peak in GiB by phase, for the phases entered so far (the current one once it is closed).
+        current: The phase being measured, None between phases.
+    """
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self.peaks: dict[str, float] = {}
+        self.current: str | None = None
+
+    def enter(self, phase: str) -> str | None:
+        """Close the current phase and start measuring ``phase``; returns the phase it closed (to go back to).
+
+        Raises:
+            ValueError: ``phase`` is none of :data:`MEMORY_PHASES`.
+        """
+        if phase not in MEMORY_PHASES:
+            raise ValueError(f"phase must be one of {MEMORY_PHASES}, but got {phase!r}")
+        before = self.close()
+        self._restart()
+        self.current = phase
+        return before
+
+    def close(self) -> str | None:
+        """Read the current phase's peak into :attr:`peaks` and stop measuring; returns the phase closed."""
+        phase, self.current = self.current, None
+        if phase is not None:
+            self.peaks[phase] = max(self.peaks.get(phase, 0.0), peak_memory_gib(self.device_type))
+        return phase
+
+    def judged_gib(self) -> float | None:
+        """The largest peak of :data:`JUDGED_PHASES` measured, None when none was."""
+        judged = [self.peaks[p] for p in JUDGED_PHASES if p in self.peaks]
+        return max(judged) if judged else None
+
+    def _restart(self) -> None:
+        if self.device_type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            return
+        try:
+            import ctypes
+
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+        reset_cpu_peak()

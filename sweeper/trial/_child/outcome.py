@@ -63,18 +63,37 @@ def _unexpected(exc: BaseException, record: TrainingRecord, config: TrialConfig,
     loading = record.phase == "load"
     step = 0 if loading else record.step + 1
     where = "while loading" if loading else f"at step {step} ({record.phase})"
+    if record.in_worst_case:
+        where = f"at the worst-case step, after step {record.step} ({record.phase})"
     if oom_cause_chain(exc) is not None or (loading and load_oom):
         reason = f"out of memory {where} under memory_limit_gib={config.memory_limit_gib:g}"
-        if not loading:  # every row is padded to max_seq_length: that is the step's length
-            reason += (
-                f" on a step of {config.per_device_train_batch_size} x {config.max_seq_length} "
-                f"tokens (per_device_train_batch_size={config.per_device_train_batch_size}, "
-                f"max_seq_length={config.max_seq_length})"
+        shape = _failing_shape(record)
+        if shape is not None:
+            rows, tokens = shape
+            what = "packed rows" if config.packing else "rows"
+            reason += f" on a step of {rows} x {tokens} tokens"
+            settings = (
+                f"per_device_train_batch_size={config.per_device_train_batch_size}, "
+                f"max_seq_length={config.max_seq_length}"
             )
+            what = f"the data's {rows} longest {what}" if record.in_worst_case else what
+            reason += f" ({what}; {settings})"
         return Outcome(status=TrialStatus.OOM, reason=reason, fail_phase=record.phase, fail_step=step)
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     reason = f"{type(exc).__name__} {where}" + (f": {first}" if first else "")
     return Outcome(status=TrialStatus.ERROR, reason=reason, fail_phase=record.phase, fail_step=step)
+
+
+def _failing_shape(record: TrainingRecord) -> tuple[int, int] | None:
+    """``(rows, tokens)`` of the micro-batch that was running when the trial failed: the worst-case step's, or the
+    current step's last micro-batch; None while loading or before any batch."""
+    if record.phase == "load":
+        return None
+    batch = record.worst_case_batch if record.in_worst_case else (record.step_batches or [None])[-1]
+    if batch is None:
+        return None
+    rows, tokens = batch["input_ids"].shape
+    return int(rows), int(tokens)
 
 
 def outcome_of(

@@ -22,12 +22,13 @@ import torch
 from sweeper.space import TrialConfig
 from sweeper.stability import PROBE_ROWS, probe_interval_steps
 from sweeper.trial._child.checks import check_lora_targets, check_quantization
+from sweeper.trial._child.collate import make_collator, model_inputs, pack_rows, worst_case_rows
 from sweeper.trial._child.context import TrialContext
 from sweeper.trial._child.diagnosis import NanDiagnosis, diagnose_nan
-from sweeper.trial._child.instrumented import make_collator, make_trainer, track_activations
+from sweeper.trial._child.instrumented import make_trainer, track_activations
 from sweeper.trial._child.load import load_model
 from sweeper.trial._child.measurements import Measurements
-from sweeper.trial._child.memory import is_oom, peak_memory_gib, reset_cpu_peak, set_cuda_memory_cap
+from sweeper.trial._child.memory import PhasePeaks, is_oom, peak_memory_gib, set_cuda_memory_cap
 from sweeper.trial._child.record import (
     DivergedError,
     NonFiniteError,
@@ -64,21 +65,25 @@ class Run:
 def _probe(
     rows: list[dict[str, Any]], collate: Any, config: TrialConfig, settings: ProbeSettings | None
 ) -> Probe | None:
-    """The probe: the first :data:`~sweeper.stability.PROBE_ROWS` rows of the trial's data that keep a supervised
-    token after truncation, collated as training collates them, evaluated every ``settings.interval_steps`` steps
-    (None: :func:`~sweeper.stability.probe_interval_steps` of the batch); None when no row has one, or when the job
-    asked for none (``settings`` None: a diagnostic, the tests compare training with and without it)."""
+    """The probe: the first :data:`~sweeper.stability.PROBE_ROWS` samples of the trial's data that keep a supervised
+    token after truncation, collated as training collates them (packed into rows when training packs), in one batch
+    when the trial's micro-batch holds that many rows, else one batch per row (a probe forward never holds more rows
+    than a training step); evaluated every ``settings.interval_steps`` steps (None:
+    :func:`~sweeper.stability.probe_interval_steps` of the batch). None when no sample has a supervised token, or
+    when the job asked for none (``settings`` None: a diagnostic, the tests compare training with and without it)."""
     if settings is None:
         return None
     chosen = [row for row in rows if any(label != -100 for label in row["labels"][1:])][:PROBE_ROWS]
     if not chosen:
         return None
-    batch = collate(chosen)
-    batch.pop("sample_index")
+    if config.packing:
+        chosen = pack_rows(chosen, config.max_seq_length)
+    per_batch = len(chosen) if config.per_device_train_batch_size >= len(chosen) else 1
+    batches = [model_inputs(collate(chosen[i : i + per_batch])) for i in range(0, len(chosen), per_batch)]
     interval = settings.interval_steps
     if interval is None:
         interval = probe_interval_steps(config.per_device_train_batch_size, config.gradient_accumulation_steps)
-    return Probe(batch=batch, interval_steps=interval, max_steps=config.max_steps)
+    return Probe(batches=batches, interval_steps=interval, max_steps=config.max_steps)
 
 
 def _training_arguments(config: TrialConfig, trial_dir: Path, cuda: bool, stress_steps: int = 0) -> Any:
@@ -136,6 +141,10 @@ def _adapted_model(
     if model is None:
         model = load_model(config, model_path, cuda)
     measured.quantized_linear_count = check_quantization(model, config)
+    # Training never reads a KV cache (the QLoRA recipe turns it off too); with one, transformers builds no
+    # block-diagonal mask for packed rows (masking_utils: only without a cache) and the probe's forward keeps every
+    # layer's keys and values.
+    model.config.use_cache = False
     model = prepare_model_for_kbit_training(
         model,
         use_gradient_checkpointing=config.gradient_checkpointing,
@@ -192,8 +201,12 @@ def setup(trial: TrialContext) -> Run:
     key = model_key(config, model_path)
     model = _adapted_model(config, model_path, key, cuda, warm, measured)
     hooks = track_activations(model, record) if config.bnb_4bit_compute_dtype != "float32" else []
-    collate = make_collator(tokenizer.pad_token_id, config.max_seq_length)
+    collate = make_collator(tokenizer.pad_token_id, config.packing)
     probe = _probe(rows, collate, config, trial.probe)
+    if config.packing:
+        rows = pack_rows(rows, config.max_seq_length)
+    if rows and trial.worst_case:
+        record.worst_case_batch = collate(worst_case_rows(rows, config.per_device_train_batch_size))
     stress_steps = 0
     if trial.stress is not None and probe is not None:  # the stress phase reads the probe after each step
         stress_steps = trial.stress.steps
@@ -211,11 +224,13 @@ def setup(trial: TrialContext) -> Run:
         collate,
         record,
         probe,
-        on_constant_end=lambda: _end_constant(record, measured, cuda),
+        on_constant_end=lambda: _end_constant(record, measured),
         progress=trial.progress,
     )
     measured.load_time_s = time.monotonic() - t_load
     measured.load_peak_memory_gib = peak_memory_gib("cuda" if cuda else "cpu")
+    record.peaks = PhasePeaks("cuda" if cuda else "cpu")
+    record.peaks.peaks["load"] = measured.load_peak_memory_gib
     return Run(
         trainer=trainer,
         tokenizer=tokenizer,
@@ -226,12 +241,13 @@ def setup(trial: TrialContext) -> Run:
     )
 
 
-def _end_constant(record: TrainingRecord, measured: Measurements, cuda: bool) -> None:
-    """The constant phase has ended: its training time and peak memory are the trial's."""
+def _end_constant(record: TrainingRecord, measured: Measurements) -> None:
+    """The constant phase has ended: its training time is the trial's, and the stress phase's memory is measured
+    apart from it."""
     assert record.stress is not None
     if measured.train_start is not None:
         measured.train_time_s = time.monotonic() - measured.train_start
-    record.stress.peak_memory_gib = peak_memory_gib("cuda" if cuda else "cpu")
+    record.enter_memory_phase("stress")
 
 
 def _end_stress(record: TrainingRecord, exc: BaseException | None) -> bool:
@@ -273,7 +289,7 @@ def train(run: Run, trial: TrialContext) -> None:
         # See sweeper.trial._child.memory: on the CPU the training-phase peak stands for the card. What loading freed
         # is handed back first, so the peak starts from what the process holds, not from when glibc last trimmed.
         release_memory()
-        reset_cpu_peak()
+    record.enter_memory_phase("train")
     t_train = measured.train_start = time.monotonic()
     record.phase = "forward"
     kept = False
@@ -292,6 +308,8 @@ def train(run: Run, trial: TrialContext) -> None:
             raise
         kept = _end_stress(record, exc)  # the constant phase completed: the edge is a measurement, not a failure
     finally:
+        if record.peaks is not None:
+            record.peaks.close()
         if measured.train_time_s is None:
             measured.train_time_s = time.monotonic() - t_train
         measured.add_seen_lengths(record, run.n_tokens, config.max_seq_length)

@@ -52,7 +52,8 @@ class TrainingRecord:
         self.grad_norm: list[float | None] = []
         self.max_activation: list[float | None] = []
         self.skipped: list[int] = []
-        self.tokens = 0
+        self.tokens = 0  # the data's own tokens the constant phase's steps processed
+        self.processed_tokens = 0  # every token they processed, padding included
         self.step_loss = 0.0
         self.step_grad_norm = float("nan")
         self.step_max_activation: Any = None
@@ -75,6 +76,17 @@ class TrainingRecord:
         self.base_weight_norm: float | None = None
         # The stress phase after the constant one (the job's StressSettings), None when there is none.
         self.stress: StressPhase | None = None
+        # The peak memory of each phase (sweeper.trial._child.memory.PhasePeaks), set by the recipe; the worst-case
+        # step (its batch, set by the recipe; its shape [b, s] once it ran; True while it runs).
+        self.peaks: Any = None
+        self.worst_case_batch: dict[str, Any] | None = None
+        self.worst_case_shape: list[int] | None = None
+        self.in_worst_case = False
+
+    def enter_memory_phase(self, phase: str) -> str | None:
+        """Start measuring the peak of ``phase`` (:class:`~sweeper.trial._child.memory.PhasePeaks`); returns the
+        phase closed, None when nothing was measured or there are no phase peaks."""
+        return self.peaks.enter(phase) if self.peaks is not None else None
 
     @property
     def stressing(self) -> bool:
@@ -101,7 +113,6 @@ class StressPhase:
         stop_step: The 1-based stress step that showed the edge (``diverged``: the first probe at or above the ratio).
         started: ``time.monotonic()`` when it began.
         time_s: Seconds it took (its probes included).
-        peak_memory_gib: Peak memory of the constant phase, read when it ended (the trial's ``peak_memory_gib``).
     """
 
     after_step: int
@@ -117,7 +128,6 @@ class StressPhase:
     stop_step: int | None = None
     started: float | None = None
     time_s: float | None = None
-    peak_memory_gib: float | None = None
 
     def outcome(self, train_time_s: float | None) -> StressOutcome:
         """What the result stores of this phase: its margin at the trial's learning rate
@@ -166,18 +176,19 @@ class DivergedError(Exception):
 
 @dataclass(frozen=True)
 class Probe:
-    """The fixed batch the trial evaluates without an update (see :mod:`sweeper.stability`).
+    """The fixed rows the trial evaluates without an update (see :mod:`sweeper.stability`).
 
     Attributes:
-        batch: The probe rows collated as training collates them (``input_ids``, ``attention_mask``, ``labels``:
-            ``[PROBE_ROWS, max_seq_length]``), evaluated in one forward without gradients: each forward dequantizes
-            every 4-bit weight once, which at short lengths costs more than the rows themselves. Without the tensors
-            saved for backward, the forward of two rows needs no more memory than a training step of one.
+        batches: The probe rows collated as training collates them (model inputs only), each batch evaluated in one
+            forward without gradients; the probe loss is the mean over all their supervised tokens. One batch of
+            every row when the trial's micro-batch holds at least as many rows (each forward dequantizes every 4-bit
+            weight once, which at short lengths costs more than the rows themselves); one batch per row at a smaller
+            micro-batch, so that the probe never processes more tokens in one forward than a training step does.
         interval_steps: Optimizer steps between probes (:func:`sweeper.stability.probe_interval_steps`).
         max_steps: The run's last step, which is always probed.
     """
 
-    batch: dict[str, Any]
+    batches: list[dict[str, Any]]
     interval_steps: int
     max_steps: int
 

@@ -44,7 +44,13 @@ from sweeper.trial._child.checks import QuantizationCheckError
 from sweeper.trial._child.context import TrialContext
 from sweeper.trial._child.load import LOAD_REPORT, versions
 from sweeper.trial._child.measurements import Measurements, copy_onto
-from sweeper.trial._child.memory import lift_cpu_memory_cap, peak_memory_gib, process_memory_gib, reset_cpu_peak
+from sweeper.trial._child.memory import (
+    MEMORY_PHASES,
+    lift_cpu_memory_cap,
+    peak_memory_gib,
+    process_memory_gib,
+    reset_cpu_peak,
+)
 from sweeper.trial._child.outcome import outcome_of
 from sweeper.trial._child.progress import ProgressSender
 from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord, finite_or_none
@@ -117,9 +123,10 @@ def _train(trial: TrialContext) -> None:
     recipe.train(recipe.setup(trial), trial)
 
 
-def _end(result: TrialResult, warm: WarmState) -> None:
+def _end(result: TrialResult, warm: WarmState, record: TrainingRecord) -> None:
     """Lift the CPU cap, count the trial, decide whether the process stays warm (dropping the kept model when it
-    does not), then measure the peak: the result's memory fields, device type and versions."""
+    does not), then read the peaks: the result's memory fields (the judged peak, each phase's, the worst-case
+    step's shape), device type and versions."""
     if not cuda_visible():
         lift_cpu_memory_cap()
     warm.cap_gib = None
@@ -130,7 +137,15 @@ def _end(result: TrialResult, warm: WarmState) -> None:
     gc.collect()
     torch = sys.modules.get("torch")
     device_type = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
-    result.memory.peak_memory_gib = peak_memory_gib(device_type)
+    peaks = record.peaks
+    if peaks is not None:
+        peaks.close()
+        result.memory.phase_peak_memory_gib = {k: peaks.peaks[k] for k in MEMORY_PHASES if k in peaks.peaks}
+        result.memory.stress_peak_memory_gib = peaks.peaks.get("stress")
+    judged = peaks.judged_gib() if peaks is not None else None
+    # Before training began (loading failed), the peak since the trial began is the trial's.
+    result.memory.peak_memory_gib = judged if judged is not None else peak_memory_gib(device_type)
+    result.memory.worst_case_shape = record.worst_case_shape
     result.memory.memory_kind = "cuda_max_reserved" if device_type == "cuda" else "cpu_peak_rss"
     result.provenance.device = device_type
     if torch is not None:
@@ -152,6 +167,8 @@ def _fill(result: TrialResult, record: TrainingRecord, measured: Measurements, t
         result.provenance.setup_time_s = measured.train_start - t_setup
     if measured.train_time_s:
         constant.tokens_per_s = record.tokens / measured.train_time_s
+    if record.processed_tokens:
+        constant.data_token_share = record.tokens / record.processed_tokens
     constant.probe_steps, constant.probe_loss_trace = record.probe_steps, record.probe_loss
     constant.probe_max_activation_trace = record.probe_max_activation
     constant.update_ratio_trace = record.update_ratio
@@ -188,19 +205,13 @@ def _instability(result: TrialResult, record: TrainingRecord, config: TrialConfi
 def _margin(result: TrialResult, record: TrainingRecord) -> None:
     """The learning progress of a trial with a probe, and the stress phase's outcome
     (:meth:`~sweeper.trial._child.record.StressPhase.outcome`: margin, traces, cost) and peak of one that completed
-    its constant phase; the constant phase's peak becomes the trial's ``peak_memory_gib``."""
+    its constant phase (its peak memory is read apart, :func:`_end`)."""
     if record.probe_steps and result.nan.cause != "data":
         result.constant.learning_progress = learning_progress(record.probe_loss)
     stress = record.stress
     if stress is None or not stress.active or result.status is not TrialStatus.COMPLETE:
         return
     result.stress = stress.outcome(result.constant.train_time_s)
-    if stress.peak_memory_gib is not None:
-        # The peak over both phases is at least the constant phase's: on the CPU, VmHWM comes from per-thread RSS
-        # counters the kernel folds in lazily, so a later reading can come out a few pages lower (measured: 72 KiB).
-        memory = result.memory
-        memory.stress_peak_memory_gib = max(memory.peak_memory_gib or 0.0, stress.peak_memory_gib)
-        memory.peak_memory_gib = stress.peak_memory_gib
 
 
 def run(
@@ -212,6 +223,7 @@ def run(
     *,
     stress: StressSettings | None = DEFAULT_STRESS,
     probe: ProbeSettings | None = DEFAULT_PROBE,
+    worst_case: bool = True,
 ) -> TrialResult:
     """Run one trial in this process and return its result; never raises for a trial's own failure.
 
@@ -227,6 +239,7 @@ def run(
         stress: The stress phase to run after the constant phase (:class:`~sweeper.trial._job.StressSettings`), or
             None for none.
         probe: The probe (:class:`~sweeper.trial._job.ProbeSettings`), or None for none (and then no stress phase).
+        worst_case: Measure the worst-case step (:attr:`sweeper.trial._job.TrialJob.worst_case`).
     """
     warm = warm if warm is not None else WarmState()
     progress = progress if progress is not None else ProgressSender(None)
@@ -236,7 +249,18 @@ def run(
     progress.report("load")  # after _begin reset the peaks: the last trial's is not this one's
     record = TrainingRecord()
     measured = Measurements(warm=warm.trials > 0, model_reused=False)
-    trial = TrialContext(config, model_path, trial_dir, record, measured, warm, progress, stress=stress, probe=probe)
+    trial = TrialContext(
+        config,
+        model_path,
+        trial_dir,
+        record,
+        measured,
+        warm,
+        progress,
+        stress=stress,
+        probe=probe,
+        worst_case=worst_case,
+    )
     try:
         _train(trial)
         outcome = outcome_of(None, record, config)
@@ -254,7 +278,7 @@ def run(
         provenance=Provenance(lora_alpha=config.lora_alpha, effective_batch_size=config.effective_batch_size),
     )
     copy_onto(result, outcome)
-    _end(result, warm)
+    _end(result, warm, record)
     _fill(result, record, measured, t_setup)
     _instability(result, record, config)
     _margin(result, record)
@@ -297,7 +321,9 @@ def _run_file(
     config, model_path = TrialConfig.from_dict(payload["config"]), payload["model_path"]
     if job is None:
         return run(config, model_path, trial_dir, warm, progress)
-    return run(config, model_path, trial_dir, warm, progress, stress=job.stress, probe=job.probe)
+    return run(
+        config, model_path, trial_dir, warm, progress, stress=job.stress, probe=job.probe, worst_case=job.worst_case
+    )
 
 
 def serve(control_fd: int) -> None:
