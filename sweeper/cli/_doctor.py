@@ -58,7 +58,7 @@ def audit_dataset(
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``sweep doctor SPACE.yaml | DATA``: audit the dataset as the trials would tokenize it; exit 1 with
     ``--strict`` when a finding would make a trial NaN."""
-    from sweeper.report import format_audit
+    from sweeper.report import format_audit, format_same_rows
 
     for n in args.max_seq_length or []:
         if n < 2 or n > MAX_AUDIT_LENGTH:
@@ -78,6 +78,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         )
         lengths = args.max_seq_length or space.values_of("max_seq_length")
         dtypes = [str(d) for d in space.values_of("bnb_4bit_compute_dtype")]
+        packing = any(space.values_of("packing"))
     else:
         if args.set:
             raise SpaceError(
@@ -88,8 +89,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         model = ModelSpec(name_or_path=args.model or ModelSpec().name_or_path)
         lengths = args.max_seq_length or list(DOCTOR_DEFAULT_LENGTHS)
         dtypes = list(TRIAL_KEYS["bnb_4bit_compute_dtype"].choices or ())
+        packing = False
     model_path, samples = _prepare(dataset, model)
-    report, _ = audit_dataset(samples, model, model_path, lengths, dtypes)
+    report, tokenized = audit_dataset(samples, model, model_path, lengths, dtypes)
+    longest = max((t.n_tokens for t in tokenized), default=None)
+    same = format_same_rows(lengths, longest, packing)
     if args.json:
         _print(_compact_json(report.to_dict()))
     else:
@@ -102,4 +106,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             f"{model.name_or_path}'s tokenizer" + (f" (vocabulary {report.vocab_size})" if report.vocab_size else "")
         )
         _print(format_audit(report))
+        if same:
+            _print(same)
     return 1 if args.strict and report.nan_findings else 0

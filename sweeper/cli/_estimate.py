@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweeper.cli._common import _load, _print
 from sweeper.errors import SpaceError, SweeperError
-from sweeper.report import format_params
+from sweeper.report import format_params, format_same_rows
 
 if TYPE_CHECKING:
     from sweeper.memory import ModelShape
@@ -24,8 +24,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     space = _load(args)
     shape = _model_shape(space)
+    longest, data_line = _longest_sample(space)
     try:
-        estimated = estimate_space(space, shape, args.device)
+        estimated = estimate_space(space, shape, args.device, longest_sample_tokens=longest)
     except ValueError as exc:
         raise SpaceError(f"{space.path}: training.target_modules: {exc}") from None
     points, size, keys = estimated.points, estimated.grid_size, estimated.searched
@@ -38,6 +39,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                     "model": space.model.name_or_path,
                     "device": args.device,
                     "memory_limit_gib": limit,
+                    "longest_sample_tokens": longest,
                     "points": points,
                     "frontier": edge,
                 },
@@ -56,6 +58,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             f"WARNING the space has {size} memory-relevant configurations; only the first {len(points)} were "
             "estimated, so the frontier may miss some: fix keys with --set or narrow the lists"
         )
+    _print(data_line)
+    same = format_same_rows(space.values_of("max_seq_length"), longest, any(space.values_of("packing")))
+    if same:
+        _print(f"data    {same}")
     _print_points(points, limit, args.device)
     _print_frontier(edge, keys, limit)
     # Each device's own uncertain terms: on the CPU there is no CUDA context or caching allocator.
@@ -66,6 +72,35 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         "sweeper/memory), and 'sweep run' corrects the model with the peaks its trials measure"
     )
     return 0
+
+
+def _longest_sample(space: SearchSpace) -> tuple[int | None, str]:
+    """The space's data tokenized as the trials tokenize it: its longest sample's tokens, and the line that says what
+    the predictions are of. When the data or the tokenizer cannot be read, None and a line saying the predictions
+    are at ``max_seq_length`` (each row as long as it: an upper bound)."""
+    import sys
+
+    from sweeper.cli._common import _prepare
+    from sweeper.data import load_tokenizer, tokenize_samples
+
+    try:
+        model_path, samples = _prepare(space.dataset, space.model)
+        tokenizer = load_tokenizer(model_path, space.model.trust_remote_code)
+        tokenized = tokenize_samples(samples, tokenizer, sys.maxsize)
+    except SweeperError as exc:
+        why = "; ".join(exc.problems)[:200]
+        return None, (
+            f"data    not read ({why}): each configuration is predicted at max_seq_length, rows as long as it "
+            "(an upper bound: a trial pads each micro-batch to its longest row)"
+        )
+    longest = max((t.n_tokens for t in tokenized), default=None)
+    if longest is None:
+        return None, f"data    {space.dataset.path}: no sample to train on; predicted at max_seq_length"
+    return longest, (
+        f"data    {space.dataset.path}: {len(tokenized)} samples, the longest {longest:,} tokens: each configuration "
+        f"is predicted at its worst step on this data, per_device_train_batch_size rows of min(max_seq_length, "
+        f"{longest:,}) tokens (packed: of max_seq_length)"
+    )
 
 
 def _model_shape(space: SearchSpace) -> ModelShape:

@@ -20,16 +20,17 @@ from sweeper.errors import SpaceError
 from sweeper.space import SearchSpace, parse_duration_s
 
 
-def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> list[str]:
+def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> tuple[list[str], int | None]:
     """Before the first trial: the data audit at the searched ``max_seq_length`` values, as warning lines
-    (:func:`sweeper.report.format_data_warnings`), so that a data fault is never read as a hyperparameter result.
+    (:func:`sweeper.report.format_data_warnings`), so that a data fault is never read as a hyperparameter result;
+    and the longest tokenized sample's tokens (None without samples), which sets each configuration's worst step.
 
     Raises:
         SpaceError: No row can train at any searched ``max_seq_length`` (every row has a NaN fault there, e.g. its
             reply cut away): every trial would go NaN at its first step, so nothing runs.
     """
     from sweeper.audit import nan_risks
-    from sweeper.report import format_data_warnings
+    from sweeper.report import format_data_warnings, format_same_rows
 
     lengths = space.values_of("max_seq_length")
     report, tokenized = _audit(samples, space.model, model_path, lengths)
@@ -53,9 +54,12 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> list[s
         accumulation,
         max(space.values_of("max_steps")),
     )
-    return format_data_warnings(
+    lines = format_data_warnings(
         report, risks, several_accumulations=len(accumulation) > 1, doctor=space.doctor_command()
     )
+    longest = max((t.n_tokens for t in tokenized), default=None)
+    same = format_same_rows(lengths, longest, any(space.values_of("packing")))
+    return lines + ([f"data    {same}"] if same else []), longest
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -87,7 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if workers == 1 and not devices:  # the trial processes' imports run while the data is read and audited
         prestart()
     model_path, samples = _prepare(space.dataset, space.model)
-    setup_lines = _setup_lines(space, model_path, samples)  # data that cannot train is refused before the storage
+    # Data that cannot train is refused before the storage is opened.
+    setup_lines, longest = _setup_lines(space, model_path, samples)
     plan = plan_sweep(
         space,
         model_path,
@@ -99,6 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         devices=devices,
         new_setup=args.new_setup,
         on_measure=lambda line: print(line, flush=True),
+        longest_sample_tokens=longest,
     )
     _print("\n".join(sweep_header(plan)))
     for line in setup_lines + resume_lines(plan):
@@ -128,11 +134,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _setup_lines(space: SearchSpace, model_path: str, samples: list) -> list[str]:
+def _setup_lines(space: SearchSpace, model_path: str, samples: list) -> tuple[list[str], int | None]:
     """What the sweep will train: the model, the data and the cap (:func:`_describe_setup`), the rows no trial
-    trains on, and the data audit's warnings."""
+    trains on, and the data audit's warnings; with the longest tokenized sample's tokens (:func:`_data_warnings`)."""
     lines = [_describe_setup(space, model_path, len(samples))]
     dropped = _dropped_rows_line(space, model_path, samples)
     if dropped:
         lines.append(dropped)
-    return lines + _data_warnings(space, model_path, samples)
+    warnings, longest = _data_warnings(space, model_path, samples)
+    return lines + warnings, longest

@@ -89,9 +89,13 @@ class SpaceEstimate:
     searched: list[str]
 
 
-def estimate_space(space: SearchSpace, shape: ModelShape, device: str = "cuda") -> SpaceEstimate:
+def estimate_space(
+    space: SearchSpace, shape: ModelShape, device: str = "cuda", *, longest_sample_tokens: int | None = None
+) -> SpaceEstimate:
     """Predict every memory-relevant point of ``space`` (:func:`grid_values` of each searched memory key, the other
-    keys fixed), at most :data:`MAX_POINTS` of them (about 1 ms each).
+    keys fixed), at most :data:`MAX_POINTS` of them (about 1 ms each), each at its worst step on data whose longest
+    tokenized sample has ``longest_sample_tokens`` tokens (:meth:`TrialConfig.as_trained`; None: at
+    ``max_seq_length``). Each point carries ``worst_case_length``, the tokens per row predicted.
 
     Raises:
         ValueError: A target module is not a projection of a Llama-style layer (the memory model knows only those);
@@ -109,11 +113,13 @@ def estimate_space(space: SearchSpace, shape: ModelShape, device: str = "cuda") 
     points = []
     for combo in itertools.islice(itertools.product(*axes), MAX_POINTS):
         config = dataclasses.replace(space.base, **dict(zip(keys, combo)))
-        estimate = estimate_memory(shape, settings_from(config, space.model.attn_implementation, device))
+        trained = config.as_trained(longest_sample_tokens)
+        estimate = estimate_memory(shape, settings_from(trained, space.model.attn_implementation, device))
         shown = {k: getattr(config, k) for k in ("per_device_train_batch_size", "max_seq_length", *keys)}
         points.append(
             {
                 "params": shown,
+                "worst_case_length": trained.max_seq_length,
                 "predicted_peak_gib": round(estimate.predicted_peak_gib, 3),
                 "terms_gib": {k: round(v, 4) for k, v in estimate.terms_gib.items()},
             }

@@ -591,3 +591,21 @@ def format_memory_prediction(prediction: MemoryPrediction) -> str | None:
             f"({corrected} trial{'s' if corrected != 1 else ''} predicted with it)"
         )
     return line
+
+
+def format_same_rows(max_seq_lengths: Sequence[int], longest_sample_tokens: int | None, packing: bool) -> str | None:
+    """One line naming the ``max_seq_length`` values that train the same rows on this data: every value at or above
+    its longest tokenized sample truncates nothing, and padding each micro-batch to its longest row gives the same
+    steps at each (``max_seq_length 2048 and 4096 train the same rows on this data (longest 1,320 tokens)``). None
+    when fewer than two values do, the longest is unknown, or samples are packed (a packed row fills up to
+    ``max_seq_length``: each value trains other rows)."""
+    if longest_sample_tokens is None or packing:
+        return None
+    same = sorted({n for n in max_seq_lengths if n >= longest_sample_tokens})
+    if len(same) < 2:
+        return None
+    values = ", ".join(map(str, same[:-1])) + f" and {same[-1]}"
+    return (
+        f"max_seq_length {values} train the same rows on this data (longest {longest_sample_tokens:,} tokens): "
+        f"a sweep measures one and settles the others as its repeats"
+    )

@@ -11,6 +11,7 @@ from sweeper.report._console import (
     format_counts,
     format_front,
     format_memory_prediction,
+    format_same_rows,
     legacy_instability_warning,
     other_setups_line,
 )
@@ -52,6 +53,12 @@ def report_lines(study: StudyLike, ref: str) -> list[str]:
     fits = describe_fit(fit_map_data(study))
     if fits:
         lines.append("largest max_seq_length that fit: " + ", ".join(f"batch {b}: {s}" for b, s in fits.items()))
+    configs = [t.config for t in study.trials if t.config is not None]
+    same = format_same_rows(
+        [c.max_seq_length for c in configs], study.longest_sample_tokens, any(c.packing for c in configs)
+    )
+    if same:
+        lines.append(same)
     memory = format_memory_prediction(memory_prediction_data(study))
     if memory:
         lines.append(memory)

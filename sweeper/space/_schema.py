@@ -290,8 +290,9 @@ class TrialConfig:
     per_device_train_batch_size: int = _key(1, "int", low=1, high=65536, memory="grows")
     gradient_accumulation_steps: int = _key(1, "int", low=1, high=65536, memory="same")
     max_seq_length: int = _key(512, "int", low=8, high=2**20, memory="grows")
-    # A packed row is at least as long as the longest sample it holds: packing never needs less memory.
-    packing: bool = _key(False, "bool", memory="grows")
+    # A packed row is at least as long as the longest sample it holds, so packing never needs less memory; not yet
+    # an ordered direction of the dominance rule (none is, before real trials measure it): trials must agree on it.
+    packing: bool = _key(False, "bool", memory="same")
     learning_rate: float = _key(2.0e-4, "float", low=0, low_open=True, high=1e3, memory="none")
     max_steps: int = _key(30, "int", low=1, high=10**7, memory="none")
     warmup_steps: int = _key(0, "int", low=0, high=10**7, memory="none")
@@ -327,6 +328,22 @@ class TrialConfig:
     def effective_batch_size(self) -> int:
         """Rows per optimizer step on one device: ``per_device_train_batch_size * gradient_accumulation_steps``."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    def worst_case_length(self, longest_sample_tokens: int | None) -> int:
+        """The tokens per row of this configuration's worst step on data whose longest tokenized sample has
+        ``longest_sample_tokens`` tokens (None: unknown): ``min(max_seq_length, longest_sample_tokens)`` when each
+        micro-batch is padded to its longest row, ``max_seq_length`` when samples are packed into full rows (or the
+        data is unknown)."""
+        if self.packing or longest_sample_tokens is None:
+            return self.max_seq_length
+        return max(1, min(self.max_seq_length, longest_sample_tokens))
+
+    def as_trained(self, longest_sample_tokens: int | None) -> TrialConfig:
+        """This configuration with ``max_seq_length`` at :meth:`worst_case_length`: the rows it trains on and the
+        shape of its worst step on that data are the same (what the memory model predicts, and what two settings
+        are compared by: ``max_seq_length`` 2048 and 4096 train the same rows on data no longer than 1,320
+        tokens)."""
+        return dataclasses.replace(self, max_seq_length=self.worst_case_length(longest_sample_tokens))
 
     def as_exported(self) -> TrialConfig:
         """This configuration with the ``gradient_accumulation_steps`` ``sweep export`` writes for it:

@@ -68,10 +68,24 @@ _BOOKKEEPING_ATTRS = (
 )
 
 
+def _same_rows(params: Mapping[str, Any], config: TrialConfig | None, longest: int | None) -> dict[str, Any]:
+    """``params`` with a searched ``max_seq_length`` at the length its rows are trained at
+    (:meth:`TrialConfig.worst_case_length`): values at or above the data's longest sample compare equal."""
+    out = dict(params)
+    if config is not None and "max_seq_length" in out:
+        out["max_seq_length"] = config.worst_case_length(longest)
+    return out
+
+
 def find_duplicate(
-    study: StudyLike, params: Mapping[str, Any], config: TrialConfig | None = None, setup: int | None = None
+    study: StudyLike,
+    params: Mapping[str, Any],
+    config: TrialConfig | None = None,
+    setup: int | None = None,
+    longest_sample_tokens: int | None = None,
 ) -> FrozenTrial | None:
-    """A COMPLETE or PRUNED trial with exactly these params and a result of its own, or None.
+    """A COMPLETE or PRUNED trial with these params (or params that train the same rows) and a result of its own, or
+    None.
 
     TPE re-proposes configurations it already measured, often in small categorical spaces; a trial's outcome is
     deterministic up to measurement noise (fixed seed, same samples), so a repeat costs GPU time and teaches nothing.
@@ -80,11 +94,18 @@ def find_duplicate(
     run policy such as ``trial_timeout`` or ``max_retries`` aside): a study resumed with another
     ``memory_limit_gib``, learning rate or dataset measures its configurations again. With ``setup``, the earlier
     trial must have been measured under that setup too (:mod:`sweeper.study._setups`: the data file's content may
-    have changed under the same path).
+    have changed under the same path). With ``longest_sample_tokens`` (the data's longest tokenized sample) and
+    ``config``, a ``max_seq_length`` at or above it is the same as any other such value
+    (:meth:`TrialConfig.as_trained`): the trials pad each micro-batch to its longest row, so both train the same rows
+    at the same shapes (not when samples are packed: a packed row fills up to ``max_seq_length``).
     """
-    want = config.measured() if config is not None else None
+    longest = longest_sample_tokens if config is not None else None
+    want = config.as_trained(longest).measured() if config is not None else None
+    mine = _same_rows(params, config, longest)
     for t in snapshot(study).trials_in((TrialState.COMPLETE, TrialState.PRUNED)):
-        if t.params != params or "status" not in t.user_attrs or t.frozen is None:
+        if "status" not in t.user_attrs or t.frozen is None:
+            continue
+        if t.params != params and (longest is None or _same_rows(t.params, t.config, longest) != mine):
             continue
         if setup is not None and t.user_attrs.get(TRIAL_SETUP_ATTR, setup) != setup:
             continue
@@ -100,7 +121,7 @@ def find_duplicate(
                     dataset=replace(theirs.dataset, path=config.dataset.path),
                     model=replace(theirs.model, name_or_path=config.model.name_or_path),
                 )
-            if theirs.measured() != want:
+            if theirs.as_trained(longest).measured() != want:
                 continue
         return t.frozen
     return None
@@ -388,7 +409,8 @@ def settle_repeat(sweep: _Sweep, trial: optuna.Trial, view: StudySnapshot) -> bo
     Returns:
         Whether ``trial`` was a repeat (and is now told).
     """
-    same = find_duplicate(view, trial.params, sweep.space.trial_config(trial.params), sweep.plan.setup)
+    longest = sweep.plan.longest_sample_tokens
+    same = find_duplicate(view, trial.params, sweep.space.trial_config(trial.params), sweep.plan.setup, longest)
     with sweep.mutex:
         sweep.repeats = sweep.repeats + 1 if same is not None else 0
     if same is None:
@@ -397,7 +419,14 @@ def settle_repeat(sweep: _Sweep, trial: optuna.Trial, view: StudySnapshot) -> bo
         if key not in _BOOKKEEPING_ATTRS:
             trial.set_user_attr(key, value)
     trial.set_user_attr("duplicate_of", same.number)
-    trial.set_user_attr("reason", f"same configuration as trial {same.number}: its result is reused")
+    reason = f"same configuration as trial {same.number}: its result is reused"
+    mine, theirs = trial.params.get("max_seq_length"), same.params.get("max_seq_length")
+    if mine != theirs and longest is not None:
+        reason = (
+            f"max_seq_length {mine} trains the same rows as {theirs} on this data (longest {longest:,} tokens): "
+            f"trial {same.number}'s result is reused"
+        )
+    trial.set_user_attr("reason", reason)
     trial.set_user_attr("wall_time_s", 0.0)
     trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(same.user_attrs["status"]))
     frozen = sweep.study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)

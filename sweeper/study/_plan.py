@@ -26,7 +26,7 @@ from sweeper.study._optuna_private import storage_of
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._setup_checks import check_setup
 from sweeper.study._setups import choose_setup, stored_setups, unapplied_settings
-from sweeper.study._snapshot import count_finished
+from sweeper.study._snapshot import LONGEST_SAMPLE_ATTR, count_finished
 from sweeper.study._storage import open_study
 from sweeper.study._urls import redact_url
 
@@ -57,6 +57,10 @@ class SweepPlan:
             this run did not record (:func:`sweeper.study._setups.unapplied_settings`): ``key new (measured old)``.
         max_consecutive_repeats: Repeats of measured configurations in a row after which the sweep stops: the
             sampler has nothing new to offer.
+        longest_sample_tokens: The data's longest tokenized sample (as the trials tokenize it), None when unknown:
+            a configuration's worst step is ``[batch, TrialConfig.worst_case_length(it)]``, which
+            ``predict_peak_gib`` predicts, and ``max_seq_length`` values at or above it train the same rows (their
+            trials are settled as repeats of each other).
     """
 
     space: SearchSpace
@@ -74,6 +78,7 @@ class SweepPlan:
     new_setup: bool = False
     unapplied: tuple[str, ...] = ()
     max_consecutive_repeats: int = 25
+    longest_sample_tokens: int | None = None
 
     @property
     def to_run(self) -> int:
@@ -104,6 +109,7 @@ def plan_sweep(
     refuse_if_nothing_fits: bool = True,
     new_setup: bool = False,
     on_measure: Callable[[str], None] | None = None,
+    longest_sample_tokens: int | None = None,
 ) -> SweepPlan:
     """Check a sweep's setup and open its study, in this order, stopping at the first problem: the heartbeat
     setting, a storage the workers cannot share, the setup checks of the model and space
@@ -128,6 +134,8 @@ def plan_sweep(
         on_measure: Told one line before the CPU measures the smallest configuration (two uncapped steps, about as
             long as a trial's loading: a cap near the model's prediction, or nothing-fits advice), and one with what
             it measured, so that a wait is never silent.
+        longest_sample_tokens: The data's longest tokenized sample (:attr:`SweepPlan.longest_sample_tokens`), None
+            when unknown (then each configuration is predicted at its ``max_seq_length``).
 
     Raises:
         SpaceError: A setup problem (one line each), an in-memory storage, or nothing fits.
@@ -149,10 +157,12 @@ def plan_sweep(
         setup, unapplied = _setup_of(study, space, url, finished >= target and known > 0, new_setup)
         check_disk(study_dir(name))  # before any trial starts, and again before each
         check = refuse_if_nothing_fits and finished < target  # a run with nothing to run measures nothing
-        predict = _checked_predictor(space, model_path, study, check, on_measure)
+        predict = _checked_predictor(space, model_path, study, check, on_measure, longest_sample_tokens)
     except SweeperError:
         _forget_created(study if study is not None and created else None, url, name, had)
         raise
+    if longest_sample_tokens is not None and finished < target:
+        study.set_user_attr(LONGEST_SAMPLE_ATTR, longest_sample_tokens)  # what the report says of equal lengths
     return SweepPlan(
         space=space,
         model_path=model_path,
@@ -168,6 +178,7 @@ def plan_sweep(
         setup=setup,
         new_setup=setup is not None and setup >= known > 0,
         unapplied=tuple(unapplied),
+        longest_sample_tokens=longest_sample_tokens,
     )
 
 
@@ -177,14 +188,20 @@ def _checked_predictor(
     study: optuna.Study,
     check: bool,
     on_measure: Callable[[str], None] | None,
+    longest_sample_tokens: int | None = None,
 ) -> Callable[[TrialConfig], float | None]:
-    """Of :func:`plan_sweep`: the memory model's prediction of a trial's peak on this machine's trial device, after
-    refusing, when ``check``, a space of which nothing is predicted to fit (:func:`_nothing_fits`).
+    """Of :func:`plan_sweep`: the memory model's prediction of a trial's peak on this machine's trial device (its
+    worst step on this data: :meth:`TrialConfig.as_trained`), after refusing, when ``check``, a space of which
+    nothing is predicted to fit (:func:`_nothing_fits`).
 
     Raises:
         SpaceError: Nothing fits (one line, with the advice).
     """
-    predict = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation, trial_device())
+    model = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation, trial_device())
+
+    def predict(config: TrialConfig) -> float | None:
+        return model(config.as_trained(longest_sample_tokens))
+
     unfit = _nothing_fits(space, predict, study, model_path, on_measure) if check else None
     if unfit:
         raise SpaceError(unfit)

@@ -51,6 +51,11 @@ CALIBRATION_ATTR = "memory_calibration"
 LR_CALIBRATION_ATTR = "lr_calibration"
 
 
+#: Study user attribute: the data's longest tokenized sample, set by each ``sweep run`` (:func:`sweeper.study.
+#: plan_sweep`).
+LONGEST_SAMPLE_ATTR = "longest_sample_tokens"
+
+
 def _int_or_none(raw: Any) -> int | None:
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
 
@@ -142,6 +147,12 @@ class StudySnapshot:
     setups: tuple[Mapping[str, Any], ...]
     current_setup: int | None
     user_attrs: Mapping[str, Any]
+
+    @property
+    def longest_sample_tokens(self) -> int | None:
+        """The data's longest tokenized sample as the last ``sweep run`` read it (:attr:`SweepPlan.
+        longest_sample_tokens`), None when unknown (a study of an older version)."""
+        return _int_or_none(self.user_attrs.get(LONGEST_SAMPLE_ATTR))
 
     @property
     def directions(self) -> list[str]:

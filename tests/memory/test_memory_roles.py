@@ -28,6 +28,7 @@ HAND_SAME = {
     "dataset",
     "memory_limit_gib",
     "bnb_4bit_compute_dtype",
+    "packing",
 }
 HAND_OWN_BRANCHES = {
     "target_modules": "grows",

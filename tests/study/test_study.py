@@ -336,6 +336,27 @@ def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
     assert find_duplicate(under_setup, params, dataclasses.replace(moved, learning_rate=5.0), setup=0) is None
 
 
+def test_max_seq_lengths_at_or_above_the_longest_sample_are_one_configuration():
+    """On data whose longest tokenized sample is 50 tokens, max_seq_length 64 and 128 train the same rows (each
+    micro-batch padded to its longest row): a trial at 128 is a repeat of the one at 64. Below the longest sample
+    (truncation differs), with packing (rows fill up to max_seq_length) or with the data unknown, it is not."""
+    from sweeper.study._loop import find_duplicate
+    from sweeper.study._stored import stored_trial
+    from sweeper.testing import add_trial
+
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    add_trial(study, r=8, batch=2, seq=64, status="complete", peak=1.0, instability=0.1)
+    at_64 = stored_trial(study.trials[0]).config
+    params = {**study.trials[0].params, "max_seq_length": 128}
+    at_128 = dataclasses.replace(at_64, max_seq_length=128)
+    assert find_duplicate(study, params, at_128, longest_sample_tokens=50).number == 0
+    assert find_duplicate(study, params, at_128, longest_sample_tokens=100) is None  # 64 truncates, 128 does not
+    assert find_duplicate(study, params, at_128) is None
+    assert find_duplicate(study, params, dataclasses.replace(at_128, packing=True), longest_sample_tokens=50) is None
+    assert at_128.worst_case_length(50) == 50 and at_128.worst_case_length(None) == 128
+    assert dataclasses.replace(at_128, packing=True).worst_case_length(50) == 128
+
+
 def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir, monkeypatch):
     """Two databases holding a study of the same name would share studies/<name>/trials/<N>/ (numbers start at 0 in
     each): the second is refused, leaving no empty database behind, naming both storages and identities; readers do

@@ -62,11 +62,24 @@ def test_a_failed_check_is_an_error_while_loading(message, what):
 
 
 def test_an_allocation_failure_during_a_step_is_an_oom_naming_the_steps_shape():
-    out = outcome_of(MemoryError(), _record("backward", 1), CONFIG)
+    import torch
+
+    # The step's own shape: its micro-batch padded to its longest row, not max_seq_length.
+    record = _record("backward", 1)
+    record.step_batches = [{"input_ids": torch.zeros((4, 190), dtype=torch.long)}]
+    out = outcome_of(MemoryError(), record, CONFIG)
     assert (out.status, out.fail_phase, out.fail_step) == (TrialStatus.OOM, "backward", 2)
     assert out.reason == (
-        "out of memory at step 2 (backward) under memory_limit_gib=1.5 on a step of 4 x 256 tokens "
-        "(per_device_train_batch_size=4, max_seq_length=256)"
+        "out of memory at step 2 (backward) under memory_limit_gib=1.5 on a step of 4 x 190 tokens "
+        "(rows; per_device_train_batch_size=4, max_seq_length=256)"
+    )
+    # The worst-case step: the data's longest rows, after step 1.
+    record = _record("forward", 1)
+    record.worst_case_batch, record.in_worst_case = {"input_ids": torch.zeros((4, 256), dtype=torch.long)}, True
+    out = outcome_of(MemoryError(), record, CONFIG)
+    assert out.reason == (
+        "out of memory at the worst-case step, after step 1 (forward) under memory_limit_gib=1.5 on a step of "
+        "4 x 256 tokens (the data's 4 longest rows; per_device_train_batch_size=4, max_seq_length=256)"
     )
 
 

@@ -39,7 +39,7 @@ STORED_ORDER = (
     "learning_progress", "stress_stop", "stress_steps", "stress_lr_trace", "stress_loss_trace",
     "stress_probe_loss_trace", "stress_time_s", "stress_time_share", "stress_peak_memory_gib", "update_ratio_trace",
     "stability_margin_low", "stability_margin_high", "predicted_max_lr_low", "predicted_max_lr_high",
-    "predicted_max_lr_source",
+    "predicted_max_lr_source", "phase_peak_memory_gib", "worst_case_shape", "data_token_share",
 )  # fmt: skip
 
 
@@ -56,6 +56,8 @@ def _full() -> TrialResult:
             memory_kind="cpu_peak_rss",
             predicted_peak_gib=1.4,
             stress_peak_memory_gib=1.75,
+            phase_peak_memory_gib={"load": 1.25, "train": 1.5, "worst_case": 1.45, "probe": 1.3, "stress": 1.75},
+            worst_case_shape=[4, 1320],
         ),
         constant=ConstantPhase(
             instability=0.25,
@@ -67,6 +69,7 @@ def _full() -> TrialResult:
             steps_done=2,
             train_time_s=3.5,
             tokens_per_s=100.0,
+            data_token_share=0.9,
             probe_steps=[0, 2],
             probe_loss_trace=[2.5, 2.25],
             probe_max_activation_trace=[9.0, 9.5],

@@ -89,7 +89,9 @@ def _failing_shape(record: TrainingRecord) -> tuple[int, int] | None:
     current step's last micro-batch; None while loading or before any batch."""
     if record.phase == "load":
         return None
-    batch = record.worst_case_batch if record.in_worst_case else (record.step_batches or [None])[-1]
+    batch = record.worst_case_batch if record.in_worst_case else None
+    if batch is None and record.step_batches and not record.in_worst_case:
+        batch = record.step_batches[-1]
     if batch is None:
         return None
     rows, tokens = batch["input_ids"].shape
