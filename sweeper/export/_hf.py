@@ -205,7 +205,8 @@ def _sft_config(s: ExportSettings) -> list[str]:
 def _trl_collation(s: ExportSettings, indent: str) -> list[str]:
     """The ``SFTConfig`` keys of the trial's collation: ``packing=False`` (TRL pads each micro-batch to its longest
     row), or ``packing=True`` with ``packing_strategy="bfd"`` (whole samples a row, each cut at ``max_length``) and
-    ``padding_free=True`` (position ids restart at each sample, which keeps the samples apart)."""
+    ``padding_free=True`` (position ids restart at each sample, which keeps the samples apart; TRL then flattens a
+    micro-batch's packed rows into one row, where the trial pads them to the longest)."""
     if not s.collation.packing:
         return [
             f"{indent}packing=False,  # one sample a row, each micro-batch padded to its longest row, as in the trial"
@@ -213,7 +214,8 @@ def _trl_collation(s: ExportSettings, indent: str) -> list[str]:
     return [
         f"{indent}packing=True,  # samples packed into rows of at most max_length tokens, as in the trial",
         f'{indent}packing_strategy="bfd",  # whole samples a row, each cut at max_length (rows filled best-fit)',
-        f"{indent}padding_free=True,  # position ids restart at each sample: no token attends across samples",
+        f"{indent}padding_free=True,  # position ids restart at each sample: no token attends across samples "
+        "(TRL flattens a micro-batch's packed rows into one row, without their padding)",
     ]
 
 

@@ -259,6 +259,29 @@ def trial_header(config: TrialConfig, setup: str, folder: Path) -> list[str]:
     return [f"sweep trial: {format_params(shown)}", setup, f"files   {folder}"]
 
 
+def memory_line(result: TrialResult) -> str:
+    """``memory  1.481 GiB (cpu_peak_rss): training steps 1.481, worst-case step (2 x 256) 1.344; measured apart:
+    probe 1.001, stress 1.386, loading 1.188``: the judged peak, the phases it is the larger of, and the instrument's
+    phases, each in GiB (:attr:`~sweeper.trial.MemoryReading.phase_peak_memory_gib`); the phases only where the
+    trial recorded them."""
+    memory = result.memory
+    line = f"memory  {memory.peak_memory_gib:.3f} GiB ({memory.memory_kind})"
+    phases = memory.phase_peak_memory_gib
+    if not phases:  # a result of an older version: the loading peak alone
+        return line[:-1] + (
+            f", {memory.load_peak_memory_gib:.3f} GiB while loading)" if memory.load_peak_memory_gib else ")"
+        )
+    shape = memory.worst_case_shape
+    judged = [("training steps", phases.get("train"))]
+    judged.append(
+        (f"worst-case step ({shape[0]} x {shape[1]})" if shape else "worst-case step", phases.get("worst_case"))
+    )
+    apart = [("probe", phases.get("probe")), ("stress", phases.get("stress")), ("loading", phases.get("load"))]
+    line += ": " + ", ".join(f"{name} {gib:.3f}" for name, gib in judged if gib is not None)
+    measured_apart = [f"{name} {gib:.3f}" for name, gib in apart if gib is not None]
+    return line + ("; measured apart: " + ", ".join(measured_apart) if measured_apart else "")
+
+
 def trial_result_lines(result: TrialResult, config: TrialConfig, folder: Path) -> list[str]:
     """What ``sweep trial`` prints after its trial (run with ``config``, its files in ``folder``): the per-step trace
     (:func:`format_trace`), the status and reason, a NaN's cause and samples, the samples' lengths, the peak memory,
@@ -284,12 +307,13 @@ def trial_result_lines(result: TrialResult, config: TrialConfig, folder: Path) -
             f"{result.data.min_supervised_tokens}"
         )
     if result.memory.peak_memory_gib is not None:
-        load = (
-            f", {result.memory.load_peak_memory_gib:.3f} GiB while loading"
-            if result.memory.load_peak_memory_gib
-            else ""
+        lines.append(memory_line(result))
+    if result.constant.data_token_share is not None:
+        how = "samples packed into rows" if config.packing else "each micro-batch padded to its longest row"
+        lines.append(
+            f"tokens  {100 * result.constant.data_token_share:.0f}% of the tokens the training steps processed are the "
+            f"data's own ({how})"
         )
-        lines.append(f"memory  {result.memory.peak_memory_gib:.3f} GiB ({result.memory.memory_kind}{load})")
     if result.constant.instability is not None:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in result.constant.instability_components.items())
         lines.append(f"instability {format_instability(result.constant.instability)} ({parts})")

@@ -65,6 +65,9 @@ def _hover(point: TrialRecord) -> str:
     memory = "-" if point.peak_memory_gib is None else f"{point.peak_memory_gib:.3f} GiB"
     if point.predicted_peak_gib is not None:
         memory += f" (predicted {point.predicted_peak_gib:.2f})"
+    phases = point.phases_line()
+    if phases:
+        memory += f"<br>{phases}"
     stability = format_instability(point.instability)
     if point.stability.stability_margin is not None:
         stability = f"margin {margin_text(point.stability)}, " + stability

@@ -33,6 +33,9 @@ class TrialRecord:
         params: Its settings (:func:`sweeper.report._data.trial_params`), in the report's order.
         peak_memory_gib: Its measured peak (GiB; an OOM's is the memory at the failure), None when unknown.
         memory_kind: What the peak measures (``cpu_peak_rss``, ``cuda_max_reserved``), or None.
+        phase_peak_memory_gib: The peak of each phase the trial measured apart (``load``, ``train``, ``worst_case``,
+            ``probe``, ``stress``; GiB), empty for a trial of an older version.
+        worst_case_shape: ``(rows, tokens)`` of its worst-case step, or None.
         predicted_peak_gib: The memory model's prediction before it ran (GiB), or None.
         instability: Its instability, None unless it completed.
         stability: Its stability margin, ``predicted_max_lr`` and headroom with their intervals
@@ -66,10 +69,25 @@ class TrialRecord:
     on_front: bool
     confirmation: Confirmation | None
     objective_values: Mapping[str, float | None] = field(default_factory=dict)
+    phase_peak_memory_gib: Mapping[str, float] = field(default_factory=dict)
+    worst_case_shape: tuple[int, int] | None = None
+
+    def phases_line(self) -> str | None:
+        """``training steps 1.48, worst-case step (2 x 256) 1.34; probe 1.00, stress 1.39 measured apart`` (GiB),
+        None when the trial recorded no phases."""
+        p = self.phase_peak_memory_gib
+        if not p:
+            return None
+        shape = f" ({self.worst_case_shape[0]} x {self.worst_case_shape[1]})" if self.worst_case_shape else ""
+        judged = [("training steps", p.get("train")), (f"worst-case step{shape}", p.get("worst_case"))]
+        apart = [("probe", p.get("probe")), ("stress", p.get("stress"))]
+        text = ", ".join(f"{name} {gib:.2f}" for name, gib in judged if gib is not None)
+        others = ", ".join(f"{name} {gib:.2f}" for name, gib in apart if gib is not None)
+        return text + (f"; {others} measured apart" if others else "")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the fields in order, ``stability`` flattened in its place and ``objective_values`` at the
-        end (one key per objective)."""
+        """JSON-ready: the fields in order, ``stability`` flattened in its place, ``objective_values`` next (one key
+        per objective), then the phase peaks and the worst-case shape."""
         return {
             "number": self.number,
             "state": self.state,
@@ -90,6 +108,8 @@ class TrialRecord:
             "on_front": self.on_front,
             "confirmation": self.confirmation.to_dict() if self.confirmation else None,
             **self.objective_values,
+            "phase_peak_memory_gib": dict(self.phase_peak_memory_gib),
+            "worst_case_shape": list(self.worst_case_shape) if self.worst_case_shape else None,
         }
 
 

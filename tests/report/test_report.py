@@ -101,7 +101,7 @@ def test_curves_importance_and_json(tmp_path, tiny_model):
         "tied_with",
     ]
     assert list(summary["trials"][0])[:4] == ["number", "state", "status", "label"]
-    assert list(summary["trials"][0])[-2:] == ["on_front", "confirmation"]
+    assert list(summary["trials"][0])[-4:] == ["on_front", "confirmation", "phase_peak_memory_gib", "worst_case_shape"]
     assert list(summary["memory_prediction"]) == [
         "trials",
         "median_error",
