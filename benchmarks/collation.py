@@ -1,7 +1,7 @@
 """What a trial spends on the data's own tokens, before and after collation as production (issue 45), on the CPU with
 the built-in model (SmolLM2-135M-Instruct) and data (pydoc topics, float32 compute, the demo's space).
 
-- ``cost``: one trial's constant phase (``max_steps`` 6, no stress phase) at ``max_seq_length`` 256, 512, 1024 and
+- ``cost``: one trial's constant phase (``max_steps`` 4, no stress phase) at ``max_seq_length`` 256, 512, 1024 and
   2048, ``per_device_train_batch_size`` 1 and 4: its wall time, constant-phase seconds, and the share of the tokens
   its training steps processed that are the data's own. Before (each row padded to ``max_seq_length``) the share is
   the data's tokens over ``steps x batch x max_seq_length``; after, the trial's own ``data_token_share``.
@@ -37,7 +37,7 @@ SPACE = ROOT / "search_spaces" / "demo.yaml"
 
 COST_LENGTHS = (256, 512, 1024, 2048)
 COST_BATCHES = (1, 4)
-COST_STEPS = 6
+COST_STEPS = 4
 
 
 #: Four configurations of the demo's space, each at two seeds: a small and a large adapter scale, nf4 and fp4,
@@ -76,7 +76,8 @@ def _trial(overrides: dict[str, Any], *, stress: bool) -> dict[str, Any]:
     from sweeper.space import load_space
     from sweeper.trial import run_trial
 
-    space = load_space(str(SPACE), [f"{k}={v}" for k, v in {"memory_limit_gib": 16, **overrides}.items()])
+    fixed = {"memory_limit_gib": 16, "trial_timeout": "3h", **overrides}  # no cap or timeout gets in the way
+    space = load_space(str(SPACE), [f"{k}={v}" for k, v in fixed.items()])
     config = space.trial_config(space.first_choices())
     model_path = resolve_model(space.model)
     with tempfile.TemporaryDirectory() as scratch:

@@ -136,7 +136,8 @@ def test_after_an_oom_a_kill_or_a_timeout_the_next_trial_gets_a_fresh_process(ti
         oom = process.run(big, tmp_path / "2", model_path=path)
         assert oom.status == "oom" and oom.provenance.warm is True, oom.reason
         assert oom.fail_phase in ("forward", "backward", "optimizer") and oom.fail_step == 1
-        assert "64 x 1024 tokens" in oom.reason and "max_seq_length=1024" in oom.reason
+        # The step as it ran: the data holds 32 rows (tiny_trial_config), so its one micro-batch is 32 rows.
+        assert "32 x 1024 tokens" in oom.reason and "max_seq_length=1024" in oom.reason
         if cuda_visible():  # the allocation that failed is never reserved: the peak stays under the cap
             assert 0 < oom.memory.peak_memory_gib <= 0.75 + 0.01, oom.memory.peak_memory_gib
         else:
