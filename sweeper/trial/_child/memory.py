@@ -177,6 +177,14 @@ class PhasePeaks:
         judged = [self.peaks[p] for p in JUDGED_PHASES if p in self.peaks]
         return max(judged) if judged else None
 
+    def judged_so_far_gib(self, reading_gib: float) -> float:
+        """The judged peak so far (:meth:`judged_gib`), with ``reading_gib`` (the current phase's peak so far, GiB)
+        when the current phase is judged; ``reading_gib`` itself before any judged phase was measured."""
+        judged = [self.peaks[p] for p in JUDGED_PHASES if p in self.peaks]
+        if self.current in JUDGED_PHASES or not judged:
+            judged.append(reading_gib)
+        return max(judged)
+
     def _restart(self) -> None:
         if self.device_type == "cuda":
             import torch

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Any
 
 from sweeper.trial._child.memory import peak_memory_gib
 from sweeper.trial._job import ProgressPhase, TrialProgress
@@ -34,6 +35,9 @@ class ProgressSender:
     def __init__(self, fd: int | None, device_type: str = "cpu", *, min_interval_s: float = MIN_INTERVAL_S):
         self.fd, self.device_type, self.min_interval_s = fd, device_type, min_interval_s
         self._last_time, self._last_phase = 0.0, ""
+        #: The trial's phase peaks once training is set up (:class:`~sweeper.trial._child.memory.PhasePeaks`): the
+        #: lines then carry the judged peak so far, not the phase's own reading.
+        self.peaks: Any = None
 
     def set_device(self, device_type: str) -> None:
         """The device whose peak memory the lines carry (``cuda`` once the trial runs on a GPU)."""
@@ -53,7 +57,8 @@ class ProgressSender:
         self._last_time, self._last_phase = now, phase
         finite_loss = round(float(loss), 6) if loss is not None and math.isfinite(loss) else None
         try:
-            peak = round(peak_memory_gib(self.device_type), 4)
+            peak = peak_memory_gib(self.device_type)
+            peak = round(self.peaks.judged_so_far_gib(peak) if self.peaks is not None else peak, 4)
             line = TrialProgress(phase=phase, step=step, of=of, loss=finite_loss, peak_memory_gib=peak).to_line()
             os.write(self.fd, line)
         except (OSError, RuntimeError):

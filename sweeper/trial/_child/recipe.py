@@ -231,6 +231,7 @@ def setup(trial: TrialContext) -> Run:
     measured.load_peak_memory_gib = peak_memory_gib("cuda" if cuda else "cpu")
     record.peaks = PhasePeaks("cuda" if cuda else "cpu")
     record.peaks.peaks["load"] = measured.load_peak_memory_gib
+    trial.progress.peaks = record.peaks
     return Run(
         trainer=trainer,
         tokenizer=tokenizer,

@@ -244,6 +244,7 @@ def run(
     warm = warm if warm is not None else WarmState()
     progress = progress if progress is not None else ProgressSender(None)
     progress.set_device("cuda" if cuda_visible() else "cpu")
+    progress.peaks = None  # the last trial's phases are not this one's (its recipe sets them)
     t_setup = time.monotonic()
     reserve: bytearray | None = _begin(config, warm)
     progress.report("load")  # after _begin reset the peaks: the last trial's is not this one's
