@@ -53,9 +53,11 @@ def report_lines(study: StudyLike, ref: str) -> list[str]:
     fits = describe_fit(fit_map_data(study))
     if fits:
         lines.append("largest max_seq_length that fit: " + ", ".join(f"batch {b}: {s}" for b, s in fits.items()))
-    configs = [t.config for t in study.trials if t.config is not None]
+    configs = [(t.params, t.config) for t in study.trials if t.config is not None]
     same = format_same_rows(
-        [c.max_seq_length for c in configs], study.longest_sample_tokens, any(c.packing for c in configs)
+        [p.get("max_seq_length", c.max_seq_length) for p, c in configs],  # a repeat stores its original's config
+        study.longest_sample_tokens,
+        any(c.packing for _, c in configs),
     )
     if same:
         lines.append(same)

@@ -54,6 +54,10 @@ def test_doctor_on_a_clean_dataset(tiny_model, workdir):
     data = write_jsonl(workdir / "clean.jsonl", clean_rows())
     out = sweep("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "256", "--strict", cwd=workdir)
     assert out.returncode == 0 and "no findings" in out.stdout and "tokens per sample" in out.stdout
+    # Every sample is shorter than 256 and 512 tokens: both lengths train the same rows.
+    both = run_cli("doctor", str(data), "--model", str(tiny_model), "--max-seq-length", "16", "256", "512", cwd=workdir)
+    assert both.returncode == 0, both.stderr
+    assert "max_seq_length 256 and 512 train the same rows on this data (longest " in both.stdout
 
 
 def test_doctor_on_the_demo_space_reads_its_data_and_lengths(tiny_model, workdir):

@@ -286,6 +286,36 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
     assert on_cpu.returncode == 0 and "CUDA" not in on_cpu.stdout.splitlines()[-1], on_cpu.stdout[-300:]
 
 
+def test_estimate_predicts_the_worst_step_on_the_data(tiny_model, tmp_path):
+    """Each configuration is predicted at its worst step on the space's data: rows of min(max_seq_length, the longest
+    tokenized sample) tokens, so max_seq_length 256 and 512 on data no longer than ~60 tokens predict the same peak
+    and the text says they train the same rows; with packing, rows of max_seq_length."""
+    from sweeper.testing import clean_rows, run_cli, tiny_space, write_jsonl, write_space
+
+    write_jsonl(tmp_path / "short.jsonl", clean_rows())
+    space = tiny_space(tiny_model, search={"max_seq_length": [16, 256, 512]})
+    space["dataset"] = {"path": "short.jsonl"}
+    del space["training"]["max_seq_length"]
+    out = run_cli("estimate", str(write_space(tmp_path, space)), "--json", "--device", "cpu", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    longest = data["longest_sample_tokens"]
+    assert 16 < longest < 100, longest
+    by_length = {p["params"]["max_seq_length"]: p for p in data["points"]}
+    assert by_length[16]["worst_case_length"] == 16
+    assert by_length[256]["worst_case_length"] == by_length[512]["worst_case_length"] == longest
+    assert by_length[256]["predicted_peak_gib"] == by_length[512]["predicted_peak_gib"]
+    text = run_cli("estimate", str(write_space(tmp_path, space)), "--device", "cpu", cwd=tmp_path).stdout
+    assert f"max_seq_length 256 and 512 train the same rows on this data (longest {longest} tokens)" in text
+    space["training"]["packing"] = True
+    packed = json.loads(run_cli("estimate", str(write_space(tmp_path, space)), "--json", cwd=tmp_path).stdout)
+    assert {p["params"]["max_seq_length"]: p["worst_case_length"] for p in packed["points"]} == {
+        16: 16,
+        256: 256,
+        512: 512,
+    }
+
+
 def test_dominance_rule():
     from sweeper.memory import Known, preflight
     from sweeper.memory._dominance import at_least_as_large

@@ -357,6 +357,37 @@ def test_max_seq_lengths_at_or_above_the_longest_sample_are_one_configuration():
     assert dataclasses.replace(at_128, packing=True).worst_case_length(50) == 128
 
 
+@pytest.mark.slow
+def test_a_sweep_settles_a_longer_max_seq_length_that_trains_the_same_rows_as_a_repeat(tiny_model, workdir):
+    """On data no longer than ~40 tokens, max_seq_length 256 trains the rows 128 trains: `sweep run` settles it as a
+    repeat of the trial at 128 (seeded random proposals: 128, 256, 32), runs nothing for it, and says why; the run,
+    the stored study and `sweep report` carry the data's longest sample."""
+    from sweeper.testing import clean_rows, run_cli, tiny_space, write_jsonl, write_space
+
+    write_jsonl(workdir / "short.jsonl", clean_rows())
+    space = tiny_space(tiny_model, name="same", search={"max_seq_length": [32, 128, 256]}, n_trials=2)
+    space["dataset"] = {"path": "short.jsonl"}
+    space["study"].update(sampler="random", seed=9)
+    del space["training"]["max_seq_length"]
+    out = run_cli("run", str(write_space(workdir, space)), cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    study = optuna.load_study(study_name="same", storage="sqlite:///studies/same.db")
+    longest = study.user_attrs["longest_sample_tokens"]
+    assert 32 < longest < 128, longest
+    first, repeat = study.trials[0], study.trials[1]
+    assert (first.params["max_seq_length"], repeat.params["max_seq_length"]) == (128, 256)
+    assert repeat.user_attrs["duplicate_of"] == 0 and repeat.values == first.values
+    assert repeat.user_attrs["reason"] == (
+        f"max_seq_length 256 trains the same rows as 128 on this data (longest {longest} tokens): trial 0's result "
+        "is reused"
+    )
+    assert not (workdir / "studies" / "same" / "trials" / "1").exists()
+    assert f"max_seq_length 128 and 256 train the same rows on this data (longest {longest} tokens)" in out.stdout
+    assert first.user_attrs["worst_case_shape"] == [1, longest]  # batch 1: the longest sample alone
+    report = run_cli("report", "same", cwd=workdir)
+    assert "max_seq_length 128 and 256 train the same rows on this data" in report.stdout, report.stdout
+
+
 def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir, monkeypatch):
     """Two databases holding a study of the same name would share studies/<name>/trials/<N>/ (numbers start at 0 in
     each): the second is refused, leaving no empty database behind, naming both storages and identities; readers do
