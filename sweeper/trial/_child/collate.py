@@ -44,7 +44,7 @@ def pack_rows(rows: Sequence[Mapping[str, Any]], max_seq_length: int) -> list[Ro
         indices; each sample's first label is -100 and its positions run from 0.
 
     Raises:
-        ValueError: A sample is longer than ``max_seq_length`` (it was not truncated).
+        ValueError: A sample is longer than ``max_seq_length`` (it was not truncated), or has no tokens.
     """
     packed: list[Row] = []
     current: Row | None = None
@@ -52,8 +52,8 @@ def pack_rows(rows: Sequence[Mapping[str, Any]], max_seq_length: int) -> list[Ro
         ids = list(row["input_ids"])
         if len(ids) > max_seq_length:
             raise ValueError(f"sample {row['index']} has {len(ids)} tokens, more than max_seq_length={max_seq_length}")
-        if not ids:
-            continue
+        if not ids:  # tokenization always adds tokens (a template's, or the end of sequence): never silently
+            raise ValueError(f"sample {row['index']} has no tokens: nothing to pack")
         if current is None or len(current["input_ids"]) + len(ids) > max_seq_length:
             current = {"input_ids": [], "labels": [], "position_ids": [], "index": []}
             packed.append(current)
