@@ -248,7 +248,8 @@ class StudySnapshot:
             where = best.headroom.edge_phrase if best.headroom is not None else "near its edge"
             return best, f"no trial is safely below its edge: took the most headroom ({shown}), {where}"
         fastest = max(progress(t) for t in safe)
-        learners = [t for t in safe if progress(t) >= SLOW_LEARNING_SHARE * fastest]
+        # When even the fastest does not learn (its probe loss rose: a negative progress), no share of it is a bar.
+        learners = [t for t in safe if progress(t) >= SLOW_LEARNING_SHARE * fastest] if fastest > 0 else safe
         least = min(peak(t) for t in learners)
         within = [t for t in learners if peak(t) <= least * (1 + MEMORY_NOISE_SHARE)]
         return max(within, key=lambda t: (progress(t), -peak(t), -t.number)), None

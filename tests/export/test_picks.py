@@ -114,6 +114,20 @@ def test_the_safe_pick_is_the_least_memory_safely_below_its_edge_that_learns(pic
     assert safe.trial.result.constant.learning_progress >= 0.5 * fastest
 
 
+def test_the_safe_pick_when_no_safe_trial_learns(tmp_path, monkeypatch):
+    """Every safe trial's probe loss rose (negative learning progress, as fp16 runs at a high rate do): no share of
+    the fastest is a bar, so the least memory among them is taken (a crash before: 'min() arg is an empty
+    sequence')."""
+    monkeypatch.chdir(tmp_path)
+    space = parse_space({"study": {"name": "q"}, "search": {"r": [4, 8]}}, "space.yaml")
+    study = open_study(space, f"sqlite:///{tmp_path}/q.db", "q", 8)
+    for i, (peak, progress) in enumerate([(1.00, -0.2), (1.20, -0.5)]):
+        stress = _stress(None)
+        extra = {**stress, "learning_progress": progress}
+        add_trial(study, r=(4, 8)[i], batch=1, seq=64, status="complete", peak=peak, instability=0.01, extra=extra)
+    assert choose(study, "safe").trial.number == 0
+
+
 def test_a_pick_made_among_confirmed_trials_says_so_and_names_the_better_unconfirmed_one(picks_study):
     done = Confirmation(steps=300, status="complete", steps_done=300)
     picks_study.set_user_attr("confirmation:2", json.loads(json.dumps(done.to_dict())))
