@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.audit import AuditReport, NanRisk
-from sweeper.report._records import MemoryPrediction
+from sweeper.report._records import MemoryPrediction, phase_peaks_text
 from sweeper.space import TrialConfig
 from sweeper.stability import (
     StabilityFigures,
@@ -266,20 +266,12 @@ def memory_line(result: TrialResult) -> str:
     trial recorded them."""
     memory = result.memory
     line = f"memory  {memory.peak_memory_gib:.3f} GiB ({memory.memory_kind})"
-    phases = memory.phase_peak_memory_gib
-    if not phases:  # a result of an older version: the loading peak alone
+    phases = phase_peaks_text(memory.phase_peak_memory_gib, memory.worst_case_shape, digits=3, with_load=True)
+    if phases is None:  # a result of an older version: the loading peak alone
         return line[:-1] + (
             f", {memory.load_peak_memory_gib:.3f} GiB while loading)" if memory.load_peak_memory_gib else ")"
         )
-    shape = memory.worst_case_shape
-    judged = [("training steps", phases.get("train"))]
-    judged.append(
-        (f"worst-case step ({shape[0]} x {shape[1]})" if shape else "worst-case step", phases.get("worst_case"))
-    )
-    apart = [("probe", phases.get("probe")), ("stress", phases.get("stress")), ("loading", phases.get("load"))]
-    line += ": " + ", ".join(f"{name} {gib:.3f}" for name, gib in judged if gib is not None)
-    measured_apart = [f"{name} {gib:.3f}" for name, gib in apart if gib is not None]
-    return line + ("; measured apart: " + ", ".join(measured_apart) if measured_apart else "")
+    return f"{line}: {phases}"
 
 
 def trial_result_lines(result: TrialResult, config: TrialConfig, folder: Path) -> list[str]:

@@ -10,12 +10,30 @@ No torch, no plotly: plain values (GiB, fractions, trial numbers).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from sweeper.stability import StabilityFigures
 from sweeper.study import Confirmation, PredictionError
+
+
+def phase_peaks_text(
+    phases: Mapping[str, float], shape: Sequence[int] | None, *, digits: int, with_load: bool
+) -> str | None:
+    """The judged phases, then those measured apart: ``training steps 1.481, worst-case step (2 x 256) 1.344;
+    measured apart: probe 1.001, stress 1.386, loading 1.188`` (GiB, ``digits`` decimals; loading only
+    ``with_load``); None for no phases (a trial of an older version)."""
+    if not phases:
+        return None
+    worst = f"worst-case step ({shape[0]} x {shape[1]})" if shape else "worst-case step"
+    judged = [("training steps", phases.get("train")), (worst, phases.get("worst_case"))]
+    apart = [("probe", phases.get("probe")), ("stress", phases.get("stress"))]
+    if with_load:
+        apart.append(("loading", phases.get("load")))
+    text = ", ".join(f"{name} {gib:.{digits}f}" for name, gib in judged if gib is not None)
+    others = ", ".join(f"{name} {gib:.{digits}f}" for name, gib in apart if gib is not None)
+    return text + (f"; measured apart: {others}" if others else "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,17 +91,9 @@ class TrialRecord:
     worst_case_shape: tuple[int, int] | None = None
 
     def phases_line(self) -> str | None:
-        """``training steps 1.48, worst-case step (2 x 256) 1.34; probe 1.00, stress 1.39 measured apart`` (GiB),
-        None when the trial recorded no phases."""
-        p = self.phase_peak_memory_gib
-        if not p:
-            return None
-        shape = f" ({self.worst_case_shape[0]} x {self.worst_case_shape[1]})" if self.worst_case_shape else ""
-        judged = [("training steps", p.get("train")), (f"worst-case step{shape}", p.get("worst_case"))]
-        apart = [("probe", p.get("probe")), ("stress", p.get("stress"))]
-        text = ", ".join(f"{name} {gib:.2f}" for name, gib in judged if gib is not None)
-        others = ", ".join(f"{name} {gib:.2f}" for name, gib in apart if gib is not None)
-        return text + (f"; {others} measured apart" if others else "")
+        """``training steps 1.48, worst-case step (2 x 256) 1.34; measured apart: probe 1.00, stress 1.39`` (GiB),
+        None when the trial recorded no phases (:func:`phase_peaks_text`)."""
+        return phase_peaks_text(self.phase_peak_memory_gib, self.worst_case_shape, digits=2, with_load=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the fields in order, ``stability`` flattened in its place, ``objective_values`` next (one key

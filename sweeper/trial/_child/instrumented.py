@@ -87,16 +87,15 @@ class TracingTrainer(Trainer):
         inputs = model_inputs(inputs)
         # References, not copies: a step's batch is a few KB and stays alive for one step anyway; the NaN
         # diagnosis reads it only when a step fails.
-        kept = step_batch
         record.step_batches.append(step_batch)
         if not record.stressing:  # the trial's data attributes are the constant phase's
             record.seen.update(index)
         # Trainer's num_items_in_batch is the step's count of labels[..., 1:] != -100 over all micro-batches.
-        supervised = int((kept["labels"][:, 1:] != -100).sum())
+        supervised = int((step_batch["labels"][:, 1:] != -100).sum())
         record.step_supervised = (
             int(num_items_in_batch) if num_items_in_batch is not None else (record.step_supervised or 0) + supervised
         )
-        ids = kept["input_ids"]
+        ids = step_batch["input_ids"]
         if bool(((ids < 0) | (ids >= self.vocab_size)).any()):
             raise NonFiniteError(
                 "input id", int(ids.max()) if int(ids.max()) >= self.vocab_size else int(ids.min()), "forward"
