@@ -215,12 +215,6 @@ def test_resume_after_the_sweep_process_is_killed(tiny_model, workdir):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="open bug (issue 45's note): under a tight CPU cap (RLIMIT_DATA 0.75 GiB) the batch-1 x 1024 trial dies "
-    "of SIGSEGV in a training step's backward after its worst-case step, in 3 runs of 4 on a quiet machine (it "
-    "completes without the worst-case step, and with it under a loaded machine or a larger cap)",
-)
 def test_preflight_prunes_predicted_and_dominated_ooms_without_running_them(tiny_model, workdir):
     # With the preflight all but off, batch 32 x 1024 runs and really runs out of memory under 0.75 GiB; batch 48 is
     # at least as large in every memory dimension, so it is pruned without running; batch 1 fits and runs.
