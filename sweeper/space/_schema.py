@@ -273,7 +273,7 @@ class TrialConfig:
     # memory= is each key's memory role (KeySpec.memory): the dominance rule compares two trials along the grows and
     # shrinks keys, at equal same keys, whatever their none keys.
     # r grows but for one step of bitsandbytes' 8-bit optimizers: a LoRA tensor that reaches 4096 elements switches
-    # from 32-bit to 8-bit state, so r=8 needs 1.6 MiB less than r=7 at SmolLM2-135M's shape (hidden 576); far below
+    # from 32-bit to 8-bit state, so r=8 needs 1.5 MiB less than r=7 at SmolLM2-135M's shape (hidden 576); far below
     # the 0.1 GiB identical trials vary by (tests/memory/test_memory_roles.py bounds it).
     r: int = _key(16, "int", low=1, high=4096, memory="grows")
     lora_alpha_ratio: float = _key(2.0, "float", low=0, low_open=True, high=1e6, memory="none")
