@@ -176,6 +176,13 @@ def _add_estimate(sub: argparse._SubParsersAction[_Parser]) -> None:
         default="cuda",
         help="predict a GPU's reserved memory (default) or a CPU trial's resident set (the demo)",
     )
+    estimate.add_argument(
+        "--card-gib",
+        type=float,
+        metavar="GIB",
+        help="plan for a card that is not on this machine: its size as torch reports it (total_memory in GiB; an "
+        "RTX 4090 is 23.6), which memory_limit_gib: auto and the cap check read instead of this machine's device",
+    )
     estimate.set_defaults(func=cmd_estimate)
 
 

@@ -7,11 +7,15 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweeper.errors import SpaceError, SweeperError
+from sweeper.report import format_cap
 from sweeper.space import DatasetSpec, ModelSpec, SearchSpace, load_space, name_problem, parse_duration_s
 from sweeper.stability import STRESS_GROWTH, STRESS_STEPS, probe_interval_steps
+
+if TYPE_CHECKING:
+    from sweeper.trial import Card
 
 
 def _print(text: str = "") -> None:
@@ -103,12 +107,76 @@ def _audit(samples: list[Any], model: ModelSpec, model_path: str, max_seq_length
     return report, tokenized
 
 
-def _describe_setup(space: SearchSpace, model_path: str, n_samples: int) -> str:
+def _with_card(
+    space: SearchSpace, device: str, devices: list[str] | None = None, card_gib: float | None = None
+) -> tuple[SearchSpace, Card | None, list[str]]:
+    """The device the trials run on, read once (:func:`sweeper.trial.read_cards`; on CUDA the smallest of
+    ``devices``), the space with ``memory_limit_gib: auto`` set from it, and the warnings it calls for.
+
+    ``card_gib`` (``sweep estimate --card-gib``) stands for a card that is not on this machine. A CUDA device that
+    cannot be read leaves a numeric cap unchecked (``sweep estimate`` plans for cards elsewhere) and refuses ``auto``.
+
+    Raises:
+        SpaceError: ``auto`` and no card to read; a cap above the card's size (CUDA: one line naming the file, the
+            key and the fix).
+    """
+    from sweeper.trial import Card, CardError, read_cards, smallest_card
+
+    card: Card | None = None
+    if card_gib is not None:
+        card = Card(device=device, name="given by --card-gib", total_memory_gib=card_gib)
+    else:
+        try:
+            card = smallest_card(read_cards(device, ",".join(devices) if devices else None))
+        except CardError as exc:
+            if space.memory_limit_auto:
+                raise SpaceError(
+                    f"{space.path}: training.memory_limit_gib: auto is the card's own size, and {exc}; run where the "
+                    "card is, give its size (sweep estimate --card-gib 23.6 for a card torch reports at 23.6 GiB), "
+                    "or set a number (--set memory_limit_gib=22)"
+                ) from None
+    if card is None:
+        return space, None, []
+    warnings = []
+    if space.memory_limit_auto:
+        try:
+            space = space.with_memory_limit(card.auto_memory_limit_gib)
+        except ValueError as exc:
+            raise SpaceError(f"{space.path}: training.memory_limit_gib: auto: {exc}; set a number") from None
     cap = space.base.memory_limit_gib
+    if cap > card.total_memory_gib and device == "cuda":
+        raise SpaceError(
+            f"{space.path}: training.memory_limit_gib: {cap:g} GiB is more than the card's "
+            f"{card.total_memory_gib:.2f} GiB ({card.name}); set it to auto "
+            f"({card.total_memory_gib - card.reserve_gib:.2f} GiB there) or lower"
+        )
+    if cap > card.total_memory_gib:
+        warnings.append(
+            f"WARNING memory: the cap ({cap:g} GiB) is more than this machine's {card.total_memory_gib:.2f} GiB: it "
+            "cannot bind, and a trial that needs more is killed by the system (a crash, not an oom); set "
+            "memory_limit_gib lower or to auto"
+        )
+    if device == "cuda" and card.in_use_gib is not None and card.in_use_gib > card.reserve_gib:
+        warnings.append(
+            f"WARNING memory: {card.in_use_gib:.2f} GiB of the card ({card.name}) was in use when it was read (a "
+            f"CUDA context and every other process on it), more than the {card.reserve_gib:g} GiB auto keeps free: "
+            "a trial may run out of memory below the cap; free the card or lower memory_limit_gib"
+        )
+    return space, card, warnings
+
+
+def _describe_setup(space: SearchSpace, model_path: str, n_samples: int, card: Card | None = None) -> str:
+    cap = format_cap(
+        space.base.memory_limit_gib,
+        space.memory_limit_auto,
+        card.name if card else None,
+        card.total_memory_gib if card else None,
+        card.device if card else "cuda",
+    )
     lines = [
         f"model   {space.model.name_or_path}" + (f" ({model_path})" if model_path != space.model.name_or_path else ""),
         f"data    {space.dataset.path}: {n_samples} sample{'s' if n_samples != 1 else ''}",
-        f"memory  cap {cap:g} GiB per trial. CUDA: allocator cap, peak = max reserved. CPU: cap on private memory "
+        f"memory  {cap} per trial. CUDA: allocator cap, peak = max reserved. CPU: cap on private memory "
         "(RLIMIT_DATA), peak = resident set after loading, which also counts shared libraries (+-0.1 GiB between runs)",
     ]
     steps = min(space.values_of("max_steps"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from sweeper.cli._common import (
     _audit,
@@ -15,9 +16,13 @@ from sweeper.cli._common import (
     _prepare,
     _print,
     _publish,
+    _with_card,
 )
 from sweeper.errors import SpaceError
 from sweeper.space import SearchSpace, parse_duration_s
+
+if TYPE_CHECKING:
+    from sweeper.trial import Card
 
 
 def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> tuple[list[str], int | None]:
@@ -76,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sweep_summary,
     )
     from sweeper.study import candidates, plan_sweep, run_study
-    from sweeper.trial import prestart
+    from sweeper.trial import cuda_visible, prestart
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = _load(args)
@@ -90,9 +95,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     workers = args.workers or (len(devices) if devices else 1)
     if workers == 1 and not devices:  # the trial processes' imports run while the data is read and audited
         prestart()
+    space, card, card_warnings = _with_card(space, "cuda" if cuda_visible() else "cpu", devices)
     model_path, samples = _prepare(space.dataset, space.model)
     # Data that cannot train is refused before the storage is opened.
-    setup_lines, longest = _setup_lines(space, model_path, samples)
+    setup_lines, longest = _setup_lines(space, model_path, samples, card)
+    setup_lines[1:1] = card_warnings
     plan = plan_sweep(
         space,
         model_path,
@@ -105,6 +112,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         new_setup=args.new_setup,
         on_measure=lambda line: print(line, flush=True),
         longest_sample_tokens=longest,
+        # the report names the card beside the cap; a CPU machine is no card (its size changes no figure there)
+        card=None
+        if card is None or card.device != "cuda"
+        else {"device": card.device, "name": card.name, "total_memory_gib": card.total_memory_gib},
     )
     _print("\n".join(sweep_header(plan)))
     for line in setup_lines + resume_lines(plan):
@@ -134,10 +145,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _setup_lines(space: SearchSpace, model_path: str, samples: list) -> tuple[list[str], int | None]:
-    """What the sweep will train: the model, the data and the cap (:func:`_describe_setup`), the rows no trial
-    trains on, and the data audit's warnings; with the longest tokenized sample's tokens (:func:`_data_warnings`)."""
-    lines = [_describe_setup(space, model_path, len(samples))]
+def _setup_lines(
+    space: SearchSpace, model_path: str, samples: list, card: Card | None = None
+) -> tuple[list[str], int | None]:
+    """What the sweep will train: the model, the data and the cap with its device (:func:`_describe_setup`), the
+    rows no trial trains on, and the data audit's warnings; with the longest tokenized sample's tokens
+    (:func:`_data_warnings`)."""
+    lines = [_describe_setup(space, model_path, len(samples), card)]
     dropped = _dropped_rows_line(space, model_path, samples)
     if dropped:
         lines.append(dropped)

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from sweeper.cli._common import _describe_setup, _dropped_rows_line, _load, _prepare, _print
+from sweeper.cli._common import _describe_setup, _dropped_rows_line, _load, _prepare, _print, _with_card
 from sweeper.errors import SpaceError
 
 
@@ -33,9 +33,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
     from sweeper.report import LiveProgress, trial_header, trial_result_lines
     from sweeper.study import check_setup, study_dir
-    from sweeper.trial import run_trial
+    from sweeper.trial import cuda_visible, run_trial
 
-    space = _load(args)
+    space, card, card_warnings = _with_card(_load(args), "cuda" if cuda_visible() else "cpu")
     config = space.trial_config(space.first_choices())
     model_path, samples = _prepare(space.dataset, space.model)
     setup = check_setup(space, model_path)  # what would fail the trial before it trains: one line each, exit 2
@@ -43,8 +43,10 @@ def cmd_trial(args: argparse.Namespace) -> int:
         raise SpaceError(setup)
     folder = manual_trial_folder(study_dir(space.study.name) / "manual")
     if not args.json:
-        for line in trial_header(config, _describe_setup(space, model_path, len(samples)), folder):
+        for line in trial_header(config, _describe_setup(space, model_path, len(samples), card), folder):
             _print(line)
+    for line in card_warnings:
+        print(line, file=sys.stderr if args.json else sys.stdout)
     dropped = _dropped_rows_line(space, model_path, samples)
     if dropped and args.json:  # stdout stays one JSON document
         print(dropped, file=sys.stderr)

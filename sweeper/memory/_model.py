@@ -33,15 +33,15 @@ BLOCKSIZE_NESTED = 256
 MIN_8BIT_SIZE = 4096
 #: Blocksize of the 8-bit optimizer states' absmax (``bnb.optim`` blockwise quantization).
 BLOCKSIZE_8BIT_OPTIM = 256
-#: On CUDA the peak is ``torch.cuda.max_memory_reserved()``: the CUDA context lives outside the caching allocator (so
-#: it is in neither the peak nor the cap of ``set_per_process_memory_fraction``; :mod:`sweeper.memory._card` keeps it
-#: out of an ``auto`` cap instead), and weights and optimizer state are reserved as held (the fitted constant of the
-#: rows below was 0.05 GiB, and the fixed terms matched the rows' intercept within 0.04 GiB). What the bytes the CPU
-#: tests count get wrong on a GPU is in the parts that grow with tokens, fitted on an H200
-#: (``benchmarks/fit_cuda_memory.py`` on ``benchmarks/results/gpu-h200-2026-12-04-train``: 8 rows at r 16 fit, the
-#: 7 rows at r 64 held out, median error 1.2%, largest 3.5%; the e68ad80 model's was 13.6% and 31%):
-#: the tensors saved for backward, activations and the recomputed layer, times this factor (the caching allocator
-#: holds 25% less than the tensors autograd saves on the CPU) ...
+#: On CUDA the peak is ``torch.cuda.max_memory_reserved()``. The CUDA context lives outside the caching allocator, so
+#: it is in neither that peak nor the cap of ``set_per_process_memory_fraction``: ``memory_limit_gib: auto`` keeps it
+#: off the card's size instead (:mod:`sweeper.trial._card`). Weights and optimizer state are reserved as held (a
+#: fitted constant came out at 0.05 GiB, and the fixed terms matched the rows' intercept within 0.04 GiB). What the
+#: bytes the CPU tests count get wrong on a GPU is in the parts that grow with tokens, fitted on an H200
+#: (``benchmarks/fit_cuda_memory.py`` on ``benchmarks/results/gpu-h200-2026-12-04-train``: fitted on the 8 rows at
+#: r 16; on the 7 rows at r 64, held out, median error 1.2%, largest 3.5%, against 16.6% and 29.0% before): the
+#: tensors saved for backward, activations and the recomputed layer, times this factor (the caching allocator held
+#: 25% less than the tensors autograd saves on the CPU) ...
 CUDA_ACTIVATION_FACTOR = 0.748
 #: ... and the logits' bytes that grow with tokens (saved and transient; lm_head's compute-dtype copy is fixed) times
 #: this one: the loss's region held about one more float32 copy of the logits than counted.

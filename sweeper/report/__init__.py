@@ -12,6 +12,7 @@ The face exports only what the CLI uses; the records and the smaller helpers are
 
 from sweeper.report._console import (
     format_audit,
+    format_cap,
     format_data_warnings,
     format_dropped_rows,
     format_instability,
@@ -34,6 +35,7 @@ __all__ = [
     "SweepConsole",
     "all_failed_line",
     "format_audit",
+    "format_cap",
     "format_data_warnings",
     "format_dropped_rows",
     "format_instability",

@@ -625,3 +625,14 @@ def format_same_rows(max_seq_lengths: Sequence[int], longest_sample_tokens: int 
         f"max_seq_length {values} train the same rows on this data (longest {longest_sample_tokens:,} tokens): "
         f"a sweep measures one and settles the others as its repeats"
     )
+
+
+def format_cap(limit_gib: float, auto: bool, card_name: str | None, card_gib: float | None, device: str) -> str:
+    """The cap with the device it is of: ``cap 23.15 GiB (auto) of the card's 23.65 GiB (NVIDIA GeForce RTX
+    4090)``, ``cap 1.6 GiB of this machine's 23.54 GiB``, or ``cap 22 GiB`` when the device was not read."""
+    text = f"cap {limit_gib:g} GiB" + (" (auto)" if auto else "")
+    if card_gib is None:
+        return text
+    if device == "cpu":
+        return f"{text} of this machine's {card_gib:.2f} GiB"
+    return f"{text} of the card's {card_gib:.2f} GiB ({card_name})"

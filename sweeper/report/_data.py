@@ -147,6 +147,7 @@ def front_data(study: StudyLike) -> FrontData:
         memory_limit_gib=max(limits) if limits else None,
         picks=picks(study),
         points=points,
+        cards=study.cards,
     )
 
 
@@ -552,4 +553,5 @@ def report_data(study: StudyLike) -> Report:
         pick_lines=pick_lines(outcomes),
         memory_prediction=memory_prediction_data(study),
         other_setups=other_setups_line(study),
+        cards=study.cards,
     )

@@ -123,7 +123,12 @@ def front_figure(front: FrontData) -> Any:
             line_dash="dash",
             line_color="#7f7f7f",
             annotation_text=f"memory_limit_gib {limit:g}"
-            + (" (on private memory; the peaks count shared libraries)" if front.memory_kind == "cpu_peak_rss" else ""),
+            + (" (on private memory; the peaks count shared libraries)" if front.memory_kind == "cpu_peak_rss" else "")
+            + "".join(
+                f" of the card's {gib:.2f} GiB ({name})"
+                for name, (device, gib) in front.cards.items()
+                if device == "cuda"
+            ),
             annotation_position="bottom left" if margin else "top left",
         )
     knee, safe = front.knee, front.picks.get("safe")

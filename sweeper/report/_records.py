@@ -134,6 +134,7 @@ class FrontData:
         memory_limit_gib: The largest memory cap among the trials' configs (GiB), or None.
         picks: The trial each ``sweep export --pick`` chooses, by pick name.
         points: One record per trial.
+        cards: The devices the study's sweeps ran on, by name: ``(device, total_memory_gib)``.
     """
 
     objectives: tuple[str, ...]
@@ -141,6 +142,7 @@ class FrontData:
     memory_limit_gib: float | None
     picks: Mapping[str, int]
     points: tuple[TrialRecord, ...]
+    cards: Mapping[str, tuple[str, float]] = field(default_factory=dict)
 
     @property
     def knee(self) -> int | None:
@@ -387,6 +389,8 @@ class Report:
             (``safe #3, among the front's 5 trials; ...``: :attr:`sweeper.export._pick.PickChoice.line`).
         memory_prediction: The preflight's predictions against the measured peaks.
         other_setups: The line on trials of other setups (:func:`sweeper.report._console.other_setups_line`), or None.
+        cards: The devices the study's sweeps ran on, by name: ``{"device", "total_memory_gib"}`` (what
+            :attr:`sweeper.study.StudySnapshot.cards` holds; empty for a study of an older version).
     """
 
     study: str
@@ -403,11 +407,12 @@ class Report:
     pick_lines: Mapping[str, str]
     memory_prediction: MemoryPrediction
     other_setups: str | None
+    cards: Mapping[str, tuple[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """``sweep report --json``: ``{"study", "directions", "objectives", "front", "trials", "status_counts",
         "stale", "nan_causes", "largest_max_seq_length_by_batch", "importance", "picks", "pick_lines",
-        "memory_prediction", "other_setups"}`` (``docs/contract.md``); batch sizes as string keys."""
+        "memory_prediction", "other_setups", "cards"}`` (``docs/contract.md``); batch sizes as string keys."""
         return {
             "study": self.study,
             "directions": list(self.directions),
@@ -423,4 +428,5 @@ class Report:
             "pick_lines": dict(self.pick_lines),
             "memory_prediction": self.memory_prediction.to_dict(),
             "other_setups": self.other_setups,
+            "cards": {name: {"device": d, "total_memory_gib": gib} for name, (d, gib) in self.cards.items()},
         }

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sweeper.report._console import (
+    format_cap,
     format_counts,
     format_front,
     format_memory_prediction,
@@ -64,6 +65,10 @@ def report_lines(study: StudyLike, ref: str) -> list[str]:
     memory = format_memory_prediction(memory_prediction_data(study))
     if memory:
         lines.append(memory)
+    limits = [t.config.memory_limit_gib for t in study.current(study.measured) if t.config is not None]
+    if limits and study.cards:
+        caps = [format_cap(max(limits), False, name, gib, device) for name, (device, gib) in study.cards.items()]
+        lines.append("memory  " + "; ".join(caps))
     return lines
 
 

@@ -75,6 +75,8 @@ _ALIASES = {
     "sequence_len": "did you mean 'max_seq_length'?",
 }
 _RANGE_KEYS = ("low", "high", "log", "step")
+#: ``memory_limit_gib: auto``, and the key under which :func:`_parse_training` notes it.
+AUTO, AUTO_KEY = "auto", "memory_limit_gib:auto"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +94,9 @@ class SearchSpace:
         search: The searched keys, in file order: ``Categorical`` or ``Range``.
         overridden: The keys ``--set`` gave (``dataset.path``, ``training.max_steps``, ...).
         set_items: The ``--set KEY=VALUE`` items as given, in order (for the commands hints print: :meth:`command`).
+        memory_limit_auto: ``memory_limit_gib: auto``: the cap is the device's own size less a reserve
+            (:class:`sweeper.trial.Card`); until :meth:`with_memory_limit` sets it from the device,
+            ``base.memory_limit_gib`` holds the schema's default, which no command uses as the cap.
     """
 
     path: str
@@ -102,6 +107,12 @@ class SearchSpace:
     search: Mapping[str, Dimension]
     overridden: frozenset[str] = frozenset()
     set_items: tuple[str, ...] = ()
+    memory_limit_auto: bool = False
+
+    def with_memory_limit(self, limit_gib: float) -> SearchSpace:
+        """This space with ``memory_limit_gib`` set (what ``auto`` stands for on the device that was read);
+        :attr:`memory_limit_auto` stays as the file said."""
+        return dataclasses.replace(self, base=dataclasses.replace(self.base, memory_limit_gib=float(limit_gib)))
 
     def command(self, verb: str) -> str:
         """``sweep <verb> <path>`` with every ``--set`` this space was loaded with, quoted for a POSIX shell, so that
@@ -541,10 +552,14 @@ def _parse_training(training: Any, problems: _Problems) -> dict[str, Any]:
             )
             problems.add(f"training.{key}", "training values are fixed", fix)
             continue
+        if key == "memory_limit_gib" and isinstance(value, str) and value.strip().lower() == AUTO:
+            fixed[AUTO_KEY] = True  # the default stays until the device is read (SearchSpace.with_memory_limit)
+            continue
         try:
             fixed[key] = _check_value(spec, value)
         except ValueError:
-            problems.add(f"training.{key}", f"{value!r} is not valid", f"give {_describe(spec)}")
+            fix = f"give {_describe(spec)}" + (", or auto (the card's own size)" if key == "memory_limit_gib" else "")
+            problems.add(f"training.{key}", f"{value!r} is not valid", fix)
 
     return fixed
 
@@ -640,6 +655,7 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
 
     training = raw.get("training")
     fixed = _parse_training(training, problems)
+    memory_limit_auto = bool(fixed.pop(AUTO_KEY, False))
     search = _parse_search(raw.get("search"), training, fixed, problems)
     if not problems.lines:
         _check_horizons(sections["study"], fixed, search, problems)
@@ -658,6 +674,7 @@ def parse_space(raw: Any, path: str = "<space>", overridden: frozenset[str] = fr
         base=_from_yaml(TrialConfig, fixed, model=model, dataset=dataset),
         search=MappingProxyType(search),
         overridden=overridden,
+        memory_limit_auto=memory_limit_auto,
     )
 
 

@@ -9,9 +9,10 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 
@@ -26,7 +27,7 @@ from sweeper.study._optuna_private import storage_of
 from sweeper.study._preflight import known_memory, trial_device
 from sweeper.study._setup_checks import check_setup
 from sweeper.study._setups import choose_setup, stored_setups, unapplied_settings
-from sweeper.study._snapshot import LONGEST_SAMPLE_ATTR, count_finished
+from sweeper.study._snapshot import CARDS_ATTR, LONGEST_SAMPLE_ATTR, count_finished
 from sweeper.study._storage import open_study
 from sweeper.study._urls import redact_url
 
@@ -110,6 +111,7 @@ def plan_sweep(
     new_setup: bool = False,
     on_measure: Callable[[str], None] | None = None,
     longest_sample_tokens: int | None = None,
+    card: Mapping[str, Any] | None = None,
 ) -> SweepPlan:
     """Check a sweep's setup and open its study, in this order, stopping at the first problem: the heartbeat
     setting, a storage the workers cannot share, the setup checks of the model and space
@@ -136,6 +138,8 @@ def plan_sweep(
             it measured, so that a wait is never silent.
         longest_sample_tokens: The data's longest tokenized sample (:attr:`SweepPlan.longest_sample_tokens`), None
             when unknown (then each configuration is predicted at its ``max_seq_length``).
+        card: The device the trials run on as it was read (``{"device", "name", "total_memory_gib"}``): recorded
+            on the study by name (:attr:`sweeper.study.StudySnapshot.cards`), for the report's cap line.
 
     Raises:
         SpaceError: A setup problem (one line each), an in-memory storage, or nothing fits.
@@ -163,6 +167,10 @@ def plan_sweep(
         raise
     if longest_sample_tokens is not None and finished < target:
         study.set_user_attr(LONGEST_SAMPLE_ATTR, longest_sample_tokens)  # what the report says of equal lengths
+    if card is not None and finished < target:
+        cards = dict(study.user_attrs.get(CARDS_ATTR) or {})
+        cards[str(card["name"])] = {"device": card["device"], "total_memory_gib": round(card["total_memory_gib"], 3)}
+        study.set_user_attr(CARDS_ATTR, cards)
     return SweepPlan(
         space=space,
         model_path=model_path,

@@ -54,6 +54,9 @@ LR_CALIBRATION_ATTR = "lr_calibration"
 #: Study user attribute: the data's longest tokenized sample, set by each ``sweep run`` (:func:`sweeper.study.
 #: plan_sweep`).
 LONGEST_SAMPLE_ATTR = "longest_sample_tokens"
+#: Study user attribute: the devices its sweeps ran on, by name: ``{"device", "total_memory_gib"}`` each, recorded by
+#: each ``sweep run`` (:func:`sweeper.study.plan_sweep`).
+CARDS_ATTR = "cards"
 
 
 def _int_or_none(raw: Any) -> int | None:
@@ -153,6 +156,18 @@ class StudySnapshot:
         """The data's longest tokenized sample as the last ``sweep run`` read it (:attr:`SweepPlan.
         longest_sample_tokens`), None when unknown (a study of an older version)."""
         return _int_or_none(self.user_attrs.get(LONGEST_SAMPLE_ATTR))
+
+    @property
+    def cards(self) -> dict[str, tuple[str, float]]:
+        """The devices this study's sweeps ran on, by name: ``(device, total_memory_gib)``; empty for a study of an
+        older version or one whose device was never read."""
+        raw = self.user_attrs.get(CARDS_ATTR)
+        out: dict[str, tuple[str, float]] = {}
+        for name, card in raw.items() if isinstance(raw, dict) else ():
+            total = card.get("total_memory_gib") if isinstance(card, dict) else None
+            if isinstance(total, (int, float)) and not isinstance(total, bool):
+                out[str(name)] = (str(card.get("device", "cuda")), float(total))
+        return out
 
     @property
     def directions(self) -> list[str]:

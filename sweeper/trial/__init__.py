@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from sweeper._lazy import lazy_names
 
 if TYPE_CHECKING:
+    from sweeper.trial._card import Card, CardError, read_cards, smallest_card
     from sweeper.trial._devices import cpu_has_bfloat16, cuda_visible, visible_gpus
     from sweeper.trial._job import ProbeSettings, StressSettings, TrialProgress
     from sweeper.trial._launch import TrialProcess, prestart, run_trial
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
 
 #: Public name -> the module that defines it.
 _HOMES = {
+    "Card": "sweeper.trial._card",
+    "CardError": "sweeper.trial._card",
+    "read_cards": "sweeper.trial._card",
+    "smallest_card": "sweeper.trial._card",
     "FAIL_STATUSES": "sweeper.trial._result",
     "PRUNED_STATUSES": "sweeper.trial._result",
     "ConstantPhase": "sweeper.trial._result",
@@ -61,6 +66,8 @@ _HOMES = {
 __all__ = [
     "FAIL_STATUSES",
     "PRUNED_STATUSES",
+    "Card",
+    "CardError",
     "ConstantPhase",
     "DataReading",
     "MemoryReading",
@@ -77,7 +84,9 @@ __all__ = [
     "cpu_has_bfloat16",
     "cuda_visible",
     "prestart",
+    "read_cards",
     "run_trial",
+    "smallest_card",
     "visible_gpus",
 ]
 

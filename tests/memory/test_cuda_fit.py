@@ -10,10 +10,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
-import fit_cuda_memory  # noqa: E402
+import fit_cuda_memory
 
-from sweeper.memory import ModelShape  # noqa: E402
-from sweeper.memory._model import (  # noqa: E402
+from sweeper.memory import ModelShape
+from sweeper.memory._model import (
     CUDA_ACTIVATION_FACTOR,
     CUDA_LOGITS_FACTOR,
     KNOWN_SHAPES,

@@ -278,10 +278,19 @@ def test_estimate_cli_on_a_config_only_folder_and_a_known_hub_model(tiny_model, 
         set(p["terms_gib"]) >= {"activations", "optimizer_state"} for p in data["points"]
     )
     assert [e["per_device_train_batch_size"] for e in data["frontier"]] == [1, 4]
-    llama = run_cli("estimate", str(REPO / "search_spaces" / "llama3-8b-24gb.yaml"), cwd=tmp_path)
+    space_8b = str(REPO / "search_spaces" / "llama3-8b-24gb.yaml")
+    # memory_limit_gib: auto reads the card; here there is none, so estimate asks for its size in one line
+    refused = run_cli("estimate", space_8b, cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+    assert len(refused.stderr.strip().splitlines()) == 1 and "--card-gib" in refused.stderr, refused.stderr
+    llama = run_cli("estimate", space_8b, "--card-gib", "23.6", cwd=tmp_path)
     assert llama.returncode == 0, llama.stderr
-    assert "frontier for memory_limit_gib=22" in llama.stdout and "  batch 1: max_seq_length 4096" in llama.stdout
-    assert "CUDA context and allocator overhead are uncalibrated" in llama.stdout  # the default device is cuda
+    assert "(cap 23.1 GiB (auto) of the card's 23.60 GiB (given by --card-gib))" in llama.stdout.splitlines()[0]
+    assert "frontier for memory_limit_gib=23.1" in llama.stdout and "  batch 1: max_seq_length 4096" in llama.stdout
+    assert "within 3.5% of 7 measured 8B peaks" in llama.stdout  # the default device is cuda
+    above = run_cli("estimate", space_8b, "--card-gib", "23.6", "--set", "memory_limit_gib=24", cwd=tmp_path)
+    assert above.returncode == 2 and "24 GiB is more than the card's 23.60 GiB" in above.stderr, above.stderr
+    assert len(above.stderr.strip().splitlines()) == 1
     on_cpu = run_cli("estimate", str(REPO / "search_spaces" / "llama3-8b-24gb.yaml"), "--device", "cpu", cwd=tmp_path)
     assert on_cpu.returncode == 0 and "CUDA" not in on_cpu.stdout.splitlines()[-1], on_cpu.stdout[-300:]
 

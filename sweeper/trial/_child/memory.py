@@ -19,7 +19,7 @@ from typing import Any
 
 from sweeper.memory import GIB
 
-#: glibc's ``mallopt`` parameter and the threshold :func:`set_cpu_memory_cap` pins it at (glibc's default start, 128 KiB).
+#: glibc's ``mallopt`` parameter, and the threshold :func:`set_cpu_memory_cap` pins (glibc's starting one, 128 KiB).
 _M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES = -3, 128 * 1024
 
 #: Substrings of allocation failures: CUDA's OutOfMemoryError, c10's CPU allocator, glibc's ENOMEM.

@@ -1,0 +1,66 @@
+"""``memory_limit_gib: auto``: the device read from the machine (:mod:`sweeper.trial._card`), the space that keeps
+the word until the device is read, and the cap it stands for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sweeper.errors import SpaceError
+from sweeper.trial import Card, CardError, cuda_visible, read_cards, smallest_card
+
+
+def test_auto_is_the_card_less_its_reserve_rounded_down():
+    card = Card(device="cuda", name="NVIDIA GeForce RTX 4090", total_memory_gib=23.6489)
+    assert card.auto_memory_limit_gib == 23.14  # 23.6489 - 0.5, down to 0.01 GiB
+    assert Card(device="cpu", name="this machine", total_memory_gib=8.0).auto_memory_limit_gib == 7.0
+    with pytest.raises(ValueError, match="no more than the 0.5 GiB auto keeps free"):
+        _ = Card(device="cuda", name="tiny", total_memory_gib=0.4).auto_memory_limit_gib
+    l4 = Card(device="cuda", name="NVIDIA L4", total_memory_gib=22.16)
+    assert smallest_card([card, l4]) is l4
+
+
+def test_this_machine_is_read_from_meminfo():
+    (card,) = read_cards("cpu")
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    assert card.total_memory_gib == int(meminfo["MemTotal"].split()[0]) / 2**20
+    assert card.in_use_gib is not None and 0 < card.in_use_gib < card.total_memory_gib
+
+
+@pytest.mark.skipif(cuda_visible(), reason="a CUDA driver is here: the GPU check reads the card")
+def test_no_card_is_one_error_without_starting_a_process():
+    with pytest.raises(CardError, match="no CUDA device is visible here"):
+        read_cards("cuda")
+
+
+def test_the_space_keeps_auto_until_the_device_is_read(tmp_path):
+    from sweeper.space import load_space
+    from sweeper.testing import tiny_space, write_space
+
+    space = load_space(write_space(tmp_path, tiny_space("TINY", training={"memory_limit_gib": "auto"})))
+    assert space.memory_limit_auto
+    assert space.with_memory_limit(7.25).base.memory_limit_gib == 7.25
+    assert space.with_memory_limit(7.25).memory_limit_auto
+    with pytest.raises(SpaceError) as bad:
+        load_space(write_space(tmp_path, tiny_space("TINY", training={"memory_limit_gib": "card"})))
+    assert bad.value.problems == [
+        f"{tmp_path / 'space.yaml'}: training.memory_limit_gib: 'card' is not valid; give a number > 0 and <= 65536, "
+        "or auto (the card's own size)"
+    ]
+
+
+def test_estimate_on_the_cpu_prints_this_machine_beside_the_cap(tiny_model, tmp_path):
+    from sweeper.testing import run_cli, tiny_space, write_space
+
+    path = write_space(tmp_path, tiny_space(tiny_model, training={"memory_limit_gib": "auto"}))
+    out = run_cli("estimate", str(path), "--device", "cpu", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    (card,) = read_cards("cpu")
+    cap = card.auto_memory_limit_gib
+    assert (
+        f"memory_limit_gib={cap:g} (cap {cap:g} GiB (auto) of this machine's {card.total_memory_gib:.2f} GiB)"
+        in (out.stdout.splitlines()[0])
+    )
+    over = run_cli("estimate", str(path), "--device", "cpu", "--set", "memory_limit_gib=4096", cwd=tmp_path)
+    assert over.returncode == 0 and "WARNING memory: the cap (4096 GiB) is more than this machine's" in over.stdout
