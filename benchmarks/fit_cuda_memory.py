@@ -122,12 +122,23 @@ def fit(rows: list[dict], split: str) -> dict:
         "a_saved_for_backward": round(a, 4),
         "b_logits_per_token": round(b, 4),
         "one_ratio": round(ratio, 4),
-        "held_out": {name: errors_pct([v[i] for i in held_idx], [y[i] for i in held_idx]) for name, v in models.items()},
+        "held_out": {
+            name: errors_pct([v[i] for i in held_idx], [y[i] for i in held_idx]) for name, v in models.items()
+        },
         "fit": {name: errors_pct([v[i] for i in fit_idx], [y[i] for i in fit_idx]) for name, v in models.items()},
         "rows": [
             {
-                **{k: row[k] for k in ("r", "per_device_train_batch_size", "max_seq_length", "gradient_checkpointing",
-                                       "bnb_4bit_use_double_quant", "measured_gib")},
+                **{
+                    k: row[k]
+                    for k in (
+                        "r",
+                        "per_device_train_batch_size",
+                        "max_seq_length",
+                        "gradient_checkpointing",
+                        "bnb_4bit_use_double_quant",
+                        "measured_gib",
+                    )
+                },
                 "held_out": not mask[i],
                 "predicted_gib": round(models["fitted (fixed + a saved + b logits)"][i], 3),
                 "e68ad80_gib": round(row["predicted_gib"], 3),

