@@ -76,7 +76,9 @@ def test_curves_importance_and_json(tmp_path, tiny_model):
         "pick_lines",
         "memory_prediction",
         "other_setups",
+        "cards",
     ]
+    assert summary["cards"] == {}  # a CPU study: no card recorded
     assert list(summary["front"][0]) == [
         "confirmation",
         "number",
@@ -354,3 +356,20 @@ def test_the_html_figures_stay_readable_at_one_cell_and_one_trial(tmp_path):
     assert shown and all(ax.visible is False for ax in (figure.layout.xaxis2, figure.layout.yaxis2))
     page = render_html(study)
     assert '<div class="wide"><table>' in page and ".wide{overflow-x:auto" in page
+
+
+def test_the_card_a_gpu_sweep_read_is_named_beside_the_cap(tmp_path):
+    """What ``sweep run`` on CUDA records (``plan_sweep(card=...)``: the card by name) reaches the terminal report,
+    ``--json`` and the HTML figure's cap line; a CPU study records none (the test above)."""
+    from sweeper.report import report_lines
+    from sweeper.report._figures import front_figure
+
+    study = make_study(tmp_path)
+    study.set_user_attr("cards", {"NVIDIA GeForce RTX 4090": {"device": "cuda", "total_memory_gib": 23.649}})
+    cap = report.front_data(study).memory_limit_gib
+    line = f"memory  cap {cap:g} GiB of the card's 23.65 GiB (NVIDIA GeForce RTX 4090)"
+    assert line in report_lines(study, "s")
+    cards = report.report_data(study).to_dict()["cards"]
+    assert cards == {"NVIDIA GeForce RTX 4090": {"device": "cuda", "total_memory_gib": 23.649}}
+    figure = front_figure(report.front_data(study))
+    assert any("of the card's 23.65 GiB (NVIDIA GeForce RTX 4090)" in (a.text or "") for a in figure.layout.annotations)
