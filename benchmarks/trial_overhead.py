@@ -25,8 +25,8 @@ from pathlib import Path
 
 from sweeper.model import resolve_model
 from sweeper.space import load_space
-from sweeper.study import plan_sweep, run_study
 from sweeper.study._snapshot import stored_trials
+from sweeper.sweep import plan_sweep, run_study
 from sweeper.trial import run_trial
 
 

@@ -16,7 +16,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     from sweeper.cli._confirm import _check_setup, _numbers, model_path_for
     from sweeper.report import LiveProgress, predicted_text
-    from sweeper.study import calibrate_study, check_study_owner, load_existing_study, snapshot
+    from sweeper.study import check_study_owner, load_existing_study, snapshot
+    from sweeper.sweep import calibrate_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.steps is not None and not 1 <= args.steps <= 10**7:

@@ -30,7 +30,8 @@ def run_confirmations(study: Any, numbers: list[int], steps: int | None, as_expo
         How many failed their confirmation, and how many could not run (a failure of the attempt: nothing recorded).
     """
     from sweeper.report import LiveProgress, format_params
-    from sweeper.study import confirm_trials, snapshot
+    from sweeper.study import snapshot
+    from sweeper.sweep import confirm_trials
 
     if not numbers:
         return 0, 0
@@ -162,7 +163,8 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.export import choose
-    from sweeper.study import candidates, check_study_owner, load_existing_study, snapshot
+    from sweeper.study import check_study_owner, load_existing_study, snapshot
+    from sweeper.sweep import candidates
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.steps is not None and not 1 <= args.steps <= 10**7:

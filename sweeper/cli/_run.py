@@ -72,15 +72,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.cli._confirm import run_confirmations
-    from sweeper.report import (
-        SweepConsole,
-        all_failed_line,
-        progress_interval_s,
-        resume_lines,
-        sweep_header,
-        sweep_summary,
-    )
-    from sweeper.study import candidates, plan_sweep, run_study
+    from sweeper.cli._sweep_console import SweepConsole, all_failed_line, resume_lines, sweep_header, sweep_summary
+    from sweeper.report import progress_interval_s
+    from sweeper.sweep import candidates, plan_sweep, run_study
     from sweeper.trial import cuda_visible, prestart
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

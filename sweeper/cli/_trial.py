@@ -32,7 +32,8 @@ def manual_trial_folder(parent: Path) -> Path:
 def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
     from sweeper.report import LiveProgress, trial_header, trial_result_lines
-    from sweeper.study import check_setup, study_dir
+    from sweeper.study import study_dir
+    from sweeper.sweep import check_setup
     from sweeper.trial import cuda_visible, run_trial
 
     space, card, card_warnings = _with_card(_load(args), "cuda" if cuda_visible() else "cpu")

@@ -1,7 +1,8 @@
 """What a study says, for people and for other tools: the report's data (:mod:`._data`, frozen records of
 :mod:`._records`; ``sweep report --json`` is :meth:`._records.Report.to_dict`), its figures and self-contained HTML
-(:mod:`._figures`, plotly), the terminal text (:mod:`._console`; ``sweep report``'s in :mod:`._report_console`,
-``sweep run``'s in :mod:`._sweep_console`), optuna-dashboard with sweeper's notes and figure (:mod:`._dashboard`).
+(:mod:`._figures`, plotly), the terminal text (:mod:`._console`; ``sweep report``'s in :mod:`._report_console`;
+the pieces ``sweep run``'s console, :mod:`sweeper.cli._sweep_console`, shares in :mod:`.text`), optuna-dashboard
+with sweeper's notes and figure (:mod:`._dashboard`).
 The production configs of ``sweep export`` are :mod:`sweeper.export`'s.
 
 Every reader takes an ``optuna.Study`` or its snapshot (:func:`sweeper.study.snapshot`) and reads its trials as
@@ -28,12 +29,9 @@ from sweeper.report._data import report_data
 from sweeper.report._figures import write_html_report
 from sweeper.report._progress import LiveProgress, progress_interval_s
 from sweeper.report._report_console import report_lines, report_written_line
-from sweeper.report._sweep_console import SweepConsole, all_failed_line, resume_lines, sweep_header, sweep_summary
 
 __all__ = [
     "LiveProgress",
-    "SweepConsole",
-    "all_failed_line",
     "format_audit",
     "format_cap",
     "format_data_warnings",
@@ -48,10 +46,7 @@ __all__ = [
     "report_data",
     "report_lines",
     "report_written_line",
-    "resume_lines",
     "serve",
-    "sweep_header",
-    "sweep_summary",
     "trial_header",
     "trial_result_lines",
     "write_html_report",

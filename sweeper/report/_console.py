@@ -636,3 +636,11 @@ def format_cap(limit_gib: float, auto: bool, card_name: str | None, card_gib: fl
     if device == "cpu":
         return f"{text} of this machine's {card_gib:.2f} GiB"
     return f"{text} of the card's {card_gib:.2f} GiB ({card_name})"
+
+
+def front_axis(study: StudyLike) -> str:
+    """``stability margin``, or ``instability`` for a study written before the margin: the front's second axis;
+    ``stability margin vs learning progress`` in a study with ``learning_progress`` as its third."""
+    objectives = snapshot(study).objectives
+    axis = "stability margin" if any(o.name == "edge_proximity" for o in objectives) else "instability"
+    return axis + (" vs learning progress" if any(o.role == "learning" for o in objectives) else "")

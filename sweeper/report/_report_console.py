@@ -13,6 +13,7 @@ from sweeper.report._console import (
     format_front,
     format_memory_prediction,
     format_same_rows,
+    front_axis,
     legacy_instability_warning,
     other_setups_line,
 )
@@ -23,7 +24,6 @@ from sweeper.report._data import (
     memory_prediction_data,
     picks_block,
 )
-from sweeper.report._sweep_console import front_axis
 from sweeper.study import StudyLike, snapshot, stale_running
 
 

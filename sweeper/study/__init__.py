@@ -1,8 +1,9 @@
 """The study: an Optuna study of the objectives declared in :mod:`sweeper.study._objectives` (by default two,
 minimized: ``peak_memory_gib`` and ``edge_proximity``, ``1 / stability_margin``) in an RDB storage (SQLite by default,
-PostgreSQL or MySQL to share it between machines); the typed view of its stored trials; the run
-loop that fills it; stale-trial recovery and coordination between sweeps; and the preflight that prunes what cannot
-fit.
+PostgreSQL or MySQL to share it between machines), and the typed view of its stored trials that the readers
+(:mod:`sweeper.report`, :mod:`sweeper.export`) take. What runs trials on it (the plan, the loop, the preflight, the
+long runs of ``sweep confirm`` and ``sweep calibrate``) is :mod:`sweeper.sweep`, which writes through
+:mod:`sweeper.study.writing` (heartbeats and locks between sweeps, stale-trial recovery, setups, results).
 
 Trials that go NaN or run out of memory are told as PRUNED (with their cause in the user attributes) and are marked
 infeasible with ``Trial.set_constraint``; TPE sorts infeasible trials behind every feasible one, so the sampler
@@ -11,15 +12,10 @@ learns to avoid their region. Timeouts, crashes and errors are FAIL.
 
 from sweeper.study._artifacts import artifact_store
 from sweeper.study._calibration import current_calibration
-from sweeper.study._confirm import candidates, confirm_trials
 from sweeper.study._identity import check_study_owner, study_dir
-from sweeper.study._loop import SweepCallback, SweepEvent, run_study
-from sweeper.study._lr_calibration import calibrate_study
 from sweeper.study._objectives import Objective
 from sweeper.study._optuna_private import unnoted_trials
-from sweeper.study._plan import SweepPlan, plan_sweep
 from sweeper.study._recovery import stale_running
-from sweeper.study._setup_checks import check_setup
 from sweeper.study._snapshot import StudyLike, StudySnapshot, snapshot
 from sweeper.study._storage import load_existing_study
 from sweeper.study._stored import Confirmation, PredictionError, StoredTrial, by_knee_distance
@@ -32,21 +28,12 @@ __all__ = [
     "StoredTrial",
     "StudyLike",
     "StudySnapshot",
-    "SweepCallback",
-    "SweepEvent",
-    "SweepPlan",
     "artifact_store",
     "by_knee_distance",
-    "calibrate_study",
-    "candidates",
-    "check_setup",
     "check_study_owner",
-    "confirm_trials",
     "current_calibration",
     "load_existing_study",
-    "plan_sweep",
     "redact_url",
-    "run_study",
     "snapshot",
     "stale_running",
     "study_dir",

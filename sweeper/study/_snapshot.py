@@ -38,7 +38,7 @@ from sweeper.study._stored import (
 )
 from sweeper.trial import TrialStatus
 
-#: Study user attributes the snapshot types (written by :mod:`sweeper.study._plan` and ``_confirm``).
+#: Study user attributes the snapshot types (written by :mod:`sweeper.sweep._plan` and ``_confirm``).
 MODEL_PATH_ATTR = "model_path"
 SEARCHED_ATTR = "searched"
 CONFIRM_STEPS_ATTR = "confirm_steps"
@@ -47,7 +47,7 @@ CONFIRM_STEPS_ATTR = "confirm_steps"
 #: (:mod:`sweeper.study._calibration` writes it).
 CALIBRATION_ATTR = "memory_calibration"
 #: Study user attribute: the study's own ``predicted_max_lr`` factor, written by ``sweep calibrate``
-#: (:mod:`sweeper.study._lr_calibration`).
+#: (:mod:`sweeper.sweep._lr_calibration`).
 LR_CALIBRATION_ATTR = "lr_calibration"
 
 

@@ -6,7 +6,7 @@ attributes. SQLite by default; PostgreSQL or MySQL to share a study between mach
 Trials that go NaN or run out of memory are told as PRUNED (with their cause in the user attributes) and are marked
 infeasible with ``Trial.set_constraint``; TPE sorts infeasible trials behind every feasible one, so the sampler
 learns to avoid their region. Timeouts, crashes and errors are FAIL. The loop that runs trials is
-:mod:`sweeper.study._loop`.
+:mod:`sweeper.sweep._loop`.
 """
 
 from __future__ import annotations

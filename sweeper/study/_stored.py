@@ -145,7 +145,7 @@ class StoredTrial:
         return self.status_name
 
 
-#: Study user attribute holding the confirmation of trial N (:mod:`sweeper.study._confirm`): ``confirmation:N``.
+#: Study user attribute holding the confirmation of trial N (:mod:`sweeper.sweep._confirm`): ``confirmation:N``.
 ATTR_PREFIX = "confirmation:"
 
 #: Study attribute of a confirmation that could not run (``confirmation_attempt:<N>``): an error, crash or timeout of
@@ -217,7 +217,7 @@ class Confirmation:
     ) -> Confirmation:
         """The confirmation of a long run of ``steps`` steps that ended with ``result``: how it ended, its constant
         phase (steps, instability, the probe's first and last loss), its peak memory and wall time; the rest as
-        given (what the short trial's margin predicted of it, :func:`sweeper.study._confirm.confirm_trials`)."""
+        given (what the short trial's margin predicted of it, :func:`sweeper.sweep._confirm.confirm_trials`)."""
         probe = result.constant.probe_loss_trace
         return cls(
             steps=steps,

@@ -423,7 +423,7 @@ def test_a_resumed_study_written_before_the_margin_says_so_once(tmp_path):
 
     import optuna
 
-    from sweeper.report import resume_lines
+    from sweeper.cli._sweep_console import resume_lines
     from sweeper.space import parse_space
     from sweeper.study._objectives import LEGACY_OBJECTIVES
     from sweeper.study._storage import open_study
@@ -451,7 +451,7 @@ def test_next_steps_address_the_failures_at_hand(tmp_path):
     data audit for a failure the data did not cause."""
     import types
 
-    from sweeper.report._sweep_console import _next_steps
+    from sweeper.cli._sweep_console import _next_steps
     from sweeper.space import parse_space
     from sweeper.study._snapshot import nan_causes
     from sweeper.testing import add_trial, make_study
@@ -622,8 +622,7 @@ def test_a_resumed_study_says_how_far_its_last_trials_moved_the_front(tmp_path):
     import types
     import warnings
 
-    from sweeper.report import resume_lines
-    from sweeper.report._sweep_console import front_progress_line
+    from sweeper.cli._sweep_console import front_progress_line, resume_lines
     from sweeper.space import parse_space
     from sweeper.study import snapshot
     from sweeper.study._objectives import DEFAULT_OBJECTIVES

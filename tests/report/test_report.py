@@ -262,7 +262,7 @@ def test_no_pick_recommends_a_trial_because_it_barely_learns(tmp_path):
     """A capped margin at a learning rate that moves nothing is the widest margin there is: the front keeps the
     trial, but knee and most-stable skip it (and confirm runs it last); min-memory is about memory and keeps it."""
     from sweeper.report._console import format_front
-    from sweeper.study._confirm import candidates
+    from sweeper.sweep._confirm import candidates
 
     space = parse_space({"study": {"name": "learn"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
     study = open_study(space, f"sqlite:///{tmp_path}/learn.db", "learn", 8)

@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 from sweeper.stability import DEFAULT_LR_CALIBRATION, LrCalibration, lr_calibration_of
-from sweeper.study._lr_calibration import Edge, EdgeRun, bracket, calibration_from, next_multiple
+from sweeper.sweep._lr_calibration import Edge, EdgeRun, bracket, calibration_from, next_multiple
 from sweeper.testing import run_cli, tiny_space, write_space
 
 

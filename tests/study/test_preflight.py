@@ -238,10 +238,10 @@ def test_on_the_cpu_no_compute_dtype_is_always_larger(tiny_model, tmp_path):
 @pytest.mark.slow
 def test_a_sweep_learns_its_correction_and_a_stored_one_prunes_before_running(tiny_model, workdir):
     from sweeper.space import load_space
-    from sweeper.study import plan_sweep, run_study
     from sweeper.study._calibration import device_kind
     from sweeper.study._storage import open_study
     from sweeper.study._stored import CORRECTED_ATTR
+    from sweeper.sweep import plan_sweep, run_study
     from sweeper.testing import tiny_space, write_space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

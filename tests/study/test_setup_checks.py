@@ -9,7 +9,7 @@ import pytest
 from sweeper.checkpoint import module_names, safetensors_names, unmatched_targets
 from sweeper.memory import nothing_fits
 from sweeper.space import load_space
-from sweeper.study import check_setup
+from sweeper.sweep import check_setup
 from sweeper.testing import run_cli, tiny_space, write_space
 
 

@@ -16,11 +16,11 @@ from optuna.trial import TrialState
 from sweeper.errors import SpaceError
 from sweeper.space import load_space, parse_space
 from sweeper.stability import COMPONENTS, DIAGNOSTICS
-from sweeper.study import SweepCallback, plan_sweep, run_study
 from sweeper.study._sampling import FAILURE_CONSTRAINT, failure_constraint, make_sampler, to_distributions
 from sweeper.study._snapshot import count_finished, pareto_front, status_counts
 from sweeper.study._storage import open_study
 from sweeper.study._stored import is_finished
+from sweeper.sweep import SweepCallback, plan_sweep, run_study
 from sweeper.testing import run_cli, tiny_space, write_space
 from sweeper.trial import TrialResult
 
@@ -300,8 +300,8 @@ def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
     again instead of reusing results measured under the old settings; trial_timeout alone changes nothing."""
 
     from sweeper.space import TrialConfig
-    from sweeper.study._loop import find_duplicate
     from sweeper.study._stored import stored_trial
+    from sweeper.sweep._loop import find_duplicate
     from sweeper.testing import add_trial
 
     study = optuna.create_study(directions=["minimize", "minimize"])
@@ -340,8 +340,8 @@ def test_max_seq_lengths_at_or_above_the_longest_sample_are_one_configuration():
     """On data whose longest tokenized sample is 50 tokens, max_seq_length 64 and 128 train the same rows (each
     micro-batch padded to its longest row): a trial at 128 is a repeat of the one at 64. Below the longest sample
     (truncation differs), with packing (rows fill up to max_seq_length) or with the data unknown, it is not."""
-    from sweeper.study._loop import find_duplicate
     from sweeper.study._stored import stored_trial
+    from sweeper.sweep._loop import find_duplicate
     from sweeper.testing import add_trial
 
     study = optuna.create_study(directions=["minimize", "minimize"])
@@ -448,8 +448,8 @@ def test_a_resume_with_other_run_policy_reuses_what_was_measured():
     from optuna.distributions import CategoricalDistribution
 
     from sweeper.space import TrialConfig
-    from sweeper.study._loop import find_duplicate
     from sweeper.study._storage import record_result
+    from sweeper.sweep._loop import find_duplicate
     from sweeper.trial import ConstantPhase, MemoryReading, TrialResult, TrialStatus
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

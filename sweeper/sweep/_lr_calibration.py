@@ -27,10 +27,9 @@ import optuna
 
 from sweeper.errors import StudyError
 from sweeper.stability import CALIBRATED_SOURCE_PREFIX, DEFAULT_LR_CALIBRATION, Z95, LrCalibration
-from sweeper.study._confirm import horizon, long_config
-from sweeper.study._identity import trial_dir
-from sweeper.study._snapshot import LR_CALIBRATION_ATTR, StudyLike, snapshot
-from sweeper.study._stored import StoredTrial, TrialStatus, by_knee_distance
+from sweeper.study import StoredTrial, StudyLike, by_knee_distance, snapshot
+from sweeper.study.writing import LR_CALIBRATION_ATTR, TrialStatus, trial_dir
+from sweeper.sweep._confirm import horizon, long_config
 from sweeper.trial import TrialProgress, TrialResult, run_trial
 
 #: Study user attribute prefix of one calibration run: ``lr_calibration_run:<trial>:<multiple>``.
@@ -250,7 +249,7 @@ def calibrate_study(
 ) -> tuple[LrCalibration | None, list[Edge]]:
     """Bisect the long-run edge of each chosen trial (:func:`calibration_trials`) in turn, within ``max_runs`` runs
     (and ``max_hours``), each a constant-rate run of ``steps`` (default: the study's ``confirm_steps``, else
-    :func:`sweeper.study._confirm.horizon`) through the sweep's trial process; store every run as it ends, then the
+    :func:`sweeper.sweep._confirm.horizon`) through the sweep's trial process; store every run as it ends, then the
     factor (:func:`calibration_from`) over the edges bracketed so far.
 
     Returns:

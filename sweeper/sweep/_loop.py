@@ -32,21 +32,36 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.errors import STOP_CAUSE, RunError
 from sweeper.memory import preflight
 from sweeper.space import TrialConfig
-from sweeper.study._artifacts import artifact_store, upload_trial_artifacts
-from sweeper.study._calibration import device_kind, stored_calibration, update_calibration
-from sweeper.study._coordination import AskLock, Heartbeat
-from sweeper.study._identity import study_dir, trial_dir
-from sweeper.study._machine import check_disk, slot_env
-from sweeper.study._objectives import objective_values, study_objectives
-from sweeper.study._optuna_private import heartbeat_interval, storage_of, trial_id
-from sweeper.study._plan import SweepPlan
-from sweeper.study._preflight import known_memory, trial_device
-from sweeper.study._recovery import fail_stale_trials, retry
-from sweeper.study._sampling import FAILURE_CONSTRAINT, failure_constraint, make_sampler, to_distributions
-from sweeper.study._setups import TRIAL_SETUP_ATTR
-from sweeper.study._snapshot import StudyLike, StudySnapshot, count_finished, snapshot
-from sweeper.study._storage import record_result
-from sweeper.study._stored import CORRECTED_ATTR, StoredTrial, stored_trial
+from sweeper.study import StoredTrial, StudyLike, StudySnapshot, artifact_store, snapshot, study_dir
+from sweeper.study.writing import (
+    CORRECTED_ATTR,
+    FAILURE_CONSTRAINT,
+    TRIAL_SETUP_ATTR,
+    AskLock,
+    Heartbeat,
+    check_disk,
+    count_finished,
+    device_kind,
+    fail_stale_trials,
+    failure_constraint,
+    heartbeat_interval,
+    make_sampler,
+    objective_values,
+    record_result,
+    retry,
+    slot_env,
+    storage_of,
+    stored_calibration,
+    stored_trial,
+    study_objectives,
+    to_distributions,
+    trial_dir,
+    trial_id,
+    update_calibration,
+    upload_trial_artifacts,
+)
+from sweeper.sweep._plan import SweepPlan
+from sweeper.sweep._preflight import known_memory, trial_device
 from sweeper.trial import MemoryReading, Provenance, TrialProcess, TrialProgress, TrialResult, TrialStatus
 
 #: Seconds a worker slot waits before looking again when the trials still needed are all running elsewhere.

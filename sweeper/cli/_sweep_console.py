@@ -1,5 +1,5 @@
 """What ``sweep run`` prints: the header of a planned sweep, one line per trial as it ends (:class:`SweepConsole`,
-a :class:`sweeper.study.SweepCallback`), and the summary after the last one. Text only: the command decides where
+a :class:`sweeper.sweep.SweepCallback`), and the summary after the last one. Text only: the command decides where
 it goes.
 """
 
@@ -11,27 +11,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
 from sweeper.memory import median_abs
-from sweeper.report._console import (
+from sweeper.report import LiveProgress
+from sweeper.report.text import (
     format_counts,
     format_data_nan_summary,
     format_front,
     format_params,
+    front_axis,
     legacy_instability_warning,
+    picks_block,
 )
-from sweeper.report._console import format_trial_line as _trial_line
-from sweeper.report._data import picks_block
-from sweeper.report._progress import LiveProgress
-from sweeper.study import (
-    StoredTrial,
-    StudyLike,
-    StudySnapshot,
-    SweepCallback,
-    SweepEvent,
-    SweepPlan,
-    current_calibration,
-    redact_url,
-    snapshot,
-)
+from sweeper.report.text import format_trial_line as _trial_line
+from sweeper.study import StoredTrial, StudyLike, StudySnapshot, current_calibration, redact_url, snapshot
+from sweeper.sweep import SweepCallback, SweepEvent, SweepPlan
 from sweeper.trial import FAIL_STATUSES, TrialProgress, TrialStatus, cuda_visible
 
 
@@ -284,14 +276,6 @@ def _next_steps(plan: SweepPlan, causes: Mapping[str, Sequence[int]], study: Stu
     if statuses & {TrialStatus.TIMEOUT, TrialStatus.CRASH, TrialStatus.ERROR}:
         steps.append(f"each failed trial's {plan.trials_dir.as_posix()}/N/worker.log")
     return steps or [plan.space.doctor_command()]
-
-
-def front_axis(study: StudyLike) -> str:
-    """``stability margin``, or ``instability`` for a study written before the margin: the front's second axis;
-    ``stability margin vs learning progress`` in a study with ``learning_progress`` as its third."""
-    objectives = snapshot(study).objectives
-    axis = "stability margin" if any(o.name == "edge_proximity" for o in objectives) else "instability"
-    return axis + (" vs learning progress" if any(o.role == "learning" for o in objectives) else "")
 
 
 def all_failed_line(plan: SweepPlan, statuses: list[TrialStatus]) -> str:

@@ -5,7 +5,8 @@ the dominance rule and the preflight of :mod:`sweeper.memory`), and the device t
 from __future__ import annotations
 
 from sweeper.memory import Known
-from sweeper.study._snapshot import StudyLike, stored_trials
+from sweeper.study import StudyLike
+from sweeper.study.writing import stored_trials
 from sweeper.trial import cuda_visible
 
 

@@ -19,17 +19,32 @@ import optuna
 from sweeper.errors import SpaceError, SweeperError
 from sweeper.memory import memory_predictor, nothing_fits, smallest_predicted
 from sweeper.space import SearchSpace, TrialConfig
-from sweeper.study._calibration import device_kind, store_baseline, stored_calibration
-from sweeper.study._coordination import heartbeat_interval_s, in_memory, sqlite_file
-from sweeper.study._identity import OWNER_FILE, STUDY_ID_ATTR, default_storage, study_dir, trial_dir
-from sweeper.study._machine import check_disk, check_writable, slot_devices
-from sweeper.study._optuna_private import storage_of
-from sweeper.study._preflight import known_memory, trial_device
-from sweeper.study._setup_checks import check_setup
-from sweeper.study._setups import choose_setup, stored_setups, unapplied_settings
-from sweeper.study._snapshot import CARDS_ATTR, LONGEST_SAMPLE_ATTR, count_finished
-from sweeper.study._storage import open_study
-from sweeper.study._urls import redact_url
+from sweeper.study import redact_url, study_dir
+from sweeper.study.writing import (
+    CARDS_ATTR,
+    LONGEST_SAMPLE_ATTR,
+    OWNER_FILE,
+    STUDY_ID_ATTR,
+    check_disk,
+    check_writable,
+    choose_setup,
+    count_finished,
+    default_storage,
+    device_kind,
+    heartbeat_interval_s,
+    in_memory,
+    open_study,
+    slot_devices,
+    sqlite_file,
+    storage_of,
+    store_baseline,
+    stored_calibration,
+    stored_setups,
+    trial_dir,
+    unapplied_settings,
+)
+from sweeper.sweep._preflight import known_memory, trial_device
+from sweeper.sweep._setup_checks import check_setup
 
 
 @dataclass(frozen=True, kw_only=True)

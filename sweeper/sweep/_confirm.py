@@ -23,17 +23,16 @@ import optuna
 
 from sweeper.errors import StudyError
 from sweeper.space import TrialConfig
-from sweeper.study._artifacts import artifact_store, loss_curve_svg
-from sweeper.study._identity import trial_dir
-from sweeper.study._snapshot import StudyLike, StudySnapshot, snapshot
-from sweeper.study._stored import (
-    ATTEMPT_PREFIX,
-    ATTR_PREFIX,
+from sweeper.study import (
     Confirmation,
     StoredTrial,
-    TrialStatus,
+    StudyLike,
+    StudySnapshot,
+    artifact_store,
     by_knee_distance,
+    snapshot,
 )
+from sweeper.study.writing import ATTEMPT_PREFIX, ATTR_PREFIX, TrialStatus, loss_curve_svg, trial_dir
 from sweeper.trial import TrialProgress, TrialResult, run_trial
 
 #: A confirmation runs this many times the trial's own ``max_steps`` unless told otherwise.

@@ -1,0 +1,30 @@
+"""The report's text that ``sweep run``'s console (:mod:`sweeper.cli._sweep_console`) shares with ``sweep report``:
+a trial's line, the front's table, the counts by status and NaN cause, the picks' block, the front's axis.
+
+A public module beside the face (:mod:`sweeper.report`), as :mod:`sweeper.study.writing` is beside the study's: the
+sweep's console lives in the CLI because it renders :mod:`sweeper.sweep`'s events, which the report never imports.
+"""
+
+from __future__ import annotations
+
+from sweeper.report._console import (
+    format_counts,
+    format_data_nan_summary,
+    format_front,
+    format_params,
+    format_trial_line,
+    front_axis,
+    legacy_instability_warning,
+)
+from sweeper.report._data import picks_block
+
+__all__ = [
+    "format_counts",
+    "format_data_nan_summary",
+    "format_front",
+    "format_params",
+    "format_trial_line",
+    "front_axis",
+    "legacy_instability_warning",
+    "picks_block",
+]

@@ -1,0 +1,30 @@
+"""The sweep: what runs trials on a study (:mod:`sweeper.study`), as ``optuna.study._optimize`` runs them on an
+Optuna study.
+
+- :func:`plan_sweep` checks a sweep's setup and opens its study (:class:`SweepPlan`); :func:`run_study` runs its
+  trials, telling :class:`SweepCallback` objects of each (:class:`SweepEvent`), with the preflight that prunes what
+  cannot fit before it runs, repeats settled without running, and retries of crashed trials;
+- :func:`check_setup`: what would fail every trial, before the first;
+- the long runs: :func:`confirm_trials` (``sweep confirm``, the candidates of :func:`candidates`) and
+  :func:`calibrate_study` (``sweep calibrate``).
+
+It writes through :mod:`sweeper.study.writing`; the readers (report, export) never import it.
+"""
+
+from sweeper.sweep._confirm import candidates, confirm_trials
+from sweeper.sweep._loop import SweepCallback, SweepEvent, run_study
+from sweeper.sweep._lr_calibration import calibrate_study
+from sweeper.sweep._plan import SweepPlan, plan_sweep
+from sweeper.sweep._setup_checks import check_setup
+
+__all__ = [
+    "SweepCallback",
+    "SweepEvent",
+    "SweepPlan",
+    "calibrate_study",
+    "candidates",
+    "check_setup",
+    "confirm_trials",
+    "plan_sweep",
+    "run_study",
+]
