@@ -139,53 +139,45 @@ class ModelShape:
         }
 
 
+#: Llama-3 and 3.1 8B (``meta-llama/Llama-3.1-8B``'s ``config.json``; ``benchmarks/llama-3.1-8b-config.json``).
+_LLAMA3_8B: dict[str, Any] = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+}
+#: Mistral-7B v0.3: Llama-3-8B's layers with a 32,768-token vocabulary (its ``config.json``).
+_MISTRAL_7B = {**_LLAMA3_8B, "vocab_size": 32768}
+#: Qwen2.5-7B (its ``config.json``).
+_QWEN25_7B = {
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}
+
 #: Shapes of popular base models from their public ``config.json``, so that ``sweep estimate`` plans a sweep of them
 #: offline, before their weights are downloaded.
 KNOWN_SHAPES: dict[str, dict[str, Any]] = {
-    **{
-        name: {
-            "hidden_size": 4096,
-            "intermediate_size": 14336,
-            "num_hidden_layers": 32,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "vocab_size": 128256,
-            "tie_word_embeddings": False,
-        }
-        for name in (
+    **dict.fromkeys(
+        (
             "meta-llama/Meta-Llama-3-8B",
             "meta-llama/Meta-Llama-3-8B-Instruct",
             "meta-llama/Llama-3.1-8B",
             "meta-llama/Llama-3.1-8B-Instruct",
-        )
-    },
-    **{
-        name: {
-            "hidden_size": 4096,
-            "intermediate_size": 14336,
-            "num_hidden_layers": 32,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "vocab_size": 32768,
-            "tie_word_embeddings": False,
-        }
-        for name in ("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3")
-    },
-    **{
-        name: {
-            "hidden_size": 3584,
-            "intermediate_size": 18944,
-            "num_hidden_layers": 28,
-            "num_attention_heads": 28,
-            "num_key_value_heads": 4,
-            "head_dim": 128,
-            "vocab_size": 152064,
-            "tie_word_embeddings": False,
-        }
-        for name in ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct")
-    },
+        ),
+        _LLAMA3_8B,
+    ),
+    **dict.fromkeys(("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3"), _MISTRAL_7B),
+    **dict.fromkeys(("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct"), _QWEN25_7B),
 }
 
 

@@ -109,11 +109,6 @@ def objective(name: str) -> Objective:
     return _REGISTRY[name]
 
 
-def registered_objectives() -> tuple[Objective, ...]:
-    """Every registered objective, in registration order."""
-    return tuple(_REGISTRY.values())
-
-
 def _edge_proximity_value(result: TrialResult) -> float:
     proximity = edge_proximity(result.stress.stability_margin)
     return 1.0 if proximity is None else proximity  # never ranked safer than a trial measured at its edge

@@ -402,11 +402,6 @@ def count_finished(study: StudyLike) -> int:
     return snapshot(study).finished
 
 
-def measured_trials(study: StudyLike) -> list[StoredTrial]:
-    """Finished trials that ran a configuration (:attr:`StoredTrial.measured`), by number."""
-    return list(snapshot(study).measured)
-
-
 def pareto_front(study: StudyLike) -> list[StoredTrial]:
     """The front of the current setup's COMPLETE trials (:attr:`StudySnapshot.front`)."""
     return list(snapshot(study).front)

@@ -97,11 +97,6 @@ class SweepPlan:
     longest_sample_tokens: int | None = None
 
     @property
-    def to_run(self) -> int:
-        """Finished trials still needed to reach :attr:`n_trials` (0: nothing to run)."""
-        return max(0, self.n_trials - self.finished_before)
-
-    @property
     def trials_dir(self) -> Path:
         """``studies/<name>/trials/``: each trial's folder (config, result, worker log) is a numbered folder in it."""
         return trial_dir(self.name, 0).parent
