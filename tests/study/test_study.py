@@ -483,8 +483,10 @@ def test_the_contract_documents_every_stored_attribute():
     from sweeper.testing import REPO
 
     contract = (REPO / "docs" / "contract.md").read_text()
-    table = contract.split("**User attributes of a trial.**", 1)[1].split("\n\n", 2)[1]
-    documented = {name for row in table.splitlines()[2:] for name in re.findall(r"`([a-z0-9_]+)`", row.split("|")[1])}
+    listing = contract.split("**User attributes of a trial.**", 1)[1].split("\n\n", 2)[1]
+    # one item per attribute: "- `name`: what it is" (or "- `a`, `b`: ..."), continued on indented lines
+    leads = [row[2:].split("`: ", 1)[0] + "`" for row in listing.splitlines() if row.startswith("- ")]
+    documented = {name for lead in leads for name in re.findall(r"`([a-z0-9_]+)`", lead)}
     # corrected_peak_gib: the preflight stores it beside the result; activation_pressure: trials of 0.1.0 studies.
     stored = CONTRACT_ATTRS | {"corrected_peak_gib", "activation_pressure"}
     assert documented == stored, (sorted(stored - documented), sorted(documented - stored))
