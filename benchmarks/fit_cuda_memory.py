@@ -40,10 +40,10 @@ SPLITS = {
 }
 
 
-def parts(shape: ModelShape, row: dict) -> tuple[float, float, float]:
-    """``(fixed, saved_for_backward, logits_per_token)`` in GiB for one row, from the model's own term functions
-    (the calibration harness's settings: LoRA on all 7 projections, dropout 0.05, bf16, paged AdamW 8-bit)."""
-    s = m.MemorySettings(
+def settings(row: dict) -> m.MemorySettings:
+    """One row's settings as the memory model takes them (the calibration harness's: LoRA on all 7 projections,
+    dropout 0.05, bf16, paged AdamW 8-bit, on CUDA)."""
+    return m.MemorySettings(
         r=row["r"],
         target_modules=ALL,
         per_device_train_batch_size=row["per_device_train_batch_size"],
@@ -54,6 +54,12 @@ def parts(shape: ModelShape, row: dict) -> tuple[float, float, float]:
         lora_dropout=0.05,
         device="cuda",
     )
+
+
+def parts(shape: ModelShape, row: dict) -> tuple[float, float, float]:
+    """``(fixed, saved_for_backward, logits_per_token)`` in GiB for one row (:func:`settings`), from the model's own
+    term functions."""
+    s = settings(row)
     head = m.head_copy_bytes(shape, s)
     fixed = (
         m.quantized_weight_bytes(shape, s.bnb_4bit_use_double_quant)

@@ -26,17 +26,7 @@ ROWS = json.loads(fit_cuda_memory.ROWS.read_text())["rows"]
 
 def _predicted(row: dict) -> float:
     """``sweep estimate``'s own prediction (estimate_memory on CUDA) for one row's settings."""
-    s = MemorySettings(
-        r=row["r"],
-        target_modules=fit_cuda_memory.ALL,
-        per_device_train_batch_size=row["per_device_train_batch_size"],
-        max_seq_length=row["max_seq_length"],
-        gradient_checkpointing=row["gradient_checkpointing"],
-        bnb_4bit_use_double_quant=row["bnb_4bit_use_double_quant"],
-        optim="paged_adamw_8bit",
-        lora_dropout=0.05,
-        device="cuda",
-    )
+    s = fit_cuda_memory.settings(row)
     return estimate_memory(ModelShape.from_config(KNOWN_SHAPES["meta-llama/Llama-3.1-8B"]), s).predicted_peak_gib
 
 
