@@ -74,10 +74,8 @@ def test_a_new_searchable_key_without_a_role_is_caught():
 
 def test_the_dominance_rule_reads_its_keys_from_the_roles_and_they_are_the_hand_written_ones():
     roles = memory_roles(TrialConfig)
-    assert tuple(k for k, r in roles.items() if r == "grows") == _GROWS
-    assert tuple(k for k, r in roles.items() if r == "shrinks") == _SHRINKS
-    assert tuple(k for k, r in roles.items() if r == "same") == _SAME
-    # the same sets as by hand; target_modules joins _GROWS (ordered by inclusion, as its own branch did)
+    # the rule's key lists are the sets written by hand before the roles existed (not the roles re-derived as the
+    # code derives them); target_modules joins _GROWS (ordered by inclusion, as its own branch did)
     assert set(_GROWS) == HAND_GROWS | {"target_modules"}
     assert set(_SHRINKS) == {k for k, r in HAND_OWN_BRANCHES.items() if r == "shrinks"}
     assert set(_SAME) == HAND_SAME

@@ -58,7 +58,13 @@ def test_trials_carry_artifacts_figure_and_notes(swept):
     names = sorted(m.filename for m in optuna.artifacts.get_all_artifact_meta(nan, storage=study._storage))
     assert names == ["loss_curve.svg", "nan_batch.jsonl", "trace.json"]
     attrs = study._storage.get_study_system_attrs(study._study_id)
-    assert any("pareto-front" in k for k in attrs) and any("note" in k for k in attrs)
+    assert any("pareto-front" in k for k in attrs)
+    # the NaN trial's own note, with its cause and its samples: not any note
+    from sweeper.study import _optuna_private as private
+
+    note = private.dashboard_note(attrs, private.trial_id(nan))
+    assert note.startswith(f"### Trial {nan.number}: nan (data)"), note
+    assert f"Samples: {', '.join(map(str, nan.user_attrs['nan_samples']))}" in note, note
 
 
 def test_html_report_renders_offline(swept):

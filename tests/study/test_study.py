@@ -31,12 +31,12 @@ CONTRACT_ATTRS = (set(TrialResult.stored_names()) - {"instability_components"} |
 }
 
 
-def _oom_share(sampler_name: str) -> float:
+def _oom_share(sampler_name: str, seed: int) -> float:
     """Share of the last 25 of 40 trials a sampler puts in a region where every trial is PRUNED as oom."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = parse_space(
         {
-            "study": {"seed": 3, "sampler": sampler_name},
+            "study": {"seed": seed, "sampler": sampler_name},
             "search": {"per_device_train_batch_size": [1, 2, 4, 8], "r": [4, 8, 16, 32]},
         }
     )
@@ -56,8 +56,12 @@ def _oom_share(sampler_name: str) -> float:
 
 
 def test_tpe_learns_to_avoid_the_oom_region_random_does_not():
-    tpe, rnd = _oom_share("tpe"), _oom_share("random")
-    assert tpe <= 0.25 and rnd >= 0.35, (tpe, rnd)
+    # over 5 seeds, not one: half the grid is the OOM region, so random puts about half its trials there
+    seeds = range(5)
+    tpe = sorted(_oom_share("tpe", seed) for seed in seeds)
+    rnd = sorted(_oom_share("random", seed) for seed in seeds)
+    assert max(tpe) < min(rnd), (tpe, rnd)  # TPE below random at every seed
+    assert tpe[2] <= 0.25 and rnd[2] >= 0.35, (tpe, rnd)  # and by the medians' margin
 
 
 @pytest.mark.slow
