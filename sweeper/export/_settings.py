@@ -348,20 +348,9 @@ def _provenance(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Pro
 
 
 def _training(c: TrialConfig, accumulation: int) -> TrainingSettings:
-    """The ``TrainingArguments`` keys of the export (:attr:`ExportSettings.training`)."""
-    return TrainingSettings(
-        per_device_train_batch_size=c.per_device_train_batch_size,
-        gradient_accumulation_steps=accumulation,
-        learning_rate=c.learning_rate,
-        optim=c.optim,
-        gradient_checkpointing=c.gradient_checkpointing,
-        max_grad_norm=c.max_grad_norm,
-        warmup_steps=c.warmup_steps,
-        weight_decay=c.weight_decay,
-        bf16=c.bnb_4bit_compute_dtype == "bfloat16",
-        fp16=c.bnb_4bit_compute_dtype == "float16",
-        seed=c.seed,
-    )
+    """The ``TrainingArguments`` keys of the export (:attr:`ExportSettings.training`): the trial's own
+    (:meth:`TrialConfig.training_arguments`), but the accumulation."""
+    return TrainingSettings(**{**c.training_arguments(), "gradient_accumulation_steps": accumulation})
 
 
 def _version(package: str) -> str | None:

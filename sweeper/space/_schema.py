@@ -329,6 +329,26 @@ class TrialConfig:
         """Rows per optimizer step on one device: ``per_device_train_batch_size * gradient_accumulation_steps``."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
 
+    def training_arguments(self) -> dict[str, Any]:
+        """The ``transformers.TrainingArguments`` keywords this config sets, in one place for the trial (which adds
+        its run's own: output folder, steps, schedule, logging) and the export (which replaces the accumulation to
+        keep ``target_effective_batch_size``): batch, accumulation, learning rate, optimizer, checkpointing, clipping,
+        warmup, weight decay, mixed precision (``bf16``/``fp16`` from ``bnb_4bit_compute_dtype``: the compute dtype
+        runs under autocast; float32 sets neither) and seed, in that order (the JSON export's ``training_args``)."""
+        return {
+            "per_device_train_batch_size": self.per_device_train_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "learning_rate": self.learning_rate,
+            "optim": self.optim,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "max_grad_norm": self.max_grad_norm,
+            "warmup_steps": self.warmup_steps,
+            "weight_decay": self.weight_decay,
+            "bf16": self.bnb_4bit_compute_dtype == "bfloat16",
+            "fp16": self.bnb_4bit_compute_dtype == "float16",
+            "seed": self.seed,
+        }
+
     def worst_case_length(self, longest_sample_tokens: int | None) -> int:
         """The tokens per row of this configuration's worst step on data whose longest tokenized sample has
         ``longest_sample_tokens`` tokens (None: unknown): ``min(max_seq_length, longest_sample_tokens)`` when each

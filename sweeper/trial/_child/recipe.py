@@ -97,27 +97,16 @@ def _training_arguments(config: TrialConfig, trial_dir: Path, cuda: bool, stress
     checkpointing = "activation_checkpointing"
     if checkpointing not in TrainingArguments.__dataclass_fields__:
         checkpointing = "gradient_checkpointing"
-    checkpointing_args: dict[str, Any] = {
-        checkpointing: config.gradient_checkpointing,
-        f"{checkpointing}_kwargs": {"use_reentrant": False},
-    }
+    shared = config.training_arguments()  # the keys the export writes too (one mapping: TrialConfig)
+    shared[f"{checkpointing}_kwargs"] = {"use_reentrant": False}
+    shared[checkpointing] = shared.pop("gradient_checkpointing")
     return TrainingArguments(
         output_dir=str(trial_dir / "trainer"),
         max_steps=config.max_steps + stress_steps,
-        per_device_train_batch_size=config.per_device_train_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        learning_rate=config.learning_rate,
         # Constant after warmup: a short run should probe the peak learning rate a long run spends most steps at,
         # not a rate already decayed toward 0.
         lr_scheduler_type="constant_with_warmup",
-        warmup_steps=config.warmup_steps,
-        weight_decay=config.weight_decay,
-        optim=config.optim,
-        **checkpointing_args,
-        max_grad_norm=config.max_grad_norm,
-        bf16=config.bnb_4bit_compute_dtype == "bfloat16",
-        fp16=config.bnb_4bit_compute_dtype == "float16",
-        seed=config.seed,
+        **shared,
         use_cpu=not cuda,
         save_strategy="no",
         logging_strategy="no",
