@@ -124,8 +124,8 @@ def _other_caps(study: StudySnapshot, limit_gib: float) -> str | None:
 
 
 class SweepConsole(SweepCallback):
-    """Prints a line per trial as it ends (:func:`sweeper.report._console.format_trial_line`, with its device, retry and
-    repeat), a ``start`` line per trial with several workers, and the sweep's notes, under a live display of what
+    """Prints a line per trial as it ends (:func:`sweeper.report._trial_text.format_trial_line`, with its device, retry
+    and repeat), a ``start`` line per trial with several workers, and the sweep's notes, under a live display of what
     runs (:class:`sweeper.report.LiveProgress`: a bar and a line per worker slot on a terminal, a ``progress`` line
     every minute or so in a log); keeps the statuses of the trials this run measured (:attr:`statuses`).
 

@@ -20,7 +20,8 @@ from optuna.trial import TrialState
 
 from sweeper.errors import StudyError
 from sweeper.memory import median_abs
-from sweeper.report._console import other_setups_line, status_label
+from sweeper.report._console import status_label
+from sweeper.report._front_text import other_setups_line
 from sweeper.report._records import (
     Curve,
     CurveKind,
@@ -207,7 +208,7 @@ def pick_lines(outcomes: Mapping[str, Any]) -> dict[str, str]:
 
 def picks_block(study: StudyLike, ref: str) -> tuple[dict[str, StoredTrial], list[str]]:
     """What the terminal says of the picks, made once: the trial each pick that can be made chooses (by pick name,
-    for :func:`sweeper.report._console.format_front`'s ``pick`` column) and the lines (``picks   (sweep export REF
+    for :func:`sweeper.report._front_text.format_front`'s ``pick`` column) and the lines (``picks   (sweep export REF
     writes safe; --pick NAME another)`` then one line per pick, or ``picks   none: ...``; none without a complete
     trial).
 
@@ -525,7 +526,7 @@ def report_data(study: StudyLike) -> Report:
     shows: the front (:func:`front_row`), every measured trial and every stale running one (a sweep killed midway;
     :func:`sweeper.study._recovery.stale_running`) (:func:`trial_record`), counts, NaN causes, what fit,
     importance, picks, memory predictions (:func:`memory_prediction_data`) and the line on other setups
-    (:func:`sweeper.report._console.other_setups_line`, or None)."""
+    (:func:`sweeper.report._front_text.other_setups_line`, or None)."""
     study = snapshot(study)
     front = study.front
     numbers = {t.number for t in front}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from sweeper.report import _data as data
-from sweeper.report._console import format_instability, margin_text, predicted_text
+from sweeper.report._console import margin_text, predicted_text
 from sweeper.report._data import IMPORTANCE_RESAMPLES, MIN_IMPORTANCE_TRIALS
 from sweeper.report._records import (
     Curve,
@@ -31,7 +31,7 @@ from sweeper.report._records import (
     Report,
     TrialRecord,
 )
-from sweeper.stability import format_margin
+from sweeper.stability import format_instability, format_margin
 from sweeper.study import StudyLike, snapshot
 
 #: The front figure's height of a point: its stability margin, or a pre-margin study's instability (None: unknown).
@@ -432,7 +432,7 @@ def _table(rows: Sequence[Sequence[Any]]) -> str:
 def _memory_section(prediction: MemoryPrediction) -> str:
     """The preflight's predictions against the measured peaks (:func:`sweeper.report._data.memory_prediction_data`)
     as HTML: the median errors and one row per complete trial."""
-    from sweeper.report._console import format_memory_prediction
+    from sweeper.report._memory_text import format_memory_prediction
 
     line = format_memory_prediction(prediction)
     if line is None:

@@ -388,7 +388,8 @@ class Report:
         pick_lines: Each pick's line, by pick name: the trial, what it chose among and what the user should know
             (``safe #3, among the front's 5 trials; ...``: :attr:`sweeper.export._pick.PickChoice.line`).
         memory_prediction: The preflight's predictions against the measured peaks.
-        other_setups: The line on trials of other setups (:func:`sweeper.report._console.other_setups_line`), or None.
+        other_setups: The line on trials of other setups (:func:`sweeper.report._front_text.other_setups_line`), or
+            None.
         cards: The devices the study's sweeps ran on, by name: ``{"device", "total_memory_gib"}`` (what
             :attr:`sweeper.study.StudySnapshot.cards` holds; empty for a study of an older version).
     """

@@ -7,16 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sweeper.report._console import (
-    format_cap,
-    format_counts,
-    format_front,
-    format_memory_prediction,
-    format_same_rows,
-    front_axis,
-    legacy_instability_warning,
-    other_setups_line,
-)
 from sweeper.report._data import (
     counts_with_stale,
     describe_fit,
@@ -24,12 +14,15 @@ from sweeper.report._data import (
     memory_prediction_data,
     picks_block,
 )
+from sweeper.report._data_text import format_counts
+from sweeper.report._front_text import format_front, front_axis, legacy_instability_warning, other_setups_line
+from sweeper.report._memory_text import format_cap, format_memory_prediction, format_same_rows
 from sweeper.study import StudyLike, snapshot, stale_running
 
 
 def report_lines(study: StudyLike, ref: str) -> list[str]:
     """``sweep report STUDY``'s lines (before the HTML report is written): the Pareto front
-    (:func:`sweeper.report._console.format_front`), the trials by status (stale RUNNING ones apart, one line each),
+    (:func:`sweeper.report._front_text.format_front`), the trials by status (stale RUNNING ones apart, one line each),
     the notes on a 0.1.0 instability and on other setups, the picks (or why there is none), the largest
     ``max_seq_length`` that fit per batch size and the memory predictions' error.
 

@@ -15,7 +15,7 @@ latest ``sweep run`` measured (:data:`CURRENT_SETUP_ATTR`); each trial stores th
 
 Readers (the front, the picks, ``sweep confirm``'s candidates, ``sweep export``) compare the trials of the current
 setup only (:func:`in_current_setup`); trials of the others stay in the study and in the report's tables, with a note
-(:func:`sweeper.report._console.other_setups_line`). Keys of run policy (timeouts, retries, the preflight's margin,
+(:func:`sweeper.report._front_text.other_setups_line`). Keys of run policy (timeouts, retries, the preflight's margin,
 workers) may change freely: :meth:`sweeper.space.TrialConfig.measured` leaves them out.
 
 A study written before setups existed has no :data:`SETUPS_ATTR`: its first setup is the settings of its latest

@@ -140,7 +140,7 @@ def test_dropped_rows_and_bad_special_token_rows_are_findings(tiny_model, tmp_pa
 
     from sweeper.audit import nan_risks
     from sweeper.data import DroppedRow, SpecialTokenRow
-    from sweeper.report._console import format_audit, format_data_warnings, format_dropped_rows
+    from sweeper.report._data_text import format_audit, format_data_warnings, format_dropped_rows
 
     samples = load_samples(DatasetSpec(path=str(write_jsonl(tmp_path / "d.jsonl", clean_rows()))))
     tokenizer = load_tokenizer(str(tiny_model))

@@ -11,14 +11,10 @@ from optuna.trial import TrialState, create_trial
 
 from sweeper.audit import AuditReport, Finding, NanRisk, NanStep
 from sweeper.report import format_audit, format_data_warnings, format_instability, format_params
-from sweeper.report._console import (
-    format_counts,
-    format_data_nan_summary,
-    format_front,
-    format_trace,
-    format_trial_line,
-    status_label,
-)
+from sweeper.report._console import status_label
+from sweeper.report._data_text import format_counts, format_data_nan_summary
+from sweeper.report._front_text import format_front
+from sweeper.report._trial_text import format_trace, format_trial_line
 from sweeper.space import TrialConfig
 from sweeper.study._stored import stored_trial
 from sweeper.trial import ConstantPhase, MemoryReading, NanFindings, Provenance, StressOutcome, TrialResult
@@ -474,7 +470,7 @@ def test_next_steps_address_the_failures_at_hand(tmp_path):
 
 
 def test_the_trial_lines_columns_stay_aligned_whatever_the_status():
-    from sweeper.report._console import format_trial_line
+    from sweeper.report._trial_text import format_trial_line
 
     results = [
         TrialResult(
@@ -546,7 +542,7 @@ def test_the_report_notes_other_setups_and_old_instabilities(tmp_path):
     import shutil
     from pathlib import Path
 
-    from sweeper.report._console import legacy_instability_warning, other_setups_line
+    from sweeper.report._front_text import legacy_instability_warning, other_setups_line
     from sweeper.testing import add_trial, make_study
 
     study = make_study(tmp_path)

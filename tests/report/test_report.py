@@ -261,7 +261,7 @@ def test_load_existing_study_refuses_what_is_not_a_study(tmp_path, content, need
 def test_no_pick_recommends_a_trial_because_it_barely_learns(tmp_path):
     """A capped margin at a learning rate that moves nothing is the widest margin there is: the front keeps the
     trial, but knee and most-stable skip it (and confirm runs it last); min-memory is about memory and keeps it."""
-    from sweeper.report._console import format_front
+    from sweeper.report._front_text import format_front
     from sweeper.sweep._confirm import candidates
 
     space = parse_space({"study": {"name": "learn"}, "search": {"r": [4, 8, 16]}}, "space.yaml")

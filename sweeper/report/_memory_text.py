@@ -1,0 +1,57 @@
+"""Memory as text: predicted against measured peaks, the ``max_seq_length`` values that train the same rows, and
+the cap with the device it is of.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sweeper.report._records import MemoryPrediction
+
+
+def format_memory_prediction(prediction: MemoryPrediction) -> str | None:
+    """One line of ``sweep report``: the preflight's median error before and after its correction
+    (:func:`sweeper.report._data.memory_prediction_data`); None without a complete trial that had a prediction."""
+    if prediction.median_error is None:
+        return None
+    n = sum(1 for r in prediction.trials if r.error is not None)
+    line = (
+        f"memory  predicted vs measured peak: median error {100 * prediction.median_error:.0f}% over {n} "
+        f"trial{'s' if n != 1 else ''}"
+    )
+    if prediction.median_corrected_error is not None:
+        corrected = prediction.corrected_trials
+        line += (
+            f", {100 * prediction.median_corrected_error:.0f}% after the study's correction "
+            f"({corrected} trial{'s' if corrected != 1 else ''} predicted with it)"
+        )
+    return line
+
+
+def format_same_rows(max_seq_lengths: Sequence[int], longest_sample_tokens: int | None, packing: bool) -> str | None:
+    """One line naming the ``max_seq_length`` values that train the same rows on this data: every value at or above
+    its longest tokenized sample truncates nothing, and padding each micro-batch to its longest row gives the same
+    steps at each (``max_seq_length 2048 and 4096 train the same rows on this data (longest 1,320 tokens)``). None
+    when fewer than two values do, the longest is unknown, or samples are packed (a packed row fills up to
+    ``max_seq_length``: each value trains other rows)."""
+    if longest_sample_tokens is None or packing:
+        return None
+    same = sorted({n for n in max_seq_lengths if n >= longest_sample_tokens})
+    if len(same) < 2:
+        return None
+    values = ", ".join(map(str, same[:-1])) + f" and {same[-1]}"
+    return (
+        f"max_seq_length {values} train the same rows on this data (longest {longest_sample_tokens:,} tokens): "
+        f"a sweep measures one and settles the others as its repeats"
+    )
+
+
+def format_cap(limit_gib: float, auto: bool, card_name: str | None, card_gib: float | None, device: str) -> str:
+    """The cap with the device it is of: ``cap 23.15 GiB (auto) of the card's 23.65 GiB (NVIDIA GeForce RTX
+    4090)``, ``cap 1.6 GiB of this machine's 23.54 GiB``, or ``cap 22 GiB`` when the device was not read."""
+    text = f"cap {limit_gib:g} GiB" + (" (auto)" if auto else "")
+    if card_gib is None:
+        return text
+    if device == "cpu":
+        return f"{text} of this machine's {card_gib:.2f} GiB"
+    return f"{text} of the card's {card_gib:.2f} GiB ({card_name})"
