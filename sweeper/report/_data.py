@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import optuna
 from optuna.trial import TrialState
 
-from sweeper.errors import StudyError
 from sweeper.memory import median_abs
 from sweeper.report._console import status_label
 from sweeper.report._front_text import other_setups_line
+from sweeper.report._importance import importance_data
+from sweeper.report._picks_data import pick_choices, pick_lines, pick_outcomes, picked_off_front, picks
 from sweeper.report._records import (
     Curve,
     CurveKind,
@@ -29,11 +27,7 @@ from sweeper.report._records import (
     FitMap,
     FrontData,
     FrontRow,
-    ImportancePart,
-    MemoryEffects,
     MemoryPrediction,
-    NotShown,
-    ParamImportance,
     Report,
     TrialRecord,
 )
@@ -41,7 +35,6 @@ from sweeper.study import (
     Objective,
     StoredTrial,
     StudyLike,
-    StudySnapshot,
     snapshot,
     stale_running,
 )
@@ -173,74 +166,6 @@ def objectives_of(study: StudyLike) -> list[str]:
     return [o.name for o in study.objectives]
 
 
-def pick_outcomes(study: StudyLike) -> dict[str, Any]:
-    """What each ``sweep export --pick`` makes of the study (``safe``, ``knee``, ``min-memory``, ``most-stable``), by
-    pick name: its :class:`sweeper.export._pick.PickChoice`, or the :class:`~sweeper.errors.StudyError` that refuses
-    it (every trial it chooses among failed its confirmation); {} without a complete trial. Each pick is made once:
-    :func:`pick_choices`, :func:`pick_lines` and :func:`no_picks_reason` read this."""
-    study = snapshot(study)
-    from sweeper.export import PICKS, choose
-
-    out: dict[str, Any] = {}
-    if not study.front:
-        return out
-    for name in PICKS:
-        try:
-            out[name] = choose(study, name)  # type: ignore[arg-type]
-        except StudyError as exc:
-            out[name] = exc
-    return out
-
-
-def pick_choices(outcomes: Mapping[str, Any]) -> dict[str, Any]:
-    """The picks of :func:`pick_outcomes` that could be made, as :class:`sweeper.export._pick.PickChoice`."""
-    return {name: o for name, o in outcomes.items() if not isinstance(o, StudyError)}
-
-
-def pick_lines(outcomes: Mapping[str, Any]) -> dict[str, str]:
-    """Each pick's line, by pick name: :attr:`sweeper.export._pick.PickChoice.line`, or for a pick that cannot be
-    made ``knee: none: trial 0 failed its confirmation (...)``."""
-    return {
-        name: f"{name}: none: {str(o).split(': ', 2)[-1]}" if isinstance(o, StudyError) else o.line
-        for name, o in outcomes.items()
-    }
-
-
-def picks_block(study: StudyLike, ref: str) -> tuple[dict[str, StoredTrial], list[str]]:
-    """What the terminal says of the picks, made once: the trial each pick that can be made chooses (by pick name,
-    for :func:`sweeper.report._front_text.format_front`'s ``pick`` column) and the lines (``picks   (sweep export REF
-    writes safe; --pick NAME another)`` then one line per pick, or ``picks   none: ...``; none without a complete
-    trial).
-
-    Args:
-        study: The study, or its snapshot.
-        ref: How the user named the study, for the ``sweep export REF`` the first line suggests.
-    """
-    outcomes = pick_outcomes(study)
-    chosen = {name: choice.trial for name, choice in pick_choices(outcomes).items()}
-    if why := no_picks_reason(study, outcomes):
-        return chosen, [f"picks   none: {why.split(': ', 2)[-1]}"]
-    if lines := pick_lines(outcomes):
-        return chosen, [f"picks   (sweep export {ref} writes safe; --pick NAME another)"] + [
-            f"  {line}" for line in lines.values()
-        ]
-    return chosen, []
-
-
-def picks(study: StudyLike) -> dict[str, int]:
-    """The trial ``sweep export --pick`` would choose for each pick that can be made, by pick name."""
-    return {name: choice.trial.number for name, choice in pick_choices(pick_outcomes(study)).items()}
-
-
-def no_picks_reason(study: StudyLike, outcomes: Mapping[str, Any] | None = None) -> str | None:
-    """Why no pick can be made although the study has trials (every trial each pick chooses among failed its
-    confirmation), as ``sweep export --pick`` says it; None when some pick can be made or it has no trial.
-    ``outcomes``: the study's :func:`pick_outcomes` when the caller has them (else they are made here)."""
-    outcomes = pick_outcomes(study) if outcomes is None else outcomes
-    refusals = [str(o) for o in outcomes.values() if isinstance(o, StudyError)]
-    return refusals[0] if refusals and len(refusals) == len(outcomes) else None
-
-
 def fit_map_data(study: StudyLike) -> FitMap:
     """Which ``per_device_train_batch_size`` x ``max_seq_length`` shapes fit the memory cap
     (:class:`~sweeper.report._records.FitMap`).
@@ -334,135 +259,6 @@ def curves_data(study: StudyLike) -> list[Curve]:
     ]
 
 
-#: Complete trials (of the current setup) below which no importance is shown for the stability objective: on fewer,
-#: optuna's evaluator ranks noise (on an 8-trial study it ranked lora_alpha/r second for peak memory, which no
-#: tensor's size depends on).
-MIN_IMPORTANCE_TRIALS = 20
-
-#: Bootstrap resamples of the trials behind each importance's interval.
-IMPORTANCE_RESAMPLES = 20
-
-
-def _objective(i: int) -> Any:
-    """The target function of objective ``i`` for ``optuna.importance``."""
-    return lambda t: t.values[i]
-
-
-def memory_effects(study: StudyLike, trials: list[StoredTrial]) -> MemoryEffects | NotShown:
-    """Which searched setting moves the predicted peak, and by how much, at the study's own configurations: for each
-    searched key, the spread (max - min, GiB) of the memory model's prediction over the key's searched values with
-    every other setting as a trial had it, the median over the study's measured configurations. A key the memory
-    model does not depend on (``lora_alpha_ratio``, ``learning_rate``, the quant type) moves it by exactly 0.
-
-    Returns:
-        The spread by setting, or why it is not shown (the model's shape is unknown, or no trial stored its
-        configuration).
-    """
-    study = snapshot(study)
-    from sweeper.memory import memory_predictor
-
-    configured = [t for t in trials if t.config is not None]
-    if not configured:
-        return NotShown(reason="no measured trial stored its configuration")
-    first = configured[0].config
-    assert first is not None
-    device = "cuda" if str(configured[0].result.provenance.device or "").startswith("cuda") else "cpu"
-    path = str(study.model_path or first.model.name_or_path)
-    predict = memory_predictor(path, first.model.name_or_path, first.model.attn_implementation, device)
-    values = _searched_values(study)
-    effects: dict[str, list[float]] = {key: [] for key in values}
-    for t in configured:
-        assert t.config is not None
-        for key, choices in values.items():
-            peaks = [predict(dataclasses.replace(t.config, **{key: v})) for v in choices]
-            known = [p for p in peaks if p is not None]
-            if len(known) < len(peaks):
-                return NotShown(reason="the memory model does not know this model's shape (no readable config.json)")
-            effects[key].append(max(known) - min(known))
-    return MemoryEffects(
-        effects_gib={k: float(statistics.median(v)) for k, v in effects.items() if v},
-        configurations=len(configured),
-    )
-
-
-def _searched_values(study: StudyLike) -> dict[str, list[Any]]:
-    """Each searched key's values as the study's trials were sampled from them: a categorical's choices, a range's
-    ends."""
-    study = snapshot(study)
-    out: dict[str, list[Any]] = {}
-    for t in study.trials:
-        for key, dist in (t.frozen.distributions if t.frozen is not None else {}).items():
-            if key in out:
-                continue
-            choices = getattr(dist, "choices", None)
-            out[key] = list(choices) if choices is not None else [dist.low, dist.high]  # type: ignore[attr-defined]
-    return out
-
-
-def importance_data(study: StudyLike) -> dict[str, ImportancePart]:
-    """What explains each objective over the study's current setup (:func:`sweeper.study.current_trials`).
-
-    - ``peak_memory_gib``: the memory model itself (:func:`memory_effects`), not a fit to a handful of measured
-      points.
-    - the stability objective: optuna's default importance (``optuna.importance.get_param_importances``, PED-ANOVA
-      in optuna 5) over the
-      COMPLETE trials, only from :data:`MIN_IMPORTANCE_TRIALS` of them, with a 90% interval from
-      :data:`IMPORTANCE_RESAMPLES` bootstrap resamples of the trials (each resample's importances sum to 1).
-
-    Returns:
-        ``{"peak_memory_gib": memory_effects(...), <stability objective>: ParamImportance | NotShown, ...}``, in
-        the study's objective order.
-    """
-    study = snapshot(study)
-    current = study.current(study.measured)
-    names = objectives_of(study)
-    out: dict[str, ImportancePart] = {names[0]: memory_effects(study, current)}
-    complete = [t for t in current if t.state == TrialState.COMPLETE and t.frozen is not None]
-    for i, name in enumerate(names[1:], start=1):
-        if len(complete) < MIN_IMPORTANCE_TRIALS:
-            out[name] = NotShown(
-                reason=f"{len(complete)} complete trial{'s' if len(complete) != 1 else ''}; a ranking needs "
-                f"{MIN_IMPORTANCE_TRIALS} (on fewer it ranks noise)"
-            )
-            continue
-        out[name] = _bootstrap_importance(
-            [t.frozen for t in complete if t.frozen is not None], study.study.directions, i
-        )
-    return out
-
-
-def _bootstrap_importance(trials: list[Any], directions: Any, index: int) -> ParamImportance | NotShown:
-    """optuna's importance of objective ``index`` over bootstrap resamples of ``trials``."""
-    import random
-
-    rng = random.Random(0)
-    samples: dict[str, list[float]] = {}
-    for _ in range(IMPORTANCE_RESAMPLES):
-        picked = [rng.choice(trials) for _ in trials]
-        resample = optuna.create_study(directions=directions)
-        resample.add_trials(picked)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                values = optuna.importance.get_param_importances(resample, target=_objective(index))
-        except (RuntimeError, ValueError):  # a resample where no parameter varies
-            continue
-        for key, value in values.items():
-            samples.setdefault(key, []).append(float(value))
-    if not samples:
-        return NotShown(reason="no parameter varies among the complete trials")
-
-    def pct(xs: list[float], q: float) -> float:
-        xs = sorted(xs)
-        return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
-
-    return ParamImportance(
-        importance={k: float(statistics.median(v)) for k, v in samples.items()},
-        interval={k: (pct(v, 0.05), pct(v, 0.95)) for k, v in samples.items()},
-        trials=len(trials),
-    )
-
-
 def memory_prediction_data(study: StudyLike) -> MemoryPrediction:
     """Predicted vs measured peak memory of the complete trials, as the preflight predicted each before running it
     (:attr:`sweeper.study.StudySnapshot.prediction_errors`; :class:`~sweeper.report._records.MemoryPrediction`).
@@ -511,14 +307,6 @@ def front_row(
         confirmation=trial.confirmation,
         tied_with=tuple(tied_with),
     )
-
-
-def picked_off_front(study: StudySnapshot, picks: Mapping[str, int]) -> list[StoredTrial]:
-    """The complete trials ``picks`` (trial numbers by pick name) chose that are not on the front (the ``safe`` pick
-    can be: a safe trial tied on stability with a lighter one near its edge), by number: the tables show each on a
-    row of its own, and the front rows' ``tied_with`` counts them."""
-    wanted = set(picks.values()) - {t.number for t in study.front}
-    return [t for t in study.trials if t.number in wanted and t.values is not None]
 
 
 def report_data(study: StudyLike) -> Report:

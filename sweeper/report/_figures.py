@@ -17,7 +17,7 @@ from typing import Any, TypeAlias
 
 from sweeper.report import _data as data
 from sweeper.report._console import margin_text, predicted_text
-from sweeper.report._data import IMPORTANCE_RESAMPLES, MIN_IMPORTANCE_TRIALS
+from sweeper.report._importance import IMPORTANCE_RESAMPLES, MIN_IMPORTANCE_TRIALS
 from sweeper.report._records import (
     Curve,
     FitMap,
@@ -372,7 +372,7 @@ def curves_figure(curves: Sequence[Curve]) -> Any:
 
 
 def importance_figure(importance: Mapping[str, ImportancePart]) -> Any:
-    """Two panels (:func:`sweeper.report._data.importance_data`): what moves the predicted peak memory, in GiB, by
+    """Two panels (:func:`sweeper.report._importance.importance_data`): what moves the predicted peak memory, in GiB, by
     the memory model at the study's configurations; and optuna's importance of the stability objective with its
     bootstrap interval, or the reason it is not shown."""
     import plotly.graph_objects as go

@@ -30,8 +30,8 @@ def format_front(
     column ``tied`` naming the trials each is tied with; when any of them was confirmed (``sweep confirm``), a last
     column ``confirmed``: ``300 ok``, ``diverged@120`` ..., or ``-``.
 
-    ``picks`` (pick name -> trial, :func:`sweeper.report._data.picks_block`) adds a column ``pick``; a picked trial
-    off the front (``safe`` chooses among every complete trial) gets a row marked ``off the front``."""
+    ``picks`` (pick name -> trial, :func:`sweeper.report._picks_data.picks_block`) adds a column ``pick``; a picked
+    trial off the front (``safe`` chooses among every complete trial) gets a row marked ``off the front``."""
     front, extra = _with_picks_off_front(front, picks or {})
     rows: list[tuple[str, ...]] = [
         (

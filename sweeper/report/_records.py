@@ -290,7 +290,7 @@ class NotShown:
         return {"not_shown": self.reason}
 
 
-#: What explains one objective (:func:`sweeper.report._data.importance_data`, by objective name).
+#: What explains one objective (:func:`sweeper.report._importance.importance_data`, by objective name).
 ImportancePart: TypeAlias = MemoryEffects | ParamImportance | NotShown
 
 

@@ -7,16 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sweeper.report._data import (
-    counts_with_stale,
-    describe_fit,
-    fit_map_data,
-    memory_prediction_data,
-    picks_block,
-)
+from sweeper.report._data import counts_with_stale, describe_fit, fit_map_data, memory_prediction_data
 from sweeper.report._data_text import format_counts
 from sweeper.report._front_text import format_front, front_axis, legacy_instability_warning, other_setups_line
 from sweeper.report._memory_text import format_cap, format_memory_prediction, format_same_rows
+from sweeper.report._picks_data import picks_block
 from sweeper.study import StudyLike, snapshot, stale_running
 
 

@@ -11,6 +11,8 @@ from sweeper.errors import StudyError
 from sweeper.export import pick_trial
 from sweeper.export._pick import knee
 from sweeper.report import _data as report
+from sweeper.report import _importance as importance_module
+from sweeper.report import _picks_data as picks_data
 from sweeper.report._records import MemoryEffects, NotShown, ParamImportance
 from sweeper.space import parse_space
 from sweeper.study._objectives import DEFAULT_OBJECTIVES
@@ -44,7 +46,7 @@ def test_curves_importance_and_json(tmp_path, tiny_model):
     curves = report.curves_data(study)
     assert [(c.number, c.kind) for c in curves] == [(0, "front"), (1, "front"), (4, "nan")]
     assert curves[2].loss == (2.0, None) and curves[2].label == "#4 nan/data"
-    importance = report.importance_data(study)
+    importance = importance_module.importance_data(study)
     assert set(importance) == {"peak_memory_gib", "edge_proximity"}
     # Peak memory is explained by the memory model at the study's configurations: batch and length move it, r
     # barely; the stability ranking needs 20 complete trials, and this study has 3.
@@ -139,7 +141,7 @@ def test_importance_does_not_invent(tmp_path, tiny_model):
         add_trial(
             study, r=8, batch=batch, seq=64, status="complete", peak=1 + 0.1 * batch, instability=proximity, extra=extra
         )
-    importance = report.importance_data(study)
+    importance = importance_module.importance_data(study)
     memory, stability = importance["peak_memory_gib"], importance["edge_proximity"]
     assert isinstance(memory, MemoryEffects) and isinstance(stability, ParamImportance)
     effects = memory.effects_gib
@@ -305,12 +307,12 @@ def test_a_front_whose_every_trial_failed_its_confirmation_has_no_picks_and_says
     from sweeper.study import Confirmation
 
     study = make_study(tmp_path)
-    assert report.no_picks_reason(study) is None and report.picks(study)
+    assert picks_data.no_picks_reason(study) is None and picks_data.picks(study)
     for n in (0, 1, 2):
         failed = Confirmation(steps=30, status="nan", reason="loss nan", fail_step=12)
         study.set_user_attr(f"confirmation:{n}", failed.to_dict())
-    assert report.picks(study) == {}
-    assert "failed its confirmation" in report.no_picks_reason(study)
+    assert picks_data.picks(study) == {}
+    assert "failed its confirmation" in picks_data.no_picks_reason(study)
     assert report.report_data(study).picks == {}
 
 
