@@ -17,7 +17,7 @@ from sweeper.report._console import format_params, margin_text, predicted_text
 from sweeper.report._dashboard import publish_study, serve
 from sweeper.report._data import report_data
 from sweeper.report._data_text import format_audit, format_data_warnings, format_dropped_rows
-from sweeper.report._figures import write_html_report
+from sweeper.report._html import write_html_report
 from sweeper.report._memory_text import format_cap, format_same_rows
 from sweeper.report._progress import LiveProgress, progress_interval_s
 from sweeper.report._report_console import report_lines, report_written_line

@@ -162,7 +162,8 @@ def _tiny_config(model):
 
 
 def test_figures_and_offline_html(tmp_path):
-    from sweeper.report._figures import front_figure, render_html
+    from sweeper.report._figures import front_figure
+    from sweeper.report._html import render_html
     from sweeper.study._artifacts import loss_curve_svg
 
     study = make_study(tmp_path)
@@ -337,7 +338,8 @@ def test_the_html_figures_stay_readable_at_one_cell_and_one_trial(tmp_path):
     """A study of one trial: the fit map's one row was a 2-px line (its figure no taller than plotly's margins), the
     front's one point between two log ticks had no readable value, an importance panel with nothing to rank drew
     empty axes under its reason, and the front table ran past a 900-px page."""
-    from sweeper.report._figures import fit_map_figure, front_figure, importance_figure, render_html
+    from sweeper.report._figures import fit_map_figure, front_figure, importance_figure
+    from sweeper.report._html import render_html
 
     space = parse_space({"study": {"name": "one"}, "search": {"r": [4, 8]}}, "space.yaml")
     study = open_study(space, f"sqlite:///{tmp_path}/one.db", "one", 1)
