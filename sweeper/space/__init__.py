@@ -4,16 +4,8 @@ objects (:class:`SearchSpace`), and the one schema of a trial's settings (:class
 Pure: imports neither torch nor optuna, so a space file loads and validates in milliseconds.
 """
 
-from sweeper.space._parse import (
-    TRIAL_KEYS,
-    SearchSpace,
-    apply_overrides,
-    load_space,
-    name_problem,
-    parse_duration_s,
-    parse_space,
-    yaml_value,
-)
+from sweeper.space._overrides import apply_overrides
+from sweeper.space._parse import load_space, parse_space
 from sweeper.space._schema import (
     ATTN_IMPLEMENTATIONS,
     COMPUTE_DTYPES,
@@ -33,6 +25,8 @@ from sweeper.space._schema import (
     TrialConfig,
     memory_roles,
 )
+from sweeper.space._space import SearchSpace
+from sweeper.space._values import TRIAL_KEYS, name_problem, parse_duration_s, yaml_value
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",

@@ -17,11 +17,8 @@ the key and the fix; unknown keys suggest the nearest valid key (``difflib.get_c
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -29,6 +26,7 @@ from typing import Any
 import yaml
 
 from sweeper.errors import SpaceError
+from sweeper.space._overrides import apply_overrides
 from sweeper.space._schema import (
     Categorical,
     DatasetSpec,
@@ -38,300 +36,21 @@ from sweeper.space._schema import (
     Range,
     StudySpec,
     TrialConfig,
-    field_name,
-    key_specs,
 )
-
-#: Per-trial keys, by their ``space.yaml`` name: each may be set in ``training`` (fixed) or, when searchable, in
-#: ``search``. Derived from :class:`TrialConfig`'s fields, which hold each key's default and check.
-TRIAL_KEYS: Mapping[str, KeySpec] = MappingProxyType(key_specs(TrialConfig))
-
-#: The keys of the ``study``, ``model`` and ``dataset`` sections, derived from their dataclasses.
-_SECTIONS: Mapping[str, type] = MappingProxyType({"study": StudySpec, "model": ModelSpec, "dataset": DatasetSpec})
-_SECTION_KEYS: Mapping[str, Mapping[str, KeySpec]] = MappingProxyType(
-    {name: MappingProxyType(key_specs(cls)) for name, cls in _SECTIONS.items()}
-)
-
-
-def _from_yaml(cls: type, values: Mapping[str, Any], **extra: Any) -> Any:
-    """An instance of settings dataclass ``cls`` from values keyed by their ``space.yaml`` names."""
-    return cls(**{field_name(cls, k): v for k, v in values.items()}, **extra)
-
+from sweeper.space._space import SearchSpace, _first_choices, _from_yaml
+from sweeper.space._values import _SECTION_KEYS, TRIAL_KEYS, _check_value, _describe, _Problems, _suggest, name_problem
 
 _TOP_KEYS = ("study", "model", "dataset", "training", "search")
-#: Study names become file names (studies/<name>.db, studies/<name>/): no path separators, spaces or control characters.
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-#: Names people type for a key that sweeper spells differently, with the fix.
-_ALIASES = {
-    "lr": "did you mean 'learning_rate'?",
-    "lora_alpha": "lora_alpha is derived: set lora_alpha_ratio (lora_alpha = lora_alpha_ratio * r)",
-    "lora_r": "did you mean 'r'?",
-    "rank": "did you mean 'r'?",
-    "batch_size": "did you mean 'per_device_train_batch_size'?",
-    "micro_batch_size": "did you mean 'per_device_train_batch_size'?",
-    "seq_len": "did you mean 'max_seq_length'?",
-    "max_length": "did you mean 'max_seq_length'?",
-    "cutoff_len": "did you mean 'max_seq_length'?",
-    "sequence_len": "did you mean 'max_seq_length'?",
-}
+
+
 _RANGE_KEYS = ("low", "high", "log", "step")
+
+
 #: ``memory_limit_gib: auto``, and the key under which :func:`_parse_training` notes it.
-AUTO, AUTO_KEY = "auto", "memory_limit_gib:auto"
+AUTO = "auto"
 
 
-@dataclass(frozen=True, kw_only=True)
-class SearchSpace:
-    """A validated space file.
-
-    Attributes:
-        path: The file it came from (for messages).
-        study: The ``study`` section.
-        model: The ``model`` section.
-        dataset: The ``dataset`` section.
-        base: Every per-trial setting, typed: the file's ``training`` section and scalars of ``search`` over the
-            schema's defaults, each searched key at its first choice (a list's first element, a range's ``low``).
-            A trial's config is this one with the sampled values (:meth:`trial_config`).
-        search: The searched keys, in file order: ``Categorical`` or ``Range``.
-        overridden: The keys ``--set`` gave (``dataset.path``, ``training.max_steps``, ...).
-        set_items: The ``--set KEY=VALUE`` items as given, in order (for the commands hints print: :meth:`command`).
-        memory_limit_auto: ``memory_limit_gib: auto``: the cap is the device's own size less a reserve
-            (:class:`sweeper.trial.Card`); until :meth:`with_memory_limit` sets it from the device,
-            ``base.memory_limit_gib`` holds the schema's default, which no command uses as the cap.
-    """
-
-    path: str
-    study: StudySpec
-    model: ModelSpec
-    dataset: DatasetSpec
-    base: TrialConfig
-    search: Mapping[str, Dimension]
-    overridden: frozenset[str] = frozenset()
-    set_items: tuple[str, ...] = ()
-    memory_limit_auto: bool = False
-
-    def with_memory_limit(self, limit_gib: float) -> SearchSpace:
-        """This space with ``memory_limit_gib`` set (what ``auto`` stands for on the device that was read);
-        :attr:`memory_limit_auto` stays as the file said."""
-        return dataclasses.replace(self, base=dataclasses.replace(self.base, memory_limit_gib=float(limit_gib)))
-
-    def command(self, verb: str) -> str:
-        """``sweep <verb> <path>`` with every ``--set`` this space was loaded with, quoted for a POSIX shell, so that
-        a hint runs on the settings that ran (a dropped ``--set memory_limit_gib=...`` would answer for another
-        cap)."""
-        import shlex
-
-        return " ".join(["sweep", verb, shlex.quote(self.path), *(f"--set {shlex.quote(s)}" for s in self.set_items)])
-
-    def doctor_command(self) -> str:
-        """The ``sweep doctor`` command that audits the data the trials read: the space file, or, when ``--set``
-        changed the dataset or the model (so the file's own would be audited instead), the data file itself with the
-        model and the space's ``max_seq_length`` values."""
-        if not any(k.startswith(("dataset.", "model.")) for k in self.overridden):
-            return f"sweep doctor {self.path}"
-        lengths = " ".join(str(v) for v in sorted(set(self.values_of("max_seq_length"))))
-        return f"sweep doctor {self.dataset.path} --model {self.model.name_or_path} --max-seq-length {lengths}"
-
-    def trial_config(self, params: Mapping[str, Any]) -> TrialConfig:
-        """The config of one trial: the fixed values, overridden by ``params`` (one value per searched key).
-
-        Raises:
-            KeyError: ``params`` misses a searched key or names a key that is not per-trial.
-        """
-        missing = [k for k in self.search if k not in params]
-        if missing:
-            raise KeyError(f"params miss searched keys {missing}")
-        unknown = [k for k in params if k not in TRIAL_KEYS]
-        if unknown:
-            raise KeyError(f"not per-trial keys: {unknown}")
-        return dataclasses.replace(self.base, **{field_name(TrialConfig, k): v for k, v in params.items()})
-
-    def fixed_value(self, key: str) -> Any:
-        """The value of a per-trial key by its ``space.yaml`` name (``trial_timeout`` in seconds), as every trial
-        has it when it is not searched.
-
-        Raises:
-            KeyError: ``key`` is not a per-trial key.
-        """
-        return getattr(self.base, field_name(TrialConfig, key))
-
-    def values_of(self, key: str) -> list[Any]:
-        """The values a per-trial key takes in the sweep: a list's distinct choices (sorted), a range's ends, or the
-        fixed value.
-
-        Raises:
-            KeyError: ``key`` is not a per-trial key.
-        """
-        dim = self.search.get(key)
-        if dim is None:
-            return [self.fixed_value(key)]
-        if isinstance(dim, Categorical):
-            return sorted(set(dim.choices))
-        return sorted({int(dim.low), int(dim.high)} if dim.is_int else {dim.low, dim.high})
-
-    def first_choices(self) -> dict[str, Any]:
-        """One value per searched key: a list's first element, a range's ``low``."""
-        return _first_choices(self.search)
-
-
-def _first_choices(search: Mapping[str, Dimension]) -> dict[str, Any]:
-    """One value per searched key: a list's first element, a range's ``low``."""
-    return {
-        key: dim.choices[0] if isinstance(dim, Categorical) else (int(dim.low) if dim.is_int else dim.low)
-        for key, dim in search.items()
-    }
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Parsing
-
-
-def yaml_value(value: Any) -> str:
-    """A value as a space file writes it: ``true``, ``[q_proj, v_proj]``, ``0.5`` (for messages that name the value
-    to write)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(map(str, value)) + "]"
-    return str(value)
-
-
-def parse_duration_s(value: Any) -> float:
-    """Seconds from ``90``, ``"90s"``, ``"20m"``, ``"8h"``, ``"1h30m"`` or ``"2d"``.
-
-    Raises:
-        ValueError: Not a positive number of seconds nor such a string.
-    """
-    if isinstance(value, bool):
-        raise ValueError(value)
-    if isinstance(value, (int, float)):
-        if value <= 0 or not math.isfinite(value) or value > 366 * 86400:
-            raise ValueError(value)
-        return float(value)
-    text = str(value).strip().lower()
-    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text)
-    if not text or parts is None or not any(parts.groups()):
-        raise ValueError(value)
-    d, h, m, s = (float(g) if g else 0.0 for g in parts.groups())
-    total = d * 86400 + h * 3600 + m * 60 + s
-    if total <= 0 or not math.isfinite(total) or total > 366 * 86400:
-        raise ValueError(value)
-    return total
-
-
-def name_problem(value: object) -> str | None:
-    """What makes ``value`` no valid study name (:data:`_NAME`: a letter or digit, then up to 99 letters, digits,
-    ``.``, ``_`` or ``-``; it becomes a file name), in a few words, or None when it is one."""
-    if not isinstance(value, str) or not value:
-        return "it is empty"
-    if len(value) > 100:
-        return f"it is {len(value)} characters long, over 100"
-    bad = sorted({c for c in value if not (c.isascii() and (c.isalnum() or c in "._-"))})
-    if bad:
-        return f"{', '.join(repr(c) for c in bad)} cannot be in a name"
-    if not value[0].isalnum():
-        return f"it starts with {value[0]!r}; start it with a letter or digit"
-    if value.lower().endswith(".db"):
-        return (
-            f"it ends in .db, so 'sweep report {value}' would look for a file of that name; drop the .db (the study's "
-            "file is studies/NAME.db)"
-        )
-    return None
-
-
-def _describe(spec: KeySpec) -> str:
-    if spec.kind == "name":
-        return "a name of letters, digits, '.', '_' or '-' (it becomes a file name)"
-    if spec.kind == "int" or spec.kind == "float":
-
-        def num(x: float) -> str:  # integers in full (1048576, not 1.04858e+06)
-            return str(int(x)) if float(x).is_integer() and abs(x) < 1e12 else f"{x:g}"
-
-        lo = "" if spec.low is None else f"{'>' if spec.low_open else '>='} {num(spec.low)}"
-        hi = "" if spec.high is None else f"{'<' if spec.high_open else '<='} {num(spec.high)}"
-        bounds = " and ".join(b for b in (lo, hi) if b)
-        return f"{'an integer' if spec.kind == 'int' else 'a number'}{' ' + bounds if bounds else ''}"
-    if spec.kind == "bool":
-        return "true or false"
-    if spec.kind == "choice":
-        return "one of " + ", ".join(spec.choices)
-    if spec.kind == "str_list":
-        return f"a list, e.g. {spec.example}" if spec.example else "a list of module names, e.g. [q_proj, v_proj]"
-    if spec.kind == "duration":
-        return "a duration such as 90s, 20m or 8h (at most a year)"
-    return "a string"
-
-
-def _check_value(spec: KeySpec, value: Any) -> Any:
-    """The value, normalised, or raise ValueError with what was expected."""
-    if value is None and spec.optional:
-        return None
-    kind = spec.kind
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        raise ValueError
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
-            raise ValueError
-        value = int(value)
-    elif kind == "float":
-        if isinstance(value, str):
-            try:  # YAML reads 2e-4 (no dot) as a string
-                value = float(value)
-            except ValueError:
-                raise ValueError from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError
-        value = float(value)
-    elif kind == "choice":
-        if value not in spec.choices:
-            raise ValueError
-        return value
-    elif kind == "str":
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError
-        return value
-    elif kind == "name":
-        if not isinstance(value, str) or not _NAME.fullmatch(value) or name_problem(value):
-            raise ValueError
-        return value
-    elif kind == "str_list":
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-            raise ValueError
-        return tuple(value)
-    elif kind == "duration":
-        return parse_duration_s(value)
-    if spec.low is not None and (value <= spec.low if spec.low_open else value < spec.low):
-        raise ValueError
-    if spec.high is not None and (value >= spec.high if spec.high_open else value > spec.high):
-        raise ValueError
-    return value
-
-
-def _suggest(key: str, valid: list[str]) -> str:
-    if key in _ALIASES and (key != "lora_alpha" or "lora_alpha_ratio" in valid):
-        return _ALIASES[key]
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    if close:
-        return f"did you mean '{close[0]}'?"
-    return "valid keys are " + ", ".join(valid)
-
-
-class _Problems:
-    """Collects one line per problem; a key that came from ``--set`` is blamed on ``--set``, not on the file."""
-
-    def __init__(self, file: str, overridden: frozenset[str] = frozenset()):
-        self.file = file
-        self.overridden = overridden
-        self.lines: list[str] = []
-
-    def add(self, key: str, what: str, fix: str) -> None:
-        origin = "--set" if key in self.overridden else self.file
-        if origin == "--set":  # named as --set takes it: a per-trial key bare (r), a section's key dotted
-            key = key.removeprefix("training.")
-        self.lines.append(f"{origin}: {key}: {what}; {fix}")
+AUTO_KEY = "memory_limit_gib:auto"
 
 
 def _parse_list(where: str, raw: list[Any], spec: KeySpec, problems: _Problems) -> Categorical | None:
@@ -453,83 +172,6 @@ def _parse_section(name: str, raw: Any, problems: _Problems) -> dict[str, Any]:
             why = f" ({name_problem(value)})" if spec.kind == "name" and name_problem(value) else ""
             problems.add(f"{name}.{key}", f"{value!r} is not valid{why}", f"give {_describe(spec)}")
     return out
-
-
-def apply_overrides(
-    raw: dict[str, Any], overrides: list[str], file: str = "--set"
-) -> tuple[dict[str, Any], frozenset[str]]:
-    """Apply ``--set key=value`` overrides to a raw space mapping (before validation).
-
-    A bare key is a per-trial key (it replaces ``search.<key>`` or ``training.<key>``, so a searched key becomes
-    fixed); ``study.``/``model.``/``dataset.`` keys are dotted. Values are parsed as YAML (``true``, ``1e-4``,
-    ``[a, b]``).
-
-    Returns:
-        The new mapping (the input is not modified) and the dotted keys that were set (``training.r``).
-
-    Raises:
-        SpaceError: A malformed override, an empty value, an unknown key (with the nearest valid key), or a key set
-            twice to different values (``--set r=4 --set r=8``: one of them would be ignored).
-    """
-    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    problems = _Problems(file)
-    overridden: set[str] = set()
-    given: dict[str, str] = {}  # dotted key -> the text first given for it
-
-    def repeated(dotted: str, shown: str, value: str) -> bool:
-        """Whether ``dotted`` was set before to another value (an error: one of the two would be ignored)."""
-        first = given.setdefault(dotted, value)
-        if first != value:
-            problems.add(shown, f"set twice ({first}, then {value})", f"give --set {shown}=VALUE once")
-            return True
-        return False
-
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            problems.add(item, "not of the form key=value", "write --set r=16")
-            continue
-        if not text.strip():
-            problems.add(key, "empty value", f"write {key}=VALUE")
-            continue
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            value = text
-        section, dot, leaf = key.partition(".")
-        if dot and section in _SECTION_KEYS:
-            if leaf not in _SECTION_KEYS[section]:
-                problems.add(key, "unknown key", _suggest(leaf, list(_SECTION_KEYS[section])))
-                continue
-            if repeated(f"{section}.{leaf}", key, text.strip()):
-                continue
-            sec = raw.get(section)
-            if sec is not None and not isinstance(sec, dict):
-                continue  # a section of the wrong type: parse_space reports it
-            raw[section] = dict(sec) if isinstance(sec, dict) else {}
-            raw[section][leaf] = value
-            overridden.add(f"{section}.{leaf}")
-            continue
-        if dot and section in ("training", "search"):
-            key = leaf
-        if key not in TRIAL_KEYS:
-            valid = list(TRIAL_KEYS) + [f"{s}.{k}" for s, ks in _SECTION_KEYS.items() for k in ks]
-            problems.add(key, "unknown key", _suggest(key, valid))
-            continue
-        if repeated(f"training.{key}", key, text.strip()):
-            continue
-        for name in ("search", "training"):
-            if raw.get(name) is None:
-                raw[name] = {}
-        if not isinstance(raw["search"], dict) or not isinstance(raw["training"], dict):
-            continue  # a section of the wrong type: parse_space reports it, the override cannot apply
-        raw["search"].pop(key, None)
-        raw["training"][key] = value
-        overridden.add(f"training.{key}")
-    if problems.lines:
-        raise SpaceError(problems.lines)
-    return raw, frozenset(overridden)
 
 
 def _parse_training(training: Any, problems: _Problems) -> dict[str, Any]:

@@ -88,7 +88,7 @@ def test_trial_keys_match_trial_config_fields():
 def test_the_memory_model_and_the_section_keys_derive_from_the_schema():
     from sweeper.memory._model import MEMORY_KEYS, MemorySettings
     from sweeper.space import DatasetSpec, ModelSpec, StudySpec
-    from sweeper.space._parse import _SECTION_KEYS
+    from sweeper.space._values import _SECTION_KEYS
 
     config, memory = TrialConfig(), MemorySettings()
     for key in MEMORY_KEYS:
