@@ -91,7 +91,7 @@ def test_embedding_rows_beyond_the_compute_dtype(pad_model):
     import torch
     from transformers import LlamaForCausalLM
 
-    from sweeper.trial._child.diagnosis import bad_embedding_rows, token_name
+    from sweeper.trial._child.special_tokens import bad_embedding_rows, token_name
 
     model = LlamaForCausalLM.from_pretrained(pad_model, dtype=torch.float32)
     with torch.no_grad():
