@@ -194,7 +194,7 @@ def test_audit_leaves_out_rows_the_template_refuses(tiny_model, tmp_path):
 
 
 def test_the_duplicate_finding_counts_every_index_it_does_not_show(tmp_path):
-    from sweeper.audit import _duplicate_findings
+    from sweeper.audit._findings import _duplicate_findings
 
     rows = clean_rows()
     data = [rows[0]] * 6 + [rows[1], rows[1], rows[2], rows[2], rows[3], rows[3], rows[4], rows[4]]

@@ -1,220 +1,36 @@
-"""Dataset audit: what in the data, tokenized exactly as the trials tokenize it, would make a trial NaN, run out of
-memory or learn the wrong thing (``sweep doctor``, and the check ``sweep run`` makes before its first trial).
-
-Pure: works on :class:`~sweeper.data.Sample` and :class:`~sweeper.data.TokenizedSample` lists (tokenized once at
-full length, then cut per ``max_seq_length`` as :func:`sweeper.data.tokenize_samples` cuts) and never imports torch.
-
-Finding kinds (``Finding.kind``):
-
-- ``no_supervised_tokens`` (per ``max_seq_length``): after truncation the sample has no token the loss is computed
-  on. A step whose rows all are like that averages cross-entropy over zero tokens: the loss is 0/0 = NaN. NaN risk.
-- ``invalid_token_id`` (per ``max_seq_length``): a token id outside the model's embedding (a tokenizer with added
-  tokens the model was never resized for). An index error on the CPU, a device-side assert on CUDA. NaN risk.
-- ``bad_embedding_row``: a special token the trials use (pad, eos, bos) whose input-embedding row in the checkpoint
-  is NaN or infinite, or beyond float16's range when float16 compute is searched (the model loads in the compute
-  dtype). Every row holding it or padded with it goes NaN: a masked position still enters attention with weight 0,
-  and 0 x NaN is NaN (unsloth#4104). NaN risk.
-- ``truncated`` (per ``max_seq_length``): samples longer than the limit; their tails are not trained on.
-- ``too_long``: extreme outliers of the token-length distribution (beyond Tukey's far-out fence), the samples that
-  set the memory peak of a run that pads to the longest row.
-- ``repeated_span``: a run of one token, or of one n-gram of up to :data:`MAX_PERIOD` tokens, repeated many times
-  (scraped boilerplate, a generation loop saved as data).
-- ``empty_response``: an assistant reply that is empty or whitespace: the model is taught to answer nothing.
-- ``duplicate``: samples with the same content (after collapsing whitespace).
-- ``unusual_characters``: control characters, U+FFFD replacement characters (a decoding error upstream), or
-  full-width punctuation in text that has no CJK characters (copy-paste from an IME).
-- ``dropped_row`` (one per reason): dataset rows that give no sample (:class:`sweeper.data.DroppedRow`): a trial
-  does not train on them. Indices are the rows'; ``samples`` of the report does not count them.
-- ``generation_mask``: the chat template's ``{% generation %}`` markers supervise other tokens than the assistant
-  replies and their end of turn (:func:`sweeper.data.mask_disagreements`); the trials train what the markers say,
-  as TRL's ``assistant_only_loss`` does.
+"""The audit of a dataset as the trials tokenize it (:func:`audit_samples`): each kind of finding, per audited
+``max_seq_length``, and the rows no trial trains on (:func:`dropped_findings`).
 """
 
 from __future__ import annotations
 
 import math
-import re
-import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
 
+from sweeper.audit._lengths import (
+    MAX_PERIOD,
+    MIN_REPEATS,
+    MIN_SPAN_TOKENS,
+    _content_key,
+    _percentile,
+    _sample_text,
+    _unusual_characters,
+    length_percentiles,
+    longest_repeated_span,
+    supervised_tokens,
+)
+from sweeper.audit._report import AuditReport, Finding
 from sweeper.data import DroppedRow, Sample, SpecialTokenRow, TokenizedSample
 from sweeper.stability import DTYPE_MAX  # largest finite value per compute dtype, for bad_embedding_row
 
-FindingKind = Literal[
-    "no_supervised_tokens",
-    "invalid_token_id",
-    "truncated",
-    "too_long",
-    "repeated_span",
-    "empty_response",
-    "duplicate",
-    "unusual_characters",
-    "dropped_row",
-    "bad_embedding_row",
-    "generation_mask",
-]
-
-#: Kinds that make a trial NaN (or crash) when a step consists of such samples; ``sweep doctor --strict`` exits 1.
-NAN_KINDS = ("no_supervised_tokens", "invalid_token_id", "bad_embedding_row")
-#: Longest repeating unit looked for by ``repeated_span``, in tokens.
-MAX_PERIOD = 8
-#: A ``repeated_span`` covers at least this many tokens and repeats its unit at least :data:`MIN_REPEATS` times.
-#: Measured on the built-in pydoc corpus with SmolLM2's tokenizer (``sweep doctor search_spaces/demo.yaml``): its
-#: longest periodic run is 19 tokens (24 with the tests' tiny tokenizer), so 48 flags nothing there, while a
-#: three-word phrase looping 10 times is caught.
-MIN_SPAN_TOKENS = 48
-MIN_REPEATS = 8
 #: ``too_long``: longer than ``Q3 + TUKEY_FAR_OUT * (Q3 - Q1)`` tokens (Tukey 1977, "far out" values) and than
 #: ``TOO_LONG_MEDIAN_RATIO`` times the median: where nearly every row has one length the IQR is 0 and Tukey's fence
 #: alone flags a row 2 tokens over; a row sets a padded batch's memory only when it is much longer than the rest.
 TUKEY_FAR_OUT = 3.0
+
+
 TOO_LONG_MEDIAN_RATIO = 2.0
-#: Percentiles of the token-length distribution reported by the audit.
-PERCENTILES = (50, 90, 95, 99)
-
-#: Full-width ASCII punctuation (U+FF01-FF0F, FF1A-FF20, FF3B-FF40, FF5B-FF65) and ideographic space/comma/stop.
-_FULLWIDTH_PUNCT = re.compile("[\uff01-\uff0f\uff1a-\uff20\uff3b-\uff40\uff5b-\uff65\u3000-\u3002]")
-#: CJK ideographs, kana, hangul: text where full-width punctuation is normal.
-_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Finding:
-    """One kind of fault and the samples that have it.
-
-    Attributes:
-        kind: See the module docstring.
-        max_seq_length: The limit it was found at, or None for length-independent kinds.
-        samples: Dataset row indices (``Sample.index``), ascending.
-        detail: One line for people (counts, the worst case).
-        nan_risk: True for :data:`NAN_KINDS`.
-    """
-
-    kind: FindingKind
-    max_seq_length: int | None
-    samples: list[int]
-    detail: str
-    nan_risk: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``{"kind", "max_seq_length", "samples", "detail", "nan_risk"}``."""
-        return asdict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AuditReport:
-    """What :func:`audit_samples` found.
-
-    Attributes:
-        samples: Samples audited.
-        length_percentiles: Tokens per sample before truncation (template included): ``min``, ``p50``, ``p90``,
-            ``p95``, ``p99``, ``max``, ``mean``.
-        max_seq_lengths: The limits audited, ascending.
-        vocab_size: Rows of the model's input embedding the ids were checked against, or None (not checked).
-        findings: In the order of the module docstring's kinds, then by ``max_seq_length``.
-    """
-
-    samples: int
-    length_percentiles: dict[str, float]
-    max_seq_lengths: list[int]
-    vocab_size: int | None
-    findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def nan_findings(self) -> list[Finding]:
-        """The findings that make a trial NaN when a step consists of their samples."""
-        return [f for f in self.findings if f.nan_risk]
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{"samples": N, "length_percentiles": {...}, "max_seq_lengths": [...], "vocab_size": V,
-        "findings": [{"kind", "max_seq_length", "samples", "detail", "nan_risk"}]}``."""
-        return {
-            "samples": self.samples,
-            "length_percentiles": self.length_percentiles,
-            "max_seq_lengths": self.max_seq_lengths,
-            "vocab_size": self.vocab_size,
-            "findings": [f.to_dict() for f in self.findings],
-        }
-
-
-def supervised_tokens(labels: Sequence[int], max_seq_length: int) -> int:
-    """Tokens the loss is computed on within the first ``max_seq_length``: ``labels[1:max_seq_length] != -100``.
-
-    Position 0 is never a target: causal-LM losses shift labels left by one (transformers'
-    ``ForCausalLMLoss``; ``Trainer`` counts ``num_items_in_batch`` over ``labels[..., 1:]``).
-    """
-    return sum(1 for t in labels[1:max_seq_length] if t != -100)
-
-
-def _percentile(sorted_values: Sequence[int], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default method), ``q`` in [0, 100]."""
-    if len(sorted_values) == 1:
-        return float(sorted_values[0])
-    pos = (len(sorted_values) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def length_percentiles(lengths: Iterable[int]) -> dict[str, float]:
-    """``min``, ``p50``, ``p90``, ``p95``, ``p99``, ``max`` and ``mean`` of token counts (empty input: {})."""
-    values = sorted(lengths)
-    if not values:
-        return {}
-    out = {"min": float(values[0])}
-    out.update({f"p{q}": round(_percentile(values, q), 1) for q in PERCENTILES})
-    out["max"] = float(values[-1])
-    out["mean"] = round(sum(values) / len(values), 1)
-    return out
-
-
-def longest_repeated_span(ids: Sequence[int], max_period: int = MAX_PERIOD) -> tuple[int, int, int]:
-    """The longest stretch of ``ids`` that repeats one unit of 1..``max_period`` tokens back to back.
-
-    Returns:
-        ``(span_tokens, period, start)``: tokens covered, unit length, first position; ``(0, 0, 0)`` when no unit
-        repeats. A stretch of period p satisfies ``ids[i] == ids[i + p]`` for ``span_tokens - p`` consecutive i; the
-        smallest period wins a tie (a run of one token is also periodic with period 2).
-    """
-    best = (0, 0, 0)
-    n = len(ids)
-    for p in range(1, max_period + 1):
-        run = 0
-        for i in range(n - p):
-            if ids[i] == ids[i + p]:
-                run += 1
-                if run + p > best[0]:
-                    best = (run + p, p, i - run + 1)
-            else:
-                run = 0
-    return best
-
-
-def _unusual_characters(text: str) -> list[str]:
-    """What is unusual in ``text``: names of the character classes found (empty when clean)."""
-    found = []
-    if any(unicodedata.category(c) == "Cc" and c not in "\t\n\r" for c in text):
-        found.append("control characters")
-    if "\ufffd" in text:
-        found.append("U+FFFD replacement characters")
-    if _FULLWIDTH_PUNCT.search(text) and not _CJK.search(text):
-        found.append("full-width punctuation in half-width text")
-    return found
-
-
-def _sample_text(sample: Sample) -> str:
-    if sample.text is not None:
-        return sample.text
-    return "\n".join(m["content"] for m in sample.messages or ())
-
-
-def _content_key(sample: Sample) -> tuple:
-    if sample.text is not None:
-        return ("text", " ".join(sample.text.split()))
-    return tuple((m["role"], " ".join(m["content"].split())) for m in sample.messages or ())
 
 
 def _samples(n: int, total: int | None = None, verb: tuple[str, str] | None = None) -> str:
@@ -563,132 +379,4 @@ def _embedding_findings(
                 "checkpoint, or set another pad token",
             )
         )
-    return out
-
-
-@dataclass(frozen=True, kw_only=True)
-class NanStep:
-    """A step of a trial that the data alone makes NaN.
-
-    Attributes:
-        step: 1-based optimizer step.
-        samples: Dataset indices of the step's rows.
-        kind: ``no_supervised_tokens`` (no row has a supervised token) or ``invalid_token_id`` (some row has one).
-    """
-
-    step: int
-    samples: list[int]
-    kind: str
-
-
-def first_nan_step(
-    tokenized: Sequence[TokenizedSample],
-    max_seq_length: int,
-    per_device_train_batch_size: int,
-    gradient_accumulation_steps: int,
-    max_steps: int,
-    vocab_size: int | None = None,
-) -> NanStep | None:
-    """The first step within ``max_steps`` that goes NaN for a data reason alone, reading samples as a trial does.
-
-    A trial reads its samples in order (``sweeper.trial._child.worker`` uses a sequential sampler), in micro-batches of
-    ``per_device_train_batch_size`` rows (the last one of an epoch shorter), ``gradient_accumulation_steps``
-    micro-batches per optimizer step (the last step of an epoch takes what is left, as ``Trainer`` does), and starts
-    over when the data runs out. A step's loss is averaged over all its supervised tokens, so it is NaN when none of
-    its rows has one; an out-of-vocabulary id fails its step alone.
-
-    Args:
-        tokenized: Full-length tokenization in trial order (as for :func:`audit_samples`).
-        max_seq_length: The trial's limit.
-        per_device_train_batch_size: >= 1.
-        gradient_accumulation_steps: >= 1.
-        max_steps: Steps the trial runs.
-        vocab_size: Embedding rows, or None to skip the id check.
-
-    Returns:
-        The first such step, or None.
-    """
-    epoch = _epoch_steps(tokenized, per_device_train_batch_size, gradient_accumulation_steps)
-    if not epoch:
-        return None
-    for step in range(min(max_steps, len(epoch))):  # later epochs repeat the same steps
-        rows = epoch[step]
-        if vocab_size is not None:
-            bad = [t.index for t in rows if any(i >= vocab_size or i < 0 for i in t.input_ids[:max_seq_length])]
-            if bad:
-                return NanStep(step=step + 1, samples=bad, kind="invalid_token_id")
-        if all(supervised_tokens(t.labels, max_seq_length) == 0 for t in rows):
-            return NanStep(step=step + 1, samples=[t.index for t in rows], kind="no_supervised_tokens")
-    return None
-
-
-def _epoch_steps(
-    tokenized: Sequence[TokenizedSample], per_device_train_batch_size: int, gradient_accumulation_steps: int
-) -> list[list[TokenizedSample]]:
-    """The rows of each optimizer step of one epoch, read as a trial reads them (see :func:`first_nan_step`)."""
-    batches = [
-        tokenized[i : i + per_device_train_batch_size] for i in range(0, len(tokenized), per_device_train_batch_size)
-    ]
-    return [
-        [row for b in batches[i : i + gradient_accumulation_steps] for row in b]
-        for i in range(0, len(batches), gradient_accumulation_steps)
-    ]
-
-
-def first_step_with(
-    tokenized: Sequence[TokenizedSample],
-    samples: Iterable[int],
-    per_device_train_batch_size: int,
-    gradient_accumulation_steps: int,
-    max_steps: int,
-    kind: str,
-) -> NanStep | None:
-    """The first step within ``max_steps`` that holds one of ``samples`` (dataset indices), as a ``kind`` NaN step:
-    for faults that fail any step with such a row (``bad_embedding_row``)."""
-    wanted = set(samples)
-    epoch = _epoch_steps(tokenized, per_device_train_batch_size, gradient_accumulation_steps)
-    for step in range(min(max_steps, len(epoch))):
-        hit = [t.index for t in epoch[step] if t.index in wanted]
-        if hit:
-            return NanStep(step=step + 1, samples=hit, kind=kind)
-    return None
-
-
-@dataclass(frozen=True, kw_only=True)
-class NanRisk:
-    """A finding that would make trials NaN, and where it strikes in the sweep.
-
-    Attributes:
-        finding: The audit's finding (``no_supervised_tokens`` or ``invalid_token_id`` at one ``max_seq_length``).
-        strikes: The first NaN step per ``(per_device_train_batch_size, gradient_accumulation_steps)`` of the sweep
-            at which a step is made only of such samples within ``max_steps``; empty when none is.
-        max_steps: The longest run of the sweep, in steps.
-    """
-
-    finding: Finding
-    strikes: dict[tuple[int, int], NanStep]
-    max_steps: int
-
-
-def nan_risks(
-    report: AuditReport,
-    tokenized: Sequence[TokenizedSample],
-    batch_sizes: Sequence[int],
-    accumulation_steps: Sequence[int],
-    max_steps: int,
-) -> list[NanRisk]:
-    """For each finding of ``report`` that would make a trial NaN, the batch shapes of the sweep where it strikes
-    (:func:`first_nan_step`), so that a data fault is never read as a hyperparameter result."""
-    out = []
-    for finding in report.nan_findings:
-        strikes = {}
-        for b in batch_sizes:
-            for ga in accumulation_steps:
-                if finding.max_seq_length is None:
-                    hit = first_step_with(tokenized, finding.samples, b, ga, max_steps, finding.kind)
-                else:
-                    hit = first_nan_step(tokenized, finding.max_seq_length, b, ga, max_steps, report.vocab_size)
-                if hit is not None and hit.kind == finding.kind:
-                    strikes[(b, ga)] = hit
-        out.append(NanRisk(finding=finding, strikes=strikes, max_steps=max_steps))
     return out
