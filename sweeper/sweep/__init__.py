@@ -12,10 +12,11 @@ It writes through :mod:`sweeper.study.writing`; the readers (report, export) nev
 """
 
 from sweeper.sweep._confirm import candidates, confirm_trials
-from sweeper.sweep._loop import SweepCallback, SweepEvent, run_study
+from sweeper.sweep._loop import run_study
 from sweeper.sweep._lr_calibration import calibrate_study
 from sweeper.sweep._plan import SweepPlan, plan_sweep
 from sweeper.sweep._setup_checks import check_setup
+from sweeper.sweep._state import SweepCallback, SweepEvent
 
 __all__ = [
     "SweepCallback",

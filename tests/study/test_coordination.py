@@ -4,7 +4,7 @@ more than ``n_trials`` trials between several sweep processes), the heartbeat th
 trials (a sweep gone on this host, a sweep that went silent anywhere, a sweep that beats less often left alone).
 
 Everything is real: SQLite storages in the test's folder, trials asked from Optuna studies, sweep processes (forked
-processes that open the study and ask as ``sweep run`` does, :class:`sweeper.sweep._loop._Sweep`). A trial
+processes that open the study and ask as ``sweep run`` does, :class:`sweeper.sweep._state._Sweep`). A trial
 whose sweep went silent is made by moving its last heartbeat back in the database, as if it were a minute old,
 instead of waiting out a grace period. The end-to-end tests with real trials are in test_parallel.py, test_study.py
 and test_faults.py.
@@ -36,8 +36,8 @@ from sweeper.study._optuna_private import stale_trial_ids
 from sweeper.study._recovery import StaleTrial, _fail_running, fail_stale_trials
 from sweeper.study._snapshot import count_finished
 from sweeper.study._storage import open_study
-from sweeper.sweep._loop import _Stop, _Sweep
 from sweeper.sweep._plan import SweepPlan
+from sweeper.sweep._state import _Stop, _Sweep
 
 SEARCH = {"r": [4, 8, 16, 32, 64, 128]}
 

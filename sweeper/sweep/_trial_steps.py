@@ -1,0 +1,354 @@
+"""The steps of one asked trial in a sweep, and a worker slot's loop over them: wait for a running trial of the
+same configuration, settle a repeat without running it, settle what the preflight prunes, measure it in a trial
+process, and tell the study.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import warnings
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.errors import STOP_CAUSE, RunError
+from sweeper.memory import preflight
+from sweeper.space import TrialConfig
+from sweeper.study import StudyLike, StudySnapshot, artifact_store, snapshot, study_dir
+from sweeper.study.writing import (
+    CORRECTED_ATTR,
+    FAILURE_CONSTRAINT,
+    TRIAL_SETUP_ATTR,
+    Heartbeat,
+    check_disk,
+    device_kind,
+    failure_constraint,
+    record_result,
+    retry,
+    slot_env,
+    storage_of,
+    stored_calibration,
+    trial_dir,
+    trial_id,
+    update_calibration,
+    upload_trial_artifacts,
+)
+from sweeper.sweep._preflight import known_memory, trial_device
+from sweeper.sweep._state import _BOOKKEEPING_ATTRS, POLL_S, _Stop, _Sweep
+from sweeper.trial import MemoryReading, Provenance, TrialProcess, TrialResult, TrialStatus
+
+
+def _same_rows(params: Mapping[str, Any], config: TrialConfig | None, longest: int | None) -> dict[str, Any]:
+    """``params`` with a searched ``max_seq_length`` at the length its rows are trained at
+    (:meth:`TrialConfig.worst_case_length`): values at or above the data's longest sample compare equal."""
+    out = dict(params)
+    if config is not None and "max_seq_length" in out:
+        out["max_seq_length"] = config.worst_case_length(longest)
+    return out
+
+
+def find_duplicate(
+    study: StudyLike,
+    params: Mapping[str, Any],
+    config: TrialConfig | None = None,
+    setup: int | None = None,
+    longest_sample_tokens: int | None = None,
+) -> FrozenTrial | None:
+    """A COMPLETE or PRUNED trial with these params (or params that train the same rows) and a result of its own, or
+    None.
+
+    TPE re-proposes configurations it already measured, often in small categorical spaces; a trial's outcome is
+    deterministic up to measurement noise (fixed seed, same samples), so a repeat costs GPU time and teaches nothing.
+    FAIL trials (timeout, crash, error) are not reused: they may go differently another time. With ``config``, the
+    earlier trial must also have been measured with the same settings (:meth:`sweeper.space.TrialConfig.measured`:
+    run policy such as ``trial_timeout`` or ``max_retries`` aside): a study resumed with another
+    ``memory_limit_gib``, learning rate or dataset measures its configurations again. With ``setup``, the earlier
+    trial must have been measured under that setup too (:mod:`sweeper.study._setups`: the data file's content may
+    have changed under the same path). With ``longest_sample_tokens`` (the data's longest tokenized sample) and
+    ``config``, a ``max_seq_length`` at or above it is the same as any other such value
+    (:meth:`TrialConfig.as_trained`): the trials pad each micro-batch to its longest row, so both train the same rows
+    at the same shapes (not when samples are packed: a packed row fills up to ``max_seq_length``).
+    """
+    longest = longest_sample_tokens if config is not None else None
+    want = config.as_trained(longest).measured() if config is not None else None
+    mine = _same_rows(params, config, longest)
+    for t in snapshot(study).trials_in((TrialState.COMPLETE, TrialState.PRUNED)):
+        if "status" not in t.user_attrs or t.frozen is None:
+            continue
+        if t.params != params and (longest is None or _same_rows(t.params, t.config, longest) != mine):
+            continue
+        if setup is not None and t.user_attrs.get(TRIAL_SETUP_ATTR, setup) != setup:
+            continue
+        if want is not None and config is not None:
+            if t.config is None:
+                continue
+            theirs = t.config
+            if setup is not None and t.user_attrs.get(TRIAL_SETUP_ATTR) == setup:
+                # The setup compared the data by content and a local checkpoint by fingerprint: the same files
+                # under another path (a copied project folder) are the same measurement.
+                theirs = replace(
+                    theirs,
+                    dataset=replace(theirs.dataset, path=config.dataset.path),
+                    model=replace(theirs.model, name_or_path=config.model.name_or_path),
+                )
+            if theirs.as_trained(longest).measured() != want:
+                continue
+        return t.frozen
+    return None
+
+
+def run_one(sweep: _Sweep, trial: optuna.Trial) -> None:
+    """Settle, or measure and tell, one asked trial."""
+    config = sweep.space.trial_config(trial.params)
+    if not wait_for_same(sweep, trial):
+        return
+    view = snapshot(sweep.study)  # read once for the repeat check and the preflight
+    if settle_repeat(sweep, trial, view):
+        return
+    predicted = sweep.predictor(config)
+    if settle_prediction(sweep, trial, config, predicted, view):
+        return
+    result = measure(sweep, trial, config)
+    if result is not None:
+        result.memory.predicted_peak_gib = predicted
+        after = tell(sweep, trial, config, result)
+        if result.status == "complete":  # a measured peak: the preflight learns the machine from it
+            update_calibration(sweep.study, sweep.predictor, device_kind(), after)
+
+
+def record_interrupted(sweep: _Sweep, trial: optuna.Trial, reason: str | None = None) -> None:
+    """Tell ``trial`` FAIL as not run to its end (``interrupted``, not counted) and queue its params again, without
+    using up one of its ``max_retries`` (the configuration did nothing wrong): the next ``sweep run`` measures it.
+    The default reason names what stopped the sweep (``interrupted: Ctrl-C``, ``interrupted: SIGTERM``)."""
+    trial.set_user_attr("status", TrialStatus.CRASH.value)
+    trial.set_user_attr("reason", reason or f"interrupted: {STOP_CAUSE['by']}")
+    trial.set_user_attr("interrupted", True)
+    retry(sweep.study, trial, sweep.max_retries, count=False)
+    sweep.study.tell(trial, state=TrialState.FAIL)
+
+
+def wait_for_same(sweep: _Sweep, trial: optuna.Trial) -> bool:
+    """Wait while an earlier trial with the same params runs (another slot or machine was asked the same
+    configuration: a retry, or a sampler without a lie for it); its result is then reused
+    (:func:`settle_repeat`) instead of measured twice. Only earlier numbers are waited for, so two such trials
+    never wait on each other.
+
+    Returns:
+        False when Ctrl-C came meanwhile: the trial is recorded as interrupted.
+    """
+    params = trial.params
+    try:
+        while not sweep.interrupted.is_set():
+            with sweep.lock.held():
+                sweep.fail_stale()  # the earlier trial's sweep may be dead or silent: it would never end
+            running = [
+                t.number
+                for t in sweep.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if t.number < trial.number and t.params == params
+            ]
+            if not running:
+                break
+            sweep.interrupted.wait(POLL_S)
+    except KeyboardInterrupt:
+        record_interrupted(sweep, trial)
+        raise
+    if sweep.interrupted.is_set():
+        record_interrupted(sweep, trial)
+        return False
+    return True
+
+
+def settle_repeat(sweep: _Sweep, trial: optuna.Trial, view: StudySnapshot) -> bool:
+    """Tell a repeat of a measured configuration with that trial's state, values and attributes, marked
+    ``duplicate_of``; count consecutive repeats.
+
+    Returns:
+        Whether ``trial`` was a repeat (and is now told).
+    """
+    longest = sweep.plan.longest_sample_tokens
+    same = find_duplicate(view, trial.params, sweep.space.trial_config(trial.params), sweep.plan.setup, longest)
+    with sweep.mutex:
+        sweep.repeats = sweep.repeats + 1 if same is not None else 0
+    if same is None:
+        return False
+    for key, value in same.user_attrs.items():
+        if key not in _BOOKKEEPING_ATTRS:
+            trial.set_user_attr(key, value)
+    trial.set_user_attr("duplicate_of", same.number)
+    reason = f"same configuration as trial {same.number}: its result is reused"
+    mine, theirs = trial.params.get("max_seq_length"), same.params.get("max_seq_length")
+    if mine != theirs and longest is not None:
+        reason = (
+            f"max_seq_length {mine} trains the same rows as {theirs} on this data (longest {longest:,} tokens): "
+            f"trial {same.number}'s result is reused"
+        )
+    trial.set_user_attr("reason", reason)
+    trial.set_user_attr("wall_time_s", 0.0)
+    trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(same.user_attrs["status"]))
+    frozen = sweep.study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)
+    sweep.emit(frozen)
+    return True
+
+
+def settle_prediction(
+    sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, predicted: float | None, view: StudySnapshot
+) -> bool:
+    """Prune a configuration that cannot fit, without running it (:func:`sweeper.memory.preflight`): its
+    prediction corrected by the study's measured/predicted ratio (:class:`sweeper.memory.Calibration`, recorded as
+    ``corrected_peak_gib``), the dominance rule of this machine's device.
+
+    Returns:
+        Whether ``trial`` was pruned (and is now told).
+    """
+    kind = device_kind()
+    calibration = stored_calibration(view, kind)
+    if calibration is not None and predicted is not None:
+        trial.set_user_attr(CORRECTED_ATTR, calibration.correct(config, predicted))
+    decision = preflight(config, predicted, known_memory(view, kind), device=trial_device(), calibration=calibration)
+    if decision is None:
+        return False
+    result = TrialResult(
+        status=TrialStatus(decision[0]),
+        reason=decision[1],
+        memory=MemoryReading(predicted_peak_gib=predicted),
+        provenance=Provenance(
+            wall_time_s=0.0, lora_alpha=config.lora_alpha, effective_batch_size=config.effective_batch_size
+        ),
+    )
+    record_result(trial, result, config)
+    trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
+    sweep.emit(sweep.study.tell(trial, state=TrialState.PRUNED))
+    return True
+
+
+def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig) -> TrialResult | None:
+    """Run the trial in this worker slot's trial process (:class:`sweeper.trial.TrialProcess`, warm or fresh).
+
+    Returns:
+        Its result, or None when Ctrl-C killed it (it is then recorded as interrupted).
+
+    Raises:
+        RunError: The trial's files cannot be written (it is recorded as not run and queued again).
+        KeyboardInterrupt: Ctrl-C with one worker slot, after recording the trial as interrupted.
+    """
+    pids: list[int] = []
+
+    def started(pid: int) -> None:
+        trial.set_user_attr("worker_pid", pid)
+        pids.append(pid)
+        with sweep.mutex:
+            sweep.trial_pids.add(pid)
+        if sweep.interrupted.is_set():  # Ctrl-C came while this trial process was starting
+            os.killpg(pid, signal.SIGKILL)
+
+    folder = trial_dir(sweep.name, trial.number)
+    sweep.started(trial)
+    process: TrialProcess = sweep.local.process  # set by run_slot for this thread
+    try:
+        result = process.run(
+            config,
+            folder,
+            model_path=sweep.model_path,
+            on_start=started,
+            on_progress=lambda progress: sweep.progress(trial.number, progress),
+        )
+    except KeyboardInterrupt:  # one slot, in the main thread: the trial process was killed
+        record_interrupted(sweep, trial)
+        raise
+    except OSError as exc:  # the trial's files cannot be written: disk full, folder made read-only meanwhile
+        record_interrupted(sweep, trial, f"not run: cannot write {folder} ({exc.strerror})")
+        raise RunError(
+            f"{folder}: cannot write the trial's files ({exc.strerror}); trial {trial.number} is "
+            "recorded as not run and queued again; fix the disk and run the same command: finished "
+            "trials are kept"
+        ) from None
+    finally:
+        with sweep.mutex:
+            sweep.trial_pids.difference_update(pids)
+    if sweep.interrupted.is_set():  # Ctrl-C with worker threads: interrupt() killed this trial process
+        record_interrupted(sweep, trial)
+        return None
+    return result
+
+
+def tell(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, result: TrialResult) -> StudySnapshot | None:
+    """Store the result and its artifacts, tell the study (COMPLETE with its objectives' values, PRUNED for a result
+    about the configuration, FAIL otherwise) and queue a retry of a crash or timeout.
+
+    Returns:
+        The study as read once after the trial was told (:meth:`_Sweep.emit`), or None when another sweep had
+        ended the trial meanwhile."""
+    try:
+        record_result(trial, result, config)
+        _upload_artifacts(sweep.name, trial, result)
+        trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
+        if result.status == "complete":
+            frozen = sweep.study.tell(trial, sweep.objective_values(result))
+        elif result.status.pruned:
+            frozen = sweep.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            if result.status.retried and retry(sweep.study, trial, sweep.max_retries):
+                trial.set_user_attr("retried", True)
+            frozen = sweep.study.tell(trial, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        sweep.note(
+            f"trial {trial.number}: another sweep marked it lost while it ran (this process sent no "
+            "heartbeat: was it frozen?); its retry measures it again; this run's files are in "
+            f"{trial_dir(sweep.name, trial.number)}"
+        )
+        return None
+    return sweep.emit(frozen)
+
+
+def _upload_artifacts(study_name: str, trial: optuna.Trial, result: TrialResult) -> None:
+    """The trial's trace, loss curve and failing batch to the study's artifact store (:mod:`sweeper.study._artifacts`);
+    a full or read-only disk loses the artifacts, not the trial."""
+    try:
+        upload_trial_artifacts(trial, result, trial_dir(study_name, trial.number), artifact_store(study_name))
+    except OSError as exc:
+        warnings.warn(f"trial {trial.number}: artifacts not stored ({exc})", stacklevel=2)
+
+
+def run_slot(sweep: _Sweep, slot: int) -> None:
+    """Run trials in this worker slot until the sweep stops."""
+    device = sweep.devices[slot]
+    env = slot_env(device, sweep.workers)
+    # The slot's warm trial process (sweeper.trial.TrialProcess): started at its first trial, reused while
+    # trials end complete or diverged, ended with the slot.
+    sweep.local.process = TrialProcess(env, warm=sweep.warm)
+    sweep.local.slot = slot
+    try:
+        while not sweep.stop.is_set():
+            check_disk(study_dir(sweep.name))
+            try:
+                trial = sweep.ask(device)
+            except _Stop:
+                return
+            if trial is None:
+                sweep.stop.wait(POLL_S)
+                continue
+            heartbeat = Heartbeat(storage_of(sweep.study), trial_id(trial))
+            try:
+                run_one(sweep, trial)
+            finally:
+                heartbeat.stop()
+    finally:
+        sweep.local.process.close()
+
+
+def slot_main(sweep: _Sweep, slot: int, done: threading.Event) -> None:
+    """A worker slot's thread: an error stops every slot from starting more trials and is raised by the main
+    thread; ``done`` is set when the slot has recorded its last trial."""
+    try:
+        run_slot(sweep, slot)
+    except BaseException as exc:
+        with sweep.mutex:
+            sweep.errors.append(exc)
+        sweep.stop.set()
+    finally:
+        done.set()
