@@ -31,7 +31,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     study, url = load_existing_study(args.study)
     check_study_owner(study, url)  # calibrate writes into studies/<name>/: not into another study's folder
     read = snapshot(study)
-    numbers = _numbers(args.trials) if args.trials else None
+    numbers = _numbers(args.trials) if args.trials is not None else None  # an empty --trials is refused
     first = next((t for t in read.front if t.config is not None), None)
     if first is not None:
         _check_setup(study, first.config)

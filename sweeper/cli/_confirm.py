@@ -172,7 +172,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     study, url = load_existing_study(args.study)
     check_study_owner(study, url)  # confirm writes into studies/<name>/: not into another study's folder
     read = snapshot(study)
-    if args.trials:
+    if args.trials is not None:  # an empty --trials (an unset variable in a script) is refused, not the default
         numbers = _numbers(args.trials)
     elif args.front:
         numbers = [t.number for t in candidates(read)]

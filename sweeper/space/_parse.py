@@ -101,9 +101,15 @@ def _parse_range(where: str, raw: dict[Any, Any], spec: KeySpec, problems: _Prob
             where, f"low={raw['low']!r}, high={raw['high']!r} out of bounds", f"both must be {_describe(spec)}"
         )
         return None
-    if not _range_options_valid(where, low, high, raw.get("log", False), raw.get("step"), spec, problems):
+    step = raw.get("step")
+    if isinstance(step, str):  # YAML 1.1 reads 1e-5 (no dot) as a string, as it does for low and high
+        try:
+            step = float(step)
+        except ValueError:
+            pass  # refused below, as given
+    if not _range_options_valid(where, low, high, raw.get("log", False), step, spec, problems):
         return None
-    return Range(low=low, high=high, log=raw.get("log", False), step=raw.get("step"), is_int=spec.kind == "int")
+    return Range(low=low, high=high, log=raw.get("log", False), step=step, is_int=spec.kind == "int")
 
 
 def _range_options_valid(

@@ -29,7 +29,7 @@ from sweeper.errors import StudyError
 from sweeper.stability import CALIBRATED_SOURCE_PREFIX, DEFAULT_LR_CALIBRATION, Z95, LrCalibration
 from sweeper.study import StoredTrial, StudyLike, by_knee_distance, snapshot
 from sweeper.study.writing import LR_CALIBRATION_ATTR, TrialStatus, trial_dir
-from sweeper.sweep._confirm import horizon, long_config
+from sweeper.sweep._confirm import DEFAULT_HORIZON_FACTOR, horizon, long_config
 from sweeper.trial import TrialProgress, TrialResult, run_trial
 
 #: Study user attribute prefix of one calibration run: ``lr_calibration_run:<trial>:<multiple>``.
@@ -256,11 +256,22 @@ def calibrate_study(
         The stored calibration (None while no edge is bracketed) and the edges it rests on.
 
     Raises:
-        StudyError: Bad ``numbers`` (see :func:`calibration_trials`).
+        StudyError: Bad ``numbers`` (see :func:`calibration_trials`), or a run no longer than a chosen trial's
+            ``max_steps`` (nothing runs then, nothing is stored).
         KeyboardInterrupt: After killing the running trial process; the runs before it are kept.
     """
     trials = calibration_trials(study, numbers)
     snap = snapshot(study)
+    for t in trials:  # before anything runs: a run no longer than its trial measures no long-run edge
+        assert t.config is not None
+        n = steps if steps is not None else (snap.confirm_steps or horizon(t, None))
+        if n <= t.config.max_steps:
+            raise StudyError(
+                f"{study.study_name}: --steps: a {n}-step calibration run is not longer than trial {t.number}'s "
+                f"{t.config.max_steps} steps, so it would calibrate nothing (the factor is from a short trial to a "
+                f"long run); give --steps above {t.config.max_steps}, e.g. --steps "
+                f"{DEFAULT_HORIZON_FACTOR * t.config.max_steps}"
+            )
     done = stored_runs(snap)
     deadline = time.monotonic() + max_hours * 3600 if max_hours else math.inf
     spent = 0

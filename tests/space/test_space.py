@@ -318,3 +318,18 @@ def test_a_relative_data_path_means_the_same_file_from_any_folder(tmp_path, monk
     assert typed.dataset.path == str(elsewhere / "mine.csv")  # a command-line path is the working folder's
     for kept in ("builtin:pydoc-topics", "tatsu-lab/alpaca", "/abs/rows.jsonl"):
         assert load_space(project / "space.yaml", [f"dataset.path={kept}"]).dataset.path == kept
+
+
+def test_a_step_written_1e_5_is_a_number_as_low_and_high_are(tmp_path):
+    # YAML 1.1 (PyYAML) reads 1e-5, with no dot, as the string '1e-5'; low and high were read as numbers, step was
+    # refused as "not a positive number" (issue 48)
+    path = tmp_path / "space.yaml"
+    path.write_text("search:\n  learning_rate: {low: 1e-5, high: 1e-3, step: 1e-5}\n")
+    dim = load_space(path).search["learning_rate"]
+    assert dim == Range(low=1e-5, high=1e-3, step=1e-5) and isinstance(dim.step, float)
+    path.write_text("search:\n  learning_rate: {low: 1e-5, high: 1e-3, step: fast}\n")
+    with pytest.raises(SpaceError) as bad:
+        load_space(path)
+    assert bad.value.problems == [
+        f"{path}: search.learning_rate.step: 'fast' is not a positive number; give a positive step or drop it"
+    ]

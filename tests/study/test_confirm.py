@@ -110,6 +110,7 @@ def test_confirm_bad_input_is_one_line(confirmed_study):
         (["--trials", "99"], "no trial 99"),
         (["--steps", "0"], "--steps: 0 is not a number of steps"),
         (["--steps", "2"], "a 2-step confirmation is not longer than trial"),  # the trials ran 2 steps
+        (["--trials", ""], "--trials: '' is not a list"),  # not the default pick (an unset variable in a script)
     ):
         out = run_cli("confirm", "c", *argv, cwd=workdir)
         lines = out.stderr.strip().splitlines()

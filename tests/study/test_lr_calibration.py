@@ -145,6 +145,11 @@ def test_calibrate_bad_input_is_one_line_and_writes_nothing(fp16_study, workdir)
         (["--runs", "0"], "--runs: 0 is not a number of runs"),
         (["--hours", "0"], "--hours: 0.0 is not a duration"),
         (["--resolution", "1"], "--resolution: 1.0 must be above 1"),
+        # an empty list (an unset variable in a script) is refused, not read as the default choice
+        (["--trials", ""], "--trials: '' is not a list of trial numbers"),
+        # a run no longer than the trials it calibrates would store a factor from 1-step runs (issue 48: 5.48)
+        (["--steps", "1"], "a 1-step calibration run is not longer than trial"),
+        (["--steps", "8"], "a 8-step calibration run is not longer than trial"),
     ):
         out = run_cli("calibrate", "cal", *argv, cwd=workdir)
         lines = out.stderr.strip().splitlines()
