@@ -124,6 +124,15 @@ def _load_rows(spec: DatasetSpec) -> Any:
         size = path.stat().st_size
         if size == 0 or (builder != "parquet" and size < 2**20 and not path.read_bytes().strip()):
             raise DataError(f"{spec.path}: dataset.path: the file is empty; give a file with one sample per row")
+        if builder != "parquet":
+            # JSON text is UTF-8 (RFC 8259): the json reader keeps invalid bytes and the first read of that row
+            # raised UnicodeDecodeError from pyarrow (a traceback); the csv reader refuses them as ArrowInvalid
+            not_utf8 = _first_non_utf8_line(path)
+            if not_utf8:
+                raise DataError(
+                    f"{spec.path}: dataset.path: {not_utf8} is not UTF-8; save the file as UTF-8 (e.g. iconv -f "
+                    "latin1 -t utf-8), or fix that line"
+                )
         try:
             # A local file needs nothing from the hub: offline, datasets sends no load-count request (a HEAD to the
             # hub per load; where no network answers, a name lookup that waited 5 s)
@@ -171,6 +180,18 @@ def _csv_empty_cells_as_text(table: Any) -> Any:
     if not text or not any(v is None for name in text for v in table[name]):
         return table
     return table.map(lambda row: {name: "" if row[name] is None else row[name] for name in text})
+
+
+def _first_non_utf8_line(path: Path) -> str | None:
+    """``line N (byte 0xff at column C)`` for the first line of a text file that is not UTF-8, or None; read line by
+    line, so a large file is never held whole."""
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return f"line {number} (byte 0x{line[exc.start]:02x} at column {exc.start + 1})"
+    return None
 
 
 def _first_bad_json_line(path: Path) -> str | None:

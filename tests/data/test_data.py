@@ -98,6 +98,30 @@ def test_loss_only_on_replies(tiny_model):
     assert len(cut.input_ids) == 16 and cut.n_tokens == tok.n_tokens > 16
 
 
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("latin1.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9 au lait"}\n'),
+        ("latin1.csv", b"text\nok\ncaf\xe9 au lait\n"),
+        ("latin1.json", b'[{"text": "ok"}, {"text": "caf\xe9"}]'),
+    ],
+)
+def test_a_file_that_is_not_utf8_is_one_line_naming_the_line(tmp_path, name, content):
+    # JSON lines in latin-1 were a 46-line UnicodeDecodeError traceback from pyarrow (issue 48); the same bytes as
+    # CSV were one line without the line number
+    bad = tmp_path / name
+    bad.write_bytes(content)
+    with pytest.raises(DataError) as info:
+        load_samples(DatasetSpec(path=str(bad)))
+    rows = content.split(b"\n")
+    line = next(n for n, row in enumerate(rows, 1) if b"\xe9" in row)
+    column = rows[line - 1].index(b"\xe9") + 1
+    assert info.value.problems == [
+        f"{bad}: dataset.path: line {line} (byte 0xe9 at column {column}) is not UTF-8; save the file as UTF-8 (e.g. "
+        "iconv -f latin1 -t utf-8), or fix that line"
+    ]
+
+
 def test_unreadable_files_name_the_cause(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{not json\n')
