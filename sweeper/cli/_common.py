@@ -277,13 +277,29 @@ def _study_ref(ref: str) -> str:
 def _dropped_rows_line(space: SearchSpace, model_path: str, samples: Any) -> str | None:
     """One ``WARNING data:`` line counting the dataset rows no trial will train on, by reason (None when every row
     is used): rows :func:`sweeper.data.load_samples` could not read and rows the chat template refuses
-    (:func:`sweeper.data.unused_rows`); ``sweep doctor`` lists them by index."""
+    (:func:`sweeper.data.unused_rows`); ``sweep doctor`` lists them by index.
+
+    Raises:
+        SpaceError: Fewer rows to train on than a searched ``per_device_train_batch_size``: every step of such a
+            trial would hold fewer rows than its batch, and it would be measured (and exported) as the batch it
+            never ran.
+    """
     from sweeper.data import dataset_rows, load_tokenizer, unused_rows
     from sweeper.report import format_dropped_rows
 
     tokenizer = load_tokenizer(model_path, space.model.trust_remote_code)
+    unused = unused_rows(samples, tokenizer)
+    usable = len(samples) - len(unused)
+    batch = max(space.values_of("per_device_train_batch_size"))
+    if 0 < usable < batch:
+        rows = f"{usable} row{'s' if usable != 1 else ''}"
+        raise SpaceError(
+            f"{space.dataset.path}: dataset: {rows} to train on, fewer than per_device_train_batch_size {batch}: each "
+            f"step would hold {rows} and be measured as batch {batch}; give at least {batch} samples, or search "
+            f"per_device_train_batch_size up to {usable}"
+        )
     return format_dropped_rows(
-        unused_rows(samples, tokenizer),
+        unused,
         dataset_rows(samples),
         space.dataset.path,
         doctor=space.doctor_command(),

@@ -42,13 +42,13 @@ def cmd_trial(args: argparse.Namespace) -> int:
     setup = check_setup(space, model_path)  # what would fail the trial before it trains: one line each, exit 2
     if setup:
         raise SpaceError(setup)
+    dropped = _dropped_rows_line(space, model_path, samples)  # refuses a batch above the data's rows: before a folder
     folder = manual_trial_folder(study_dir(space.study.name) / "manual")
     if not args.json:
         for line in trial_header(config, _describe_setup(space, model_path, len(samples), card), folder):
             _print(line)
     for line in card_warnings:
         print(line, file=sys.stderr if args.json else sys.stdout)
-    dropped = _dropped_rows_line(space, model_path, samples)
     if dropped and args.json:  # stdout stays one JSON document
         print(dropped, file=sys.stderr)
     elif dropped:

@@ -41,6 +41,26 @@ def test_bad_input_before_any_trial(tiny_model, workdir, change, needle):
     assert not (workdir / "studies").exists()
 
 
+def test_fewer_rows_than_the_batch_is_refused_before_anything_runs(tiny_model, workdir):
+    # One row at per_device_train_batch_size 4 was measured and shown as "batch 4" while every step held one row
+    # (issue 48); now the run and the trial refuse it, and nothing is written.
+    from sweeper.testing import write_jsonl
+
+    write_jsonl(workdir / "one.jsonl", [{"text": "a single sample of text to train on, long enough to tokenize"}])
+    space = tiny_space(tiny_model, search={"per_device_train_batch_size": [1, 4]})
+    space["dataset"] = {"path": "one.jsonl"}
+    path = write_space(workdir, space)
+    needle = "dataset: 1 row to train on, fewer than per_device_train_batch_size 4: each step would hold 1 row"
+    for command in ("run", "trial"):
+        out = run_cli(command, str(path), *(["--set", "per_device_train_batch_size=4"] if command == "trial" else []),
+                      cwd=workdir)  # fmt: skip
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], (command, out.stdout, out.stderr)
+        assert not (workdir / "studies").exists(), command
+    ok = run_cli("trial", str(path), "--set", "per_device_train_batch_size=1", "--set", "max_steps=1", cwd=workdir)
+    assert ok.returncode == 0, ok.stderr  # batch 1 fits the one row: it runs
+
+
 def test_bad_flags_are_reported_with_the_file_problems(tiny_model, workdir):
     space = tiny_space(tiny_model)
     space["training"]["max_stepz"] = 3
