@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from sweeper.cli._common import _print, _publish
+from sweeper.cli._common import _check_owner, _print, _publish
 from sweeper.errors import SpaceError
 
 
@@ -19,6 +19,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     if not 1 <= args.port <= 65535:
         raise SpaceError(f"--port: {args.port} is not a port; give 1-65535, e.g. --port 8080")
     study, url = load_existing_study(args.study)
+    # its artifacts are read from studies/<name>/: from another folder every one was an HTTP 500 (and an empty folder
+    # was made there), so it refuses as report, export and confirm do
+    _check_owner(study, url, "the dashboard serves the trials' artifacts from the study's own folder")
     _publish(study)
     _print(f"dashboard http://{args.host}:{args.port}/dashboard/ on {redact_url(url)} (Ctrl-C to stop)")
     try:

@@ -580,8 +580,17 @@ def test_a_command_run_from_another_folder_does_not_split_the_studys_files(tiny_
     with pytest.raises(StudyError, match=f"keeps its trials, artifacts and exports in {project}/studies/home/"):
         check_study_owner(study, url)
     assert not (other / "studies").exists()
-    for args in (("confirm", url, "--steps", "40"), ("report", url), ("export", url)):
+    # the dashboard too: from another folder it served every artifact as HTTP 500 and made an empty folder there;
+    # its port is held here, so that a dashboard that did not refuse could not serve (and the test could not hang)
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    dashboard = ("dashboard", url, "--host", "127.0.0.1", "--port", str(held.getsockname()[1]))
+    for args in (("confirm", url, "--steps", "40"), ("report", url), ("export", url), dashboard):
         out = run_cli(*args, cwd=other)
         assert out.returncode == 2 and f"run this command from {project}" in out.stderr, (args, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1 and not (other / "studies").exists()
+    held.close()
     assert run_cli("report", url, "--html", str(other / "r.html"), cwd=other).returncode == 0
