@@ -101,7 +101,7 @@ def _parse_range(where: str, raw: dict[Any, Any], spec: KeySpec, problems: _Prob
             where, f"low={raw['low']!r}, high={raw['high']!r} out of bounds", f"both must be {_describe(spec)}"
         )
         return None
-    step = raw.get("step")
+    step: Any = raw.get("step")  # a number once _range_options_valid has passed it
     if isinstance(step, str):  # YAML 1.1 reads 1e-5 (no dot) as a string, as it does for low and high
         try:
             step = float(step)
@@ -109,7 +109,13 @@ def _parse_range(where: str, raw: dict[Any, Any], spec: KeySpec, problems: _Prob
             pass  # refused below, as given
     if not _range_options_valid(where, low, high, raw.get("log", False), step, spec, problems):
         return None
-    return Range(low=low, high=high, log=raw.get("log", False), step=step, is_int=spec.kind == "int")
+    return Range(
+        low=low,
+        high=high,
+        log=raw.get("log", False),
+        step=None if step is None else float(step),
+        is_int=spec.kind == "int",
+    )
 
 
 def _range_options_valid(

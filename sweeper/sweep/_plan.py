@@ -6,6 +6,7 @@ takes the plan as it is; ``sweep run``, the tests and the benchmarks make it the
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shutil
 import tempfile
@@ -316,14 +317,38 @@ def _nothing_fits(
 
     def measure(config: TrialConfig, why: str) -> tuple[float, float] | None:
         if "smallest" not in measured:
+            predicted = raw(config)
+            room = machine_available_gib()
+            if predicted is None or predicted * CPU_MODEL_ERROR > room:
+                # a configuration the model puts beyond what this machine has free is not run to learn its size
+                if on_measure is not None and predicted is not None:
+                    on_measure(
+                        f"memory  {why}; the smallest configuration is predicted at {predicted:.2f} GiB, and up to "
+                        f"{CPU_MODEL_ERROR:g}x that is more than this machine has free ({room:.2f} GiB): not "
+                        "measured, the advice below is the memory model's"
+                    )
+                measured["smallest"] = None
+                return None
+            cap_gib = predicted * CPU_MODEL_ERROR
             if on_measure is not None:
-                on_measure(f"memory  {why}; measuring the smallest configuration once (two steps, no cap)")
-            measured["smallest"] = measure_smallest(config, model_path)
+                on_measure(
+                    f"memory  {why}; measuring the smallest configuration once (two steps, under {cap_gib:.2f} GiB: "
+                    f"{CPU_MODEL_ERROR:g}x its prediction)"
+                )
+            got = measure_smallest(config, model_path, cap_gib)
+            if got is None and on_measure is not None:
+                on_measure(
+                    f"memory  the measurement did not complete two steps under {cap_gib:.2f} GiB: the smallest "
+                    "configuration needs more than that here; the advice below is the memory model's"
+                )
+            measured["smallest"] = got
         return measured["smallest"]
 
     if cpu and calibration is None and not any(k.fits for k in known):
         smallest = smallest_predicted(space, raw)
-        if smallest is not None and smallest[0] * CPU_MODEL_ERROR >= limit_gib:
+        # the prediction is within the model's CPU error of the cap, either side: measure (one far above it, e.g.
+        # 684 GiB at a 2.5 GiB cap, is the nothing-fits line's at once and is never measured)
+        if smallest is not None and limit_gib / CPU_MODEL_ERROR <= smallest[0] <= limit_gib * CPU_MODEL_ERROR:
             got = measure(smallest[1], f"the cap is within the CPU memory model's error ({CPU_MODEL_ERROR:g}x) of "
                           f"the smallest predicted peak ({smallest[0]:.2f} GiB)")  # fmt: skip
             if got is not None:
@@ -345,15 +370,29 @@ def _nothing_fits(
     return nothing_fits(space, predict, known_fit=fit, measure=advise if cpu else None)
 
 
-def measure_smallest(config: TrialConfig, model_path: str) -> tuple[float, float] | None:
-    """Run ``config`` for two steps without the stress phase, capped only at the machine's memory, in a fresh trial
-    process: ``(load_peak_memory_gib, peak_memory_gib)``, or None when it did not complete them. Two, not one: the
-    optimizer allocates its states in the first step's update, so only the second step's backward runs beside them
-    (advice from one step ran out of memory in step 2's backward at 0.63 GiB: tests/study/test_setup_checks.py)."""
+def machine_available_gib() -> float:
+    """What this machine has free for a measurement, in GiB: ``MemAvailable`` (its physical memory where there is no
+    ``/proc/meminfo``)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 / 2**30
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def measure_smallest(config: TrialConfig, model_path: str, cap_gib: float | None = None) -> tuple[float, float] | None:
+    """Run ``config`` for two steps without the stress phase, capped at ``cap_gib`` (default: what the machine has
+    free), in a fresh trial process: ``(load_peak_memory_gib, peak_memory_gib)``, or None when it did not complete
+    them. Two, not one: the optimizer allocates its states in the first step's update, so only the second step's
+    backward runs beside them (advice from one step ran out of memory in step 2's backward at 0.63 GiB:
+    tests/study/test_setup_checks.py)."""
     from sweeper.trial import run_trial
 
-    machine_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    two = dataclasses.replace(config, max_steps=2, warmup_steps=0, memory_limit_gib=machine_gib, trial_timeout_s=600.0)
+    cap = min(cap_gib if cap_gib is not None else math.inf, machine_available_gib())
+    two = dataclasses.replace(config, max_steps=2, warmup_steps=0, memory_limit_gib=cap, trial_timeout_s=600.0)
     with tempfile.TemporaryDirectory(prefix="sweeper-measure-") as folder:
         result = run_trial(two, folder, model_path=model_path, stress=False)
     if (

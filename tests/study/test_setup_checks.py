@@ -157,6 +157,29 @@ def test_nothing_predicted_to_fit_is_one_line_whose_advice_holds(tiny_model, wor
     assert result["status"] == "complete", result["reason"]
 
 
+def test_a_hopeless_cap_is_refused_from_the_model_without_measuring(tiny_model, workdir):
+    """At max_seq_length 1048576 under 2.5 GiB the smallest configuration is predicted at hundreds of GiB: it was
+    "measured" uncapped (38 s, with a false reason: "the cap is within the CPU memory model's error") and the
+    measurement failed without a word (issue 48). Now nothing runs: the line says why, and the advice is the model's.
+    Packed (rows of max_seq_length: padded, the data's short rows would set the step, and it would fit)."""
+    import time
+
+    space = tiny_space(
+        tiny_model,
+        search={"per_device_train_batch_size": [1, 2]},
+        training={"memory_limit_gib": 2.5, "max_seq_length": 1048576, "gradient_checkpointing": False, "packing": True},
+    )
+    path = write_space(workdir, space)
+    start = time.monotonic()
+    out = run_cli("run", str(path), cwd=workdir)
+    line = _one_line(out)
+    assert time.monotonic() - start < 30  # no trial process was started to measure it
+    assert "within the CPU memory model's error" not in out.stdout, out.stdout
+    assert "not measured, the advice below is the memory model's" in out.stdout, out.stdout
+    assert "no configuration of the space is predicted to fit 2.5" in line and "measured here" not in line
+    assert not (workdir / "studies" / "t.db").exists()
+
+
 @pytest.mark.slow
 def test_a_fit_under_a_larger_cap_does_not_hide_that_nothing_fits_the_new_one(tiny_model, workdir):
     """Resumed with a smaller memory_limit_gib, a study whose trial fit the old cap still gets the one line; a run
