@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sweeper.cli._common import _print, _publish
+from sweeper.cli._common import _check_trial_environment, _print, _publish
 from sweeper.errors import SpaceError
 
 
@@ -28,6 +28,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise SpaceError(f"--hours: {args.hours} is not a duration; give hours above 0, e.g. --hours 4")
     if not args.resolution > 1:
         raise SpaceError(f"--resolution: {args.resolution} must be above 1 (the edge's bracket), e.g. 1.5")
+    _check_trial_environment()  # a bad SWEEPER_TRIAL_START or SWEEPER_WARM is one line, never ignored
     study, url = load_existing_study(args.study)
     check_study_owner(study, url)  # calibrate writes into studies/<name>/: not into another study's folder
     read = snapshot(study)

@@ -165,6 +165,34 @@ def _with_card(
     return space, card, warnings
 
 
+#: The environment switches of the trial processes, and the values each takes (a typo is one line, never ignored):
+#: ``SWEEPER_TRIAL_START=exec`` starts every trial process with ``python -m`` (sweeper.trial._zygote.START_ENV);
+#: ``SWEEPER_WARM=0`` starts a fresh process for every trial (sweeper.sweep._state).
+TRIAL_ENVIRONMENT = {
+    "SWEEPER_TRIAL_START": ("exec", "unset it (trial processes forked from a zygote where they can be), or give exec"),
+    "SWEEPER_WARM": ("0", "unset it or give 1 (warm trial processes), or give 0 (a fresh process per trial)"),
+}
+
+
+def _check_trial_environment() -> None:
+    """Refuse an environment switch of the trial processes set to a value it does not take (one line each).
+
+    Raises:
+        StudyError: ``SWEEPER_TRIAL_START`` or ``SWEEPER_WARM`` set to another value.
+    """
+    import os
+
+    from sweeper.errors import StudyError
+
+    problems = []
+    for name, (value, fix) in TRIAL_ENVIRONMENT.items():
+        raw = os.environ.get(name, "")
+        if raw.strip() and raw not in (value, "1" if name == "SWEEPER_WARM" else value):
+            problems.append(f"{name}: {raw[:40]!r} is not a value it takes; {fix}")
+    if problems:
+        raise StudyError(problems)
+
+
 def _describe_setup(space: SearchSpace, model_path: str, n_samples: int, card: Card | None = None) -> str:
     cap = format_cap(
         space.base.memory_limit_gib,

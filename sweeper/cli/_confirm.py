@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from sweeper.cli._common import _print, _publish
+from sweeper.cli._common import _check_trial_environment, _print, _publish
 from sweeper.errors import SpaceError
 
 
@@ -169,6 +169,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.steps is not None and not 1 <= args.steps <= 10**7:
         raise SpaceError(f"--steps: {args.steps} is not a number of steps; give 1 to 10000000, e.g. --steps 300")
+    _check_trial_environment()  # a bad SWEEPER_TRIAL_START or SWEEPER_WARM is one line, never ignored
     study, url = load_existing_study(args.study)
     check_study_owner(study, url)  # confirm writes into studies/<name>/: not into another study's folder
     read = snapshot(study)

@@ -24,8 +24,26 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     _check_owner(study, url, "the dashboard serves the trials' artifacts from the study's own folder")
     _publish(study)
     _print(f"dashboard http://{args.host}:{args.port}/dashboard/ on {redact_url(url)} (Ctrl-C to stop)")
+    if not _loopback(args.host):
+        _print(
+            f"WARNING dashboard: listening on {args.host}: anyone who can reach this port can read the study and edit "
+            "its notes (optuna-dashboard has no login); for a remote machine keep --host 127.0.0.1 and forward the "
+            f"port (ssh -L {args.port}:127.0.0.1:{args.port} HOST)"
+        )
     try:
         serve(url, study.study_name, host=args.host, port=args.port)
     except KeyboardInterrupt:
         return 0
     return 0
+
+
+def _loopback(host: str) -> bool:
+    """``host`` names this machine only (``localhost``, ``127.x.x.x``, ``::1``)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from sweeper.cli._common import (
     _audit,
+    _check_trial_environment,
     _describe_setup,
     _devices,
     _dropped_rows_line,
@@ -80,6 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = _load(args)
     progress_interval_s()  # a bad SWEEPER_PROGRESS_INTERVAL_S is one line before anything is opened
+    _check_trial_environment()  # and a bad SWEEPER_TRIAL_START or SWEEPER_WARM
     if not space.search:
         raise SpaceError(
             f"{args.space}: search: nothing to search (every key is fixed); give at least one key a "

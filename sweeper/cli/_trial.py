@@ -9,7 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-from sweeper.cli._common import _describe_setup, _dropped_rows_line, _load, _prepare, _print, _with_card
+from sweeper.cli._common import (
+    _check_trial_environment,
+    _describe_setup,
+    _dropped_rows_line,
+    _load,
+    _prepare,
+    _print,
+    _with_card,
+)
 from sweeper.errors import SpaceError
 
 
@@ -36,6 +44,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from sweeper.sweep import check_setup
     from sweeper.trial import cuda_visible, run_trial
 
+    _check_trial_environment()  # a bad SWEEPER_TRIAL_START or SWEEPER_WARM is one line, never ignored
     space, card, card_warnings = _with_card(_load(args), "cuda" if cuda_visible() else "cpu")
     config = space.trial_config(space.first_choices())
     model_path, samples = _prepare(space.dataset, space.model)

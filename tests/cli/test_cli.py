@@ -280,3 +280,34 @@ def test_sigterm_stops_the_dashboard_while_it_answers_requests(tmp_path):
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "needle"),
+    [
+        ("SWEEPER_TRIAL_START", "bogus", "SWEEPER_TRIAL_START: 'bogus' is not a value it takes; unset it"),
+        ("SWEEPER_WARM", "maybe", "SWEEPER_WARM: 'maybe' is not a value it takes; unset it or give 1"),
+    ],
+)
+def test_a_mistyped_switch_of_the_trial_processes_is_one_line(
+    tiny_model, workdir, monkeypatch, variable, value, needle
+):
+    # both were silently ignored (issue 48): a typo in SWEEPER_WARM=0 ran every trial warm
+    monkeypatch.setenv(variable, value)
+    path = write_space(workdir, tiny_space(tiny_model))
+    for command in ("run", "trial"):
+        out = run_cli(command, str(path), cwd=workdir)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith(needle), (command, out.stderr)
+        assert not (workdir / "studies").exists()
+    monkeypatch.setenv(variable, {"SWEEPER_TRIAL_START": "exec", "SWEEPER_WARM": "0"}[variable])
+    from sweeper.cli._common import _check_trial_environment
+
+    _check_trial_environment()  # the value it takes passes
+
+
+def test_a_dashboard_on_every_interface_says_who_can_reach_it():
+    from sweeper.cli._dashboard import _loopback
+
+    assert _loopback("127.0.0.1") and _loopback("localhost") and _loopback("::1") and _loopback("127.0.1.1")
+    assert not _loopback("0.0.0.0") and not _loopback("10.1.2.3") and not _loopback("myhost")
