@@ -31,12 +31,19 @@ def export_path(path: str | Path, fmt: str, default_name: str) -> Path:
     inside PATH when it is a folder or ends with ``/``, as ``default_name``.
 
     Raises:
-        StudyError: PATH has another suffix (``.txt`` for a YAML export).
+        StudyError: PATH has another suffix (``.txt`` for a YAML export), is ``-`` (an export is files, not a stream)
+            or names something that is neither a regular file nor a folder (``/dev/null``).
         ValueError: No format is named ``fmt``.
     """
     suffix = export_format(fmt).suffix
     text = str(path)
     base = Path(path)
+    if text == "-":  # not stdout: an export is files (its config, and beside it the rows or the settings' JSON)
+        raise StudyError(f"-: -o: an export is files, not a stream; give a file path ending in {suffix}, or a folder")
+    if base.exists() and not base.is_dir() and not base.is_file():  # /dev/null became /dev/null.json
+        raise StudyError(
+            f"{path}: -o: not a regular file or a folder; give a file path ending in {suffix}, or a folder"
+        )
     if text.endswith(("/", os.sep)) or base.is_dir() or base.name in ("", ".", ".."):
         return base / (default_name + suffix)
     if base.suffix and base.suffix.lower() not in (suffix, ".yml" if suffix == ".yaml" else suffix):

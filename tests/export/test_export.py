@@ -5,6 +5,7 @@ is a CLI choice. ``test_export_stacks.py`` runs the files under the production s
 
 import json
 import runpy
+from pathlib import Path
 
 import pytest
 import yaml
@@ -133,6 +134,12 @@ def test_a_format_registers_with_one_line(study_and_knee, tmp_path, tiny_model, 
     assert mine.returncode == 0 and (tmp_path / "cfg.toml").is_file(), mine.stderr
     wrong = run_cli("export", db, "--trial", "1", "--format", "toml", "-o", "cfg.yaml", cwd=tmp_path)
     assert wrong.returncode == 2 and "the toml export is a .toml file" in wrong.stderr, wrong.stderr
+    # -o - wrote ./-.toml, -o /dev/null wrote /dev/null.toml (issue 48): an export is files, in a file or a folder
+    for target, needle in (("-", "-: -o: an export is files, not a stream"), ("/dev/null", "not a regular file")):
+        out = run_cli("export", db, "--trial", "1", "--format", "toml", "-o", target, cwd=tmp_path)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
+    assert not (tmp_path / "-.toml").exists() and not Path("/dev/null.toml").exists()
     refused = run_cli("export", db, "--trial", "0", "--format", "toml", cwd=tmp_path)
     [line] = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and "trial 0: its r 4 is not 8, which toml cannot express" in line, line
