@@ -211,6 +211,13 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
             f"stopped at {finished} of {plan.n_trials} trials: the sampler proposed only configurations already "
             f"measured {plan.max_consecutive_repeats} times in a row; widen the search to measure more"
         )
+    elif finished < plan.n_trials and plan.timeout_s is not None:
+        walls = sorted(w for t in study.measured if (w := t.result.provenance.wall_time_s) is not None)
+        median = f"; a trial took a median {walls[len(walls) // 2]:.0f} s here" if walls else ""
+        lines.append(
+            f"stopped at {finished} of {plan.n_trials} trials: the study's timeout ({_duration(plan.timeout_s)}) "
+            f"passed{median}; run the same command to go on (the trials so far are kept), or raise study.timeout"
+        )
     lines.append("")
     current = study.current(study.trials)
     measured = sum(1 for t in current if not t.is_repeat)
@@ -310,3 +317,12 @@ def memory_line(study: StudyLike) -> str | None:
         ]
         line += "; correction now " + ", ".join(shown)
     return line
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``25 min`` or ``8.5 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.3g} h"

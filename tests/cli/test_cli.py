@@ -311,3 +311,15 @@ def test_a_dashboard_on_every_interface_says_who_can_reach_it():
 
     assert _loopback("127.0.0.1") and _loopback("localhost") and _loopback("::1") and _loopback("127.0.1.1")
     assert not _loopback("0.0.0.0") and not _loopback("10.1.2.3") and not _loopback("myhost")
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_by_its_timeout_says_so_and_how_to_go_on(tiny_model, workdir):
+    # On a slow machine the demo ran 1 of its 10 configurations and ended "done in 2428 s" without saying that
+    # study.timeout stopped it (issue 48).
+    path = write_space(workdir, tiny_space(tiny_model, n_trials=3))
+    out = run_cli("run", str(path), "--timeout", "1s", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("stopped at ")]
+    assert line.startswith("stopped at 1 of 3 trials: the study's timeout (1 s) passed; a trial took a median"), line
+    assert line.endswith("run the same command to go on (the trials so far are kept), or raise study.timeout"), line
