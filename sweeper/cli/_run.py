@@ -33,7 +33,8 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> tuple[
 
     Raises:
         SpaceError: No row can train at any searched ``max_seq_length`` (every row has a NaN fault there, e.g. its
-            reply cut away): every trial would go NaN at its first step, so nothing runs.
+            reply cut away): every trial would go NaN at its first step, so nothing runs. Or every reply of a chat
+            dataset is empty: the trials would measure training to answer nothing.
     """
     from sweeper.audit import nan_risks
     from sweeper.report import format_data_warnings, format_same_rows
@@ -51,6 +52,15 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> tuple[
             f"{space.dataset.path}: dataset: none of its {total} rows can train at max_seq_length "
             f"{', '.join(map(str, sorted(set(lengths))))} ({', '.join(kinds)}): every trial would go NaN at its first "
             f"step; see '{space.doctor_command()}', then fix the data or raise max_seq_length"
+        )
+    replies = [
+        [m["content"] for m in s.messages if m["role"] == "assistant"] for s in samples if s.messages is not None
+    ]
+    if total and len(replies) == len(samples) and all(not any(r.strip() for r in rs) for rs in replies):
+        # finite losses, a confident margin and a safe pick, for training the model to answer nothing (issue 48)
+        raise SpaceError(
+            f"{space.dataset.path}: dataset: every reply of its {len(samples)} rows is empty: the trials would teach "
+            f"the model to answer nothing; see '{space.doctor_command()}', then fix the data"
         )
     accumulation = space.values_of("gradient_accumulation_steps")
     risks = nan_risks(

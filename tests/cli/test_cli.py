@@ -323,3 +323,22 @@ def test_a_sweep_stopped_by_its_timeout_says_so_and_how_to_go_on(tiny_model, wor
     [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("stopped at ")]
     assert line.startswith("stopped at 1 of 3 trials: the study's timeout (1 s) passed; a trial took a median"), line
     assert line.endswith("run the same command to go on (the trials so far are kept), or raise study.timeout"), line
+
+
+def test_a_dataset_whose_every_reply_is_empty_is_refused(tiny_model, workdir):
+    # it gave a confident result (margin 357x, learns 50%, a safe pick) with only "also found: empty_response"
+    # (issue 48), while a dataset whose every reply is cut away is refused
+    from sweeper.testing import write_jsonl
+
+    rows = [
+        {"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": " " * (i % 2)}]}
+        for i in range(8)
+    ]
+    write_jsonl(workdir / "empty.jsonl", rows)
+    space = tiny_space(tiny_model)
+    space["dataset"] = {"path": "empty.jsonl"}
+    out = run_cli("run", str(write_space(workdir, space)), cwd=workdir)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "dataset: every reply of its 8 rows is empty: the trials would teach the model to answer nothing" in lines[0]
+    assert not (workdir / "studies").exists()
