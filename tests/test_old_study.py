@@ -102,6 +102,11 @@ def test_report(old_study):
     assert (old_study / "studies" / NAME / "report.html").is_file()
     # Its instabilities are sweeper 0.1.0's (the training loss's spikes), not the probe's: the report says so.
     assert "WARNING instability: 3 trials of this study (0, 1, 6) measured it with sweeper 0.1.0" in out.stdout
+    # no headroom was measured in 0.1.0: the safe pick says so, not "took the most headroom (-), near its edge"
+    [safe] = [line for line in out.stdout.splitlines() if line.strip().startswith("safe #")]
+    assert safe.endswith("no trial has a measured headroom (a study written before the stress phase): took the least "
+                         "memory"), safe  # fmt: skip
+    assert "most headroom" not in out.stdout
 
 
 def test_report_json(old_study):

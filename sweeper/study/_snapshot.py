@@ -257,6 +257,13 @@ class StudySnapshot:
             return t.result.constant.learning_progress or 0.0
 
         safe = [t for t in trials if t.safely_below_edge]
+        if not safe and all(t.headroom is None for t in trials):
+            # a study written before the margin measured no headroom: the least memory, and a line that says why
+            best = min(trials, key=lambda t: (peak(t), t.number))
+            return (
+                best,
+                "no trial has a measured headroom (a study written before the stress phase): took the least memory",
+            )
         if not safe:
             best = max(trials, key=lambda t: (_headroom_value(t), -peak(t)))
             shown = format_headroom(best.headroom, mark=False)
