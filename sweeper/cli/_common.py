@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweeper.errors import SpaceError, SweeperError
 from sweeper.report import format_cap
+from sweeper.report.text import plural
 from sweeper.space import DatasetSpec, ModelSpec, SearchSpace, load_space, name_problem, parse_duration_s
 from sweeper.stability import STRESS_GROWTH, STRESS_STEPS, probe_interval_steps
 
@@ -209,9 +210,9 @@ def _describe_setup(space: SearchSpace, model_path: str, n_samples: int, card: C
     ]
     steps = min(space.values_of("max_steps"))
     lines.append(
-        f"margin  after its {steps} constant steps each trial runs a stress phase: at most {STRESS_STEPS} steps at "
-        f"{STRESS_GROWTH:g}x the learning rate each, until its probe diverges; the rate it diverged at over the "
-        "trial's is its stability margin (docs/trial.md)"
+        f"margin  after its {plural(steps, 'constant step')} each trial runs a stress phase: at most {STRESS_STEPS} "
+        f"steps at {STRESS_GROWTH:g}x the learning rate each, until its probe diverges; the rate it diverged at over "
+        "the trial's is its stability margin (docs/trial.md)"
     )
     batch = min(space.values_of("per_device_train_batch_size"))
     accumulation = min(space.values_of("gradient_accumulation_steps"))

@@ -20,6 +20,7 @@ from sweeper.report.text import (
     front_axis,
     legacy_instability_warning,
     picks_block,
+    plural,
 )
 from sweeper.report.text import format_trial_line as _trial_line
 from sweeper.study import StoredTrial, StudyLike, StudySnapshot, current_calibration, redact_url, snapshot
@@ -54,7 +55,7 @@ def resume_lines(plan: SweepPlan) -> list[str]:
     read = snapshot(plan.study)
     already, limit_gib = plan.finished_before, plan.space.base.memory_limit_gib
     if 0 < already < plan.n_trials:
-        lines.append(f"resume  the study holds {already} finished trials; {plan.n_trials - already} to go")
+        lines.append(f"resume  the study holds {plural(already, 'finished trial')}; {plan.n_trials - already} to go")
         progress = front_progress_line(read)
         if progress:
             lines.append(progress)
@@ -67,8 +68,9 @@ def resume_lines(plan: SweepPlan) -> list[str]:
             )
     if plan.new_setup and already > 0 and not _other_caps(read, limit_gib):
         lines.append(
-            f"setup   new settings for this study (--new-setup): its {already} earlier finished trials are kept apart "
-            "from the new ones in report and export; n_trials counts the whole study"
+            f"setup   new settings for this study (--new-setup): its {plural(already, 'earlier finished trial')} "
+            f"{'is' if already == 1 else 'are'} kept apart from the new ones in report and export; n_trials counts the "
+            "whole study"
         )
     legacy = legacy_instability_warning(read)
     if legacy:
@@ -81,7 +83,7 @@ def resume_lines(plan: SweepPlan) -> list[str]:
         )
     if already >= plan.n_trials:
         lines.append(
-            f"the study already holds {already} finished trials (n_trials={plan.n_trials}): nothing to run; "
+            f"the study already holds {plural(already, 'finished trial')} (n_trials={plan.n_trials}): nothing to run; "
             "raise --n-trials to measure more"
         )
         if plan.unapplied:

@@ -105,7 +105,9 @@ def _row_to_sample(row: Mapping[str, Any], index: int, fmt: str) -> Sample | Dro
     other = _other_format(row, fmt)
     if other is not None:
         return DroppedRow(
-            index, f"a {other} row in a {fmt} dataset (one format per file: split the file, or set dataset.format)"
+            index,
+            f"{_a(other)} {other} row in {_a(fmt)} {fmt} dataset (one format per file: split the file, or set "
+            "dataset.format)",
         )
 
     def field(key: str) -> str | _NotText | None:
@@ -244,3 +246,8 @@ def _content_text(content: Any) -> str | _NotText:
         kinds = sorted({str(p.get("type", "?")) if isinstance(p, Mapping) else type(p).__name__ for p in content})
         return _NotText(f"a turn whose content is not text (parts: {', '.join(kinds) or 'none'})")
     return _NotText(f"a turn whose content is not text (a {type(content).__name__})")
+
+
+def _a(word: str) -> str:
+    """The indefinite article of ``word``: ``an alpaca row``, ``a chat row``."""
+    return "an" if word[:1].lower() in "aeiou" else "a"

@@ -92,3 +92,9 @@ def format_progress(progress: float | None, best: float) -> str:
     if progress is None:
         return "-"
     return f"{100 * progress:.0f}%" + (" (barely)" if barely_learns(progress, best) else "")
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``1 finished trial``, ``2 finished trials``: ``count`` and ``word``, or ``words`` (default ``word + "s"``) when
+    ``count`` is not 1."""
+    return f"{count} {word if count == 1 else (words or word + 's')}"

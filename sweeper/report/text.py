@@ -7,7 +7,7 @@ sweep's console lives in the CLI because it renders :mod:`sweeper.sweep`'s event
 
 from __future__ import annotations
 
-from sweeper.report._console import format_params
+from sweeper.report._console import format_params, plural
 from sweeper.report._data_text import format_counts, format_data_nan_summary
 from sweeper.report._front_text import format_front, front_axis, legacy_instability_warning
 from sweeper.report._picks_data import picks_block
@@ -22,4 +22,5 @@ __all__ = [
     "front_axis",
     "legacy_instability_warning",
     "picks_block",
+    "plural",
 ]
