@@ -91,7 +91,7 @@ def _same_study(owner: dict[str, Any], url: str, study_id: str | None) -> bool:
     return other == mine["sqlite_file"] if isinstance(other, str) else owner.get("storage") == mine["storage"]
 
 
-def _copy_conflict(study_name: str, owner: dict[str, Any], url: str) -> str | None:
+def _copy_conflict(study_name: str, owner: dict[str, Any], url: str, option: str = "--storage") -> str | None:
     """A line when this database is a copy of the folder owner's (the same identity in another SQLite file) and the
     owner's file is still there inside this project folder: from their first new trial on, the two would write trial
     N's folder over each other. A copied project folder (the owner's file lies outside this folder) is not one: its
@@ -103,14 +103,14 @@ def _copy_conflict(study_name: str, owner: dict[str, Any], url: str) -> str | No
     if os.path.commonpath([here, theirs]) != here:
         return None
     return (
-        f"{redact_url(url)}: --storage: this database is a copy of study '{study_name}' in {theirs}, whose trials, "
+        f"{redact_url(url)}: {option}: this database is a copy of study '{study_name}' in {theirs}, whose trials, "
         f"artifacts and exports are in {study_dir(study_name)}/; run in this folder, the two would write trial "
         "folders of the same numbers over each other; run the copy from another folder (copy the whole project "
         "folder), or keep using the original"
     )
 
 
-def _owner_conflict(study_name: str, url: str, study_id: str | None) -> str | None:
+def _owner_conflict(study_name: str, url: str, study_id: str | None, option: str = "--storage") -> str | None:
     """A line saying that ``studies/<study_name>/`` belongs to another study of that name, or None.
 
     It does when its :data:`OWNER_FILE` names another study (:func:`_same_study`) that may still exist: one in a
@@ -121,7 +121,7 @@ def _owner_conflict(study_name: str, url: str, study_id: str | None) -> str | No
     if owner is None:
         return None
     if _same_study(owner, url, study_id):
-        return _copy_conflict(study_name, owner, url)
+        return _copy_conflict(study_name, owner, url, option)
     other = owner.get("sqlite_file")
     theirs = owner.get("study_id")
     if isinstance(other, str) and not Path(other).is_file():
@@ -129,9 +129,9 @@ def _owner_conflict(study_name: str, url: str, study_id: str | None) -> str | No
     them = f"'{study_name}'" + (f" (id {str(theirs)[:8]})" if theirs else "")
     me = f" (id {study_id[:8]})" if study_id else " (a new study)"
     return (
-        f"{redact_url(url)}: --storage: {study_dir(study_name)}/ holds the trials, artifacts and exports of another "
+        f"{redact_url(url)}: {option}: {study_dir(study_name)}/ holds the trials, artifacts and exports of another "
         f"study {them} in {owner.get('storage', 'another storage')}, not of this one{me}; give this one another name "
-        "(--study NAME), or run it from another folder, so that neither overwrites the other's files"
+        "(sweep run --study NAME), or run it from another folder, so that neither overwrites the other's files"
     )
 
 
@@ -162,15 +162,16 @@ def _write_owner(study_name: str, url: str, study_id: str | None) -> None:
         ) from None
 
 
-def check_study_dir(study_name: str, url: str, study_id: str | None = None) -> None:
+def check_study_dir(study_name: str, url: str, study_id: str | None = None, option: str = "--storage") -> None:
     """Refuse to write ``studies/<study_name>/`` (trials, artifacts, report, exports) for the study ``study_id`` in
     ``url`` (None: a study not created yet) when the folder belongs to another study of that name (its
     :data:`OWNER_FILE`); writes nothing. ``sweep run`` and ``sweep confirm`` call it; reading commands do not.
+    ``option`` is what the user named the storage with, for the message (``--storage``, or ``STUDY``).
 
     Raises:
         StudyError: One line naming both studies, their storages and identities, and the fix.
     """
-    conflict = _owner_conflict(study_name, url, study_id)
+    conflict = _owner_conflict(study_name, url, study_id, option)
     if conflict:
         raise StudyError(conflict)
 
@@ -208,7 +209,7 @@ def check_study_owner(study: optuna.Study, url: str) -> None:
             database in another folder, or the folder cannot be written.
     """
     study_id = study_identity(study)
-    check_study_dir(study.study_name, url, study_id)
+    check_study_dir(study.study_name, url, study_id, option="STUDY")  # the commands that call this name it STUDY
     elsewhere = _home_elsewhere(study.study_name, url, study_id)
     if elsewhere:
         raise StudyError(elsewhere)

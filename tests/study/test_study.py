@@ -423,6 +423,8 @@ def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir, monkeypatch)
     for argv, fix in ((["report", "other.db"], "give --html PATH"), (["export", "other.db"], "give -o PATH")):
         out = run_cli(*argv, cwd=workdir)  # neither writes its report or export over the owner's
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and fix in out.stderr, out.stderr
+        # named as the user named it (STUDY, not an option they did not give), with the command that renames
+        assert ": STUDY: " in out.stderr and "(sweep run --study NAME)" in out.stderr, out.stderr
     assert not (workdir / "studies" / "same" / "report.html").exists()
     # A copy of the owner's database used in the same folder: refused (their trial folders would collide); the
     # same copy in a copied project folder takes that folder over.
