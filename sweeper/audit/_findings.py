@@ -183,7 +183,7 @@ def _truncated_findings(tokenized: Sequence[TokenizedSample], lengths: Sequence[
                     detail=f"{_samples(len(longer), len(tokenized))} ({_percent(len(longer), len(tokenized))}) "
                     f"{'is' if len(longer) == 1 else 'are'} longer than {limit} tokens and "
                     f"{'loses its' if len(longer) == 1 else 'lose their'} tail "
-                    f"(longest {max(t.n_tokens for t in tokenized)}): {_examples(longer)}",
+                    f"(longest {_length(max(tokenized, key=lambda t: t.n_tokens))}): {_examples(longer)}",
                 )
             )
     return out
@@ -208,8 +208,7 @@ def _too_long_findings(tokenized: Sequence[TokenizedSample]) -> list[Finding]:
             samples=sorted(t.index for t in outliers),
             detail=f"{_samples(len(outliers), verb=('is', 'are'))} longer than {fence:.0f} tokens "
             f"(Q3 + {TUKEY_FAR_OUT:g} IQR, at least {TOO_LONG_MEDIAN_RATIO:g}x the "
-            f"median {median:.0f}); longest: sample {outliers[0].index} with "
-            f"{outliers[0].n_tokens} tokens",
+            f"median {median:.0f}); longest: sample {outliers[0].index} with {_length(outliers[0])} tokens",
         )
     ]
 
@@ -380,3 +379,9 @@ def _embedding_findings(
             )
         )
     return out
+
+
+def _length(t: TokenizedSample) -> str:
+    """A row's token count as the audit read it: ``977766`` exactly, or ``at least 977766`` for a row cut before
+    tokenizing (:attr:`sweeper.data.TokenizedSample.cut`)."""
+    return f"at least {t.n_tokens}" if t.cut else str(t.n_tokens)

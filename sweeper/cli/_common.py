@@ -93,11 +93,12 @@ def _load(args: argparse.Namespace) -> SearchSpace:
 def _audit(samples: list[Any], model: ModelSpec, model_path: str, max_seq_lengths: list[int]) -> tuple[Any, Any]:
     """The samples tokenized as the trials tokenize them, audited at each length: ``(report, tokenized)``."""
     from sweeper.audit import audit_samples
-    from sweeper.data import load_tokenizer, mask_disagreements, tokenize_samples
+    from sweeper.data import audit_horizon, load_tokenizer, mask_disagreements, tokenize_samples
     from sweeper.model import model_vocab_size
 
     tokenizer = load_tokenizer(model_path, model.trust_remote_code)
-    tokenized = tokenize_samples(samples, tokenizer, sys.maxsize)  # full length; the audit cuts per limit
+    # the audit cuts per limit; rows beyond its horizon are read as at least that long (no 50 MB row tokenized whole)
+    tokenized = tokenize_samples(samples, tokenizer, audit_horizon(max_seq_lengths))
     report = audit_samples(
         samples,
         tokenized,

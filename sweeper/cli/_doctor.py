@@ -33,15 +33,15 @@ def audit_dataset(
     """The samples tokenized as the trials tokenize them and audited at each length, with every dataset row not
     trained on (unreadable, or refused by the chat template) and the embedding rows of the special tokens the trials
     use: ``(report, tokenized)``."""
-    import sys
 
     from sweeper.audit import audit_samples
-    from sweeper.data import load_tokenizer, mask_disagreements, special_token_rows, tokenize_samples
+    from sweeper.data import audit_horizon, load_tokenizer, mask_disagreements, special_token_rows, tokenize_samples
     from sweeper.model import model_vocab_size
 
     tokenizer = load_tokenizer(model_path, model.trust_remote_code)
     refused: list[Any] = []
-    tokenized = tokenize_samples(samples, tokenizer, sys.maxsize, dropped=refused)  # full length; cut per limit
+    # cut per limit; rows beyond the audit's horizon are read as at least that long
+    tokenized = tokenize_samples(samples, tokenizer, audit_horizon(max_seq_lengths), dropped=refused)
     report = audit_samples(
         samples,
         tokenized,

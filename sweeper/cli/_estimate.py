@@ -94,15 +94,13 @@ def _longest_sample(space: SearchSpace) -> tuple[int | None, str]:
     """The space's data tokenized as the trials tokenize it: its longest sample's tokens, and the line that says what
     the predictions are of. When the data or the tokenizer cannot be read, None and a line saying the predictions
     are at ``max_seq_length`` (each row as long as it: an upper bound)."""
-    import sys
-
     from sweeper.cli._common import _prepare
-    from sweeper.data import load_tokenizer, tokenize_samples
+    from sweeper.data import audit_horizon, load_tokenizer, tokenize_samples
 
     try:
         model_path, samples = _prepare(space.dataset, space.model)
         tokenizer = load_tokenizer(model_path, space.model.trust_remote_code)
-        tokenized = tokenize_samples(samples, tokenizer, sys.maxsize)
+        tokenized = tokenize_samples(samples, tokenizer, audit_horizon(space.values_of("max_seq_length")))
     except SweeperError as exc:
         why = "; ".join(exc.problems)[:200]
         return None, (

@@ -68,13 +68,17 @@ class TokenizedSample:
         index: The sample's row index in the source dataset.
         input_ids: Token ids, ``len <= max_seq_length``.
         labels: Same length; ``-100`` on tokens without loss (prompt, system turn).
-        n_tokens: Tokens before truncation (to tell how much ``max_seq_length`` cut).
+        n_tokens: Tokens before truncation (to tell how much ``max_seq_length`` cut); for a row whose text was cut
+            before tokenizing (``cut``), the cut text's: a lower bound.
+        cut: The row's text ran past what any kept token can reach and was cut before tokenizing
+            (:func:`sweeper.data.tokenize_samples`): ``n_tokens`` is at least, not exactly, its length.
     """
 
     index: int
     input_ids: list[int]
     labels: list[int]
     n_tokens: int
+    cut: bool = False
 
 
 def describe_dropped(dropped: Sequence[DroppedRow], limit: int = 5) -> str:

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -224,6 +226,46 @@ def _reply_lacks_eos(sample: Sample, text: str, spans: list[tuple[int, int]], eo
     return eos not in text[a:b]
 
 
+#: No text field shorter than this is ever cut before tokenizing (characters): the lengths of ordinary rows stay exact
+#: at any ``max_seq_length``; a row over it (1 MB of text) is far past any useful one.
+MIN_CUT_CHARS = 1_000_000
+
+#: The fewest tokens a length audit reads of a row (``sweep doctor``, the checks before a sweep): the lengths of rows
+#: longer than :func:`audit_horizon` are read as at least it.
+MIN_AUDIT_HORIZON = 32768
+
+
+def audit_horizon(max_seq_lengths: Sequence[int]) -> int:
+    """How many tokens of each row a length audit at ``max_seq_lengths`` tokenizes: 4 times the largest (so that the
+    lengths beyond it are still measured for the user's next ``max_seq_length``), at least
+    :data:`MIN_AUDIT_HORIZON`. A 50 MB row took 106 s and 12.8 GB to tokenize whole (issue 48)."""
+    return max(4 * max(max_seq_lengths, default=0), MIN_AUDIT_HORIZON)
+
+
+def _longest_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of the vocabulary spells (81 in SmolLM2's: a newline and 80 spaces), so that
+    ``n`` tokens never span more than ``n`` times it; cached on the tokenizer."""
+    cached = getattr(tokenizer, "_sweeper_longest_token_chars", None)
+    if cached is None:
+        cached = max((len(token) for token in tokenizer.get_vocab()), default=1)
+        try:
+            tokenizer._sweeper_longest_token_chars = cached
+        except AttributeError:
+            pass
+    return int(cached)
+
+
+def _cut(sample: Sample, chars: int) -> Sample:
+    """``sample`` with its text, or each message's content, cut to its first ``chars`` characters (the sample itself
+    when nothing is that long)."""
+    if sample.text is not None and len(sample.text) > chars:
+        return dataclasses.replace(sample, text=sample.text[:chars])
+    if sample.messages is not None and any(len(m["content"]) > chars for m in sample.messages):
+        messages = tuple({**m, "content": m["content"][:chars]} for m in sample.messages)
+        return dataclasses.replace(sample, messages=messages)
+    return sample
+
+
 def tokenize_samples(
     samples: Sequence[Sample], tokenizer: Any, max_seq_length: int, dropped: list[DroppedRow] | None = None
 ) -> list[TokenizedSample]:
@@ -233,7 +275,11 @@ def tokenize_samples(
     tokenizer; the template's own text, such as a default system prompt or the assistant header, is not); ``text``
     samples are supervised throughout. ``text`` rows and completions end with the end-of-sequence token (see
     :func:`_encode`). Rows longer than ``max_seq_length`` are truncated from the right (the reply's tail is cut, as
-    TRL's SFTTrainer does).
+    TRL's SFTTrainer does). Text no kept token can reach is cut before tokenizing: each text field beyond twice what
+    ``max_seq_length`` tokens of the vocabulary's longest token spell (:func:`_longest_token_chars`), and beyond
+    :data:`MIN_CUT_CHARS`, which leaves the kept tokens as they are; a 20 MB row made every trial die of SIGABRT in
+    the tokenizer under its memory cap (issue 48). ``n_tokens`` of such a row counts the cut text's tokens (``cut``):
+    a lower bound, at least ``max_seq_length``.
 
     Args:
         samples: From :func:`load_samples`.
@@ -246,16 +292,23 @@ def tokenize_samples(
         DataError: The tokenizer cannot return offsets (not a fast tokenizer).
     """
     out = []
+    longest = _longest_token_chars(tokenizer)
+    chars = max(2 * max_seq_length * longest, MIN_CUT_CHARS) if max_seq_length < sys.maxsize // (2 * longest) else None
     for sample in samples:
+        kept = sample if chars is None else _cut(sample, chars)
         try:
-            ids, labels = _encode(sample, tokenizer)
+            ids, labels = _encode(kept, tokenizer)
         except TemplateRefusal as exc:
             if dropped is not None:
                 dropped.append(DroppedRow(sample.index, str(exc)))
             continue
         out.append(
             TokenizedSample(
-                index=sample.index, input_ids=ids[:max_seq_length], labels=labels[:max_seq_length], n_tokens=len(ids)
+                index=sample.index,
+                input_ids=ids[:max_seq_length],
+                labels=labels[:max_seq_length],
+                n_tokens=len(ids),
+                cut=kept is not sample,
             )
         )
     return out

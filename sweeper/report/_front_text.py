@@ -137,7 +137,8 @@ def legacy_instability_warning(study: StudyLike) -> str | None:
     return (
         f"WARNING instability: {len(old)} trial{'s' if len(old) > 1 else ''} of this study ({shown}) measured it with "
         "sweeper 0.1.0's definition (the training loss's spikes, which a run that learns nothing scores ~0.6 on), "
-        "not the probe's: the front compares the two; start a new study (sweep run --study NAME) to compare like with like"
+        "not the probe's: the front compares the two; start a new study (sweep run --study NAME) to compare like "
+        "with like"
     )
 
 

@@ -564,3 +564,42 @@ def test_an_empty_reply_is_read_alike_from_jsonl_and_csv(tmp_path):
     assert not read[".csv"].dropped and not read[".jsonl"].dropped
     replies = {s: sorted(x.messages[-1]["content"] for x in read[s]) for s in read}
     assert replies[".csv"] == replies[".jsonl"] == ["", "Ordered collections."]
+
+
+def test_a_huge_row_is_cut_before_tokenizing_and_keeps_its_first_tokens(tiny_model):
+    # One 20 MB row made every trial die of SIGABRT in the tokenizer under its cap, and sweep doctor on a 50 MB row
+    # took 106 s and 12.8 GB (issue 48): the text no kept token can reach is cut before tokenizing.
+    import sys
+
+    from sweeper.data import Sample, load_tokenizer
+    from sweeper.data._tokenize import MIN_CUT_CHARS, _longest_token_chars
+
+    tokenizer = load_tokenizer(str(tiny_model))
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "the",
+        "lazy",
+        "dog",
+        "while",
+        "the",
+        "sweep",
+        "measures",
+        "memory",
+    ]
+    text = " ".join(words[i % len(words)] for i in range(220_000))  # ~1.2 million characters: past MIN_CUT_CHARS
+    chat = Sample(index=1, messages=({"role": "user", "content": "hi"}, {"role": "assistant", "content": text}))
+    rows = [Sample(index=0, text=text), chat]
+    full = tokenize_samples(rows, tokenizer, sys.maxsize)
+    cut = tokenize_samples(rows, tokenizer, 64)
+    assert max(2 * 64 * _longest_token_chars(tokenizer), MIN_CUT_CHARS) < len(text)  # it was cut
+    for whole, short in zip(full, cut):
+        assert short.cut and not whole.cut
+        assert short.input_ids == whole.input_ids[:64] and short.labels == whole.labels[:64]  # the kept tokens
+        assert 64 < short.n_tokens < whole.n_tokens  # a lower bound of the row's length
+    small = tokenize_samples([Sample(index=2, text="a short row")], tokenizer, 64)
+    assert not small[0].cut

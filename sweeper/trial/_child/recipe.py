@@ -358,13 +358,15 @@ def _write_nan_batch(
     trial is and records"): ``step``, ``index``, ``tokens_trained``, ``tokens_before_truncation``, ``truncated``,
     ``micro_batch``, ``supervised_tokens``, ``invalid_token_ids``, ``nonfinite_inputs``, ``fp32_loss``,
     ``fp32_finite``, ``at_fault``, ``text`` (decoded as trained) and ``text_cut_away`` (what truncation removed)."""
-    from sweeper.data import tokenize_samples
+    from sweeper.data import audit_horizon, tokenize_samples
 
     lines = []
     for row in diagnosis.rows:
         record = {"step": step, **row.to_dict()}
         sample = samples.get(row.index)
-        full = tokenize_samples([sample], tokenizer, sys.maxsize)[0].input_ids if sample is not None else []
+        # up to the audit's horizon: a huge row's cut-away text is not tokenized (or written) whole
+        horizon = audit_horizon([len(row.input_ids)])
+        full = tokenize_samples([sample], tokenizer, horizon)[0].input_ids if sample is not None else []
         cut = full[len(row.input_ids) :]
         record.update(
             tokens_before_truncation=len(full) or None,
