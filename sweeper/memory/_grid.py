@@ -210,7 +210,9 @@ def nothing_fits(
     return (
         f"{space.path}: training.memory_limit_gib: no configuration of the space is predicted to fit "
         f"{limit_gib:g} GiB (+ preflight_margin {margin:g}): the smallest predicted peak is {peak:.2f} GiB ({shown})"
-        f"{seen}; {fix} ({space.command('estimate')}{' --device cpu' if measure is not None else ''})"
+        f"{seen}; {fix} ({space.command('estimate')}{' --device cpu' if measure is not None else ''}"
+        + (": the memory model alone, before this measurement" if measured is not None else "")
+        + ")"
     )
 
 
