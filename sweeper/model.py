@@ -9,6 +9,7 @@ bitsandbytes quantizes them to 4 bits as it would a hub model. Heavy imports hap
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib.util
 import io
@@ -126,6 +127,16 @@ def resolve_model(spec: ModelSpec) -> str:
         target = cache_dir() / "models" / f"{gguf.stem}-{key}-{CACHE_DTYPE}"
     else:
         path = Path(ref).expanduser()
+        if path.is_symlink() and not path.exists():
+            try:
+                path.resolve(strict=True)
+            except RuntimeError:  # Python 3.11-3.12 raise this for a loop
+                why = "a symbolic link loop"
+            except OSError as exc:
+                why = "a symbolic link loop" if exc.errno == errno.ELOOP else "a symbolic link to nothing"
+            else:
+                why = "a symbolic link that cannot be followed"
+            raise ModelError(f"{ref}: model.name_or_path: {why}; give the checkpoint directory it should point at")
         if path.exists() or ref.startswith((".", "/", "~")) or ref.count("/") > 1:
             if path.is_file():
                 raise ModelError(
@@ -160,25 +171,22 @@ def resolve_model(spec: ModelSpec) -> str:
 
 
 def _check_hub_id(ref: str) -> None:
-    """A hub id must be in the local Hugging Face cache, or the hub must answer for it (one request, no retries).
+    """A hub id must be in the local Hugging Face cache: nothing is downloaded from a hub at run time (each trial
+    process would download it again, or fail offline), and the hub is not asked (no request at all).
 
     Raises:
-        ModelError: Neither: every trial would fail to load it.
+        ModelError: It is not in the cache.
     """
-    from huggingface_hub import HfApi, try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache
 
     cached = try_to_load_from_cache(ref, "config.json")
     if isinstance(cached, str):
         return
-    try:
-        HfApi().model_info(ref, timeout=10)
-    except Exception as exc:  # offline, unknown repo, gated, ...: all mean the trials cannot load it
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise ModelError(
-            f"{ref}: model.name_or_path: not a local directory, not in the Hugging Face cache, and the "
-            f"hub did not answer for it ({first}); give a local checkpoint directory, a .gguf file, or "
-            "download the model first"
-        ) from None
+    raise ModelError(
+        f"{ref}: model.name_or_path: not a local directory and not in the Hugging Face cache (nothing is downloaded "
+        f"at run time); download it first (huggingface-cli download {ref}), or give a local checkpoint directory "
+        "or a .gguf file"
+    )
 
 
 def model_vocab_size(model_path: str, trust_remote_code: bool = False) -> int | None:

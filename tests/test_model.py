@@ -18,6 +18,9 @@ def test_local_checkpoint_resolves(tiny_model):
         (lambda d: (d / "notes.txt").write_text("x") and d / "notes.txt", "is a file, not a checkpoint"),
         (lambda d: d, "no config.json"),
         (lambda d: (d / "junk.gguf").write_bytes(b"not a gguf file") and d / "junk.gguf", "cannot read this GGUF"),
+        # a loop was looked up on the hub and never called a loop (issue 48)
+        (lambda d: (d / "loop").symlink_to(d / "loop") or d / "loop", "a symbolic link loop"),
+        (lambda d: (d / "dangling").symlink_to(d / "nowhere") or d / "dangling", "a symbolic link to nothing"),
     ],
 )
 def test_bad_local_models(tmp_path, monkeypatch, make, needle):
@@ -29,9 +32,19 @@ def test_bad_local_models(tmp_path, monkeypatch, make, needle):
     assert line.startswith(f"{ref}: model.name_or_path: ") and needle in line
 
 
-def test_unknown_builtin_and_unreachable_hub_id(monkeypatch):
+def test_unknown_builtin_and_an_uncached_hub_id(monkeypatch):
     with pytest.raises(ModelError, match="unknown built-in"):
         resolve_model(ModelSpec(name_or_path="builtin:llama-7b"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network in tests; offline mode refuses at once
-    with pytest.raises(ModelError, match="not in the Hugging Face cache"):
+    # an uncached hub id is refused without asking the hub: nothing is downloaded at run time (issue 48: it asked the
+    # hub, and where the hub answered each trial process would have downloaded the model)
+    import huggingface_hub
+
+    def no_request(*args, **kwargs):
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", no_request)
+    with pytest.raises(ModelError) as info:
         resolve_model(ModelSpec(name_or_path="nobody-has-this/model-xyz"))
+    [line] = info.value.problems
+    assert "not in the Hugging Face cache (nothing is downloaded at run time)" in line
+    assert "huggingface-cli download nobody-has-this/model-xyz" in line
