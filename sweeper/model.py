@@ -157,6 +157,7 @@ def resolve_model(spec: ModelSpec) -> str:
         _check_hub_id(ref)
         return ref
     if not (target / "config.json").is_file():
+        _check_cache_dir(target.parent)  # an unusable SWEEPER_CACHE is named, not blamed on the model file
         try:
             _convert_gguf(gguf, target)
         except ModelError:
@@ -168,6 +169,24 @@ def resolve_model(spec: ModelSpec) -> str:
                 f"{first}); give a valid .gguf file or a checkpoint directory"
             ) from None
     return str(target)
+
+
+def _check_cache_dir(folder: Path) -> None:
+    """The folder converted checkpoints go to (``$SWEEPER_CACHE/models``) exists or can be made, and can be written.
+
+    Raises:
+        ModelError: It cannot: one line naming the folder and ``SWEEPER_CACHE``.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ModelError(
+            f"{folder}: SWEEPER_CACHE: the folder converted models go to cannot be written ({exc.strerror or exc}); "
+            "set SWEEPER_CACHE to a folder you can write, or unset it (~/.cache/sweeper)"
+        ) from None
 
 
 def _check_hub_id(ref: str) -> None:

@@ -48,3 +48,16 @@ def test_unknown_builtin_and_an_uncached_hub_id(monkeypatch):
     [line] = info.value.problems
     assert "not in the Hugging Face cache (nothing is downloaded at run time)" in line
     assert "huggingface-cli download nobody-has-this/model-xyz" in line
+
+
+def test_an_unusable_sweeper_cache_is_named(tmp_path, monkeypatch):
+    # it was reported as a bad GGUF file of the model (issue 48)
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    monkeypatch.setenv("SWEEPER_CACHE", str(afile))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(ModelError) as info:
+        resolve_model(ModelSpec(name_or_path=str(gguf)))
+    [line] = info.value.problems
+    assert line.startswith(f"{afile / 'models'}: SWEEPER_CACHE: the folder converted models go to cannot be written")
