@@ -184,7 +184,8 @@ def _complete_traces(
                 mode="lines+markers+text",
                 name="Pareto front",
                 text=[f"#{p.number} {format_margin(y)}" if margin else f"#{p.number}" for p, y in on_front],
-                textposition="top center",
+                # beside its marker, not over it (the near-edge square around a point is wider than the point)
+                textposition="middle right",
                 line={"color": COLORS["front"]},
                 marker={"color": COLORS["front"], "size": 12},
                 hovertext=[_hover(p) for p, _ in on_front],

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.report import _data as data
-from sweeper.report._console import margin_text, predicted_text
+from sweeper.report._console import margin_text
 from sweeper.report._figures import curves_figure, fit_map_figure, front_figure, importance_figure
 from sweeper.report._importance import IMPORTANCE_RESAMPLES, MIN_IMPORTANCE_TRIALS
 from sweeper.report._records import (
@@ -21,7 +21,7 @@ from sweeper.report._records import (
     MemoryPrediction,
     Report,
 )
-from sweeper.stability import format_instability
+from sweeper.stability import format_instability, format_rate_range
 from sweeper.study import StudyLike, snapshot
 
 
@@ -91,7 +91,7 @@ def _front_rows(summary: Report, keys: list[str], off_front: Sequence[FrontRow] 
         "tied with",
         "lr_ceiling",
         "predicted_max_lr (95%)",
-        "learning_progress",
+        "learns",
         "instability",
         "confirmed",
         "pick",
@@ -102,6 +102,14 @@ def _front_rows(summary: Report, keys: list[str], off_front: Sequence[FrontRow] 
         _front_row(f, keys, [f"{p} (off the front)" if f.number in extra else p for p in by_trial.get(f.number, [])])
         for f in rows
     ]
+
+
+def _sources(summary: Report) -> str:
+    """`` predicted_max_lr: uncalibrated: factor from ...``: which factor made the front's predictions, once."""
+    sources = sorted(
+        {f.stability.predicted_max_lr_source for f in summary.front if f.stability.predicted_max_lr_source}
+    )
+    return f" predicted_max_lr: {'; '.join(sources)}." if sources else ""
 
 
 def _front_row(f: FrontRow, keys: list[str], picked: list[str]) -> list[Any]:
@@ -115,7 +123,10 @@ def _front_row(f: FrontRow, keys: list[str], picked: list[str]) -> list[Any]:
         f.stability.headroom_text(),
         ", ".join(f"#{n}" for n in f.tied_with) or "-",
         _fmt_rate(f.stability.lr_ceiling),
-        predicted_text(f.stability),
+        # its source (which factor made it) is said once under the table: in each cell it ran the table off the page
+        format_rate_range(
+            f.stability.predicted_max_lr, f.stability.predicted_max_lr_low, f.stability.predicted_max_lr_high
+        ),
         "-" if f.learning_progress is None else f"{100 * f.learning_progress:.0f}%",
         format_instability(f.instability),
         f.confirmation.label if f.confirmation else "-",
@@ -163,16 +174,19 @@ def render_html(study: StudyLike) -> str:
     )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f3f3f3}}
-.wide{{overflow-x:auto;max-width:100%}}.wide td{{white-space:nowrap}}</style></head>
+<style>body{{font-family:sans-serif;margin:2em}}p,ul,h1,h2{{max-width:1200px}}table{{border-collapse:collapse;font-size:12px}}
+td,th{{border:1px solid #ccc;padding:2px 5px;text-align:right}}th{{background:#f3f3f3}}
+.wide{{overflow-x:auto;max-width:100%}}.wide td{{white-space:nowrap}}
+.wide td:last-child{{white-space:normal;text-align:left}}</style></head>
 <body><h1>{title}</h1>
 <p>Generated {time.strftime("%Y-%m-%d %H:%M:%S")}. Objectives, both minimized: {
         html.escape(", ".join(summary.objectives))
     } (edge_proximity = 1 / stability_margin: the learning rate over the rate its stress phase diverged at).</p>
 <h2 id="front">Pareto front ({len(summary.front)} of {len(summary.trials)} trials)</h2>
 <div class="wide">{_table(front_rows)}</div>
-<p>Columns: {html.escape(", ".join(f"{SHORT_NAMES[k]} = {k}" for k in keys if SHORT_NAMES.get(k, k) != k))}.</p>
+<p>Columns: {html.escape(", ".join(f"{SHORT_NAMES[k]} = {k}" for k in keys if SHORT_NAMES.get(k, k) != k))}.{
+        html.escape(_sources(summary))
+    }</p>
 <p>Picks (<code>sweep export {html.escape(study.name)}</code> writes <code>safe</code>; <code>--pick NAME</code>
 another): {"".join(f"<br>{html.escape(line)}" for line in summary.pick_lines.values()) or "none"}.<br>safe: the least
 memory among the trials safely below their edge (headroom, predicted_max_lr / learning_rate, at or above its safety
