@@ -158,11 +158,12 @@ def _with_card(
             "cannot bind, and a trial that needs more is killed by the system (a crash, not an oom); set "
             "memory_limit_gib lower or to auto"
         )
-    if device == "cuda" and card.in_use_gib is not None and card.in_use_gib > card.reserve_gib:
+    # what was in use counts the reading process's own context (about the reserve): warn past it by 0.25 GiB
+    if device == "cuda" and card.in_use_gib is not None and card.in_use_gib > card.reserve_gib + 0.25:
         warnings.append(
-            f"WARNING memory: {card.in_use_gib:.2f} GiB of the card ({card.name}) was in use when it was read (a "
-            f"CUDA context and every other process on it), more than the {card.reserve_gib:g} GiB auto keeps free: "
-            "a trial may run out of memory below the cap; free the card or lower memory_limit_gib"
+            f"WARNING memory: {card.in_use_gib:.2f} GiB of the card ({card.name}) was in use when it was read (the "
+            f"reading process's CUDA context and every other process on it), more than the {card.reserve_gib:g} GiB "
+            "auto keeps free: a trial may run out of memory below the cap; free the card or lower memory_limit_gib"
         )
     return space, card, warnings
 
