@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check: everything this project cannot measure on a CPU, in one run of at most 9 minutes on one GPU
-# (limits sized from the first run, on an H200: benchmarks/results/gpu-2026-12-04).
+# The GPU check: everything this project cannot measure on a CPU, in one run of about 9 minutes on one GPU (limits
+# sized from the first run, on an H200: benchmarks/results/gpu-2026-12-04; expected: cold start 50 s, tests 90, the
+# calibration rows 40, the 8B stand-in 100 (initialized on the GPU, 16 GB written), the card 15, the sweep 230).
 #
 #   benchmarks/gpu_check.sh [OUT_DIR]        # default: benchmarks/results/gpu-<date>
 #   GPU_CHECK_DRY_RUN=1 benchmarks/gpu_check.sh OUT_DIR    # every part, shrunk, on the CPU (tests/test_gpu_check.py)
@@ -18,7 +19,7 @@
 #   card.txt                 `sweep estimate` with memory_limit_gib: auto: the card as the sweep reads it
 #   sweep_8b.txt/.json       what users run: `sweep run` of search_spaces/llama3-8b-24gb.yaml on a Llama-3.1-8B-shaped
 #                            stand-in (benchmarks/llama-3.1-8b-config.json, random weights, the built-in's tokenizer)
-#                            under a 22 GiB cap, 4 steps a trial, for about 3.5 minutes; then
+#                            under a 22 GiB cap, 4 steps a trial, starting trials for 2.5 minutes; then
 #                            benchmarks/sweep_figures.py: trials per hour, each trial's phase peaks against its
 #                            prediction, the preflight's decisions, the data's token share
 #   estimate_8b.json         `sweep estimate --json` of the same space, for the peaks above
@@ -62,20 +63,20 @@ for name in ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "opt
 PY
 } 2>&1 | tee "$OUT_DIR/gpu.txt"
 
-echo "== where a cold trial process's start goes (limit 90 s)"
-timeout 90 "$PYTHON" benchmarks/cold_start.py --runs "$([ "$DRY" = 1 ] && echo 1 || echo 2)" \
+echo "== where a cold trial process's start goes (limit 75 s)"
+timeout 75 "$PYTHON" benchmarks/cold_start.py --runs "$([ "$DRY" = 1 ] && echo 1 || echo 2)" \
   --json "$OUT_DIR/cold_start.json" 2>&1 | grep -v -i "kernels-community" | tee "$OUT_DIR/cold_start.txt"
 
-echo "== tests marked gpu, on CUDA (limit 120 s; 60 s a test with pytest-timeout, which prints where one hangs)"
+echo "== tests marked gpu, on CUDA (limit 100 s; 60 s a test with pytest-timeout, which prints where one hangs)"
 per_test=$("$PYTHON" -c "import pytest_timeout" 2>/dev/null && echo "--timeout=60")  # pytest-timeout, where installed
-timeout 120 "$PYTHON" -m pytest tests/trial/test_gpu.py -q -p no:cacheprovider -rA --tb=short ${per_test} 2>&1 \
+timeout 100 "$PYTHON" -m pytest tests/trial/test_gpu.py -q -p no:cacheprovider -rA --tb=short ${per_test} 2>&1 \
   | tee "$OUT_DIR/gpu_tests.txt"
 
 if [ "$DRY" = 1 ]; then
   echo "== memory model against measured peaks: not in the dry run (the CPU path is benchmarks/calibrate_gpu.py --tiny)"
 else
-  echo "== memory model against measured peaks, Llama-3-8B shape, the first 4 rows of the grid (limit 60 s)"
-  timeout 60 "$PYTHON" benchmarks/calibrate_gpu.py --max-rows 4 --json "$OUT_DIR/calibrate.json" 2>&1 \
+  echo "== memory model against measured peaks, Llama-3-8B shape, the first 4 rows of the grid (limit 45 s)"
+  timeout 45 "$PYTHON" benchmarks/calibrate_gpu.py --max-rows 4 --json "$OUT_DIR/calibrate.json" 2>&1 \
     | tee "$OUT_DIR/calibrate.txt"
 fi
 
@@ -97,9 +98,9 @@ if [ "$DRY" = 1 ]; then
   SWEEP_LIMIT=150
 else
   DEVICE=cuda
-  SETS+=(--set max_steps=4 --set study.n_trials=8 --set study.timeout=200s --set trial_timeout=4m
+  SETS+=(--set max_steps=4 --set study.n_trials=8 --set study.timeout=150s --set trial_timeout=3m
          --set memory_limit_gib=22)
-  SWEEP_LIMIT=270
+  SWEEP_LIMIT=230
 fi
 
 echo "== the card as the sweep reads it (sweep estimate, memory_limit_gib: auto; limit 60 s)"
