@@ -46,7 +46,7 @@ CASES = [
     (
         "hub-model-no-network",
         lambda s: _with(s, "model", name_or_path="someorg/no-such-model"),
-        ["model.name_or_path", "download the model first"],
+        ["model.name_or_path", "not in the Hugging Face cache", "huggingface-cli download someorg/no-such-model"],
     ),
     (
         "hub-dataset-no-network",
