@@ -36,7 +36,6 @@ from sweeper.study import (
     StoredTrial,
     StudyLike,
     snapshot,
-    stale_running,
 )
 
 #: Per-trial settings shown in the report and its hover texts (``lora_alpha`` is derived: ``lora_alpha_ratio * r``).
@@ -150,7 +149,7 @@ def counts_with_stale(study: StudyLike) -> dict[str, int]:
     (:func:`sweeper.study.stale_running`) counted as ``stale`` instead of ``running``."""
     study = snapshot(study)
     counts = dict(study.status_counts)
-    stale = len(stale_running(study.study))
+    stale = len(study.stale_running)
     if stale:
         counts["running"] = counts.get("running", 0) - stale
         if counts["running"] <= 0:
@@ -321,7 +320,7 @@ def report_data(study: StudyLike) -> Report:
     outcomes = pick_outcomes(study)
     chosen = pick_choices(outcomes)
     shown = [*front, *picked_off_front(study, {name: c.trial.number for name, c in chosen.items()})]
-    stale = stale_running(study.study)
+    stale = study.stale_running
     listed = sorted([*study.measured, *(t for t in study.trials if t.number in stale)], key=lambda t: t.number)
     return Report(
         study=study.name,

@@ -117,7 +117,7 @@ def importance_data(study: StudyLike) -> dict[str, ImportancePart]:
             )
             continue
         out[name] = _bootstrap_importance(
-            [t.frozen for t in complete if t.frozen is not None], study.study.directions, i
+            [t.frozen for t in complete if t.frozen is not None], [o.optuna_direction for o in study.objectives], i
         )
     return out
 

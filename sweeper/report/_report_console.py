@@ -12,7 +12,7 @@ from sweeper.report._data_text import format_counts
 from sweeper.report._front_text import format_front, front_axis, legacy_instability_warning, other_setups_line
 from sweeper.report._memory_text import format_cap, format_memory_prediction, format_same_rows
 from sweeper.report._picks_data import picks_block
-from sweeper.study import StudyLike, snapshot, stale_running
+from sweeper.study import StudyLike, snapshot
 
 
 def report_lines(study: StudyLike, ref: str) -> list[str]:
@@ -35,7 +35,7 @@ def report_lines(study: StudyLike, ref: str) -> list[str]:
         "",
         "trials: " + format_counts(counts_with_stale(study), study.nan_causes),
     ]
-    for line in stale_running(study.study).values():
+    for line in study.stale_running.values():
         lines.append(f"stale   {line}; the next 'sweep run' of this study records it as interrupted and runs it again")
     lines += [note for note in (legacy_instability_warning(study), other_setups_line(study)) if note]
     lines += pick_block

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -98,18 +99,24 @@ def _stale_reason(trial: FrozenTrial, host: str, stale: set[int], interval: floa
     return "lost", f"lost: its sweep ({who}) sent no heartbeat for {GRACE_INTERVALS * interval} s"
 
 
-def stale_running(study: optuna.Study) -> dict[int, str]:
+def stale_running(study: optuna.Study, trials: Sequence[FrozenTrial] | None = None) -> dict[int, str]:
     """The study's RUNNING trials that no sweep runs any more, read-only (what ``sweep report`` shows), by number,
     each with a line saying since when: those whose sweep process on this host is gone (killed with ``kill -9``, a
     crash, a reboot), and those whose sweep, on any host, stopped sending heartbeats for longer than the grace period
     (:func:`sweeper.study._optuna_private.stale_trial_ids`; the line gives the trial's start and the grace period, as
     Optuna keeps no readable time of the last heartbeat). The next ``sweep run`` of the study records them as
-    interrupted or lost and runs them again."""
+    interrupted or lost and runs them again. ``trials``: the study's trials as the caller just read them (the RUNNING
+    ones are looked at), else they are read here."""
     host = socket.gethostname()
+    if trials is None:
+        trials = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    running = [t for t in trials if t.state == TrialState.RUNNING]
+    if not running:
+        return {}
     stale = set(stale_trial_ids(study))
     interval = heartbeat_interval(storage_of(study)) if stale else None
     out = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    for t in running:
         found = _stale_reason(t, host, stale, interval)
         if found is None:
             continue

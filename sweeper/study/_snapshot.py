@@ -1,10 +1,12 @@
 """One typed, read-only view of a study for every reader (optuna's ``FrozenStudy`` shape): :class:`StudySnapshot`.
 
 A command reads the study once (:func:`snapshot`): its attributes as typed fields, every trial as a
-:class:`~sweeper.study.StoredTrial` with its confirmation, its setups; the front, the counts and the current setup's
-trials are computed from that reading at most once each. Report, export, confirm, the dashboard and the sweep's
-bookkeeping take a snapshot; the functions here also accept an ``optuna.Study`` (then they read it once for the call),
-so a caller that holds a snapshot never re-reads the storage and one that holds a study still works.
+:class:`~sweeper.study.StoredTrial` with its confirmation, its setups, the RUNNING trials no sweep runs any more; the
+front, the counts and the current setup's trials are computed from that reading at most once each. The snapshot is
+data only: it holds no ``optuna.Study`` and no raw study attributes, so a reader cannot read the storage through it,
+and the sweep's loop keeps its own up to date with each trial it tells (:meth:`StudySnapshot.with_trial`) instead of
+reading the study again. Report, export, confirm, the dashboard and the sweep's bookkeeping take a snapshot; the
+functions here also accept an ``optuna.Study`` (then they read it once for the call).
 
 No study user attribute is read by its string key outside :mod:`sweeper.study`: the keys are here and in the
 modules that write them.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeAlias
 
 import optuna
@@ -25,6 +27,7 @@ from sweeper.stability import SLOW_LEARNING_SHARE, LrCalibration, barely_learns,
 from sweeper.study._identity import STUDY_ID_ATTR
 from sweeper.study._objectives import MEMORY_NOISE_SHARE, Objective, study_objectives
 from sweeper.study._optuna_private import hypervolume
+from sweeper.study._recovery import stale_running
 from sweeper.study._setups import CURRENT_SETUP_ATTR, differences, stored_setups, trial_setup
 from sweeper.study._stored import (
     Confirmation,
@@ -116,8 +119,6 @@ class StudySnapshot:
     """A study as it was when read: never changes, never reads the storage again.
 
     Attributes:
-        study: The Optuna study itself, for Optuna's own APIs (artifacts, notes, importance, ``tell``); readers do
-            not read its trials or attributes.
         name: The study's name.
         study_id: Its identity (``study_id``), None for a study written before identities.
         objectives: What it ranks by (:func:`sweeper.study.study_objectives`).
@@ -133,10 +134,14 @@ class StudySnapshot:
         confirmations: The confirmations that are outcomes, by trial number.
         setups: The settings of each setup it measured under (:mod:`sweeper.study._setups`).
         current_setup: The index of the setup its latest run measured, None for a study written before setups.
-        user_attrs: Every study user attribute, for the study package's own bookkeeping.
+        longest_sample_tokens: The data's longest tokenized sample as the last ``sweep run`` read it
+            (:attr:`SweepPlan.longest_sample_tokens`), None when unknown (a study of an older version).
+        cards: The devices its sweeps ran on, by name: ``(device, total_memory_gib)``; empty for a study of an older
+            version or one whose device was never read.
+        stale_running: Its RUNNING trials that no sweep runs any more, by number, each with the line that says since
+            when (:func:`sweeper.study._recovery.stale_running`), as read.
     """
 
-    study: optuna.Study
     name: str
     study_id: str | None
     objectives: tuple[Objective, ...]
@@ -149,25 +154,9 @@ class StudySnapshot:
     confirmations: Mapping[int, Confirmation]
     setups: tuple[Mapping[str, Any], ...]
     current_setup: int | None
-    user_attrs: Mapping[str, Any]
-
-    @property
-    def longest_sample_tokens(self) -> int | None:
-        """The data's longest tokenized sample as the last ``sweep run`` read it (:attr:`SweepPlan.
-        longest_sample_tokens`), None when unknown (a study of an older version)."""
-        return _int_or_none(self.user_attrs.get(LONGEST_SAMPLE_ATTR))
-
-    @property
-    def cards(self) -> dict[str, tuple[str, float]]:
-        """The devices this study's sweeps ran on, by name: ``(device, total_memory_gib)``; empty for a study of an
-        older version or one whose device was never read."""
-        raw = self.user_attrs.get(CARDS_ATTR)
-        out: dict[str, tuple[str, float]] = {}
-        for name, card in raw.items() if isinstance(raw, dict) else ():
-            total = card.get("total_memory_gib") if isinstance(card, dict) else None
-            if isinstance(total, (int, float)) and not isinstance(total, bool):
-                out[str(name)] = (str(card.get("device", "cuda")), float(total))
-        return out
+    longest_sample_tokens: int | None = None
+    cards: Mapping[str, tuple[str, float]] = field(default_factory=dict)
+    stale_running: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def directions(self) -> list[str]:
@@ -338,12 +327,22 @@ class StudySnapshot:
         return tied_on_stability(trial, others, self.objectives)
 
     def with_trial(self, trial: optuna.trial.FrozenTrial) -> StudySnapshot:
-        """This snapshot with ``trial`` added or replaced (the loop's update after a trial ends), its cached views
+        """This snapshot with ``trial`` added or replaced (the loop's update after it tells a trial), its cached views
         computed afresh; the study's attributes are as read."""
         stored = stored_trial(trial, self.confirmations.get(trial.number), self.lr_calibration)
         trials = {t.number: t for t in self.trials}
         trials[trial.number] = stored
-        return _make(self.study, dict(self.user_attrs), tuple(trials[n] for n in sorted(trials)), self.setups)
+        return replace(self, trials=tuple(trials[n] for n in sorted(trials)))
+
+
+def _cards(raw: Any) -> dict[str, tuple[str, float]]:
+    """The ``cards`` study attribute, typed: ``{name: (device, total_memory_gib)}``; what is not one is left out."""
+    out: dict[str, tuple[str, float]] = {}
+    for name, card in raw.items() if isinstance(raw, dict) else ():
+        total = card.get("total_memory_gib") if isinstance(card, dict) else None
+        if isinstance(total, (int, float)) and not isinstance(total, bool):
+            out[str(name)] = (str(card.get("device", "cuda")), float(total))
+    return out
 
 
 #: What the readers take: a snapshot (read nothing) or a study (read once for the call).
@@ -356,12 +355,12 @@ def _make(
     trials: tuple[StoredTrial, ...],
     setups: tuple[Mapping[str, Any], ...],
 ) -> StudySnapshot:
+    """The snapshot of ``study`` from its attributes, trials and setups as just read."""
     searched = attrs.get(SEARCHED_ATTR)
     calibration = attrs.get(CALIBRATION_ATTR)
     model_path = attrs.get(MODEL_PATH_ATTR)
     study_id = attrs.get(STUDY_ID_ATTR)
     return StudySnapshot(
-        study=study,
         name=study.study_name,
         study_id=study_id if isinstance(study_id, str) and study_id else None,
         objectives=study_objectives(study),
@@ -374,7 +373,9 @@ def _make(
         confirmations=confirmations_in(attrs),
         setups=setups,
         current_setup=_int_or_none(attrs.get(CURRENT_SETUP_ATTR)),
-        user_attrs=attrs,
+        longest_sample_tokens=_int_or_none(attrs.get(LONGEST_SAMPLE_ATTR)),
+        cards=_cards(attrs.get(CARDS_ATTR)),
+        stale_running=stale_running(study, [t.frozen for t in trials if t.frozen is not None]),
     )
 
 

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 import optuna
 
 from sweeper.study.writing import (
-    count_finished,
     make_sampler,
 )
 from sweeper.sweep._plan import SweepPlan
@@ -61,7 +60,7 @@ def run_study(plan: SweepPlan, callbacks: Sequence[SweepCallback] = ()) -> optun
     sweep = _Sweep(plan, callbacks)
     with sweep.lock.held():
         starts = int(study.user_attrs.get("sweep_starts", 0))
-        if count_finished(study) < plan.n_trials:  # a run with nothing to start does not shift later runs' seeds
+        if sweep.view.finished < plan.n_trials:  # a run with nothing to start does not shift later runs' seeds
             study.set_user_attr("sweep_starts", starts + 1)
     if starts and space.study.seed is not None:
         # Every sweep of the study (started together on several machines, or resuming) samples from its own seed:

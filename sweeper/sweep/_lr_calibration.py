@@ -115,10 +115,10 @@ class Edge:
         }
 
 
-def stored_runs(study: StudyLike) -> dict[tuple[int, float], EdgeRun]:
-    """Every calibration run the study holds, by (trial, multiple)."""
+def stored_runs(study: optuna.Study) -> dict[tuple[int, float], EdgeRun]:
+    """Every calibration run the study holds, by (trial, multiple) (its study attributes, read once)."""
     out = {}
-    for key, raw in snapshot(study).user_attrs.items():
+    for key, raw in study.user_attrs.items():
         if not key.startswith(RUN_PREFIX) or not isinstance(raw, dict):
             continue
         try:
@@ -272,7 +272,7 @@ def calibrate_study(
                 f"long run); give --steps above {t.config.max_steps}, e.g. --steps "
                 f"{DEFAULT_HORIZON_FACTOR * t.config.max_steps}"
             )
-    done = stored_runs(snap)
+    done = stored_runs(study)
     deadline = time.monotonic() + max_hours * 3600 if max_hours else math.inf
     spent = 0
     for t in trials:
@@ -320,10 +320,10 @@ def calibrate_study(
     return calibration, edges
 
 
-def measured_edges(study: StudyLike, resolution: float, steps: int | None = None) -> list[Edge]:
+def measured_edges(study: optuna.Study, resolution: float, steps: int | None = None) -> list[Edge]:
     """The edges the study's stored runs bracket within ``resolution`` (at ``steps``, else each trial's horizon)."""
     snap = snapshot(study)
-    runs = stored_runs(snap)
+    runs = stored_runs(study)
     out = []
     for number in sorted({num for num, _ in runs}):
         t = snap.by_number.get(number)

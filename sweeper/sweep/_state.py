@@ -116,6 +116,9 @@ class _Sweep:
         self.warm = os.environ.get("SWEEPER_WARM", "1") != "0"
         self.errors: list[BaseException] = []
         self.objectives = study_objectives(plan.study)
+        # The study as this sweep last saw it: read once a trial, under the ask lock (:meth:`ask`), and updated with
+        # each trial this process tells (:meth:`emit`) instead of read again.
+        self.view: StudySnapshot = snapshot(plan.study)
 
     def objective_values(self, result: TrialResult) -> list[float]:
         """What a complete trial tells Optuna: each of the study's objectives (:mod:`sweeper.study._objectives`)
@@ -145,9 +148,10 @@ class _Sweep:
                 callback.trial_progress(number, self.local.slot, progress)
 
     def emit(self, frozen: FrozenTrial) -> StudySnapshot:
-        """Tell the callbacks that ``frozen`` ended; returns the study as read once after it (what the event counts,
-        and what the caller reuses rather than reading the study again)."""
-        view = snapshot(self.study)
+        """Tell the callbacks that ``frozen`` ended; returns the sweep's view of the study with it (:attr:`view`,
+        updated, not read again: what the event counts, and what the caller reuses)."""
+        with self.mutex:
+            self.view = view = self.view.with_trial(frozen)
         if not self.callbacks:
             return view
         event = SweepEvent(
@@ -200,7 +204,9 @@ class _Sweep:
             if self.stop.is_set():
                 raise _Stop
             self.fail_stale()
-            view = snapshot(self.study)
+            view = snapshot(self.study)  # the loop's one reading of the study for this trial
+            with self.mutex:
+                self.view = view
             finished = view.finished
             running = sum(1 for t in view.trials if t.status == TrialStatus.RUNNING)
             if (

@@ -107,7 +107,7 @@ def run_one(sweep: _Sweep, trial: optuna.Trial) -> None:
     config = sweep.space.trial_config(trial.params)
     if not wait_for_same(sweep, trial):
         return
-    view = snapshot(sweep.study)  # read once for the repeat check and the preflight
+    view = sweep.view  # as read when this trial was asked: for the repeat check and the preflight
     if settle_repeat(sweep, trial, view):
         return
     predicted = sweep.predictor(config)
@@ -142,6 +142,8 @@ def wait_for_same(sweep: _Sweep, trial: optuna.Trial) -> bool:
         False when Ctrl-C came meanwhile: the trial is recorded as interrupted.
     """
     params = trial.params
+    if not any(t.number < trial.number and t.params == params for t in sweep.view.trials_in((TrialState.RUNNING,))):
+        return True  # none ran when this trial was asked: nothing to wait for, and nothing read
     try:
         while not sweep.interrupted.is_set():
             with sweep.lock.held():

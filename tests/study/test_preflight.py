@@ -285,3 +285,50 @@ def test_a_sweep_learns_its_correction_and_a_stored_one_prunes_before_running(ti
     ratio = first.user_attrs["peak_memory_gib"] / first.user_attrs["predicted_peak_gib"]
     assert second.user_attrs[CORRECTED_ATTR] == pytest.approx(ratio * second.user_attrs["predicted_peak_gib"])
     assert 0.5 < ratio < 3  # the CPU resident set against the memory model: the same order of magnitude
+
+
+@pytest.mark.slow
+def test_the_loop_reads_the_study_once_a_trial(tiny_model, workdir, monkeypatch):
+    """The sweep's loop reads the whole study once a trial (under the ask lock) and updates its view with each trial
+    it tells: counted as the snapshots built from a reading (sweeper.study._snapshot._make), 6 trials pruned by the
+    preflight (a stored correction puts every configuration over the cap), so nothing trains."""
+    import traceback
+
+    from sweeper.space import load_space
+    from sweeper.study import _snapshot
+    from sweeper.study._calibration import device_kind
+    from sweeper.study._storage import open_study
+    from sweeper.sweep import plan_sweep, run_study
+    from sweeper.testing import tiny_space, write_space
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = load_space(
+        write_space(
+            workdir,
+            tiny_space(
+                tiny_model,
+                name="reads",
+                n_trials=6,
+                training={"memory_limit_gib": 1.0, "bnb_4bit_compute_dtype": "bfloat16"},
+                search={"r": [4, 8, 16, 32, 64, 128]},
+            ),
+        )
+    )
+    study = open_study(space)
+    study.set_user_attr(
+        CALIBRATION_ATTR,
+        {device_kind(): {"ratios": {"bfloat16/ckpt": 4.0}, "points": {"bfloat16/ckpt": 1}, "trials": [99]}},
+    )
+    for r in (4, 8, 16, 32, 64, 128):
+        study.enqueue_trial({"r": r})
+    plan = plan_sweep(space, str(tiny_model), n_trials=6, refuse_if_nothing_fits=False)
+    reads = []
+    make = _snapshot._make
+    monkeypatch.setattr(
+        _snapshot, "_make", lambda *a, **k: reads.append(traceback.format_stack(limit=6)) or make(*a, **k)
+    )
+    study = run_study(plan)
+    statuses = [t.user_attrs["status"] for t in study.get_trials()]
+    assert statuses == ["predicted_oom"] * 6
+    # the view the sweep starts from, then one reading per ask: 6 trials and the 7th ask that finds n_trials reached
+    assert len(reads) == 1 + 6 + 1, "\n".join(reads)
