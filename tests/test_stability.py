@@ -8,18 +8,20 @@ import random
 import pytest
 
 from sweeper.stability import (
-    DIVERGED_RATIO,
     DTYPE_MAX,
-    PROBE_COST,
-    PROBE_SHARE,
-    activation_growth,
     compute_instability,
     divergence,
-    grad_norm_growth,
-    loss_spike,
     probe_interval_steps,
     probe_rebound,
     projected_fail_step,
+)
+from sweeper.stability._instability import (
+    DIVERGED_RATIO,
+    PROBE_COST,
+    PROBE_SHARE,
+    activation_growth,
+    grad_norm_growth,
+    loss_spike,
     skipped_step_fraction,
 )
 
@@ -180,21 +182,15 @@ def test_a_run_that_barely_learns_is_named_so_relative_to_the_best():
 
 
 def test_a_margin_is_shown_with_its_unit_and_its_bound():
-    from sweeper.stability import format_margin
+    from sweeper.notation import format_margin
 
     assert [format_margin(v) for v in (3.4, 12.2, 357.0, None)] == ["3.4x", "12x", "357x", "-"]
     assert format_margin(642.7, True) == ">=643x"
 
 
 def test_every_margin_and_prediction_carries_its_interval():
-    from sweeper.stability import (
-        DEFAULT_LR_CALIBRATION,
-        LONG_RUN_FACTOR,
-        STRESS_GROWTH,
-        format_margin_range,
-        format_rate_range,
-        margin_of,
-    )
+    from sweeper.notation import format_margin_range, format_rate_range
+    from sweeper.stability import DEFAULT_LR_CALIBRATION, LONG_RUN_FACTOR, STRESS_GROWTH, margin_of
 
     found = margin_of(2e-4, "diverged", 5)
     margin = STRESS_GROWTH**5

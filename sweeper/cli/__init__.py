@@ -202,7 +202,8 @@ def _add_report(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
     from sweeper.cli._export import cmd_export
-    from sweeper.export import EXPORT_FORMATS, PICKS, format_names
+    from sweeper.export import EXPORT_FORMATS, format_names
+    from sweeper.study.picks import PICKS
 
     export = sub.add_parser(
         "export", help="a trial of the study as a config for production training", parents=[_parent(study=True)]
@@ -241,7 +242,7 @@ def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 def _add_confirm(sub: argparse._SubParsersAction[_Parser]) -> None:
     from sweeper.cli._confirm import cmd_confirm
-    from sweeper.export import PICKS
+    from sweeper.study.picks import PICKS
 
     confirm = sub.add_parser(
         "confirm",

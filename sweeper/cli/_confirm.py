@@ -162,8 +162,8 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     """``sweep confirm STUDY [--steps N] [--trials 3,7 | --front | --pick safe] [--as-exported]``."""
     import optuna
 
-    from sweeper.export import choose
     from sweeper.study import check_study_owner, load_existing_study, snapshot
+    from sweeper.study.picks import choose
     from sweeper.sweep import candidates
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -186,7 +186,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
             )
         # what to confirm next: the pick among every trial of the front, not only the confirmed ones
         numbers = [
-            ranked[0].number if args.pick == "safe" else choose(read, args.pick, prefer_confirmed=False).trial.number
+            ranked[0].number if args.pick == "safe" else choose(read, args.pick, prefer_confirmed=False).chosen().number
         ]
     steps = args.steps if args.steps is not None else read.confirm_steps
     failed, not_run = run_confirmations(study, numbers, steps, as_exported=args.as_exported)

@@ -12,10 +12,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     """``sweep export STUDY``: the chosen trial as a production config."""
     import optuna
 
-    from sweeper.errors import StudyError
-    from sweeper.export import EXPORT_FORMATS, choose, export_path, inexpressible, pick_trial, write_export
+    from sweeper.export import EXPORT_FORMATS, choose_for_format, export_path, inexpressible, pick_trial, write_export
+    from sweeper.notation import format_headroom
     from sweeper.report import margin_text
-    from sweeper.stability import format_headroom
     from sweeper.study import load_existing_study, snapshot, study_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -24,12 +23,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         _check_owner(loaded, url, "to write the export elsewhere, give -o PATH")
     study = snapshot(loaded)
     if args.trial is None:
-        choice = choose(study, args.pick, args.format)
-        trial, how = choice.trial, choice.line
-        try:
-            overall = choose(study, args.pick).trial
-        except StudyError:  # every trial of the front failed its confirmation: the format's pick stands alone
-            overall = trial
+        choice = choose_for_format(study, args.pick, args.format)
+        trial, how = choice.chosen(), choice.line
+        # every trial of the front failed its confirmation: the format's pick stands alone
+        overall = choose_for_format(study, args.pick).trial or trial
         if overall.number != trial.number:  # picked on the front of the trials the format can express
             reason = inexpressible(overall, args.format)
             how += f"; the study's {args.pick} is trial {overall.number}" + (f": {reason}" if reason else "")

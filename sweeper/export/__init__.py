@@ -7,9 +7,9 @@ setting the target tool cannot express the way the trial ran it is said in a com
 
 One module a step, and one a target format:
 
-- :mod:`._pick`: which trial (``--trial N`` or a ``--pick`` of the front, with what it chose among:
-  :class:`~sweeper.export._pick.PickChoice`), which formats can express it, the nearest one they can, and the
-  one-line refusals;
+- :mod:`._pick`: which trial (``--trial N``, or what a ``--pick`` chooses among the trials the format can express:
+  the picks themselves are :mod:`sweeper.study.picks`), which formats can express it, the nearest one they can, and
+  the one-line refusals;
 - :mod:`._settings`: :class:`ExportSettings`, what every format writes, from the trial's stored config, in typed
   parts (:class:`QuantizationSettings`, :class:`LoraSettings`, :class:`TrainingSettings`, :class:`Provenance`);
 - :mod:`._format`: :class:`ExportFormat`, what a format declares: its name, suffix, help line, what it cannot
@@ -23,14 +23,13 @@ One module a step, and one a target format:
 - :mod:`._write`: where ``-o`` puts the files and the write.
 """
 
-from sweeper.export._pick import PICKS, choose, inexpressible, pick_trial
+from sweeper.export._pick import choose_for_format, inexpressible, pick_trial
 from sweeper.export._registry import EXPORT_FORMATS, format_names
 from sweeper.export._write import export_path, write_export
 
 __all__ = [
     "EXPORT_FORMATS",
-    "PICKS",
-    "choose",
+    "choose_for_format",
     "export_path",
     "format_names",
     "inexpressible",

@@ -1,52 +1,17 @@
-"""Which trial ``sweep export`` writes: trial N, or the front's safe (the default), knee, min-memory or most-stable
-point, among the trials the format can express and that did not fail their confirmation, with what each pick chose
-among (:class:`PickChoice`); and the one-line refusals otherwise."""
+"""Which trial ``sweep export`` writes: trial N, or what a pick chooses (:mod:`sweeper.study.picks`, where the picks
+are decided) among the trials the format can express; the nearest trial a format can express; and the one-line
+refusals otherwise."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
 
 from sweeper.errors import StudyError
 from sweeper.export._registry import EXPORT_FORMATS, export_format
-from sweeper.stability import SLOW_LEARNING_SHARE, Headroom, format_headroom, format_margin
-from sweeper.study import (
-    Objective,
-    StoredTrial,
-    StudyLike,
-    StudySnapshot,
-    by_knee_distance,
-    snapshot,
-)
+from sweeper.notation import format_margin
+from sweeper.study import StoredTrial, StudyLike, StudySnapshot, snapshot
+from sweeper.study.picks import Pick, PickOutcome, Within, choose, complete_trials, confirmation_refusal, objectives
 from sweeper.trial import TrialStatus
-
-Pick = Literal["safe", "knee", "min-memory", "most-stable"]
-PICKS: tuple[str, ...] = ("safe", "knee", "min-memory", "most-stable")
-
-
-def objectives(trial: StoredTrial) -> tuple[float, ...]:
-    """The objective values of a COMPLETE trial (the front and the exported trials are), in the study's order
-    (:func:`sweeper.study.study_objectives`): ``(peak_memory_gib, edge_proximity)`` by default,
-    ``(peak_memory_gib, instability)`` in a study written before the stability margin."""
-    if trial.values is None:
-        raise StudyError(f"trial {trial.number} did not complete: it has no objective values")
-    return trial.values
-
-
-def knee(front: Sequence[StoredTrial], objectives: Sequence[Objective]) -> StoredTrial:
-    """The front's point of best trade-off on ``objectives``: after scaling each objective to [0, 1] over the front
-    (min-max, by its direction), the point nearest the ideal point in Euclidean distance, the "compromise solution"
-    of multi-objective decision making (Zeleny 1973; Deb, *Multi-Objective Optimization using Evolutionary
-    Algorithms*, 2001, 8.2). Ties go to the better stability objective, then the lower memory.
-
-    Raises:
-        ValueError: ``front`` is empty.
-    """
-    if not front:
-        raise ValueError("the front is empty")
-    return by_knee_distance(front, objectives)[0]
 
 
 def inexpressible(trial: StoredTrial, fmt: str) -> str | None:
@@ -67,10 +32,15 @@ def _formats_expressing(trial: StoredTrial, fmt: str) -> str:
     return others[0] if len(others) == 1 else ", ".join(others[:-1]) + " or " + others[-1]
 
 
+def _within(fmt: str) -> Within:
+    """The trials ``fmt`` can express, as a pick narrows to them (:class:`sweeper.study.picks.Within`)."""
+    return Within(fmt=fmt, cannot_express=export_format(fmt).cannot_express)
+
+
 def _expressible_trials(study: StudySnapshot, fmt: str) -> list[StoredTrial]:
-    """The measured COMPLETE trials of the study's current setup ``fmt`` can express (:func:`_complete_trials`)
-    whose confirmation did not fail."""
-    return [t for t in _complete_trials(study, fmt) if t.confirmation is None or t.confirmation.passed]
+    """The measured COMPLETE trials of the study's current setup ``fmt`` can express
+    (:func:`sweeper.study.picks.complete_trials`) whose confirmation did not fail."""
+    return [t for t in complete_trials(study, _within(fmt)) if t.confirmation is None or t.confirmation.passed]
 
 
 def nearest_expressible(study: StudyLike, trial: StoredTrial, fmt: str) -> StoredTrial | None:
@@ -96,35 +66,32 @@ def nearest_expressible(study: StudyLike, trial: StoredTrial, fmt: str) -> Store
     return min(candidates, key=key)
 
 
-@dataclass(frozen=True, kw_only=True)
-class PickChoice:
-    """The trial a pick chose, what it chose among and what the user should know about it.
+def choose_for_format(study: StudyLike, pick: Pick | str = Pick.SAFE, fmt: str | None = None) -> PickOutcome:
+    """What ``pick`` chooses among the trials ``fmt`` can express (:func:`sweeper.study.picks.choose`, whose rules
+    these are; all trials without ``fmt``).
 
-    Attributes:
-        pick: ``knee``, ``min-memory``, ``most-stable`` or ``safe``.
-        trial: The chosen trial.
-        among: What it chose among, as the line says it: ``the front's 5 trials``, ``the 2 confirmed trials of the
-            front``, ``the front of the trials axolotl can express (3)``.
-        notes: What else the line says: a better trial left out because it is unconfirmed, a trial that learns
-            less than half as fast as a safe alternative, a trial near its edge, no safe trial.
+    Raises:
+        StudyError: ``fmt`` can express no complete trial of the study that did not fail its confirmation (the line
+            names the formats that can, or the fix of the format's limit).
+        ValueError: ``pick`` is not a pick.
     """
-
-    pick: str
-    trial: StoredTrial
-    among: str
-    notes: tuple[str, ...] = ()
-
-    @property
-    def line(self) -> str:
-        """``safe #3, among the front's 5 trials; #0 uses 0.080 GiB less and is unconfirmed``."""
-        return "; ".join([f"{self.pick} #{self.trial.number}, among {self.among}", *self.notes])
+    study = snapshot(study)
+    front = study.front
+    if fmt is not None and any(inexpressible(t, fmt) for t in front) and not _expressible_trials(study, fmt):
+        limit = export_format(fmt).limit
+        why, fix = (limit.every, limit.fix) if limit else ("", "")  # a limit made some trial inexpressible
+        raise StudyError(
+            f"{study.name}: --format {fmt}: no complete trial of the study can be expressed in it ({why}); export "
+            f"with --format {_formats_expressing(front[0], fmt)}, or {fix}"
+        )
+    return choose(study, pick, _within(fmt) if fmt is not None else None)
 
 
 def pick_trial(
-    study: StudyLike, *, number: int | None = None, pick: Pick = "safe", fmt: str | None = None
+    study: StudyLike, *, number: int | None = None, pick: Pick | str = Pick.SAFE, fmt: str | None = None
 ) -> StoredTrial:
     """The trial to export: trial ``number``, or the front's ``safe``, ``knee``, ``min-memory`` or ``most-stable``
-    point (:func:`choose`, whose rules this follows).
+    point (:func:`choose_for_format`).
 
     Raises:
         StudyError: No such trial, the trial did not complete or failed its confirmation (its status and reason are
@@ -133,208 +100,7 @@ def pick_trial(
     """
     if number is not None:
         return _numbered_trial(snapshot(study), number, fmt)
-    return choose(study, pick, fmt).trial
-
-
-def choose(
-    study: StudyLike, pick: Pick = "safe", fmt: str | None = None, *, prefer_confirmed: bool = True
-) -> PickChoice:
-    """The front's point a pick chooses, with what it chose among and the notes its line carries.
-
-    The rules (``sweep export --help``, docs/contract.md, the report):
-
-    - **Among what.** The front of the study's current setup; with ``fmt``, the front of the trials that format can
-      express (:func:`inexpressible`: LLaMA-Factory has no float32 compute, axolotl no fractional ``lora_alpha``).
-      A trial that failed its confirmation is never picked. When some trials of the front completed their
-      confirmation (``sweep confirm``), every pick is made among those (``safe``: among the confirmed trials safely
-      below their edge), and its line names the unconfirmed trial the pick would take otherwise. ``knee``,
-      ``most-stable`` and ``safe`` leave out trials that barely learn (:func:`sweeper.stability.barely_learns`).
-    - ``min-memory``: the least peak memory.
-    - ``knee``: the compromise point (:func:`knee`).
-    - ``most-stable``: the least memory among the trials tied with the most stable one (a stability margin within
-      its seed noise).
-    - ``safe`` (``sweep export``'s default), among every complete trial of the current setup, not only the front (a
-      safe trial whose margin is within the seed noise of a lighter trial near its edge is off the front, and is
-      what a user wants): among the trials safely below their edge (headroom, ``predicted_max_lr
-      / learning_rate``, at or above its safety factor: :class:`sweeper.stability.Headroom`) that learn at least
-      half as fast as the fastest of them (:data:`sweeper.stability.SLOW_LEARNING_SHARE`), those within 10% (the
-      seed's noise on peak memory, :data:`sweeper.study._objectives.MEMORY_NOISE_SHARE`) of the
-      least memory; of those the one that learns most. With no safe trial, the most headroom, said on its line.
-    - A ``knee`` or ``most-stable`` pick that learns less than half as fast as a safe trial, and any pick near its
-      edge, says so on its line.
-
-    ``prefer_confirmed`` False makes the pick among every trial of the front that did not fail its confirmation, as
-    ``sweep confirm --pick`` chooses what to confirm next.
-
-    Raises:
-        StudyError: The study has no complete trial (that ``fmt`` can express) that did not fail its confirmation.
-        ValueError: ``pick`` is none of :data:`PICKS`.
-    """
-    if pick not in PICKS:
-        raise ValueError(f"pick must be one of {PICKS}, but got {pick!r}")
-    study = snapshot(study)
-    name = study.name
-    front = study.front
-    if not front:
-        raise StudyError(f"{name}: --pick: the study has no complete trial to export; run more trials with 'sweep run'")
-    among = f"the front's {len(front)} trial{'s' if len(front) != 1 else ''}"
-    if fmt is not None and any(inexpressible(t, fmt) for t in front):
-        expressible = study.non_dominated(_expressible_trials(study, fmt))
-        if not expressible:
-            limit = export_format(fmt).limit
-            why, fix = (limit.every, limit.fix) if limit else ("", "")  # a limit made some trial inexpressible
-            raise StudyError(
-                f"{name}: --format {fmt}: no complete trial of the study can be expressed in it ({why}); export "
-                f"with --format {_formats_expressing(front[0], fmt)}, or {fix}"
-            )
-        front = expressible
-        among = f"the front of the trials {fmt} can express ({len(front)})"
-    complete = _complete_trials(study, fmt)
-    if pick == "safe":  # a safe trial tied on stability with a lighter one near its edge is off the front, not out
-        front = complete or front
-        narrowed = fmt is not None and len(complete) < len(_complete_trials(study, None))
-        among = f"the {len(front)} complete trial{'s' if len(front) != 1 else ''}" + (
-            f" {fmt} can express" if narrowed else ""
-        )
-    passed = [t for t in front if t.confirmation is not None and t.confirmation.passed] if prefer_confirmed else []
-    if pick == "safe":  # a confirmed trial near its edge is no reason to pass over a safe one
-        passed = [t for t in passed if t.safely_below_edge]
-    usable = [t for t in front if t.confirmation is None or t.confirmation.passed]
-    if not usable:
-        _refuse_failed_confirmation(name, front[0], "--pick")
-    safe_pool = [t for t in complete if t.confirmation is None or t.confirmation.passed]
-    chosen, notes, among = _prefer_confirmed(study, pick, passed, usable, safe_pool, among)
-    headroom = chosen.headroom
-    if pick != "safe" and headroom is not None and headroom.near_edge:
-        notes.append(_edge_note(headroom))
-    return PickChoice(pick=pick, trial=chosen, among=among, notes=tuple(notes))
-
-
-def _prefer_confirmed(
-    study: StudySnapshot,
-    pick: Pick,
-    passed: list[StoredTrial],
-    usable: list[StoredTrial],
-    safe_pool: list[StoredTrial],
-    among: str,
-) -> tuple[StoredTrial, list[str], str]:
-    """Of :func:`choose`: the pick among the confirmed trials ``passed`` when there are any and the one it takes is
-    as good within the noise as the pick among every ``usable`` trial (:func:`_as_good`), said on its line with the
-    unconfirmed trial it would take otherwise; else the pick among every trial, its line naming the confirmed one
-    passed over. Returns ``(trial, notes, among)``."""
-    chosen, notes = _apply(study, pick, passed or usable, safe_pool)
-    if not passed or len(passed) == len(usable):
-        return chosen, notes, among
-    unrestricted, unrestricted_notes = _apply(study, pick, usable, safe_pool)
-    if unrestricted.number == chosen.number or _as_good(study, pick, chosen, unrestricted):
-        n = len(passed)
-        if unrestricted.number != chosen.number:
-            notes = [*notes, _unconfirmed_note(study.name, pick, chosen, unrestricted)]
-        return chosen, notes, f"the {n} confirmed trial{'s' if n != 1 else ''} of {among}"
-    # the confirmed trial is worse beyond the noise on what the pick is for: not a substitute
-    passed_over = (
-        f"unconfirmed (sweep confirm {study.name} --trials {unrestricted.number}); the confirmed #{chosen.number} is "
-        f"not within the noise of it on {_CRITERION[pick]}"
-    )
-    return unrestricted, [*unrestricted_notes, passed_over], among
-
-
-def _edge_note(headroom: Headroom) -> str:
-    """The note of a pick near its edge: above it (predicted to fail at its own rate) when the headroom is below 1."""
-    shown = format_headroom(headroom, mark=False)
-    if headroom.value < 1:
-        return f"{headroom.edge_phrase} (headroom {shown}): predicted to fail at its own learning rate"
-    return f"{headroom.edge_phrase} (headroom {shown})"
-
-
-def _progress(t: StoredTrial) -> float | None:
-    return t.result.constant.learning_progress
-
-
-def _complete_trials(study: StudySnapshot, fmt: str | None) -> list[StoredTrial]:
-    """The measured COMPLETE trials of the study's current setup (repeats stand for their original), those ``fmt``
-    can express when it is given."""
-    return [
-        t
-        for t in study.current(study.trials)
-        if t.status == TrialStatus.COMPLETE
-        and t.values is not None
-        and not t.is_repeat
-        and (fmt is None or inexpressible(t, fmt) is None)
-    ]
-
-
-def _apply(
-    study: StudySnapshot, pick: Pick, front: list[StoredTrial], safe_pool: list[StoredTrial]
-) -> tuple[StoredTrial, list[str]]:
-    """The pick's rule on ``front`` (non-empty): the trial and the notes on it (:func:`choose`); ``safe_pool``: the
-    complete trials a "learns less than half as fast as a safe trial" note compares with."""
-    declared = study.objectives
-    if pick != "min-memory":  # no trial is recommended as safest because it barely learns
-        front = study.learning(front)
-    memory = next(i for i, o in enumerate(declared) if o.role == "memory")
-    stability = next(i for i, o in enumerate(declared) if o.role == "stability")
-
-    def signed(t: StoredTrial, i: int) -> float:
-        return declared[i].better(objectives(t)[i])
-
-    safe = [t for t in study.learning(safe_pool or front) if t.safely_below_edge]
-    fastest = max((p for t in safe if (p := _progress(t)) is not None), default=None)
-    notes: list[str] = []
-    if pick == "safe":
-        chosen, note = study.safe_pick(front)
-        return chosen, [note] if note else []
-    if pick == "min-memory":
-        chosen = min(front, key=lambda t: (signed(t, memory), signed(t, stability)))
-    elif pick == "most-stable":  # the least memory among the trials tied with the most stable one
-        best = min(front, key=lambda t: (signed(t, stability), signed(t, memory)))
-        tied = [t for t in front if t.number in study.tied_on_stability(best, front)]
-        chosen = min([best, *tied], key=lambda t: (signed(t, memory), signed(t, stability)))
-    else:
-        chosen = knee(front, declared)
-    mine = _progress(chosen)
-    if fastest is not None and fastest > 0 and (mine is None or mine < SLOW_LEARNING_SHARE * fastest):
-        faster = max(safe, key=lambda t: _progress(t) or 0.0)
-        shown = "?" if mine is None else f"{100 * mine:.0f}%"
-        notes.append(
-            f"learns {shown}, less than half as fast as safe #{faster.number} ({100 * fastest:.0f}%): see --pick safe"
-        )
-    return chosen, notes
-
-
-#: What each pick is for, as a note names it.
-_CRITERION = {"min-memory": "memory", "most-stable": "stability", "knee": "memory and stability", "safe": "safety"}
-
-
-def _as_good(study: StudySnapshot, pick: Pick, confirmed: StoredTrial, best: StoredTrial) -> bool:
-    """Whether the confirmed trial a pick prefers is as good as the pick made among every trial (``best``), within
-    the noise, on what the pick is for: memory (within the seed's 10% on peak memory) for ``min-memory``, stability
-    (overlapping margin intervals) for ``most-stable``, both for ``knee``. A confirmation is worth a tie, not a worse
-    trial: the front's least stable point must never be the ``most-stable`` pick because it alone was confirmed.
-    ``safe`` chose among confirmed trials that are safely below their edge already: as good."""
-    if pick == "safe":
-        return True
-    light = study.as_light_within_noise(confirmed, best)
-    i = next(i for i, o in enumerate(study.objectives) if o.role == "stability")
-    objective = study.objectives[i]
-    more_stable = objective.better(objectives(confirmed)[i]) <= objective.better(objectives(best)[i])
-    stable = more_stable or best.number in study.tied_on_stability(confirmed, [best])
-    if pick == "min-memory":
-        return light
-    if pick == "most-stable":
-        return stable
-    return light and stable
-
-
-def _unconfirmed_note(study_name: str, pick: Pick, chosen: StoredTrial, other: StoredTrial) -> str:
-    """What the pick would take without preferring confirmed trials, said on its line."""
-    if pick == "min-memory":
-        less = objectives(chosen)[0] - objectives(other)[0]
-        return f"#{other.number} uses {less:.3f} GiB less and is unconfirmed"
-    return (
-        f"#{other.number} would be the {pick} pick and is unconfirmed (sweep confirm {study_name} --trials "
-        f"{other.number})"
-    )
+    return choose_for_format(study, pick, fmt).chosen()
 
 
 def _numbered_trial(study: StudySnapshot, number: int, fmt: str | None) -> StoredTrial:
@@ -356,7 +122,8 @@ def _numbered_trial(study: StudySnapshot, number: int, fmt: str | None) -> Store
             f"{name}: --trial: trial {number} did not complete ({t.status_name}: {reason}); export a "
             "complete trial, e.g. --pick knee"
         )
-    _refuse_failed_confirmation(name, t, "--trial")
+    if (refusal := confirmation_refusal(name, t)) is not None:
+        raise StudyError(f"{name}: --trial: {refusal}")
     if fmt is not None and (why := inexpressible(t, fmt)) is not None:
         raise StudyError(f"{name}: --format {fmt}: trial {number}: {why}; " + _instead(study, t, fmt))
     return t
@@ -375,17 +142,4 @@ def _instead(study: StudySnapshot, trial: StoredTrial, fmt: str) -> str:
         f"the nearest trial it can express is {near.number} ({dtype}, peak {peak:.3f} GiB, margin "
         f"{margin}): --trial {near.number}; or export trial {trial.number} with --format "
         f"{formats}"
-    )
-
-
-def _refuse_failed_confirmation(study_name: str, trial: StoredTrial, flag: str) -> None:
-    """Raise when ``trial``'s long run failed: its short result does not hold at the horizon of a real run."""
-    done = trial.confirmation
-    if done is None or done.passed:
-        return
-    where = f" at step {done.fail_step}" if done.fail_step is not None else ""
-    raise StudyError(
-        f"{study_name}: {flag}: trial {trial.number} failed its confirmation ({done.status}{where} of {done.steps} "
-        f"steps: {done.reason}); export a trial whose long run completed, or confirm another with 'sweep confirm "
-        f"{study_name} --front'"
     )

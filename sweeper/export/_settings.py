@@ -10,8 +10,9 @@ from importlib import metadata
 from typing import Any
 
 from sweeper.errors import StudyError
+from sweeper.notation import round_figure, rounded
 from sweeper.space import TrialConfig
-from sweeper.stability import StabilityFigures, round_figure
+from sweeper.stability import StabilityFigures
 from sweeper.study import Confirmation, StoredTrial, StudyLike, StudySnapshot, snapshot
 
 #: Built-in models as the hub ids a production run would load.
@@ -337,7 +338,7 @@ def _provenance(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Pro
         memory_kind=trial.result.memory.memory_kind,
         memory_limit_gib=c.memory_limit_gib,
         instability=round_figure(trial.result.constant.instability, 4),
-        stability=StabilityFigures.of(trial.result.stress, trial.headroom).rounded(),
+        stability=rounded(StabilityFigures.of(trial.result.stress, trial.headroom)),
         measured_effective_batch_size=c.effective_batch_size,
         learning_progress=round_figure(trial.result.constant.learning_progress, 3),
         confirmation=trial.confirmation,

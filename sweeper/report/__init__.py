@@ -13,6 +13,7 @@ Every reader takes an ``optuna.Study`` or its snapshot (:func:`sweeper.study.sna
 The face exports only what the CLI uses; the records and the smaller helpers are imported from their modules.
 """
 
+from sweeper.notation import format_instability
 from sweeper.report._console import format_params, margin_text, predicted_text
 from sweeper.report._dashboard import publish_study, serve
 from sweeper.report._data import report_data
@@ -22,7 +23,6 @@ from sweeper.report._memory_text import format_cap, format_same_rows
 from sweeper.report._progress import LiveProgress, progress_interval_s
 from sweeper.report._report_console import report_lines, report_written_line
 from sweeper.report._trial_text import trial_header, trial_result_lines
-from sweeper.stability import format_instability
 
 __all__ = [
     "LiveProgress",

@@ -7,12 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sweeper.stability import (
-    StabilityFigures,
-    barely_learns,
-    format_margin_range,
-    format_rate_range,
-)
+from sweeper.notation import format_margin_range, format_rate_range
+from sweeper.stability import StabilityFigures, barely_learns
 from sweeper.trial import StressOutcome, TrialStatus
 
 #: Short column names of per-trial keys in the console (the full names are in the study and the reports).

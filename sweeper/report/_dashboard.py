@@ -14,8 +14,8 @@ from wsgiref.simple_server import WSGIServer, make_server
 import optuna
 from optuna.trial import TrialState
 
+from sweeper.notation import format_instability
 from sweeper.report._trial_text import margin_line
-from sweeper.stability import format_instability
 from sweeper.study import StoredTrial, artifact_store, snapshot, unnoted_trials
 
 #: Id of the front figure among the study's plotly graph objects (optuna-dashboard requires ``[A-Za-z0-9_-]+``).

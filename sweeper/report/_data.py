@@ -319,7 +319,7 @@ def report_data(study: StudyLike) -> Report:
     numbers = {t.number for t in front}
     outcomes = pick_outcomes(study)
     chosen = pick_choices(outcomes)
-    shown = [*front, *picked_off_front(study, {name: c.trial.number for name, c in chosen.items()})]
+    shown = [*front, *picked_off_front(study, {name: c.chosen().number for name, c in chosen.items()})]
     stale = study.stale_running
     listed = sorted([*study.measured, *(t for t in study.trials if t.number in stale)], key=lambda t: t.number)
     return Report(
@@ -337,7 +337,7 @@ def report_data(study: StudyLike) -> Report:
         nan_causes={cause: tuple(nan) for cause, nan in study.nan_causes.items()},
         largest_max_seq_length_by_batch=largest_fitting_seq(fit_map_data(study)),
         importance=importance_data(study),
-        picks={name: choice.trial.number for name, choice in chosen.items()},
+        picks={name: choice.chosen().number for name, choice in chosen.items()},
         pick_lines=pick_lines(outcomes),
         memory_prediction=memory_prediction_data(study),
         other_setups=other_setups_line(study),

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
+from sweeper.notation import format_instability, format_margin, headroom_text
 from sweeper.report._console import margin_text
 from sweeper.report._records import (
     Curve,
@@ -20,7 +21,6 @@ from sweeper.report._records import (
     ParamImportance,
     TrialRecord,
 )
-from sweeper.stability import format_instability, format_margin
 
 #: The front figure's height of a point: its stability margin, or a pre-margin study's instability (None: unknown).
 Height: TypeAlias = Callable[[TrialRecord], float | None]
@@ -70,7 +70,7 @@ def _hover(point: TrialRecord) -> str:
         if not confirmed.passed:
             long += f" at step {confirmed.fail_step}"
     if point.stability.headroom is not None:
-        long += f"<br>headroom {point.stability.headroom_text()}"
+        long += f"<br>headroom {headroom_text(point.stability)}"
     return f"trial {point.number}: {point.label}<br>peak {memory}, margin {stability}{long}<br>{params}<br>{reason}"
 
 

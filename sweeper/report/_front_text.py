@@ -6,11 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from sweeper.notation import format_headroom, format_instability
 from sweeper.report._console import _fmt, _table, format_progress, margin_text
-from sweeper.stability import (
-    format_headroom,
-    format_instability,
-)
 from sweeper.study import Objective, StoredTrial, StudyLike, snapshot
 
 

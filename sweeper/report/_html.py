@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sweeper.notation import format_instability, format_rate_range, headroom_text
 from sweeper.report import _data as data
 from sweeper.report._console import margin_text
 from sweeper.report._figures import curves_figure, fit_map_figure, front_figure, importance_figure
@@ -21,7 +22,6 @@ from sweeper.report._records import (
     MemoryPrediction,
     Report,
 )
-from sweeper.stability import format_instability, format_rate_range
 from sweeper.study import StudyLike, snapshot
 
 
@@ -120,7 +120,7 @@ def _front_row(f: FrontRow, keys: list[str], picked: list[str]) -> list[Any]:
         *[_fmt(f.params.get(k)) for k in keys],
         f"{f.peak_memory_gib:.3f}",
         margin_text(f.stability),
-        f.stability.headroom_text(),
+        headroom_text(f.stability),
         ", ".join(f"#{n}" for n in f.tied_with) or "-",
         _fmt_rate(f.stability.lr_ceiling),
         # its source (which factor made it) is said once under the table: in each cell it ran the table off the page

@@ -5,48 +5,28 @@ report`` prints, and the picks that sit off the front.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from sweeper.errors import StudyError
-from sweeper.study import (
-    StoredTrial,
-    StudyLike,
-    StudySnapshot,
-    snapshot,
-)
+from sweeper.study import StoredTrial, StudyLike, StudySnapshot
+from sweeper.study.picks import PickOutcome, choose_all
 
 
-def pick_outcomes(study: StudyLike) -> dict[str, Any]:
+def pick_outcomes(study: StudyLike) -> dict[str, PickOutcome]:
     """What each ``sweep export --pick`` makes of the study (``safe``, ``knee``, ``min-memory``, ``most-stable``), by
-    pick name: its :class:`sweeper.export._pick.PickChoice`, or the :class:`~sweeper.errors.StudyError` that refuses
-    it (every trial it chooses among failed its confirmation); {} without a complete trial. Each pick is made once:
-    :func:`pick_choices`, :func:`pick_lines` and :func:`no_picks_reason` read this."""
-    study = snapshot(study)
-    from sweeper.export import PICKS, choose
-
-    out: dict[str, Any] = {}
-    if not study.front:
-        return out
-    for name in PICKS:
-        try:
-            out[name] = choose(study, name)  # type: ignore[arg-type]
-        except StudyError as exc:
-            out[name] = exc
-    return out
+    pick name (:func:`sweeper.study.picks.choose_all`): the trial, or the refusal (every trial it chooses among failed
+    its confirmation); {} without a complete trial. Each pick is made once: :func:`pick_choices`, :func:`pick_lines`
+    and :func:`no_picks_reason` read this."""
+    return choose_all(study)
 
 
-def pick_choices(outcomes: Mapping[str, Any]) -> dict[str, Any]:
-    """The picks of :func:`pick_outcomes` that could be made, as :class:`sweeper.export._pick.PickChoice`."""
-    return {name: o for name, o in outcomes.items() if not isinstance(o, StudyError)}
+def pick_choices(outcomes: Mapping[str, PickOutcome]) -> dict[str, PickOutcome]:
+    """The picks of :func:`pick_outcomes` that could be made."""
+    return {name: o for name, o in outcomes.items() if o.trial is not None}
 
 
-def pick_lines(outcomes: Mapping[str, Any]) -> dict[str, str]:
-    """Each pick's line, by pick name: :attr:`sweeper.export._pick.PickChoice.line`, or for a pick that cannot be
-    made ``knee: none: trial 0 failed its confirmation (...)``."""
-    return {
-        name: f"{name}: none: {str(o).split(': ', 2)[-1]}" if isinstance(o, StudyError) else o.line
-        for name, o in outcomes.items()
-    }
+def pick_lines(outcomes: Mapping[str, PickOutcome]) -> dict[str, str]:
+    """Each pick's line, by pick name (:attr:`sweeper.study.picks.PickOutcome.line`): ``safe #3, among ...``, or
+    for a pick that cannot be made ``knee: none: trial 0 failed its confirmation (...)``."""
+    return {name: o.line for name, o in outcomes.items()}
 
 
 def picks_block(study: StudyLike, ref: str) -> tuple[dict[str, StoredTrial], list[str]]:
@@ -60,9 +40,9 @@ def picks_block(study: StudyLike, ref: str) -> tuple[dict[str, StoredTrial], lis
         ref: How the user named the study, for the ``sweep export REF`` the first line suggests.
     """
     outcomes = pick_outcomes(study)
-    chosen = {name: choice.trial for name, choice in pick_choices(outcomes).items()}
+    chosen = {name: choice.chosen() for name, choice in pick_choices(outcomes).items()}
     if why := no_picks_reason(study, outcomes):
-        return chosen, [f"picks   none: {why.split(': ', 2)[-1]}"]
+        return chosen, [f"picks   none: {why}"]
     if lines := pick_lines(outcomes):
         return chosen, [f"picks   (sweep export {ref} writes safe; --pick NAME another)"] + [
             f"  {line}" for line in lines.values()
@@ -72,16 +52,18 @@ def picks_block(study: StudyLike, ref: str) -> tuple[dict[str, StoredTrial], lis
 
 def picks(study: StudyLike) -> dict[str, int]:
     """The trial ``sweep export --pick`` would choose for each pick that can be made, by pick name."""
-    return {name: choice.trial.number for name, choice in pick_choices(pick_outcomes(study)).items()}
+    return {name: choice.chosen().number for name, choice in pick_choices(pick_outcomes(study)).items()}
 
 
-def no_picks_reason(study: StudyLike, outcomes: Mapping[str, Any] | None = None) -> str | None:
+def no_picks_reason(study: StudyLike, outcomes: Mapping[str, PickOutcome] | None = None) -> str | None:
     """Why no pick can be made although the study has trials (every trial each pick chooses among failed its
     confirmation), as ``sweep export --pick`` says it; None when some pick can be made or it has no trial.
     ``outcomes``: the study's :func:`pick_outcomes` when the caller has them (else they are made here)."""
     outcomes = pick_outcomes(study) if outcomes is None else outcomes
-    refusals = [str(o) for o in outcomes.values() if isinstance(o, StudyError)]
-    return refusals[0] if refusals and len(refusals) == len(outcomes) else None
+    refused = [o for o in outcomes.values() if o.trial is None]
+    if not refused or len(refused) != len(outcomes):
+        return None
+    return refused[0].refusal
 
 
 def picked_off_front(study: StudySnapshot, picks: Mapping[str, int]) -> list[StoredTrial]:

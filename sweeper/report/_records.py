@@ -386,7 +386,7 @@ class Report:
         importance: What explains each objective, by objective name.
         picks: The trial each ``sweep export --pick`` chooses, by pick name.
         pick_lines: Each pick's line, by pick name: the trial, what it chose among and what the user should know
-            (``safe #3, among the front's 5 trials; ...``: :attr:`sweeper.export._pick.PickChoice.line`).
+            (``safe #3, among the front's 5 trials; ...``: :attr:`sweeper.study.picks.PickOutcome.line`).
         memory_prediction: The preflight's predictions against the measured peaks.
         other_setups: The line on trials of other setups (:func:`sweeper.report._front_text.other_setups_line`), or
             None.

@@ -8,15 +8,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sweeper.notation import format_headroom, format_instability, format_margin_range
 from sweeper.report._console import STATUS_WIDTH, _num, _table, format_params, margin_text, predicted_text, status_label
 from sweeper.report._records import phase_peaks_text
 from sweeper.space import TrialConfig
-from sweeper.stability import (
-    format_headroom,
-    format_instability,
-    format_margin_range,
-    headroom_of,
-)
+from sweeper.stability import headroom_of
 from sweeper.trial import TrialResult
 
 

@@ -15,7 +15,6 @@ from sweeper.study._calibration import current_calibration
 from sweeper.study._identity import check_study_owner, study_dir
 from sweeper.study._objectives import Objective
 from sweeper.study._optuna_private import unnoted_trials
-from sweeper.study._recovery import stale_running
 from sweeper.study._snapshot import StudyLike, StudySnapshot, snapshot
 from sweeper.study._storage import load_existing_study
 from sweeper.study._stored import Confirmation, PredictionError, StoredTrial, by_knee_distance
@@ -35,7 +34,6 @@ __all__ = [
     "load_existing_study",
     "redact_url",
     "snapshot",
-    "stale_running",
     "study_dir",
     "unnoted_trials",
 ]

@@ -18,7 +18,8 @@ from typing import Literal
 import optuna
 
 from sweeper.errors import StudyError
-from sweeper.stability import edge_proximity, format_instability, format_margin, learning_progress_noise
+from sweeper.notation import format_instability, format_margin
+from sweeper.stability import edge_proximity, learning_progress_noise
 from sweeper.trial import TrialResult
 
 Direction = Literal["minimize", "maximize"]

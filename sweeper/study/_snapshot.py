@@ -23,7 +23,7 @@ from typing import Any, TypeAlias
 import optuna
 from optuna.trial import TrialState
 
-from sweeper.stability import SLOW_LEARNING_SHARE, LrCalibration, barely_learns, format_headroom, lr_calibration_of
+from sweeper.stability import LrCalibration, barely_learns, lr_calibration_of
 from sweeper.study._identity import STUDY_ID_ATTR
 from sweeper.study._objectives import MEMORY_NOISE_SHARE, Objective, study_objectives
 from sweeper.study._optuna_private import hypervolume
@@ -225,46 +225,6 @@ class StudySnapshot:
         best = self.best_learning_progress
         return [t for t in trials if not barely_learns(t.result.constant.learning_progress, best)] or list(trials)
 
-    def safe_pick(self, trials: Sequence[StoredTrial]) -> tuple[StoredTrial, str | None]:
-        """``sweep export``'s default pick among ``trials`` (COMPLETE, non-empty): of those safely below their edge
-        (:attr:`StoredTrial.headroom` not :attr:`~sweeper.stability.Headroom.near_edge`) that learn at least
-        :data:`~sweeper.stability.SLOW_LEARNING_SHARE` as fast as the fastest of them, those within
-        :data:`~sweeper.study._objectives.MEMORY_NOISE_SHARE` of the least memory, and of those the one that learns
-        most (then the least memory). With no safe trial, the most headroom, and the line that says so (else None).
-
-        Raises:
-            ValueError: ``trials`` is empty.
-        """
-        if not trials:
-            raise ValueError("no trial to pick from")
-        memory = next(i for i, o in enumerate(self.objectives) if o.role == "memory")
-
-        def peak(t: StoredTrial) -> float:
-            return t.values[memory] if t.values is not None else float("inf")
-
-        def progress(t: StoredTrial) -> float:
-            return t.result.constant.learning_progress or 0.0
-
-        safe = [t for t in trials if t.safely_below_edge]
-        if not safe and all(t.headroom is None for t in trials):
-            # a study written before the margin measured no headroom: the least memory, and a line that says why
-            best = min(trials, key=lambda t: (peak(t), t.number))
-            return (
-                best,
-                "no trial has a measured headroom (a study written before the stress phase): took the least memory",
-            )
-        if not safe:
-            best = max(trials, key=lambda t: (_headroom_value(t), -peak(t)))
-            shown = format_headroom(best.headroom, mark=False)
-            where = best.headroom.edge_phrase if best.headroom is not None else "near its edge"
-            return best, f"no trial is safely below its edge: took the most headroom ({shown}), {where}"
-        fastest = max(progress(t) for t in safe)
-        # When even the fastest does not learn (its probe loss rose: a negative progress), no share of it is a bar.
-        learners = [t for t in safe if progress(t) >= SLOW_LEARNING_SHARE * fastest] if fastest > 0 else safe
-        least = min(peak(t) for t in learners)
-        within = [t for t in learners if peak(t) <= least * (1 + MEMORY_NOISE_SHARE)]
-        return max(within, key=lambda t: (progress(t), -peak(t), -t.number)), None
-
     @functools.cached_property
     def status_counts(self) -> dict[str, int]:
         """Trials by :attr:`StoredTrial.count_label`."""
@@ -418,12 +378,6 @@ def pareto_front(study: StudyLike) -> list[StoredTrial]:
 def current_trials(study: StudyLike, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
     """Those of ``trials`` measured under the study's current setup (:meth:`StudySnapshot.current`)."""
     return snapshot(study).current(trials)
-
-
-def _headroom_value(trial: StoredTrial) -> float:
-    """The trial's headroom, -1 when unknown (ranked below every measured one)."""
-    h = trial.headroom
-    return h.value if h is not None else -1.0
 
 
 def learning(study: StudyLike, trials: Sequence[StoredTrial]) -> list[StoredTrial]:

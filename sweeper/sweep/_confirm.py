@@ -32,6 +32,7 @@ from sweeper.study import (
     by_knee_distance,
     snapshot,
 )
+from sweeper.study.picks import safe_choice
 from sweeper.study.writing import ATTEMPT_PREFIX, ATTR_PREFIX, TrialStatus, loss_curve_svg, trial_dir
 from sweeper.trial import TrialProgress, TrialResult, run_trial
 
@@ -41,7 +42,7 @@ DEFAULT_HORIZON_FACTOR = 10
 
 def candidates(study: StudyLike) -> list[StoredTrial]:
     """The trials to confirm in order of preference: what ``sweep export`` writes by default first (the ``safe`` pick
-    among every complete trial, :meth:`~sweeper.study.StudySnapshot.safe_pick`), then the front's by distance to the
+    among every complete trial, :func:`sweeper.study.picks.safe_choice`), then the front's by distance to the
     knee (:func:`by_knee_distance`), those
     that barely learn (:meth:`~sweeper.study.StudySnapshot.learning`) after the rest."""
     snap = snapshot(study)
@@ -51,7 +52,7 @@ def candidates(study: StudyLike) -> list[StoredTrial]:
         t for t in snap.current(snap.trials) if t.status == TrialStatus.COMPLETE and t.values and not t.is_repeat
     ]
     if complete:  # the safe pick is chosen among every complete trial, as sweep export chooses it
-        safe, _ = snap.safe_pick(snap.learning(complete))
+        safe, _ = safe_choice(snap, snap.learning(complete))
         learns = [safe, *(t for t in learns if t.number != safe.number)]
     chosen = {t.number for t in learns}
     return learns + by_knee_distance([t for t in front if t.number not in chosen], objectives)

@@ -7,17 +7,12 @@ import json
 
 import pytest
 
-from sweeper.export import choose
+from sweeper.notation import format_headroom
 from sweeper.space import parse_space
-from sweeper.stability import (
-    DEFAULT_LR_CALIBRATION,
-    LrCalibration,
-    format_headroom,
-    headroom_of,
-    margin_of,
-)
+from sweeper.stability import DEFAULT_LR_CALIBRATION, LrCalibration, headroom_of, margin_of
 from sweeper.study import Confirmation, snapshot
 from sweeper.study._storage import open_study
+from sweeper.study.picks import choose
 from sweeper.testing import add_trial, run_cli
 
 LR = 2e-4  # sweeper.testing's trials run at the TrialConfig default

@@ -9,7 +9,6 @@ import pytest
 
 from sweeper.errors import StudyError
 from sweeper.export import pick_trial
-from sweeper.export._pick import knee
 from sweeper.report import _data as report
 from sweeper.report import _importance as importance_module
 from sweeper.report import _picks_data as picks_data
@@ -17,6 +16,7 @@ from sweeper.report._records import MemoryEffects, NotShown, ParamImportance
 from sweeper.space import parse_space
 from sweeper.study._objectives import DEFAULT_OBJECTIVES
 from sweeper.study._storage import open_study
+from sweeper.study.picks import knee
 from sweeper.testing import add_trial, make_study
 
 

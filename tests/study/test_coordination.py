@@ -30,10 +30,9 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from sweeper.space import parse_space
-from sweeper.study import stale_running
 from sweeper.study._coordination import AskLock, Heartbeat
 from sweeper.study._optuna_private import stale_trial_ids
-from sweeper.study._recovery import StaleTrial, _fail_running, fail_stale_trials
+from sweeper.study._recovery import StaleTrial, _fail_running, fail_stale_trials, stale_running
 from sweeper.study._snapshot import count_finished
 from sweeper.study._storage import open_study
 from sweeper.sweep._plan import SweepPlan

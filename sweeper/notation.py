@@ -1,0 +1,118 @@
+"""How the stability figures are written for people: the one place a margin, an instability, a headroom or a
+predicted learning rate is rounded and spelled, for every view (the terminal, the HTML report, optuna-dashboard) and
+every export's header.
+
+The measures themselves are :mod:`sweeper.stability` (numbers, no text). This module sits below the readers rather
+than in :mod:`sweeper.report` because the export (a layer below the report) and the picks' lines
+(:mod:`sweeper.study.picks`) write the same figures the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sweeper.stability import Headroom, StabilityFigures
+
+
+def format_instability(value: float | None) -> str:
+    """An instability as shown everywhere: 3 decimals, ``0`` for exactly zero, and 3 significant digits below 0.001
+    (``6.85e-05``), so that a trial on the front never reads as ``0.000`` beside one that is exactly 0 (which would
+    make it look dominated). ``-`` when it is unknown (a trial that did not complete)."""
+    if value is None or not isinstance(value, (int, float)):
+        return "-"
+    if value == 0:
+        return "0"
+    return f"{value:.2e}" if abs(value) < 0.001 else f"{value:.3f}"
+
+
+def format_headroom(headroom: Headroom | None, *, mark: bool = True) -> str:
+    """A headroom with its interval as every view shows it (:func:`format_headroom_range`); ``mark`` adds ``near
+    edge`` when it is :attr:`Headroom.near_edge`; ``-`` when unknown."""
+    if headroom is None:
+        return "-"
+    high = None if headroom.capped else headroom.high
+    return format_headroom_range(headroom.value, headroom.low, high, mark and headroom.near_edge)
+
+
+def format_headroom_range(value: float | None, low: float | None, high: float | None, near_edge: bool | None) -> str:
+    """``16x (7.1-36x)``, ``>=42x (>=19x)`` without a high end (capped), with ``, near edge`` inside the parentheses
+    when ``near_edge`` (``, above edge`` when the headroom is below 1: the trial's own rate is above its
+    ``predicted_max_lr``); ``-`` when unknown."""
+    if value is None or low is None:
+        return "-"
+    near = (", above edge" if value < 1 else ", near edge") if near_edge else ""
+    if high is None:
+        return f"{format_margin(value, True)} (>={format_margin(low)}{near})"
+    return f"{format_margin(value)} ({format_margin(low)[:-1]}-{format_margin(high)}{near})"
+
+
+def round_figure(x: float | None, digits: int) -> float | None:
+    """``x`` as an export writes it: ``digits`` significant digits when ``digits`` > 4 (learning rates), else
+    ``digits`` decimals (margins, headroom, fractions); None stays None."""
+    return None if x is None else float(f"{x:.{digits}g}") if digits > 4 else round(x, digits)
+
+
+def format_margin_range(
+    value: float | None, capped: bool | None, low: float | None, high: float | None, *, source: bool = False
+) -> str:
+    """A margin with its interval, as every view shows it: ``5.8x (3.2-10x)``, ``>=643x (>=357x)`` when capped,
+    the bare margin when it has no interval, ``-`` when unknown. ``source`` adds where the interval comes from
+    (``, seed noise``)."""
+    shown = format_margin(value, capped)
+    if shown == "-" or low is None:
+        return shown
+    why = ", seed noise" if source else ""
+    if capped or high is None:
+        return f"{shown} (>={format_margin(low)}{why})"
+    return f"{shown} ({format_margin(low)[:-1]}-{format_margin(high)}{why})"
+
+
+def format_rate_range(value: float | None, low: float | None, high: float | None) -> str:
+    """A predicted learning rate with its 95% interval: ``3.36e-03 (1.5e-03-7.5e-03)``, ``>=0.37 (>=0.17)`` for a
+    lower bound (no high end), ``-`` when unknown."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    if low is None:
+        return f"{value:.3g}"
+    if high is None:
+        return f">={value:.3g} (>={low:.2g})"
+    return f"{value:.3g} ({low:.2g}-{high:.2g})"
+
+
+def format_margin(value: float | None, capped: bool | None = False) -> str:
+    """A margin as shown everywhere: ``12x``, ``3.4x``, ``>=57.7x`` when capped, ``-`` when unknown."""
+    if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "-"
+    shown = f"{value:.1f}x" if value < 10 else f"{value:.0f}x"
+    return (">=" + shown) if capped else shown
+
+
+def headroom_text(figures: StabilityFigures) -> str:
+    """The headroom of ``figures`` with its interval as every view shows it (:func:`format_headroom_range`)."""
+    return format_headroom_range(figures.headroom, figures.headroom_low, figures.headroom_high, figures.near_edge)
+
+
+def edge_phrase(headroom: Headroom) -> str:
+    """How a line names a trial :attr:`~sweeper.stability.Headroom.near_edge`: ``above its predicted edge`` when its
+    headroom is below 1 (its own rate is over ``predicted_max_lr``, predicted to fail), else ``near its edge``."""
+    return "above its predicted edge" if headroom.value < 1 else "near its edge"
+
+
+def rounded(figures: StabilityFigures) -> StabilityFigures:
+    """``figures`` as an export's header writes them: margins to 1 decimal, learning rates to 6 significant digits,
+    headroom to 2 decimals; ``near_edge`` as measured (before rounding)."""
+    return StabilityFigures(
+        stability_margin=round_figure(figures.stability_margin, 1),
+        margin_capped=figures.margin_capped,
+        lr_ceiling=round_figure(figures.lr_ceiling, 6),
+        predicted_max_lr=round_figure(figures.predicted_max_lr, 6),
+        stability_margin_low=round_figure(figures.stability_margin_low, 1),
+        stability_margin_high=round_figure(figures.stability_margin_high, 1),
+        predicted_max_lr_low=round_figure(figures.predicted_max_lr_low, 6),
+        predicted_max_lr_high=round_figure(figures.predicted_max_lr_high, 6),
+        predicted_max_lr_source=figures.predicted_max_lr_source,
+        headroom=round_figure(figures.headroom, 2),
+        headroom_low=round_figure(figures.headroom_low, 2),
+        headroom_high=round_figure(figures.headroom_high, 2),
+        near_edge=figures.near_edge,
+    )

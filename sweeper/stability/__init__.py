@@ -1,0 +1,91 @@
+"""The stability science: numbers, no text (how they are written is :mod:`sweeper.notation`). One module per measure:
+
+- :mod:`~sweeper.stability._instability`: the probe, the instability and its terms, the divergence rule;
+- :mod:`~sweeper.stability._margin`: the stress phase, the stability margin, ``predicted_max_lr`` and its calibration;
+- :mod:`~sweeper.stability._headroom`: how many times its own rate a long run is predicted to hold;
+- :mod:`~sweeper.stability._progress`: how much a short trial learned, its noise, and when it barely learns;
+- :mod:`~sweeper.stability._figures`: the figures every view holds (:class:`StabilityFigures`).
+
+Pure (no torch import): it runs on the JSON trace a trial process returns, so it tests in milliseconds on synthetic
+traces and can be recomputed for stored trials.
+"""
+
+from sweeper.stability._figures import (
+    StabilityFigures,
+)
+from sweeper.stability._headroom import (
+    CALIBRATED_SOURCE_PREFIX,
+    Headroom,
+    headroom_of,
+)
+from sweeper.stability._instability import (
+    COMPONENTS,
+    DIAGNOSTICS,
+    DTYPE_MAX,
+    PROBE_ROWS,
+    STORED_COMPONENTS,
+    Divergence,
+    InstabilityComponents,
+    compute_instability,
+    divergence,
+    probe_interval_steps,
+    probe_rebound,
+    projected_fail_step,
+)
+from sweeper.stability._margin import (
+    DEFAULT_LR_CALIBRATION,
+    LONG_RUN_FACTOR,
+    STRESS_CAP,
+    STRESS_GROWTH,
+    STRESS_STEPS,
+    Z95,
+    LrCalibration,
+    edge_proximity,
+    lr_calibration_of,
+    margin_interval,
+    margin_of,
+    predicted_max_lr,
+    stress_lr,
+)
+from sweeper.stability._progress import (
+    SLOW_LEARNING_SHARE,
+    barely_learns,
+    learning_progress,
+    learning_progress_noise,
+)
+
+__all__ = [
+    "CALIBRATED_SOURCE_PREFIX",
+    "COMPONENTS",
+    "DEFAULT_LR_CALIBRATION",
+    "DIAGNOSTICS",
+    "DTYPE_MAX",
+    "LONG_RUN_FACTOR",
+    "PROBE_ROWS",
+    "SLOW_LEARNING_SHARE",
+    "STORED_COMPONENTS",
+    "STRESS_CAP",
+    "STRESS_GROWTH",
+    "STRESS_STEPS",
+    "Z95",
+    "Divergence",
+    "Headroom",
+    "InstabilityComponents",
+    "LrCalibration",
+    "StabilityFigures",
+    "barely_learns",
+    "compute_instability",
+    "divergence",
+    "edge_proximity",
+    "headroom_of",
+    "learning_progress",
+    "learning_progress_noise",
+    "lr_calibration_of",
+    "margin_interval",
+    "margin_of",
+    "predicted_max_lr",
+    "probe_interval_steps",
+    "probe_rebound",
+    "projected_fail_step",
+    "stress_lr",
+]
