@@ -26,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sweeper.memory import ModelShape
-from sweeper.memory._model import KNOWN_SHAPES, MemorySettings, estimate_memory
+from sweeper.memory._model import MemorySettings, estimate_memory
+from sweeper.memory._shapes import KNOWN_SHAPES
 
 #: The memory model's own Llama-3-8B shape (one definition: sweeper.memory.KNOWN_SHAPES).
 LLAMA3_8B = KNOWN_SHAPES["meta-llama/Llama-3.1-8B"]

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sweeper.memory import ModelShape
 from sweeper.memory import _model as m
+from sweeper.memory._shapes import KNOWN_SHAPES
 
 ROWS = Path(__file__).parent / "results" / "gpu-h200-2026-12-04-train" / "calibrate.json"
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -101,7 +102,7 @@ def errors_pct(predicted: list[float], measured: list[float]) -> dict[str, float
 
 def fit(rows: list[dict], split: str) -> dict:
     """The fit on one split and every baseline's error on its held-out rows (and on its fit rows)."""
-    shape = m.ModelShape.from_config(m.KNOWN_SHAPES["meta-llama/Llama-3.1-8B"])
+    shape = ModelShape.from_config(KNOWN_SHAPES["meta-llama/Llama-3.1-8B"])
     key, value, words = SPLITS[split]
     mask = [row[key] == value for row in rows]
     p = [parts(shape, row) for row in rows]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from sweeper.errors import StudyError
 from sweeper.export._dataset import ExportData, axolotl_dataset
 from sweeper.export._format import ExportFormat, Limit
-from sweeper.export._settings import ExportSettings, header
+from sweeper.export._header import header
+from sweeper.export._settings import ExportSettings
 from sweeper.export._yaml import same_named_training, yaml_text
 from sweeper.study import StoredTrial
 

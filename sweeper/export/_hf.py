@@ -12,8 +12,9 @@ from typing import Any
 from sweeper.errors import StudyError
 from sweeper.export._dataset import ExportData
 from sweeper.export._format import ExportFormat, Limit
+from sweeper.export._header import header
 from sweeper.export._json import render_json
-from sweeper.export._settings import ExportSettings, header
+from sweeper.export._settings import ExportSettings
 from sweeper.study import StoredTrial
 
 #: ``TrainingArguments`` keys the ``.py`` exports write by another name: transformers 5.23 renamed

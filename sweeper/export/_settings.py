@@ -146,7 +146,7 @@ class Provenance:
         memory_limit_gib: The space's memory cap in GiB.
         instability: The trial's instability (4 decimals).
         stability: The stability margin, ``predicted_max_lr`` and headroom with their intervals, rounded as the
-            header writes them (:meth:`sweeper.stability.StabilityFigures.rounded`); flat in :meth:`to_dict`.
+            header writes them (:func:`sweeper.notation.rounded`); flat in :meth:`to_dict`.
         measured_effective_batch_size: ``per_device_train_batch_size * gradient_accumulation_steps`` of the short
             trial (and of its confirmation): the effective batch the stability figures were measured at, which the
             export's ``gradient_accumulation_steps`` may change.
@@ -360,78 +360,3 @@ def _version(package: str) -> str | None:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _margin_sentence(p: Provenance) -> str:
-    """What the stress phase measured, for the export's header."""
-    f = p.stability
-    if f.stability_margin is None:
-        return "Stability margin: not measured (a study written before it, or its stress phase did not finish)."
-    bound = ">= " if f.margin_capped else ""
-    ceiling = "none up to the cap" if f.lr_ceiling is None else f.lr_ceiling
-    if f.stability_margin_low is None:
-        noise = ""
-    elif f.stability_margin_high is None:
-        noise = f" (seed noise: >= {f.stability_margin_low}x)"
-    else:
-        noise = f" (seed noise: {f.stability_margin_low}x-{f.stability_margin_high}x)"
-    if f.predicted_max_lr_low is None:
-        interval = ""
-    elif f.predicted_max_lr_high is None:
-        interval = f" (95%: >= {f.predicted_max_lr_low})"
-    else:
-        interval = f" (95%: {f.predicted_max_lr_low}-{f.predicted_max_lr_high})"
-    source = f"; {f.predicted_max_lr_source}" if f.predicted_max_lr_source else ""
-    if f.headroom is None:
-        headroom = ""
-    else:
-        span = f">= {f.headroom_low}x" if f.headroom_high is None else f"{f.headroom_low}x-{f.headroom_high}x"
-        near = ": NEAR ITS EDGE, a long run at this rate may fail within the noise" if f.near_edge else ""
-        headroom = f" Headroom {bound}{f.headroom}x this learning rate (95%: {span}){near}."
-    return (
-        f"Stability margin {bound}{f.stability_margin}x the learning rate{noise} (the stress phase diverged at "
-        f"lr_ceiling {ceiling}); predicted_max_lr {f.predicted_max_lr}{interval}{source}: a constant learning rate "
-        "above it is predicted to fail within a long run (benchmarks/results/validity.md says how wide that "
-        f"prediction is).{headroom}"
-    )
-
-
-def _batch_sentence(s: ExportSettings) -> str:
-    """At which effective batch the stability figures and the confirmation were measured, against the export's."""
-    p, t = s.provenance, s.training
-    exported = s.effective_batch_size
-    measured = p.measured_effective_batch_size
-    done = p.confirmation
-    confirmed_at = None if done is None else exported if done.as_exported else done.effective_batch_size or measured
-    if done is None:
-        confirmed = ""
-    elif confirmed_at == exported:
-        confirmed = "; its confirmation ran as exported"
-    else:
-        confirmed = f"; its confirmation ran at {confirmed_at}, not as exported ('sweep confirm --as-exported' runs it)"
-    if exported == measured:
-        return f"The stability figures were measured at this export's effective batch, {measured}{confirmed}."
-    return (
-        f"The stability figures were measured at effective batch {measured}; this export trains at {exported} "
-        f"(gradient_accumulation_steps {t.gradient_accumulation_steps}), at which they were not measured{confirmed}."
-    )
-
-
-def header(s: ExportSettings, comment: str, dataset_given: bool = False) -> list[str]:
-    """The lines every format starts with, each after ``comment``: where the settings come from, what was measured,
-    the library versions and the notes (with ``dataset_given``, the export writes the dataset entry itself: the note
-    asks for the run's length only)."""
-    p = s.provenance
-    notes = [RUN_LENGTH_NOTE if n == DATASET_NOTE and dataset_given else n for n in s.notes]
-    versions = ", ".join(f"{k} {v}" for k, v in p.versions if v)
-    lines = [
-        f"Exported by sweeper from study '{p.study}', trial {p.trial} ({p.exported}).",
-        f"Measured: peak memory {p.peak_memory_gib} GiB ({p.memory_kind}, cap {p.memory_limit_gib} GiB), "
-        f"instability {p.instability}, on {p.device}.",
-        _margin_sentence(p),
-        _batch_sentence(s),
-        s.collation.sentence(s.max_seq_length),
-        f"Versions: {versions}.",
-        *notes,
-    ]
-    return [f"{comment} {line}" for line in lines]

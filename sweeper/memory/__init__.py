@@ -24,7 +24,8 @@ from sweeper.memory._calibration import (
 )
 from sweeper.memory._dominance import Known, preflight
 from sweeper.memory._grid import estimate_space, frontier, nothing_fits, smallest_predicted
-from sweeper.memory._model import GIB, ModelShape, known_shape, memory_predictor
+from sweeper.memory._model import GIB, memory_predictor
+from sweeper.memory._shapes import ModelShape, known_shape
 
 __all__ = [
     "BASELINE_NUMBER",

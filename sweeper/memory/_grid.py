@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sweeper.memory._model import MEMORY_KEYS, ModelShape, estimate_memory, settings_from
+from sweeper.memory._model import MEMORY_KEYS, estimate_memory, settings_from
+from sweeper.memory._shapes import ModelShape
 from sweeper.space import Categorical, SearchSpace, TrialConfig, yaml_value
 
 #: At most this many grid points are estimated (about 1 ms each): a larger space is cut, and the command says so.

@@ -16,21 +16,12 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweeper.memory import median_abs
+from sweeper.report._analysis_records import Curve, CurveKind, FitCell, FitMap, MemoryPrediction
 from sweeper.report._console import status_label
 from sweeper.report._front_text import other_setups_line
 from sweeper.report._importance import importance_data
 from sweeper.report._picks_data import pick_choices, pick_lines, pick_outcomes, picked_off_front, picks
-from sweeper.report._records import (
-    Curve,
-    CurveKind,
-    FitCell,
-    FitMap,
-    FrontData,
-    FrontRow,
-    MemoryPrediction,
-    Report,
-    TrialRecord,
-)
+from sweeper.report._records import FrontData, FrontRow, Report, TrialRecord
 from sweeper.study import (
     Objective,
     StoredTrial,

@@ -10,17 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 from sweeper.notation import format_instability, format_margin, headroom_text
+from sweeper.report._analysis_records import Curve, FitMap, MemoryEffects, NotShown, ParamImportance
 from sweeper.report._console import margin_text
-from sweeper.report._records import (
-    Curve,
-    FitMap,
-    FrontData,
-    ImportancePart,
-    MemoryEffects,
-    NotShown,
-    ParamImportance,
-    TrialRecord,
-)
+from sweeper.report._records import FrontData, ImportancePart, TrialRecord
 
 #: The front figure's height of a point: its stability margin, or a pre-margin study's instability (None: unknown).
 Height: TypeAlias = Callable[[TrialRecord], float | None]

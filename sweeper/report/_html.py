@@ -14,14 +14,11 @@ from typing import Any
 
 from sweeper.notation import format_instability, format_rate_range, headroom_text
 from sweeper.report import _data as data
+from sweeper.report._analysis_records import MemoryPrediction
 from sweeper.report._console import margin_text
 from sweeper.report._figures import curves_figure, fit_map_figure, front_figure, importance_figure
 from sweeper.report._importance import IMPORTANCE_RESAMPLES, MIN_IMPORTANCE_TRIALS
-from sweeper.report._records import (
-    FrontRow,
-    MemoryPrediction,
-    Report,
-)
+from sweeper.report._records import FrontRow, Report
 from sweeper.study import StudyLike, snapshot
 
 

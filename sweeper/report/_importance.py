@@ -12,12 +12,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from sweeper.report._records import (
-    ImportancePart,
-    MemoryEffects,
-    NotShown,
-    ParamImportance,
-)
+from sweeper.report._analysis_records import MemoryEffects, NotShown, ParamImportance
+from sweeper.report._records import ImportancePart
 from sweeper.study import (
     StoredTrial,
     StudyLike,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sweeper.report._records import MemoryPrediction
+from sweeper.report._analysis_records import MemoryPrediction
 
 
 def format_memory_prediction(prediction: MemoryPrediction) -> str | None:

@@ -12,12 +12,14 @@ learns to avoid their region. Timeouts, crashes and errors are FAIL.
 
 from sweeper.study._artifacts import artifact_store
 from sweeper.study._calibration import current_calibration
+from sweeper.study._confirmation import Confirmation
+from sweeper.study._front import by_knee_distance
 from sweeper.study._identity import check_study_owner, study_dir
 from sweeper.study._objectives import Objective
 from sweeper.study._optuna_private import unnoted_trials
 from sweeper.study._snapshot import StudyLike, StudySnapshot, snapshot
 from sweeper.study._storage import load_existing_study
-from sweeper.study._stored import Confirmation, PredictionError, StoredTrial, by_knee_distance
+from sweeper.study._stored import PredictionError, StoredTrial
 from sweeper.study._urls import redact_url
 
 __all__ = [

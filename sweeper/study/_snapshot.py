@@ -24,21 +24,14 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.stability import LrCalibration, barely_learns, lr_calibration_of
+from sweeper.study._confirmation import Confirmation, confirmations_in
+from sweeper.study._front import non_dominated, tied_on_stability
 from sweeper.study._identity import STUDY_ID_ATTR
 from sweeper.study._objectives import MEMORY_NOISE_SHARE, Objective, study_objectives
 from sweeper.study._optuna_private import hypervolume
 from sweeper.study._recovery import stale_running
 from sweeper.study._setups import CURRENT_SETUP_ATTR, differences, stored_setups, trial_setup
-from sweeper.study._stored import (
-    Confirmation,
-    PredictionError,
-    StoredTrial,
-    confirmations_in,
-    non_dominated,
-    prediction_errors_of,
-    stored_trial,
-    tied_on_stability,
-)
+from sweeper.study._stored import PredictionError, StoredTrial, prediction_errors_of, stored_trial
 from sweeper.trial import TrialStatus
 
 #: Study user attributes the snapshot types (written by :mod:`sweeper.sweep._plan` and ``_confirm``).

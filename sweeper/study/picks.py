@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from sweeper.errors import StudyError
 from sweeper.notation import edge_phrase, format_headroom
 from sweeper.stability import SLOW_LEARNING_SHARE, Headroom
+from sweeper.study._front import by_knee_distance
 from sweeper.study._objectives import MEMORY_NOISE_SHARE, Objective
 from sweeper.study._snapshot import StudyLike, StudySnapshot, snapshot
-from sweeper.study._stored import StoredTrial, by_knee_distance
+from sweeper.study._stored import StoredTrial
 from sweeper.trial import TrialStatus
 
 

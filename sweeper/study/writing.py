@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sweeper.study._artifacts import loss_curve_svg, upload_trial_artifacts
 from sweeper.study._calibration import device_kind, store_baseline, stored_calibration, update_calibration
+from sweeper.study._confirmation import ATTEMPT_PREFIX, ATTR_PREFIX
 from sweeper.study._coordination import AskLock, Heartbeat, heartbeat_interval_s, in_memory, sqlite_file
 from sweeper.study._identity import OWNER_FILE, STUDY_ID_ATTR, default_storage, trial_dir
 from sweeper.study._machine import check_disk, check_writable, slot_devices, slot_env
@@ -19,7 +20,7 @@ from sweeper.study._sampling import FAILURE_CONSTRAINT, failure_constraint, make
 from sweeper.study._setups import TRIAL_SETUP_ATTR, choose_setup, stored_setups, unapplied_settings
 from sweeper.study._snapshot import CARDS_ATTR, LONGEST_SAMPLE_ATTR, LR_CALIBRATION_ATTR, count_finished, stored_trials
 from sweeper.study._storage import open_study, record_result
-from sweeper.study._stored import ATTEMPT_PREFIX, ATTR_PREFIX, CORRECTED_ATTR, TrialStatus, stored_trial
+from sweeper.study._stored import CORRECTED_ATTR, TrialStatus, stored_trial
 
 __all__ = [
     "ATTEMPT_PREFIX",

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from sweeper.trial._job import ProbeSettings, StressSettings, TrialProgress
     from sweeper.trial._launch import TrialProcess, prestart, run_trial
     from sweeper.trial._result import (
-        FAIL_STATUSES,
-        PRUNED_STATUSES,
         ConstantPhase,
         DataReading,
         MemoryReading,
@@ -32,8 +30,8 @@ if TYPE_CHECKING:
         Provenance,
         StressOutcome,
         TrialResult,
-        TrialStatus,
     )
+    from sweeper.trial._status import FAIL_STATUSES, PRUNED_STATUSES, TrialStatus
 
 #: Public name -> the module that defines it.
 _HOMES = {
@@ -41,8 +39,8 @@ _HOMES = {
     "CardError": "sweeper.trial._card",
     "read_cards": "sweeper.trial._card",
     "smallest_card": "sweeper.trial._card",
-    "FAIL_STATUSES": "sweeper.trial._result",
-    "PRUNED_STATUSES": "sweeper.trial._result",
+    "FAIL_STATUSES": "sweeper.trial._status",
+    "PRUNED_STATUSES": "sweeper.trial._status",
     "ConstantPhase": "sweeper.trial._result",
     "DataReading": "sweeper.trial._result",
     "MemoryReading": "sweeper.trial._result",
@@ -56,7 +54,7 @@ _HOMES = {
     "prestart": "sweeper.trial._launch",
     "TrialProgress": "sweeper.trial._job",
     "TrialResult": "sweeper.trial._result",
-    "TrialStatus": "sweeper.trial._result",
+    "TrialStatus": "sweeper.trial._status",
     "cpu_has_bfloat16": "sweeper.trial._devices",
     "cuda_visible": "sweeper.trial._devices",
     "run_trial": "sweeper.trial._launch",

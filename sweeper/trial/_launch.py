@@ -25,7 +25,8 @@ from typing import TypeVar
 
 from sweeper.space import TrialConfig
 from sweeper.trial._job import ProbeSettings, StressSettings, TrialDone, TrialJob, TrialProgress
-from sweeper.trial._result import Provenance, TrialResult, TrialStatus
+from sweeper.trial._result import Provenance, TrialResult
+from sweeper.trial._status import TrialStatus
 from sweeper.trial._zygote import ForkedProcess, fork_trial_process, start_zygote
 
 T = TypeVar("T", StressSettings, ProbeSettings)

@@ -13,13 +13,8 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import fit_cuda_memory
 
 from sweeper.memory import ModelShape
-from sweeper.memory._model import (
-    CUDA_ACTIVATION_FACTOR,
-    CUDA_LOGITS_FACTOR,
-    KNOWN_SHAPES,
-    MemorySettings,
-    estimate_memory,
-)
+from sweeper.memory._model import CUDA_ACTIVATION_FACTOR, CUDA_LOGITS_FACTOR, MemorySettings, estimate_memory
+from sweeper.memory._shapes import KNOWN_SHAPES
 
 ROWS = json.loads(fit_cuda_memory.ROWS.read_text())["rows"]
 

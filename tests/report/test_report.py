@@ -12,7 +12,7 @@ from sweeper.export import pick_trial
 from sweeper.report import _data as report
 from sweeper.report import _importance as importance_module
 from sweeper.report import _picks_data as picks_data
-from sweeper.report._records import MemoryEffects, NotShown, ParamImportance
+from sweeper.report._analysis_records import MemoryEffects, NotShown, ParamImportance
 from sweeper.space import parse_space
 from sweeper.study._objectives import DEFAULT_OBJECTIVES
 from sweeper.study._storage import open_study

@@ -10,6 +10,7 @@ from sweeper.export import pick_trial
 from sweeper.report import report_data
 from sweeper.space import parse_space
 from sweeper.study import Objective
+from sweeper.study._front import non_dominated
 from sweeper.study._objectives import (
     DEFAULT_OBJECTIVES,
     dominates,
@@ -20,7 +21,6 @@ from sweeper.study._objectives import (
 )
 from sweeper.study._snapshot import pareto_front, stored_trials
 from sweeper.study._storage import open_study
-from sweeper.study._stored import non_dominated
 from sweeper.testing import add_trial, run_cli
 
 THIRD = "learning_speed"

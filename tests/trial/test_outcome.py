@@ -17,7 +17,8 @@ from sweeper.trial._child.diagnosis import NanDiagnosis
 from sweeper.trial._child.measurements import Measurements, copy_onto
 from sweeper.trial._child.outcome import Outcome, outcome_of
 from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord
-from sweeper.trial._result import Provenance, TrialResult, TrialStatus
+from sweeper.trial._result import Provenance, TrialResult
+from sweeper.trial._status import TrialStatus
 
 CONFIG = tiny_trial_config("unused", per_device_train_batch_size=4, max_seq_length=256, memory_limit_gib=1.5)
 

@@ -217,7 +217,7 @@ def test_the_stress_outcome_is_the_stress_record_with_its_margin_and_share():
 
 
 def test_a_confirmation_is_made_of_the_long_runs_result():
-    from sweeper.study._stored import Confirmation
+    from sweeper.study._confirmation import Confirmation
 
     full = _full()
     done = Confirmation.of(full, steps=300, artifact_id="a1", predicted_max_lr=5e-3, predicted_to_hold=True)

@@ -24,7 +24,8 @@ from sweeper.trial._child.checks import QuantizationCheckError
 from sweeper.trial._child.diagnosis import NanCause
 from sweeper.trial._child.memory import oom_cause_chain
 from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord
-from sweeper.trial._result import Phase, TrialStatus
+from sweeper.trial._result import Phase
+from sweeper.trial._status import TrialStatus
 
 
 @dataclass(kw_only=True)

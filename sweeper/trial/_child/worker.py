@@ -57,7 +57,8 @@ from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingR
 from sweeper.trial._child.warm import WarmState, release_memory
 from sweeper.trial._devices import cuda_visible
 from sweeper.trial._job import DEFAULT_PROBE, DEFAULT_STRESS, ProbeSettings, StressSettings, TrialDone, TrialJob
-from sweeper.trial._result import Provenance, TrialResult, TrialStatus
+from sweeper.trial._result import Provenance, TrialResult
+from sweeper.trial._status import TrialStatus
 
 #: Kept allocated while the trial runs and released after an OOM, so the result can still be written under the cap.
 _RESERVE_BYTES = 32 * 2**20
