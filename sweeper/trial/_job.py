@@ -72,14 +72,11 @@ DEFAULT_PROBE = ProbeSettings()
 
 
 @dataclass(frozen=True)
-class TrialJob:
-    """One trial for a trial process to run.
+class Measures:
+    """What a trial measures besides its training, declared once: the job carries it to the trial process, and the
+    trial's context (:class:`sweeper.trial._child.context.TrialContext`) hands it to the recipe.
 
     Attributes:
-        config_path: ``config.json``: ``{"config": TrialConfig.to_dict(), "model_path": str}``.
-        result_path: Where the process writes the :class:`~sweeper.trial._result.TrialResult` as JSON.
-        log_path: ``worker.log``: the process's stdout and stderr while it runs this trial.
-        trial_dir: The trial's folder (the trainer's output, ``nan_batch.jsonl``).
         stress: The stress phase to run after the constant phase, or None for none (a constant-rate run only: a
             confirmation, the validity benchmark's long runs). It needs the probe: without one there is none.
         probe: The probe, or None for none (a diagnostic: the tests compare training with and without it; the trial
@@ -88,13 +85,46 @@ class TrialJob:
             run_worst_case_step`); False is a diagnostic (the tests compare training with and without it).
     """
 
+    stress: StressSettings | None = DEFAULT_STRESS
+    probe: ProbeSettings | None = DEFAULT_PROBE
+    worst_case: bool = True
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measures:
+        """Inverse of ``dataclasses.asdict``.
+
+        Raises:
+            ValueError: Settings out of range. TypeError: Keys missing or unknown.
+        """
+        stress, probe = data.get("stress"), data.get("probe")
+        return cls(
+            stress=StressSettings(**stress) if stress is not None else None,
+            probe=ProbeSettings(**probe) if probe is not None else None,
+            worst_case=data.get("worst_case", True),
+        )
+
+
+#: What a trial measures unless its job says otherwise: today's stress phase, probe and worst-case step.
+DEFAULT_MEASURES = Measures()
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """One trial for a trial process to run.
+
+    Attributes:
+        config_path: ``config.json``: ``{"config": TrialConfig.to_dict(), "model_path": str}``.
+        result_path: Where the process writes the :class:`~sweeper.trial._result.TrialResult` as JSON.
+        log_path: ``worker.log``: the process's stdout and stderr while it runs this trial.
+        trial_dir: The trial's folder (the trainer's output, ``nan_batch.jsonl``).
+        measures: Its stress phase, probe and worst-case step (:class:`Measures`).
+    """
+
     config_path: str
     result_path: str
     log_path: str
     trial_dir: str
-    stress: StressSettings | None = DEFAULT_STRESS
-    probe: ProbeSettings | None = DEFAULT_PROBE
-    worst_case: bool = True
+    measures: Measures = DEFAULT_MEASURES
 
     def to_line(self) -> str:
         """The job as one JSON line, newline included."""
@@ -108,10 +138,8 @@ class TrialJob:
             ValueError: Not JSON, or settings out of range. TypeError: Keys missing or unknown.
         """
         data = json.loads(line)
-        if data.get("stress") is not None:
-            data["stress"] = StressSettings(**data["stress"])
-        if data.get("probe") is not None:
-            data["probe"] = ProbeSettings(**data["probe"])
+        if isinstance(data.get("measures"), dict):
+            data["measures"] = Measures.from_dict(data["measures"])
         return cls(**data)
 
 

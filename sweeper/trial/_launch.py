@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sweeper.space import TrialConfig
-from sweeper.trial._job import ProbeSettings, StressSettings, TrialDone, TrialJob, TrialProgress
+from sweeper.trial._job import Measures, ProbeSettings, StressSettings, TrialDone, TrialJob, TrialProgress
 from sweeper.trial._result import Provenance, TrialResult
 from sweeper.trial._status import TrialStatus
 from sweeper.trial._zygote import ForkedProcess, fork_trial_process, start_zygote
@@ -348,9 +348,7 @@ def _write_job(
         result_path=str(trial_dir / "result.json"),
         log_path=str(trial_dir / "worker.log"),
         trial_dir=str(trial_dir),
-        stress=stress,
-        probe=probe,
-        worst_case=worst_case,
+        measures=Measures(stress=stress, probe=probe, worst_case=worst_case),
     )
     Path(job.result_path).unlink(missing_ok=True)
     Path(job.config_path).write_text(json.dumps({"config": config.to_dict(), "model_path": model_path}, indent=1))

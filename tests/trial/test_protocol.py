@@ -9,7 +9,7 @@ import pytest
 from sweeper.stability import STRESS_CAP, STRESS_GROWTH, STRESS_STEPS, margin_of
 from sweeper.trial import ProbeSettings, StressSettings, TrialProcess, TrialProgress
 from sweeper.trial._child.progress import ProgressSender
-from sweeper.trial._job import TrialDone, TrialJob
+from sweeper.trial._job import Measures, TrialDone, TrialJob
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,11 @@ def test_the_done_line_says_whether_the_process_is_reusable():
 )
 def test_the_job_line_reads_back_with_its_settings(stress, probe):
     job = TrialJob(
-        config_path="c.json", result_path="r.json", log_path="w.log", trial_dir="t", stress=stress, probe=probe
+        config_path="c.json",
+        result_path="r.json",
+        log_path="w.log",
+        trial_dir="t",
+        measures=Measures(stress=stress, probe=probe, worst_case=probe is not None),
     )
     line = job.to_line()
     assert line.endswith("\n") and line.count("\n") == 1
@@ -95,9 +99,10 @@ def test_the_job_line_reads_back_with_its_settings(stress, probe):
 
 def test_a_job_runs_todays_stress_phase_and_probe_unless_it_says_otherwise():
     job = TrialJob(config_path="c.json", result_path="r.json", log_path="w.log", trial_dir="t")
-    assert job.stress == StressSettings(steps=STRESS_STEPS, growth=STRESS_GROWTH)
-    assert job.stress.cap == STRESS_CAP
-    assert job.probe == ProbeSettings(interval_steps=None)
+    assert job.measures.stress == StressSettings(steps=STRESS_STEPS, growth=STRESS_GROWTH)
+    assert job.measures.stress.cap == STRESS_CAP
+    assert job.measures.probe == ProbeSettings(interval_steps=None)
+    assert job.measures.worst_case
     with pytest.raises(TypeError):  # the two sides are one version: an unknown key is an error
         TrialJob.from_line(job.to_line().replace('"trial_dir"', '"trial_folder"'))
 

@@ -12,7 +12,7 @@ from sweeper.trial._child.measurements import Measurements
 from sweeper.trial._child.progress import ProgressSender
 from sweeper.trial._child.record import TrainingRecord
 from sweeper.trial._child.warm import WarmState
-from sweeper.trial._job import DEFAULT_PROBE, DEFAULT_STRESS, ProbeSettings, StressSettings
+from sweeper.trial._job import DEFAULT_MEASURES, Measures
 
 
 @dataclass
@@ -27,9 +27,8 @@ class TrialContext:
         measured: The trial's other measurements as they become known.
         warm: What this process keeps between trials (updated in place).
         progress: Where the trial's progress lines go.
-        stress: The stress phase the job asked for, or None for none (:attr:`sweeper.trial._job.TrialJob.stress`).
-        probe: The probe the job asked for, or None for none (:attr:`sweeper.trial._job.TrialJob.probe`).
-        worst_case: Measure the worst-case step (:attr:`sweeper.trial._job.TrialJob.worst_case`).
+        measures: The stress phase, probe and worst-case step the job asked for (:class:`sweeper.trial._job.
+            Measures`).
     """
 
     config: TrialConfig
@@ -39,6 +38,4 @@ class TrialContext:
     measured: Measurements
     warm: WarmState
     progress: ProgressSender
-    stress: StressSettings | None = DEFAULT_STRESS
-    probe: ProbeSettings | None = DEFAULT_PROBE
-    worst_case: bool = True
+    measures: Measures = DEFAULT_MEASURES

@@ -191,19 +191,20 @@ def setup(trial: TrialContext) -> Run:
     model = _adapted_model(config, model_path, key, cuda, warm, measured)
     hooks = track_activations(model, record) if config.bnb_4bit_compute_dtype != "float32" else []
     collate = make_collator(tokenizer.pad_token_id, config.packing)
-    probe = _probe(rows, collate, config, trial.probe)
+    probe = _probe(rows, collate, config, trial.measures.probe)
     if config.packing:
         rows = pack_rows(rows, config.max_seq_length)
-    if rows and trial.worst_case:
+    if rows and trial.measures.worst_case:
         record.worst_case_batch = collate(worst_case_rows(rows, config.per_device_train_batch_size))
     stress_steps = 0
-    if trial.stress is not None and probe is not None:  # the stress phase reads the probe after each step
-        stress_steps = trial.stress.steps
+    stress = trial.measures.stress
+    if stress is not None and probe is not None:  # the stress phase reads the probe after each step
+        stress_steps = stress.steps
         record.stress = StressPhase(
             after_step=config.max_steps,
             steps=stress_steps,
             learning_rate=config.learning_rate,
-            growth=trial.stress.growth,
+            growth=stress.growth,
         )
     args = _training_arguments(config, trial.trial_dir, cuda, stress_steps)
     trainer = make_trainer(

@@ -56,7 +56,7 @@ from sweeper.trial._child.progress import ProgressSender
 from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord, finite_or_none
 from sweeper.trial._child.warm import WarmState, release_memory
 from sweeper.trial._devices import cuda_visible
-from sweeper.trial._job import DEFAULT_PROBE, DEFAULT_STRESS, ProbeSettings, StressSettings, TrialDone, TrialJob
+from sweeper.trial._job import DEFAULT_MEASURES, Measures, TrialDone, TrialJob
 from sweeper.trial._result import Provenance, TrialResult
 from sweeper.trial._status import TrialStatus
 
@@ -222,9 +222,7 @@ def run(
     warm: WarmState | None = None,
     progress: ProgressSender | None = None,
     *,
-    stress: StressSettings | None = DEFAULT_STRESS,
-    probe: ProbeSettings | None = DEFAULT_PROBE,
-    worst_case: bool = True,
+    measures: Measures = DEFAULT_MEASURES,
 ) -> TrialResult:
     """Run one trial in this process and return its result; never raises for a trial's own failure.
 
@@ -237,10 +235,7 @@ def run(
             or ``diverged`` (an OOM, error or NaN leaves the process as a fresh one would not be: the NaN diagnosis
             replays rows outside training mode, which on some CPUs repacks the 4-bit weights).
         progress: Where the trial's progress lines go (None: nowhere).
-        stress: The stress phase to run after the constant phase (:class:`~sweeper.trial._job.StressSettings`), or
-            None for none.
-        probe: The probe (:class:`~sweeper.trial._job.ProbeSettings`), or None for none (and then no stress phase).
-        worst_case: Measure the worst-case step (:attr:`sweeper.trial._job.TrialJob.worst_case`).
+        measures: The stress phase, probe and worst-case step to run (:class:`~sweeper.trial._job.Measures`).
     """
     warm = warm if warm is not None else WarmState()
     progress = progress if progress is not None else ProgressSender(None)
@@ -259,9 +254,7 @@ def run(
         measured,
         warm,
         progress,
-        stress=stress,
-        probe=probe,
-        worst_case=worst_case,
+        measures=measures,
     )
     try:
         _train(trial)
@@ -323,9 +316,7 @@ def _run_file(
     config, model_path = TrialConfig.from_dict(payload["config"]), payload["model_path"]
     if job is None:
         return run(config, model_path, trial_dir, warm, progress)
-    return run(
-        config, model_path, trial_dir, warm, progress, stress=job.stress, probe=job.probe, worst_case=job.worst_case
-    )
+    return run(config, model_path, trial_dir, warm, progress, measures=job.measures)
 
 
 def serve(control_fd: int) -> None:
