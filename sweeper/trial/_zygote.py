@@ -13,7 +13,6 @@ process is started with ``python -m`` as before (:meth:`sweeper.trial._launch.Tr
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -23,9 +22,17 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from sweeper.trial._devices import cuda_visible
+from sweeper.trial._zygote_protocol import (
+    ZYGOTE_FD_ENV,
+    ForkRequest,
+    PollRequest,
+    Request,
+    ZygoteReply,
+    request_bytes,
+)
 
 #: The module the zygote runs (``python -m``).
 ZYGOTE_MODULE = "sweeper.trial._child.zygote"
@@ -79,7 +86,7 @@ class Zygote:
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches the sweep, not the zygote
                 pass_fds=(theirs.fileno(),),
-                env={**env, "SWEEPER_ZYGOTE_FD": str(theirs.fileno()), "PYTHONSAFEPATH": "1"},
+                env={**env, ZYGOTE_FD_ENV: str(theirs.fileno()), "PYTHONSAFEPATH": "1"},
             )
         except BaseException:
             ours.close()
@@ -90,14 +97,14 @@ class Zygote:
         self.dead = False
 
     def _ask(
-        self, request: dict[str, Any], fds: list[int] | None = None, first_answer_s: float = FIRST_ANSWER_S
-    ) -> dict[str, Any]:
+        self, request: Request, fds: list[int] | None = None, first_answer_s: float = FIRST_ANSWER_S
+    ) -> ZygoteReply:
         with self._lock:
             if self.dead:
                 raise ZygoteError("the zygote has exited")
             try:
                 self._sock.settimeout(None if self._answered else max(0.1, min(first_answer_s, FIRST_ANSWER_S)))
-                socket.send_fds(self._sock, [json.dumps(request).encode()], fds or [])
+                socket.send_fds(self._sock, [request_bytes(request)], fds or [])
                 reply = self._sock.recv(1 << 16)
             except OSError as exc:  # TimeoutError included
                 self.close()
@@ -106,9 +113,12 @@ class Zygote:
                 self.close()
                 raise ZygoteError("the zygote has exited")
             self._answered = True
-        answer = json.loads(reply)
-        if "error" in answer:
-            raise ZygoteError(answer["error"])
+        try:
+            answer = ZygoteReply.from_bytes(reply)
+        except (ValueError, TypeError) as exc:
+            raise ZygoteError(f"the zygote answered what is not a reply ({exc})") from exc
+        if answer.error is not None:
+            raise ZygoteError(answer.error)
         return answer
 
     def fork(
@@ -118,14 +128,15 @@ class Zygote:
         stdin, stdout/stderr and ``SWEEPER_CONTROL_FD`` (duplicated into it; the caller keeps and closes its own);
         its pid, the leader of its own process group. A zygote still importing is waited for ``first_answer_s``
         seconds at most (then ended). Raises :class:`ZygoteError`."""
-        request = {"op": "fork", "cwd": cwd, "env": dict(env)}
-        return int(self._ask(request, list(fds), first_answer_s)["pid"])
+        pid = self._ask(ForkRequest(cwd=cwd, env=dict(env)), list(fds), first_answer_s).pid
+        if pid is None:
+            raise ZygoteError("the zygote answered a fork without a pid")
+        return pid
 
     def poll(self, pid: int) -> int | None:
         """A forked trial process's return code (negative: the signal that ended it), None while it runs. Raises
         :class:`ZygoteError`."""
-        code = self._ask({"op": "poll", "pid": pid})["returncode"]
-        return None if code is None else int(code)
+        return self._ask(PollRequest(pid=pid)).returncode
 
     def close(self) -> None:
         """End the zygote (closing its socket ends it; its trial processes die with it)."""

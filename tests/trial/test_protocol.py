@@ -179,3 +179,24 @@ def test_the_sender_sends_nothing_without_a_pipe_and_throttles_within_a_phase():
     os.close(read_fd)
     read = [TrialProgress.from_line(x) for x in lines]
     assert [(p.phase, p.step, p.of) for p in read] == [("train", 1, 4), ("stress", 1, 11)]
+
+
+def test_the_zygote_messages_read_back_and_a_bad_one_is_refused():
+    from sweeper.trial._zygote_protocol import (
+        ForkRequest,
+        PollRequest,
+        ZygoteReply,
+        read_request,
+        request_bytes,
+    )
+
+    fork = ForkRequest(cwd="/tmp", env={"PATH": "/bin"})
+    assert read_request(request_bytes(fork)) == fork
+    assert read_request(request_bytes(PollRequest(pid=42))) == PollRequest(pid=42)
+    for reply in (ZygoteReply(pid=7), ZygoteReply(returncode=-9), ZygoteReply(error="ValueError: x")):
+        assert ZygoteReply.from_bytes(reply.to_bytes()) == reply
+    for bad in (b'{"op": "exec"}', b'{"op": "poll", "pid": "1"}', b'{"op": "fork", "cwd": 1, "env": {}}', b"{"):
+        with pytest.raises(ValueError):
+            read_request(bad)
+    with pytest.raises(TypeError):
+        read_request(b'{"op": "poll"}')

@@ -6,7 +6,8 @@ process whose imports are already done, as a forkserver's children are (Python's
 ``set_forkserver_preload``; Android's zygote). A fork is a new address space: what a trial leaves behind (memory, a
 broken allocator, a CUDA context) is never inherited, since the zygote itself never runs a trial.
 
-Requests arrive as JSON datagrams on a ``SOCK_SEQPACKET`` socket (its descriptor in ``SWEEPER_ZYGOTE_FD``):
+Requests arrive as JSON datagrams on a ``SOCK_SEQPACKET`` socket (its descriptor in ``SWEEPER_ZYGOTE_FD``), typed
+both ways in :mod:`sweeper.trial._zygote_protocol`:
 
 - ``{"op": "fork", "cwd": ..., "env": {...}}`` with three descriptors (the trial process's stdin, its log, the
   write end of its control pipe): the child becomes the leader of its own session and process group (so that a
@@ -27,20 +28,20 @@ initialise one (bitsandbytes probes the device at import).
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import socket
 import struct
 import sys
 import traceback
-from typing import Any
 
-#: The environment variable that carries the zygote's end of the request socket.
-ZYGOTE_FD_ENV = "SWEEPER_ZYGOTE_FD"
-
-#: Largest request in bytes (a fork carries the trial process's whole environment).
-MAX_REQUEST_BYTES = 1 << 20
-
+from sweeper.trial._zygote_protocol import (
+    MAX_REQUEST_BYTES,
+    ZYGOTE_FD_ENV,
+    ForkRequest,
+    Request,
+    ZygoteReply,
+    read_request,
+)
 
 #: ``madvise`` advice that faults a range's pages into the page tables without writing them (Linux 5.14).
 _MADV_POPULATE_READ = 22
@@ -92,7 +93,7 @@ def fault_in(runs: list[tuple[int, int]]) -> None:
 
 
 def _become_trial_process(
-    sock: socket.socket, request: dict[str, Any], fds: list[int], ready: int, pages: list[tuple[int, int]]
+    sock: socket.socket, request: ForkRequest, fds: list[int], ready: int, pages: list[tuple[int, int]]
 ) -> None:
     """In the forked child: its own session, the zygote's resident library pages, the request's descriptors,
     working directory and environment, death with the zygote; then serve trials. Never returns."""
@@ -107,9 +108,9 @@ def _become_trial_process(
     os.dup2(log_fd, 2)
     os.close(stdin_fd)
     os.close(log_fd)
-    os.chdir(request["cwd"])
+    os.chdir(request.cwd)
     os.environ.clear()
-    os.environ.update(request["env"])
+    os.environ.update(request.env)
     os.environ["SWEEPER_CONTROL_FD"] = str(control_fd)
     os.environ["SWEEPER_PARENT_PID"] = str(os.getppid())
     from sweeper.trial._child._process import die_with_parent
@@ -119,7 +120,7 @@ def _become_trial_process(
     main(["--serve"])  # ends with os._exit
 
 
-def _fork(sock: socket.socket, request: dict[str, Any], fds: list[int], pages: list[tuple[int, int]]) -> int:
+def _fork(sock: socket.socket, request: ForkRequest, fds: list[int], pages: list[tuple[int, int]]) -> int:
     """Fork a trial process for ``request``; its pid once it leads its own process group."""
     if len(fds) != 3:
         for fd in fds:
@@ -161,18 +162,23 @@ def _poll(pid: int, ended: dict[int, int]) -> int | None:
 
 def _answer(
     sock: socket.socket,
-    request: dict[str, Any],
+    request: Request,
     fds: list[int],
     ended: dict[int, int],
     pages: list[tuple[int, int]],
-) -> dict[str, Any]:
-    if request.get("op") == "fork":
-        return {"pid": _fork(sock, request, fds, pages)}
+) -> ZygoteReply:
+    if isinstance(request, ForkRequest):
+        return ZygoteReply(pid=_fork(sock, request, fds, pages))
     for fd in fds:
         os.close(fd)
-    if request.get("op") == "poll":
-        return {"returncode": _poll(int(request["pid"]), ended)}
-    raise ValueError(f"unknown request {request.get('op')!r}")
+    return ZygoteReply(returncode=_poll(request.pid, ended))
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def main() -> None:
@@ -193,11 +199,18 @@ def main() -> None:
         if not message:
             break
         try:
-            reply = _answer(sock, json.loads(message), fds, ended, pages)
-        except (ValueError, KeyError, OSError) as exc:
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
+            request = read_request(message)
+        except (ValueError, TypeError) as exc:  # nothing was done with its descriptors
+            for fd in fds:
+                _close_quietly(fd)
+            reply = ZygoteReply(error=f"{type(exc).__name__}: {exc}")
+        else:
+            try:
+                reply = _answer(sock, request, fds, ended, pages)
+            except (ValueError, OSError) as exc:
+                reply = ZygoteReply(error=f"{type(exc).__name__}: {exc}")
         try:
-            sock.send(json.dumps(reply).encode())
+            sock.send(reply.to_bytes())
         except OSError:
             break
     os._exit(0)
