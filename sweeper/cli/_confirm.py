@@ -117,7 +117,7 @@ def _outcome_line(t: Any, done: Any) -> str:
             f"(predicted_max_lr {done.predicted_max_lr:.3g}): "
             + ("as predicted" if done.margin_held else "NOT as predicted")
         )
-    elif done.predicted_max_lr is not None and done.status in ("complete", "nan", "diverged"):
+    elif done.left_open:
         said = (
             f"; its margin {margin} left it open: the learning rate lies inside predicted_max_lr's interval "
             f"({predicted_text(t.result.stress)}), where either outcome is within the noise"

@@ -44,7 +44,7 @@ def format_params(params: Mapping[str, Any]) -> str:
 
 def status_label(status: str, nan_cause: str | None) -> str:
     """``nan/data``, ``nan/precision``, ``nan/optimization`` for diagnosed NaN trials, else the status."""
-    return f"{status}/{nan_cause}" if status == "nan" and nan_cause else status
+    return f"{status}/{nan_cause}" if status == TrialStatus.NAN and nan_cause else status
 
 
 #: Width of the status column: the longest status a trial line shows (``nan/optimization``, ``predicted_oom``,

@@ -59,7 +59,7 @@ def confirmation_note(trial: StoredTrial) -> str:
             f"{'hold' if done.predicted_to_hold else 'fail'}: "
             + ("as predicted." if done.margin_held else "**not** as predicted."),
         ]
-    elif done.predicted_max_lr is not None and done.status in ("complete", "nan", "diverged"):
+    elif done.left_open:
         lines += [
             "",
             f"Its short trial's predicted_max_lr {done.predicted_max_lr:.3g} left it open: the learning rate lies "

@@ -28,6 +28,7 @@ from sweeper.study import (
     StudyLike,
     snapshot,
 )
+from sweeper.trial import TrialStatus
 
 #: Per-trial settings shown in the report and its hover texts (``lora_alpha`` is derived: ``lora_alpha_ratio * r``).
 REPORT_KEYS = (
@@ -233,8 +234,8 @@ def curves_data(study: StudyLike) -> list[Curve]:
     study = snapshot(study)
     front = study.front
     numbers = {t.number for t in front}
-    nan = [t for t in study.measured if t.status_name == "nan" and t.number not in numbers]
-    diverged = [t for t in study.measured if t.status_name == "diverged" and t.number not in numbers]
+    nan = [t for t in study.measured if t.status_name == TrialStatus.NAN and t.number not in numbers]
+    diverged = [t for t in study.measured if t.status_name == TrialStatus.DIVERGED and t.number not in numbers]
     groups: tuple[tuple[CurveKind, list[StoredTrial]], ...] = (("front", front), ("nan", nan), ("diverged", diverged))
     return [
         Curve(

@@ -13,7 +13,7 @@ from sweeper.report._console import STATUS_WIDTH, _num, _table, format_params, m
 from sweeper.report._records import phase_peaks_text
 from sweeper.space import TrialConfig
 from sweeper.stability import headroom_of
-from sweeper.trial import TrialResult
+from sweeper.trial import TrialResult, TrialStatus
 
 
 def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResult, finished: int, n_trials: int) -> str:
@@ -37,7 +37,7 @@ def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResul
         line += "  " + (
             "warm, model kept" if result.provenance.model_reused else "warm" if result.provenance.warm else "cold"
         )
-    if result.status != "complete" or duplicate:
+    if result.status != TrialStatus.COMPLETE or duplicate:
         line += f"  ({result.reason})"
     return line
 
@@ -109,7 +109,7 @@ def trial_result_lines(result: TrialResult, config: TrialConfig, folder: Path) -
     if result.constant.loss_trace:
         lines.append(format_trace(result))
     lines.append(f"status  {result.status}: {result.reason}")
-    if result.status == "nan":
+    if result.status == TrialStatus.NAN:
         module = f", first non-finite output in {result.nan.module}" if result.nan.module else ""
         which = "samples at fault" if result.nan.cause == "data" else "samples of the failing step (not at fault)"
         lines.append(

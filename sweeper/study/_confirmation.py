@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from sweeper.trial import TrialResult
+from sweeper.trial import TrialResult, TrialStatus
 
 #: Study user attribute holding the confirmation of trial N (:mod:`sweeper.sweep._confirm`): ``confirmation:N``.
 ATTR_PREFIX = "confirmation:"
@@ -112,7 +112,18 @@ class Confirmation:
     @property
     def passed(self) -> bool:
         """The long run completed."""
-        return self.status == "complete"
+        return self.status == TrialStatus.COMPLETE
+
+    @property
+    def left_open(self) -> bool:
+        """Its short trial's ``predicted_max_lr`` made no prediction of it (the learning rate lay inside the
+        prediction's 95% interval), although the run ended with an outcome about the edge (complete, NaN or
+        diverged) that a prediction could have been checked against."""
+        return (
+            self.predicted_to_hold is None
+            and self.predicted_max_lr is not None
+            and self.status in (TrialStatus.COMPLETE, TrialStatus.NAN, TrialStatus.DIVERGED)
+        )
 
     @property
     def label(self) -> str:

@@ -26,6 +26,7 @@ from sweeper.study.writing import (
     LONGEST_SAMPLE_ATTR,
     OWNER_FILE,
     STUDY_ID_ATTR,
+    TrialStatus,
     check_disk,
     check_writable,
     choose_setup,
@@ -398,7 +399,7 @@ def measure_smallest(config: TrialConfig, model_path: str, cap_gib: float | None
     if (
         result.memory.peak_memory_gib is None
         or result.memory.load_peak_memory_gib is None
-        or result.status.value != "complete"
+        or result.status != TrialStatus.COMPLETE
     ):
         return None
     return result.memory.load_peak_memory_gib, result.memory.peak_memory_gib

@@ -117,7 +117,7 @@ def run_one(sweep: _Sweep, trial: optuna.Trial) -> None:
     if result is not None:
         result.memory.predicted_peak_gib = predicted
         after = tell(sweep, trial, config, result)
-        if result.status == "complete":  # a measured peak: the preflight learns the machine from it
+        if result.status == TrialStatus.COMPLETE:  # a measured peak: the preflight learns the machine from it
             update_calibration(sweep.study, sweep.predictor, device_kind(), after)
 
 
@@ -289,7 +289,7 @@ def tell(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, result: TrialR
         record_result(trial, result, config)
         _upload_artifacts(sweep.name, trial, result)
         trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
-        if result.status == "complete":
+        if result.status == TrialStatus.COMPLETE:
             frozen = sweep.study.tell(trial, sweep.objective_values(result))
         elif result.status.pruned:
             frozen = sweep.study.tell(trial, state=TrialState.PRUNED)
