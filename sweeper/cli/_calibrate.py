@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from sweeper.cli._common import _check_trial_environment, _print, _publish
 from sweeper.errors import SpaceError
@@ -15,7 +14,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.cli._confirm import _check_setup, _numbers, model_path_for
-    from sweeper.report import LiveProgress, predicted_text
+    from sweeper.cli._long_run_console import CalibrateConsole
+    from sweeper.report import predicted_text
     from sweeper.study import check_study_owner, load_existing_study, snapshot
     from sweeper.sweep import calibrate_study
 
@@ -36,22 +36,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     first = next((t for t in read.front if t.config is not None), None)
     if first is not None:
         _check_setup(study, first.config)
-    live = LiveProgress(args.runs, label="calibration runs")
-    say = live.line
-
-    def on_start(t: Any, multiple: float, n: int) -> None:
-        rate = t.config.learning_rate * multiple
-        say(f"calibrate #{t.number:<3} {n} steps at {multiple:g}x its learning rate ({rate:.3g})")
-        live.begin(0, t.number, "calibrate")
-
-    def on_run(t: Any, run: Any) -> None:
-        live.end(0)
-        if run.is_outcome:
-            how = f"{run.status} at step {run.fail_step}" if run.failed else "held"
-        else:
-            how = f"{run.status} at step {run.fail_step}: says nothing about the edge; the calibration stops here"
-        say(f"          #{t.number:<3} {run.multiple:g}x: {how}")
-
+    console = CalibrateConsole(args.runs)
     try:
         calibration, edges = calibrate_study(
             study,
@@ -61,12 +46,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             max_runs=args.runs,
             max_hours=args.hours,
             resolution=args.resolution,
-            on_start=on_start,
-            on_run=on_run,
-            on_progress=lambda t, progress: live.report(0, progress),
+            callback=console,
         )
     finally:
-        live.close()
+        console.close()
     if calibration is None:
         _print(
             f"calibrate: no edge bracketed yet within {args.runs} runs; run the same command again to go on (the "

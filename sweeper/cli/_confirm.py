@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweeper.cli._common import _check_trial_environment, _print, _publish
 from sweeper.errors import SpaceError
+
+if TYPE_CHECKING:
+    import optuna
 
 
 def model_path_for(study: Any, trial: Any) -> str:
@@ -22,117 +25,36 @@ def model_path_for(study: Any, trial: Any) -> str:
     return resolve_model(trial.config.model)
 
 
-def run_confirmations(study: Any, numbers: list[int], steps: int | None, as_exported: bool = False) -> tuple[int, int]:
-    """Confirm ``numbers`` (:func:`sweeper.study.confirm_trials`), printing a line as each starts and ends; with
-    ``as_exported``, the configurations ``sweep export`` writes (their ``gradient_accumulation_steps``).
+def run_confirmations(
+    study: optuna.Study, numbers: list[int], steps: int | None, as_exported: bool = False
+) -> tuple[int, int]:
+    """Confirm ``numbers`` (:func:`sweeper.sweep.confirm_trials`), printing a line as each starts and ends
+    (:class:`sweeper.cli._long_run_console.ConfirmConsole`); with ``as_exported``, the configurations ``sweep export``
+    writes (their ``gradient_accumulation_steps``).
 
     Returns:
         How many failed their confirmation, and how many could not run (a failure of the attempt: nothing recorded).
     """
-    from sweeper.report import LiveProgress, format_params
+    from sweeper.cli._long_run_console import ConfirmConsole
     from sweeper.study import snapshot
     from sweeper.sweep import confirm_trials
 
     if not numbers:
         return 0, 0
     read = snapshot(study)
-    trials = read.by_number
-    first = trials.get(numbers[0])
+    first = read.by_number.get(numbers[0])
     if first is not None and first.repeat_of is not None:
-        first = trials.get(first.repeat_of)
+        first = read.by_number.get(first.repeat_of)
     # A number that is not a complete trial is refused by confirm_trials before anything runs.
     model_path = model_path_for(read, first) if first is not None and first.config is not None else ""
     if first is not None and first.config is not None:
         _check_setup(study, first.config)
-    failed = not_run = 0
-    live = LiveProgress(len(set(numbers)), label="confirmations")
-    say = live.line  # the lines go above the live display
-
-    def shown(t: Any) -> str:
-        keys = list(read.searched) or ["r", "lora_alpha_ratio", "bnb_4bit_compute_dtype"]
-        return format_params({k: t.params.get(k) for k in keys if k in t.params})
-
-    def on_start(t: Any, n: int) -> None:
-        own, exported = t.config.effective_batch_size, t.config.as_exported().effective_batch_size
-        if as_exported:
-            batch = f"effective batch {exported}, as exported (the trial ran {own})"
-        elif exported != own:
-            batch = f"effective batch {own}, the trial's; the export trains at {exported}: --as-exported runs that"
-        else:
-            batch = f"effective batch {own}, as exported"
-        say(f"confirm #{t.number:<3} {shown(t)}: {n} steps (the trial ran {t.config.max_steps}), {batch}")
-        live.begin(0, t.number, "confirm")
-
-    def on_result(t: Any, done: Any) -> None:
-        nonlocal failed, not_run
-        live.end(0)
-        if not done.is_outcome:
-            not_run += 1
-            earlier = t.confirmation
-            say(
-                f"        #{t.number:<3} could not run its confirmation ({done.status} at step {done.fail_step}: "
-                f"{done.reason}): a failure of the attempt, not of the configuration, so it is not recorded as its "
-                "outcome"
-                + (f" (its {earlier.steps}-step confirmation stands)" if earlier is not None else "")
-                + "; fix it and run the same command"
-            )
-            return
-        failed += 0 if done.passed else 1
-        say(_outcome_line(t, done))
-
-    def on_skip(t: Any, done: Any) -> None:
-        nonlocal failed
-        failed += 0 if done.passed else 1
-        live.end_trial(t.number)
-        say(f"confirm #{t.number:<3} already confirmed at {done.steps} steps: {done.label}")
-
+    console = ConfirmConsole(len(set(numbers)), read.searched, as_exported)
     try:
-        confirm_trials(
-            study,
-            numbers,
-            steps=steps,
-            model_path=model_path,
-            on_start=on_start,
-            on_result=on_result,
-            on_skip=on_skip,
-            on_progress=lambda t, progress: live.report(0, progress),
-            as_exported=as_exported,
-        )
+        confirm_trials(study, numbers, steps=steps, model_path=model_path, callback=console, as_exported=as_exported)
     finally:
-        live.close()
-    return failed, not_run
-
-
-def _outcome_line(t: Any, done: Any) -> str:
-    """The line of a confirmation that ended with an outcome: confirmed or FAILED, with what the trial's margin had
-    predicted."""
-    from sweeper.report import format_instability, margin_text, predicted_text
-
-    peak = "-" if done.peak_memory_gib is None else f"{done.peak_memory_gib:.2f} GiB"
-    margin = margin_text(t.result.stress)
-    said = ""
-    if done.predicted_to_hold is not None:
-        said = (
-            f"; its margin {margin} said it {'holds' if done.predicted_to_hold else 'fails'} "
-            f"(predicted_max_lr {done.predicted_max_lr:.3g}): "
-            + ("as predicted" if done.margin_held else "NOT as predicted")
-        )
-    elif done.left_open:
-        said = (
-            f"; its margin {margin} left it open: the learning rate lies inside predicted_max_lr's interval "
-            f"({predicted_text(t.result.stress)}), where either outcome is within the noise"
-        )
-    if done.passed:
-        return (
-            f"        #{t.number:<3} confirmed: {done.steps} steps complete, instability "
-            f"{format_instability(done.instability)} (short {format_instability(t.result.constant.instability)}), "
-            f"peak {peak} "
-            f"({done.wall_time_s or 0:.0f} s){said}"
-        )
-    return (
-        f"        #{t.number:<3} FAILED its confirmation: {done.status} at step {done.fail_step} of "
-        f"{done.steps}: {done.reason} ({done.wall_time_s or 0:.0f} s){said}"
-    )
+        console.close()
+    return console.failed, console.not_run
 
 
 def _check_setup(study: Any, config: Any) -> None:

@@ -23,6 +23,7 @@ from sweeper.errors import SpaceError
 from sweeper.space import SearchSpace, parse_duration_s
 
 if TYPE_CHECKING:
+    from sweeper.sweep import SweepPlan
     from sweeper.trial import Card
 
 
@@ -82,13 +83,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``sweep run SPACE.yaml``: create or resume the study and run trials until n_trials or the timeout."""
     import optuna
 
-    from sweeper.cli._confirm import run_confirmations
     from sweeper.cli._sweep_console import SweepConsole, all_failed_line, resume_lines, sweep_header, sweep_summary
-    from sweeper.report import progress_interval_s
-    from sweeper.sweep import candidates, plan_sweep, run_study
-    from sweeper.trial import cuda_visible, prestart
+    from sweeper.sweep import run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space, devices, workers = _checked_run(args)
+    plan, setup_lines = _planned(args, space, devices, workers)
+    _print("\n".join(sweep_header(plan)))
+    for line in setup_lines + resume_lines(plan):
+        _print(line)
+    start = time.monotonic()
+    console = SweepConsole(plan)
+    try:
+        run_study(plan, [console])
+    finally:
+        console.close()
+    _confirm_top(plan)
+    _publish(plan.study)
+    elapsed_s = time.monotonic() - start
+    out_of_time = plan.timeout_s is not None and elapsed_s >= plan.timeout_s
+    _print("\n".join(sweep_summary(plan, elapsed_s=elapsed_s, out_of_time=out_of_time)))
+    if console.all_failed:
+        print(all_failed_line(plan, console.statuses), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _checked_run(args: argparse.Namespace) -> tuple[SearchSpace, list[str] | None, int]:
+    """The space file read and checked, with the environment switches, its devices and its worker slots: one line
+    of bad input before anything is opened.
+
+    Raises:
+        SpaceError: A bad space, switch or device list, or a space that searches nothing.
+    """
+    from sweeper.report import progress_interval_s
+
     space = _load(args)
     progress_interval_s()  # a bad SWEEPER_PROGRESS_INTERVAL_S is one line before anything is opened
     _check_trial_environment()  # and a bad SWEEPER_TRIAL_START or SWEEPER_WARM
@@ -98,12 +127,21 @@ def cmd_run(args: argparse.Namespace) -> int:
             "list or a range, or use 'sweep trial' for one configuration"
         )
     devices = _devices(args.devices) if args.devices else None
-    workers = args.workers or (len(devices) if devices else 1)
+    return space, devices, args.workers or (len(devices) if devices else 1)
+
+
+def _planned(
+    args: argparse.Namespace, space: SearchSpace, devices: list[str] | None, workers: int
+) -> tuple[SweepPlan, list[str]]:
+    """The sweep's plan (:func:`sweeper.sweep.plan_sweep`) on the card it reads and the data it checks, with the
+    lines that say what it will train. Data that cannot train is refused before the storage is opened."""
+    from sweeper.sweep import plan_sweep
+    from sweeper.trial import cuda_visible, prestart
+
     if workers == 1 and not devices:  # the trial processes' imports run while the data is read and audited
         prestart()
     space, card, card_warnings = _with_card(space, "cuda" if cuda_visible() else "cpu", devices)
     model_path, samples = _prepare(space.dataset, space.model)
-    # Data that cannot train is refused before the storage is opened.
     setup_lines, longest = _setup_lines(space, model_path, samples, card)
     setup_lines[1:1] = card_warnings
     plan = plan_sweep(
@@ -123,32 +161,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         if card is None or card.device != "cuda"
         else {"device": card.device, "name": card.name, "total_memory_gib": card.total_memory_gib},
     )
-    _print("\n".join(sweep_header(plan)))
-    for line in setup_lines + resume_lines(plan):
-        _print(line)
-    start = time.monotonic()
-    console = SweepConsole(plan)
-    try:
-        run_study(plan, [console])
-    finally:
-        console.close()
-    if space.study.confirm_steps is not None:
-        plan.study.set_user_attr("confirm_steps", space.study.confirm_steps)  # the default of a later 'sweep confirm'
-    top = [t.number for t in candidates(plan.study)[: space.study.confirm_top]]
+    return plan, setup_lines
+
+
+def _confirm_top(plan: SweepPlan) -> None:
+    """After the sweep: confirm the safe pick and the front's trials nearest its knee (``study.confirm_top``) at
+    ``study.confirm_steps``, recorded as the default of a later ``sweep confirm``."""
+    from sweeper.cli._confirm import run_confirmations
+    from sweeper.sweep import candidates
+
+    study = plan.space.study
+    if study.confirm_steps is not None:
+        plan.study.set_user_attr("confirm_steps", study.confirm_steps)  # the default of a later 'sweep confirm'
+    top = [t.number for t in candidates(plan.study)[: study.confirm_top]]
     if top:
         what = "the safe pick (what sweep export writes)" + (
             f" and the front's {len(top) - 1} nearest its knee" if len(top) > 1 else ""
         )
-        _print(f"confirm {what} (study.confirm_top={space.study.confirm_top}):")
-        run_confirmations(plan.study, top, space.study.confirm_steps)
-    _publish(plan.study)
-    elapsed_s = time.monotonic() - start
-    out_of_time = plan.timeout_s is not None and elapsed_s >= plan.timeout_s
-    _print("\n".join(sweep_summary(plan, elapsed_s=elapsed_s, out_of_time=out_of_time)))
-    if console.all_failed:
-        print(all_failed_line(plan, console.statuses), file=sys.stderr)
-        return 1
-    return 0
+        _print(f"confirm {what} (study.confirm_top={study.confirm_top}):")
+        run_confirmations(plan.study, top, study.confirm_steps)
 
 
 def _setup_lines(

@@ -11,14 +11,17 @@ Optuna study.
 It writes through :mod:`sweeper.study.writing`; the readers (report, export) never import it.
 """
 
-from sweeper.sweep._confirm import candidates, confirm_trials
+from sweeper.sweep._confirm import ConfirmCallback, candidates, confirm_trials
 from sweeper.sweep._loop import run_study
-from sweeper.sweep._lr_calibration import calibrate_study
+from sweeper.sweep._lr_calibration import CalibrationCallback, EdgeRun, calibrate_study
 from sweeper.sweep._plan import SweepPlan, plan_sweep
 from sweeper.sweep._setup_checks import check_setup
 from sweeper.sweep._state import SweepCallback, SweepEvent
 
 __all__ = [
+    "CalibrationCallback",
+    "ConfirmCallback",
+    "EdgeRun",
     "SweepCallback",
     "SweepEvent",
     "SweepPlan",

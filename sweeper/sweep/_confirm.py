@@ -13,9 +13,10 @@ horizon or longer.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -161,16 +162,30 @@ def _prediction(trial: StoredTrial | None, result: TrialResult) -> dict[str, Any
     }
 
 
+class ConfirmCallback:
+    """What :func:`confirm_trials` tells as it runs, as :class:`sweeper.sweep.SweepCallback` does for a sweep:
+    subclass it and override what you need (each method does nothing here)."""
+
+    def confirmation_started(self, trial: StoredTrial, steps: int) -> None:
+        """``trial``'s long run of ``steps`` steps is starting."""
+
+    def confirmation_progress(self, trial: StoredTrial, progress: TrialProgress) -> None:
+        """``trial``'s long run sent a progress report (:meth:`sweeper.trial.TrialProcess.run`)."""
+
+    def confirmation_finished(self, trial: StoredTrial, confirmation: Confirmation) -> None:
+        """``trial``'s long run ended (stored on the study when it is an outcome: :attr:`Confirmation.is_outcome`)."""
+
+    def confirmation_skipped(self, trial: StoredTrial, earlier: Confirmation) -> None:
+        """``trial`` was confirmed before at this horizon or longer: ``earlier`` stands, nothing runs."""
+
+
 def confirm_trials(
     study: optuna.Study,
     numbers: Sequence[int],
     *,
     steps: int | None,
     model_path: str,
-    on_start: Callable[[StoredTrial, int], None] | None = None,
-    on_result: Callable[[StoredTrial, Confirmation], None] | None = None,
-    on_skip: Callable[[StoredTrial, Confirmation], None] | None = None,
-    on_progress: Callable[[StoredTrial, TrialProgress], None] | None = None,
+    callback: ConfirmCallback | None = None,
     as_exported: bool = False,
 ) -> dict[int, Confirmation]:
     """Run each trial's configuration for ``steps`` steps (default :func:`horizon`) in a trial process and store the
@@ -182,10 +197,7 @@ def confirm_trials(
         numbers: COMPLETE trials of the study (a repeat stands for the trial it repeats).
         steps: The horizon, or None for :func:`horizon`.
         model_path: The local checkpoint the trials load (:func:`sweeper.model.resolve_model`).
-        on_start: Called with the trial and the horizon before its run.
-        on_result: Called with the trial and its confirmation after its run.
-        on_skip: Called with the trial and its earlier confirmation when it is skipped.
-        on_progress: Called with the trial and each progress report of its run (:meth:`sweeper.trial.TrialProcess.run`).
+        callback: Told as each run starts, reports progress and ends, and of each trial skipped.
         as_exported: Run the configuration ``sweep export`` writes (:meth:`~sweeper.space.TrialConfig.as_exported`:
             the export's ``gradient_accumulation_steps``, so its effective batch), its timeout scaled with the
             accumulation; else the trial's own.
@@ -201,6 +213,7 @@ def confirm_trials(
     snap = snapshot(study)
     chosen = _confirmable(snap, study.study_name, numbers, steps)
     done = snap.confirmations
+    tell = callback or ConfirmCallback()
     out = {}
     for t in {t.number: t for t in chosen}.values():  # each once, in the order given
         assert t.config is not None
@@ -208,18 +221,20 @@ def confirm_trials(
         earlier = done.get(t.number)
         if earlier is not None and earlier.steps >= n and (earlier.as_exported or not as_exported):
             out[t.number] = earlier
-            if on_skip is not None:
-                on_skip(t, earlier)
+            tell.confirmation_skipped(t, earlier)
             continue
-        if on_start is not None:
-            on_start(t, n)
+        tell.confirmation_started(t, n)
         folder = trial_dir(study.study_name, t.number) / f"confirm-{n}{'-as-exported' if as_exported else ''}"
-        report = (lambda progress, t=t: on_progress(t, progress)) if on_progress is not None else None
         config = long_config(_exported(t.config) if as_exported else t.config, n)
-        result = run_trial(config, folder, model_path=model_path, stress=False, on_progress=report)
+        result = run_trial(
+            config,
+            folder,
+            model_path=model_path,
+            stress=False,
+            on_progress=functools.partial(tell.confirmation_progress, t),
+        )
         out[t.number] = _record(study, t.number, n, result, folder, t, config, as_exported)
-        if on_result is not None:
-            on_result(t, out[t.number])
+        tell.confirmation_finished(t, out[t.number])
     return out
 
 

@@ -16,10 +16,11 @@ then uses for ``predicted_max_lr`` (:func:`sweeper.study._stored.with_intervals`
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -234,6 +235,40 @@ def next_multiple(trial: StoredTrial, runs: dict[float, EdgeRun], resolution: fl
     return float(f"{nxt:.4g}")
 
 
+class CalibrationCallback:
+    """What :func:`calibrate_study` tells as it runs, as :class:`sweeper.sweep.SweepCallback` does for a sweep:
+    subclass it and override what you need (each method does nothing here)."""
+
+    def run_started(self, trial: StoredTrial, multiple: float, steps: int) -> None:
+        """A constant-rate run of ``trial`` at ``multiple`` times its learning rate, ``steps`` steps, is starting."""
+
+    def run_progress(self, trial: StoredTrial, progress: TrialProgress) -> None:
+        """The run sent a progress report (:meth:`sweeper.trial.TrialProcess.run`)."""
+
+    def run_finished(self, trial: StoredTrial, run: EdgeRun) -> None:
+        """The run ended and is stored; a run that is not an outcome (:attr:`EdgeRun.is_outcome`) ends the trial's
+        bisection."""
+
+
+def _check_steps(study: optuna.Study, trials: Sequence[StoredTrial], steps: int | None) -> None:
+    """Refuse a calibration run no longer than a chosen trial: it measures no long-run edge (before anything runs).
+
+    Raises:
+        StudyError: The run is not longer than a trial's ``max_steps``.
+    """
+    snap = snapshot(study)
+    for t in trials:
+        assert t.config is not None
+        n = steps if steps is not None else (snap.confirm_steps or horizon(t, None))
+        if n <= t.config.max_steps:
+            raise StudyError(
+                f"{study.study_name}: --steps: a {n}-step calibration run is not longer than trial {t.number}'s "
+                f"{t.config.max_steps} steps, so it would calibrate nothing (the factor is from a short trial to a "
+                f"long run); give --steps above {t.config.max_steps}, e.g. --steps "
+                f"{DEFAULT_HORIZON_FACTOR * t.config.max_steps}"
+            )
+
+
 def calibrate_study(
     study: optuna.Study,
     *,
@@ -243,9 +278,7 @@ def calibrate_study(
     max_runs: int,
     max_hours: float | None = None,
     resolution: float = DEFAULT_RESOLUTION,
-    on_start: Callable[[StoredTrial, float, int], None] | None = None,
-    on_run: Callable[[StoredTrial, EdgeRun], None] | None = None,
-    on_progress: Callable[[StoredTrial, TrialProgress], None] | None = None,
+    callback: CalibrationCallback | None = None,
 ) -> tuple[LrCalibration | None, list[Edge]]:
     """Bisect the long-run edge of each chosen trial (:func:`calibration_trials`) in turn, within ``max_runs`` runs
     (and ``max_hours``), each a constant-rate run of ``steps`` (default: the study's ``confirm_steps``, else
@@ -261,17 +294,9 @@ def calibrate_study(
         KeyboardInterrupt: After killing the running trial process; the runs before it are kept.
     """
     trials = calibration_trials(study, numbers)
+    _check_steps(study, trials, steps)
     snap = snapshot(study)
-    for t in trials:  # before anything runs: a run no longer than its trial measures no long-run edge
-        assert t.config is not None
-        n = steps if steps is not None else (snap.confirm_steps or horizon(t, None))
-        if n <= t.config.max_steps:
-            raise StudyError(
-                f"{study.study_name}: --steps: a {n}-step calibration run is not longer than trial {t.number}'s "
-                f"{t.config.max_steps} steps, so it would calibrate nothing (the factor is from a short trial to a "
-                f"long run); give --steps above {t.config.max_steps}, e.g. --steps "
-                f"{DEFAULT_HORIZON_FACTOR * t.config.max_steps}"
-            )
+    tell = callback or CalibrationCallback()
     done = stored_runs(study)
     deadline = time.monotonic() + max_hours * 3600 if max_hours else math.inf
     spent = 0
@@ -283,12 +308,16 @@ def calibrate_study(
             multiple = next_multiple(t, mine, resolution)
             if multiple is None:
                 break
-            if on_start is not None:
-                on_start(t, multiple, n)
+            tell.run_started(t, multiple, n)
             config = replace(long_config(t.config, n), learning_rate=t.config.learning_rate * multiple)
             folder = trial_dir(study.study_name, t.number) / f"calibrate-{n}-x{multiple:g}"
-            report = (lambda progress, t=t: on_progress(t, progress)) if on_progress is not None else None
-            result: TrialResult = run_trial(config, folder, model_path=model_path, stress=False, on_progress=report)
+            result: TrialResult = run_trial(
+                config,
+                folder,
+                model_path=model_path,
+                stress=False,
+                on_progress=functools.partial(tell.run_progress, t),
+            )
             spent += 1
             run = EdgeRun(
                 trial=t.number, multiple=multiple, steps=n, status=str(result.status), fail_step=result.fail_step
@@ -297,8 +326,7 @@ def calibrate_study(
                 _key(t.number, multiple),
                 {"trial": t.number, "multiple": multiple, "steps": n, "status": run.status, "fail_step": run.fail_step},
             )
-            if on_run is not None:
-                on_run(t, run)
+            tell.run_finished(t, run)
             if not run.is_outcome:  # a crash, timeout or OOM says nothing about the edge: stop, keep the rest
                 break
             mine[multiple] = run

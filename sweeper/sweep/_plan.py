@@ -5,20 +5,16 @@ takes the plan as it is; ``sweep run``, the tests and the benchmarks make it the
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 
 from sweeper.errors import SpaceError, SweeperError
-from sweeper.memory import memory_predictor, nothing_fits, smallest_predicted
+from sweeper.memory import memory_predictor
 from sweeper.space import SearchSpace, TrialConfig
 from sweeper.study import redact_url, study_dir
 from sweeper.study.writing import (
@@ -26,26 +22,23 @@ from sweeper.study.writing import (
     LONGEST_SAMPLE_ATTR,
     OWNER_FILE,
     STUDY_ID_ATTR,
-    TrialStatus,
     check_disk,
     check_writable,
     choose_setup,
     count_finished,
     default_storage,
-    device_kind,
     heartbeat_interval_s,
     in_memory,
     open_study,
     slot_devices,
     sqlite_file,
     storage_of,
-    store_baseline,
-    stored_calibration,
     stored_setups,
     trial_dir,
     unapplied_settings,
 )
-from sweeper.sweep._preflight import known_memory, trial_device
+from sweeper.sweep._fits import nothing_fits_line
+from sweeper.sweep._preflight import trial_device
 from sweeper.sweep._setup_checks import check_setup
 
 
@@ -163,6 +156,55 @@ def plan_sweep(
     url = storage or space.study.storage or default_storage(name)
     target = n_trials or space.study.n_trials
     _check_before_opening(space, model_path, url, name, workers)
+    check = refuse_if_nothing_fits
+    study, opened = _open_checked(
+        space, model_path, url, name, target, new_setup, check, on_measure, longest_sample_tokens
+    )
+    if opened.finished < target:
+        _record_inputs(study, longest_sample_tokens, card)
+    return SweepPlan(
+        space=space,
+        model_path=model_path,
+        study=study,
+        storage=url,
+        name=name,
+        n_trials=target,
+        timeout_s=timeout_s if timeout_s is not None else space.study.timeout_s,
+        workers=workers,
+        devices=slot_devices(workers, devices),
+        finished_before=opened.finished,
+        predict_peak_gib=opened.predict,
+        setup=opened.setup,
+        new_setup=opened.setup is not None and opened.setup >= opened.known > 0,
+        unapplied=tuple(opened.unapplied),
+        longest_sample_tokens=longest_sample_tokens,
+    )
+
+
+class _Opened(NamedTuple):
+    """What :func:`_open_checked` found: the setups the study knew, its finished trials, the setup this run
+    measures and the settings it could not apply, and the checked memory predictor."""
+
+    known: int
+    finished: int
+    setup: int | None
+    unapplied: list[str]
+    predict: Callable[[TrialConfig], float | None]
+
+
+def _open_checked(
+    space: SearchSpace,
+    model_path: str,
+    url: str,
+    name: str,
+    target: int,
+    new_setup: bool,
+    refuse_if_nothing_fits: bool,
+    on_measure: Callable[[str], None] | None,
+    longest_sample_tokens: int | None,
+) -> tuple[optuna.Study, _Opened]:
+    """Of :func:`plan_sweep`: open (or create) the study and run the checks that need it; a study this call created
+    is removed again when a check fails, so that bad input leaves nothing behind."""
     had = _existing(url, name)
     check_writable(study_dir(name))  # before the storage is touched
     study = None
@@ -177,29 +219,18 @@ def plan_sweep(
     except SweeperError:
         _forget_created(study if study is not None and created else None, url, name, had)
         raise
-    if longest_sample_tokens is not None and finished < target:
-        study.set_user_attr(LONGEST_SAMPLE_ATTR, longest_sample_tokens)  # what the report says of equal lengths
-    if card is not None and finished < target:
+    return study, _Opened(known, finished, setup, list(unapplied), predict)
+
+
+def _record_inputs(study: optuna.Study, longest_sample_tokens: int | None, card: Mapping[str, Any] | None) -> None:
+    """Record on the study what this run read of its inputs: the data's longest sample (what the report says of
+    lengths that train the same rows) and the device by name (the report's cap line)."""
+    if longest_sample_tokens is not None:
+        study.set_user_attr(LONGEST_SAMPLE_ATTR, longest_sample_tokens)
+    if card is not None:
         cards = dict(study.user_attrs.get(CARDS_ATTR) or {})
         cards[str(card["name"])] = {"device": card["device"], "total_memory_gib": round(card["total_memory_gib"], 3)}
         study.set_user_attr(CARDS_ATTR, cards)
-    return SweepPlan(
-        space=space,
-        model_path=model_path,
-        study=study,
-        storage=url,
-        name=name,
-        n_trials=target,
-        timeout_s=timeout_s if timeout_s is not None else space.study.timeout_s,
-        workers=workers,
-        devices=slot_devices(workers, devices),
-        finished_before=finished,
-        predict_peak_gib=predict,
-        setup=setup,
-        new_setup=setup is not None and setup >= known > 0,
-        unapplied=tuple(unapplied),
-        longest_sample_tokens=longest_sample_tokens,
-    )
 
 
 def _checked_predictor(
@@ -212,7 +243,7 @@ def _checked_predictor(
 ) -> Callable[[TrialConfig], float | None]:
     """Of :func:`plan_sweep`: the memory model's prediction of a trial's peak on this machine's trial device (its
     worst step on this data: :meth:`TrialConfig.as_trained`), after refusing, when ``check``, a space of which
-    nothing is predicted to fit (:func:`_nothing_fits`).
+    nothing is predicted to fit (:func:`nothing_fits_line`).
 
     Raises:
         SpaceError: Nothing fits (one line, with the advice).
@@ -222,7 +253,7 @@ def _checked_predictor(
     def predict(config: TrialConfig) -> float | None:
         return model(config.as_trained(longest_sample_tokens))
 
-    unfit = _nothing_fits(space, predict, study, model_path, on_measure) if check else None
+    unfit = nothing_fits_line(space, predict, study, model_path, on_measure) if check else None
     if unfit:
         raise SpaceError(unfit)
     return predict
@@ -281,125 +312,3 @@ def _forget_created(study: optuna.Study | None, url: str, name: str, had: dict[s
     folder = study_dir(name)
     if not had["folder"] and folder.is_dir() and {p.name for p in folder.iterdir()} <= {OWNER_FILE}:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-#: On the CPU, a cap within this factor of the smallest predicted peak is measured before the first trial: the
-#: uncorrected model under-predicted the built-in model's trials by up to 1.7x (0.66 GiB predicted, 1.1 measured), so
-#: a cap between the two OOMed every trial (issue 30's case).
-CPU_MODEL_ERROR = 2.0
-
-
-def _nothing_fits(
-    space: SearchSpace,
-    raw: Callable[[TrialConfig], float | None],
-    study: optuna.Study,
-    model_path: str,
-    on_measure: Callable[[str], None] | None = None,
-) -> str | None:
-    """One line when no configuration of the space is predicted to fit its cap, by the memory model corrected with
-    what the study measured on this kind of machine (:func:`sweeper.memory.nothing_fits`); None when something does,
-    or the study already holds a trial that fit under a cap no larger than this run's (a fit under a larger cap, before
-    a resume with a smaller ``memory_limit_gib``, says nothing about this one).
-
-    On the CPU, while the study has no correction and no trial that fit, a cap within :data:`CPU_MODEL_ERROR` of the
-    smallest predicted peak is checked first: the smallest configuration runs two steps (:func:`measure_smallest`,
-    printed through ``on_measure``), and the difference is stored as the study's correction
-    (:func:`sweeper.study._calibration.store_baseline`), which the preflight of every trial then applies, until the
-    first complete trial's fit replaces it. The advice stands on that measurement too: there the cap binds while the
-    model loads, and the process's resident memory (Python and its libraries, the loaded checkpoint) is larger than
-    the model's constant for some models (measured on the built-in model: 0.91 GiB while loading, 0.85 GiB training,
-    against 0.70 GiB predicted)."""
-    kind = device_kind()
-    calibration = stored_calibration(study, kind)
-    limit_gib = space.base.memory_limit_gib
-    known = known_memory(study, kind)
-    cpu = trial_device() == "cpu"
-    measured: dict[str, tuple[float, float] | None] = {}  # one measurement per sweep, reused
-
-    def measure(config: TrialConfig, why: str) -> tuple[float, float] | None:
-        if "smallest" not in measured:
-            predicted = raw(config)
-            room = machine_available_gib()
-            if predicted is None or predicted * CPU_MODEL_ERROR > room:
-                # a configuration the model puts beyond what this machine has free is not run to learn its size
-                if on_measure is not None and predicted is not None:
-                    on_measure(
-                        f"memory  {why}; the smallest configuration is predicted at {predicted:.2f} GiB, and up to "
-                        f"{CPU_MODEL_ERROR:g}x that is more than this machine has free ({room:.2f} GiB): not "
-                        "measured, the advice below is the memory model's"
-                    )
-                measured["smallest"] = None
-                return None
-            cap_gib = predicted * CPU_MODEL_ERROR
-            if on_measure is not None:
-                on_measure(
-                    f"memory  {why}; measuring the smallest configuration once (two steps, under {cap_gib:.2f} GiB: "
-                    f"{CPU_MODEL_ERROR:g}x its prediction)"
-                )
-            got = measure_smallest(config, model_path, cap_gib)
-            if got is None and on_measure is not None:
-                on_measure(
-                    f"memory  the measurement did not complete two steps under {cap_gib:.2f} GiB: the smallest "
-                    "configuration needs more than that here; the advice below is the memory model's"
-                )
-            measured["smallest"] = got
-        return measured["smallest"]
-
-    if cpu and calibration is None and not any(k.fits for k in known):
-        smallest = smallest_predicted(space, raw)
-        # the prediction is within the model's CPU error of the cap, either side: measure (one far above it, e.g.
-        # 684 GiB at a 2.5 GiB cap, is the nothing-fits line's at once and is never measured)
-        if smallest is not None and limit_gib / CPU_MODEL_ERROR <= smallest[0] <= limit_gib * CPU_MODEL_ERROR:
-            got = measure(smallest[1], f"the cap is within the CPU memory model's error ({CPU_MODEL_ERROR:g}x) of "
-                          f"the smallest predicted peak ({smallest[0]:.2f} GiB)")  # fmt: skip
-            if got is not None:
-                calibration = store_baseline(study, smallest[1], smallest[0], max(got), kind)
-                if on_measure is not None:
-                    on_measure(
-                        f"memory  measured {max(got):.2f} GiB (loading {got[0]:.2f} GiB) where the model said "
-                        f"{smallest[0]:.2f}: the preflight adds the difference until a trial completes"
-                    )
-
-    def predict(config: TrialConfig) -> float | None:
-        peak = raw(config)
-        return calibration.correct(config, peak) if calibration is not None and peak is not None else peak
-
-    def advise(config: TrialConfig) -> tuple[float, float] | None:
-        return measure(config, "nothing is predicted to fit; so that the advice holds")
-
-    fit = any(k.fits and k.config.memory_limit_gib <= limit_gib for k in known)
-    return nothing_fits(space, predict, known_fit=fit, measure=advise if cpu else None)
-
-
-def machine_available_gib() -> float:
-    """What this machine has free for a measurement, in GiB: ``MemAvailable`` (its physical memory where there is no
-    ``/proc/meminfo``)."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 / 2**30
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-
-
-def measure_smallest(config: TrialConfig, model_path: str, cap_gib: float | None = None) -> tuple[float, float] | None:
-    """Run ``config`` for two steps without the stress phase, capped at ``cap_gib`` (default: what the machine has
-    free), in a fresh trial process: ``(load_peak_memory_gib, peak_memory_gib)``, or None when it did not complete
-    them. Two, not one: the optimizer allocates its states in the first step's update, so only the second step's
-    backward runs beside them (advice from one step ran out of memory in step 2's backward at 0.63 GiB:
-    tests/study/test_setup_checks.py)."""
-    from sweeper.trial import run_trial
-
-    cap = min(cap_gib if cap_gib is not None else math.inf, machine_available_gib())
-    two = dataclasses.replace(config, max_steps=2, warmup_steps=0, memory_limit_gib=cap, trial_timeout_s=600.0)
-    with tempfile.TemporaryDirectory(prefix="sweeper-measure-") as folder:
-        result = run_trial(two, folder, model_path=model_path, stress=False)
-    if (
-        result.memory.peak_memory_gib is None
-        or result.memory.load_peak_memory_gib is None
-        or result.status != TrialStatus.COMPLETE
-    ):
-        return None
-    return result.memory.load_peak_memory_gib, result.memory.peak_memory_gib

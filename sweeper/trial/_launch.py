@@ -312,17 +312,22 @@ class TrialProcess:
         self.trials += 1
         if not done.reusable:
             self.close()
-        try:
-            result = TrialResult.from_dict(json.loads(result_path.read_text()))
-        except (OSError, ValueError, TypeError) as exc:
-            return _made_here(config, "crash", f"worker wrote no readable result ({exc})", wall, warm)
-        result.provenance.wall_time_s = wall
-        peak = result.memory.peak_memory_gib
-        if result.status == TrialStatus.OOM and peak is not None and peak < config.memory_limit_gib:
-            # What ran out asked for more than the cap; the reading (the resident set on the CPU, taken before the
-            # failed allocation) is below it. The peak recorded is the cap, the least the configuration needs.
-            result.memory.peak_memory_gib = config.memory_limit_gib
-        return result
+        return _read_result(config, result_path, wall, warm)
+
+
+def _read_result(config: TrialConfig, result_path: Path, wall: float, warm: bool) -> TrialResult:
+    """The result the trial process wrote, with the wall time measured here; a ``crash`` result when it wrote none
+    that reads. An OOM's peak is at least the cap: what ran out asked for more than the cap, and the reading (the
+    resident set on the CPU, taken before the failed allocation) is below it."""
+    try:
+        result = TrialResult.from_dict(json.loads(result_path.read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        return _made_here(config, "crash", f"worker wrote no readable result ({exc})", wall, warm)
+    result.provenance.wall_time_s = wall
+    peak = result.memory.peak_memory_gib
+    if result.status == TrialStatus.OOM and peak is not None and peak < config.memory_limit_gib:
+        result.memory.peak_memory_gib = config.memory_limit_gib  # the least the configuration needs
+    return result
 
 
 def _settings(asked: bool | T, kind: type[T]) -> T | None:
