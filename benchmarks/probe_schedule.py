@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from validity import FAILED, auc, bootstrap
 
-from sweeper.stability import probe_rebound
+from sweeper.stability._instability import probe_rebound
 
 RESULTS = Path(__file__).parent / "results"
 LONG = 200

@@ -46,7 +46,7 @@ from typing import Any
 
 from sweeper.model import resolve_model
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
-from sweeper.stability import LONG_RUN_FACTOR, STRESS_CAP
+from sweeper.stability._margin import LONG_RUN_FACTOR, STRESS_CAP
 from sweeper.trial import run_trial
 
 

@@ -7,14 +7,7 @@ import random
 
 import pytest
 
-from sweeper.stability import (
-    DTYPE_MAX,
-    compute_instability,
-    divergence,
-    probe_interval_steps,
-    probe_rebound,
-    projected_fail_step,
-)
+from sweeper.stability import DTYPE_MAX, compute_instability, divergence, probe_interval_steps, projected_fail_step
 from sweeper.stability._instability import (
     DIVERGED_RATIO,
     PROBE_COST,
@@ -22,6 +15,7 @@ from sweeper.stability._instability import (
     activation_growth,
     grad_norm_growth,
     loss_spike,
+    probe_rebound,
     skipped_step_fraction,
 )
 
@@ -142,7 +136,8 @@ def test_module_does_not_import_torch():
 
 
 def test_a_margin_is_the_ceiling_over_the_rate_and_a_capped_one_is_a_lower_bound():
-    from sweeper.stability import STRESS_CAP, STRESS_GROWTH, margin_of
+    from sweeper.stability import STRESS_GROWTH, margin_of
+    from sweeper.stability._margin import STRESS_CAP
 
     found = margin_of(2e-4, "diverged", 5)
     assert found.lr_ceiling == pytest.approx(2e-4 * STRESS_GROWTH**5)
@@ -190,7 +185,8 @@ def test_a_margin_is_shown_with_its_unit_and_its_bound():
 
 def test_every_margin_and_prediction_carries_its_interval():
     from sweeper.notation import format_margin_range, format_rate_range
-    from sweeper.stability import DEFAULT_LR_CALIBRATION, LONG_RUN_FACTOR, STRESS_GROWTH, margin_of
+    from sweeper.stability import DEFAULT_LR_CALIBRATION, STRESS_GROWTH, margin_of
+    from sweeper.stability._margin import LONG_RUN_FACTOR
 
     found = margin_of(2e-4, "diverged", 5)
     margin = STRESS_GROWTH**5

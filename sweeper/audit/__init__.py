@@ -33,38 +33,13 @@ One module per part: the report and its findings (:mod:`._report`), lengths and 
 audit itself (:mod:`._findings`), and when a finding makes a trial NaN (:mod:`._nan`).
 """
 
-from sweeper.audit._findings import TOO_LONG_MEDIAN_RATIO, TUKEY_FAR_OUT, audit_samples, dropped_findings
-from sweeper.audit._lengths import (
-    MAX_PERIOD,
-    MIN_REPEATS,
-    MIN_SPAN_TOKENS,
-    PERCENTILES,
-    length_percentiles,
-    longest_repeated_span,
-    supervised_tokens,
-)
-from sweeper.audit._nan import NanRisk, NanStep, first_nan_step, first_step_with, nan_risks
-from sweeper.audit._report import NAN_KINDS, AuditReport, Finding, FindingKind
+from sweeper.audit._findings import audit_samples
+from sweeper.audit._nan import NanRisk, nan_risks
+from sweeper.audit._report import AuditReport
 
 __all__ = [
-    "MAX_PERIOD",
-    "MIN_REPEATS",
-    "MIN_SPAN_TOKENS",
-    "NAN_KINDS",
-    "PERCENTILES",
-    "TOO_LONG_MEDIAN_RATIO",
-    "TUKEY_FAR_OUT",
     "AuditReport",
-    "Finding",
-    "FindingKind",
     "NanRisk",
-    "NanStep",
     "audit_samples",
-    "dropped_findings",
-    "first_nan_step",
-    "first_step_with",
-    "length_percentiles",
-    "longest_repeated_span",
     "nan_risks",
-    "supervised_tokens",
 ]

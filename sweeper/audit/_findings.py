@@ -22,7 +22,7 @@ from sweeper.audit._lengths import (
 )
 from sweeper.audit._report import AuditReport, Finding
 from sweeper.data import DroppedRow, Sample, SpecialTokenRow, TokenizedSample
-from sweeper.stability import DTYPE_MAX  # largest finite value per compute dtype, for bad_embedding_row
+from sweeper.stability import DTYPE_MAX
 
 #: ``too_long``: longer than ``Q3 + TUKEY_FAR_OUT * (Q3 - Q1)`` tokens (Tukey 1977, "far out" values) and than
 #: ``TOO_LONG_MEDIAN_RATIO`` times the median: where nearly every row has one length the IQR is 0 and Tukey's fence

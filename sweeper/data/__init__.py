@@ -9,14 +9,12 @@ built-in corpus), ``_tokenize`` (templates, reply masks, truncation), ``_special
 tokens).
 """
 
-from sweeper.data._formats import FORMAT_COLUMNS, ROLE_ALIASES, detect_format
-from sweeper.data._load import BUILTIN_PYDOC, PYDOC_CHUNK_CHARS, load_samples
-from sweeper.data._samples import DroppedRow, Sample, Samples, TokenizedSample, dataset_rows, describe_dropped
+from sweeper.data._formats import detect_format
+from sweeper.data._load import load_samples
+from sweeper.data._samples import DroppedRow, Sample, TokenizedSample, dataset_rows, describe_dropped
 from sweeper.data._special import SpecialTokenRow, special_token_rows
 from sweeper.data._tokenize import (
     DEFAULT_CHAT_TEMPLATE,
-    TemplateRefusal,
-    assistant_masks,
     audit_horizon,
     eos_appended,
     load_tokenizer,
@@ -26,22 +24,14 @@ from sweeper.data._tokenize import (
 )
 
 __all__ = [
-    "BUILTIN_PYDOC",
     "DEFAULT_CHAT_TEMPLATE",
-    "FORMAT_COLUMNS",
-    "PYDOC_CHUNK_CHARS",
-    "ROLE_ALIASES",
     "DroppedRow",
     "Sample",
-    "Samples",
     "SpecialTokenRow",
-    "TemplateRefusal",
     "TokenizedSample",
-    "assistant_masks",
     "audit_horizon",
     "dataset_rows",
     "describe_dropped",
-    "detect_format",
     "eos_appended",
     "load_samples",
     "load_tokenizer",

@@ -29,13 +29,10 @@ from sweeper.stability._instability import (
     compute_instability,
     divergence,
     probe_interval_steps,
-    probe_rebound,
     projected_fail_step,
 )
 from sweeper.stability._margin import (
     DEFAULT_LR_CALIBRATION,
-    LONG_RUN_FACTOR,
-    STRESS_CAP,
     STRESS_GROWTH,
     STRESS_STEPS,
     Z95,
@@ -60,11 +57,9 @@ __all__ = [
     "DEFAULT_LR_CALIBRATION",
     "DIAGNOSTICS",
     "DTYPE_MAX",
-    "LONG_RUN_FACTOR",
     "PROBE_ROWS",
     "SLOW_LEARNING_SHARE",
     "STORED_COMPONENTS",
-    "STRESS_CAP",
     "STRESS_GROWTH",
     "STRESS_STEPS",
     "Z95",
@@ -85,7 +80,6 @@ __all__ = [
     "margin_of",
     "predicted_max_lr",
     "probe_interval_steps",
-    "probe_rebound",
     "projected_fail_step",
     "stress_lr",
 ]

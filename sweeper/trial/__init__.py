@@ -19,19 +19,15 @@ from sweeper._lazy import lazy_names
 if TYPE_CHECKING:
     from sweeper.trial._card import Card, CardError, read_cards, smallest_card
     from sweeper.trial._devices import cpu_has_bfloat16, cuda_visible, visible_gpus
-    from sweeper.trial._job import ProbeSettings, StressSettings, TrialProgress
+    from sweeper.trial._job import TrialProgress
     from sweeper.trial._launch import TrialProcess, prestart, run_trial
     from sweeper.trial._result import (
-        ConstantPhase,
-        DataReading,
         MemoryReading,
-        NanFindings,
-        Phase,
         Provenance,
         StressOutcome,
         TrialResult,
     )
-    from sweeper.trial._status import FAIL_STATUSES, PRUNED_STATUSES, TrialStatus
+    from sweeper.trial._status import FAIL_STATUSES, TrialStatus
 
 #: Public name -> the module that defines it.
 _HOMES = {
@@ -40,16 +36,9 @@ _HOMES = {
     "read_cards": "sweeper.trial._card",
     "smallest_card": "sweeper.trial._card",
     "FAIL_STATUSES": "sweeper.trial._status",
-    "PRUNED_STATUSES": "sweeper.trial._status",
-    "ConstantPhase": "sweeper.trial._result",
-    "DataReading": "sweeper.trial._result",
     "MemoryReading": "sweeper.trial._result",
-    "NanFindings": "sweeper.trial._result",
-    "Phase": "sweeper.trial._result",
     "Provenance": "sweeper.trial._result",
     "StressOutcome": "sweeper.trial._result",
-    "ProbeSettings": "sweeper.trial._job",
-    "StressSettings": "sweeper.trial._job",
     "TrialProcess": "sweeper.trial._launch",
     "prestart": "sweeper.trial._launch",
     "TrialProgress": "sweeper.trial._job",
@@ -63,18 +52,11 @@ _HOMES = {
 
 __all__ = [
     "FAIL_STATUSES",
-    "PRUNED_STATUSES",
     "Card",
     "CardError",
-    "ConstantPhase",
-    "DataReading",
     "MemoryReading",
-    "NanFindings",
-    "Phase",
-    "ProbeSettings",
     "Provenance",
     "StressOutcome",
-    "StressSettings",
     "TrialProcess",
     "TrialProgress",
     "TrialResult",

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from sweeper.data import BUILTIN_PYDOC, detect_format, load_samples, tokenize_samples
+from sweeper.data import load_samples, tokenize_samples
+from sweeper.data._formats import detect_format
+from sweeper.data._load import BUILTIN_PYDOC
 from sweeper.errors import DataError
 from sweeper.space import DatasetSpec
 from sweeper.testing import GENERATION_CHATML, write_jsonl
@@ -227,7 +229,7 @@ def test_smollm2_supervises_replies_not_the_default_system_prompt(smollm2, turns
 
 
 def test_text_rows_and_completions_end_with_eos_as_trl_writes_them(smollm2, tmp_path):
-    from sweeper.audit import supervised_tokens
+    from sweeper.audit._lengths import supervised_tokens
 
     [tok] = tokenize_samples(
         load_samples(
@@ -286,7 +288,7 @@ CASES = [
 def test_generation_markers_agree_with_our_mask(tiny_model, turns):
     from transformers import AutoTokenizer
 
-    from sweeper.data import assistant_masks
+    from sweeper.data._tokenize import assistant_masks
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.chat_template = GENERATION_CHATML
@@ -375,7 +377,7 @@ def test_sharegpt_is_read_as_axolotl_and_llama_factory_read_it(tmp_path, row, fm
 
 
 def test_sharegpt_format_is_detected_and_declared():
-    from sweeper.space import DATA_FORMATS
+    from sweeper.space._schema import DATA_FORMATS
 
     assert detect_format(["conversations", "id"]) == "sharegpt" and "sharegpt" in DATA_FORMATS
 

@@ -14,7 +14,8 @@ from sweeper.memory import ModelShape
 from sweeper.memory._dominance import _GROWS, _SAME, _SHRINKS, DIRECTIONS, at_least_as_large, direction_of
 from sweeper.memory._model import MEMORY_KEYS, estimate_memory, settings_from
 from sweeper.memory._shapes import KNOWN_SHAPES
-from sweeper.space import KeySpec, MemoryRole, ModelSpec, TrialConfig, memory_roles
+from sweeper.space import ModelSpec, TrialConfig, memory_roles
+from sweeper.space._schema import KeySpec, MemoryRole
 from sweeper.testing import MEMORY_BASE, TINY_VOCAB
 
 #: The keys of the dominance rule as they were written by hand in sweeper/memory/_dominance.py before the roles:

@@ -9,7 +9,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from sweeper.audit import AuditReport, Finding, NanRisk, NanStep
+from sweeper.audit import AuditReport, NanRisk
+from sweeper.audit._nan import NanStep
+from sweeper.audit._report import Finding
 from sweeper.report import format_audit, format_data_warnings, format_instability, format_params
 from sweeper.report._console import status_label
 from sweeper.report._data_text import format_counts, format_data_nan_summary
@@ -17,7 +19,8 @@ from sweeper.report._front_text import format_front
 from sweeper.report._trial_text import format_trace, format_trial_line
 from sweeper.space import TrialConfig
 from sweeper.study._stored import stored_trial
-from sweeper.trial import ConstantPhase, MemoryReading, NanFindings, Provenance, StressOutcome, TrialResult
+from sweeper.trial import MemoryReading, Provenance, StressOutcome, TrialResult
+from sweeper.trial._result import ConstantPhase, NanFindings
 
 DOCTOR = "sweep doctor space.yaml"
 

@@ -9,17 +9,9 @@ import pytest
 import yaml
 
 from sweeper.errors import SpaceError
-from sweeper.space import (
-    OPTIMIZERS,
-    TRIAL_KEYS,
-    Categorical,
-    Range,
-    TrialConfig,
-    apply_overrides,
-    load_space,
-    parse_duration_s,
-    parse_space,
-)
+from sweeper.space import TRIAL_KEYS, Categorical, TrialConfig, load_space, parse_duration_s, parse_space
+from sweeper.space._overrides import apply_overrides
+from sweeper.space._schema import OPTIMIZERS, Range
 
 REPO = Path(__file__).resolve().parents[2]
 

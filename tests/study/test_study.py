@@ -456,7 +456,8 @@ def test_a_resume_with_other_run_policy_reuses_what_was_measured():
     from sweeper.space import TrialConfig
     from sweeper.study._storage import record_result
     from sweeper.sweep._trial_steps import find_duplicate
-    from sweeper.trial import ConstantPhase, MemoryReading, TrialResult, TrialStatus
+    from sweeper.trial import MemoryReading, TrialResult, TrialStatus
+    from sweeper.trial._result import ConstantPhase
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=["minimize", "minimize"])

@@ -92,7 +92,8 @@ def _short_rows(n: int) -> list[dict]:
 @pytest.mark.slow
 def test_a_trial_trains_on_its_tokens_and_measures_the_worst_step_apart(tiny_model, tmp_path):
     from sweeper.space import DatasetSpec
-    from sweeper.trial import StressSettings, run_trial
+    from sweeper.trial import run_trial
+    from sweeper.trial._job import StressSettings
 
     data = write_jsonl(tmp_path / "train.jsonl", _short_rows(24))
     config = tiny_trial_config(
@@ -126,7 +127,8 @@ def test_a_trial_trains_on_its_tokens_and_measures_the_worst_step_apart(tiny_mod
 @pytest.mark.slow
 def test_packing_trains_full_rows_end_to_end(tiny_model, tmp_path):
     from sweeper.space import DatasetSpec
-    from sweeper.trial import StressSettings, run_trial
+    from sweeper.trial import run_trial
+    from sweeper.trial._job import StressSettings
 
     data = write_jsonl(tmp_path / "train.jsonl", _short_rows(40))
     base = dict(dataset=DatasetSpec(path=str(data), max_samples=40, seed=0), max_seq_length=512, max_steps=3)

@@ -6,10 +6,11 @@ import time
 
 import pytest
 
-from sweeper.stability import STRESS_CAP, STRESS_GROWTH, STRESS_STEPS, margin_of
-from sweeper.trial import ProbeSettings, StressSettings, TrialProcess, TrialProgress
+from sweeper.stability import STRESS_GROWTH, STRESS_STEPS, margin_of
+from sweeper.stability._margin import STRESS_CAP
+from sweeper.trial import TrialProcess, TrialProgress
 from sweeper.trial._child.progress import ProgressSender
-from sweeper.trial._job import Measures, TrialDone, TrialJob
+from sweeper.trial._job import Measures, ProbeSettings, StressSettings, TrialDone, TrialJob
 
 
 @pytest.mark.parametrize(

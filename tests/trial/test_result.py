@@ -13,16 +13,8 @@ import pytest
 
 from sweeper.study._stored import stored_trial
 from sweeper.testing import make_study
-from sweeper.trial import (
-    ConstantPhase,
-    DataReading,
-    MemoryReading,
-    NanFindings,
-    Provenance,
-    StressOutcome,
-    TrialResult,
-    TrialStatus,
-)
+from sweeper.trial import MemoryReading, Provenance, StressOutcome, TrialResult, TrialStatus
+from sweeper.trial._result import ConstantPhase, DataReading, NanFindings
 
 FIXTURE_DB = Path(__file__).parents[1] / "fixtures" / "study_v010.db"
 

@@ -5,9 +5,11 @@ next trial of a warm process, and a warm process runs each job's own stress and 
 
 import pytest
 
-from sweeper.stability import STRESS_CAP, STRESS_GROWTH, STRESS_STEPS
+from sweeper.stability import STRESS_GROWTH, STRESS_STEPS
+from sweeper.stability._margin import STRESS_CAP
 from sweeper.testing import tiny_trial_config
-from sweeper.trial import ProbeSettings, StressSettings, TrialProcess, TrialProgress, run_trial
+from sweeper.trial import TrialProcess, TrialProgress, run_trial
+from sweeper.trial._job import ProbeSettings, StressSettings
 
 pytestmark = pytest.mark.slow
 
