@@ -147,8 +147,9 @@ def test_a_small_face_exports_only_what_other_packages_use(package):
     users = _face_users(package)
     unused = sorted(name for name, where in users.items() if not where)
     assert unused == [], f"{package} exports names no other package imports (import them from their module): {unused}"
-    assert len(users) <= MAX_FACE_BY_PACKAGE.get(package, MAX_FACE), f"{package} exports {len(users)} names: " + "; ".join(
-        f"{name}: {', '.join(sorted(where))}" for name, where in sorted(users.items())
+    assert len(users) <= MAX_FACE_BY_PACKAGE.get(package, MAX_FACE), (
+        f"{package} exports {len(users)} names: "
+        + "; ".join(f"{name}: {', '.join(sorted(where))}" for name, where in sorted(users.items()))
     )
 
 

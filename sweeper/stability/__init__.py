@@ -14,7 +14,6 @@ from sweeper.stability._figures import (
     StabilityFigures,
 )
 from sweeper.stability._headroom import (
-    CALIBRATED_SOURCE_PREFIX,
     Headroom,
     headroom_of,
 )
@@ -52,7 +51,6 @@ from sweeper.stability._progress import (
 )
 
 __all__ = [
-    "CALIBRATED_SOURCE_PREFIX",
     "COMPONENTS",
     "DEFAULT_LR_CALIBRATION",
     "DIAGNOSTICS",

@@ -14,9 +14,6 @@ from sweeper.stability._margin import DEFAULT_LR_CALIBRATION
 #: (``sweep calibrate``) may allow less: its trials need only their interval's low end above their rate.
 MIN_UNCALIBRATED_HEADROOM = 2.0
 
-#: How a calibrated ``predicted_max_lr_source`` begins (``sweep calibrate``'s :class:`LrCalibration`).
-CALIBRATED_SOURCE_PREFIX = "calibrated on this study's model"
-
 
 @dataclass(frozen=True, kw_only=True)
 class Headroom:
@@ -56,8 +53,8 @@ class Headroom:
 def headroom_of(learning_rate: float | None, stress: Any) -> Headroom | None:
     """The :class:`Headroom` of a trial trained at ``learning_rate`` whose stress phase measured ``stress`` (any
     object with ``predicted_max_lr``, ``predicted_max_lr_low``, ``predicted_max_lr_high``, ``margin_capped`` and
-    ``predicted_max_lr_source``: a :class:`Margin`, a stored ``StressOutcome``, a report row); None when either is
-    unknown. A prediction stored without its interval gets the built-in spread."""
+    ``predicted_max_lr_calibrated``: a :class:`Margin`, a stored ``StressOutcome``); None when either is unknown. A
+    prediction stored without its interval gets the built-in spread."""
     predicted = getattr(stress, "predicted_max_lr", None)
     if learning_rate is None or not learning_rate > 0 or predicted is None or not math.isfinite(predicted):
         return None
@@ -67,11 +64,10 @@ def headroom_of(learning_rate: float | None, stress: Any) -> Headroom | None:
     if low is None:
         low = predicted / DEFAULT_LR_CALIBRATION.spread
         high = None if capped else predicted * DEFAULT_LR_CALIBRATION.spread
-    source = getattr(stress, "predicted_max_lr_source", None) or ""
     return Headroom(
         value=predicted / learning_rate,
         low=low / learning_rate,
         high=None if capped or high is None else high / learning_rate,
         capped=capped,
-        calibrated=source.startswith(CALIBRATED_SOURCE_PREFIX),
+        calibrated=bool(getattr(stress, "predicted_max_lr_calibrated", False)),
     )

@@ -80,12 +80,15 @@ class LrCalibration:
         edges: How many edges it was measured on.
         source: One line for every view: ``uncalibrated: factor from SmolLM2-135M (...)`` or ``calibrated on this
             study's model (n edges, spread x)``.
+        calibrated: Measured on the study's own model by ``sweep calibrate`` (its trials then need only their
+            interval's low end above their rate: :class:`~sweeper.stability.Headroom`), not the built-in factor.
     """
 
     factor: float
     gsd: float
     edges: int
     source: str
+    calibrated: bool = False
 
     @property
     def spread(self) -> float:
@@ -116,6 +119,7 @@ class Margin:
         predicted_max_lr_low, predicted_max_lr_high: Its 95% interval, ``predicted */ gsd**1.96``; ``high`` is None
             when capped.
         predicted_max_lr_source: Which factor made it (:attr:`LrCalibration.source`).
+        predicted_max_lr_calibrated: That factor was the study's own (:attr:`LrCalibration.calibrated`).
     """
 
     lr_ceiling: float | None
@@ -127,11 +131,13 @@ class Margin:
     predicted_max_lr_low: float | None = None
     predicted_max_lr_high: float | None = None
     predicted_max_lr_source: str | None = None
+    predicted_max_lr_calibrated: bool | None = None
 
 
 def lr_calibration_of(raw: Any) -> LrCalibration | None:
     """The :class:`LrCalibration` stored as a study attribute by ``sweep calibrate`` (a mapping with ``factor``,
-    ``gsd``, ``edges``, ``source``), None when ``raw`` is not one (none stored, or unreadable)."""
+    ``gsd``, ``edges``, ``source``: measured on the study's model, so :attr:`LrCalibration.calibrated`), None when
+    ``raw`` is not one (none stored, or unreadable)."""
     if not isinstance(raw, dict):
         return None
     try:
@@ -140,7 +146,7 @@ def lr_calibration_of(raw: Any) -> LrCalibration | None:
         return None
     if not (math.isfinite(factor) and factor > 0 and math.isfinite(gsd) and gsd >= 1 and edges > 0):
         return None
-    return LrCalibration(factor=factor, gsd=gsd, edges=edges, source=source)
+    return LrCalibration(factor=factor, gsd=gsd, edges=edges, source=source, calibrated=True)
 
 
 def margin_interval(
@@ -214,6 +220,7 @@ def margin_of(
         predicted_max_lr_low=p_low,
         predicted_max_lr_high=p_high,
         predicted_max_lr_source=calibration.source,
+        predicted_max_lr_calibrated=calibration.calibrated,
     )
 
 

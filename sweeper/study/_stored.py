@@ -199,6 +199,7 @@ def with_intervals(result: TrialResult, config: TrialConfig | None, lr_calibrati
     )
     stress.predicted_max_lr, stress.predicted_max_lr_low, stress.predicted_max_lr_high = value, low, high
     stress.predicted_max_lr_source = calibration.source if value is not None else None
+    stress.predicted_max_lr_calibrated = calibration.calibrated if value is not None else None
 
 
 def stored_trial(

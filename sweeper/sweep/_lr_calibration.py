@@ -27,7 +27,7 @@ from typing import Any
 import optuna
 
 from sweeper.errors import StudyError
-from sweeper.stability import CALIBRATED_SOURCE_PREFIX, DEFAULT_LR_CALIBRATION, Z95, LrCalibration
+from sweeper.stability import DEFAULT_LR_CALIBRATION, Z95, LrCalibration
 from sweeper.study import StoredTrial, StudyLike, by_knee_distance, snapshot
 from sweeper.study.writing import LR_CALIBRATION_ATTR, TrialStatus, trial_dir
 from sweeper.sweep._confirm import DEFAULT_HORIZON_FACTOR, horizon, long_config
@@ -157,8 +157,9 @@ def calibration_from(edges: Sequence[Edge], resolution: float) -> LrCalibration:
     if len(edges) < 3:
         gsd = max(gsd, DEFAULT_LR_CALIBRATION.gsd)
     spread = gsd**Z95
-    source = f"{CALIBRATED_SOURCE_PREFIX} ({len(edges)} edge{'s' if len(edges) != 1 else ''}, spread x{spread:.2g})"
-    return LrCalibration(factor=factor, gsd=gsd, edges=len(edges), source=source)
+    n = len(edges)
+    source = f"calibrated on this study's model ({n} edge{'s' if n != 1 else ''}, spread x{spread:.2g})"
+    return LrCalibration(factor=factor, gsd=gsd, edges=len(edges), source=source, calibrated=True)
 
 
 def calibration_trials(study: StudyLike, numbers: Sequence[int] | None) -> list[StoredTrial]:

@@ -149,6 +149,8 @@ class StressOutcome:
         predicted_max_lr_source: Which calibration factor made ``predicted_max_lr``: ``uncalibrated: factor from
             SmolLM2-135M (...)``, or, in a study ``sweep calibrate`` measured, ``calibrated on this study's model
             (n edges, spread x)``.
+        predicted_max_lr_calibrated: That factor was the study's own (``sweep calibrate``); False or None (a trial
+            stored before it was recorded): the built-in factor.
     """
 
     lr_ceiling: float | None = _stored(42)
@@ -167,6 +169,7 @@ class StressOutcome:
     predicted_max_lr_low: float | None = _stored(58)
     predicted_max_lr_high: float | None = _stored(59)
     predicted_max_lr_source: str | None = _stored(60)
+    predicted_max_lr_calibrated: bool | None = _stored(64)
 
 
 @dataclass(kw_only=True)

@@ -50,9 +50,13 @@ def test_headroom_is_the_predicted_rate_over_the_trials_and_near_edge_follows_it
     # A study's own calibration with a narrow spread: its interval alone sets the safety factor (here 1.5)...
     Stress.predicted_max_lr, Stress.predicted_max_lr_low = 1.8e-4, 1.8e-4 / 1.5
     Stress.predicted_max_lr_source = "calibrated on this study's model (4 edges, spread x1.5)"
+    Stress.predicted_max_lr_calibrated = True  # stored as data, not read from the source's words
     calibrated = headroom_of(1e-4, Stress)
     assert calibrated is not None and calibrated.calibrated and not calibrated.near_edge
     # ...while an uncalibrated prediction needs at least 2x, whatever its interval says
+    Stress.predicted_max_lr_source = "calibrated on this study's model (its words alone)"
+    Stress.predicted_max_lr_calibrated = False
+    assert not headroom_of(1e-4, Stress).calibrated
     Stress.predicted_max_lr_source = DEFAULT_LR_CALIBRATION.source
     uncalibrated = headroom_of(1e-4, Stress)
     assert uncalibrated is not None and uncalibrated.safety_factor == 2.0 and uncalibrated.near_edge

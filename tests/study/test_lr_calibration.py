@@ -67,7 +67,9 @@ def test_the_bisection_starts_at_the_prediction_brackets_by_4x_then_halves_in_lo
 
 def test_a_stored_calibration_is_read_back_and_a_bad_one_is_ignored():
     good = {"factor": 0.05, "gsd": 1.3, "edges": 3, "source": "calibrated on this study's model (3 edges, spread x1.7)"}
-    assert lr_calibration_of(good) == LrCalibration(factor=0.05, gsd=1.3, edges=3, source=good["source"])
+    assert lr_calibration_of(good) == LrCalibration(
+        factor=0.05, gsd=1.3, edges=3, source=good["source"], calibrated=True
+    )
     assert lr_calibration_of({**good, "gsd": 0.5}) is None and lr_calibration_of({"factor": "x"}) is None
     assert lr_calibration_of(None) is None
 

@@ -32,6 +32,7 @@ STORED_ORDER = (
     "stress_probe_loss_trace", "stress_time_s", "stress_time_share", "stress_peak_memory_gib", "update_ratio_trace",
     "stability_margin_low", "stability_margin_high", "predicted_max_lr_low", "predicted_max_lr_high",
     "predicted_max_lr_source", "phase_peak_memory_gib", "worst_case_shape", "data_token_share",
+    "predicted_max_lr_calibrated",
 )  # fmt: skip
 
 
@@ -88,6 +89,7 @@ def _full() -> TrialResult:
             predicted_max_lr_low=1e-3,
             predicted_max_lr_high=5e-3,
             predicted_max_lr_source="uncalibrated: factor from SmolLM2-135M (8 edges, geometric SD 1.51)",
+            predicted_max_lr_calibrated=False,
         ),
         nan=NanFindings(cause="precision", samples=[4, 5], module="model.layers.0.mlp"),
         data=DataReading(

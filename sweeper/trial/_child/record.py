@@ -148,6 +148,7 @@ class StressPhase:
             predicted_max_lr_low=margin.predicted_max_lr_low,
             predicted_max_lr_high=margin.predicted_max_lr_high,
             predicted_max_lr_source=margin.predicted_max_lr_source,
+            predicted_max_lr_calibrated=margin.predicted_max_lr_calibrated,
             stop=self.stop,
             steps=self.done,
             lr_trace=self.lr,
