@@ -239,12 +239,7 @@ def _add_confirm(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="run the chosen trials again at a long horizon (by default the safe pick)",
         parents=[_parent(study=True)],
     )
-    confirm.add_argument(
-        "--steps",
-        type=int,
-        metavar="N",
-        help="steps of the long run (default: study.confirm_steps, else 10x the trial's max_steps)",
-    )
+    _add_steps(confirm, "the long run")
     chosen = confirm.add_mutually_exclusive_group()
     chosen.add_argument("--trials", metavar="3,7", help="these trials")
     chosen.add_argument(
@@ -262,6 +257,16 @@ def _add_confirm(sub: argparse._SubParsersAction[_Parser]) -> None:
     confirm.set_defaults(func=cmd_confirm)
 
 
+def _add_steps(parser: argparse.ArgumentParser, run: str) -> None:
+    """``--steps N``, the horizon of ``sweep confirm``'s and ``sweep calibrate``'s long runs."""
+    parser.add_argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help=f"steps of {run} (default: study.confirm_steps, else 10x the trial's max_steps)",
+    )
+
+
 def _add_calibrate(sub: argparse._SubParsersAction[_Parser]) -> None:
     from sweeper.cli._calibrate import cmd_calibrate
 
@@ -275,12 +280,7 @@ def _add_calibrate(sub: argparse._SubParsersAction[_Parser]) -> None:
         "same command goes on.",
         parents=[_parent(study=True)],
     )
-    calibrate.add_argument(
-        "--steps",
-        type=int,
-        metavar="N",
-        help="steps of each long run (default: study.confirm_steps, else 10x the trial's max_steps)",
-    )
+    _add_steps(calibrate, "each long run")
     calibrate.add_argument(
         "--trials",
         metavar="3,7",

@@ -13,18 +13,8 @@ def _margin_sentence(p: Provenance) -> str:
         return "Stability margin: not measured (a study written before it, or its stress phase did not finish)."
     bound = ">= " if f.margin_capped else ""
     ceiling = "none up to the cap" if f.lr_ceiling is None else f.lr_ceiling
-    if f.stability_margin_low is None:
-        noise = ""
-    elif f.stability_margin_high is None:
-        noise = f" (seed noise: >= {f.stability_margin_low}x)"
-    else:
-        noise = f" (seed noise: {f.stability_margin_low}x-{f.stability_margin_high}x)"
-    if f.predicted_max_lr_low is None:
-        interval = ""
-    elif f.predicted_max_lr_high is None:
-        interval = f" (95%: >= {f.predicted_max_lr_low})"
-    else:
-        interval = f" (95%: {f.predicted_max_lr_low}-{f.predicted_max_lr_high})"
+    noise = _interval("seed noise: ", f.stability_margin_low, f.stability_margin_high, "x")
+    interval = _interval("95%: ", f.predicted_max_lr_low, f.predicted_max_lr_high)
     source = f"; {f.predicted_max_lr_source}" if f.predicted_max_lr_source else ""
     if f.headroom is None:
         headroom = ""
@@ -38,6 +28,16 @@ def _margin_sentence(p: Provenance) -> str:
         "above it is predicted to fail within a long run (benchmarks/results/validity.md says how wide that "
         f"prediction is).{headroom}"
     )
+
+
+def _interval(what: str, low: float | None, high: float | None, unit: str = "") -> str:
+    """`` (WHAT LOW-HIGH)`` with ``unit`` after each end, `` (WHAT >= LOW)`` without a high end, empty without a low
+    one."""
+    if low is None:
+        return ""
+    if high is None:
+        return f" ({what}>= {low}{unit})"
+    return f" ({what}{low}{unit}-{high}{unit})"
 
 
 def _batch_sentence(s: ExportSettings) -> str:

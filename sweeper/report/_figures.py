@@ -146,33 +146,35 @@ def front_figure(front: FrontData) -> Any:
     return fig
 
 
+def _scatter(points: Sequence[tuple[TrialRecord, float]], **style: Any) -> Any:
+    """A plotly scatter of ``points`` (each trial with its height) at their peak memory, hovering each trial's
+    text (:func:`_hover`), styled by ``style``."""
+    import plotly.graph_objects as go
+
+    return go.Scatter(
+        x=[p.peak_memory_gib for p, _ in points],
+        y=[y for _, y in points],
+        **style,
+        hovertext=[_hover(p) for p, _ in points],
+        hoverinfo="text",
+    )
+
+
 def _complete_traces(
     complete: Sequence[tuple[TrialRecord, float]], on_front: Sequence[tuple[TrialRecord, float]], margin: bool
 ) -> list[Any]:
     """Of :func:`front_figure`: the complete trials (each with its height) off the front in blue, then the front (by
     memory) as a red line labelled with the trial numbers and, when ``margin``, each point's margin ("#4 5.8x"): a
     log axis ticked at its decades only would leave a 61x point between the 10 and 100 ticks unread."""
-    import plotly.graph_objects as go
 
     traces = []
     rest = [(p, y) for p, y in complete if not p.on_front]
     if rest:
-        traces.append(
-            go.Scatter(
-                x=[p.peak_memory_gib for p, _ in rest],
-                y=[y for _, y in rest],
-                mode="markers",
-                name="complete",
-                marker={"color": COLORS["complete"], "size": 9},
-                hovertext=[_hover(p) for p, _ in rest],
-                hoverinfo="text",
-            )
-        )
+        traces.append(_scatter(rest, mode="markers", name="complete", marker={"color": COLORS["complete"], "size": 9}))
     if on_front:
         traces.append(
-            go.Scatter(
-                x=[p.peak_memory_gib for p, _ in on_front],
-                y=[y for _, y in on_front],
+            _scatter(
+                on_front,
                 mode="lines+markers+text",
                 name="Pareto front",
                 text=[f"#{p.number} {format_margin(y)}" if margin else f"#{p.number}" for p, y in on_front],
@@ -180,8 +182,6 @@ def _complete_traces(
                 textposition="middle right",
                 line={"color": COLORS["front"]},
                 marker={"color": COLORS["front"], "size": 12},
-                hovertext=[_hover(p) for p, _ in on_front],
-                hoverinfo="text",
             )
         )
     return traces
