@@ -23,7 +23,7 @@ from sweeper.report.text import (
     plural,
 )
 from sweeper.report.text import format_trial_line as _trial_line
-from sweeper.study import StoredTrial, StudyLike, StudySnapshot, current_calibration, redact_url, snapshot
+from sweeper.study import StoredTrial, StudySnapshot, current_calibration, redact_url, snapshot
 from sweeper.sweep import SweepCallback, SweepEvent, SweepPlan
 from sweeper.trial import FAIL_STATUSES, TrialProgress, TrialStatus, cuda_visible
 
@@ -295,7 +295,7 @@ def all_failed_line(plan: SweepPlan, statuses: list[TrialStatus]) -> str:
     )
 
 
-def memory_line(study: StudyLike) -> str | None:
+def memory_line(study: StudySnapshot) -> str | None:
     """How far the preflight's predictions were from the measured peaks, before and after the study's correction
     (:attr:`sweeper.study.StudySnapshot.prediction_errors`), and the correction now stored; None without a measured
     peak."""

@@ -9,7 +9,7 @@ import math
 from sweeper.errors import StudyError
 from sweeper.export._registry import EXPORT_FORMATS, export_format
 from sweeper.notation import format_margin
-from sweeper.study import StoredTrial, StudyLike, StudySnapshot, snapshot
+from sweeper.study import StoredTrial, StudySnapshot
 from sweeper.study.picks import Pick, PickOutcome, Within, choose, complete_trials, confirmation_refusal, objectives
 from sweeper.trial import TrialStatus
 
@@ -43,11 +43,11 @@ def _expressible_trials(study: StudySnapshot, fmt: str) -> list[StoredTrial]:
     return [t for t in complete_trials(study, _within(fmt)) if t.confirmation is None or t.confirmation.passed]
 
 
-def nearest_expressible(study: StudyLike, trial: StoredTrial, fmt: str) -> StoredTrial | None:
+def nearest_expressible(study: StudySnapshot, trial: StoredTrial, fmt: str) -> StoredTrial | None:
     """The trial ``fmt`` can express nearest ``trial``: the fewest settings changed (the same configuration in
     another compute dtype first), then the nearest objectives (each scaled to [0, 1] over the candidates); None when
     ``fmt`` can express no complete trial."""
-    candidates = _expressible_trials(snapshot(study), fmt)
+    candidates = _expressible_trials(study, fmt)
     if not candidates:
         return None
     values = [objectives(t) for t in candidates] + [objectives(trial)]
@@ -66,7 +66,7 @@ def nearest_expressible(study: StudyLike, trial: StoredTrial, fmt: str) -> Store
     return min(candidates, key=key)
 
 
-def choose_for_format(study: StudyLike, pick: Pick | str = Pick.SAFE, fmt: str | None = None) -> PickOutcome:
+def choose_for_format(study: StudySnapshot, pick: Pick | str = Pick.SAFE, fmt: str | None = None) -> PickOutcome:
     """What ``pick`` chooses among the trials ``fmt`` can express (:func:`sweeper.study.picks.choose`, whose rules
     these are; all trials without ``fmt``).
 
@@ -75,7 +75,6 @@ def choose_for_format(study: StudyLike, pick: Pick | str = Pick.SAFE, fmt: str |
             names the formats that can, or the fix of the format's limit).
         ValueError: ``pick`` is not a pick.
     """
-    study = snapshot(study)
     front = study.front
     if fmt is not None and any(inexpressible(t, fmt) for t in front) and not _expressible_trials(study, fmt):
         limit = export_format(fmt).limit
@@ -88,7 +87,7 @@ def choose_for_format(study: StudyLike, pick: Pick | str = Pick.SAFE, fmt: str |
 
 
 def pick_trial(
-    study: StudyLike, *, number: int | None = None, pick: Pick | str = Pick.SAFE, fmt: str | None = None
+    study: StudySnapshot, *, number: int | None = None, pick: Pick | str = Pick.SAFE, fmt: str | None = None
 ) -> StoredTrial:
     """The trial to export: trial ``number``, or the front's ``safe``, ``knee``, ``min-memory`` or ``most-stable``
     point (:func:`choose_for_format`).
@@ -99,7 +98,7 @@ def pick_trial(
             that did not fail its confirmation.
     """
     if number is not None:
-        return _numbered_trial(snapshot(study), number, fmt)
+        return _numbered_trial(study, number, fmt)
     return choose_for_format(study, pick, fmt).chosen()
 
 

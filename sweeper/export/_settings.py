@@ -13,7 +13,7 @@ from sweeper.errors import StudyError
 from sweeper.notation import round_figure, rounded
 from sweeper.space import TrialConfig
 from sweeper.stability import StabilityFigures
-from sweeper.study import Confirmation, StoredTrial, StudyLike, StudySnapshot, snapshot
+from sweeper.study import Confirmation, StoredTrial, StudySnapshot
 
 #: Built-in models as the hub ids a production run would load.
 HUB_IDS = {"builtin:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -214,14 +214,13 @@ class ExportSettings:
     notes: list[str]
 
 
-def settings_of(study: StudyLike, trial: StoredTrial) -> ExportSettings:
+def settings_of(study: StudySnapshot, trial: StoredTrial) -> ExportSettings:
     """The export settings of a complete trial (see :class:`ExportSettings`) of ``study`` (a snapshot, or a study
     read once here).
 
     Raises:
         StudyError: The trial lacks the config sweeper stores (a study not made by ``sweep run``, or edited).
     """
-    study = snapshot(study)
     try:
         return _settings_of(study, trial)
     except (KeyError, TypeError, ValueError) as exc:

@@ -12,7 +12,7 @@ from sweeper.errors import StudyError
 from sweeper.export._dataset import ExportData, export_data
 from sweeper.export._registry import export_format
 from sweeper.export._settings import ExportSettings, settings_of
-from sweeper.study import StoredTrial, StudyLike, snapshot
+from sweeper.study import StoredTrial, StudySnapshot
 
 
 def render(s: ExportSettings, fmt: str, data: ExportData | None = None) -> dict[str, str]:
@@ -102,7 +102,7 @@ def _refuse_edited(targets: dict[Path, str], main: Path) -> None:
 
 
 def write_export(
-    study: StudyLike,
+    study: StudySnapshot,
     trial: StoredTrial,
     fmt: str,
     path: str | Path,
@@ -128,7 +128,6 @@ def write_export(
         ValueError: No format is named ``fmt``.
     """
     form = export_format(fmt)
-    study = snapshot(study)
     settings = settings_of(study, trial)
     base = export_path(path, fmt, f"trial{trial.number}-{fmt}")
     data = export_data(trial.config, study.model_path, base) if form.rows and trial.config is not None else None

@@ -7,7 +7,8 @@ the pieces ``sweep run``'s console, :mod:`sweeper.cli._sweep_console`, shares in
 with sweeper's notes and figure (:mod:`._dashboard`).
 The production configs of ``sweep export`` are :mod:`sweeper.export`'s.
 
-Every reader takes an ``optuna.Study`` or its snapshot (:func:`sweeper.study.snapshot`) and reads its trials as
+Every reader takes a study as it was read once (:class:`sweeper.study.StudySnapshot`, made by
+:func:`sweeper.study.snapshot`: data only, it cannot read the storage) and reads its trials as
 :class:`sweeper.study.StoredTrial`.
 
 The face exports only what the CLI uses; the records and the smaller helpers are imported from their modules.

@@ -1,7 +1,7 @@
 """What a finished study says, as records: the Pareto front with every trial around it, the fit map of batch size
 against ``max_seq_length``, loss and gradient-norm curves, parameter importance, and the JSON of ``sweep report``.
 
-The data half of the report: every function takes a study or its snapshot (:func:`sweeper.study.snapshot`) and
+The data half of the report: every function takes a study's snapshot (:func:`sweeper.study.snapshot`) and
 returns the frozen records of :mod:`sweeper.report._records`, no torch and no plotly;
 :mod:`sweeper.report._figures` turns them into figures, :mod:`sweeper.report._console` into text.
 """
@@ -25,8 +25,7 @@ from sweeper.report._records import FrontData, FrontRow, Report, TrialRecord
 from sweeper.study import (
     Objective,
     StoredTrial,
-    StudyLike,
-    snapshot,
+    StudySnapshot,
 )
 from sweeper.trial import TrialStatus
 
@@ -112,7 +111,7 @@ def extra_objectives(objectives: Sequence[Objective]) -> list[Objective]:
     return [o for o in objectives if o.role is None]
 
 
-def front_data(study: StudyLike) -> FrontData:
+def front_data(study: StudySnapshot) -> FrontData:
     """Every measured trial of the study's current setup (:meth:`sweeper.study.StudySnapshot.current`) as a point of
     peak memory against its stability margin, the front flagged (:class:`~sweeper.report._records.FrontData`).
 
@@ -120,7 +119,6 @@ def front_data(study: StudyLike) -> FrontData:
     written before the margin). PRUNED and FAIL trials have ``stability_margin`` and ``instability`` None and, where
     the worker measured it, a ``peak_memory_gib`` (an OOM's is the memory at the failure).
     """
-    study = snapshot(study)
     front = {t.number for t in study.front}
     current = study.current(study.measured)  # other setups' trials are not on this front's axes
     points = tuple(trial_record(t, study.searched, front, study.objectives) for t in current)
@@ -136,10 +134,9 @@ def front_data(study: StudyLike) -> FrontData:
     )
 
 
-def counts_with_stale(study: StudyLike) -> dict[str, int]:
+def counts_with_stale(study: StudySnapshot) -> dict[str, int]:
     """:func:`sweeper.study.status_counts`, with the RUNNING trials that no sweep runs any more
     (:func:`sweeper.study.stale_running`) counted as ``stale`` instead of ``running``."""
-    study = snapshot(study)
     counts = dict(study.status_counts)
     stale = len(study.stale_running)
     if stale:
@@ -150,14 +147,13 @@ def counts_with_stale(study: StudyLike) -> dict[str, int]:
     return counts
 
 
-def objectives_of(study: StudyLike) -> list[str]:
+def objectives_of(study: StudySnapshot) -> list[str]:
     """The names of the study's objectives in order (:func:`sweeper.study.study_objectives`):
     ``peak_memory_gib`` and its stability objective, then any other it was created with."""
-    study = snapshot(study)
     return [o.name for o in study.objectives]
 
 
-def fit_map_data(study: StudyLike) -> FitMap:
+def fit_map_data(study: StudySnapshot) -> FitMap:
     """Which ``per_device_train_batch_size`` x ``max_seq_length`` shapes fit the memory cap
     (:class:`~sweeper.report._records.FitMap`).
 
@@ -165,7 +161,6 @@ def fit_map_data(study: StudyLike) -> FitMap:
     every trial of that shape ran out of memory, and is *not tried* otherwise (the figure fills those in). Other
     settings (r, dtype, ...) differ between the trials of a cell: its measured peaks are given as a range.
     """
-    study = snapshot(study)
     fits: dict[tuple[int, int], int] = {}
     ooms: dict[tuple[int, int], int] = {}
     trials: dict[tuple[int, int], list[int]] = {}
@@ -228,10 +223,9 @@ def describe_fit(fit_map: FitMap) -> dict[int, str]:
     return out
 
 
-def curves_data(study: StudyLike) -> list[Curve]:
+def curves_data(study: StudySnapshot) -> list[Curve]:
     """Loss and gradient-norm curves (:class:`~sweeper.report._records.Curve`) of the front's trials, of the NaN
     trials (up to the failing step, whose non-finite values are None) and of the diverged trials, in that order."""
-    study = snapshot(study)
     front = study.front
     numbers = {t.number for t in front}
     nan = [t for t in study.measured if t.status_name == TrialStatus.NAN and t.number not in numbers]
@@ -250,15 +244,14 @@ def curves_data(study: StudyLike) -> list[Curve]:
     ]
 
 
-def memory_prediction_data(study: StudyLike) -> MemoryPrediction:
+def memory_prediction_data(study: StudySnapshot) -> MemoryPrediction:
     """Predicted vs measured peak memory of the complete trials, as the preflight predicted each before running it
     (:attr:`sweeper.study.StudySnapshot.prediction_errors`; :class:`~sweeper.report._records.MemoryPrediction`).
     Errors are fractions of the measured peak (``-0.33``: a third under); the medians are of their absolute values,
     ``median_corrected_error`` over the trials that had a correction (``corrected_trials`` of them);
     ``calibration`` is the study's stored correction (:data:`sweeper.study.CALIBRATION_ATTR`, by memory kind), or
     None."""
-    study = snapshot(study)
-    rows = snapshot(study).prediction_errors
+    rows = study.prediction_errors
     corrected = [r.corrected_error for r in rows if r.corrected_error is not None]
     return MemoryPrediction(
         trials=tuple(rows),
@@ -300,13 +293,12 @@ def front_row(
     )
 
 
-def report_data(study: StudyLike) -> Report:
+def report_data(study: StudySnapshot) -> Report:
     """What ``sweep report --json`` prints (:meth:`~sweeper.report._records.Report.to_dict`) and the HTML report
     shows: the front (:func:`front_row`), every measured trial and every stale running one (a sweep killed midway;
     :func:`sweeper.study._recovery.stale_running`) (:func:`trial_record`), counts, NaN causes, what fit,
     importance, picks, memory predictions (:func:`memory_prediction_data`) and the line on other setups
     (:func:`sweeper.report._front_text.other_setups_line`, or None)."""
-    study = snapshot(study)
     front = study.front
     numbers = {t.number for t in front}
     outcomes = pick_outcomes(study)

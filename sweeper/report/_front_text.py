@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from sweeper.notation import format_headroom, format_instability
 from sweeper.report._console import _fmt, _table, format_progress, margin_text
-from sweeper.study import Objective, StoredTrial, StudyLike, snapshot
+from sweeper.study import Objective, StoredTrial, StudySnapshot
 
 
 def format_front(
@@ -124,10 +124,10 @@ def stability_ties(front: Sequence[StoredTrial], objectives: Sequence[Objective]
     }
 
 
-def legacy_instability_warning(study: StudyLike) -> str | None:
+def legacy_instability_warning(study: StudySnapshot) -> str | None:
     """One line when the study mixes, or holds, instabilities of sweeper 0.1.0's definition
     (:attr:`sweeper.study.StoredTrial.legacy_instability`), else None."""
-    old = [t.number for t in snapshot(study).measured if t.legacy_instability]
+    old = [t.number for t in study.measured if t.legacy_instability]
     if not old:
         return None
     shown = ", ".join(map(str, old[:8])) + (f" and {len(old) - 8} more" if len(old) > 8 else "")
@@ -139,11 +139,11 @@ def legacy_instability_warning(study: StudyLike) -> str | None:
     )
 
 
-def other_setups_line(study: StudyLike) -> str | None:
+def other_setups_line(study: StudySnapshot) -> str | None:
     """One line when the study holds measured trials of setups other than its current one: how many, what differs
     (each other setup's settings against the current one's, :meth:`sweeper.study.StudySnapshot.other_setups`), and
     that they are kept apart; else None."""
-    mine, others = snapshot(study).other_setups()
+    mine, others = study.other_setups()
     if not others:
         return None
     parts = [
@@ -158,9 +158,9 @@ def other_setups_line(study: StudyLike) -> str | None:
     )
 
 
-def front_axis(study: StudyLike) -> str:
+def front_axis(study: StudySnapshot) -> str:
     """``stability margin``, or ``instability`` for a study written before the margin: the front's second axis;
     ``stability margin vs learning progress`` in a study with ``learning_progress`` as its third."""
-    objectives = snapshot(study).objectives
+    objectives = study.objectives
     axis = "stability margin" if any(o.name == "edge_proximity" for o in objectives) else "instability"
     return axis + (" vs learning progress" if any(o.role == "learning" for o in objectives) else "")

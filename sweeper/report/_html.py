@@ -19,7 +19,7 @@ from sweeper.report._console import margin_text
 from sweeper.report._figures import curves_figure, fit_map_figure, front_figure, importance_figure
 from sweeper.report._importance import IMPORTANCE_RESAMPLES, MIN_IMPORTANCE_TRIALS
 from sweeper.report._records import FrontRow, Report
-from sweeper.study import StudyLike, snapshot
+from sweeper.study import StudySnapshot
 
 
 def _table(rows: Sequence[Sequence[Any]]) -> str:
@@ -131,12 +131,11 @@ def _front_row(f: FrontRow, keys: list[str], picked: list[str]) -> list[Any]:
     ]
 
 
-def render_html(study: StudyLike) -> str:
+def render_html(study: StudySnapshot) -> str:
     """The whole report as one HTML page: front table, counts, fit frontier, and the four figures, with plotly.js
     inline (about 4.7 MB) so that it opens offline."""
     import plotly.io as pio
 
-    study = snapshot(study)
     summary = data.report_data(study)
     fit_map = data.fit_map_data(study)
     figures = [
@@ -211,7 +210,7 @@ resamples of the trials.</p>
 """
 
 
-def write_html_report(study: StudyLike, path: str | Path) -> Path:
+def write_html_report(study: StudySnapshot, path: str | Path) -> Path:
     """Write :func:`render_html` to ``path`` (through a temporary file and a rename: an earlier report is never
     left half-written)."""
     path = Path(path)

@@ -16,8 +16,7 @@ from sweeper.report._analysis_records import MemoryEffects, NotShown, ParamImpor
 from sweeper.report._records import ImportancePart
 from sweeper.study import (
     StoredTrial,
-    StudyLike,
-    snapshot,
+    StudySnapshot,
 )
 
 #: Complete trials (of the current setup) below which no importance is shown for the stability objective: on fewer,
@@ -35,7 +34,7 @@ def _objective(i: int) -> Any:
     return lambda t: t.values[i]
 
 
-def memory_effects(study: StudyLike, trials: list[StoredTrial]) -> MemoryEffects | NotShown:
+def memory_effects(study: StudySnapshot, trials: list[StoredTrial]) -> MemoryEffects | NotShown:
     """Which searched setting moves the predicted peak, and by how much, at the study's own configurations: for each
     searched key, the spread (max - min, GiB) of the memory model's prediction over the key's searched values with
     every other setting as a trial had it, the median over the study's measured configurations. A key the memory
@@ -45,7 +44,6 @@ def memory_effects(study: StudyLike, trials: list[StoredTrial]) -> MemoryEffects
         The spread by setting, or why it is not shown (the model's shape is unknown, or no trial stored its
         configuration).
     """
-    study = snapshot(study)
     from sweeper.memory import memory_predictor
 
     configured = [t for t in trials if t.config is not None]
@@ -72,10 +70,9 @@ def memory_effects(study: StudyLike, trials: list[StoredTrial]) -> MemoryEffects
     )
 
 
-def _searched_values(study: StudyLike) -> dict[str, list[Any]]:
+def _searched_values(study: StudySnapshot) -> dict[str, list[Any]]:
     """Each searched key's values as the study's trials were sampled from them: a categorical's choices, a range's
     ends."""
-    study = snapshot(study)
     out: dict[str, list[Any]] = {}
     for t in study.trials:
         for key, dist in (t.frozen.distributions if t.frozen is not None else {}).items():
@@ -86,7 +83,7 @@ def _searched_values(study: StudyLike) -> dict[str, list[Any]]:
     return out
 
 
-def importance_data(study: StudyLike) -> dict[str, ImportancePart]:
+def importance_data(study: StudySnapshot) -> dict[str, ImportancePart]:
     """What explains each objective over the study's current setup (:func:`sweeper.study.current_trials`).
 
     - ``peak_memory_gib``: the memory model itself (:func:`memory_effects`), not a fit to a handful of measured
@@ -100,9 +97,8 @@ def importance_data(study: StudyLike) -> dict[str, ImportancePart]:
         ``{"peak_memory_gib": memory_effects(...), <stability objective>: ParamImportance | NotShown, ...}``, in
         the study's objective order.
     """
-    study = snapshot(study)
     current = study.current(study.measured)
-    names = [o.name for o in snapshot(study).objectives]
+    names = [o.name for o in study.objectives]
     out: dict[str, ImportancePart] = {names[0]: memory_effects(study, current)}
     complete = [t for t in current if t.state == TrialState.COMPLETE and t.frozen is not None]
     for i, name in enumerate(names[1:], start=1):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sweeper.study import StoredTrial, StudyLike, StudySnapshot
+from sweeper.study import StoredTrial, StudySnapshot
 from sweeper.study.picks import PickOutcome, choose_all
 
 
-def pick_outcomes(study: StudyLike) -> dict[str, PickOutcome]:
+def pick_outcomes(study: StudySnapshot) -> dict[str, PickOutcome]:
     """What each ``sweep export --pick`` makes of the study (``safe``, ``knee``, ``min-memory``, ``most-stable``), by
     pick name (:func:`sweeper.study.picks.choose_all`): the trial, or the refusal (every trial it chooses among failed
     its confirmation); {} without a complete trial. Each pick is made once: :func:`pick_choices`, :func:`pick_lines`
@@ -29,14 +29,14 @@ def pick_lines(outcomes: Mapping[str, PickOutcome]) -> dict[str, str]:
     return {name: o.line for name, o in outcomes.items()}
 
 
-def picks_block(study: StudyLike, ref: str) -> tuple[dict[str, StoredTrial], list[str]]:
+def picks_block(study: StudySnapshot, ref: str) -> tuple[dict[str, StoredTrial], list[str]]:
     """What the terminal says of the picks, made once: the trial each pick that can be made chooses (by pick name,
     for :func:`sweeper.report._front_text.format_front`'s ``pick`` column) and the lines (``picks   (sweep export REF
     writes safe; --pick NAME another)`` then one line per pick, or ``picks   none: ...``; none without a complete
     trial).
 
     Args:
-        study: The study, or its snapshot.
+        study: The study, as read once.
         ref: How the user named the study, for the ``sweep export REF`` the first line suggests.
     """
     outcomes = pick_outcomes(study)
@@ -50,12 +50,12 @@ def picks_block(study: StudyLike, ref: str) -> tuple[dict[str, StoredTrial], lis
     return chosen, []
 
 
-def picks(study: StudyLike) -> dict[str, int]:
+def picks(study: StudySnapshot) -> dict[str, int]:
     """The trial ``sweep export --pick`` would choose for each pick that can be made, by pick name."""
     return {name: choice.chosen().number for name, choice in pick_choices(pick_outcomes(study)).items()}
 
 
-def no_picks_reason(study: StudyLike, outcomes: Mapping[str, PickOutcome] | None = None) -> str | None:
+def no_picks_reason(study: StudySnapshot, outcomes: Mapping[str, PickOutcome] | None = None) -> str | None:
     """Why no pick can be made although the study has trials (every trial each pick chooses among failed its
     confirmation), as ``sweep export --pick`` says it; None when some pick can be made or it has no trial.
     ``outcomes``: the study's :func:`pick_outcomes` when the caller has them (else they are made here)."""

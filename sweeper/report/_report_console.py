@@ -12,20 +12,19 @@ from sweeper.report._data_text import format_counts
 from sweeper.report._front_text import format_front, front_axis, legacy_instability_warning, other_setups_line
 from sweeper.report._memory_text import format_cap, format_memory_prediction, format_same_rows
 from sweeper.report._picks_data import picks_block
-from sweeper.study import StudyLike, snapshot
+from sweeper.study import StudySnapshot
 
 
-def report_lines(study: StudyLike, ref: str) -> list[str]:
+def report_lines(study: StudySnapshot, ref: str) -> list[str]:
     """``sweep report STUDY``'s lines (before the HTML report is written): the Pareto front
     (:func:`sweeper.report._front_text.format_front`), the trials by status (stale RUNNING ones apart, one line each),
     the notes on a 0.1.0 instability and on other setups, the picks (or why there is none), the largest
     ``max_seq_length`` that fit per batch size and the memory predictions' error.
 
     Args:
-        study: The study, or its snapshot (read once here otherwise).
+        study: The study, as read once.
         ref: How the user named the study, for the ``sweep export REF`` the picks line suggests.
     """
-    study = snapshot(study)
     front = study.front
     plural = "s" if len(front) != 1 else ""
     chosen_trials, pick_block = picks_block(study, ref)

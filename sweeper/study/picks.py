@@ -19,7 +19,7 @@ from sweeper.notation import edge_phrase, format_headroom
 from sweeper.stability import SLOW_LEARNING_SHARE, Headroom
 from sweeper.study._front import by_knee_distance
 from sweeper.study._objectives import MEMORY_NOISE_SHARE, Objective
-from sweeper.study._snapshot import StudyLike, StudySnapshot, snapshot
+from sweeper.study._snapshot import StudySnapshot
 from sweeper.study._stored import StoredTrial
 from sweeper.trial import TrialStatus
 
@@ -156,7 +156,7 @@ def complete_trials(study: StudySnapshot, within: Within | None = None) -> list[
 
 
 def choose(
-    study: StudyLike, pick: Pick | str = Pick.SAFE, within: Within | None = None, *, prefer_confirmed: bool = True
+    study: StudySnapshot, pick: Pick | str = Pick.SAFE, within: Within | None = None, *, prefer_confirmed: bool = True
 ) -> PickOutcome:
     """The trial a pick chooses, with what it chose among and the notes its line carries, or its refusal.
 
@@ -186,7 +186,6 @@ def choose(
         ValueError: ``pick`` is not a :class:`Pick`.
     """
     pick = Pick(pick)
-    study = snapshot(study)
     front = study.front
     if not front:
         refusal = "the study has no complete trial to export; run more trials with 'sweep run'"
@@ -216,9 +215,8 @@ def choose(
     return PickOutcome(pick=pick, study=study.name, trial=chosen, among=among, notes=tuple(notes))
 
 
-def choose_all(study: StudyLike) -> dict[str, PickOutcome]:
+def choose_all(study: StudySnapshot) -> dict[str, PickOutcome]:
     """Every pick's outcome (:func:`choose`), by pick name, in :data:`PICKS`' order; {} without a complete trial."""
-    study = snapshot(study)
     return {p.value: choose(study, p) for p in Pick} if study.front else {}
 
 

@@ -11,19 +11,20 @@ import pytest
 import yaml
 
 from sweeper.export import pick_trial, write_export
+from sweeper.study import snapshot
 from sweeper.testing import make_study, run_cli, sweep
 
 
 @pytest.fixture
 def study_and_knee(tmp_path, tiny_model):
     study = make_study(tmp_path, model=str(tiny_model))
-    return study, pick_trial(study, pick="knee")  # trial 1: r=8, batch 2, seq 64, bfloat16, nf4, double quant
+    return study, pick_trial(snapshot(study), pick="knee")  # trial 1: r=8, batch 2, seq 64, bfloat16, nf4, double quant
 
 
 def test_yaml_and_json_exports_carry_every_value(study_and_knee, tmp_path):
     study, trial = study_and_knee
     assert trial.number == 1
-    ax, *_ = write_export(study, trial, "axolotl", tmp_path / "out" / "ax")
+    ax, *_ = write_export(snapshot(study), trial, "axolotl", tmp_path / "out" / "ax")
     text = ax.read_text()
     assert text.startswith("# Exported by sweeper from study 'rep', trial 1") and "peak memory 1.5 GiB" in text
     a = yaml.safe_load(text)
@@ -39,7 +40,7 @@ def test_yaml_and_json_exports_carry_every_value(study_and_knee, tmp_path):
     assert "ties bnb_4bit_compute_dtype" in text  # what axolotl cannot express the same way is said
     # axolotl's defaults would train otherwise than the trial: TF32 matmuls on Ampere+, rows over sequence_len dropped
     assert a["tf32"] is False and a["excess_length_strategy"] == "truncate" and a["sample_packing"] is False
-    lf, *_ = write_export(study, trial, "llama-factory", tmp_path / "lf.yaml")
+    lf, *_ = write_export(snapshot(study), trial, "llama-factory", tmp_path / "lf.yaml")
     f = yaml.safe_load(lf.read_text())
     assert f["finetuning_type"] == "lora" and f["quantization_bit"] == 4 and f["quantization_type"] == "nf4"
     assert f["double_quantization"] is True and f["lora_rank"] == 8 and f["lora_alpha"] == 16
@@ -48,7 +49,7 @@ def test_yaml_and_json_exports_carry_every_value(study_and_knee, tmp_path):
     text = lf.read_text()
     assert "bf16: true  # LLaMA-Factory computes the 4-bit layers in bfloat16, as the trial" in text
     assert "float16 on other GPUs and for a float16 or float32 checkpoint" in text  # the case without bf16/fp16
-    [js] = write_export(study, trial, "json", tmp_path / "x.json")
+    [js] = write_export(snapshot(study), trial, "json", tmp_path / "x.json")
     j = json.loads(js.read_text())
     assert j["provenance"]["trial"] == 1 and j["provenance"]["memory_kind"] == "cpu_peak_rss"
     assert j["bnb_config"]["bnb_4bit_compute_dtype"] == "bfloat16" and j["effective_batch_size"] == 16
@@ -58,7 +59,7 @@ def test_the_typed_settings_write_the_json_exports_keys_in_order(study_and_knee,
     """ExportSettings' parts are typed (frozen dataclasses); their to_dict gives the keys the JSON export has always
     written, in the same order (docs/contract.md: the file formats are a contract)."""
     study, trial = study_and_knee
-    [js] = write_export(study, trial, "json", tmp_path / "x.json")
+    [js] = write_export(snapshot(study), trial, "json", tmp_path / "x.json")
     j = json.loads(js.read_text())
     assert list(j) == [
         "provenance", "notes", "model", "max_seq_length", "collation", "bnb_config", "lora_config", "training_args",
@@ -152,7 +153,7 @@ def test_hf_export_trains_two_steps(study_and_knee, tmp_path, tiny_model):
     from export_check import train_hf
 
     study, trial = study_and_knee
-    py, js = write_export(study, trial, "hf", tmp_path / "knee")
+    py, js = write_export(snapshot(study), trial, "hf", tmp_path / "knee")
     assert py.suffix == ".py" and js.suffix == ".json"
     ns = runpy.run_path(str(py))
     bnb, lora, args = ns["bnb_config"], ns["lora_config"], ns["training_args"]
@@ -176,7 +177,7 @@ def test_trl_export_builds_a_real_sft_config(study_and_knee, tmp_path):
     from trl import SFTConfig
 
     study, trial = study_and_knee
-    [py] = write_export(study, trial, "trl", tmp_path / "trl")
+    [py] = write_export(snapshot(study), trial, "trl", tmp_path / "trl")
     ns = runpy.run_path(str(py))
     args = ns["training_args"]
     assert isinstance(args, SFTConfig) and args.max_length == 64 and args.truncation_mode == "keep_start"
@@ -192,7 +193,7 @@ def packed_study(study_and_knee, tiny_model):
 
     study, _ = study_and_knee
     add_configured_trials(study, tiny_model, [({"packing": True}, 1.2, 0.2)])
-    return study, pick_trial(study, number=6)
+    return study, pick_trial(snapshot(study), number=6)
 
 
 def _collation_line(text, packing):
@@ -210,24 +211,24 @@ def test_every_format_writes_the_trials_collation_in_its_own_keys(study_and_knee
     at each sample, no attention across samples). TRL's real SFTConfig takes the trl file's keys."""
     study, trial = packed_study if packing else study_and_knee
     assert trial.config.packing is packing and trial.config.max_seq_length == 64
-    [trl] = write_export(study, trial, "trl", tmp_path / "trl")
+    [trl] = write_export(snapshot(study), trial, "trl", tmp_path / "trl")
     _collation_line(trl.read_text(), packing)
     args = runpy.run_path(str(trl))["training_args"]
     assert args.packing is packing and args.max_length == 64 and args.truncation_mode == "keep_start"
     assert args.padding_free is packing and args.packing_strategy == "bfd"  # whole samples a row, each cut at 64
-    ax, *_ = write_export(study, trial, "axolotl", tmp_path / "ax")
+    ax, *_ = write_export(snapshot(study), trial, "axolotl", tmp_path / "ax")
     _collation_line(ax.read_text(), packing)
     a = yaml.safe_load(ax.read_text())
     assert a["sample_packing"] is packing and a["pad_to_sequence_len"] is packing and a["sequence_len"] == 64
     assert a.get("attn_implementation") == ("sdpa" if packing else None)  # what keeps packed samples apart
-    lf, *_ = write_export(study, trial, "llama-factory", tmp_path / "lf")
+    lf, *_ = write_export(snapshot(study), trial, "llama-factory", tmp_path / "lf")
     _collation_line(lf.read_text(), packing)
     f = yaml.safe_load(lf.read_text())
     assert f["packing"] is packing and f.get("neat_packing") is (True if packing else None) and f["cutoff_len"] == 64
-    [js] = write_export(study, trial, "json", tmp_path / "x.json")
+    [js] = write_export(snapshot(study), trial, "json", tmp_path / "x.json")
     assert json.loads(js.read_text())["collation"] == {"packing": packing, "attn_implementation": "sdpa"}
     if not packing:
-        py, hf_json = write_export(study, trial, "hf", tmp_path / "hf")
+        py, hf_json = write_export(snapshot(study), trial, "hf", tmp_path / "hf")
         text = py.read_text()
         _collation_line(text, packing)
         assert "# hf pads only: a trial that packed samples is exported with --format trl" in text
@@ -238,14 +239,17 @@ def test_every_format_writes_the_trials_collation_in_its_own_keys(study_and_knee
     from sweeper.errors import StudyError
 
     with pytest.raises(StudyError, match=r"trial 6: it packed samples into rows \(packing: true\).*--format trl$"):
-        write_export(study, trial, "hf", tmp_path / "hf")
+        write_export(snapshot(study), trial, "hf", tmp_path / "hf")
     with pytest.raises(
         StudyError,
         match=r"trial 6: it packed samples.*nearest trial it can express is 1 .*--format trl, axolotl or "
         r"llama-factory$",
     ):
-        pick_trial(study, number=6, fmt="hf")
-    assert pick_trial(study, pick="knee").number == 6 and pick_trial(study, pick="knee", fmt="hf").number == 1
+        pick_trial(snapshot(study), number=6, fmt="hf")
+    assert (
+        pick_trial(snapshot(study), pick="knee").number == 6
+        and pick_trial(snapshot(study), pick="knee", fmt="hf").number == 1
+    )
 
 
 def test_the_hf_files_collator_pads_each_micro_batch_to_its_longest_row(study_and_knee, tmp_path, tiny_model):
@@ -254,7 +258,7 @@ def test_the_hf_files_collator_pads_each_micro_batch_to_its_longest_row(study_an
     the end-of-sequence token, as in the trial."""
     from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
-    py, _ = write_export(*study_and_knee, "hf", tmp_path / "hf")
+    py, _ = write_export(snapshot(study_and_knee[0]), study_and_knee[1], "hf", tmp_path / "hf")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.pad_token, tokenizer.padding_side = None, "left"  # a tokenizer without a pad token, padding left
     collator = runpy.run_path(str(py))["make_data_collator"](tokenizer)
@@ -282,7 +286,7 @@ def test_trl_export_of_a_packed_trial_trains_packed_rows(packed_study, tmp_path,
     position ids restarting at each sample (what keeps them apart)."""
     from export_check import SHORT_ROWS, train_trl
 
-    [py] = write_export(*packed_study, "trl", tmp_path / "trl")
+    [py] = write_export(snapshot(packed_study[0]), packed_study[1], "trl", tmp_path / "trl")
     out = train_trl(py, tiny_model, tmp_path / "run", SHORT_ROWS)
     assert out["global_step"] == 2 and out["finite"] and out["packing"] and out["padding_free"]
     assert out["rows"] < len(SHORT_ROWS) and out["samples_in_batch"] > 2  # more than one sample a row
@@ -328,7 +332,7 @@ def test_trl_export_builds_an_sft_trainer_that_trains_what_the_trial_trained(
         tokenizer.chat_template = GENERATION_CHATML
         tokenizer.save_pretrained(model_dir)
     study, trial = study_and_knee
-    [py] = write_export(study, trial, "trl", tmp_path / "trl")
+    [py] = write_export(snapshot(study), trial, "trl", tmp_path / "trl")
     out = train_trl(py, model_dir, tmp_path / "run")
     assert out["global_step"] == 2 and out["finite"] and out["adapter_dtypes"] == ["torch.float32"]
     assert out["assistant_only_loss"] is (template == "generation")
@@ -354,7 +358,7 @@ def test_trl_export_builds_an_sft_trainer_with_smollm2s_tokenizer(study_and_knee
 
     smollm2 = load_tokenizer(resolve_model(ModelSpec()))
     study, trial = study_and_knee
-    [py] = write_export(study, trial, "trl", tmp_path / "trl")
+    [py] = write_export(snapshot(study), trial, "trl", tmp_path / "trl")
     ns = runpy.run_path(str(py))
     assert not ns["chat_template_masks_assistant"](smollm2)
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model))  # the trainer is built, not trained
@@ -382,21 +386,21 @@ def test_llama_factory_picks_among_the_trials_it_can_express(tmp_path, tiny_mode
     from sweeper.errors import StudyError
 
     study = _float32_study(tmp_path, tiny_model)
-    assert pick_trial(study, pick="knee").number == 6  # the front's knee computes in float32
-    assert pick_trial(study, pick="knee", fmt="axolotl").number == 6  # axolotl expresses it
+    assert pick_trial(snapshot(study), pick="knee").number == 6  # the front's knee computes in float32
+    assert pick_trial(snapshot(study), pick="knee", fmt="axolotl").number == 6  # axolotl expresses it
     # LLaMA-Factory cannot: its pick is made on the front of the bf16/fp16 trials (0, 1, 8 without the float32 one).
-    assert pick_trial(study, pick="knee", fmt="llama-factory").number == 1
-    assert pick_trial(study, pick="min-memory", fmt="llama-factory").number == 0
+    assert pick_trial(snapshot(study), pick="knee", fmt="llama-factory").number == 1
+    assert pick_trial(snapshot(study), pick="min-memory", fmt="llama-factory").number == 0
     # The nearest it can express: its configuration in bfloat16 (trials 1 and 7), the nearer measurement first.
     with pytest.raises(StudyError, match=r"trial 6: it computed in float32.*nearest trial it can express is 1 "):
-        pick_trial(study, number=6, fmt="llama-factory")
+        pick_trial(snapshot(study), number=6, fmt="llama-factory")
     with pytest.raises(StudyError, match="cannot express"):
-        write_export(study, pick_trial(study, number=6), "llama-factory", tmp_path / "lf")
-    ax, *_ = write_export(study, pick_trial(study, number=6), "axolotl", tmp_path / "ax")
+        write_export(snapshot(study), pick_trial(snapshot(study), number=6), "llama-factory", tmp_path / "lf")
+    ax, *_ = write_export(snapshot(study), pick_trial(snapshot(study), number=6), "axolotl", tmp_path / "ax")
     a = yaml.safe_load(ax.read_text())
     assert a["bf16"] is False and a["fp16"] is False and a["tf32"] is False
     assert a["bnb_config_kwargs"]["bnb_4bit_compute_dtype"] == "float32"
-    [trl] = write_export(study, pick_trial(study, number=6), "trl", tmp_path / "trl")
+    [trl] = write_export(snapshot(study), pick_trial(snapshot(study), number=6), "trl", tmp_path / "trl")
     args = runpy.run_path(str(trl))["training_args"]
     assert not args.bf16 and not args.fp16  # TRL's SFTConfig would default to bf16
 
@@ -484,7 +488,7 @@ def test_the_trl_file_leaves_out_the_rows_the_trial_left_out(study_and_knee, tmp
         chat(("user", "Q"), ("assistant", 7)),
     ]
     study, trial = study_and_knee
-    [py] = write_export(study, trial, "trl", tmp_path / "trl")
+    [py] = write_export(snapshot(study), trial, "trl", tmp_path / "trl")
     ns = runpy.run_path(str(py))
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.chat_template = GENERATION_CHATML  # TRL masks assistant turns: a conversation stays one row
@@ -527,7 +531,7 @@ def test_the_trl_file_reads_a_mixed_file_as_the_trial_does(study_and_knee, tmp_p
     from sweeper.space import DatasetSpec
     from sweeper.testing import GENERATION_CHATML
 
-    [py] = write_export(*study_and_knee, "trl", tmp_path / "trl")
+    [py] = write_export(snapshot(study_and_knee[0]), study_and_knee[1], "trl", tmp_path / "trl")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.chat_template = GENERATION_CHATML
     dataset, _ = runpy.run_path(str(py))["trl_dataset"](rows, tokenizer)
@@ -549,7 +553,7 @@ def test_the_trl_row_reader_is_a_file_of_the_package_copied_into_the_trl_export(
     from sweeper.export._hf import trl_rows_source
 
     source = trl_rows_source()
-    [py] = write_export(*study_and_knee, "trl", tmp_path / "trl")
+    [py] = write_export(snapshot(study_and_knee[0]), study_and_knee[1], "trl", tmp_path / "trl")
     text = py.read_text()
     assert source.startswith("\n\ndef chat_template_masks_assistant(") and source.rstrip("\n") in text
     assert "sweeper" not in "".join(line for line in text.splitlines() if line.lstrip().startswith(("import", "from")))
@@ -593,19 +597,19 @@ def test_an_edited_export_is_never_replaced_without_force(study_and_knee, tmp_pa
     study, trial = study_and_knee
     from sweeper.errors import StudyError
 
-    first, *_ = write_export(study, trial, "axolotl", tmp_path / "cfg")
-    again, *_ = write_export(study, trial, "axolotl", tmp_path / "cfg")  # as sweep wrote it: replaced
+    first, *_ = write_export(snapshot(study), trial, "axolotl", tmp_path / "cfg")
+    again, *_ = write_export(snapshot(study), trial, "axolotl", tmp_path / "cfg")  # as sweep wrote it: replaced
     assert again == first
     edited = first.read_text() + "num_epochs: 3  # my own\n"
     first.write_text(edited)
     with pytest.raises(StudyError, match="changed since 'sweep export' wrote it.*--force"):
-        write_export(study, trial, "axolotl", tmp_path / "cfg")
+        write_export(snapshot(study), trial, "axolotl", tmp_path / "cfg")
     assert first.read_text() == edited  # untouched
     other = tmp_path / "theirs.yaml"
     other.write_text("base_model: x\n")  # a file sweep never wrote
     with pytest.raises(StudyError, match="--force"):
-        write_export(study, trial, "axolotl", other)
-    write_export(study, trial, "axolotl", tmp_path / "cfg", force=True)
+        write_export(snapshot(study), trial, "axolotl", other)
+    write_export(snapshot(study), trial, "axolotl", tmp_path / "cfg", force=True)
     assert "my own" not in first.read_text()
     out = run_cli("export", str(tmp_path / "rep.db"), "--format", "axolotl", "-o", str(other), cwd=tmp_path)
     assert out.returncode == 2 and "--force" in out.stderr and other.read_text() == "base_model: x\n"
@@ -619,10 +623,10 @@ def test_the_confirm_line_names_the_horizon_the_command_runs(study_and_knee):
     from sweeper.export._settings import settings_of
 
     study, trial = study_and_knee
-    [default] = [n for n in settings_of(study, trial).notes if "sweep confirm" in n]
+    [default] = [n for n in settings_of(snapshot(study), trial).notes if "sweep confirm" in n]
     assert f"to run it {10 * trial.config.max_steps} steps first" in default
     study.set_user_attr("confirm_steps", 8)  # study.confirm_steps, which 'sweep confirm' runs by default
-    [line] = [n for n in settings_of(study, trial).notes if "sweep confirm" in n]
+    [line] = [n for n in settings_of(snapshot(study), trial).notes if "sweep confirm" in n]
     assert "to run it 8 steps first" in line, line
 
 
@@ -635,7 +639,7 @@ def _data_study(tmp_path, tiny_model, rows, name="data.jsonl"):
     study = make_study(tmp_path, model=str(tiny_model))
     dataset = {"path": str(path), "format": "auto", "max_samples": 2, "seed": 0, "split": "train"}
     add_configured_trials(study, tiny_model, [({"dataset": dataset}, 1.0, 0.1)])
-    return study, pick_trial(study, number=6), path
+    return study, pick_trial(snapshot(study), number=6), path
 
 
 #: ShareGPT rows as LLaMA-Factory's and axolotl's examples spell them: speaker names, a system column; one row with a
@@ -657,7 +661,7 @@ def test_the_tool_exports_write_the_rows_the_trial_read(tmp_path, tiny_model):
 
     study, trial, path = _data_study(tmp_path, tiny_model, SHAREGPT)
     warnings: list[str] = []
-    ax, rows_file = write_export(study, trial, "axolotl", tmp_path / "out" / "ax", warnings=warnings)
+    ax, rows_file = write_export(snapshot(study), trial, "axolotl", tmp_path / "out" / "ax", warnings=warnings)
     assert warnings == [] and rows_file == (tmp_path / "out" / "ax.data" / "rows.jsonl").resolve()
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
     assert rows == [
@@ -683,7 +687,7 @@ def test_the_tool_exports_write_the_rows_the_trial_read(tmp_path, tiny_model):
     text = ax.read_text()
     assert "1 of its 3 rows left out, as the trial left them out (1 row: unknown role 'narrator' (row 2))" in text
     assert "the trials drew 2 of them (dataset.max_samples 2)" in text and "add your dataset" not in text
-    lf, lf_rows, info = write_export(study, trial, "llama-factory", tmp_path / "out" / "lf")
+    lf, lf_rows, info = write_export(snapshot(study), trial, "llama-factory", tmp_path / "out" / "lf")
     f = yaml.safe_load(lf.read_text())
     assert f["dataset"] == "rep-trial6" and f["dataset_dir"] == str(lf_rows.parent) and f["template"] == "chatml"
     assert lf_rows.read_text() == rows_file.read_text()
@@ -697,21 +701,21 @@ def test_a_dataset_that_cannot_be_read_or_is_text_is_said(tmp_path, tiny_model):
     from sweeper.errors import StudyError
 
     study, trial, path = _data_study(tmp_path, tiny_model, [{"text": "one"}, {"text": "two"}])
-    ax, rows_file = write_export(study, trial, "axolotl", tmp_path / "ax")
+    ax, rows_file = write_export(snapshot(study), trial, "axolotl", tmp_path / "ax")
     assert yaml.safe_load(ax.read_text())["datasets"][0]["type"] == "completion"
     assert rows_file.read_text() == '{"text": "one"}\n{"text": "two"}\n'
-    [lf] = write_export(study, trial, "llama-factory", tmp_path / "lf")
+    [lf] = write_export(snapshot(study), trial, "llama-factory", tmp_path / "lf")
     assert "dataset" not in yaml.safe_load(lf.read_text()) and "trains text rows only at stage pt" in lf.read_text()
     path.write_text('{"text": "one"}\n{"text": "three"}\n')  # the source changed: the rows file sweep wrote is replaced
-    write_export(study, trial, "axolotl", tmp_path / "ax")
+    write_export(snapshot(study), trial, "axolotl", tmp_path / "ax")
     assert rows_file.read_text() == '{"text": "one"}\n{"text": "three"}\n'
     rows_file.write_text('{"text": "one, cleaned"}\n')  # edited by the user: kept
     with pytest.raises(StudyError, match="rows.jsonl: the file was changed since"):
-        write_export(study, trial, "axolotl", tmp_path / "ax")
+        write_export(snapshot(study), trial, "axolotl", tmp_path / "ax")
     assert rows_file.read_text() == '{"text": "one, cleaned"}\n'
     path.unlink()
     warnings: list[str] = []
-    [ax] = write_export(study, trial, "axolotl", tmp_path / "ax2", warnings=warnings)
+    [ax] = write_export(snapshot(study), trial, "axolotl", tmp_path / "ax2", warnings=warnings)
     [line] = warnings
     assert line.startswith("no dataset entry: the trial's rows could not be read here (") and "no such file" in line
     assert f"# {line}" in ax.read_text() and "add your dataset" in ax.read_text()

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from sweeper.export import pick_trial, write_export
+from sweeper.study import snapshot
 from sweeper.testing import REPO, STACKS, add_configured_trials, make_study, run_in_venv, stack_venv, tiny_space
 
 
@@ -27,11 +28,11 @@ def test_hf_and_trl_exports_train_under_the_lower_bounds(lower_bounds, tmp_path,
     the hf file's objects train two steps (its collator padding each micro-batch to its longest row), the trl file
     builds its SFTTrainer and trains two steps; so does the trl file of the trial with packing, on packed rows."""
     study = make_study(tmp_path, model=str(tiny_model))
-    trial = pick_trial(study, pick="knee")
+    trial = pick_trial(snapshot(study), pick="knee")
     add_configured_trials(study, tiny_model, [({"packing": True}, 1.2, 0.2)])  # trial 6: the knee, packed
-    hf, _ = write_export(study, trial, "hf", tmp_path / "hf")
-    [trl] = write_export(study, trial, "trl", tmp_path / "trl")
-    [packed] = write_export(study, pick_trial(study, number=6), "trl", tmp_path / "trl-packed")
+    hf, _ = write_export(snapshot(study), trial, "hf", tmp_path / "hf")
+    [trl] = write_export(snapshot(study), trial, "trl", tmp_path / "trl")
+    [packed] = write_export(snapshot(study), pick_trial(snapshot(study), number=6), "trl", tmp_path / "trl-packed")
     out = run_in_venv(
         lower_bounds,
         str(REPO / "tests" / "export" / "export_check.py"),

@@ -21,6 +21,7 @@ from sweeper.errors import StudyError
 from sweeper.export import pick_trial, write_export
 from sweeper.export._axolotl import AXOLOTL_LORA_KERNELS
 from sweeper.space import parse_space
+from sweeper.study import snapshot
 from sweeper.study._storage import open_study
 from sweeper.testing import REPO, STACKS, add_configured_trials, add_trial, make_study, run_in_venv, stack_venv
 
@@ -113,23 +114,25 @@ def test_axolotl_is_given_only_whole_lora_alphas(study, tmp_path, monkeypatch):
     """axolotl 0.21's lora_alpha is an int (its schema rejects 2.4: see the slow test below), so a trial whose
     lora_alpha_ratio * r is fractional is not exported as axolotl: the pick is made among the other trials, and
     --trial names the nearest one it can express. LLaMA-Factory passes a float lora_alpha on to peft."""
-    assert pick_trial(study, pick="knee").number == 8
-    assert pick_trial(study, pick="knee", fmt="axolotl").number == 1
-    assert pick_trial(study, pick="most-stable", fmt="axolotl").number == 1
+    assert pick_trial(snapshot(study), pick="knee").number == 8
+    assert pick_trial(snapshot(study), pick="knee", fmt="axolotl").number == 1
+    assert pick_trial(snapshot(study), pick="most-stable", fmt="axolotl").number == 1
     with pytest.raises(
         StudyError,
         match=r"trial 8: its lora_alpha 2\.4 .*not a whole number.*nearest trial it can express is 1 .*"
         r"--format hf, trl or llama-factory",
     ):
-        pick_trial(study, number=8, fmt="axolotl")
+        pick_trial(snapshot(study), number=8, fmt="axolotl")
     with pytest.raises(StudyError, match="lora_alpha 2.4, not a whole number, which axolotl cannot express"):
-        write_export(study, pick_trial(study, number=8), "axolotl", tmp_path / "ax")
-    lf, *_ = write_export(study, pick_trial(study, number=8, fmt="llama-factory"), "llama-factory", tmp_path / "lf")
+        write_export(snapshot(study), pick_trial(snapshot(study), number=8), "axolotl", tmp_path / "ax")
+    lf, *_ = write_export(
+        snapshot(study), pick_trial(snapshot(study), number=8, fmt="llama-factory"), "llama-factory", tmp_path / "lf"
+    )
     assert yaml.safe_load(lf.read_text())["lora_alpha"] == 2.4
     # The float32 trial: axolotl expresses it, LLaMA-Factory names the formats that do.
-    assert pick_trial(study, number=7, fmt="axolotl").number == 7
+    assert pick_trial(snapshot(study), number=7, fmt="axolotl").number == 7
     with pytest.raises(StudyError, match=r"trial 7: it computed in float32.*--format hf, trl or axolotl$"):
-        pick_trial(study, number=7, fmt="llama-factory")
+        pick_trial(snapshot(study), number=7, fmt="llama-factory")
     # A study of fractional lora_alphas only: the pick says what axolotl lacks and which formats express them.
     monkeypatch.chdir(tmp_path)
     lone = open_study(
@@ -138,7 +141,7 @@ def test_axolotl_is_given_only_whole_lora_alphas(study, tmp_path, monkeypatch):
     attrs = {k: study.trials[8].user_attrs[k] for k in ("config", "lora_alpha")}
     add_trial(lone, r=8, batch=2, seq=64, status="complete", peak=1.0, instability=0.1, extra=attrs)
     with pytest.raises(StudyError, match=r"fractional lora_alpha.*--format hf, trl or llama-factory, or run trials"):
-        pick_trial(lone, pick="knee", fmt="axolotl")
+        pick_trial(snapshot(lone), pick="knee", fmt="axolotl")
 
 
 @pytest.mark.network
@@ -149,8 +152,8 @@ def test_llama_factory_parses_the_export_into_the_trials_settings(llama_factory,
     is the trial's; it computes in the dtype the file's comment states, and quantizes with the trial's settings.
     Packed, trials 10 and 9 (1 and 6 with packing): packing with neat_packing, its block-diagonal attention on; it
     packs rows of cutoff_len - 1 tokens (its DataArguments take one off with packing)."""
-    trials = [pick_trial(study, number=n, fmt="llama-factory") for n in ((10, 9) if packing else (1, 6, 8))]
-    files = [write_export(study, t, "llama-factory", tmp_path / f"lf{t.number}")[0] for t in trials]
+    trials = [pick_trial(snapshot(study), number=n, fmt="llama-factory") for n in ((10, 9) if packing else (1, 6, 8))]
+    files = [write_export(snapshot(study), t, "llama-factory", tmp_path / f"lf{t.number}")[0] for t in trials]
     results = _check(llama_factory, "llama-factory", LLAMA_FACTORY_ADDS, files, tmp_path)
     pins = _pins("llama-factory")
     for trial, path, got in zip(trials, files, results):
@@ -195,8 +198,8 @@ def test_axolotl_validates_the_export_and_keeps_the_trials_settings(axolotl, stu
     the trial's compute dtype, quant type and double quantization from bnb_config_kwargs. Padded: sample_packing and
     pad_to_sequence_len false (pad to the longest row). Packed, trials 10 and 9 (1 and 6 with packing):
     sample_packing and pad_to_sequence_len true, with the trial's attention (sdpa), which keeps samples apart."""
-    trials = [pick_trial(study, number=n, fmt="axolotl") for n in ((10, 9) if packing else (1, 6, 7))]
-    files = [write_export(study, t, "axolotl", tmp_path / f"ax{t.number}")[0] for t in trials]
+    trials = [pick_trial(snapshot(study), number=n, fmt="axolotl") for n in ((10, 9) if packing else (1, 6, 7))]
+    files = [write_export(snapshot(study), t, "axolotl", tmp_path / f"ax{t.number}")[0] for t in trials]
     results = _check(axolotl, "axolotl", AXOLOTL_ADDS, files, tmp_path)
     pins = _pins("axolotl")
     for trial, path, got in zip(trials, files, results):
@@ -304,7 +307,7 @@ def _row_exports(fmt, models, datasets, tmp_path, monkeypatch):
             study = make_study(folder, model=str(model))
             dataset = {"path": str(data), "format": "auto", "max_samples": 512, "seed": 0, "split": "train"}
             add_configured_trials(study, model, [({"dataset": dataset}, 1.0, 0.1)])
-            path, *_ = write_export(study, pick_trial(study, number=6, fmt=fmt), fmt, folder / fmt)
+            path, *_ = write_export(snapshot(study), pick_trial(snapshot(study), number=6, fmt=fmt), fmt, folder / fmt)
             samples = sorted(load_samples(DatasetSpec(path=str(data))), key=lambda s: s.index)
             skipped = sum(s.messages is not None and not _alternates(s.messages) for s in samples)
             if fmt == "llama-factory":

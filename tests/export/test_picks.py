@@ -101,14 +101,14 @@ def test_the_safe_pick_is_the_least_memory_safely_below_its_edge_that_learns(pic
     snap = snapshot(picks_study)
     assert [t.number for t in snap.front] == [0, 1, 2, 3]
     assert [t.headroom.near_edge for t in snap.front] == [True, False, False, False]
-    safe = choose(picks_study, "safe")
+    safe = choose(snapshot(picks_study), "safe")
     # #0 is near its edge, #1 learns under half as fast as #3; #2 has the least memory of the rest, and #3, within
     # the memory noise of it (1.10 against 1.08 GiB), learns more
     assert safe.trial.number == 3 and safe.line == "safe #3, among the 5 complete trials"
-    assert choose(picks_study, "min-memory").line.startswith(
+    assert choose(snapshot(picks_study), "min-memory").line.startswith(
         "min-memory #0, among the front's 4 trials; above its predicted edge (headroom 0.5x"
     )  # past it by the prediction, not only near it
-    assert choose(picks_study, "min-memory").line.endswith("predicted to fail at its own learning rate")
+    assert choose(snapshot(picks_study), "min-memory").line.endswith("predicted to fail at its own learning rate")
     fastest = max(t.result.constant.learning_progress for t in snap.front if not t.headroom.near_edge)
     assert safe.trial.result.constant.learning_progress >= 0.5 * fastest
 
@@ -124,23 +124,26 @@ def test_the_safe_pick_when_no_safe_trial_learns(tmp_path, monkeypatch):
         stress = _stress(None)
         extra = {**stress, "learning_progress": progress}
         add_trial(study, r=(4, 8)[i], batch=1, seq=64, status="complete", peak=peak, instability=0.01, extra=extra)
-    assert choose(study, "safe").trial.number == 0
+    assert choose(snapshot(study), "safe").trial.number == 0
 
 
 def test_a_pick_made_among_confirmed_trials_says_so_and_names_the_better_unconfirmed_one(picks_study):
     done = Confirmation(steps=300, status="complete", steps_done=300)
     picks_study.set_user_attr("confirmation:2", json.loads(json.dumps(done.to_dict())))
-    chosen = choose(picks_study, "min-memory")
+    chosen = choose(snapshot(picks_study), "min-memory")
     assert chosen.trial.number == 2
     assert chosen.line == (
         "min-memory #2, among the 1 confirmed trial of the front's 4 trials; #0 uses 0.080 GiB less and is unconfirmed"
     )
-    assert choose(picks_study, "safe").line.startswith(
+    assert choose(snapshot(picks_study), "safe").line.startswith(
         "safe #2, among the 1 confirmed trial of the 5 complete trials; "
     )
-    assert "#3 would be the safe pick and is unconfirmed (sweep confirm p --trials 3)" in choose(picks_study).line
+    assert (
+        "#3 would be the safe pick and is unconfirmed (sweep confirm p --trials 3)"
+        in choose(snapshot(picks_study)).line
+    )
     # what sweep confirm --pick runs next: the pick among every trial, confirmed or not
-    assert choose(picks_study, "min-memory", prefer_confirmed=False).trial.number == 0
+    assert choose(snapshot(picks_study), "min-memory", prefer_confirmed=False).trial.number == 0
 
 
 def test_export_writes_the_safe_pick_by_default_and_says_what_it_chose_among(picks_study, tmp_path):
@@ -168,8 +171,10 @@ def test_the_safe_pick_looks_beyond_the_front(tmp_path, monkeypatch):
                   extra={**stress, "learning_progress": 0.3})  # fmt: skip
     snap = snapshot(study)
     assert [t.number for t in snap.front] == [0] and [t.headroom.near_edge for t in snap.trials] == [True, False]
-    assert choose(study, "safe").line == "safe #1, among the 2 complete trials"
-    assert choose(study, "knee").line.startswith("knee #0, among the front's 1 trial; near its edge (headroom 1.5x")
+    assert choose(snapshot(study), "safe").line == "safe #1, among the 2 complete trials"
+    assert choose(snapshot(study), "knee").line.startswith(
+        "knee #0, among the front's 1 trial; near its edge (headroom 1.5x"
+    )
     # the report shows the safe pick beside the front, and the front row's tied_with names it as the table does
     data = json.loads(run_cli("report", str(tmp_path / "b.db"), "--json", cwd=tmp_path).stdout)
     assert [(f["number"], f["tied_with"]) for f in data["front"]] == [(0, [1])] and data["picks"]["safe"] == 1
@@ -181,13 +186,13 @@ def test_a_confirmed_trial_worse_beyond_the_noise_is_not_the_pick(picks_study):
     trial."""
     done = Confirmation(steps=300, status="complete", steps_done=300)
     picks_study.set_user_attr("confirmation:0", json.loads(json.dumps(done.to_dict())))  # the near-edge one
-    stable = choose(picks_study, "most-stable")
+    stable = choose(snapshot(picks_study), "most-stable")
     assert stable.trial.number != 0, stable.line
     assert "unconfirmed (sweep confirm p --trials" in stable.line and "the confirmed #0 is not within the noise" in (
         stable.line
     )
     # min-memory: #0 is the lightest anyway
-    assert choose(picks_study, "min-memory").trial.number == 0
+    assert choose(snapshot(picks_study), "min-memory").trial.number == 0
 
 
 def test_the_exports_confirmation_note_says_whether_it_ran_as_exported(picks_study, tmp_path):

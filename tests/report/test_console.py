@@ -18,6 +18,7 @@ from sweeper.report._data_text import format_counts, format_data_nan_summary
 from sweeper.report._front_text import format_front
 from sweeper.report._trial_text import format_trace, format_trial_line
 from sweeper.space import TrialConfig
+from sweeper.study import snapshot
 from sweeper.study._stored import stored_trial
 from sweeper.trial import MemoryReading, Provenance, StressOutcome, TrialResult
 from sweeper.trial._result import ConstantPhase, NanFindings
@@ -549,20 +550,20 @@ def test_the_report_notes_other_setups_and_old_instabilities(tmp_path):
     from sweeper.testing import add_trial, make_study
 
     study = make_study(tmp_path)
-    assert other_setups_line(study) is None and legacy_instability_warning(study) is None
+    assert other_setups_line(snapshot(study)) is None and legacy_instability_warning(snapshot(study)) is None
     study.set_user_attr("setups", [{"max_steps": 3}, {"max_steps": 4}])
     study.set_user_attr("current_setup", 1)
-    assert other_setups_line(study) is None  # every trial's config matches the current setup
+    assert other_setups_line(snapshot(study)) is None  # every trial's config matches the current setup
     add_trial(study, r=16, batch=1, seq=64, status="complete", peak=0.5, instability=0.1, extra={"setup": 0})
     add_trial(study, r=16, batch=1, seq=128, status="oom", peak=3.0, extra={"setup": 0})
-    assert other_setups_line(study) == (
+    assert other_setups_line(snapshot(study)) == (
         "note    2 measured trials of this study were measured under other settings (2 with max_steps 3 (now 4)): "
         "kept apart, the front, the picks and the exports compare the 5 of the current settings"
     )
     # sweeper 0.1.0's study (tests/fixtures/study_v010.db): its trials' instabilities are the training loss's
     shutil.copyfile(Path(__file__).parents[1] / "fixtures" / "study_v010.db", tmp_path / "v010.db")
     old = optuna.load_study(study_name="v010", storage=f"sqlite:///{tmp_path}/v010.db")
-    assert legacy_instability_warning(old).startswith(
+    assert legacy_instability_warning(snapshot(old)).startswith(
         "WARNING instability: 3 trials of this study (0, 1, 6) measured it with sweeper 0.1.0's definition"
     )
 
@@ -573,7 +574,7 @@ def test_sweep_report_lines(tmp_path):
     from sweeper.testing import make_study
 
     study = make_study(tmp_path)
-    lines = report_lines(study, "'sqlite:///x.db'")
+    lines = report_lines(snapshot(study), "'sqlite:///x.db'")
     assert lines[0] == "study 'rep': Pareto front (peak memory vs stability margin), 2 trials:"
     assert lines[1].splitlines()[0].split()[:2] == ["trial", "r"] and lines[2] == ""
     assert lines[3:] == [
@@ -591,13 +592,13 @@ def test_sweep_report_lines(tmp_path):
     ]
     for n in (0, 1):
         study.set_user_attr(f"confirmation:{n}", Confirmation(steps=30, status="nan", fail_step=3).to_dict())
-    lines = report_lines(study, "rep")
+    lines = report_lines(snapshot(study), "rep")
     # the front's picks cannot be made; the safe pick, made among every complete trial, takes trial 2
     assert lines[5].startswith("  safe #2, among the 3 complete trials; no trial is safely below its edge")
     assert lines[6].startswith("  knee: none: trial 0 failed its confirmation")
     for n in (2,):
         study.set_user_attr(f"confirmation:{n}", Confirmation(steps=30, status="nan", fail_step=3).to_dict())
-    assert report_lines(study, "rep")[4].startswith("picks   none: trial 0 failed its confirmation")
+    assert report_lines(snapshot(study), "rep")[4].startswith("picks   none: trial 0 failed its confirmation")
 
 
 def test_front_progress_is_the_hypervolume_the_latest_trials_added():

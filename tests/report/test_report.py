@@ -14,6 +14,7 @@ from sweeper.report import _importance as importance_module
 from sweeper.report import _picks_data as picks_data
 from sweeper.report._analysis_records import MemoryEffects, NotShown, ParamImportance
 from sweeper.space import parse_space
+from sweeper.study import snapshot
 from sweeper.study._objectives import DEFAULT_OBJECTIVES
 from sweeper.study._storage import open_study
 from sweeper.study.picks import knee
@@ -21,7 +22,7 @@ from sweeper.testing import add_trial, make_study
 
 
 def test_front_data_marks_front_failures_and_skips_repeats(tmp_path):
-    data = report.front_data(make_study(tmp_path))
+    data = report.front_data(snapshot(make_study(tmp_path)))
     points = {p.number: p for p in data.points}
     assert sorted(points) == [0, 1, 2, 3, 4]
     assert [n for n, p in points.items() if p.on_front] == [0, 1]
@@ -32,7 +33,7 @@ def test_front_data_marks_front_failures_and_skips_repeats(tmp_path):
 
 
 def test_fit_map_and_largest_length_per_batch(tmp_path):
-    fit = report.fit_map_data(make_study(tmp_path))
+    fit = report.fit_map_data(snapshot(make_study(tmp_path)))
     assert fit.batch_sizes == (1, 2, 4) and fit.max_seq_lengths == (64, 128)
     assert fit.cell(4, 128).state == "oom" and fit.cell(1, 128).state == "fits"  # a NaN ran within the cap
     assert fit.cell(4, 128).ooms == 1 and fit.cell(4, 128).max_peak_memory_gib is None  # an OOM's peak is no fit
@@ -43,10 +44,10 @@ def test_fit_map_and_largest_length_per_batch(tmp_path):
 
 def test_curves_importance_and_json(tmp_path, tiny_model):
     study = make_study(tmp_path, model=str(tiny_model))
-    curves = report.curves_data(study)
+    curves = report.curves_data(snapshot(study))
     assert [(c.number, c.kind) for c in curves] == [(0, "front"), (1, "front"), (4, "nan")]
     assert curves[2].loss == (2.0, None) and curves[2].label == "#4 nan/data"
-    importance = importance_module.importance_data(study)
+    importance = importance_module.importance_data(snapshot(study))
     assert set(importance) == {"peak_memory_gib", "edge_proximity"}
     # Peak memory is explained by the memory model at the study's configurations: batch and length move it, r
     # barely; the stability ranking needs 20 complete trials, and this study has 3.
@@ -56,7 +57,7 @@ def test_curves_importance_and_json(tmp_path, tiny_model):
     assert effects["per_device_train_batch_size"] > effects["r"] >= 0 and effects["max_seq_length"] > 0
     assert memory.configurations == 5
     assert stability.reason.startswith("3 complete trials; a ranking needs 20")
-    summary = json.loads(json.dumps(report.report_data(study).to_dict()))
+    summary = json.loads(json.dumps(report.report_data(snapshot(study)).to_dict()))
     assert summary["study"] == "rep" and summary["directions"] == ["minimize", "minimize"]
     assert [f["number"] for f in summary["front"]] == [0, 1] and summary["front"][0]["peak_memory_gib"] == 1.0
     assert summary["status_counts"] == {"complete": 3, "oom": 1, "nan": 1, "repeated": 1}
@@ -141,7 +142,7 @@ def test_importance_does_not_invent(tmp_path, tiny_model):
         add_trial(
             study, r=8, batch=batch, seq=64, status="complete", peak=1 + 0.1 * batch, instability=proximity, extra=extra
         )
-    importance = importance_module.importance_data(study)
+    importance = importance_module.importance_data(snapshot(study))
     memory, stability = importance["peak_memory_gib"], importance["edge_proximity"]
     assert isinstance(memory, MemoryEffects) and isinstance(stability, ParamImportance)
     effects = memory.effects_gib
@@ -167,7 +168,7 @@ def test_figures_and_offline_html(tmp_path):
     from sweeper.study._artifacts import loss_curve_svg
 
     study = make_study(tmp_path)
-    fig = front_figure(report.front_data(study))
+    fig = front_figure(report.front_data(snapshot(study)))
     names = [t.name for t in fig.data]
     assert "Pareto front" in names and "oom (no margin)" in names and "nan/data (no margin)" in names
     assert "near its edge (headroom below its safety factor)" in names  # its trials' headroom is 0.16-0.72x
@@ -176,7 +177,7 @@ def test_figures_and_offline_html(tmp_path):
     front_trace = next(t for t in fig.data if t.name == "Pareto front")
     assert all(y > 1 for y in front_trace.y)
     assert all(y < 1 for t in fig.data if "(no margin)" in t.name for y in t.y)
-    page = render_html(study)
+    page = render_html(snapshot(study))
     assert "<script src=" not in page and 'src="http' not in page  # plotly.js is inline, nothing fetched
     assert page.count("Plotly.newPlot") == 4 and len(page) > 3_000_000
     assert "nan/data" in page and 'id="fit-map"' in page
@@ -191,16 +192,16 @@ def test_pick_on_a_hand_made_front(tmp_path):
     add_trial(study, r=8, batch=1, seq=64, status="complete", peak=2.0, instability=2.0)  # nearest the ideal point
     add_trial(study, r=16, batch=1, seq=64, status="complete", peak=10.0, instability=1.0)
     add_trial(study, r=16, batch=4, seq=128, status="oom", peak=3.9)
-    assert pick_trial(study, pick="knee").number == 1
-    assert pick_trial(study, pick="min-memory").number == 0
+    assert pick_trial(snapshot(study), pick="knee").number == 1
+    assert pick_trial(snapshot(study), pick="min-memory").number == 0
     # Trial 2's margin (1/1.0) and trial 1's (1/2.0) are within the seed noise of each other (a ladder step each
     # side): tied, so the most stable pick is the one of them with less memory.
-    assert pick_trial(study, pick="most-stable").number == 1
-    assert pick_trial(study, number=2).number == 2
+    assert pick_trial(snapshot(study), pick="most-stable").number == 1
+    assert pick_trial(snapshot(study), number=2).number == 2
     with pytest.raises(StudyError, match="trial 3 did not complete \\(oom: oom reason\\)"):
-        pick_trial(study, number=3)
+        pick_trial(snapshot(study), number=3)
     with pytest.raises(StudyError, match="no trial 9"):
-        pick_trial(study, number=9)
+        pick_trial(snapshot(study), number=9)
     two = sorted(study.best_trials, key=lambda t: t.number)[::2]
     assert knee(two, DEFAULT_OBJECTIVES).number == 2  # a tie between the two ends goes to the lower instability
 
@@ -210,7 +211,7 @@ def test_pick_refuses_a_study_without_complete_trials(tmp_path):
     study = open_study(space, f"sqlite:///{tmp_path}/none.db", "none", 2)
     add_trial(study, r=4, batch=4, seq=128, status="oom", peak=3.9)
     with pytest.raises(StudyError, match="no complete trial"):
-        pick_trial(study)
+        pick_trial(snapshot(study))
     assert isinstance(optuna.load_study(study_name="none", storage=f"sqlite:///{tmp_path}/none.db"), optuna.Study)
 
 
@@ -290,14 +291,20 @@ def test_no_pick_recommends_a_trial_because_it_barely_learns(tmp_path):
     # front. The safe pick, made among every complete trial, is trial 1 (safe, and within 10% of trial 2's memory it
     # learns more): confirm runs it first.
     assert [t.number for t in candidates(study)] == [1, 0]
-    assert pick_trial(study).number == 1
-    assert pick_trial(study, pick="most-stable").number == 0 and pick_trial(study, pick="knee").number == 0
+    assert pick_trial(snapshot(study)).number == 1
+    assert (
+        pick_trial(snapshot(study), pick="most-stable").number == 0
+        and pick_trial(snapshot(study), pick="knee").number == 0
+    )
     # With a learning trial on the front beside it, that one is recommended.
     add_trial(
         study, r=16, batch=2, seq=64, status="complete", peak=0.9, instability=1 / 30, extra={"learning_progress": 0.3}
     )
-    assert pick_trial(study, pick="min-memory").number == 3
-    assert pick_trial(study, pick="most-stable").number == 3 and pick_trial(study, pick="knee").number == 3
+    assert pick_trial(snapshot(study), pick="min-memory").number == 3
+    assert (
+        pick_trial(snapshot(study), pick="most-stable").number == 3
+        and pick_trial(snapshot(study), pick="knee").number == 3
+    )
     assert [t.number for t in candidates(study)] == [3, 0]
     assert "(barely)" in format_front(candidates(study)).splitlines()[3]  # trial 0, shown as barely learning
 
@@ -308,13 +315,13 @@ def test_a_front_whose_every_trial_failed_its_confirmation_has_no_picks_and_says
     from sweeper.study import Confirmation
 
     study = make_study(tmp_path)
-    assert picks_data.no_picks_reason(study) is None and picks_data.picks(study)
+    assert picks_data.no_picks_reason(snapshot(study)) is None and picks_data.picks(snapshot(study))
     for n in (0, 1, 2):
         failed = Confirmation(steps=30, status="nan", reason="loss nan", fail_step=12)
         study.set_user_attr(f"confirmation:{n}", failed.to_dict())
-    assert picks_data.picks(study) == {}
-    assert "failed its confirmation" in picks_data.no_picks_reason(study)
-    assert report.report_data(study).picks == {}
+    assert picks_data.picks(snapshot(study)) == {}
+    assert "failed its confirmation" in picks_data.no_picks_reason(snapshot(study))
+    assert report.report_data(snapshot(study)).picks == {}
 
 
 def test_the_json_lists_a_stale_running_trial_among_the_trials(tmp_path, tiny_model):
@@ -329,7 +336,7 @@ def test_the_json_lists_a_stale_running_trial_among_the_trials(tmp_path, tiny_mo
     running = study.ask()
     study._storage.set_trial_user_attr(running._trial_id, "sweep_host", socket.gethostname())
     study._storage.set_trial_user_attr(running._trial_id, "sweep_pid", dead.pid)
-    summary = report.report_data(study).to_dict()
+    summary = report.report_data(snapshot(study)).to_dict()
     assert len(summary["stale"]) == 1
     assert running.number in [t["number"] for t in summary["trials"]], summary["trials"]
 
@@ -344,21 +351,21 @@ def test_the_html_figures_stay_readable_at_one_cell_and_one_trial(tmp_path):
     space = parse_space({"study": {"name": "one"}, "search": {"r": [4, 8]}}, "space.yaml")
     study = open_study(space, f"sqlite:///{tmp_path}/one.db", "one", 1)
     add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=1 / 61)  # a 61x margin
-    fit = report.fit_map_data(study)
+    fit = report.fit_map_data(snapshot(study))
     assert (len(fit.batch_sizes), len(fit.max_seq_lengths)) == (1, 1)
     layout = fit_map_figure(fit).layout
     margin = layout.margin
     assert layout.height - (margin.t or 100) - (margin.b or 80) >= 200  # px of cells, plotly's defaults 100/80
-    figure = front_figure(report.front_data(study))
+    figure = front_figure(report.front_data(snapshot(study)))
     front = next(t for t in figure.data if t.name == "Pareto front")
     assert list(front.text) == ["#0 61x"]
     assert [a.text for a in figure.layout.annotations if "safe" in a.text] == ["knee · safe"]  # export's default
     assert "headroom" in front.hovertext[0]
-    summary = report.report_data(study)
+    summary = report.report_data(snapshot(study))
     figure = importance_figure(summary.importance)
     shown = [a.text for a in figure.layout.annotations if a.text.startswith("not shown")]
     assert shown and all(ax.visible is False for ax in (figure.layout.xaxis2, figure.layout.yaxis2))
-    page = render_html(study)
+    page = render_html(snapshot(study))
     assert '<div class="wide"><table>' in page and ".wide{overflow-x:auto" in page
 
 
@@ -370,10 +377,10 @@ def test_the_card_a_gpu_sweep_read_is_named_beside_the_cap(tmp_path):
 
     study = make_study(tmp_path)
     study.set_user_attr("cards", {"NVIDIA GeForce RTX 4090": {"device": "cuda", "total_memory_gib": 23.649}})
-    cap = report.front_data(study).memory_limit_gib
+    cap = report.front_data(snapshot(study)).memory_limit_gib
     line = f"memory  cap {cap:g} GiB of the card's 23.65 GiB (NVIDIA GeForce RTX 4090)"
-    assert line in report_lines(study, "s")
-    cards = report.report_data(study).to_dict()["cards"]
+    assert line in report_lines(snapshot(study), "s")
+    cards = report.report_data(snapshot(study)).to_dict()["cards"]
     assert cards == {"NVIDIA GeForce RTX 4090": {"device": "cuda", "total_memory_gib": 23.649}}
-    figure = front_figure(report.front_data(study))
+    figure = front_figure(report.front_data(snapshot(study)))
     assert any("of the card's 23.65 GiB (NVIDIA GeForce RTX 4090)" in (a.text or "") for a in figure.layout.annotations)

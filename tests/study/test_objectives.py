@@ -9,7 +9,7 @@ from sweeper.errors import StudyError
 from sweeper.export import pick_trial
 from sweeper.report import report_data
 from sweeper.space import parse_space
-from sweeper.study import Objective
+from sweeper.study import Objective, snapshot
 from sweeper.study._front import non_dominated
 from sweeper.study._objectives import (
     DEFAULT_OBJECTIVES,
@@ -84,11 +84,11 @@ def test_a_registered_third_objective_gets_a_front_picks_report_rows_and_json(tm
     ]
     assert [t.number for t in pareto_front(study)] == [0, 1, 2]
     assert [t.number for t in non_dominated(stored_trials(study), DEFAULT_OBJECTIVES)] == [0, 1]  # blind to learning
-    assert pick_trial(study, pick="min-memory").number == 0
-    assert pick_trial(study, pick="most-stable").number == 1
-    assert pick_trial(study, pick="knee").number in (0, 1, 2)
+    assert pick_trial(snapshot(study), pick="min-memory").number == 0
+    assert pick_trial(snapshot(study), pick="most-stable").number == 1
+    assert pick_trial(snapshot(study), pick="knee").number in (0, 1, 2)
 
-    data = report_data(study).to_dict()
+    data = report_data(snapshot(study)).to_dict()
     assert data["objectives"] == ["peak_memory_gib", "edge_proximity", THIRD]
     assert data["directions"] == ["minimize", "minimize", "maximize"]
     assert [p[THIRD] for p in data["front"]] == [0.1, 0.1, 0.4]
