@@ -120,6 +120,11 @@ def _bootstrap_importance(trials: list[Any], directions: Any, index: int) -> Par
 
     rng = random.Random(0)
     samples: dict[str, list[float]] = {}
+    # each resample copies its trials into a study: only what the importance reads (a stored trial's attributes, its
+    # traces, made the copies most of a large study's report time)
+    trials = [
+        optuna.trial.create_trial(values=t.values, params=t.params, distributions=t.distributions) for t in trials
+    ]
     for _ in range(IMPORTANCE_RESAMPLES):
         picked = [rng.choice(trials) for _ in trials]
         resample = optuna.create_study(directions=directions)

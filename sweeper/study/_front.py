@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from sweeper.study._objectives import Objective, dominates_beyond_noise, knee_distance, tied
+from sweeper.study._objectives import Objective, dominated_beyond_noise, knee_distance, tied
 from sweeper.study._stored import StoredTrial
 
 
@@ -25,14 +25,11 @@ def signed_intervals(trial: StoredTrial, objectives: Sequence[Objective]) -> lis
 def non_dominated(trials: Sequence[StoredTrial], objectives: Sequence[Objective]) -> list[StoredTrial]:
     """The COMPLETE ``trials`` no other of them dominates beyond the noise of ``objectives``
     (:func:`sweeper.study._objectives.dominates_beyond_noise`: a margin within another's interval is a tie, so the
-    front keeps both unless one is clearly better elsewhere), sorted by their values (peak memory first)."""
+    front keeps both unless one is clearly better elsewhere), sorted by their values (peak memory first). All pairs
+    are compared at once (:func:`sweeper.study._objectives.dominated_beyond_noise`)."""
     done = [t for t in trials if t.values is not None]
-    intervals = {t.number: signed_intervals(t, objectives) for t in done}
-    kept = [
-        t
-        for t in done
-        if not any(dominates_beyond_noise(intervals[o.number], intervals[t.number]) for o in done if o is not t)
-    ]
+    dominated = dominated_beyond_noise([signed_intervals(t, objectives) for t in done])
+    kept = [t for t, out in zip(done, dominated) if not out]
     return sorted(kept, key=lambda t: tuple(o.better(v) for o, v in zip(objectives, t.values or ())))
 
 

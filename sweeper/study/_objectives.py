@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import optuna
 
 from sweeper.errors import StudyError
@@ -304,6 +305,39 @@ def dominates_beyond_noise(a: Sequence[tuple[float, float]], b: Sequence[tuple[f
     not_worse = all(not _clearly_below(y, x) for x, y in zip(a, b))
     better = any(_clearly_below(x, y) for x, y in zip(a, b))
     return not_worse and better
+
+
+def dominated_beyond_noise(intervals: Sequence[Sequence[tuple[float, float]]], block: int = 512) -> list[bool]:
+    """For each point (one row of signed intervals per point, as :func:`dominates_beyond_noise` takes them), whether
+    another point dominates it beyond the noise: the same rule, computed for all pairs at once with NumPy (a study of
+    thousands of trials compares millions of pairs), ``block`` rows at a time to bound the memory.
+
+    Returns:
+        One flag per point, in order.
+    """
+    if not intervals:
+        return []
+    arr = np.asarray(intervals, dtype=float)  # (n, k, 2)
+    low, high = arr[:, :, 0], arr[:, :, 1]
+    n = len(arr)
+
+    def close(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        return np.abs(u - v) <= _TOUCH * np.maximum(np.abs(u), np.abs(v))
+
+    def below(xl: np.ndarray, xh: np.ndarray, yl: np.ndarray, yh: np.ndarray) -> np.ndarray:
+        # _clearly_below, broadcast: x's high end at or below y's low end, and x not the same point as y
+        return ((xh <= yl) | close(xh, yl)) & ~(close(xl, yl) & close(xh, yh))
+
+    out = np.zeros(n, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        for start in range(0, n, block):
+            b = slice(start, start + block)  # the points judged: does any point a dominate them?
+            al, ah = low[:, None, :], high[:, None, :]  # (n, 1, k): every a
+            bl, bh = low[None, b, :], high[None, b, :]  # (1, m, k): the block's b
+            better = below(al, ah, bl, bh).any(axis=2)  # a clearly below b on some objective
+            not_worse = ~below(bl, bh, al, ah).any(axis=2)  # b clearly below a on none
+            out[b] = (better & not_worse).any(axis=0)
+    return out.tolist()
 
 
 def tied(a: tuple[float, float], b: tuple[float, float]) -> bool:

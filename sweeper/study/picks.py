@@ -323,7 +323,8 @@ def _apply(
         chosen = min(front, key=lambda t: (signed(t, memory), signed(t, stability)))
     elif pick == Pick.MOST_STABLE:  # the least memory among the trials tied with the most stable one
         best = min(front, key=lambda t: (signed(t, stability), signed(t, memory)))
-        tied = [t for t in front if t.number in study.tied_on_stability(best, front)]
+        tied_numbers = set(study.tied_on_stability(best, front))
+        tied = [t for t in front if t.number in tied_numbers]
         chosen = min([best, *tied], key=lambda t: (signed(t, memory), signed(t, stability)))
     else:
         chosen = knee(front, declared)

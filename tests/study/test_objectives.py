@@ -152,3 +152,27 @@ def test_learning_progress_is_a_third_objective_a_space_asks_for_with_its_noise(
     out = run_cli("run", str(bad), "--n-trials", "1")
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert "study.objectives: no objective 'speed'; choose among" in out.stderr and "bad.yaml" in out.stderr
+
+
+def test_the_front_computed_for_all_pairs_at_once_is_the_pairwise_rule():
+    """dominated_beyond_noise (NumPy, all pairs at once) against dominates_beyond_noise pair by pair, on intervals
+    built to tie, touch at an end, repeat exactly and differ in the last bits, for 1 to 3 objectives, in blocks
+    smaller than the points."""
+    import random
+
+    from sweeper.study._objectives import dominated_beyond_noise, dominates_beyond_noise
+
+    rng = random.Random(0)
+    for case in range(60):
+        k = 1 + case % 3
+        grid = [0.0, 1.0, 1.0 + 1e-12, 2.0, 3.5, -1.0]
+        points = []
+        for _ in range(rng.randint(1, 40)):
+            row = []
+            for _ in range(k):
+                a, b = sorted((rng.choice(grid), rng.choice(grid)))
+                row.append((a, b))
+            points.append(row)
+        points += points[: rng.randint(0, 3)]  # exact repeats never dominate each other
+        pairwise = [any(dominates_beyond_noise(a, b) for a in points if a is not b) for b in points]
+        assert dominated_beyond_noise(points, block=7) == pairwise, case
