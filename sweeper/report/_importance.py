@@ -144,8 +144,11 @@ def _bootstrap_importance(trials: list[Any], directions: Any, index: int) -> Par
         xs = sorted(xs)
         return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
+    # most important first, ties by name: optuna's evaluator returns exactly tied parameters in an order that varies
+    # with the process's hash seed, so two reports of one study could list them differently
+    names = sorted(samples, key=lambda k: (-statistics.median(samples[k]), k))
     return ParamImportance(
-        importance={k: float(statistics.median(v)) for k, v in samples.items()},
-        interval={k: (pct(v, 0.05), pct(v, 0.95)) for k, v in samples.items()},
+        importance={k: float(statistics.median(samples[k])) for k in names},
+        interval={k: (pct(samples[k], 0.05), pct(samples[k], 0.95)) for k in names},
         trials=len(trials),
     )

@@ -152,6 +152,9 @@ def test_importance_does_not_invent(tmp_path, tiny_model):
     )
     for key, (low, high) in stability.interval.items():
         assert low <= stability.importance[key] <= high
+    # most important first, exact ties by name: the order never depends on the process's hash seed
+    order = list(stability.importance)
+    assert order == sorted(order, key=lambda k: (-stability.importance[k], k))
     # --json gives each interval as [p5, p95]
     assert stability.to_dict()["interval"] == {k: [low, high] for k, (low, high) in stability.interval.items()}
 
