@@ -307,8 +307,10 @@ def _make(
     attrs: Mapping[str, Any],
     trials: tuple[StoredTrial, ...],
     setups: tuple[Mapping[str, Any], ...],
+    stale: bool = True,
 ) -> StudySnapshot:
-    """The snapshot of ``study`` from its attributes, trials and setups as just read."""
+    """The snapshot of ``study`` from its attributes, trials and setups as just read; ``stale``: look for RUNNING
+    trials no sweep runs any more (a heartbeat query when one is RUNNING)."""
     searched = attrs.get(SEARCHED_ATTR)
     calibration = attrs.get(CALIBRATION_ATTR)
     model_path = attrs.get(MODEL_PATH_ATTR)
@@ -328,20 +330,22 @@ def _make(
         current_setup=_int_or_none(attrs.get(CURRENT_SETUP_ATTR)),
         longest_sample_tokens=_int_or_none(attrs.get(LONGEST_SAMPLE_ATTR)),
         cards=_cards(attrs.get(CARDS_ATTR)),
-        stale_running=stale_running(study, [t.frozen for t in trials if t.frozen is not None]),
+        stale_running=stale_running(study, [t.frozen for t in trials if t.frozen is not None]) if stale else {},
     )
 
 
-def snapshot(study: StudyLike) -> StudySnapshot:
+def snapshot(study: StudyLike, *, stale: bool = True) -> StudySnapshot:
     """Read ``study`` once: its attributes, every trial with its confirmation, its setups; a snapshot is returned as
-    it is (readers pass the one their command built)."""
+    it is (readers pass the one their command built). ``stale`` False leaves :attr:`StudySnapshot.stale_running`
+    empty: the sweep's loop fails stale trials itself (:func:`sweeper.study.writing.fail_stale_trials`) and skips the
+    heartbeat query its read would make."""
     if isinstance(study, StudySnapshot):
         return study
     attrs = dict(study.user_attrs)
     confirmed = confirmations_in(attrs)
     lr_calibration = lr_calibration_of(attrs.get(LR_CALIBRATION_ATTR))
     trials = tuple(stored_trial(t, confirmed.get(t.number), lr_calibration) for t in study.get_trials(deepcopy=False))
-    return _make(study, attrs, trials, tuple(stored_setups(study)))
+    return _make(study, attrs, trials, tuple(stored_setups(study)), stale)
 
 
 # -- The readers' functions: each takes a snapshot (no reading) or a study (read once for the call) ---------------

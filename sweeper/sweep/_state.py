@@ -118,7 +118,7 @@ class _Sweep:
         self.objectives = study_objectives(plan.study)
         # The study as this sweep last saw it: read once a trial, under the ask lock (:meth:`ask`), and updated with
         # each trial this process tells (:meth:`emit`) instead of read again.
-        self.view: StudySnapshot = snapshot(plan.study)
+        self.view: StudySnapshot = snapshot(plan.study, stale=False)
 
     def objective_values(self, result: TrialResult) -> list[float]:
         """What a complete trial tells Optuna: each of the study's objectives (:mod:`sweeper.study._objectives`)
@@ -204,7 +204,7 @@ class _Sweep:
             if self.stop.is_set():
                 raise _Stop
             self.fail_stale()
-            view = snapshot(self.study)  # the loop's one reading of the study for this trial
+            view = snapshot(self.study, stale=False)  # the loop's one reading of the study for this trial
             with self.mutex:
                 self.view = view
             finished = view.finished
