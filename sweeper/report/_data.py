@@ -311,8 +311,8 @@ def report_data(study: StudySnapshot) -> Report:
         directions=tuple(study.directions),
         objectives=tuple(objectives_of(study)),
         front=tuple(
-            front_row(t, study.searched, study.objectives, study.tied_on_stability(t, shown))
-            for t in front
+            front_row(t, study.searched, study.objectives, ties)
+            for t, ties in zip(front, study.ties_on_stability(front, shown))
             if t.values is not None
         ),
         trials=tuple(trial_record(t, study.searched, numbers, study.objectives) for t in listed),

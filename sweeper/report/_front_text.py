@@ -119,9 +119,11 @@ def stability_ties(front: Sequence[StoredTrial], objectives: Sequence[Objective]
     if at is None:
         return {}
     spans = {t.number: objectives[at].signed_interval(t.result, t.values[at]) for t in front if t.values is not None}
-    return {
-        n: [m for m, other in spans.items() if m != n and objectives[at].tied(mine, other)] for n, mine in spans.items()
-    }
+    numbers = list(spans)
+    if not spans:
+        return {}
+    tied = objectives[at].ties(list(spans.values()), list(spans.values()))
+    return {n: [m for m, hit in zip(numbers, row) if hit and m != n] for n, row in zip(numbers, tied)}
 
 
 def legacy_instability_warning(study: StudySnapshot) -> str | None:

@@ -155,7 +155,10 @@ def render_html(study: StudySnapshot) -> str:
     keys = list(summary.front[0].params) if summary.front else []
     picked = data.picked_off_front(study, summary.picks)
     shown = [*study.front, *picked]
-    off_front = [data.front_row(t, study.searched, study.objectives, study.tied_on_stability(t, shown)) for t in picked]
+    off_front = [
+        data.front_row(t, study.searched, study.objectives, ties)
+        for t, ties in zip(picked, study.ties_on_stability(picked, shown))
+    ]
     front_rows = _front_rows(summary, keys, off_front)
     counts = " · ".join(f"{k} {v}" for k, v in summary.status_counts.items())
     causes = ", ".join(f"{k} {len(v)}" for k, v in summary.nan_causes.items()) or "none"

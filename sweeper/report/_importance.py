@@ -4,13 +4,15 @@ importance of the settings for stability, with a bootstrap interval.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import statistics
 import warnings
+from collections.abc import Container
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.report._analysis_records import MemoryEffects, NotShown, ParamImportance
 from sweeper.report._records import ImportancePart
@@ -56,14 +58,20 @@ def memory_effects(study: StudySnapshot, trials: list[StoredTrial]) -> MemoryEff
     predict = memory_predictor(path, first.model.name_or_path, first.model.attn_implementation, device)
     values = _searched_values(study)
     effects: dict[str, list[float]] = {key: [] for key in values}
+    spreads: dict[str, dict[str, float]] = {}  # by configuration: a study of thousands of trials repeats them
     for t in configured:
         assert t.config is not None
+        seen = spreads.setdefault(repr(t.config), {})
         for key, choices in values.items():
-            peaks = [predict(dataclasses.replace(t.config, **{key: v})) for v in choices]
-            known = [p for p in peaks if p is not None]
-            if len(known) < len(peaks):
-                return NotShown(reason="the memory model does not know this model's shape (no readable config.json)")
-            effects[key].append(max(known) - min(known))
+            if key not in seen:
+                peaks = [predict(dataclasses.replace(t.config, **{key: v})) for v in choices]
+                known = [p for p in peaks if p is not None]
+                if len(known) < len(peaks):
+                    return NotShown(
+                        reason="the memory model does not know this model's shape (no readable config.json)"
+                    )
+                seen[key] = max(known) - min(known)
+            effects[key].append(seen[key])
     return MemoryEffects(
         effects_gib={k: float(statistics.median(v)) for k, v in effects.items() if v},
         configurations=len(configured),
@@ -114,21 +122,34 @@ def importance_data(study: StudySnapshot) -> dict[str, ImportancePart]:
     return out
 
 
+class _ResampleStorage(optuna.storages.InMemoryStorage):
+    """An in-memory storage whose one study's trials are :attr:`trials`, as given (a bootstrap resample repeats
+    trials; they are read, never written). Only :meth:`get_all_trials` (optuna's ``BaseStorage`` API, what the
+    importance evaluators read) differs from :class:`optuna.storages.InMemoryStorage`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trials: list[FrozenTrial] = []
+
+    def get_all_trials(
+        self, study_id: int, deepcopy: bool = True, states: Container[TrialState] | None = None
+    ) -> list[FrozenTrial]:
+        picked = [t for t in self.trials if states is None or t.state in states]
+        return copy.deepcopy(picked) if deepcopy else picked
+
+
 def _bootstrap_importance(trials: list[Any], directions: Any, index: int) -> ParamImportance | NotShown:
     """optuna's importance of objective ``index`` over bootstrap resamples of ``trials``."""
     import random
 
     rng = random.Random(0)
     samples: dict[str, list[float]] = {}
-    # each resample copies its trials into a study: only what the importance reads (a stored trial's attributes, its
-    # traces, made the copies most of a large study's report time)
-    trials = [
-        optuna.trial.create_trial(values=t.values, params=t.params, distributions=t.distributions) for t in trials
-    ]
+    # each resample is a study whose storage hands back the resampled trials as they are: copying them into a study
+    # (optuna deep-copies each added trial) was most of a large study's report time
+    storage = _ResampleStorage()
+    resample = optuna.create_study(storage=storage, directions=directions)
     for _ in range(IMPORTANCE_RESAMPLES):
-        picked = [rng.choice(trials) for _ in trials]
-        resample = optuna.create_study(directions=directions)
-        resample.add_trials(picked)
+        storage.trials = [rng.choice(trials) for _ in trials]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from sweeper.study._objectives import Objective, dominated_beyond_noise, knee_distance, tied
+import numpy as np
+
+from sweeper.study._objectives import Objective, dominated_beyond_noise, knee_distance, tied_matrix
 from sweeper.study._stored import StoredTrial
 
 
@@ -36,14 +38,30 @@ def non_dominated(trials: Sequence[StoredTrial], objectives: Sequence[Objective]
 def tied_on_stability(trial: StoredTrial, others: Sequence[StoredTrial], objectives: Sequence[Objective]) -> list[int]:
     """The numbers of the COMPLETE ``others`` (``trial`` left out) whose stability objective's interval overlaps
     ``trial``'s: their difference in stability is within the noise (:func:`sweeper.study._objectives.tied`)."""
+    return ties_on_stability([trial], others, objectives)[0]
+
+
+def ties_on_stability(
+    trials: Sequence[StoredTrial], others: Sequence[StoredTrial], objectives: Sequence[Objective]
+) -> list[list[int]]:
+    """:func:`tied_on_stability` for each of ``trials``, all pairs compared at once
+    (:func:`sweeper.study._objectives.tied_matrix`; a front of a thousand trials is a million pairs).
+
+    Returns:
+        One list of numbers per trial, in order (empty for a trial without values, or without a stability
+        objective).
+    """
     at = next((i for i, o in enumerate(objectives) if o.role == "stability"), None)
-    if at is None or trial.values is None:
-        return []
-    mine = signed_intervals(trial, objectives)[at]
+    complete = [o for o in others if o.values is not None]
+    if at is None or not complete:
+        return [[] for _ in trials]
+    theirs = [signed_intervals(o, objectives)[at] for o in complete]
+    judged = [t for t in trials if t.values is not None]
+    mine = [signed_intervals(t, objectives)[at] for t in judged]
+    rows = dict(zip((t.number for t in judged), tied_matrix(mine, theirs))) if judged else {}
+    numbers = np.array([o.number for o in complete])
     return [
-        o.number
-        for o in others
-        if o.number != trial.number and o.values is not None and tied(mine, signed_intervals(o, objectives)[at])
+        [] if (row := rows.get(t.number)) is None else numbers[row & (numbers != t.number)].tolist() for t in trials
     ]
 
 

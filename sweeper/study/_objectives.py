@@ -67,6 +67,11 @@ class Objective:
         clearly better (:func:`tied`, the rule the front and the picks use)."""
         return tied(a, b)
 
+    def ties(self, a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> np.ndarray:
+        """:meth:`tied` for every pair, ``a`` by ``b``, at once (:func:`tied_matrix`): booleans, shape
+        ``(len(a), len(b))``."""
+        return tied_matrix(a, b)
+
     @property
     def optuna_direction(self) -> optuna.study.StudyDirection:
         """Optuna's :class:`~optuna.study.StudyDirection` of :attr:`direction`."""
@@ -321,13 +326,7 @@ def dominated_beyond_noise(intervals: Sequence[Sequence[tuple[float, float]]], b
     low, high = arr[:, :, 0], arr[:, :, 1]
     n = len(arr)
 
-    def close(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        return np.abs(u - v) <= _TOUCH * np.maximum(np.abs(u), np.abs(v))
-
-    def below(xl: np.ndarray, xh: np.ndarray, yl: np.ndarray, yh: np.ndarray) -> np.ndarray:
-        # _clearly_below, broadcast: x's high end at or below y's low end, and x not the same point as y
-        return ((xh <= yl) | close(xh, yl)) & ~(close(xl, yl) & close(xh, yh))
-
+    below = _clearly_below_array
     out = np.zeros(n, dtype=bool)
     with np.errstate(invalid="ignore"):
         for start in range(0, n, block):
@@ -338,6 +337,31 @@ def dominated_beyond_noise(intervals: Sequence[Sequence[tuple[float, float]]], b
             not_worse = ~below(bl, bh, al, ah).any(axis=2)  # b clearly below a on none
             out[b] = (better & not_worse).any(axis=0)
     return out.tolist()
+
+
+def _close_array(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    return np.abs(u - v) <= _TOUCH * np.maximum(np.abs(u), np.abs(v))
+
+
+def _clearly_below_array(xl: np.ndarray, xh: np.ndarray, yl: np.ndarray, yh: np.ndarray) -> np.ndarray:
+    """:func:`_clearly_below` broadcast over arrays of interval ends: x's high end at or below y's low end, and x not
+    the same point as y."""
+    close = _close_array
+    return ((xh <= yl) | close(xh, yl)) & ~(close(xl, yl) & close(xh, yh))
+
+
+def tied_matrix(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> np.ndarray:
+    """:func:`tied` for every pair of intervals of one objective, ``a`` by ``b``, at once.
+
+    Returns:
+        Booleans, shape ``(len(a), len(b))``.
+    """
+    x = np.asarray(a, dtype=float).reshape(-1, 2)
+    y = np.asarray(b, dtype=float).reshape(-1, 2)
+    xl, xh = x[:, None, 0], x[:, None, 1]
+    yl, yh = y[None, :, 0], y[None, :, 1]
+    with np.errstate(invalid="ignore"):
+        return ~_clearly_below_array(xl, xh, yl, yh) & ~_clearly_below_array(yl, yh, xl, xh)
 
 
 def tied(a: tuple[float, float], b: tuple[float, float]) -> bool:

@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 
 from sweeper.stability import LrCalibration, barely_learns, lr_calibration_of
 from sweeper.study._confirmation import Confirmation, confirmations_in
-from sweeper.study._front import non_dominated, tied_on_stability
+from sweeper.study._front import non_dominated, tied_on_stability, ties_on_stability
 from sweeper.study._identity import STUDY_ID_ATTR
 from sweeper.study._objectives import MEMORY_NOISE_SHARE, Objective, study_objectives
 from sweeper.study._optuna_private import hypervolume
@@ -278,6 +278,11 @@ class StudySnapshot:
         """The numbers of ``others`` whose stability interval overlaps ``trial``'s on :attr:`objectives`
         (:func:`sweeper.study._stored.tied_on_stability`): their difference is within the noise."""
         return tied_on_stability(trial, others, self.objectives)
+
+    def ties_on_stability(self, trials: Sequence[StoredTrial], others: Sequence[StoredTrial]) -> list[list[int]]:
+        """:meth:`tied_on_stability` for each of ``trials``, all pairs at once
+        (:func:`sweeper.study._front.ties_on_stability`)."""
+        return ties_on_stability(trials, others, self.objectives)
 
     def with_trial(self, trial: optuna.trial.FrozenTrial) -> StudySnapshot:
         """This snapshot with ``trial`` added or replaced (the loop's update after it tells a trial), its cached views

@@ -170,7 +170,7 @@ def open_study(
     fresh = database is not None and not Path(database).exists()
     opened = _storage(url)  # a storage that cannot be opened is the first thing to say
     existing = None
-    if name in {s.study_name for s in optuna.get_all_study_summaries(opened, include_best_trial=False)}:
+    if name in optuna.get_all_study_names(opened):
         existing = optuna.load_study(study_name=name, storage=opened)
     try:
         check_study_dir(name, url, study_identity(existing) if existing is not None else None)  # before creating
@@ -299,7 +299,7 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
             skip_table_creation=True,
             engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
         )
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        names = optuna.get_all_study_names(storage)
     except ImportError as exc:
         raise StudyError(f"{redact_url(url)}: STUDY: no database driver for it is installed ({exc})") from None
     except Exception as exc:  # sqlalchemy: not a database, locked, unreachable server, ...

@@ -176,3 +176,19 @@ def test_the_front_computed_for_all_pairs_at_once_is_the_pairwise_rule():
         points += points[: rng.randint(0, 3)]  # exact repeats never dominate each other
         pairwise = [any(dominates_beyond_noise(a, b) for a in points if a is not b) for b in points]
         assert dominated_beyond_noise(points, block=7) == pairwise, case
+
+
+def test_ties_computed_for_all_pairs_at_once_are_the_pairwise_rule():
+    """tied_matrix (NumPy, all pairs) against tied pair by pair, on intervals built to overlap, touch at an end,
+    repeat exactly and differ in the last bits: the front's stability ties in a report of thousands of trials."""
+    import random
+
+    from sweeper.study._objectives import tied, tied_matrix
+
+    rng = random.Random(1)
+    grid = [0.0, 1.0, 1.0 + 1e-12, 2.0, 3.5, -1.0]
+    for case in range(40):
+        a = [tuple(sorted((rng.choice(grid), rng.choice(grid)))) for _ in range(rng.randint(1, 30))]
+        b = [*a[: rng.randint(0, 5)], *(tuple(sorted((rng.choice(grid), rng.choice(grid)))) for _ in range(9))]
+        pairwise = [[tied(x, y) for y in b] for x in a]
+        assert tied_matrix(a, b).tolist() == pairwise, case
