@@ -13,7 +13,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.report import serve
-    from sweeper.study import load_existing_study, redact_url
+    from sweeper.study import dashboard_storage, load_existing_study, redact_url
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if not 1 <= args.port <= 65535:
@@ -31,7 +31,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             f"port (ssh -L {args.port}:127.0.0.1:{args.port} HOST)"
         )
     try:
-        serve(url, study.study_name, host=args.host, port=args.port)
+        serve(dashboard_storage(url), study.study_name, host=args.host, port=args.port)
     except KeyboardInterrupt:
         return 0
     return 0

@@ -1,13 +1,14 @@
-"""The study: an Optuna study of the objectives declared in :mod:`sweeper.study._objectives` (by default two,
-minimized: ``peak_memory_gib`` and ``edge_proximity``, ``1 / stability_margin``) in an RDB storage (SQLite by default,
-PostgreSQL or MySQL to share it between machines), and the typed view of its stored trials that the readers
-(:mod:`sweeper.report`, :mod:`sweeper.export`) take. What runs trials on it (the plan, the loop, the preflight, the
-long runs of ``sweep confirm`` and ``sweep calibrate``) is :mod:`sweeper.sweep`, which writes through
-:mod:`sweeper.study.writing` (heartbeats and locks between sweeps, stale-trial recovery, setups, results).
+"""The study: an Optuna study of the objectives declared in :mod:`sweeper.study._objectives` (by default two, minimized:
+``peak_memory_gib`` and ``edge_proximity``, ``1 / stability_margin``) in an Optuna storage (SQLite by default,
+PostgreSQL or MySQL to share it between machines, a journal file on a shared filesystem without a database server),
+and the typed view of its stored trials that the readers (:mod:`sweeper.report`, :mod:`sweeper.export`) take. What
+runs trials on it (the plan, the loop, the preflight, the long runs of ``sweep confirm`` and ``sweep calibrate``) is
+:mod:`sweeper.sweep`, which writes through :mod:`sweeper.study.writing` (heartbeats and locks between sweeps, stale-
+trial recovery, setups, results).
 
 Trials that go NaN or run out of memory are told as PRUNED (with their cause in the user attributes) and are marked
-infeasible with ``Trial.set_constraint``; TPE sorts infeasible trials behind every feasible one, so the sampler
-learns to avoid their region. Timeouts, crashes and errors are FAIL.
+infeasible with ``Trial.set_constraint``; TPE sorts infeasible trials behind every feasible one, so the sampler learns
+to avoid their region. Timeouts, crashes and errors are FAIL.
 """
 
 from sweeper.study._artifacts import artifact_store
@@ -15,6 +16,7 @@ from sweeper.study._calibration import current_calibration
 from sweeper.study._confirmation import Confirmation
 from sweeper.study._front import by_knee_distance
 from sweeper.study._identity import check_study_owner, study_dir
+from sweeper.study._journal import dashboard_storage
 from sweeper.study._objectives import Objective
 from sweeper.study._optuna_private import unnoted_trials
 from sweeper.study._snapshot import StudyLike, StudySnapshot, snapshot
@@ -33,6 +35,7 @@ __all__ = [
     "by_knee_distance",
     "check_study_owner",
     "current_calibration",
+    "dashboard_storage",
     "load_existing_study",
     "redact_url",
     "snapshot",

@@ -4,7 +4,9 @@ doubling trials.
 * **The ask lock.** Counting the study's finished and running trials and asking for a new one happen under one lock,
   so N workers on M machines never start more than ``n_trials`` trials between them. Within a process it is a
   thread lock; across processes it is a lock the storage's own machine arbitrates: ``fcntl.flock`` on
-  ``<db>.lock`` beside a SQLite file (one machine), ``pg_advisory_lock`` on PostgreSQL, ``GET_LOCK`` on MySQL.
+  ``<db>.lock`` beside a SQLite file (one machine) or on ``<journal>.ask.lock`` beside a journal file (a shared
+  filesystem: Linux's NFS client takes it as a POSIX lock the server arbitrates), ``pg_advisory_lock`` on
+  PostgreSQL, ``GET_LOCK`` on MySQL.
   A lock dies with the process (file descriptor or database session), so a killed sweep never leaves it held.
 * **The heartbeat.** Each running trial's sweep records Optuna's RDB heartbeat (``RDBStorage.record_heartbeat``)
   every ``heartbeat_interval_s``. A trial whose heartbeat is older than ``grace_period_s`` belongs to a sweep that
@@ -31,6 +33,7 @@ import optuna
 from optuna.storages import BaseStorage
 
 from sweeper.errors import StudyError
+from sweeper.study._journal import journal_file
 from sweeper.study._optuna_private import heartbeat_interval, record_heartbeat
 
 # sweeper drives the study with ask/tell and records heartbeats itself (Heartbeat); Optuna warns at every ask that
@@ -158,6 +161,9 @@ class AskLock:
         database = sqlite_file(url)
         if database is not None:
             self.kind, self._lock_path = "file", Path(database + ".lock")
+        journal = journal_file(url)
+        if journal is not None:  # beside the journal on the shared filesystem (Optuna's own lock is <file>.lock)
+            self.kind, self._lock_path = "file", Path(journal + ".ask.lock")
 
     def _connection(self):
         if self._engine is None:
@@ -176,8 +182,8 @@ class AskLock:
                     handle = open(self._lock_path, "a")  # noqa: SIM115 - held until release()
                 except OSError as exc:
                     raise StudyError(
-                        f"{self._lock_path}: --storage: cannot create the lock file beside the SQLite "
-                        f"database ({exc.strerror}); put the database in a folder you can write"
+                        f"{self._lock_path}: --storage: cannot create the lock file beside the study's file "
+                        f"({exc.strerror}); put it in a folder you can write"
                     ) from None
                 with handle:
                     fcntl.flock(handle, fcntl.LOCK_EX)

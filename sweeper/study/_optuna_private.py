@@ -14,6 +14,9 @@ from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage
+
+# a journal storage with a heartbeat (study/_journal.py) implements it
+from optuna.storages._heartbeat import BaseHeartbeat as BaseHeartbeat
 from optuna.trial import FrozenTrial
 
 from sweeper.study._stored import StoredTrial
@@ -27,6 +30,7 @@ RELIED_ON = (
     "optuna.storages:RDBStorage._get_stale_trial_ids",
     "optuna.storages:RDBStorage.get_heartbeat_interval",
     "optuna.storages:RDBStorage.record_heartbeat",
+    "optuna.storages._heartbeat:BaseHeartbeat._get_stale_trial_ids",
     "optuna_dashboard._note:get_note_from_system_attrs",
     "optuna._hypervolume:compute_hypervolume",
 )

@@ -36,6 +36,7 @@ from sweeper.study._identity import (
     study_dir,
     study_identity,
 )
+from sweeper.study._journal import JOURNAL_SCHEME, HeartbeatJournalStorage, journal_file
 from sweeper.study._objectives import DEFAULT_OBJECTIVES, is_sweeper_study, resolve_objectives
 from sweeper.study._sampling import make_sampler, to_distributions
 from sweeper.study._urls import redact_url, scrub_secrets
@@ -45,35 +46,44 @@ from sweeper.trial import TrialResult
 SCHEMA_LOCK = "\0schema"
 
 
+def _check_study_file(url: str, path: str, example: str) -> None:
+    """Refuse a study file (SQLite database or journal) that is a folder, lies in a folder that is not there (only
+    the default ``studies/`` is created) or cannot be written; create ``studies/``.
+
+    Raises:
+        StudyError: One line naming the URL and the fix.
+    """
+    db = Path(path)
+    if db.is_dir():
+        raise StudyError(f"{url}: study.storage: {db} is a folder; give the path of a file, e.g. {example}")
+    if not db.parent.exists() and db.parent.resolve() != STUDIES_DIR.resolve():
+        # Only the default studies/ is created: a URL naming another folder that is not there is a typo more
+        # often than a wish (sqlite:////nonexistent_dir/x.db would otherwise create /nonexistent_dir).
+        raise StudyError(
+            f"{url}: study.storage: the folder {db.parent} does not exist; create it (mkdir -p {db.parent}) or "
+            "give --storage a path in an existing folder"
+        )
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StudyError(
+            f"{url}: study.storage: cannot create {db.parent} ({exc.strerror}); choose a writable folder with --storage"
+        ) from None
+    if not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
+        raise StudyError(f"{url}: study.storage: {db} is not writable; fix its permissions or choose another --storage")
+
+
 def _storage(url: str) -> optuna.storages.BaseStorage:
     heartbeat = heartbeat_kwargs()
     # A long busy timeout: several processes may write one SQLite file (one machine only).
     engine_kwargs = {"connect_args": {"timeout": 60}} if sqlite_database(url) is not None else None
     database = sqlite_file(url)
     if database is not None:
-        db = Path(database)
-        if db.is_dir():
-            raise StudyError(
-                f"{url}: study.storage: {db} is a folder; give the path of a .db file, e.g. sqlite:///{db}/study.db"
-            )
-        if not db.parent.exists() and db.parent.resolve() != STUDIES_DIR.resolve():
-            # Only the default studies/ is created: a URL naming another folder that is not there is a typo more
-            # often than a wish (sqlite:////nonexistent_dir/x.db would otherwise create /nonexistent_dir).
-            raise StudyError(
-                f"{url}: study.storage: the folder {db.parent} does not exist; create it (mkdir -p {db.parent}) or "
-                "give --storage a path in an existing folder"
-            )
-        try:
-            db.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StudyError(
-                f"{url}: study.storage: cannot create {db.parent} ({exc.strerror}); choose a "
-                "writable folder with --storage"
-            ) from None
-        if not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
-            raise StudyError(
-                f"{url}: study.storage: {db} is not writable; fix its permissions or choose another --storage"
-            )
+        _check_study_file(url, database, f"sqlite:///{database}/study.db")
+    journal = journal_file(url)
+    if journal is not None:
+        _check_study_file(url, journal, f"journal:///{journal}/study.log")
+        return HeartbeatJournalStorage(journal, **heartbeat)
     lock = AskLock(url, SCHEMA_LOCK)
     try:
         # Sweeps started together on an empty database would race to create Optuna's tables (a unique violation
@@ -103,7 +113,7 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
         first = scrub_secrets((str(exc).strip().splitlines() or [type(exc).__name__])[0][:160], url)
         raise StudyError(
             f"{redact_url(url)}: --storage: cannot open this storage ({type(exc).__name__}: {first}); "
-            "give sqlite:///PATH.db or a reachable postgresql:// or mysql:// URL"
+            "give sqlite:///PATH.db, journal:///PATH.log or a reachable postgresql:// or mysql:// URL"
         ) from None
 
 
@@ -132,6 +142,8 @@ def _unreadable(url: str, exc: BaseException) -> str:
             f"{where}: STUDY: the database holds no Optuna study (no Optuna tables: an empty or another program's "
             "database); give the .db that 'sweep run' wrote"
         )
+    if journal_file(url) is not None:
+        return f"{where}: STUDY: cannot read it as an Optuna journal ({first}); give the journal 'sweep run' wrote"
     return (
         f"{where}: STUDY: cannot read it as an Optuna study database ({type(causes[-1]).__name__}: {first}); "
         "give the .db that 'sweep run' wrote"
@@ -166,7 +178,7 @@ def open_study(
         objectives = space.study.objectives
     wanted = DEFAULT_OBJECTIVES if objectives is None else resolve_objectives(objectives, str(space.path))
     sampler = make_sampler(space.study, n_trials or space.study.n_trials)
-    database = sqlite_file(url)
+    database = sqlite_file(url) or journal_file(url)
     fresh = database is not None and not Path(database).exists()
     opened = _storage(url)  # a storage that cannot be opened is the first thing to say
     existing = None
@@ -176,7 +188,7 @@ def open_study(
         check_study_dir(name, url, study_identity(existing) if existing is not None else None)  # before creating
     except StudyError:
         if fresh and database is not None:  # the refused command leaves no empty database (or its lock) behind
-            for leftover in (Path(database), Path(f"{database}.lock")):
+            for leftover in (Path(database), Path(f"{database}.lock"), Path(f"{database}.ask.lock")):
                 leftover.unlink(missing_ok=True)
         raise
     try:
@@ -273,6 +285,8 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
     """
     if "://" in ref:
         url, name = ref, None
+    elif ref.endswith(".log"):  # a journal file, as optuna-dashboard takes it
+        url, name = f"{JOURNAL_SCHEME}{ref}", None
     elif ref.endswith(".db") or "/" in ref:
         if not Path(ref).is_file():
             raise StudyError(
@@ -293,12 +307,19 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
         url, name = default_storage(ref), ref
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         raise StudyError(f"{url}: STUDY: no such study file; give a study name, a .db path or a storage URL")
+    journal = journal_file(url)
+    if journal is not None and not Path(journal).is_file():
+        raise StudyError(f"{url}: STUDY: no such journal file; give the journal:///PATH.log that 'sweep run' wrote")
     try:  # read what is there: create no file, table or folder
-        storage = optuna.storages.RDBStorage(
-            url,
-            skip_table_creation=True,
-            engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
-        )
+        storage: optuna.storages.BaseStorage
+        if journal is not None:
+            storage = HeartbeatJournalStorage(journal)
+        else:
+            storage = optuna.storages.RDBStorage(
+                url,
+                skip_table_creation=True,
+                engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
+            )
         names = optuna.get_all_study_names(storage)
     except ImportError as exc:
         raise StudyError(f"{redact_url(url)}: STUDY: no database driver for it is installed ({exc})") from None
