@@ -29,7 +29,7 @@ def _parent(*, study: bool = False, set_help: str | None = None, json_help: str 
     """
     parent = _Parser(add_help=False)
     if study:
-        parent.add_argument("study", help="study name (studies/NAME.db), .db path or storage URL")
+        parent.add_argument("study", help="study name (studies/NAME.db), .db path, journal .log path or storage URL")
     if set_help is not None:
         parent.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
     if json_help is not None:
@@ -81,7 +81,11 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     head.add_argument("space", help="space file, e.g. search_spaces/demo.yaml")
     head.add_argument("--n-trials", type=int, help="trials the study should hold (over the whole study)")
     head.add_argument("--timeout", help="stop starting trials after this long, e.g. 8h")
-    head.add_argument("--storage", help="optuna storage URL (default sqlite:///studies/<name>.db)")
+    head.add_argument(
+        "--storage",
+        help="optuna storage: sqlite:///PATH.db (default sqlite:///studies/<name>.db), postgresql://... or mysql://... "
+        "to share it between machines, journal:///PATH.log for a journal file on a shared filesystem",
+    )
     head.add_argument("--study", help="study name (default: study.name of the file)")
     run = sub.add_parser(
         "run",

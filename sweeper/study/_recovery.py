@@ -53,10 +53,13 @@ class StaleTrial:
     Attributes:
         number: The trial's number.
         why: ``gone`` (its sweep process on this host is dead) or ``lost`` (its sweep sent no heartbeat).
+        retried: Whether its configuration was queued again (not when it was already retried ``max_retries``
+            times: a configuration whose runs keep dying may be what kills them).
     """
 
     number: int
     why: Literal["gone", "lost"]
+    retried: bool = True
 
 
 def _pid_alive(pid: int) -> bool:
@@ -69,18 +72,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _fail_running(study: optuna.Study, trial: FrozenTrial, reason: str, max_retries: int) -> bool:
-    """Mark another sweep's RUNNING trial failed (``crash``, ``interrupted``, with ``reason``) and queue its retry.
+def _fail_running(study: optuna.Study, trial: FrozenTrial, reason: str, max_retries: int) -> bool | None:
+    """Mark another sweep's RUNNING trial failed (``crash``, ``interrupted``, with ``reason``) and queue its retry
+    (:func:`retry`: up to ``max_retries`` times).
 
     Returns:
-        False when the trial had ended meanwhile (told by its own sweep, or failed by another one): nothing done.
+        Whether a retry was queued; None when the trial had ended meanwhile (told by its own sweep, or failed by
+        another one): nothing done.
     """
     try:
         fail_trial(study, trial, {"status": "crash", "reason": reason, "interrupted": True})
     except optuna.exceptions.UpdateFinishedTrialError:
-        return False
-    retry(study, trial, max_retries)
-    return True
+        return None
+    return retry(study, trial, max_retries)
 
 
 def _stale_reason(trial: FrozenTrial, host: str, stale: set[int], interval: float | None) -> tuple[str, str] | None:
@@ -147,6 +151,9 @@ def fail_stale_trials(study: optuna.Study, max_retries: int = 1) -> list[StaleTr
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         found = _stale_reason(t, host, stale, interval)
-        if found is not None and _fail_running(study, t, found[1], max_retries):
-            failed.append(StaleTrial(t.number, found[0]))  # type: ignore[arg-type]
+        if found is None:
+            continue
+        retried = _fail_running(study, t, found[1], max_retries)
+        if retried is not None:
+            failed.append(StaleTrial(t.number, found[0], retried))  # type: ignore[arg-type]
     return failed

@@ -184,14 +184,15 @@ class _Sweep:
     def fail_stale(self) -> None:
         """Fail and retry the trials of sweeps that died on this host or went silent anywhere (under the lock)."""
         for stale in fail_stale_trials(self.study, self.max_retries):
+            then = (
+                "its configuration runs again"
+                if stale.retried
+                else f"its configuration ran {self.max_retries + 1} times and is not retried again (max_retries)"
+            )
             if stale.why == "gone":
-                self.note(
-                    f"trial {stale.number}: its sweep process is gone; marked interrupted, its configuration runs again"
-                )
+                self.note(f"trial {stale.number}: its sweep process is gone; marked interrupted, {then}")
             else:
-                self.note(
-                    f"trial {stale.number}: its sweep sent no heartbeat; marked lost, its configuration runs again"
-                )
+                self.note(f"trial {stale.number}: its sweep sent no heartbeat; marked lost, {then}")
 
     def ask(self, device: str | None) -> optuna.Trial | None:
         """Under the ask lock: a new trial, or None when this slot should wait (the trials still needed are running

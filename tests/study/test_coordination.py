@@ -380,7 +380,7 @@ def test_stale_trials_are_shown_then_failed_and_retried_once(db, monkeypatch):
         StaleTrial(gone.number, "gone"),
         StaleTrial(lost.number, "lost"),
         StaleTrial(frozen.number, "lost"),
-        StaleTrial(last.number, "gone"),
+        StaleTrial(last.number, "gone", retried=False),  # said so: the sweep's note names max_retries
     ]
     trials = study.trials
     for t in (gone, lost, frozen, last):

@@ -1,8 +1,8 @@
 """Several workers on one study: worker threads of one `sweep run` (--workers; a configuration asked twice is measured
-once), and two `sweep run` processes on a real PostgreSQL server, ending with exactly n_trials finished trials; a sweep
-that stops sending heartbeats loses its trial to another sweep, which retries it. The storage password appears
-nowhere. The coordination itself (the ask lock, asking up to n_trials, heartbeats, which stale trials are failed and
-which left alone) has fast tests of its own in test_coordination.py."""
+once), ending with exactly n_trials finished trials; a sweep that stops sending heartbeats loses its trial to another
+sweep, which retries it (eight sweeps on PostgreSQL and on a journal file, two killed: test_cluster.py). The
+coordination itself (the ask lock, asking up to n_trials, heartbeats, which stale trials are failed and which left
+alone) has fast tests of its own in test_coordination.py."""
 
 import os
 import re
@@ -10,15 +10,15 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
 from sweeper.study._snapshot import count_finished
+from sweeper.study._storage import load_existing_study
 from sweeper.study._stored import is_finished
-from sweeper.testing import PASSWORD, pg_bin, start_server, sweep, tiny_space, write_space
+from sweeper.testing import sweep, tiny_space, write_space
 
 pytestmark = pytest.mark.slow
 
@@ -60,96 +60,49 @@ def test_two_workers_run_trials_at_once_and_stop_at_n_trials(tiny_model, workdir
     assert all(t.user_attrs["peak_memory_gib"] > 0 for t in measured)  # each worker measured its own process
 
 
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory):
-    if pg_bin() is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL is not installed: .ci/run must install Debian's postgresql")
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    server = start_server(tmp_path_factory.mktemp("pg"))
-    yield server
-    server.stop()
-
-
-def _no_password_anywhere(workdir: Path, *texts: str) -> None:
-    encoded = PASSWORD.replace("@", "%40").replace(":", "%3A")
-    for text in texts:
-        assert PASSWORD not in text and encoded not in text
-    for path in workdir.rglob("*"):
-        if path.is_file() and path.suffix != ".db":
-            data = path.read_bytes()
-            assert PASSWORD.encode() not in data and encoded.encode() not in data, path
-
-
-@pytest.mark.postgres
-def test_two_sweeps_share_one_postgresql_study(tiny_model, workdir, postgres):
-    space = tiny_space(
-        tiny_model,
-        name="shared",
-        n_trials=5,
-        search={"r": [4, 8, 16, 32, 64], "learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}},
-    )
-    space["study"]["sampler"] = "random"  # seed 0 in the file: each sweep must still sample from its own seed
-    path = write_space(workdir, space)
-    cmd = [sys.executable, "-m", "sweeper.cli", "run", str(path), "--storage", postgres.url]
-    procs = [
-        subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
-    ]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err
-    study = optuna.load_study(study_name="shared", storage=postgres.url)
-    numbers = [t.number for t in study.trials]
-    assert len(numbers) == len(set(numbers)) == numbers[-1] + 1  # no number twice, none missing
-    assert count_finished(study) == 5  # exactly n_trials between them, nothing lost
-    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
-    assert len({t.user_attrs["sweep_pid"] for t in study.trials if is_finished(t)}) == 2  # both ran trials
-    assert not [t.number for t in study.trials if "duplicate_of" in t.user_attrs]  # not the same proposals twice
-    assert study.user_attrs["sweep_starts"] == 2
-    report = sweep("report", postgres.url, cwd=workdir)
-    export = sweep("export", postgres.url, "--format", "json", cwd=workdir)
-    assert report.returncode == 0 and export.returncode == 0, report.stderr + export.stderr
-    texts = [o for pair in outs for o in pair] + [report.stdout, report.stderr, export.stdout, export.stderr]
-    texts += [repr(t.user_attrs) + repr(t.system_attrs) for t in study.trials] + [repr(study.user_attrs)]
-    assert "***@127.0.0.1" in outs[0][0]
-    _no_password_anywhere(workdir, *texts)
-
-
-def _freeze_outside_a_write(pid: int, db: Path) -> None:
-    """SIGSTOP ``pid`` at a moment it holds no SQLite write lock on ``db``: a process frozen inside a write (its
-    ``worker_pid`` attribute or a heartbeat) keeps the database locked for everyone, which is SQLite's nature, not
-    what this test is about. Stop it, try a write transaction, and if the file is locked let it run a moment and
-    stop it again."""
+def _freeze_outside_a_write(pid: int, url: str) -> None:
+    """SIGSTOP ``pid`` at a moment it holds no write lock on the study: a process frozen inside a write (its
+    ``worker_pid`` attribute or a heartbeat) keeps a SQLite database locked for everyone, which is SQLite's nature,
+    not what this test is about, and holds a journal's lock until Optuna forces it free (30 s). Stop it, try to take
+    the lock, and if it is held let it run a moment and stop it again."""
     import sqlite3
 
     for _ in range(200):
         os.kill(pid, signal.SIGSTOP)
-        try:
-            con = sqlite3.connect(db, timeout=0.2)
-            con.execute("BEGIN IMMEDIATE")
-            con.rollback()
-            con.close()
-            return
-        except sqlite3.OperationalError:
-            os.kill(pid, signal.SIGCONT)
-            time.sleep(0.05)
-    raise AssertionError(f"{db} stayed locked by pid {pid}")
+        if url.startswith("journal:///"):
+            if not os.path.lexists(url.removeprefix("journal:///") + ".lock"):
+                return
+        else:
+            try:
+                con = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=0.2)
+                con.execute("BEGIN IMMEDIATE")
+                con.rollback()
+                con.close()
+                return
+            except sqlite3.OperationalError:
+                pass
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError(f"{url} stayed locked by pid {pid}")
 
 
-def test_a_silent_sweep_loses_its_trial_to_another_by_heartbeat(tiny_model, workdir):
+@pytest.mark.parametrize("backend", ["sqlite", "journal"])
+def test_a_silent_sweep_loses_its_trial_to_another_by_heartbeat(tiny_model, workdir, backend):
     """A sweep frozen mid-trial (SIGSTOP: alive, so its pid says nothing) stops sending heartbeats; a second sweep
-    of the study fails its trial as lost after the grace period (4 heartbeats of 1 s) and runs it again."""
+    of the study fails its trial as lost after the grace period (4 heartbeats of 1 s) and runs it again. In SQLite
+    the heartbeat is Optuna's; in a journal file it is sweeper's, written into the journal."""
     space = tiny_space(tiny_model, name="hb", n_trials=2, search={"r": [4, 8]})
     path = write_space(workdir, space)
     env = {**os.environ, "SWEEPER_HEARTBEAT_INTERVAL_S": "1"}
-    cmd = [sys.executable, "-m", "sweeper.cli", "run", str(path)]
+    url = "sqlite:///studies/hb.db" if backend == "sqlite" else f"journal:///{workdir / 'hb.log'}"
+    cmd = [sys.executable, "-m", "sweeper.cli", "run", str(path), "--storage", url]
     frozen = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     pid_file = workdir / "studies" / "hb" / "trials" / "0" / "worker.pid"
     deadline = time.monotonic() + 120
     while not pid_file.exists():
         assert time.monotonic() < deadline and frozen.poll() is None, "trial 0 never started"
         time.sleep(0.1)
-    _freeze_outside_a_write(frozen.pid, workdir / "studies" / "hb.db")
+    _freeze_outside_a_write(frozen.pid, url)
     try:
         other = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
     finally:
@@ -157,7 +110,7 @@ def test_a_silent_sweep_loses_its_trial_to_another_by_heartbeat(tiny_model, work
         frozen.wait()
     assert other.returncode == 0, other.stderr
     assert "trial 0: its sweep sent no heartbeat; marked lost" in other.stdout
-    study = optuna.load_study(study_name="hb", storage="sqlite:///studies/hb.db")
+    study, _ = load_existing_study(url)
     lost = study.trials[0]
     assert lost.state == TrialState.FAIL and lost.user_attrs["reason"].startswith("lost: its sweep (pid")
     retries = [t for t in study.trials if t.user_attrs.get("retry_of") == 0]
