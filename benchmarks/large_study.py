@@ -4,7 +4,8 @@ a freshly loaded study), the sweep loop's bookkeeping per trial (its one read un
 whose finished trials Optuna caches, and the view updated with the trial it told), and ``sweep report`` (terminal,
 ``--json``, ``--html``) timed as a user runs them; medians of 3 for the reads.
 
-    python benchmarks/large_study.py STUDIES_DIR [STUDY] [--trials 2000] [--sweeper PATH] [--out FILE.json]
+    python benchmarks/large_study.py STUDIES_DIR [STUDY] [--trials 2000] [--storage sqlite|journal] [--sweeper PATH]
+        [--out FILE.json]
 
 STUDIES_DIR is a ``studies/`` folder (the demo's after ``make demo``); it is read, never written. ``--sweeper PATH``
 imports sweeper from another checkout (a ``git worktree`` of an older commit) to measure it the same way: before and
@@ -31,15 +32,25 @@ def _use(sweeper_path: str | None) -> None:
     sys.path.insert(0, str(Path(sweeper_path).resolve()))
 
 
-def build(source_db: Path, name: str, target_db: Path, n: int) -> None:
-    """A study named ``name`` in ``target_db`` holding ``n`` copies of ``source_db``'s finished trials (cycled), with
-    its study attributes (confirmations left out: they name the source's trial numbers)."""
+def _storage(url: str):
+    """Optuna's storage for ``url`` (a ``journal:///`` URL as sweeper opens it)."""
+    if url.startswith("journal:///"):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        return JournalStorage(JournalFileBackend(url.removeprefix("journal:///")))
+    return url
+
+
+def build(source_db: Path, name: str, target: str, n: int) -> None:
+    """A study named ``name`` in the storage at URL ``target`` holding ``n`` copies of ``source_db``'s finished trials
+    (cycled), with its study attributes (confirmations left out: they name the source's trial numbers)."""
     import optuna
 
     source = optuna.load_study(study_name=name, storage=f"sqlite:///{source_db}")
     finished = [t for t in source.get_trials(deepcopy=False) if t.state.is_finished()]
     target = optuna.create_study(
-        study_name=name, storage=f"sqlite:///{target_db}", directions=source.directions, load_if_exists=False
+        study_name=name, storage=_storage(target), directions=source.directions, load_if_exists=False
     )
     for key, value in source.user_attrs.items():
         if not key.startswith("confirmation"):
@@ -79,6 +90,7 @@ def main() -> int:
     parser.add_argument("study", nargs="?", default="demo")
     parser.add_argument("--trials", type=int, default=2000)
     parser.add_argument("--sweeper", help="import sweeper from this checkout")
+    parser.add_argument("--storage", choices=("sqlite", "journal"), default="sqlite")
     parser.add_argument("--out")
     args = parser.parse_args()
     _use(args.sweeper)
@@ -91,15 +103,23 @@ def main() -> int:
     work = Path(tempfile.mkdtemp())
     try:
         (work / "studies").mkdir()
-        db = work / "studies" / f"{args.study}.db"
-        build(Path(args.studies) / f"{args.study}.db", args.study, db, args.trials)
+        if args.storage == "journal":
+            url = f"journal:///{work / 'studies' / args.study}.log"
+        else:
+            url = f"sqlite:///{work / 'studies' / args.study}.db"
+        build(Path(args.studies) / f"{args.study}.db", args.study, url, args.trials)
         if (Path(args.studies) / args.study).is_dir():  # the study's folder: its identity file, artifacts
             shutil.copytree(Path(args.studies) / args.study, work / "studies" / args.study)
-        url = f"sqlite:///{db}"
-        figures: dict[str, float | int | str] = {"trials": args.trials, "sweeper": str(Path(sweeper.__file__).parent)}
+        figures: dict[str, float | int | str] = {
+            "trials": args.trials,
+            "storage": args.storage,
+            "sweeper": str(Path(sweeper.__file__).parent),
+        }
         # a command's one read: a fresh study object (Optuna's storage caches finished trials per object)
-        figures["read_cold_s"] = timed(lambda: snapshot(optuna.load_study(study_name=args.study, storage=url)))
-        study = optuna.load_study(study_name=args.study, storage=url)
+        figures["read_cold_s"] = timed(
+            lambda: snapshot(optuna.load_study(study_name=args.study, storage=_storage(url)))
+        )
+        study = optuna.load_study(study_name=args.study, storage=_storage(url))
         snapshot(study)
         # the sweep loop's read a trial: the same study object, its finished trials cached after the first read
         figures["read_in_loop_s"] = timed(lambda: snapshot(study))
@@ -111,7 +131,8 @@ def main() -> int:
         runner = [sys.executable, "-c", _RUNNER, args.sweeper or ""]
         for label, extra in (("report_s", []), ("report_json_s", ["--json"]), ("report_html_s", ["--html", "r.html"])):
             start = time.perf_counter()
-            done = subprocess.run([*runner, "report", args.study, *extra], cwd=work, env=env, capture_output=True)
+            ref = args.study if args.storage == "sqlite" else url
+            done = subprocess.run([*runner, "report", ref, *extra], cwd=work, env=env, capture_output=True)
             figures[label] = time.perf_counter() - start
             if done.returncode != 0:
                 print(done.stderr.decode()[-2000:], file=sys.stderr)

@@ -2,8 +2,9 @@
 counts): eight `sweep run` processes, each in its own working folder as a machine of a cluster would be, on one study
 in a real PostgreSQL server or in a journal file on a shared folder; two of them are killed with `kill -9` mid-trial.
 Exactly n_trials trials settle, no number is lost or doubled, nothing is left RUNNING, and each killed trial is
-retried once. Also: the journal's heartbeat finds a frozen sweep, and a journal lock left by a hard kill does not make
-the next sweep wait forever (optuna#5921).
+retried once. The same with eight worker slots of two `sweep run --workers 4` on one machine, one killed. The journal
+starts with the lock a writer killed mid-write leaves, which must not make the sweeps wait forever (optuna#5921); its
+heartbeat finding a frozen sweep is in test_parallel.py.
 
 Eight processes on this 2-core machine take 2 to 2.5 minutes a test (PostgreSQL 119 s, the journal 150 s with its
 30 s lock wait): marked slow and cluster (and postgres where it starts a server)."""
@@ -25,7 +26,6 @@ from sweeper.testing import PASSWORD, pg_bin, start_server, sweep, tiny_space, w
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
-N_SWEEPS = 8
 N_TRIALS = 10
 
 
@@ -56,21 +56,26 @@ def _load(url: str, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=url)
 
 
-def _running_trial_of(url: str, name: str, pid: int) -> int | None:
-    """The number of the trial the sweep ``pid`` is measuring (its trial process started), or None."""
+def _running_trials_of(url: str, name: str, pid: int) -> list[int]:
+    """The numbers of the trials the sweep ``pid`` is measuring (their trial process started)."""
     try:
         study = _load(url, name)
     except KeyError:  # the study is not created yet
-        return None
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.user_attrs.get("sweep_pid") == pid and "worker_pid" in t.user_attrs:
-            return t.number
-    return None
+        return []
+    return [
+        t.number
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if t.user_attrs.get("sweep_pid") == pid and "worker_pid" in t.user_attrs
+    ]
 
 
-def _eight_sweeps_two_killed(tiny_model: Path, workdir: Path, url: str, name: str) -> list[str]:
-    """Run :data:`N_SWEEPS` sweeps of :data:`N_TRIALS` on ``url``, kill two mid-trial, check the counts; returns the
-    sweeps' logs (stdout and stderr), the killed ones first."""
+def _sweeps_with_kills(
+    tiny_model: Path, workdir: Path, url: str, name: str, *, sweeps: int = 8, workers: int = 1, victims: int = 2
+) -> list[str]:
+    """Run ``sweeps`` sweeps of :data:`N_TRIALS` with ``workers`` worker slots each on ``url`` (each sweep in a working
+    folder of its own when ``workers`` is 1: the machines of a cluster; else all in ``workdir``: one machine), kill
+    the first ``victims`` with ``kill -9`` once each measures a trial (``min(workers, 2)`` trials), and check the
+    counts; returns the sweeps' logs (stdout and stderr), the killed ones first."""
     space = tiny_space(
         tiny_model,
         name=name,
@@ -78,34 +83,37 @@ def _eight_sweeps_two_killed(tiny_model: Path, workdir: Path, url: str, name: st
         search={"r": [4, 8, 16, 32, 64], "learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}},
     )
     space["study"]["sampler"] = "random"
-    procs = []
-    for i in range(N_SWEEPS):  # each in a folder of its own: the machines of a cluster share only the storage
-        machine = workdir / f"machine{i}"
-        machine.mkdir()
-        path = write_space(machine, space)
-        cmd = [sys.executable, "-m", "sweeper.cli", "run", str(path), "--storage", url]
-        log = open(machine / "sweep.log", "w")  # noqa: SIM115 - closed with the process
-        procs.append((subprocess.Popen(cmd, cwd=machine, stdout=log, stderr=subprocess.STDOUT, text=True), log))
-    victims = [p for p, _ in procs[:2]]
-    killed: dict[int, int] = {}  # pid -> the number of the trial it was measuring
+    procs, folders = [], []
+    for i in range(sweeps):
+        folder = workdir / f"machine{i}" if workers == 1 else workdir
+        folder.mkdir(exist_ok=True)
+        path = write_space(folder, space)
+        cmd = [sys.executable, "-m", "sweeper.cli", "run", str(path), "--storage", url, "--workers", str(workers)]
+        log = open(workdir / f"sweep{i}.log", "w")  # noqa: SIM115 - closed with the process
+        procs.append((subprocess.Popen(cmd, cwd=folder, stdout=log, stderr=subprocess.STDOUT, text=True), log))
+        folders.append(folder)
+    killed: dict[int, list[int]] = {}  # pid -> the numbers of the trials it was running
     deadline = time.monotonic() + 300
-    while len(killed) < len(victims):
+    while len(killed) < victims:
         assert time.monotonic() < deadline, f"the victims never started a trial (killed so far: {killed})"
-        for victim in victims:
+        for victim, _ in procs[:victims]:
             if victim.pid in killed:
                 continue
             assert victim.poll() is None, "a victim ended before it started a trial"
-            number = _running_trial_of(url, name, victim.pid)
-            if number is not None:
-                victim.send_signal(signal.SIGKILL)  # mid-trial: its trial process dies with it (PR_SET_PDEATHSIG)
+            if len(_running_trials_of(url, name, victim.pid)) >= min(workers, 2):
+                victim.send_signal(signal.SIGKILL)  # mid-trial: its trial processes die with it (PR_SET_PDEATHSIG)
                 victim.wait()
-                killed[victim.pid] = number
+                killed[victim.pid] = [
+                    t.number
+                    for t in _load(url, name).get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                    if t.user_attrs.get("sweep_pid") == victim.pid
+                ]
         time.sleep(0.2)
     for p, log in procs:
         p.wait(timeout=600)
         log.close()
-    logs = [(workdir / f"machine{i}" / "sweep.log").read_text() for i in range(N_SWEEPS)]
-    for (p, _), text in list(zip(procs, logs))[2:]:
+    logs = [(workdir / f"sweep{i}.log").read_text() for i in range(sweeps)]
+    for (p, _), text in list(zip(procs, logs))[victims:]:
         assert p.returncode == 0, text[-3000:]
 
     study = _load(url, name)
@@ -113,7 +121,9 @@ def _eight_sweeps_two_killed(tiny_model: Path, workdir: Path, url: str, name: st
     assert numbers == list(range(len(numbers)))  # no number twice, none missing
     assert count_finished(study) == N_TRIALS, [(t.number, t.state, t.user_attrs.get("status")) for t in study.trials]
     assert not [t.number for t in study.trials if t.state == TrialState.RUNNING]
-    for number in killed.values():
+    lost_numbers = [n for numbers in killed.values() for n in numbers]
+    said = "\n".join(logs)
+    for number in lost_numbers:
         lost = study.trials[number]
         assert lost.state == TrialState.FAIL and lost.user_attrs["interrupted"] is True, lost.user_attrs
         # Its configuration runs again, once (max_retries 1): a retry the other victim was killed in is not retried
@@ -123,17 +133,14 @@ def _eight_sweeps_two_killed(tiny_model: Path, workdir: Path, url: str, name: st
         shown = [(t.number, t.state.name, t.user_attrs.get("status"), t.user_attrs.get("sweep_pid")) for t in chain]
         assert all(t.params == lost.params for t in chain) and len(chain) == 2, shown
         interrupted = [t.number for t in chain if t.user_attrs.get("interrupted")]
-        assert set(interrupted) <= set(killed.values()), shown  # only the kills were retried
+        assert set(interrupted) <= set(lost_numbers), shown  # only the kills were retried
         if len(interrupted) == 1:
             assert chain[1].state.is_finished() and chain[1].state != TrialState.FAIL, shown
-    said = "\n".join(logs)
-    for number in killed.values():
-        then = "runs again" if "retry_of" not in study.trials[number].user_attrs else "ran 2 times and is not retried"
+        then = "runs again" if "retry_of" not in lost.user_attrs else "ran 2 times and is not retried"
         assert f"trial {number}: its sweep process is gone; marked interrupted, its configuration {then}" in said, said
-
     survivors = {t.user_attrs["sweep_pid"] for t in study.trials if t.state == TrialState.COMPLETE}
-    assert len(survivors) >= 3, survivors  # the work was shared, not done by one sweep while the others waited
-    assert study.user_attrs["sweep_starts"] == N_SWEEPS
+    assert len(survivors) >= min(3, sweeps - victims), survivors  # the work was shared, not done by one sweep
+    assert study.user_attrs["sweep_starts"] == sweeps
     assert not [t.number for t in study.trials if "duplicate_of" in t.user_attrs]  # each sweep samples its own seed
     return logs
 
@@ -141,7 +148,7 @@ def _eight_sweeps_two_killed(tiny_model: Path, workdir: Path, url: str, name: st
 @pytest.mark.postgres
 def test_eight_sweeps_on_postgresql_two_killed_mid_trial(tiny_model, workdir, postgres):
     """Also: the reading commands take the URL, and its password appears nowhere (output, attributes, files)."""
-    logs = _eight_sweeps_two_killed(tiny_model, workdir, postgres.url, "cluster_pg")
+    logs = _sweeps_with_kills(tiny_model, workdir, postgres.url, "cluster_pg")
     machine = workdir / "machine7"
     report = sweep("report", postgres.url, cwd=machine)
     export = sweep("export", postgres.url, "--format", "json", cwd=machine)
@@ -163,9 +170,16 @@ def test_eight_sweeps_on_a_journal_file_two_killed_mid_trial(tiny_model, workdir
     journal.touch()
     os.symlink(journal, f"{journal}.lock")  # what JournalFileSymlinkLock.acquire leaves when its process is killed
     url = f"journal:///{journal}"
-    logs = _eight_sweeps_two_killed(tiny_model, workdir, url, "cluster_journal")
+    logs = _sweeps_with_kills(tiny_model, workdir, url, "cluster_journal")
     assert any("Forcibly releasing the lock file" in text for text in logs), logs[-1][-3000:]
     machine = workdir / "machine7"
     for ref in (url, str(journal)):
         report = sweep("report", ref, "--json", cwd=machine)
         assert report.returncode == 0 and '"study": "cluster_journal"' in report.stdout, report.stderr
+
+
+def test_eight_workers_of_two_sweeps_on_one_machine_one_killed_mid_trial(tiny_model, workdir):
+    """The same with worker slots: two `sweep run --workers 4` on one machine's SQLite study, one killed with its
+    trials (each slot's trial process dies with it); the other measures exactly n_trials between them."""
+    _sweeps_with_kills(tiny_model, workdir, "sqlite:///studies/cluster_workers.db", "cluster_workers", sweeps=2,
+                       workers=4, victims=1)  # fmt: skip
