@@ -58,6 +58,8 @@ def _load(url: str, name: str) -> optuna.Study:
 
 def _running_trials_of(url: str, name: str, pid: int) -> list[int]:
     """The numbers of the trials the sweep ``pid`` is measuring (their trial process started)."""
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        return []  # not created yet (and loading it would create it)
     try:
         study = _load(url, name)
     except KeyError:  # the study is not created yet
