@@ -25,7 +25,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.study._optuna_private import BaseHeartbeat
+from sweeper.study._optuna_private import BaseHeartbeat, trial_id
 
 #: The URL scheme of a journal file: ``journal:///relative/path.log`` or ``journal:////absolute/path.log`` (the
 #: path after ``journal:///``, as SQLite's URLs write it).
@@ -86,7 +86,7 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
             beat = t.system_attrs.get(HEARTBEAT_ATTR)
             if isinstance(beat, str) and (now - dt.datetime.fromisoformat(beat)).total_seconds() > self._grace_period:
-                stale.append(t._trial_id)
+                stale.append(trial_id(t))
         return stale
 
     def get_heartbeat_interval(self) -> int | None:

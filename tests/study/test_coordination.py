@@ -31,10 +31,11 @@ from optuna.trial import TrialState
 
 from sweeper.space import parse_space
 from sweeper.study._coordination import AskLock, Heartbeat
-from sweeper.study._optuna_private import stale_trial_ids
+from sweeper.study._journal import HEARTBEAT_ATTR
+from sweeper.study._optuna_private import heartbeat_interval, stale_trial_ids, storage_of, trial_id
 from sweeper.study._recovery import StaleTrial, _fail_running, fail_stale_trials, stale_running
 from sweeper.study._snapshot import count_finished
-from sweeper.study._storage import open_study
+from sweeper.study._storage import load_existing_study, open_study
 from sweeper.sweep._plan import SweepPlan
 from sweeper.sweep._state import _Stop, _Sweep
 
@@ -202,6 +203,50 @@ def test_the_ask_lock_kind_follows_the_storage():
     assert AskLock("mysql+pymysql://me:pw@127.0.0.1:1/x", "s").kind == "mysql"
     assert AskLock("sqlite+pysqlite:///x.db", "s").kind == "file"
     assert AskLock("sqlite:///file:x.db?mode=memory&uri=true", "s").kind == "thread"
+    journal = AskLock("journal:////shared/night.log", "s")  # beside the journal, not Optuna's own <file>.lock
+    assert journal.kind == "file" and journal._lock_path == Path("/shared/night.log.ask.lock")
+
+
+def test_three_sweep_processes_on_one_journal_ask_exactly_n_trials(tmp_path, monkeypatch):
+    """The ask lock and Optuna's journal between processes: n_trials trials, numbered without a gap."""
+    monkeypatch.chdir(tmp_path)
+    url = f"journal:///{tmp_path / 's.log'}"
+    _open(url)
+    started = [_start(_ask_until_stopped, url, 4) for _ in range(3)]
+    ran = [_receive(conn, proc, 60) for proc, conn in started]
+    for proc, _ in started:
+        proc.join(10)
+        assert proc.exitcode == 0
+    study, _ = load_existing_study(str(tmp_path / "s.log"))
+    assert [t.number for t in study.trials] == list(range(4)) and sum(ran) == 4
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+
+
+def test_a_journal_trial_whose_sweep_stopped_beating_is_stale(tmp_path, monkeypatch):
+    """The journal's heartbeat (sweeper's, in the journal): a RUNNING trial whose last beat is older than the grace
+    period is stale, one that beat just now is not, nor one that never beat (as Optuna's RDB heartbeat)."""
+    import datetime as dt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SWEEPER_HEARTBEAT_INTERVAL_S", "1")  # grace: 4 s
+    study = _open(f"journal:///{tmp_path / 's.log'}")
+    storage = storage_of(study)
+    silent, beating, never = study.ask(), study.ask(), study.ask()
+    old = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=60)).isoformat()
+    storage.set_trial_system_attr(trial_id(silent), HEARTBEAT_ATTR, old)
+    storage.record_heartbeat(trial_id(beating))
+    assert stale_trial_ids(study) == [trial_id(silent)] and trial_id(never) not in stale_trial_ids(study)
+    assert heartbeat_interval(storage) == 1
+    study.tell(silent, state=TrialState.FAIL)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):  # a beat after the end: the thread skips it
+        storage.record_heartbeat(trial_id(silent))
+
+
+def test_a_journal_in_a_missing_folder_is_one_line(tmp_path):
+    from sweeper.errors import StudyError
+
+    with pytest.raises(StudyError, match=r"journal:///.*/nowhere/s\.log: study\.storage: the folder .* does not exist"):
+        _open(f"journal:///{tmp_path / 'nowhere' / 's.log'}")
 
 
 def test_a_sweep_asks_only_under_the_lock_and_records_who_asked(db, monkeypatch):
@@ -426,3 +471,29 @@ def test_a_dead_sweep_is_found_by_its_pid_without_heartbeats():
     other.set_user_attr("sweep_host", "another-machine")
     other.set_user_attr("sweep_pid", 4242)
     assert fail_stale_trials(study) == [StaleTrial(trial.number, "gone")]
+
+
+def test_the_dashboard_reads_a_journal_study(tmp_path, monkeypatch):
+    """optuna-dashboard's own API on the journal, as `sweep dashboard journal:///...` serves it (its WSGI app)."""
+    import io
+    import json
+    from wsgiref.util import setup_testing_defaults
+
+    from sweeper.report._dashboard import dashboard_app
+    from sweeper.study import dashboard_storage
+
+    monkeypatch.chdir(tmp_path)
+    url = f"journal:///{tmp_path / 's.log'}"
+    study = _open(url)
+    study.tell(study.ask(), [1.0, 0.5])
+    app = dashboard_app(dashboard_storage(url), "s")
+    environ: dict = {"PATH_INFO": "/api/studies", "REQUEST_METHOD": "GET", "wsgi.input": io.BytesIO()}
+    setup_testing_defaults(environ)
+    status: list[str] = []
+    body = b"".join(app(environ, lambda s, headers, exc_info=None: status.append(s)))
+    assert status[0].startswith("200"), body[:500]
+    summaries = json.loads(body)["study_summaries"]
+    assert [s["study_name"] for s in summaries] == ["s"]
+    environ["PATH_INFO"] = f"/api/studies/{summaries[0]['study_id']}"
+    body = b"".join(app(environ, lambda s, headers, exc_info=None: status.append(s)))
+    assert status[-1].startswith("200") and [t["number"] for t in json.loads(body)["trials"]] == [0], body[:500]
