@@ -150,24 +150,12 @@ def render_html(study: StudySnapshot) -> str:
         )
         for i, fig in enumerate(figures)
     ]
-    from sweeper.report._console import SHORT_NAMES
-
-    keys = list(summary.front[0].params) if summary.front else []
-    picked = data.picked_off_front(study, summary.picks)
-    shown = [*study.front, *picked]
-    off_front = [
-        data.front_row(t, study.searched, study.objectives, ties)
-        for t, ties in zip(picked, study.ties_on_stability(picked, shown))
-    ]
-    front_rows = _front_rows(summary, keys, off_front)
     counts = " · ".join(f"{k} {v}" for k, v in summary.status_counts.items())
     causes = ", ".join(f"{k} {len(v)}" for k, v in summary.nan_causes.items()) or "none"
     fit = ", ".join(f"batch {b}: {s}" for b, s in data.describe_fit(fit_map).items())
-    n_complete = sum(1 for t in summary.trials if t.state == "COMPLETE")
     failed = [t for t in summary.trials if t.state != "COMPLETE"]
     failed_rows = [["trial", "status", "reason"]] + [[t.number, t.label, t.reason] for t in failed]
     title = f"sweeper report: {html.escape(study.name)}"
-    memory = _memory_section(summary.memory_prediction)
     other = (
         f"<p><b>{html.escape(summary.other_setups.removeprefix('note    '))}</b>.</p>" if summary.other_setups else ""
     )
@@ -181,7 +169,35 @@ td,th{{border:1px solid #ccc;padding:2px 5px;text-align:right}}th{{background:#f
 <p>Generated {time.strftime("%Y-%m-%d %H:%M:%S")}. Objectives, both minimized: {
         html.escape(", ".join(summary.objectives))
     } (edge_proximity = 1 / stability_margin: the learning rate over the rate its stress phase diverged at).</p>
-<h2 id="front">Pareto front ({len(summary.front)} of {len(summary.trials)} trials)</h2>
+{_front_section(study, summary)}
+<p>Trials by status: {html.escape(counts)}. NaN causes: {html.escape(causes)}.</p>
+{other}
+<p>Largest max_seq_length that fit, per batch size: {html.escape(fit) or "none measured"}.</p>
+{divs[0]}
+<h2 id="fit-map">Fit map</h2>{divs[1]}
+<h2 id="curves">Curves</h2>{divs[2]}
+{_importance_section(summary, divs[3])}
+<h2 id="memory">Predicted vs measured peak memory</h2>{_memory_section(summary.memory_prediction)}
+<h2 id="failed">Pruned and failed trials</h2>{_table(failed_rows) if failed else "<p>none</p>"}
+<script type="application/json" id="report-data">{html.escape(json.dumps(summary.to_dict()))}</script>
+</body></html>
+"""
+
+
+def _front_section(study: StudySnapshot, summary: Report) -> str:
+    """The front's heading and table (the front, then the picks off it), its columns' names and sources, and the
+    picks with what each means."""
+    from sweeper.report._console import SHORT_NAMES
+
+    keys = list(summary.front[0].params) if summary.front else []
+    picked = data.picked_off_front(study, summary.picks)
+    shown = [*study.front, *picked]
+    off_front = [
+        data.front_row(t, study.searched, study.objectives, ties)
+        for t, ties in zip(picked, study.ties_on_stability(picked, shown))
+    ]
+    front_rows = _front_rows(summary, keys, off_front)
+    return f"""<h2 id="front">Pareto front ({len(summary.front)} of {len(summary.trials)} trials)</h2>
 <div class="wide">{_table(front_rows)}</div>
 <p>Columns: {html.escape(", ".join(f"{SHORT_NAMES[k]} = {k}" for k in keys if SHORT_NAMES.get(k, k) != k))}.{
         html.escape(_sources(summary))
@@ -192,25 +208,19 @@ memory among the trials safely below their edge (headroom, predicted_max_lr / le
 factor) that learn at least half as fast as the fastest of them, within 10% of that memory (the seed's noise on
 the measured peak) the one that learns most.
 The knee is the front's point nearest the ideal after scaling both objectives to [0, 1]. Picks prefer a confirmed
-trial when it is as good within the noise, and say so.</p>
-<p>Trials by status: {html.escape(counts)}. NaN causes: {html.escape(causes)}.</p>
-{other}
-<p>Largest max_seq_length that fit, per batch size: {html.escape(fit) or "none measured"}.</p>
-{divs[0]}
-<h2 id="fit-map">Fit map</h2>{divs[1]}
-<h2 id="curves">Curves</h2>{divs[2]}
-<h2 id="importance">What explains each objective</h2>
+trial when it is as good within the noise, and say so.</p>"""
+
+
+def _importance_section(summary: Report, figure: str) -> str:
+    """The importance's heading, what each objective's importance is computed from, and its figure."""
+    n_complete = sum(1 for t in summary.trials if t.state == "COMPLETE")
+    return f"""<h2 id="importance">What explains each objective</h2>
 <p>Peak memory: how much each searched setting moves the memory model's predicted peak, at this study's own
 configurations (the spread over the setting's searched values, median over the configurations; a setting no tensor's
 size depends on, such as lora_alpha/r, moves it by 0). Stability: optuna's importance (PED-ANOVA) over the {n_complete}
 complete trials, shown from {MIN_IMPORTANCE_TRIALS} of them, with a 90% interval from {IMPORTANCE_RESAMPLES} bootstrap
 resamples of the trials.</p>
-{divs[3]}
-<h2 id="memory">Predicted vs measured peak memory</h2>{memory}
-<h2 id="failed">Pruned and failed trials</h2>{_table(failed_rows) if failed else "<p>none</p>"}
-<script type="application/json" id="report-data">{html.escape(json.dumps(summary.to_dict()))}</script>
-</body></html>
-"""
+{figure}"""
 
 
 def write_html_report(study: StudySnapshot, path: str | Path) -> Path:

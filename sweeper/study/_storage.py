@@ -37,7 +37,7 @@ from sweeper.study._identity import (
     study_identity,
 )
 from sweeper.study._journal import JOURNAL_SCHEME, HeartbeatJournalStorage, journal_file
-from sweeper.study._objectives import DEFAULT_OBJECTIVES, is_sweeper_study, resolve_objectives
+from sweeper.study._objectives import DEFAULT_OBJECTIVES, Objective, is_sweeper_study, resolve_objectives
 from sweeper.study._sampling import make_sampler, to_distributions
 from sweeper.study._urls import redact_url, scrub_secrets
 from sweeper.trial import TrialResult
@@ -178,19 +178,7 @@ def open_study(
         objectives = space.study.objectives
     wanted = DEFAULT_OBJECTIVES if objectives is None else resolve_objectives(objectives, str(space.path))
     sampler = make_sampler(space.study, n_trials or space.study.n_trials)
-    database = sqlite_file(url) or journal_file(url)
-    fresh = database is not None and not Path(database).exists()
-    opened = _storage(url)  # a storage that cannot be opened is the first thing to say
-    existing = None
-    if name in optuna.get_all_study_names(opened):
-        existing = optuna.load_study(study_name=name, storage=opened)
-    try:
-        check_study_dir(name, url, study_identity(existing) if existing is not None else None)  # before creating
-    except StudyError:
-        if fresh and database is not None:  # the refused command leaves no empty database (or its lock) behind
-            for leftover in (Path(database), Path(f"{database}.lock"), Path(f"{database}.ask.lock")):
-                leftover.unlink(missing_ok=True)
-        raise
+    opened = _opened_for(name, url)
     try:
         study = optuna.create_study(
             study_name=name,
@@ -207,17 +195,7 @@ def open_study(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([o.name for o in wanted])
-    if not is_sweeper_study(study):
-        raise StudyError(
-            f"{url}: study.name: study '{name}' is not a sweeper study (directions "
-            f"{study.directions}); choose another --study name"
-        )
-    if objectives is not None and study.metric_names and list(study.metric_names) != [o.name for o in wanted]:
-        raise StudyError(
-            f"{url}: study.objectives: study '{name}' ranks by {', '.join(study.metric_names)}, not "
-            f"{', '.join(o.name for o in wanted)}; a study's objectives cannot change: keep them, or start a new "
-            "study (--study NAME)"
-        )
+    _check_same_objectives(study, wanted if objectives is not None else None, url)
     _check_same_search(study, space, url)
     identity = study_identity(study)
     if identity is None:
@@ -225,6 +203,51 @@ def open_study(
         study.set_user_attr(STUDY_ID_ATTR, identity)
     _write_owner(name, url, identity)  # checked before the study was created
     return study
+
+
+def _opened_for(name: str, url: str) -> optuna.storages.BaseStorage:
+    """The storage at ``url``, opened (a storage that cannot be opened is the first thing to say), after checking
+    that ``studies/<name>/`` does not hold another study's trials (:func:`check_study_dir`, before anything is
+    created); a refused command leaves no new empty database or journal (or its locks) behind.
+
+    Raises:
+        StudyError: The storage cannot be opened, or the folder belongs to another study.
+    """
+    database = sqlite_file(url) or journal_file(url)
+    fresh = database is not None and not Path(database).exists()
+    opened = _storage(url)
+    existing = None
+    if name in optuna.get_all_study_names(opened):
+        existing = optuna.load_study(study_name=name, storage=opened)
+    try:
+        check_study_dir(name, url, study_identity(existing) if existing is not None else None)
+    except StudyError:
+        if fresh and database is not None:
+            for leftover in (Path(database), Path(f"{database}.lock"), Path(f"{database}.ask.lock")):
+                leftover.unlink(missing_ok=True)
+        raise
+    return opened
+
+
+def _check_same_objectives(study: optuna.Study, wanted: Sequence[Objective] | None, url: str) -> None:
+    """Refuse a study that is not a sweeper study, or (``wanted``: the objectives asked for, None when none were)
+    one that ranks by other objectives: a study's objectives cannot change.
+
+    Raises:
+        StudyError: One line naming the study, what it ranks by and the fix.
+    """
+    name = study.study_name
+    if not is_sweeper_study(study):
+        raise StudyError(
+            f"{url}: study.name: study '{name}' is not a sweeper study (directions "
+            f"{study.directions}); choose another --study name"
+        )
+    if wanted is not None and study.metric_names and list(study.metric_names) != [o.name for o in wanted]:
+        raise StudyError(
+            f"{url}: study.objectives: study '{name}' ranks by {', '.join(study.metric_names)}, not "
+            f"{', '.join(o.name for o in wanted)}; a study's objectives cannot change: keep them, or start a new "
+            "study (--study NAME)"
+        )
 
 
 def _check_same_search(study: optuna.Study, space: SearchSpace, url: str) -> None:
