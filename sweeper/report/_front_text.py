@@ -49,38 +49,7 @@ def format_front(
         )
     ]
     best = max((t.result.constant.learning_progress or 0.0 for t in front), default=0.0)
-    for t in front:
-        c = t.config
-        settings = (
-            (
-                c.r,
-                t.lora_alpha,
-                c.bnb_4bit_compute_dtype,
-                c.bnb_4bit_use_double_quant,
-                c.bnb_4bit_quant_type,
-                c.per_device_train_batch_size,
-                c.max_seq_length,
-            )
-            if c is not None
-            else (None, t.lora_alpha, None, None, None, None, None)
-        )
-        values = t.values or (float("nan"), float("nan"))
-        rows.append(
-            (
-                str(t.number),
-                *(_fmt(v) for v in settings),
-                f"{values[0]:.3f}",
-                margin_text(t.result.stress),
-                format_headroom(t.headroom),
-                format_progress(t.result.constant.learning_progress, best),
-                format_instability(t.result.constant.instability),
-                *(
-                    o.shown(t.result, t.values[i]) if t.values is not None else "-"
-                    for i, o in enumerate(objectives)
-                    if o.role is None
-                ),
-            )
-        )
+    rows += [_front_row(t, objectives, best) for t in front]
     ties = stability_ties(front, objectives)
     if any(ties.values()):
         column = ["tied"] + [",".join(f"#{n}" for n in ties.get(t.number, ())) or "-" for t in front]
@@ -91,6 +60,41 @@ def format_front(
     if picks:
         rows = [(*row, label) for row, label in zip(rows, _pick_column(front, picks, extra))]
     return _table(rows)
+
+
+def _front_row(t: StoredTrial, objectives: Sequence[Objective], best: float) -> tuple[str, ...]:
+    """One trial's row of :func:`format_front` before its optional columns: its number, settings (from its stored
+    config), peak, margin, headroom, learning progress (against the front's ``best``), instability and each extra
+    objective."""
+    c = t.config
+    settings = (
+        (
+            c.r,
+            t.lora_alpha,
+            c.bnb_4bit_compute_dtype,
+            c.bnb_4bit_use_double_quant,
+            c.bnb_4bit_quant_type,
+            c.per_device_train_batch_size,
+            c.max_seq_length,
+        )
+        if c is not None
+        else (None, t.lora_alpha, None, None, None, None, None)
+    )
+    values = t.values or (float("nan"), float("nan"))
+    return (
+        str(t.number),
+        *(_fmt(v) for v in settings),
+        f"{values[0]:.3f}",
+        margin_text(t.result.stress),
+        format_headroom(t.headroom),
+        format_progress(t.result.constant.learning_progress, best),
+        format_instability(t.result.constant.instability),
+        *(
+            o.shown(t.result, t.values[i]) if t.values is not None else "-"
+            for i, o in enumerate(objectives)
+            if o.role is None
+        ),
+    )
 
 
 def _with_picks_off_front(
