@@ -107,18 +107,7 @@ def add_trial(
     if status == "complete" and instability and stability_objective(study) == "edge_proximity":
         fields.update(stability_margin=1 / instability, margin_capped=False, learning_progress=0.2)
     result = TrialResult.from_dict({**fields, **{k: v for k, v in extra.items() if k in names}})
-    if result.stress.stability_margin is not None and result.stress.stability_margin_low is None:  # as a trial stores
-        low, high = margin_interval(result.stress.stability_margin, result.stress.margin_capped)
-        result.stress.stability_margin_low, result.stress.stability_margin_high = low, high
-    stress = result.stress
-    if stress.stability_margin is not None and stress.predicted_max_lr is None:  # as a trial stores it
-        capped = bool(stress.margin_capped)
-        ceiling = None if capped else stress.lr_ceiling or stress.stability_margin * config.learning_rate
-        stress.lr_ceiling = ceiling
-        stress.predicted_max_lr, stress.predicted_max_lr_low, stress.predicted_max_lr_high = predicted_max_lr(
-            config.learning_rate, ceiling, capped, cap=stress.stability_margin
-        )
-        stress.predicted_max_lr_source = DEFAULT_LR_CALIBRATION.source
+    _derive_stress_figures(result, config)
     attrs = _Attrs()
     record_result(attrs, result, config)
     attrs.user_attrs.update({k: v for k, v in extra.items() if k not in names})
@@ -141,6 +130,24 @@ def add_trial(
             system_attrs={f"constraints:{FAILURE_CONSTRAINT}": failure_constraint(result.status)},
         )
     )
+
+
+def _derive_stress_figures(result: TrialResult, config: TrialConfig) -> None:
+    """Fill in what a trial derives from its stability margin when the test did not give it, as the trial stores
+    it: the margin's interval, the learning-rate ceiling and ``predicted_max_lr`` with its interval."""
+    stress = result.stress
+    if stress.stability_margin is not None and stress.stability_margin_low is None:
+        stress.stability_margin_low, stress.stability_margin_high = margin_interval(
+            stress.stability_margin, stress.margin_capped
+        )
+    if stress.stability_margin is not None and stress.predicted_max_lr is None:
+        capped = bool(stress.margin_capped)
+        ceiling = None if capped else stress.lr_ceiling or stress.stability_margin * config.learning_rate
+        stress.lr_ceiling = ceiling
+        stress.predicted_max_lr, stress.predicted_max_lr_low, stress.predicted_max_lr_high = predicted_max_lr(
+            config.learning_rate, ceiling, capped, cap=stress.stability_margin
+        )
+        stress.predicted_max_lr_source = DEFAULT_LR_CALIBRATION.source
 
 
 def add_configured_trials(
