@@ -53,36 +53,7 @@ def nothing_fits_line(
     limit_gib = space.base.memory_limit_gib
     known = known_memory(study, kind)
     cpu = trial_device() == "cpu"
-    measured: dict[str, tuple[float, float] | None] = {}  # one measurement per sweep, reused
-
-    def measure(config: TrialConfig, why: str) -> tuple[float, float] | None:
-        if "smallest" not in measured:
-            predicted = raw(config)
-            room = machine_available_gib()
-            if predicted is None or predicted * CPU_MODEL_ERROR > room:
-                # a configuration the model puts beyond what this machine has free is not run to learn its size
-                if on_measure is not None and predicted is not None:
-                    on_measure(
-                        f"memory  {why}; the smallest configuration is predicted at {predicted:.2f} GiB, and up to "
-                        f"{CPU_MODEL_ERROR:g}x that is more than this machine has free ({room:.2f} GiB): not "
-                        "measured, the advice below is the memory model's"
-                    )
-                measured["smallest"] = None
-                return None
-            cap_gib = predicted * CPU_MODEL_ERROR
-            if on_measure is not None:
-                on_measure(
-                    f"memory  {why}; measuring the smallest configuration once (two steps, under {cap_gib:.2f} GiB: "
-                    f"{CPU_MODEL_ERROR:g}x its prediction)"
-                )
-            got = measure_smallest(config, model_path, cap_gib)
-            if got is None and on_measure is not None:
-                on_measure(
-                    f"memory  the measurement did not complete two steps under {cap_gib:.2f} GiB: the smallest "
-                    "configuration needs more than that here; the advice below is the memory model's"
-                )
-            measured["smallest"] = got
-        return measured["smallest"]
+    measure = _MeasuredOnce(raw, model_path, on_measure)
 
     if cpu and calibration is None and not any(k.fits for k in known):
         smallest = smallest_predicted(space, raw)
@@ -108,6 +79,52 @@ def nothing_fits_line(
 
     fit = any(k.fits and k.config.memory_limit_gib <= limit_gib for k in known)
     return nothing_fits(space, predict, known_fit=fit, measure=advise if cpu else None)
+
+
+class _MeasuredOnce:
+    """The smallest configuration's two-step measurement (:func:`measure_smallest`), made at most once a sweep and
+    reused: ``measure(config, why)`` runs it under :data:`CPU_MODEL_ERROR` times ``raw(config)`` (GiB), saying why
+    and what came of it through ``on_measure``, unless that is more than this machine has free; returns
+    ``(loading, training)`` peaks in GiB, or None (not measured, or it did not complete two steps)."""
+
+    def __init__(
+        self,
+        raw: Callable[[TrialConfig], float | None],
+        model_path: str,
+        on_measure: Callable[[str], None] | None,
+    ) -> None:
+        self.raw, self.model_path = raw, model_path
+        self.say = on_measure or (lambda line: None)
+        self.done = False
+        self.got: tuple[float, float] | None = None
+
+    def __call__(self, config: TrialConfig, why: str) -> tuple[float, float] | None:
+        if self.done:
+            return self.got
+        self.done = True
+        predicted = self.raw(config)
+        room = machine_available_gib()
+        if predicted is None or predicted * CPU_MODEL_ERROR > room:
+            # a configuration the model puts beyond what this machine has free is not run to learn its size
+            if predicted is not None:
+                self.say(
+                    f"memory  {why}; the smallest configuration is predicted at {predicted:.2f} GiB, and up to "
+                    f"{CPU_MODEL_ERROR:g}x that is more than this machine has free ({room:.2f} GiB): not "
+                    "measured, the advice below is the memory model's"
+                )
+            return None
+        cap_gib = predicted * CPU_MODEL_ERROR
+        self.say(
+            f"memory  {why}; measuring the smallest configuration once (two steps, under {cap_gib:.2f} GiB: "
+            f"{CPU_MODEL_ERROR:g}x its prediction)"
+        )
+        self.got = measure_smallest(config, self.model_path, cap_gib)
+        if self.got is None:
+            self.say(
+                f"memory  the measurement did not complete two steps under {cap_gib:.2f} GiB: the smallest "
+                "configuration needs more than that here; the advice below is the memory model's"
+            )
+        return self.got
 
 
 def machine_available_gib() -> float:
