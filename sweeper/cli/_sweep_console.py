@@ -205,22 +205,9 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
         out_of_time: The run's ``timeout_s`` was spent (not a reason to say it stopped early).
     """
     study, name = snapshot(plan.study), plan.name  # read once for the whole summary
-    lines = []
     front = study.front
-    finished = study.finished
-    if finished < plan.n_trials and not out_of_time:
-        lines.append(
-            f"stopped at {finished} of {plan.n_trials} trials: the sampler proposed only configurations already "
-            f"measured {plan.max_consecutive_repeats} times in a row; widen the search to measure more"
-        )
-    elif finished < plan.n_trials and plan.timeout_s is not None:
-        walls = sorted(w for t in study.measured if (w := t.result.provenance.wall_time_s) is not None)
-        median = f"; a trial took a median {walls[len(walls) // 2]:.0f} s here" if walls else ""
-        lines.append(
-            f"stopped at {finished} of {plan.n_trials} trials: the study's timeout ({_duration(plan.timeout_s)}) "
-            f"passed{median}; run the same command to go on (the trials so far are kept), or raise study.timeout"
-        )
-    lines.append("")
+    early = _stopped_early_line(plan, study, out_of_time)
+    lines = [*([early] if early else []), ""]
     current = study.current(study.trials)
     measured = sum(1 for t in current if not t.is_repeat)
     mine = {t.number for t in current}
@@ -269,6 +256,26 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
         + (" (with your password in place of ***)" if "***" in ref else "")
     )
     return lines
+
+
+def _stopped_early_line(plan: SweepPlan, study: StudySnapshot, out_of_time: bool) -> str | None:
+    """Why the sweep stopped before ``n_trials``: the sampler kept proposing measured configurations, or the
+    study's timeout passed (with the median trial's wall time); None when it did not stop early, or only this run's
+    own time was spent."""
+    finished = study.finished
+    if finished < plan.n_trials and not out_of_time:
+        return (
+            f"stopped at {finished} of {plan.n_trials} trials: the sampler proposed only configurations already "
+            f"measured {plan.max_consecutive_repeats} times in a row; widen the search to measure more"
+        )
+    if finished < plan.n_trials and plan.timeout_s is not None:
+        walls = sorted(w for t in study.measured if (w := t.result.provenance.wall_time_s) is not None)
+        median = f"; a trial took a median {walls[len(walls) // 2]:.0f} s here" if walls else ""
+        return (
+            f"stopped at {finished} of {plan.n_trials} trials: the study's timeout ({_duration(plan.timeout_s)}) "
+            f"passed{median}; run the same command to go on (the trials so far are kept), or raise study.timeout"
+        )
+    return None
 
 
 def _next_steps(plan: SweepPlan, causes: Mapping[str, Sequence[int]], study: StudySnapshot | None = None) -> list[str]:
