@@ -107,7 +107,7 @@ def run_one(sweep: _Sweep, trial: optuna.Trial) -> None:
     config = sweep.space.trial_config(trial.params)
     if not wait_for_same(sweep, trial):
         return
-    view = sweep.view  # as read when this trial was asked: for the repeat check and the preflight
+    view = sweep.view  # as read when this trial was asked, or after it waited: for the repeat check and the preflight
     if settle_repeat(sweep, trial, view):
         return
     predicted = sweep.predictor(config)
@@ -135,8 +135,8 @@ def record_interrupted(sweep: _Sweep, trial: optuna.Trial, reason: str | None = 
 def wait_for_same(sweep: _Sweep, trial: optuna.Trial) -> bool:
     """Wait while an earlier trial with the same params runs (another slot or machine was asked the same
     configuration: a retry, or a sampler without a lie for it); its result is then reused
-    (:func:`settle_repeat`) instead of measured twice. Only earlier numbers are waited for, so two such trials
-    never wait on each other.
+    (:func:`settle_repeat`) instead of measured twice: after a wait the sweep's view of the study is read again. Only
+    earlier numbers are waited for, so two such trials never wait on each other.
 
     Returns:
         False when Ctrl-C came meanwhile: the trial is recorded as interrupted.
@@ -162,6 +162,11 @@ def wait_for_same(sweep: _Sweep, trial: optuna.Trial) -> bool:
     if sweep.interrupted.is_set():
         record_interrupted(sweep, trial)
         return False
+    # the earlier trial ended while this one waited, here or on another machine: the view as read at the ask does
+    # not hold it, and the repeat check must see it to reuse its result
+    view = snapshot(sweep.study, stale=False)
+    with sweep.mutex:
+        sweep.view = view
     return True
 
 

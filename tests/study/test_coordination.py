@@ -497,3 +497,33 @@ def test_the_dashboard_reads_a_journal_study(tmp_path, monkeypatch):
     environ["PATH_INFO"] = f"/api/studies/{summaries[0]['study_id']}"
     body = b"".join(app(environ, lambda s, headers, exc_info=None: status.append(s)))
     assert status[-1].startswith("200") and [t["number"] for t in json.loads(body)["trials"]] == [0], body[:500]
+
+
+def test_a_trial_that_waited_for_the_same_configuration_reuses_its_result(db):
+    """Two machines were asked one configuration: the later trial waits while the earlier one runs elsewhere, then
+    reads the study again and reuses its result instead of measuring it a second time (its view as read at the ask
+    did not hold the result: it was measured twice, found by a helper running two machines at once)."""
+    from sweeper.study._storage import record_result
+    from sweeper.sweep._trial_steps import settle_repeat, wait_for_same
+    from sweeper.trial import TrialResult
+
+    url = f"sqlite:///{db}"
+    other, mine = _sweep(url, 4), _sweep(url, 4)
+    first = other.ask(None)
+    mine.study.enqueue_trial(first.params)
+    second = mine.ask(None)
+    assert second is not None and second.params == first.params and second.number > first.number
+
+    def finish_elsewhere() -> None:
+        time.sleep(0.5)
+        config = other.space.trial_config(first.params)
+        record_result(first, TrialResult.from_dict({"status": "complete", "peak_memory_gib": 1.0}), config)
+        other.study.tell(first, [1.0, 0.5])
+
+    thread = threading.Thread(target=finish_elsewhere)
+    thread.start()
+    assert wait_for_same(mine, second)
+    thread.join()
+    assert settle_repeat(mine, second, mine.view)
+    told = optuna.load_study(study_name="s", storage=url).trials[second.number]
+    assert told.state == TrialState.COMPLETE and told.user_attrs["duplicate_of"] == first.number
