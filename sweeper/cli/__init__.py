@@ -33,8 +33,8 @@ def _storage_failure(exc: BaseException) -> str | None:
     text = str(getattr(cause, "orig", None) or cause).strip().splitlines() or [type(cause).__name__]
     return (
         f"sweep: the study storage failed ({redact_url(text[0][:200])}); SQLite and PostgreSQL roll back a failed "
-        "write, so finished trials are kept: fix the cause (a full disk, a stopped server) and run the same "
-        "command to resume"
+        "write and a journal's next write cuts its unfinished line, so finished trials are kept: fix the cause (a "
+        "full disk, a stopped server) and run the same command to resume"
     )
 
 

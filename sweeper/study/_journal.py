@@ -17,14 +17,18 @@ grace period a resumed sweep waited forever).
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import FrozenTrial, TrialState
 
+from sweeper.errors import StudyError
 from sweeper.study._optuna_private import BaseHeartbeat, trial_id
 
 #: The URL scheme of a journal file: ``journal:///relative/path.log`` or ``journal:////absolute/path.log`` (the
@@ -39,16 +43,116 @@ JOURNAL_LOCK_GRACE_S = 30
 
 
 def journal_file(url: str) -> str | None:
-    """The file of a ``journal:///PATH`` URL, or None for any other URL."""
-    if not url.startswith(JOURNAL_SCHEME):
+    """The file of a ``journal:///PATH`` URL, or None for any other URL.
+
+    Raises:
+        StudyError: A ``journal:`` URL that is not ``journal:///`` and a path (two slashes, no path).
+    """
+    if not url.lower().startswith("journal:"):
         return None
-    return url[len(JOURNAL_SCHEME) :] or None
+    path = url[len(JOURNAL_SCHEME) :] if url.startswith(JOURNAL_SCHEME) else ""
+    if not path.strip("/"):
+        raise StudyError(
+            f"{url}: study.storage: a journal is journal:/// and the file's path (journal:///studies/night.log "
+            "relative to this folder, journal:////shared/night.log absolute)"
+        )
+    return path
 
 
 def dashboard_storage(url: str) -> str:
     """What optuna-dashboard takes for the study at ``url``: a journal's file path (it reads any file that is not
     SQLite as a journal), else the URL itself."""
     return journal_file(url) or url
+
+
+def check_journal(url: str, path: str) -> None:
+    """Refuse a file that is not an Optuna journal before anything reads or writes it: an SQLite database, a text
+    file, a file of another program. An empty file is a new journal.
+
+    Raises:
+        StudyError: One line naming the URL and what the file's first line is not.
+    """
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+    except OSError as exc:
+        raise StudyError(f"{url}: study.storage: cannot read {path} ({exc.strerror})") from None
+    if not first:
+        return
+    try:
+        entry = json.loads(first)
+    except ValueError:
+        entry = None
+    if not (isinstance(entry, dict) and "op_code" in entry and "worker_id" in entry):
+        what = "an SQLite database" if first.startswith(b"SQLite format 3") else "not a journal entry"
+        raise StudyError(
+            f"{url}: study.storage: {path} is not an Optuna journal (its first line is {what}); give the journal a "
+            "sweep wrote, or a new path (journal:///PATH.log creates it)"
+        )
+
+
+def _drop_torn_tail(path: str) -> int:
+    """Cut a last line that has no newline off the journal at ``path``: a write that did not finish (the disk
+    filled up, the writer was killed). Optuna's readers skip such a line, but its next append would be glued onto it
+    and make every later line unreadable. Call it holding the journal's lock.
+
+    Returns:
+        The bytes cut (0 when the file ends with a newline or is empty).
+    """
+    with open(path, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        end = size
+        while end > 0:  # back to the last newline, a block at a time
+            start = max(0, end - 65536)
+            f.seek(start)
+            at = f.read(end - start).rfind(b"\n")
+            if at >= 0:
+                keep = start + at + 1
+                break
+            end = start
+        else:
+            keep = 0
+        f.truncate(keep)
+        return size - keep
+
+
+class _JournalFile(JournalFileBackend):
+    """Optuna's ``JournalFileBackend`` whose appends first cut a torn last line (:func:`_drop_torn_tail`, said as a
+    warning) and whose failed writes (a full disk) are Optuna's ``StorageInternalError``, as a database's are."""
+
+    def __init__(self, path: str) -> None:
+        self.file_lock = JournalFileSymlinkLock(path, grace_period=JOURNAL_LOCK_GRACE_S)
+        super().__init__(path, lock_obj=self.file_lock)
+        self.path = path
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        """Append ``logs`` under the journal's lock, as Optuna's backend does, after cutting a torn last line.
+
+        Raises:
+            optuna.exceptions.StorageInternalError: The write failed (its ``__cause__``: the ``OSError``).
+        """
+        text = "\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n"
+        self.file_lock.acquire()
+        try:
+            cut = _drop_torn_tail(self.path)
+            if cut:
+                optuna.logging.get_logger("sweeper.journal").warning(
+                    f"{self.path}: cut an unfinished last line ({cut} bytes) left by a write that did not complete "
+                    "(a full disk or a killed process); no reader had applied it"
+                )
+            with open(self.path, "ab") as f:
+                f.write(text.encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise optuna.exceptions.StorageInternalError(f"{self.path}: {exc.strerror or exc}") from exc
+        finally:
+            self.file_lock.release()
 
 
 class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
@@ -62,8 +166,7 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
     """
 
     def __init__(self, path: str, heartbeat_interval: int | None = None, grace_period: int | None = None) -> None:
-        backend = JournalFileBackend(path, lock_obj=JournalFileSymlinkLock(path, grace_period=JOURNAL_LOCK_GRACE_S))
-        super().__init__(backend)
+        super().__init__(_JournalFile(path))
         self._heartbeat_interval = heartbeat_interval
         self._grace_period = grace_period if grace_period is not None else 2 * (heartbeat_interval or 0)
         self.path = Path(path)

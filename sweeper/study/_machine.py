@@ -17,12 +17,20 @@ from sweeper.trial import visible_gpus
 MIN_FREE_MIB = 64
 
 
-def check_disk(folder: Path, min_free_mib: float = MIN_FREE_MIB) -> None:
-    """Raise before a trial starts when ``folder``'s disk (or its nearest existing parent's) is nearly full.
+def check_disk(folder: Path, min_free_mib: float = MIN_FREE_MIB, storage: str | None = None) -> None:
+    """Raise before a trial starts when ``folder``'s disk (or its nearest existing parent's) is nearly full; with
+    ``storage`` (the study's URL), also when the disk of its file is (an SQLite database or a journal elsewhere, e.g.
+    on a cluster's shared filesystem).
 
     Raises:
         RunError: Less than ``min_free_mib`` MiB free.
     """
+    from sweeper.study._coordination import sqlite_file
+    from sweeper.study._journal import journal_file
+
+    file = (sqlite_file(storage) or journal_file(storage)) if storage is not None else None
+    if file is not None:
+        check_disk(Path(file).absolute().parent, min_free_mib)
     probe = Path(folder).absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent

@@ -33,10 +33,9 @@ from sweeper.study._identity import (
     _write_owner,
     check_study_dir,
     default_storage,
-    study_dir,
     study_identity,
 )
-from sweeper.study._journal import JOURNAL_SCHEME, HeartbeatJournalStorage, journal_file
+from sweeper.study._journal import JOURNAL_SCHEME, HeartbeatJournalStorage, check_journal, journal_file
 from sweeper.study._objectives import DEFAULT_OBJECTIVES, Objective, is_sweeper_study, resolve_objectives
 from sweeper.study._sampling import make_sampler, to_distributions
 from sweeper.study._urls import redact_url, scrub_secrets
@@ -79,11 +78,16 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
     engine_kwargs = {"connect_args": {"timeout": 60}} if sqlite_database(url) is not None else None
     database = sqlite_file(url)
     if database is not None:
-        _check_study_file(url, database, f"sqlite:///{database}/study.db")
+        _check_study_file(url, database, f"sqlite:///{database.rstrip('/')}/study.db")
     journal = journal_file(url)
     if journal is not None:
-        _check_study_file(url, journal, f"journal:///{journal}/study.log")
-        return HeartbeatJournalStorage(journal, **heartbeat)
+        _check_study_file(url, journal, f"journal:///{journal.rstrip('/')}/study.log")
+        if Path(journal).exists():
+            check_journal(url, journal)
+        try:
+            return HeartbeatJournalStorage(journal, **heartbeat)
+        except (ValueError, UnicodeDecodeError, KeyError, AssertionError) as exc:  # a journal Optuna cannot replay
+            raise StudyError(_unreadable(url, exc)) from None
     lock = AskLock(url, SCHEMA_LOCK)
     try:
         # Sweeps started together on an empty database would race to create Optuna's tables (a unique violation
@@ -318,21 +322,25 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
         url, name = f"sqlite:///{ref}", None
     else:
         db = STUDIES_DIR / f"{ref}.db"
-        if not db.is_file():
-            owner = _owner(ref)
-            elsewhere = owner.get("storage") if owner is not None else None
+        owner = _owner(ref) if not db.is_file() else None
+        elsewhere = owner.get("storage") if owner is not None else None
+        if isinstance(elsewhere, str) and elsewhere != default_storage(ref):
+            # the sweep that ran here wrote where its study is (a server, a journal, another file): read it there,
+            # by name (the only way to name one of several studies in one storage)
+            url, name = elsewhere, ref
+        elif not db.is_file():
             known = sorted(p.stem for p in STUDIES_DIR.glob("*.db")) if STUDIES_DIR.is_dir() else []
-            if isinstance(elsewhere, str) and elsewhere != default_storage(ref):
-                hint = f"{study_dir(ref)}/{OWNER_FILE} says the study is in {elsewhere}: give that URL as STUDY"
-            else:
-                hint = f"studies here: {', '.join(known)}" if known else "run 'sweep run SPACE.yaml' first"
+            hint = f"studies here: {', '.join(known)}" if known else "run 'sweep run SPACE.yaml' first"
             raise StudyError(f"{ref}: STUDY: no study file {db} in {Path.cwd()}; {hint}")
-        url, name = default_storage(ref), ref
+        else:
+            url, name = default_storage(ref), ref
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         raise StudyError(f"{url}: STUDY: no such study file; give a study name, a .db path or a storage URL")
     journal = journal_file(url)
     if journal is not None and not Path(journal).is_file():
         raise StudyError(f"{url}: STUDY: no such journal file; give the journal:///PATH.log that 'sweep run' wrote")
+    if journal is not None:
+        check_journal(url, journal)
     try:  # read what is there: create no file, table or folder
         storage: optuna.storages.BaseStorage
         if journal is not None:
@@ -352,7 +360,8 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
         if len(names) != 1:
             raise StudyError(
                 f"{redact_url(url)}: STUDY: holds {len(names)} studies ({', '.join(names) or 'none'}); "
-                "give one by name, e.g. 'sweep report NAME' with studies/NAME.db"
+                "give one by name (e.g. 'sweep report NAME') in the folder its sweep ran in: its "
+                f"studies/NAME/{OWNER_FILE} says where the study is"
             )
         name = names[0]
     elif name not in names:

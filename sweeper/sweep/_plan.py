@@ -213,7 +213,7 @@ def _open_checked(
         created = not study.trials and set(study.user_attrs) <= {STUDY_ID_ATTR}
         known, finished = len(stored_setups(study)), count_finished(study)
         setup, unapplied = _setup_of(study, space, url, finished >= target and known > 0, new_setup)
-        check_disk(study_dir(name))  # before any trial starts, and again before each
+        check_disk(study_dir(name), storage=url)  # before any trial starts, and again before each
         check = refuse_if_nothing_fits and finished < target  # a run with nothing to run measures nothing
         predict = _checked_predictor(space, model_path, study, check, on_measure, longest_sample_tokens)
     except SweeperError:

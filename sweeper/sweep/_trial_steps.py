@@ -331,7 +331,7 @@ def run_slot(sweep: _Sweep, slot: int) -> None:
     sweep.local.slot = slot
     try:
         while not sweep.stop.is_set():
-            check_disk(study_dir(sweep.name))
+            check_disk(study_dir(sweep.name), storage=sweep.plan.storage)
             try:
                 trial = sweep.ask(device)
             except _Stop:

@@ -527,3 +527,69 @@ def test_a_trial_that_waited_for_the_same_configuration_reuses_its_result(db):
     assert settle_repeat(mine, second, mine.view)
     told = optuna.load_study(study_name="s", storage=url).trials[second.number]
     assert told.state == TrialState.COMPLETE and told.user_attrs["duplicate_of"] == first.number
+
+
+def test_a_journal_with_an_unfinished_last_line_is_cut_and_goes_on(tmp_path, monkeypatch, caplog):
+    """A write that did not finish (a full disk, a killed writer) leaves a last line without its newline; Optuna's
+    next append was glued onto it and made the whole journal unreadable (found by a helper filling a tmpfs). The
+    next write cuts it, says so, and every trial is still there."""
+    monkeypatch.chdir(tmp_path)
+    url = f"journal:///{tmp_path / 's.log'}"
+    study = _open(url)
+    study.tell(study.ask(), [1.0, 0.5])
+    journal = tmp_path / "s.log"
+    with open(journal, "ab") as f:
+        f.write(b'{"op_code": 4, "worker_id": "torn-writer", "trial_id": 0, "user_att')  # torn mid-write
+    again = _open(url)  # a resume: reads, then writes
+    again.tell(again.ask(), [2.0, 0.25])
+    study, _ = load_existing_study(str(journal))
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    assert journal.read_bytes().endswith(b"\n") and b"torn-writer" not in journal.read_bytes()
+    assert "cut an unfinished last line (67 bytes)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "content, said",
+    [(b"SQLite format 3\x00" + bytes(100), "an SQLite database"), (b"hello\nworld", "not a journal entry")],
+)
+def test_a_file_that_is_not_a_journal_is_refused_and_left_as_it_was(tmp_path, monkeypatch, content, said):
+    from sweeper.errors import StudyError
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "mine.log"
+    path.write_bytes(content)
+    for opening in (lambda: _open(f"journal:///{path}"), lambda: load_existing_study(str(path))):
+        with pytest.raises(StudyError, match=f"is not an Optuna journal \\(its first line is {said}\\)"):
+            opening()
+    assert path.read_bytes() == content
+
+
+@pytest.mark.parametrize("url", ["journal://x.log", "journal:///", "JOURNAL:x.log"])
+def test_a_journal_url_without_a_path_says_the_form(tmp_path, monkeypatch, url):
+    from sweeper.errors import StudyError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StudyError, match="a journal is journal:/// and the file's path"):
+        _open(url)
+
+
+def test_a_full_disk_under_a_journal_is_the_storage_failing(tmp_path, monkeypatch):
+    """A write the journal's disk refuses is Optuna's StorageInternalError, which the CLI says in one line (it was a
+    traceback of OSError)."""
+    import errno
+
+    from sweeper.cli import _storage_failure
+    from sweeper.study._journal import _JournalFile
+
+    monkeypatch.chdir(tmp_path)
+    study = _open(f"journal:///{tmp_path / 's.log'}")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)  # the disk refuses the write: a mock, as no disk fills up here
+    with pytest.raises(optuna.exceptions.StorageInternalError) as failed:
+        study.ask()
+    assert isinstance(failed.value.__cause__, OSError) and isinstance(storage_of(study)._backend, _JournalFile)
+    line = _storage_failure(failed.value)
+    assert line is not None and "No space left on device" in line and "run the same command to resume" in line

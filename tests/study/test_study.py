@@ -524,17 +524,21 @@ def test_a_new_study_ranks_by_edge_proximity_and_an_old_one_keeps_its_instabilit
     assert stability_objective(open_study(space, url, "older", 4)) == "instability"
 
 
-def test_a_study_named_by_name_points_at_the_storage_its_folder_names(tiny_model, workdir):
+def test_a_study_named_by_name_is_read_from_the_storage_its_folder_names(tiny_model, workdir):
+    """By name, a study is read where its sweep's folder says it is: the only way to name one of several studies
+    of one storage (a journal or a database several sweeps share); a name without a folder or a file is one line."""
     from sweeper.errors import StudyError
     from sweeper.study import load_existing_study
 
     space = load_space(write_space(workdir, tiny_space(tiny_model, name="dup2")))
     open_study(space, "sqlite:///other.db")
-    with pytest.raises(StudyError) as missing:
-        load_existing_study("dup2")
-    assert "studies/dup2/study.json says the study is in sqlite:///other.db: give that URL as STUDY" in str(
-        missing.value
-    )
+    open_study(space, "sqlite:///other.db", "dup3")
+    study, url = load_existing_study("dup2")
+    assert (study.study_name, url) == ("dup2", "sqlite:///other.db")
+    with pytest.raises(StudyError, match="holds 2 studies .*give one by name .*studies/NAME/study.json says"):
+        load_existing_study("sqlite:///other.db")
+    with pytest.raises(StudyError, match="nothing: STUDY: no study file studies/nothing.db"):
+        load_existing_study("nothing")
 
 
 @pytest.mark.slow
