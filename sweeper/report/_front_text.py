@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from sweeper.notation import format_headroom, format_instability
 from sweeper.report._console import _fmt, _table, format_progress, margin_text
-from sweeper.study import Objective, StoredTrial, StudySnapshot
+from sweeper.study import Objective, StoredTrial, StudySnapshot, ties_on_stability
 
 
 def format_front(
@@ -116,18 +116,11 @@ def _pick_column(rows: Sequence[StoredTrial], picks: Mapping[str, StoredTrial], 
 
 
 def stability_ties(front: Sequence[StoredTrial], objectives: Sequence[Objective]) -> dict[int, list[int]]:
-    """For each COMPLETE trial of ``front``, the others whose stability objective's interval overlaps its own
-    (:meth:`~sweeper.study.Objective.signed_interval`, :meth:`~sweeper.study.Objective.tied`: the rule the front and
-    the picks use): a difference within the noise. Empty without a stability objective."""
-    at = next((i for i, o in enumerate(objectives) if o.role == "stability"), None)
-    if at is None:
-        return {}
-    spans = {t.number: objectives[at].signed_interval(t.result, t.values[at]) for t in front if t.values is not None}
-    numbers = list(spans)
-    if not spans:
-        return {}
-    tied = objectives[at].ties(list(spans.values()), list(spans.values()))
-    return {n: [m for m, hit in zip(numbers, row) if hit and m != n] for n, row in zip(numbers, tied)}
+    """For each COMPLETE trial of ``front``, the others whose stability objective's interval overlaps its own (the
+    rule the front and the picks use: :func:`sweeper.study.ties_on_stability`): a difference within the noise. Empty
+    lists without a stability objective."""
+    rows = ties_on_stability(front, front, objectives)
+    return {t.number: row for t, row in zip(front, rows) if t.values is not None}
 
 
 def legacy_instability_warning(study: StudySnapshot) -> str | None:

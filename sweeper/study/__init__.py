@@ -14,7 +14,7 @@ to avoid their region. Timeouts, crashes and errors are FAIL.
 from sweeper.study._artifacts import artifact_store
 from sweeper.study._calibration import current_calibration
 from sweeper.study._confirmation import Confirmation
-from sweeper.study._front import by_knee_distance
+from sweeper.study._front import by_knee_distance, ties_on_stability
 from sweeper.study._identity import check_study_owner, study_dir
 from sweeper.study._journal import dashboard_storage
 from sweeper.study._objectives import Objective
@@ -40,5 +40,6 @@ __all__ = [
     "redact_url",
     "snapshot",
     "study_dir",
+    "ties_on_stability",
     "unnoted_trials",
 ]

@@ -67,11 +67,6 @@ class Objective:
         clearly better (:func:`tied`, the rule the front and the picks use)."""
         return tied(a, b)
 
-    def ties(self, a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> np.ndarray:
-        """:meth:`tied` for every pair, ``a`` by ``b``, at once (:func:`tied_matrix`): booleans, shape
-        ``(len(a), len(b))``."""
-        return tied_matrix(a, b)
-
     @property
     def optuna_direction(self) -> optuna.study.StudyDirection:
         """Optuna's :class:`~optuna.study.StudyDirection` of :attr:`direction`."""
