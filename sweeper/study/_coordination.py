@@ -88,6 +88,12 @@ def sqlite_file(url: str) -> str | None:
     return database if database not in (None, "", ":memory:") and not database.startswith("file:") else None
 
 
+def storage_file(url: str) -> str | None:
+    """The file a file-backed storage keeps the study in (an SQLite database, a journal), or None (a server, an
+    in-memory database)."""
+    return sqlite_file(url) or journal_file(url)
+
+
 def in_memory(url: str) -> bool:
     """Whether ``url`` is an in-memory SQLite database (one per connection: not shared between threads, gone when the
     process ends): ``sqlite://``, ``sqlite:///``, ``sqlite:///:memory:`` or a ``file:`` URI with ``mode=memory``."""

@@ -25,10 +25,9 @@ def check_disk(folder: Path, min_free_mib: float = MIN_FREE_MIB, storage: str | 
     Raises:
         RunError: Less than ``min_free_mib`` MiB free.
     """
-    from sweeper.study._coordination import sqlite_file
-    from sweeper.study._journal import journal_file
+    from sweeper.study._coordination import storage_file
 
-    file = (sqlite_file(storage) or journal_file(storage)) if storage is not None else None
+    file = storage_file(storage) if storage is not None else None
     if file is not None:
         check_disk(Path(file).absolute().parent, min_free_mib)
     probe = Path(folder).absolute()

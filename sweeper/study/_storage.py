@@ -24,7 +24,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from sweeper.errors import StudyError
 from sweeper.space import SearchSpace, TrialConfig
 from sweeper.stability import COMPONENTS, DIAGNOSTICS
-from sweeper.study._coordination import AskLock, heartbeat_kwargs, sqlite_database, sqlite_file
+from sweeper.study._coordination import AskLock, heartbeat_kwargs, sqlite_database, sqlite_file, storage_file
 from sweeper.study._identity import (
     OWNER_FILE,
     STUDIES_DIR,
@@ -217,7 +217,7 @@ def _opened_for(name: str, url: str) -> optuna.storages.BaseStorage:
     Raises:
         StudyError: The storage cannot be opened, or the folder belongs to another study.
     """
-    database = sqlite_file(url) or journal_file(url)
+    database = storage_file(url)
     fresh = database is not None and not Path(database).exists()
     opened = _storage(url)
     existing = None
