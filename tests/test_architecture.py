@@ -120,7 +120,7 @@ SMALL_FACES = (
     "sweeper.trial",
 )
 MAX_FACE = 25
-MAX_FACE_BY_PACKAGE = {"sweeper.stability": 30}
+MAX_FACE_BY_PACKAGE = {"sweeper.stability": 28}
 
 
 def _face_users(package: str) -> dict[str, set[str]]:

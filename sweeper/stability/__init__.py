@@ -18,10 +18,9 @@ from sweeper.stability._headroom import (
     headroom_of,
 )
 from sweeper.stability._instability import (
-    COMPONENTS,
-    DIAGNOSTICS,
     DTYPE_MAX,
     PROBE_ROWS,
+    RECORDED_COMPONENTS,
     STORED_COMPONENTS,
     Divergence,
     InstabilityComponents,
@@ -34,7 +33,6 @@ from sweeper.stability._margin import (
     DEFAULT_LR_CALIBRATION,
     STRESS_GROWTH,
     STRESS_STEPS,
-    Z95,
     LrCalibration,
     edge_proximity,
     lr_calibration_of,
@@ -51,16 +49,14 @@ from sweeper.stability._progress import (
 )
 
 __all__ = [
-    "COMPONENTS",
     "DEFAULT_LR_CALIBRATION",
-    "DIAGNOSTICS",
     "DTYPE_MAX",
     "PROBE_ROWS",
+    "RECORDED_COMPONENTS",
     "SLOW_LEARNING_SHARE",
     "STORED_COMPONENTS",
     "STRESS_GROWTH",
     "STRESS_STEPS",
-    "Z95",
     "Divergence",
     "Headroom",
     "InstabilityComponents",

@@ -24,10 +24,12 @@ from dataclasses import asdict, dataclass
 COMPONENTS = ("probe_rebound", "activation_growth", "skipped_step_fraction")
 #: Recorded for each trial, not summed: they move with the training batches' samples, not only with the model.
 DIAGNOSTICS = ("loss_spike", "grad_norm_growth")
+#: The terms a trial records: the instability's components, then the diagnostics.
+RECORDED_COMPONENTS = (*COMPONENTS, *DIAGNOSTICS)
 #: The terms of the first definition (sweeper 0.1.0), stored on the trials of studies it wrote.
 LEGACY_COMPONENTS = ("loss_spike", "grad_norm_growth", "skipped_step_fraction", "activation_pressure")
 #: Every term name a stored trial may carry.
-STORED_COMPONENTS = tuple(dict.fromkeys((*COMPONENTS, *DIAGNOSTICS, *LEGACY_COMPONENTS)))
+STORED_COMPONENTS = tuple(dict.fromkeys((*RECORDED_COMPONENTS, *LEGACY_COMPONENTS)))
 
 #: Largest finite value of each compute dtype (``torch.finfo(dtype).max``; IEEE 754 binary16/binary32, bfloat16).
 DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}

@@ -23,7 +23,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from sweeper.errors import StudyError
 from sweeper.space import SearchSpace, TrialConfig
-from sweeper.stability import COMPONENTS, DIAGNOSTICS
+from sweeper.stability import RECORDED_COMPONENTS
 from sweeper.study._coordination import AskLock, heartbeat_kwargs, sqlite_database, sqlite_file, storage_file
 from sweeper.study._identity import (
     OWNER_FILE,
@@ -295,7 +295,7 @@ def record_result(trial: optuna.Trial | Any, result: TrialResult, config: TrialC
     flattened, and the trial's settings as ``config`` (the one place a config becomes a dict)."""
     data = result.to_dict()
     measured = data.pop("instability_components") or {}
-    components = {name: measured.get(name) for name in (*COMPONENTS, *DIAGNOSTICS)}
+    components = {name: measured.get(name) for name in RECORDED_COMPONENTS}
     for key, value in {**data, **components, "config": config.to_dict()}.items():
         trial.set_user_attr(key, value)
 

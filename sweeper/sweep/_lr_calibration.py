@@ -27,7 +27,7 @@ from typing import Any
 import optuna
 
 from sweeper.errors import StudyError
-from sweeper.stability import DEFAULT_LR_CALIBRATION, Z95, LrCalibration
+from sweeper.stability import DEFAULT_LR_CALIBRATION, LrCalibration
 from sweeper.study import StoredTrial, StudyLike, by_knee_distance, snapshot
 from sweeper.study.writing import LR_CALIBRATION_ATTR, TrialStatus, trial_dir
 from sweeper.sweep._confirm import DEFAULT_HORIZON_FACTOR, horizon, long_config
@@ -156,10 +156,10 @@ def calibration_from(edges: Sequence[Edge], resolution: float) -> LrCalibration:
     gsd = max(gsd, math.sqrt(resolution))
     if len(edges) < 3:
         gsd = max(gsd, DEFAULT_LR_CALIBRATION.gsd)
-    spread = gsd**Z95
     n = len(edges)
-    source = f"calibrated on this study's model ({n} edge{'s' if n != 1 else ''}, spread x{spread:.2g})"
-    return LrCalibration(factor=factor, gsd=gsd, edges=len(edges), source=source, calibrated=True)
+    fitted = LrCalibration(factor=factor, gsd=gsd, edges=n, source="", calibrated=True)
+    source = f"calibrated on this study's model ({n} edge{'s' if n != 1 else ''}, spread x{fitted.spread:.2g})"
+    return replace(fitted, source=source)
 
 
 def calibration_trials(study: StudyLike, numbers: Sequence[int] | None) -> list[StoredTrial]:

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from sweeper.errors import SpaceError
 from sweeper.space import load_space, parse_space
-from sweeper.stability import COMPONENTS, DIAGNOSTICS
+from sweeper.stability import RECORDED_COMPONENTS
 from sweeper.study._sampling import FAILURE_CONSTRAINT, failure_constraint, make_sampler, to_distributions
 from sweeper.study._snapshot import count_finished, pareto_front, status_counts
 from sweeper.study._storage import open_study
@@ -26,9 +26,7 @@ from sweeper.trial import TrialResult
 
 #: Every user attribute a measured trial stores (docs/contract.md): each stored field of TrialResult (the instability
 #: terms flattened, sweeper.study.record_result) and its config.
-CONTRACT_ATTRS = (set(TrialResult.stored_names()) - {"instability_components"} | set(COMPONENTS) | set(DIAGNOSTICS)) | {
-    "config"
-}
+CONTRACT_ATTRS = (set(TrialResult.stored_names()) - {"instability_components"} | set(RECORDED_COMPONENTS)) | {"config"}
 
 
 def _oom_share(sampler_name: str, seed: int) -> float:
