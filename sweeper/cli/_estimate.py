@@ -35,22 +35,16 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     limit = space.base.memory_limit_gib
     edge = frontier(points, limit)
     if args.json:
-        _print(
-            json.dumps(
-                {
-                    "model": space.model.name_or_path,
-                    "device": args.device,
-                    "memory_limit_gib": limit,
-                    "card": None
-                    if card is None
-                    else {"name": card.name, "total_memory_gib": round(card.total_memory_gib, 3)},
-                    "longest_sample_tokens": longest,
-                    "points": points,
-                    "frontier": edge,
-                },
-                indent=1,
-            )
-        )
+        record = {
+            "model": space.model.name_or_path,
+            "device": args.device,
+            "memory_limit_gib": limit,
+            "card": None if card is None else {"name": card.name, "total_memory_gib": round(card.total_memory_gib, 3)},
+            "longest_sample_tokens": longest,
+            "points": points,
+            "frontier": edge,
+        }
+        _print(json.dumps(record, indent=1))
         return 0
     fits = sum(1 for p in points if p["predicted_peak_gib"] <= limit)
     cap = format_cap(
@@ -78,16 +72,23 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         _print(f"data    {same}")
     _print_points(points, limit, args.device)
     _print_frontier(edge, keys, limit)
-    # Each device's own uncertainty: on the CPU there is no CUDA context or caching allocator.
-    _print(
-        "a model, not a measurement: on an H200 it was within 3.5% of 7 measured 8B peaks it was not fitted on "
-        "(docs/memory.md); other models, GPUs and versions are not checked, and 'sweep run' corrects it with the "
-        "peaks its trials measure"
-        if args.device == "cuda"
-        else "a model, not a measurement: the CPU process's own memory is a fixed figure (CPU_PROCESS_BASELINE_GIB, "
+    _print(_model_caveat(args.device))
+    return 0
+
+
+def _model_caveat(device: str) -> str:
+    """The estimate's last line: what the prediction is checked against on ``device``, each device's own
+    uncertainty (on the CPU there is no CUDA context or caching allocator)."""
+    if device == "cuda":
+        return (
+            "a model, not a measurement: on an H200 it was within 3.5% of 7 measured 8B peaks it was not fitted on "
+            "(docs/memory.md); other models, GPUs and versions are not checked, and 'sweep run' corrects it with the "
+            "peaks its trials measure"
+        )
+    return (
+        "a model, not a measurement: the CPU process's own memory is a fixed figure (CPU_PROCESS_BASELINE_GIB, "
         "sweeper/memory), and 'sweep run' corrects the model with the peaks its trials measure"
     )
-    return 0
 
 
 def _longest_sample(space: SearchSpace) -> tuple[int | None, str]:

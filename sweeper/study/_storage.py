@@ -300,9 +300,41 @@ def record_result(trial: optuna.Trial | Any, result: TrialResult, config: TrialC
         trial.set_user_attr(key, value)
 
 
+def _url_of(ref: str) -> tuple[str, str | None]:
+    """The storage URL a command's STUDY names, and the study's name when it names one: a URL or a path as given
+    (a ``.log`` path is a journal), a study name by ``studies/<name>.db`` or, without it, by the storage its folder's
+    ``study.json`` names (a server, a journal, another file).
+
+    Raises:
+        StudyError: A path that is not a file, or a name with neither a database nor a folder that says where it is.
+    """
+    if "://" in ref:
+        return ref, None
+    if ref.endswith(".log"):  # a journal file, as optuna-dashboard takes it
+        return f"{JOURNAL_SCHEME}{ref}", None
+    if ref.endswith(".db") or "/" in ref:
+        if not Path(ref).is_file():
+            raise StudyError(
+                f"{ref}: STUDY: no such study file; give a study name (studies/<name>.db), a .db path or a storage URL"
+            )
+        return f"sqlite:///{ref}", None
+    db = STUDIES_DIR / f"{ref}.db"
+    if db.is_file():
+        return default_storage(ref), ref
+    owner = _owner(ref)
+    elsewhere = owner.get("storage") if owner is not None else None
+    if isinstance(elsewhere, str) and elsewhere != default_storage(ref):
+        # the sweep that ran here wrote where its study is (a server, a journal, another file): read it there, by
+        # name (the only way to name one of several studies in one storage)
+        return elsewhere, ref
+    known = sorted(p.stem for p in STUDIES_DIR.glob("*.db")) if STUDIES_DIR.is_dir() else []
+    hint = f"studies here: {', '.join(known)}" if known else "run 'sweep run SPACE.yaml' first"
+    raise StudyError(f"{ref}: STUDY: no study file {db} in {Path.cwd()}; {hint}")
+
+
 def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
-    """The study a command names: a study name (``studies/<name>.db``), a ``.db`` path, or a storage URL; a path or
-    URL must hold exactly one study.
+    """The study a command names (:func:`_url_of`): a study name (``studies/<name>.db``, or the storage its folder
+    names), a ``.db`` or journal ``.log`` path, or a storage URL; a path or URL must hold exactly one study.
 
     Returns:
         ``(study, storage_url)``.
@@ -310,30 +342,7 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
     Raises:
         StudyError: No such study file or study, or the storage holds several studies (their names are listed).
     """
-    if "://" in ref:
-        url, name = ref, None
-    elif ref.endswith(".log"):  # a journal file, as optuna-dashboard takes it
-        url, name = f"{JOURNAL_SCHEME}{ref}", None
-    elif ref.endswith(".db") or "/" in ref:
-        if not Path(ref).is_file():
-            raise StudyError(
-                f"{ref}: STUDY: no such study file; give a study name (studies/<name>.db), a .db path or a storage URL"
-            )
-        url, name = f"sqlite:///{ref}", None
-    else:
-        db = STUDIES_DIR / f"{ref}.db"
-        owner = _owner(ref) if not db.is_file() else None
-        elsewhere = owner.get("storage") if owner is not None else None
-        if isinstance(elsewhere, str) and elsewhere != default_storage(ref):
-            # the sweep that ran here wrote where its study is (a server, a journal, another file): read it there,
-            # by name (the only way to name one of several studies in one storage)
-            url, name = elsewhere, ref
-        elif not db.is_file():
-            known = sorted(p.stem for p in STUDIES_DIR.glob("*.db")) if STUDIES_DIR.is_dir() else []
-            hint = f"studies here: {', '.join(known)}" if known else "run 'sweep run SPACE.yaml' first"
-            raise StudyError(f"{ref}: STUDY: no study file {db} in {Path.cwd()}; {hint}")
-        else:
-            url, name = default_storage(ref), ref
+    url, name = _url_of(ref)
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         raise StudyError(f"{url}: STUDY: no such study file; give a study name, a .db path or a storage URL")
     journal = journal_file(url)
