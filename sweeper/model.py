@@ -97,6 +97,45 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _local_or_hub(ref: str) -> str:
+    """A checkpoint directory (resolved) or a hub id (checked, unchanged) for ``ref``, neither a built-in nor a
+    ``.gguf`` file.
+
+    Raises:
+        ModelError: A broken symbolic link, a file, a missing directory or one without ``config.json``, a bad hub id.
+    """
+    path = Path(ref).expanduser()
+    if path.is_symlink() and not path.exists():
+        try:
+            path.resolve(strict=True)
+        except RuntimeError:  # Python 3.11-3.12 raise this for a loop
+            why = "a symbolic link loop"
+        except OSError as exc:
+            why = "a symbolic link loop" if exc.errno == errno.ELOOP else "a symbolic link to nothing"
+        else:
+            why = "a symbolic link that cannot be followed"
+        raise ModelError(f"{ref}: model.name_or_path: {why}; give the checkpoint directory it should point at")
+    if path.exists() or ref.startswith((".", "/", "~")) or ref.count("/") > 1:
+        if path.is_file():
+            raise ModelError(
+                f"{ref}: model.name_or_path: is a file, not a checkpoint directory; give the folder "
+                "that save_pretrained wrote, or a .gguf file"
+            )
+        if not path.is_dir():
+            raise ModelError(
+                f"{ref}: model.name_or_path: no such directory; give a checkpoint directory, a "
+                ".gguf file, a hub id, or builtin:smollm2-135m-instruct"
+            )
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"{ref}: model.name_or_path: no config.json in this directory; give the folder "
+                "that save_pretrained wrote"
+            )
+        return str(path.resolve())
+    _check_hub_id(ref)
+    return ref
+
+
 def resolve_model(spec: ModelSpec) -> str:
     """A path or hub id that ``from_pretrained`` can load; built-in and ``.gguf`` models are converted once.
 
@@ -126,36 +165,7 @@ def resolve_model(spec: ModelSpec) -> str:
         key = hashlib.sha256(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
         target = cache_dir() / "models" / f"{gguf.stem}-{key}-{CACHE_DTYPE}"
     else:
-        path = Path(ref).expanduser()
-        if path.is_symlink() and not path.exists():
-            try:
-                path.resolve(strict=True)
-            except RuntimeError:  # Python 3.11-3.12 raise this for a loop
-                why = "a symbolic link loop"
-            except OSError as exc:
-                why = "a symbolic link loop" if exc.errno == errno.ELOOP else "a symbolic link to nothing"
-            else:
-                why = "a symbolic link that cannot be followed"
-            raise ModelError(f"{ref}: model.name_or_path: {why}; give the checkpoint directory it should point at")
-        if path.exists() or ref.startswith((".", "/", "~")) or ref.count("/") > 1:
-            if path.is_file():
-                raise ModelError(
-                    f"{ref}: model.name_or_path: is a file, not a checkpoint directory; give the folder "
-                    "that save_pretrained wrote, or a .gguf file"
-                )
-            if not path.is_dir():
-                raise ModelError(
-                    f"{ref}: model.name_or_path: no such directory; give a checkpoint directory, a "
-                    ".gguf file, a hub id, or builtin:smollm2-135m-instruct"
-                )
-            if not (path / "config.json").is_file():
-                raise ModelError(
-                    f"{ref}: model.name_or_path: no config.json in this directory; give the folder "
-                    "that save_pretrained wrote"
-                )
-            return str(path.resolve())
-        _check_hub_id(ref)
-        return ref
+        return _local_or_hub(ref)
     if not (target / "config.json").is_file():
         _check_cache_dir(target.parent)  # an unusable SWEEPER_CACHE is named, not blamed on the model file
         try:
