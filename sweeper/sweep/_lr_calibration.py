@@ -309,25 +309,8 @@ def calibrate_study(
             multiple = next_multiple(t, mine, resolution)
             if multiple is None:
                 break
-            tell.run_started(t, multiple, n)
-            config = replace(long_config(t.config, n), learning_rate=t.config.learning_rate * multiple)
-            folder = trial_dir(study.study_name, t.number) / f"calibrate-{n}-x{multiple:g}"
-            result: TrialResult = run_trial(
-                config,
-                folder,
-                model_path=model_path,
-                stress=False,
-                on_progress=functools.partial(tell.run_progress, t),
-            )
+            run = _run_at(study, t, multiple, n, model_path, tell)
             spent += 1
-            run = EdgeRun(
-                trial=t.number, multiple=multiple, steps=n, status=str(result.status), fail_step=result.fail_step
-            )
-            study.set_user_attr(
-                _key(t.number, multiple),
-                {"trial": t.number, "multiple": multiple, "steps": n, "status": run.status, "fail_step": run.fail_step},
-            )
-            tell.run_finished(t, run)
             if not run.is_outcome:  # a crash, timeout or OOM says nothing about the edge: stop, keep the rest
                 break
             mine[multiple] = run
@@ -347,6 +330,28 @@ def calibrate_study(
         },
     )
     return calibration, edges
+
+
+def _run_at(
+    study: optuna.Study, t: StoredTrial, multiple: float, n: int, model_path: str, tell: CalibrationCallback
+) -> EdgeRun:
+    """One constant-rate run of ``n`` steps of trial ``t``'s configuration at ``multiple`` times its learning rate,
+    through the sweep's trial process, in ``calibrate-<n>-x<multiple>`` of its folder; stored in the study as it ends
+    and told to ``tell``."""
+    assert t.config is not None
+    tell.run_started(t, multiple, n)
+    config = replace(long_config(t.config, n), learning_rate=t.config.learning_rate * multiple)
+    folder = trial_dir(study.study_name, t.number) / f"calibrate-{n}-x{multiple:g}"
+    result: TrialResult = run_trial(
+        config, folder, model_path=model_path, stress=False, on_progress=functools.partial(tell.run_progress, t)
+    )
+    run = EdgeRun(trial=t.number, multiple=multiple, steps=n, status=str(result.status), fail_step=result.fail_step)
+    study.set_user_attr(
+        _key(t.number, multiple),
+        {"trial": t.number, "multiple": multiple, "steps": n, "status": run.status, "fail_step": run.fail_step},
+    )
+    tell.run_finished(t, run)
+    return run
 
 
 def measured_edges(study: optuna.Study, resolution: float, steps: int | None = None) -> list[Edge]:
