@@ -12,6 +12,24 @@ from sweeper.errors import SpaceError
 from sweeper.space._values import _SECTION_KEYS, TRIAL_KEYS, _Problems, _suggest
 
 
+def _parse_override(item: str, problems: _Problems) -> tuple[str, str, Any] | None:
+    """``key``, the value's text and the value (parsed as YAML, else the text itself) of one ``--set key=value``;
+    None, with the problem added to ``problems``, when it is not of that form or its value is empty."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        problems.add(item, "not of the form key=value", "write --set r=16")
+        return None
+    if not text.strip():
+        problems.add(key, "empty value", f"write {key}=VALUE")
+        return None
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    return key, text, value
+
+
 def apply_overrides(
     raw: dict[str, Any], overrides: list[str], file: str = "--set"
 ) -> tuple[dict[str, Any], frozenset[str]]:
@@ -42,18 +60,10 @@ def apply_overrides(
         return False
 
     for item in overrides:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            problems.add(item, "not of the form key=value", "write --set r=16")
+        parsed = _parse_override(item, problems)
+        if parsed is None:
             continue
-        if not text.strip():
-            problems.add(key, "empty value", f"write {key}=VALUE")
-            continue
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            value = text
+        key, text, value = parsed
         section, dot, leaf = key.partition(".")
         if dot and section in _SECTION_KEYS:
             if leaf not in _SECTION_KEYS[section]:
