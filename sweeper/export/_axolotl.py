@@ -67,7 +67,17 @@ def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
         **dict.fromkeys(AXOLOTL_LORA_KERNELS, False),
         "output_dir": f"./outputs/{p.study}-trial{p.trial}",
     }
-    comments = {
+    comments = _comments(s, entry_comments)
+    lines = header(s, "#", dataset_given=bool(entry))
+    if data and data.rows is None:
+        lines.append(f"# {data.missing_note()}")
+    return yaml_text(lines, out, comments)
+
+
+def _comments(s: ExportSettings, entry_comments: dict[str, str]) -> dict[str, str]:
+    """The comment on each key of :func:`render_axolotl`'s config that says what it keeps of the trial, or why a
+    default of axolotl's is overridden; ``entry_comments``: those of the dataset entry."""
+    comments: dict[str, str] = {
         **entry_comments,
         "bnb_config_kwargs": "axolotl ties bnb_4bit_compute_dtype to bf16/fp16; this entry sets the trial's value "
         "explicitly",
@@ -81,12 +91,9 @@ def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
         AXOLOTL_LORA_KERNELS[0]: "the trial ran peft's own LoRA layers; axolotl turns its fused LoRA kernels on by "
         "default for QLoRA, whose memory and (with lora_dropout) numerics are not what the sweep measured",
     }
-    if not t.bf16 and not t.fp16:
+    if not s.training.bf16 and not s.training.fp16:
         comments["bf16"] = "the trial computed in float32: no mixed precision (axolotl's default, auto, would use bf16)"
-    lines = header(s, "#", dataset_given=bool(entry))
-    if data and data.rows is None:
-        lines.append(f"# {data.missing_note()}")
-    return yaml_text(lines, out, comments)
+    return comments
 
 
 def _collation(s: ExportSettings) -> dict[str, object]:
