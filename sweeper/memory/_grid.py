@@ -147,9 +147,7 @@ _CHEAP_CHANGES: tuple[tuple[str, Callable[[Any], list[Any]]], ...] = (
 #: Room on a measured peak before it becomes advice: the cap named is at least the measured peak times this, and at
 #: least :data:`MEASURED_SLACK_GIB` above it. A CPU peak is a resident set, which also counts shared libraries; with
 #: 5% the advice, followed exactly, ran out of memory on a loaded machine (issue 48: measured 1.22 GiB, advised 1.29,
-#: the next run measured 1.35). Since the CPU cap pins glibc's mmap threshold (sweeper.trial._child.memory) the
-#: measurement itself holds still: 0.613-0.615 GiB over 9 runs of the tiny model's smallest configuration here, under
-#: caps of 0.7 to 20 GiB; the room is for the machine around it.
+#: the next run measured 1.35).
 MEASURED_SLACK = 1.15
 MEASURED_SLACK_GIB = 0.1
 

@@ -12,15 +12,11 @@ baseline of the interpreter and its libraries (about 0.4 GiB for torch + transfo
 
 from __future__ import annotations
 
-import ctypes
 import resource
 import sys
 from typing import Any
 
 from sweeper.memory import GIB
-
-#: glibc's ``mallopt`` parameter, and the threshold :func:`set_cpu_memory_cap` pins (glibc's starting one, 128 KiB).
-_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES = -3, 128 * 1024
 
 #: Substrings of allocation failures: CUDA's OutOfMemoryError, c10's CPU allocator, glibc's ENOMEM.
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
@@ -29,35 +25,25 @@ _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memor
 def set_cpu_memory_cap(limit_gib: float) -> None:
     """Cap the process's data segment (``RLIMIT_DATA``) at ``limit_gib``; allocations past it fail with ENOMEM.
 
-    It also pins glibc's mmap threshold at 128 KiB (``mallopt(M_MMAP_THRESHOLD)``, which turns off its dynamic
-    threshold): every block from 128 KiB up, a tensor's, is then its own mapping, unmapped when freed, so the data
-    segment the cap counts follows the live tensors. With glibc's default the threshold rises to the largest block
-    freed (up to 32 MiB), later tensors come from the heap, and freed heap stays mapped: under a 0.75 GiB cap a
-    trial of the tiny model at batch 1 x 1024 fitted by its resident peak (0.66 GiB) yet its data segment reached the
-    cap after the worst-case step, and the next allocation that failed was a small one inside oneDNN, which does not
-    check it: the process died of SIGSEGV in ``dnnl::impl::matmul_pd_t`` (3 of 4 runs; with the threshold pinned,
-    4 of 4 completed with the same peaks, within 0.01 GiB).
+    glibc's allocator is left as it is (its dynamic mmap threshold): tensors up to 32 MiB come from its heap, whose
+    freed blocks stay resident within a step, so the resident peak counts them, as CUDA's ``max_memory_reserved``
+    counts its caching allocator's free blocks. Pinning the threshold at 128 KiB (0505b4e) made every larger tensor its
+    own mapping, zero-filled by the kernel and unmapped when freed: the demo's batch 2 x 64 trial spent 21.7 s in the
+    kernel against 4.1 s without it (user 62.5 against 44.3 s, one thread), for a resident peak 0.10 GiB lower (0.857
+    against 0.954 GiB). It did not keep a trial at the edge of the cap from crashing either (a SIGSEGV in 1 of 6 runs
+    on this machine, issue 53): whether an allocation past the cap fails in torch (``oom``) or in a library that does
+    not check it is the libraries' matter, not the threshold's; ``benchmarks/trial_speed.py`` measures both.
 
     Raises:
         ValueError: ``limit_gib <= 0``.
     """
     if limit_gib <= 0:
         raise ValueError(f"limit_gib must be > 0, but got {limit_gib}")
-    _pin_mmap_threshold()
     limit = int(limit_gib * GIB)
     _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
-
-
-def _pin_mmap_threshold() -> None:
-    """``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` where the C library is glibc; elsewhere nothing (no such knob)."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
 
 
 def lift_cpu_memory_cap() -> None:
