@@ -79,7 +79,9 @@ class ConstantPhase:
         max_activation_trace: Largest |output| of the 4-bit layers per step (for fp16/bf16 compute).
         skipped_steps: 1-based steps the fp16 loss scaler skipped.
         steps_done: Optimizer steps finished.
-        train_time_s: Seconds inside ``Trainer.train``.
+        train_time_s: Seconds inside ``Trainer.train``, the probe's included, the worst-case step's not.
+        worst_case_time_s: Seconds the worst-case step took (one forward and backward of the data's longest rows,
+            undone; its memory phase's changes included); None where it did not run.
         tokens_per_s: Non-padding tokens trained per second of ``train_time_s``.
         data_token_share: The share of the tokens the constant phase's steps processed that are the data's own
             (the rest is padding), in ``[0, 1]``.
@@ -107,6 +109,7 @@ class ConstantPhase:
     steps_done: int = _stored(13, default=0)
     train_time_s: float | None = _stored(17)
     tokens_per_s: float | None = _stored(21)
+    worst_case_time_s: float | None = _stored(65)
     data_token_share: float | None = _stored(63)
     probe_steps: list[int] = _stored(36, factory=list)
     probe_loss_trace: list[float | None] = _stored(37, factory=list)

@@ -116,6 +116,8 @@ def test_a_trial_trains_on_its_tokens_and_measures_the_worst_step_apart(tiny_mod
     rows, tokens = on.memory.worst_case_shape
     assert rows == 2 and 20 < tokens < 100, on.memory.worst_case_shape
     assert off.memory.worst_case_shape is None and "worst_case" not in off.memory.phase_peak_memory_gib
+    # Its time is its own, not the training's: train_time_s leaves it out, so tokens_per_s is the training's.
+    assert on.constant.worst_case_time_s > 0 and off.constant.worst_case_time_s is None
     phases = on.memory.phase_peak_memory_gib
     assert set(phases) == {"load", "train", "worst_case", "probe", "stress"}, phases
     assert on.memory.peak_memory_gib == max(phases["train"], phases["worst_case"])

@@ -32,7 +32,7 @@ STORED_ORDER = (
     "stress_probe_loss_trace", "stress_time_s", "stress_time_share", "stress_peak_memory_gib", "update_ratio_trace",
     "stability_margin_low", "stability_margin_high", "predicted_max_lr_low", "predicted_max_lr_high",
     "predicted_max_lr_source", "phase_peak_memory_gib", "worst_case_shape", "data_token_share",
-    "predicted_max_lr_calibrated",
+    "predicted_max_lr_calibrated", "worst_case_time_s",
 )  # fmt: skip
 
 
@@ -62,6 +62,7 @@ def _full() -> TrialResult:
             steps_done=2,
             train_time_s=3.5,
             tokens_per_s=100.0,
+            worst_case_time_s=0.25,
             data_token_share=0.9,
             probe_steps=[0, 2],
             probe_loss_trace=[2.5, 2.25],

@@ -211,7 +211,8 @@ def run_worst_case_step(trainer: Any, record: TrainingRecord) -> None:
     undone: its gradients are dropped before any optimizer step, the random number generators (dropout's) are
     restored, and nothing is recorded in the traces, so the trial trains exactly as it would without it. Run after
     step 1, once the optimizer's state exists, so that its peak holds everything a training step of that shape
-    holds. Sets ``record.worst_case_shape`` (``[rows, tokens]``).
+    holds. Sets ``record.worst_case_shape`` (``[rows, tokens]``) and ``record.worst_case_time_s`` (seconds, memory
+    phase changes included: what the trial's ``train_time_s`` leaves out, as the step leaves out its training).
 
     Raises:
         Exception: What the step raises (an out-of-memory error under the cap: the configuration's OOM, with
@@ -225,6 +226,7 @@ def run_worst_case_step(trainer: Any, record: TrainingRecord) -> None:
     rng = torch.get_rng_state(), (torch.cuda.get_rng_state_all() if cuda else None)
     phase = record.phase
     record.in_worst_case = True
+    start = time.monotonic()
     before = record.enter_memory_phase("worst_case")
     try:
         inputs = {k: v.to(trainer.args.device) for k, v in model_inputs(batch).items()}
@@ -239,10 +241,12 @@ def run_worst_case_step(trainer: Any, record: TrainingRecord) -> None:
         torch.set_rng_state(rng[0])
         if rng[1] is not None:
             torch.cuda.set_rng_state_all(rng[1])
+        record.worst_case_time_s = time.monotonic() - start
     record.worst_case_shape = list(batch["input_ids"].shape)
     record.phase, record.in_worst_case = phase, False
     if before is not None:
         record.enter_memory_phase(before)
+    record.worst_case_time_s = time.monotonic() - start
 
 
 class TraceCallback(TrainerCallback):

@@ -71,6 +71,9 @@ class TrainingRecord:
         self.probe_max_activation: list[float | None] = []
         self.probe_step_max_activation: Any = None
         self.probe_time_s = 0.0
+        # Seconds the worst-case step took (sweeper.trial._child.instrumented.run_worst_case_step): an instrument's,
+        # taken out of the constant phase's training time.
+        self.worst_case_time_s = 0.0
         # The adapters' update-to-weight ratio at each constant-phase probe, and the base weights' norm it divides by.
         self.update_ratio: list[float | None] = []
         self.base_weight_norm: float | None = None

@@ -163,7 +163,10 @@ def _fill(result: TrialResult, record: TrainingRecord, measured: Measurements, t
     if result.status is TrialStatus.NAN:  # the failing step's values, for the curves
         constant.loss_trace = record.loss + [finite_or_none(record.step_loss)]
         constant.grad_norm_trace = record.grad_norm + [finite_or_none(record.step_grad_norm)]
+    if measured.train_time_s is not None:  # the worst-case step is undone: neither its training nor its time counts
+        measured.train_time_s -= record.worst_case_time_s
     copy_onto(result, measured)
+    constant.worst_case_time_s = record.worst_case_time_s if record.worst_case_shape is not None else None
     if measured.load_time_s is not None and measured.train_start is not None:
         result.provenance.setup_time_s = measured.train_start - t_setup
     if measured.train_time_s:
