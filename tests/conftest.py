@@ -21,13 +21,13 @@ os.environ.setdefault("HF_UPDATE_DOWNLOAD_COUNTS", "0")
 from sweeper.testing import REPO, build_tiny_model, write_space  # noqa: F401
 
 #: Marks of tests that cost more than a real trial; each is also ``slow``, so that ``-m "not slow"`` is the fast suite.
-_COSTLY = ("browser", "postgres", "network")
+_COSTLY = ("browser", "postgres", "network", "demo")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark ``browser``, ``postgres`` and ``network`` tests ``slow`` as well; skip the tests marked ``gpu`` where no
-    CUDA device is visible (CI, this project's CPU machines): they run in ``benchmarks/gpu_check.sh`` on a GPU.
-    Whether CUDA is visible is asked of the driver without importing torch."""
+    """Mark ``browser``, ``postgres``, ``network`` and ``demo`` tests ``slow`` as well; skip the tests marked ``gpu``
+    where no CUDA device is visible (CI, this project's CPU machines): they run in ``benchmarks/gpu_check.sh`` on a
+    GPU. Whether CUDA is visible is asked of the driver without importing torch."""
     from sweeper.trial import cuda_visible
 
     for item in items:
