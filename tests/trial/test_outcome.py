@@ -114,6 +114,19 @@ def test_anything_else_is_an_error_with_its_type_and_the_first_line_of_its_messa
     assert len(outcome_of(ValueError("x" * 1000), _record(), CONFIG).reason) == len("ValueError while loading: ") + 300
 
 
+def test_onednn_failing_to_create_a_primitive_is_an_oom_only_under_the_cpu_cap():
+    # Under RLIMIT_DATA oneDNN reports an allocation it could not make only as this (issue 53: the edge-of-the-cap
+    # trial, 1 run in 4); elsewhere (CUDA, no cap) it stays an error with its message.
+    exc = RuntimeError("could not create a primitive")
+    capped = outcome_of(exc, _record("backward", 2), CONFIG, cpu_capped=True)
+    assert (capped.status, capped.fail_phase, capped.fail_step) == (TrialStatus.OOM, "backward", 3)
+    assert capped.reason.startswith("out of memory at step 3 (backward) under memory_limit_gib=1.5 (oneDNN: ")
+    uncapped = outcome_of(exc, _record("backward", 2), CONFIG)
+    assert uncapped.status == TrialStatus.ERROR and "could not create a primitive" in uncapped.reason
+    # A plain allocation failure under the cap is named as before, without oneDNN's note.
+    assert "oneDNN" not in outcome_of(MemoryError(), _record("backward", 2), CONFIG, cpu_capped=True).reason
+
+
 def test_outcome_and_measurements_fields_are_result_fields_copied_by_name_when_known():
     names = set(TrialResult.stored_names())
     assert {f.name for f in fields(Outcome)} <= names

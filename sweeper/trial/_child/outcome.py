@@ -10,8 +10,9 @@ The ladder, first match wins:
   reason appended when it ran;
 - :class:`~sweeper.trial._child.record.DivergedError`: ``diverged`` at the divergence's step;
 - :class:`~sweeper.trial._child.checks.QuantizationCheckError`: ``error`` while loading (step 0);
-- anything else: ``oom`` when it is an allocation failure (:func:`~sweeper.trial._child.memory.oom_cause_chain`,
-  or, while loading, when transformers' load report mentioned one), naming the step's shape after loading; else
+- anything else: ``oom`` when it is an allocation failure (:func:`~sweeper.trial._child.memory.oom_cause_chain`:
+  under the CPU cap also oneDNN's "could not create a primitive", named in the reason; or, while loading, when
+  transformers' load report mentioned one), naming the step's shape after loading; else
   ``error`` with the exception's type and the first line of its message.
 """
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from sweeper.space import TrialConfig
 from sweeper.trial._child.checks import QuantizationCheckError
 from sweeper.trial._child.diagnosis import NanCause
-from sweeper.trial._child.memory import oom_cause_chain
+from sweeper.trial._child.memory import ONEDNN_UNDER_CAP, oom_cause_chain
 from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord
 from sweeper.trial._result import Phase
 from sweeper.trial._status import TrialStatus
@@ -60,14 +61,19 @@ def _nan(exc: NonFiniteError, record: TrainingRecord) -> Outcome:
     return out
 
 
-def _unexpected(exc: BaseException, record: TrainingRecord, config: TrialConfig, load_oom: bool) -> Outcome:
+def _unexpected(
+    exc: BaseException, record: TrainingRecord, config: TrialConfig, load_oom: bool, cpu_capped: bool
+) -> Outcome:
     loading = record.phase == "load"
     step = 0 if loading else record.step + 1
     where = "while loading" if loading else f"at step {step} ({record.phase})"
     if record.in_worst_case:
         where = f"at the worst-case step, after step {record.step} ({record.phase})"
-    if oom_cause_chain(exc) is not None or (loading and load_oom):
+    cause = oom_cause_chain(exc, cpu_capped)
+    if cause is not None or (loading and load_oom):
         reason = f"out of memory {where} under memory_limit_gib={config.memory_limit_gib:g}"
+        if cause is not None and ONEDNN_UNDER_CAP in str(cause) and oom_cause_chain(exc) is None:
+            reason += f" (oneDNN: {ONEDNN_UNDER_CAP}, an allocation it needed having failed under the cap)"
         shape = _failing_shape(record)
         if shape is not None:
             rows, tokens = shape
@@ -100,7 +106,12 @@ def _failing_shape(record: TrainingRecord) -> tuple[int, int] | None:
 
 
 def outcome_of(
-    exc: BaseException | None, record: TrainingRecord, config: TrialConfig, *, load_oom: bool = False
+    exc: BaseException | None,
+    record: TrainingRecord,
+    config: TrialConfig,
+    *,
+    load_oom: bool = False,
+    cpu_capped: bool = False,
 ) -> Outcome:
     """How the trial ended (the ladder of the module docstring).
 
@@ -111,6 +122,7 @@ def outcome_of(
             reason).
         load_oom: Whether transformers' load report mentioned an allocation failure
             (:meth:`sweeper.trial._child.load.LoadReport.mentions_oom`): while loading, it makes an error an OOM.
+        cpu_capped: Whether the trial ran under the CPU cap (``RLIMIT_DATA``): oneDNN's failures are then OOMs.
 
     Returns:
         The outcome; pure (reads its arguments, changes nothing).
@@ -124,4 +136,4 @@ def outcome_of(
     if isinstance(exc, QuantizationCheckError):
         what = "LoRA target check" if "target_modules" in str(exc) else "4-bit quantization check"
         return Outcome(status=TrialStatus.ERROR, reason=f"{what} failed: {exc}", fail_phase="load", fail_step=0)
-    return _unexpected(exc, record, config, load_oom)
+    return _unexpected(exc, record, config, load_oom, cpu_capped)

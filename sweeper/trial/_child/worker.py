@@ -267,7 +267,7 @@ def run(
     except BaseException as exc:
         reserve = None  # after an OOM, room to build and write the result under the cap
         gc.collect()
-        outcome = outcome_of(exc, record, config, load_oom=LOAD_REPORT.mentions_oom())
+        outcome = outcome_of(exc, record, config, load_oom=LOAD_REPORT.mentions_oom(), cpu_capped=not cuda_visible())
         if outcome.status is TrialStatus.ERROR:
             traceback.print_exc()
     del reserve
