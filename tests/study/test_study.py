@@ -75,7 +75,9 @@ def test_states_attributes_and_constraints(tiny_model, workdir):
                 training={
                     "bnb_4bit_compute_dtype": "float16",
                     "max_seq_length": 1024,
-                    "memory_limit_gib": 0.75,
+                    # batch 1 fits with room for its stress phase (under 0.75 GiB its data segment reached the cap
+                    # there: no margin; under 0.85 it may die of it, as in the test of the preflight), batch 64 cannot
+                    "memory_limit_gib": 1.0,
                     "max_steps": 8,
                     "preflight_margin": 100,
                 },  # a real OOM here, not a predicted one
@@ -254,10 +256,12 @@ def test_a_trial_at_the_edge_of_the_cap_ends_in_a_result_never_a_crash(tiny_mode
 
 @pytest.mark.slow
 def test_preflight_prunes_predicted_and_dominated_ooms_without_running_them(tiny_model, workdir):
-    # With the preflight all but off, batch 32 x 1024 runs and really runs out of memory under 0.85 GiB; batch 48 is
+    # With the preflight all but off, batch 32 x 1024 runs and really runs out of memory under 1 GiB; batch 48 is
     # at least as large in every memory dimension, so it is pruned without running; batch 1 fits and runs (under
-    # 0.75 GiB it is at the edge of the cap: the test above).
-    oom, dominated, fits = _oom_dominated_then_batch_1(tiny_model, workdir, 0.85)[:3]
+    # 0.75 GiB it is at the edge of the cap: the test above; under 0.85 its data segment can still reach the cap
+    # within a step, and the allocation that fails there may be one torch does not check: a SIGSEGV in 1 of 5 runs
+    # here, issue 53's note).
+    oom, dominated, fits = _oom_dominated_then_batch_1(tiny_model, workdir, 1.0)[:3]
     assert oom.user_attrs["status"] == "oom", oom.user_attrs["reason"]
     assert "retried" not in oom.user_attrs  # an OOM is a result: no retry
     assert dominated.user_attrs["status"] == "dominated_oom" and dominated.state == TrialState.PRUNED
