@@ -33,11 +33,18 @@ def set_cpu_memory_cap(limit_gib: float) -> None:
     counts its caching allocator's free blocks. Pinning the threshold at 128 KiB (0505b4e) made every larger tensor its
     own mapping, zero-filled by the kernel and unmapped when freed: the demo's batch 2 x 64 trial spent 21.7 s in the
     kernel against 4.1 s without it (user 62.5 against 44.3 s, one thread), for a resident peak 0.10 GiB lower (0.857
-    against 0.954 GiB). It did not keep a trial at the edge of the cap from failing in a library either (issue 53,
-    this machine, pinned: a SIGSEGV in oneDNN in 1 of 6 runs, oneDNN's "could not create a primitive" in 2). Which
-    allocation meets the cap first decides how it fails: in torch, an OOM; in oneDNN, that RuntimeError, which under
-    the cap is an OOM too (:data:`ONEDNN_UNDER_CAP`); an unchecked one, a SIGSEGV (not seen without the pin, in 14
-    runs). ``benchmarks/trial_speed.py`` measures the speed and how the edge trial ends.
+    against 0.954 GiB).
+
+    What the pin bought: the data segment follows the live tensors, so it meets the cap later. Which allocation meets
+    the cap first decides how a trial fails: in torch, an OOM; in oneDNN, "could not create a primitive", which under
+    the cap is an OOM too (:data:`ONEDNN_UNDER_CAP`); an unchecked one, a SIGSEGV, which the sweep retries as a crash.
+    Measured on this project's machine (issue 53), batch 1 x 1024 of the tiny model: under 0.75 GiB after an OOM
+    trial, pinned, 0 of 8 runs completed (1 SIGSEGV, 2 errors, the rest OOMs at step 3), unpinned 16 of 16
+    ended as a result (OOMs at step 3, one through oneDNN); under 0.85 GiB, pinned 8 of 8 completed, unpinned 4 of 5
+    completed and 1 died of SIGSEGV in a backward (pinned at 4 MiB: 2 of 10 died). A trial whose data segment comes
+    within a step of the cap can die of it unpinned; the tests keep their batch-1 trials under 1 GiB, and
+    ``benchmarks/trial_speed.py`` measures the speed and how the edge trial ends. The lasting fix is a cap that binds
+    what the peak measures (issue 53's note).
 
     Raises:
         ValueError: ``limit_gib <= 0``.
