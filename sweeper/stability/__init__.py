@@ -1,6 +1,7 @@
 """The stability science: numbers, no text (how they are written is :mod:`sweeper.notation`). One module per measure:
 
 - :mod:`~sweeper.stability._instability`: the probe, the instability and its terms, the divergence rule;
+- :mod:`~sweeper.stability._critical`: the critical learning rate, its line search and its trend;
 - :mod:`~sweeper.stability._margin`: the stress phase, the stability margin, ``predicted_max_lr`` and its calibration;
 - :mod:`~sweeper.stability._headroom`: how many times its own rate a long run is predicted to hold;
 - :mod:`~sweeper.stability._progress`: how much a short trial learned, its noise, and when it barely learns;
@@ -10,6 +11,12 @@ Pure (no torch import): it runs on the JSON trace a trial process returns, so it
 traces and can be recomputed for stored trials.
 """
 
+from sweeper.stability._critical import (
+    CriticalRate,
+    critical_multiples,
+    critical_rate_of,
+    line_search_points,
+)
 from sweeper.stability._figures import (
     StabilityFigures,
 )
@@ -57,6 +64,7 @@ __all__ = [
     "STORED_COMPONENTS",
     "STRESS_GROWTH",
     "STRESS_STEPS",
+    "CriticalRate",
     "Divergence",
     "Headroom",
     "InstabilityComponents",
@@ -64,11 +72,14 @@ __all__ = [
     "StabilityFigures",
     "barely_learns",
     "compute_instability",
+    "critical_multiples",
+    "critical_rate_of",
     "divergence",
     "edge_proximity",
     "headroom_of",
     "learning_progress",
     "learning_progress_noise",
+    "line_search_points",
     "lr_calibration_of",
     "margin_interval",
     "margin_of",

@@ -246,6 +246,7 @@ class TrialProcess:
         stress: bool | StressSettings = True,
         probe: bool | ProbeSettings = True,
         worst_case: bool = True,
+        line_search: bool = True,
     ) -> TrialResult:
         """Run one trial in this trial process (started first when there is none) and return what it measured.
 
@@ -268,6 +269,8 @@ class TrialProcess:
                 or False for none (a diagnostic; then no stress phase either).
             worst_case: Measure the worst-case step (:attr:`sweeper.trial._job.TrialJob.worst_case`); False is a
                 diagnostic.
+            line_search: Read the critical learning rate (:attr:`sweeper.trial._job.Measures.line_search`); False
+                is a diagnostic.
 
         Returns:
             The worker's result, or a ``timeout``/``crash`` result made here.
@@ -284,6 +287,7 @@ class TrialProcess:
             _settings(stress, StressSettings),
             _settings(probe, ProbeSettings),
             worst_case,
+            line_search,
         )
         log_path, result_path = Path(job.log_path), Path(job.result_path)
         start = time.monotonic()
@@ -344,6 +348,7 @@ def _write_job(
     stress: StressSettings | None,
     probe: ProbeSettings | None,
     worst_case: bool = True,
+    line_search: bool = True,
 ) -> TrialJob:
     """Create ``trial_dir`` with the trial's ``config.json`` and an empty ``worker.log`` (no ``result.json``), and
     return the job naming them, with its stress and probe settings."""
@@ -353,7 +358,7 @@ def _write_job(
         result_path=str(trial_dir / "result.json"),
         log_path=str(trial_dir / "worker.log"),
         trial_dir=str(trial_dir),
-        measures=Measures(stress=stress, probe=probe, worst_case=worst_case),
+        measures=Measures(stress=stress, probe=probe, worst_case=worst_case, line_search=line_search),
     )
     Path(job.result_path).unlink(missing_ok=True)
     Path(job.config_path).write_text(json.dumps({"config": config.to_dict(), "model_path": model_path}, indent=1))
@@ -372,6 +377,7 @@ def run_trial(
     on_progress: Callable[[TrialProgress], None] | None = None,
     probe: bool | ProbeSettings = True,
     worst_case: bool = True,
+    line_search: bool = True,
 ) -> TrialResult:
     """Run one trial in a fresh trial process and return what it measured (:meth:`TrialProcess.run`); the process
     ends with it.
@@ -389,6 +395,7 @@ def run_trial(
         probe: Evaluate the probe (:meth:`TrialProcess.run`): True, a :class:`~sweeper.trial._job.ProbeSettings`, or
             False for none.
         worst_case: Measure the worst-case step (:meth:`TrialProcess.run`).
+        line_search: Read the critical learning rate (:meth:`TrialProcess.run`).
 
     Returns:
         The worker's result, or a ``timeout``/``crash`` result made here.
@@ -407,6 +414,7 @@ def run_trial(
             stress=stress,
             probe=probe,
             worst_case=worst_case,
+            line_search=line_search,
         )
     finally:
         process.close()

@@ -122,6 +122,46 @@ class ConstantPhase:
 
 
 @dataclass(kw_only=True)
+class CriticalLr:
+    """The critical learning rate (:mod:`sweeper.stability._critical`, after Kalra et al., arXiv 2601.16979): at a
+    few points of the constant phase, the smallest multiple of the trial's learning rate at which a step along the
+    optimizer's own next update (computed, not applied) raises a probe row's loss. Empty (all None) where no line
+    search ran: a trial that ended before its first point, one without a probe, or one whose search could not run
+    (``line_search_skipped`` says why).
+
+    Attributes:
+        critical_lr_multiple: The median reading over every point and row, x the trial's learning rate.
+        critical_lr_multiple_low, critical_lr_multiple_high: The last point's readings' spread, widened to the
+            search's resolution (``sqrt(2)``) each side.
+        critical_lr_slope_per_step: The trend of the reading's logarithm per optimizer step (least squares);
+            negative: the critical rate falls (progressive sharpening).
+        critical_lr_projected_step: The optimizer step at which the trend meets the trial's own rate, None when it
+            does not within 20 times the constant phase; ``_low``/``_high`` its 95% interval (``_high`` None: beyond
+            that horizon).
+        critical_lr_readings: ``[step, row, multiple, censored]`` per reading (``censored``: the search's range
+            ended before the bracket closed, so the multiple is a bound).
+        line_search_time_s: Seconds the line searches took (outside ``train_time_s``).
+        line_search_time_share: That over ``train_time_s``.
+        line_search_forwards: Forward passes they took.
+        line_search_skipped: Why a line search did not run (out of memory under the cap, a non-finite gradient), None
+            when every point ran.
+    """
+
+    critical_lr_multiple: float | None = _stored(66)
+    critical_lr_multiple_low: float | None = _stored(67)
+    critical_lr_multiple_high: float | None = _stored(68)
+    critical_lr_slope_per_step: float | None = _stored(69)
+    critical_lr_projected_step: int | None = _stored(70)
+    critical_lr_projected_step_low: int | None = _stored(71)
+    critical_lr_projected_step_high: int | None = _stored(72)
+    critical_lr_readings: list[list[Any]] = _stored(73, factory=list)
+    line_search_time_s: float | None = _stored(74)
+    line_search_time_share: float | None = _stored(75)
+    line_search_forwards: int | None = _stored(76)
+    line_search_skipped: str | None = _stored(77)
+
+
+@dataclass(kw_only=True)
 class StressOutcome:
     """What the stress phase measured: an LR range test after the constant phase
     (:data:`sweeper.stability.STRESS_GROWTH` per step), which gives the stability margin
@@ -259,6 +299,7 @@ class TrialResult:
         memory: Its memory, measured and predicted (:class:`MemoryReading`).
         constant: Its constant phase: traces, probe, instability (:class:`ConstantPhase`).
         stress: Its stress phase and stability margin (:class:`StressOutcome`).
+        critical: Its critical learning rate, read by line searches in the constant phase (:class:`CriticalLr`).
         nan: After a NaN, the diagnosis (:class:`NanFindings`).
         data: The samples it trained on (:class:`DataReading`).
         provenance: Timings, process, derived settings, device and versions (:class:`Provenance`).
@@ -271,6 +312,7 @@ class TrialResult:
     memory: MemoryReading = field(default_factory=MemoryReading)
     constant: ConstantPhase = field(default_factory=ConstantPhase)
     stress: StressOutcome = field(default_factory=StressOutcome)
+    critical: CriticalLr = field(default_factory=CriticalLr)
     nan: NanFindings = field(default_factory=NanFindings)
     data: DataReading = field(default_factory=DataReading)
     provenance: Provenance = field(default_factory=Provenance)

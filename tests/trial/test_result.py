@@ -14,7 +14,7 @@ import pytest
 from sweeper.study._stored import stored_trial
 from sweeper.testing import make_study
 from sweeper.trial import MemoryReading, Provenance, StressOutcome, TrialResult, TrialStatus
-from sweeper.trial._result import ConstantPhase, DataReading, NanFindings
+from sweeper.trial._result import ConstantPhase, CriticalLr, DataReading, NanFindings
 
 FIXTURE_DB = Path(__file__).parents[1] / "fixtures" / "study_v010.db"
 
@@ -32,7 +32,10 @@ STORED_ORDER = (
     "stress_probe_loss_trace", "stress_time_s", "stress_time_share", "stress_peak_memory_gib", "update_ratio_trace",
     "stability_margin_low", "stability_margin_high", "predicted_max_lr_low", "predicted_max_lr_high",
     "predicted_max_lr_source", "phase_peak_memory_gib", "worst_case_shape", "data_token_share",
-    "predicted_max_lr_calibrated", "worst_case_time_s",
+    "predicted_max_lr_calibrated", "worst_case_time_s", "critical_lr_multiple", "critical_lr_multiple_low",
+    "critical_lr_multiple_high", "critical_lr_slope_per_step", "critical_lr_projected_step",
+    "critical_lr_projected_step_low", "critical_lr_projected_step_high", "critical_lr_readings",
+    "line_search_time_s", "line_search_time_share", "line_search_forwards", "line_search_skipped",
 )  # fmt: skip
 
 
@@ -91,6 +94,20 @@ def _full() -> TrialResult:
             predicted_max_lr_high=5e-3,
             predicted_max_lr_source="uncalibrated: factor from SmolLM2-135M (8 edges, geometric SD 1.51)",
             predicted_max_lr_calibrated=False,
+        ),
+        critical=CriticalLr(
+            critical_lr_multiple=11.3,
+            critical_lr_multiple_low=4.8,
+            critical_lr_multiple_high=38.0,
+            critical_lr_slope_per_step=-0.12,
+            critical_lr_projected_step=27,
+            critical_lr_projected_step_low=20,
+            critical_lr_projected_step_high=45,
+            critical_lr_readings=[[2, 0, 26.9, False], [12, 1, 6.7, True]],
+            line_search_time_s=1.5,
+            line_search_time_share=0.3,
+            line_search_forwards=19,
+            line_search_skipped="a gradient is not finite at step 7: no line search there",
         ),
         nan=NanFindings(cause="precision", samples=[4, 5], module="model.layers.0.mlp"),
         data=DataReading(

@@ -19,6 +19,7 @@ from transformers import Trainer, TrainerCallback
 
 from sweeper.stability import divergence, stress_lr
 from sweeper.trial._child.collate import model_inputs, sample_indices
+from sweeper.trial._child.line_search import run_line_search
 from sweeper.trial._child.progress import ProgressSender
 from sweeper.trial._child.record import (
     DivergedError,
@@ -298,6 +299,14 @@ class TraceCallback(TrainerCallback):
         record.step_batches = []
         record.step_supervised = None
 
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        """Run the line search (:func:`sweeper.trial._child.line_search.run_line_search`) before the update of a
+        constant-phase step in ``record.line_search_steps``."""
+        record = self.record
+        step = state.global_step + 1
+        if self.probe is not None and not record.stressing and step in record.line_search_steps:
+            run_line_search(self.trainer, record, self.probe, step)
+
     def on_step_end(self, args, state, control, **kwargs):
         """Append the finished step's values to the traces; probe when due."""
         record, probe = self.record, self.probe
@@ -397,7 +406,7 @@ def track_activations(model: Any, record: TrainingRecord) -> list[Any]:
         tensors = [t for t in (*inputs, output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
         for t in tensors:
             peak = t.detach().abs().amax().float()
-            if record.in_worst_case:
+            if record.in_worst_case or record.in_line_search:
                 continue
             if record.probing:
                 cur = record.probe_step_max_activation

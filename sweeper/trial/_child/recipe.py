@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from sweeper.space import TrialConfig
-from sweeper.stability import PROBE_ROWS, probe_interval_steps
+from sweeper.stability import PROBE_ROWS, line_search_points, probe_interval_steps
 from sweeper.trial._child.checks import check_lora_targets, check_quantization
 from sweeper.trial._child.collate import make_collator, model_inputs, pack_rows, worst_case_rows
 from sweeper.trial._child.context import TrialContext
@@ -196,6 +196,8 @@ def setup(trial: TrialContext) -> Run:
         rows = pack_rows(rows, config.max_seq_length)
     if rows and trial.measures.worst_case:
         record.worst_case_batch = collate(worst_case_rows(rows, config.per_device_train_batch_size))
+    if probe is not None and trial.measures.line_search:
+        record.line_search_steps = line_search_points(config.max_steps)
     stress_steps = 0
     stress = trial.measures.stress
     if stress is not None and probe is not None:  # the stress phase reads the probe after each step

@@ -85,6 +85,16 @@ class TrainingRecord:
         self.worst_case_batch: dict[str, Any] | None = None
         self.worst_case_shape: list[int] | None = None
         self.in_worst_case = False
+        # The critical learning rate's line searches (sweeper.trial._child.line_search): the steps before whose
+        # update they run, their readings (step, row, multiple, censored), forwards, seconds, why one did not run,
+        # the multiple the next starts from, and True while one runs.
+        self.line_search_steps: list[int] = []
+        self.line_search_readings: list[tuple[int, int, float, bool]] = []
+        self.line_search_forwards = 0
+        self.line_search_time_s = 0.0
+        self.line_search_skipped: str | None = None
+        self.line_search_start = 1.0
+        self.in_line_search = False
 
     def enter_memory_phase(self, phase: str) -> str | None:
         """Start measuring the peak of ``phase`` (:class:`~sweeper.trial._child.memory.PhasePeaks`); returns the

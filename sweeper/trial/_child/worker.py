@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 
 from sweeper.space import TrialConfig
-from sweeper.stability import compute_instability, learning_progress, projected_fail_step
+from sweeper.stability import compute_instability, critical_rate_of, learning_progress, projected_fail_step
 from sweeper.trial._child.checks import QuantizationCheckError
 from sweeper.trial._child.context import TrialContext
 from sweeper.trial._child.load import LOAD_REPORT, versions
@@ -163,8 +163,8 @@ def _fill(result: TrialResult, record: TrainingRecord, measured: Measurements, t
     if result.status is TrialStatus.NAN:  # the failing step's values, for the curves
         constant.loss_trace = record.loss + [finite_or_none(record.step_loss)]
         constant.grad_norm_trace = record.grad_norm + [finite_or_none(record.step_grad_norm)]
-    if measured.train_time_s is not None:  # the worst-case step is undone: neither its training nor its time counts
-        measured.train_time_s -= record.worst_case_time_s
+    if measured.train_time_s is not None:  # the worst-case step and the line searches are undone: their time is not
+        measured.train_time_s -= record.worst_case_time_s + record.line_search_time_s  # the training's
     copy_onto(result, measured)
     constant.worst_case_time_s = record.worst_case_time_s if record.worst_case_shape is not None else None
     if measured.load_time_s is not None and measured.train_start is not None:
@@ -204,6 +204,27 @@ def _instability(result: TrialResult, record: TrainingRecord, config: TrialConfi
     )
     constant.instability = components.instability
     constant.instability_components = {k: v for k, v in components.to_dict().items() if k != "instability"}
+
+
+def _critical(result: TrialResult, record: TrainingRecord, config: TrialConfig) -> None:
+    """The critical learning rate from the line searches' readings (:func:`sweeper.stability.critical_rate_of`),
+    their cost, and why one did not run."""
+    critical = result.critical
+    critical.line_search_skipped = record.line_search_skipped
+    if not record.line_search_forwards:
+        return
+    rate = critical_rate_of(record.line_search_readings, config.max_steps, record.line_search_forwards)
+    critical.critical_lr_multiple = rate.multiple
+    critical.critical_lr_multiple_low, critical.critical_lr_multiple_high = rate.multiple_low, rate.multiple_high
+    critical.critical_lr_slope_per_step = rate.slope_per_step
+    critical.critical_lr_projected_step = rate.projected_step
+    critical.critical_lr_projected_step_low = rate.projected_step_low
+    critical.critical_lr_projected_step_high = rate.projected_step_high
+    critical.critical_lr_readings = [list(r) for r in rate.readings]
+    critical.line_search_forwards = rate.forwards
+    critical.line_search_time_s = record.line_search_time_s
+    train_s = result.constant.train_time_s
+    critical.line_search_time_share = record.line_search_time_s / train_s if train_s else None
 
 
 def _margin(result: TrialResult, record: TrainingRecord) -> None:
@@ -280,6 +301,7 @@ def run(
     _fill(result, record, measured, t_setup)
     _instability(result, record, config)
     _margin(result, record)
+    _critical(result, record, config)
     return result
 
 

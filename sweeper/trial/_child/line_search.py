@@ -1,0 +1,145 @@
+"""The critical learning rate's line search, run inside a trial (child process; imports torch): at a line-search
+point, just before the optimizer applies its update, the update is computed on a copy of nothing but the adapter's
+weights and the optimizer's state (the optimizer steps once, the update is read off the weights, and weights and
+state are put back bit for bit), and each probe row's loss is read at multiples of it
+(:func:`sweeper.stability.critical_multiples`). Nothing the trial trains or records changes: the weights, the
+gradients, the optimizer's state, the random state and every module's mode are as they were, the activation hooks
+do not see its forwards, and its memory is the ``probe`` phase's (never the judged peak). Used by
+:class:`sweeper.trial._child.instrumented.TraceCallback`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any
+
+import torch
+
+from sweeper.stability import critical_multiples
+from sweeper.trial._child.memory import PROBE_PHASE, is_oom
+from sweeper.trial._child.record import Probe, TrainingRecord
+
+
+def _row_losses(net: Any, batches: list[dict[str, Any]], device: Any) -> list[float]:
+    """Each row's mean loss over its supervised tokens (the causal shift as the model's own loss), one forward per
+    batch; ``inf`` for a row whose loss is not finite."""
+    out: list[float] = []
+    for batch in batches:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        labels = batch.pop("labels")
+        logits = net(**batch).logits
+        shifted = labels[:, 1:]
+        flat = torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), shifted.flatten(), reduction="none", ignore_index=-100
+        ).view(shifted.shape)
+        counts = (shifted != -100).sum(dim=1)
+        for total, n in zip(flat.sum(dim=1).tolist(), counts.tolist()):
+            value = total / n if n else math.nan
+            out.append(value if math.isfinite(value) else math.inf)
+        del logits, flat
+    return out
+
+
+def _next_update(optimizer: Any, params: list[Any]) -> list[Any]:
+    """The update ``optimizer.step()`` would apply now to ``params``, leaving the params and the optimizer's state
+    exactly as they were (tensors copied back in place, so paged or quantized state keeps its storage)."""
+    saved_params = [p.detach().clone() for p in params]
+    saved_state = {}
+    for p in params:
+        state = optimizer.state.get(p)
+        saved_state[p] = (
+            None
+            if state is None
+            else {k: v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v) for k, v in state.items()}
+        )
+    try:
+        optimizer.step()
+        return [p.detach() - s for p, s in zip(params, saved_params)]
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved_params):
+                p.copy_(s)
+        for p, saved in saved_state.items():
+            if saved is None:
+                optimizer.state.pop(p, None)
+                continue
+            state = optimizer.state[p]
+            for k in [k for k in state if k not in saved]:
+                del state[k]
+            for k, v in saved.items():
+                if torch.is_tensor(v) and torch.is_tensor(state.get(k)) and state[k].shape == v.shape:
+                    state[k].copy_(v)
+                else:
+                    state[k] = v
+
+
+def run_line_search(trainer: Any, record: TrainingRecord, probe: Probe, step: int) -> None:
+    """Line-search the critical multiple of each probe row at optimizer step ``step`` (before its update), and
+    append the readings to ``record.line_search_readings`` (``(step, row, multiple, censored)``), the forwards and
+    seconds to ``record.line_search_forwards`` and ``record.line_search_time_s``. The search starts at the last
+    point's smallest reading, to spend fewer forwards.
+
+    It does not run (``record.line_search_skipped`` says why) when a gradient is not finite or the fp16 scaler has
+    not unscaled the gradients; an out-of-memory error inside it is recorded there too, and the trial goes on: the
+    instrument's memory is not the configuration's.
+    """
+    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not params:
+        return
+    if trainer.accelerator.scaler is not None and trainer.args.max_grad_norm <= 0:
+        record.line_search_skipped = "the fp16 gradients are still scaled (max_grad_norm 0): no line search"
+        return
+    if not all(bool(torch.isfinite(p.grad).all()) for p in params):
+        record.line_search_skipped = f"a gradient is not finite at step {step}: no line search there"
+        return
+    start = time.monotonic()
+    net: Any = trainer.model
+    modes = [(m, m.training) for m in net.modules()]
+    cuda = torch.cuda.is_available()
+    rng = torch.get_rng_state(), (torch.cuda.get_rng_state_all() if cuda else None)
+    before = record.enter_memory_phase(PROBE_PHASE)
+    record.in_line_search = True
+    origin = [p.detach().clone() for p in params]
+    try:
+        net.train()
+        for m in net.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.eval()
+        with torch.no_grad():
+            direction = _next_update(optimizer, params)
+
+            def evaluate(multiple: float) -> list[float]:
+                for p, o, d in zip(params, origin, direction):
+                    p.copy_(o)
+                    if multiple:
+                        p.add_(d, alpha=multiple)
+                return _row_losses(net, probe.batches, trainer.args.device)
+
+            brackets, forwards = critical_multiples(evaluate, start=record.line_search_start)
+        record.line_search_forwards += forwards
+        for row, bracket in enumerate(brackets):
+            if bracket.multiple is not None:
+                record.line_search_readings.append((step, row, bracket.multiple, bracket.censored))
+        found = [b.multiple for b in brackets if b.multiple is not None and not b.censored]
+        if found:
+            record.line_search_start = min(found)
+    except Exception as exc:  # the instrument's own failure is recorded, never the trial's
+        if not is_oom(exc) and not isinstance(exc, ValueError):
+            raise
+        record.line_search_skipped = f"the line search at step {step} did not finish: {type(exc).__name__}: {exc}"
+    finally:
+        with torch.no_grad():
+            for p, o in zip(params, origin):
+                p.copy_(o)
+        for m, training in modes:
+            m.train(training)
+        torch.set_rng_state(rng[0])
+        if rng[1] is not None:
+            torch.cuda.set_rng_state_all(rng[1])
+        record.in_line_search = False
+        if before is not None:
+            record.enter_memory_phase(before)
+        record.line_search_time_s += time.monotonic() - start
