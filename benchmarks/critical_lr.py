@@ -88,7 +88,7 @@ class Runner:
         with self.lock:
             done = self.runs.get(key)
             if self._model is None:
-                self._model = resolve_model("builtin:smollm2-135m-instruct")
+                self._model = resolve_model(BLOCK[0].config(SHORT_STEPS, 0).model)
         if done is not None and done["status"] not in ("crash", "timeout", "error"):
             return
         start = time.monotonic()

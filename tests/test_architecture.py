@@ -105,8 +105,8 @@ def test_the_trial_process_never_loads_the_sweeps_side(tiny_model, tmp_path):
 
 
 #: Every package's face is held small: each exports only what another package of sweeper imports, at most 25 names
-#: (the stability science at most 30: the constants and functions of its five measures, each read by one or two
-#: packages, would otherwise be imported from its private modules).
+#: (the stability science at most 32: the constants and functions of its six measures, each read by one or two
+#: packages, would otherwise be imported from its private modules; issue 54 added the critical rate's three).
 SMALL_FACES = (
     "sweeper.audit",
     "sweeper.data",
@@ -120,7 +120,7 @@ SMALL_FACES = (
     "sweeper.trial",
 )
 MAX_FACE = 25
-MAX_FACE_BY_PACKAGE = {"sweeper.stability": 28}
+MAX_FACE_BY_PACKAGE = {"sweeper.stability": 32}
 
 
 def _face_users(package: str) -> dict[str, set[str]]:

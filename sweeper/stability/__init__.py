@@ -12,7 +12,6 @@ traces and can be recomputed for stored trials.
 """
 
 from sweeper.stability._critical import (
-    CriticalRate,
     critical_multiples,
     critical_rate_of,
     line_search_points,
@@ -64,7 +63,6 @@ __all__ = [
     "STORED_COMPONENTS",
     "STRESS_GROWTH",
     "STRESS_STEPS",
-    "CriticalRate",
     "Divergence",
     "Headroom",
     "InstabilityComponents",
