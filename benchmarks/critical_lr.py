@@ -94,7 +94,7 @@ class Runner:
         start = time.monotonic()
         config = case.config(SHORT_STEPS, seed, multiple)
         result = run_trial(config, self.work / key.replace(" ", "_").replace("/", "_").replace("|", ""),
-                           model_path=str(self._model), env=self.env)  # fmt: skip
+                           model_path=str(self._model), env=self.env, line_search=True)  # fmt: skip
         data = {k: result.to_dict().get(k) for k in KEEP}
         data["learning_rate"] = config.learning_rate
         data["wall_s"] = round(time.monotonic() - start, 1)

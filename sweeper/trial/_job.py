@@ -84,13 +84,15 @@ class Measures:
         worst_case: Measure the worst-case step after step 1 (:func:`sweeper.trial._child.instrumented.
             run_worst_case_step`); False is a diagnostic (the tests compare training with and without it).
         line_search: Read the critical learning rate by line searches in the constant phase (:mod:`sweeper.trial.
-            _child.line_search`; it needs the probe's rows); False is a diagnostic, as ``worst_case``.
+            _child.line_search`; it needs the probe's rows). Off by default: it costs 13-37% of the constant phase
+            and predicted the long run worse than the margin (docs/validity.md); ``benchmarks/critical_lr.py``
+            turns it on.
     """
 
     stress: StressSettings | None = DEFAULT_STRESS
     probe: ProbeSettings | None = DEFAULT_PROBE
     worst_case: bool = True
-    line_search: bool = True
+    line_search: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Measures:
@@ -104,7 +106,7 @@ class Measures:
             stress=StressSettings(**stress) if stress is not None else None,
             probe=ProbeSettings(**probe) if probe is not None else None,
             worst_case=data.get("worst_case", True),
-            line_search=data.get("line_search", True),
+            line_search=data.get("line_search", False),
         )
 
 

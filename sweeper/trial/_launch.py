@@ -246,7 +246,7 @@ class TrialProcess:
         stress: bool | StressSettings = True,
         probe: bool | ProbeSettings = True,
         worst_case: bool = True,
-        line_search: bool = True,
+        line_search: bool = False,
     ) -> TrialResult:
         """Run one trial in this trial process (started first when there is none) and return what it measured.
 
@@ -269,8 +269,8 @@ class TrialProcess:
                 or False for none (a diagnostic; then no stress phase either).
             worst_case: Measure the worst-case step (:attr:`sweeper.trial._job.TrialJob.worst_case`); False is a
                 diagnostic.
-            line_search: Read the critical learning rate (:attr:`sweeper.trial._job.Measures.line_search`); False
-                is a diagnostic.
+            line_search: Read the critical learning rate (:attr:`sweeper.trial._job.Measures.line_search`; off by
+                default).
 
         Returns:
             The worker's result, or a ``timeout``/``crash`` result made here.
@@ -348,7 +348,7 @@ def _write_job(
     stress: StressSettings | None,
     probe: ProbeSettings | None,
     worst_case: bool = True,
-    line_search: bool = True,
+    line_search: bool = False,
 ) -> TrialJob:
     """Create ``trial_dir`` with the trial's ``config.json`` and an empty ``worker.log`` (no ``result.json``), and
     return the job naming them, with its stress and probe settings."""
@@ -377,7 +377,7 @@ def run_trial(
     on_progress: Callable[[TrialProgress], None] | None = None,
     probe: bool | ProbeSettings = True,
     worst_case: bool = True,
-    line_search: bool = True,
+    line_search: bool = False,
 ) -> TrialResult:
     """Run one trial in a fresh trial process and return what it measured (:meth:`TrialProcess.run`); the process
     ends with it.

@@ -17,8 +17,8 @@ def test_the_line_search_reads_the_critical_rate_and_leaves_training_bit_for_bit
     # optimizer's state is 8-bit (blockwise-quantized), the state the search must put back bit for bit.
     config = tiny_trial_config(tiny_model, max_steps=12, learning_rate=2e-3, optim="paged_adamw_8bit", r=64)
     stress = StressSettings(steps=4)
-    on = run_trial(config, tmp_path / "on", model_path=str(tiny_model), stress=stress)
-    off = run_trial(config, tmp_path / "off", model_path=str(tiny_model), stress=stress, line_search=False)
+    on = run_trial(config, tmp_path / "on", model_path=str(tiny_model), stress=stress, line_search=True)
+    off = run_trial(config, tmp_path / "off", model_path=str(tiny_model), stress=stress)  # the default: off
     assert on.status == off.status == "complete", (on.reason, off.reason)
     # Weights, optimizer state, random state and modes put back: every trace the same, bit for bit.
     assert on.constant.loss_trace == off.constant.loss_trace
