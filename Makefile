@@ -30,14 +30,8 @@ lint: install
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# Two passes: the tests in two worker processes (pytest-xdist; most of a test's time is a trial process starting,
-# importing and loading, which overlaps well on 2 cores), then alone the tests whose story or ratio a neighbour would
-# disturb: the demo (its 8-minute study timeout), the eight-process cluster studies, and the trial-speed guard. The
-# 25 slowest tests are printed, for keeping CI inside its budget (CONTRIBUTING.md).
-SERIAL := demo or cluster or serial
 test: install
-	$(PY) -m pytest -n 2 -m "not ($(SERIAL))" --durations=25
-	$(PY) -m pytest -m "$(SERIAL)" --durations=10
+	$(PY) -m pytest --durations=25  # the 25 slowest tests, for keeping CI inside its budget
 
 clean-studies:
 	find studies -mindepth 1 ! -name README.md -delete
