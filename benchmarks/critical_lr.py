@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 from validity import FAILED, auc, bootstrap, spearman
-from validity_block import BLOCK, BlockCase, edge_of
+from validity_block import BLOCK, BlockCase, _nulls, edge_of
 
 from sweeper.model import resolve_model
 from sweeper.stability import headroom_of
@@ -296,16 +296,6 @@ def markdown(summary: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
                    f"| {f(s.get('critical_lr_slope_per_step'), '.3f')} | {proj_s} | {r['margin_call']}, "
                    f"{r['critical_call']} |")  # fmt: skip
     return "\n".join(out) + "\n"
-
-
-def _nulls(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _nulls(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_nulls(v) for v in value]
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:
