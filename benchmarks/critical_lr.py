@@ -9,8 +9,13 @@ one thread, the same trial process as ``sweep run``), and the pre-registered fig
 long run did. Each short trial is written to ``benchmarks/results/critical_lr.json`` as it ends (an atomic rename),
 so a stopped run keeps what it measured and a rerun skips what is there; ``critical_lr.md`` is rewritten with it.
 
-    python benchmarks/critical_lr.py --jobs 2 --threads 1     # every short trial (about 90 minutes on 2 cores)
+    python benchmarks/critical_lr.py --jobs 2 --threads 1     # every short trial (about 65 minutes on 2 cores)
+    python benchmarks/critical_lr.py --phase heldout --jobs 2 --threads 1   # the held-out set (hours)
     python benchmarks/critical_lr.py --report                 # rewrite the tables, run nothing
+
+``--phase heldout`` runs the held-out set (:func:`heldout_cases`: 30 configurations drawn once, pre-registered in
+docs/validity.md before any of them ran): for each, a 200-step constant-rate run at its rate and the short trial
+beside it; its figures are scored apart (``critical_lr_heldout.md``) by the same rules.
 
 Run nothing else that trains while it runs.
 """
@@ -21,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -53,13 +59,47 @@ KEEP = (
 )  # fmt: skip
 
 
-def long_runs(block: dict[str, Any]) -> list[tuple[BlockCase, int, float, dict[str, Any]]]:
-    """(case, seed, multiple, long run) for every stored long run of the block."""
-    cases = {c.name: c for c in BLOCK}
+#: The held-out set (issue 54): drawn once with this seed; configurations, seeds (3-5) and data shuffles (2, 3) that
+#: no earlier benchmark used, at rates log-uniform in 0.35x-2.8x the block's step (``learning_rate x lora_alpha`` =
+#: 0.256), whose 200-step edge lay at 0.5x-1.41x: within 4x of the edge, where the call is hard.
+HELDOUT_SEED = 54
+HELDOUT_RUNS = 30
+LONG_STEPS = 200
+
+
+def heldout_cases() -> list[tuple[BlockCase, int, float]]:
+    """The held-out set: (case, seed, multiple of the block's step) for each of :data:`HELDOUT_RUNS` runs."""
+    rng = random.Random(HELDOUT_SEED)
+    out = []
+    for i in range(HELDOUT_RUNS):
+        case = BlockCase(
+            name=f"heldout {i}",
+            r=rng.choice((4, 8, 16, 32)),
+            lora_alpha=rng.choice((16.0, 32.0, 64.0, 128.0)),
+            bnb_4bit_quant_type=rng.choice(("nf4", "fp4")),
+            bnb_4bit_use_double_quant=rng.choice((True, False)),
+            per_device_train_batch_size=rng.choice((1, 2)),
+            max_seq_length=rng.choice((64, 128)),
+            dataset_seed=rng.choice((2, 3)),
+        )
+        multiple = round(math.exp(rng.uniform(math.log(0.35), math.log(2.8))), 4)
+        out.append((case, rng.choice((3, 4, 5)), multiple))
+    return out
+
+
+def long_key(case: BlockCase, seed: int, multiple: float) -> str:
+    return f"{case.name} | seed {seed} | x{multiple:.4g} | {LONG_STEPS} steps"
+
+
+def long_runs(
+    block: dict[str, Any], cases_in: tuple[BlockCase, ...] = BLOCK
+) -> list[tuple[BlockCase, int, float, dict[str, Any]]]:
+    """(case, seed, multiple, long run) for every stored long run in ``block["runs"]`` of ``cases_in``."""
+    cases = {c.name: c for c in cases_in}
     out = []
     for key, run in block["runs"].items():
         name, seed, rest = key.split(" | ", 2)
-        if rest == "short":
+        if "short" in rest or name not in cases:
             continue
         multiple = float(rest.split(" |")[0][1:])
         out.append((cases[name], int(seed.split()[1]), multiple, run))
@@ -100,6 +140,26 @@ class Runner:
         data["wall_s"] = round(time.monotonic() - start, 1)
         print(f"{key}: {result.status} critical={data['critical_lr_multiple']} margin={data['stability_margin']} "
               f"({data['wall_s']:.0f} s)", flush=True)  # fmt: skip
+        with self.lock:
+            self.runs[key] = data
+            self.save()
+
+    def long(self, case: BlockCase, seed: int, multiple: float) -> None:
+        """The held-out run's 200-step constant-rate run (no stress phase, no line search), unless stored."""
+        key = long_key(case, seed, multiple)
+        with self.lock:
+            done = self.runs.get(key)
+            if self._model is None:
+                self._model = resolve_model(BLOCK[0].config(SHORT_STEPS, 0).model)
+        if done is not None and done["status"] not in ("crash", "timeout", "error"):
+            return
+        start = time.monotonic()
+        result = run_trial(case.config(LONG_STEPS, seed, multiple), self.work / key.replace(" ", "_").replace("|", ""),
+                           model_path=str(self._model), env=self.env, stress=False)  # fmt: skip
+        data = {k: result.to_dict().get(k) for k in ("status", "reason", "fail_step", "steps_done", "train_time_s")}
+        data["wall_s"] = round(time.monotonic() - start, 1)
+        print(f"{key}: {result.status} step {result.fail_step or result.constant.steps_done} ({data['wall_s']:.0f} s)",
+              flush=True)  # fmt: skip
         with self.lock:
             self.runs[key] = data
             self.save()
@@ -179,9 +239,11 @@ def decision_critical(short: dict[str, Any]) -> str:
     return "near edge"
 
 
-def summarize(block: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def summarize(
+    block: dict[str, Any], runs: dict[str, dict[str, Any]], cases_in: tuple[BlockCase, ...] = BLOCK
+) -> dict[str, Any]:
     rows = []
-    for case, seed, multiple, long in long_runs(block):
+    for case, seed, multiple, long in long_runs(block, cases_in):
         short = runs.get(short_key(case, seed, multiple))
         if short is None or short["status"] in ("crash", "timeout", "error", "oom"):
             continue
@@ -241,7 +303,7 @@ def _figure(xs: list[float], failed: list[bool], soon: list[int], groups: list[l
     }
 
 
-def markdown(summary: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
+def markdown(summary: dict[str, Any], runs: dict[str, dict[str, Any]], held: bool = False) -> str:
     if not summary.get("runs"):
         return "# The critical learning rate against the long runs\n\nNo short trial yet.\n"
 
@@ -249,9 +311,10 @@ def markdown(summary: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
     out = [
-        "# The critical learning rate against the long runs",
+        "# The critical learning rate against the long runs" + (": the held-out set" if held else ""),
         "",
-        f"`python benchmarks/critical_lr.py --jobs 2 --threads 1`: {summary['runs']} stored 200-step runs of "
+        f"`python benchmarks/critical_lr.py{' --phase heldout' if held else ''} --jobs 2 --threads 1`: "
+        f"{summary['runs']} {'new' if held else 'stored'} 200-step runs of "
         f"{summary['configurations']} configurations ({summary['failed']} failed), each with the sweep's "
         f"{SHORT_STEPS}-step trial at its configuration, seed and rate. Bootstrap 95% intervals (2000 resamples).",
         "",
@@ -280,7 +343,7 @@ def markdown(summary: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
     out += ["", "| run | long run | margin | critical multiple (low-high) | slope/step | projected step | calls "
             "(margin, critical) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in summary["rows"]:
-        key = short_key(next(c for c in BLOCK if c.name == r["case"]), r["seed"], r["multiple"])
+        key = f"{r['case']} | seed {r['seed']} | x{r['multiple']:.4g} | short {SHORT_STEPS}"
         s = runs[key]
         long = f"failed at {r['fail_step']}" if r["failed"] else "held"
         proj = s.get("critical_lr_projected_step")
@@ -304,10 +367,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--report", action="store_true", help="rewrite the tables from what is stored; run nothing")
     parser.add_argument("--limit", type=int, default=None, help="run at most this many short trials")
+    parser.add_argument("--phase", choices=("block", "heldout"), default="block")
     args = parser.parse_args(argv)
     block = json.loads((RESULTS / "validity_block.json").read_text())
     runner = Runner(args.threads)
-    if not args.report:
+    held = heldout_cases()
+    if args.phase == "heldout" and not args.report:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(lambda t: (runner.long(*t), runner.short(*t)), held[: args.limit]))
+    heldout_summary = summarize({"runs": runner.runs}, runner.runs, tuple(c for c, _, _ in held))
+    if heldout_summary.get("runs"):
+        (RESULTS / "critical_lr_heldout_summary.json").write_text(json.dumps(_nulls(heldout_summary), indent=1))
+        (RESULTS / "critical_lr_heldout.md").write_text(markdown(heldout_summary, runner.runs, held=True))
+    if args.phase == "block" and not args.report:
         todo = [(c, s, m) for c, s, m, _ in long_runs(block)]
         todo.sort(key=lambda t: (t[0].per_device_train_batch_size * t[0].max_seq_length, t[1], t[2]))
         todo = [t for t in todo if t[0].bnb_4bit_compute_dtype == "float32"][: args.limit]
