@@ -42,7 +42,7 @@ from validity import FAILED, auc, bootstrap, spearman
 from validity_block import BLOCK, BlockCase, _nulls, edge_of
 
 from sweeper.model import resolve_model
-from sweeper.stability import headroom_of
+from sweeper.stability import critical_rate_of, headroom_of
 from sweeper.trial import run_trial
 from sweeper.trial._result import StressOutcome
 
@@ -55,7 +55,7 @@ KEEP = (
     "critical_lr_multiple", "critical_lr_multiple_low", "critical_lr_multiple_high", "critical_lr_slope_per_step",
     "critical_lr_projected_step", "critical_lr_projected_step_low", "critical_lr_projected_step_high",
     "critical_lr_readings", "line_search_time_s", "line_search_time_share", "line_search_forwards",
-    "line_search_skipped",
+    "line_search_skipped", "critical_lr_step_multiple", "critical_lr_step_readings",
 )  # fmt: skip
 
 
@@ -205,6 +205,8 @@ def scores(case: BlockCase, multiple: float, short: dict[str, Any]) -> dict[str,
         "(1 + instability) / critical multiple": inf
         if failed
         else ((1 + instability) / crit if crit and instability is not None else math.nan),
+        # Registered after the block's outcome (docs/validity.md): the search read on the step's own micro-batches.
+        "1 / critical multiple on the step's batch": inv(short.get("critical_lr_step_multiple")),
         "learning_rate x lora_alpha": lr * case.lora_alpha,
         "learning_rate": lr,
     }
@@ -239,6 +241,22 @@ def decision_critical(short: dict[str, Any]) -> str:
     return "near edge"
 
 
+def decision_critical_step(short: dict[str, Any]) -> str:
+    """:func:`decision_critical`'s rules on the readings of the step's own micro-batches (registered after the block's
+    outcome, before the held-out set ran); ``-`` where a trial has none (run before they were recorded)."""
+    if short["status"] in FAILED:
+        return "fails"
+    readings = [tuple(r) for r in short.get("critical_lr_step_readings") or []]
+    if not readings:
+        return "-"
+    rate = critical_rate_of(readings, SHORT_STEPS)  # type: ignore[arg-type]
+    return decision_critical({
+        "status": short["status"], "critical_lr_projected_step": rate.projected_step,
+        "critical_lr_projected_step_high": rate.projected_step_high, "critical_lr_multiple_low": rate.multiple_low,
+        "critical_lr_projected_step_low": rate.projected_step_low,
+    })  # fmt: skip
+
+
 def summarize(
     block: dict[str, Any], runs: dict[str, dict[str, Any]], cases_in: tuple[BlockCase, ...] = BLOCK
 ) -> dict[str, Any]:
@@ -252,7 +270,7 @@ def summarize(
             "case": case.name, "seed": seed, "multiple": multiple, "failed": long["status"] in FAILED,
             "fail_step": long.get("fail_step"), "edge": math.sqrt(edge[0] * edge[1]) if edge else None,
             "scores": scores(case, multiple, short), "margin_call": decision_margin(short),
-            "critical_call": decision_critical(short),
+            "critical_call": decision_critical(short), "critical_step_call": decision_critical_step(short),
         })  # fmt: skip
     if not rows:
         return {"runs": 0}
@@ -263,8 +281,8 @@ def summarize(
     groups = [by_config[c] for c in configs]
     figures = {name: _figure([r["scores"][name] for r in rows], failed, soon, groups) for name in rows[0]["scores"]}
     calls = {}
-    for rule in ("margin_call", "critical_call"):
-        near2 = [r for r in rows if r["edge"] and r["edge"] / 2 <= r["multiple"] <= 2 * r["edge"]]
+    for rule in ("margin_call", "critical_call", "critical_step_call"):
+        near2 = [r for r in rows if r["edge"] and r["edge"] / 2 <= r["multiple"] <= 2 * r["edge"] and r[rule] != "-"]
         calls[rule] = {
             "safe": sum(r[rule] == "safe" for r in rows),
             "safe_that_failed": sum(r[rule] == "safe" and r["failed"] for r in rows),

@@ -145,6 +145,9 @@ class CriticalLr:
         line_search_forwards: Forward passes they took.
         line_search_skipped: Why a line search did not run (out of memory under the cap, a non-finite gradient), None
             when every point ran.
+        critical_lr_step_multiple, critical_lr_step_readings: The same, read on the mean loss of the step's own
+            micro-batches (the batches the update was computed on) instead of the probe rows: the median and
+            ``[step, micro-batch, multiple, censored]`` per reading.
     """
 
     critical_lr_multiple: float | None = _stored(66)
@@ -159,6 +162,8 @@ class CriticalLr:
     line_search_time_share: float | None = _stored(75)
     line_search_forwards: int | None = _stored(76)
     line_search_skipped: str | None = _stored(77)
+    critical_lr_step_multiple: float | None = _stored(78)
+    critical_lr_step_readings: list[list[Any]] = _stored(79, factory=list)
 
 
 @dataclass(kw_only=True)

@@ -33,6 +33,9 @@ def test_the_line_search_reads_the_critical_rate_and_leaves_training_bit_for_bit
     assert {r[1] for r in critical.critical_lr_readings} == {0, 1}
     assert all(r[2] > 0 for r in critical.critical_lr_readings)
     assert critical.critical_lr_multiple_low <= critical.critical_lr_multiple_high
+    # And on the step's own micro-batch (batch 2, no accumulation: one per step), at each point.
+    assert sorted({r[0] for r in critical.critical_lr_step_readings}) == [2, 7, 12]
+    assert {r[1] for r in critical.critical_lr_step_readings} == {0} and critical.critical_lr_step_multiple > 0
     assert critical.line_search_forwards >= 3 * 3 and critical.line_search_time_s > 0
     assert critical.line_search_time_share == pytest.approx(critical.line_search_time_s / on.constant.train_time_s)
     assert off.critical.critical_lr_multiple is None and off.critical.line_search_forwards is None

@@ -36,6 +36,7 @@ STORED_ORDER = (
     "critical_lr_multiple_high", "critical_lr_slope_per_step", "critical_lr_projected_step",
     "critical_lr_projected_step_low", "critical_lr_projected_step_high", "critical_lr_readings",
     "line_search_time_s", "line_search_time_share", "line_search_forwards", "line_search_skipped",
+    "critical_lr_step_multiple", "critical_lr_step_readings",
 )  # fmt: skip
 
 
@@ -108,6 +109,8 @@ def _full() -> TrialResult:
             line_search_time_share=0.3,
             line_search_forwards=19,
             line_search_skipped="a gradient is not finite at step 7: no line search there",
+            critical_lr_step_multiple=4.0,
+            critical_lr_step_readings=[[2, 0, 5.7, False]],
         ),
         nan=NanFindings(cause="precision", samples=[4, 5], module="model.layers.0.mlp"),
         data=DataReading(

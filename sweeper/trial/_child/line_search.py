@@ -1,7 +1,8 @@
 """The critical learning rate's line search, run inside a trial (child process; imports torch): at a line-search
 point, just before the optimizer applies its update, the update is computed on a copy of nothing but the adapter's
 weights and the optimizer's state (the optimizer steps once, the update is read off the weights, and weights and
-state are put back bit for bit), and each probe row's loss is read at multiples of it
+state are put back bit for bit), and each probe row's loss, and the mean loss of each of the step's own
+micro-batches (the batches the update was computed on, Kalra et al.'s own reading), are read at multiples of it
 (:func:`sweeper.stability.critical_multiples`). Nothing the trial trains or records changes: the weights, the
 gradients, the optimizer's state, the random state and every module's mode are as they were, the activation hooks
 do not see its forwards, and its memory is the ``probe`` phase's (never the judged peak). Used by
@@ -18,13 +19,15 @@ from typing import Any
 import torch
 
 from sweeper.stability import critical_multiples
+from sweeper.trial._child.collate import model_inputs
 from sweeper.trial._child.memory import PROBE_PHASE, is_oom
 from sweeper.trial._child.record import Probe, TrainingRecord
 
 
-def _row_losses(net: Any, batches: list[dict[str, Any]], device: Any) -> list[float]:
+def _row_losses(net: Any, batches: list[dict[str, Any]], device: Any, per_row: bool = True) -> list[float]:
     """Each row's mean loss over its supervised tokens (the causal shift as the model's own loss), one forward per
-    batch; ``inf`` for a row whose loss is not finite."""
+    batch; with ``per_row`` False each batch's mean over all its supervised tokens instead. ``inf`` where a loss is
+    not finite."""
     out: list[float] = []
     for batch in batches:
         batch = {k: v.to(device) for k, v in batch.items()}
@@ -35,7 +38,10 @@ def _row_losses(net: Any, batches: list[dict[str, Any]], device: Any) -> list[fl
             logits[:, :-1].flatten(0, 1).float(), shifted.flatten(), reduction="none", ignore_index=-100
         ).view(shifted.shape)
         counts = (shifted != -100).sum(dim=1)
-        for total, n in zip(flat.sum(dim=1).tolist(), counts.tolist()):
+        totals = flat.sum(dim=1)
+        if not per_row:
+            totals, counts = totals.sum().reshape(1), counts.sum().reshape(1)
+        for total, n in zip(totals.tolist(), counts.tolist()):
             value = total / n if n else math.nan
             out.append(value if math.isfinite(value) else math.inf)
         del logits, flat
@@ -110,19 +116,26 @@ def run_line_search(trainer: Any, record: TrainingRecord, probe: Probe, step: in
                 m.eval()
         with torch.no_grad():
             direction = _next_update(optimizer, params)
+            own = [model_inputs(b) for b in record.step_batches]  # the micro-batches this update was computed on
+            rows = sum(int(b["input_ids"].shape[0]) for b in probe.batches)
 
             def evaluate(multiple: float) -> list[float]:
                 for p, o, d in zip(params, origin, direction):
                     p.copy_(o)
                     if multiple:
                         p.add_(d, alpha=multiple)
-                return _row_losses(net, probe.batches, trainer.args.device)
+                device = trainer.args.device
+                return _row_losses(net, probe.batches, device) + _row_losses(net, own, device, per_row=False)
 
             brackets, forwards = critical_multiples(evaluate, start=record.line_search_start)
         record.line_search_forwards += forwards
-        for row, bracket in enumerate(brackets):
-            if bracket.multiple is not None:
-                record.line_search_readings.append((step, row, bracket.multiple, bracket.censored))
+        for i, bracket in enumerate(brackets):
+            if bracket.multiple is None:
+                continue
+            if i < rows:  # a probe row
+                record.line_search_readings.append((step, i, bracket.multiple, bracket.censored))
+            else:  # the step's own micro-batch i - rows
+                record.line_search_step_readings.append((step, i - rows, bracket.multiple, bracket.censored))
         found = [b.multiple for b in brackets if b.multiple is not None and not b.censored]
         if found:
             record.line_search_start = min(found)

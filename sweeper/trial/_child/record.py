@@ -90,6 +90,7 @@ class TrainingRecord:
         # the multiple the next starts from, and True while one runs.
         self.line_search_steps: list[int] = []
         self.line_search_readings: list[tuple[int, int, float, bool]] = []
+        self.line_search_step_readings: list[tuple[int, int, float, bool]] = []  # on the step's own micro-batches
         self.line_search_forwards = 0
         self.line_search_time_s = 0.0
         self.line_search_skipped: str | None = None

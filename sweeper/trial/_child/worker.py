@@ -221,6 +221,9 @@ def _critical(result: TrialResult, record: TrainingRecord, config: TrialConfig) 
     critical.critical_lr_projected_step_low = rate.projected_step_low
     critical.critical_lr_projected_step_high = rate.projected_step_high
     critical.critical_lr_readings = [list(r) for r in rate.readings]
+    own = critical_rate_of(record.line_search_step_readings, config.max_steps)
+    critical.critical_lr_step_multiple = own.multiple
+    critical.critical_lr_step_readings = [list(r) for r in own.readings]
     critical.line_search_forwards = rate.forwards
     critical.line_search_time_s = record.line_search_time_s
     train_s = result.constant.train_time_s
