@@ -123,13 +123,17 @@ class Runner:
             self.runs = json.loads(self.path.read_text()).get("runs", {})
         self._model: Path | None = None
 
-    def short(self, case: BlockCase, seed: int, multiple: float) -> None:
-        key = short_key(case, seed, multiple)
+    def _pending(self, key: str) -> bool:
+        """Whether run ``key`` is still to measure (not stored, or stored as a failed run); resolves the model once."""
         with self.lock:
             done = self.runs.get(key)
             if self._model is None:
                 self._model = resolve_model(BLOCK[0].config(SHORT_STEPS, 0).model)
-        if done is not None and done["status"] not in ("crash", "timeout", "error"):
+        return done is None or done["status"] in ("crash", "timeout", "error")
+
+    def short(self, case: BlockCase, seed: int, multiple: float) -> None:
+        key = short_key(case, seed, multiple)
+        if not self._pending(key):
             return
         start = time.monotonic()
         config = case.config(SHORT_STEPS, seed, multiple)
@@ -147,11 +151,7 @@ class Runner:
     def long(self, case: BlockCase, seed: int, multiple: float) -> None:
         """The held-out run's 200-step constant-rate run (no stress phase, no line search), unless stored."""
         key = long_key(case, seed, multiple)
-        with self.lock:
-            done = self.runs.get(key)
-            if self._model is None:
-                self._model = resolve_model(BLOCK[0].config(SHORT_STEPS, 0).model)
-        if done is not None and done["status"] not in ("crash", "timeout", "error"):
+        if not self._pending(key):
             return
         start = time.monotonic()
         result = run_trial(case.config(LONG_STEPS, seed, multiple), self.work / key.replace(" ", "_").replace("|", ""),
