@@ -208,7 +208,8 @@ def _describe_setup(space: SearchSpace, model_path: str, n_samples: int, card: C
         f"model   {space.model.name_or_path}" + (f" ({model_path})" if model_path != space.model.name_or_path else ""),
         f"data    {space.dataset.path}: {n_samples} sample{'s' if n_samples != 1 else ''}",
         f"memory  {cap} per trial. CUDA: allocator cap, peak = max reserved. CPU: cap on private memory "
-        "(RLIMIT_DATA), peak = resident set after loading, which also counts shared libraries (+-0.1 GiB between runs)",
+        "(RLIMIT_DATA) and on each step's resident set, peak = resident set after loading, which also counts shared "
+        "libraries (+-0.1 GiB between runs)",
     ]
     steps = min(space.values_of("max_steps"))
     lines.append(

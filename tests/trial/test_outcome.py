@@ -127,6 +127,34 @@ def test_onednn_failing_to_create_a_primitive_is_an_oom_only_under_the_cpu_cap()
     assert "oneDNN" not in outcome_of(MemoryError(), _record("backward", 2), CONFIG, cpu_capped=True).reason
 
 
+def test_a_step_whose_resident_set_passed_the_cpu_cap_is_an_oom_at_that_step_with_its_peak():
+    from sweeper.trial._child.memory import CapExceeded, PhasePeaks, peak_memory_gib
+
+    # This process's own resident set, read as a trial's: the judged phases (a training step, the worst-case step)
+    # are held to the cap; the probe, the stress phase and CUDA (whose allocator cap binds its own reading) are not.
+    held = peak_memory_gib("cpu")
+    peaks = PhasePeaks("cpu", cap_gib=held / 2)
+    for phase in ("train", "worst_case"):
+        peaks.enter(phase)
+        with pytest.raises(CapExceeded) as raised:
+            peaks.check_cap()
+        assert raised.value.cap_gib == held / 2 and raised.value.peak_gib > held / 2
+    for phase in ("probe", "stress"):
+        peaks.enter(phase)
+        peaks.check_cap()
+    roomy = PhasePeaks("cpu", cap_gib=held * 4)
+    roomy.enter("train")
+    roomy.check_cap()
+    cuda = PhasePeaks("cuda", cap_gib=held / 2)
+    assert cuda.cap_gib is None
+    out = outcome_of(CapExceeded(1.62, 1.5), _record("optimizer", 1), CONFIG, cpu_capped=True)
+    assert (out.status, out.fail_phase, out.fail_step) == (TrialStatus.OOM, "optimizer", 2)
+    assert out.reason == (
+        "out of memory at step 2 (optimizer) under memory_limit_gib=1.5 (the resident set peaked at 1.62 GiB, over "
+        "the 1.5 GiB cap: on the CPU the cap binds the resident set at each step's end, as a card would)"
+    )
+
+
 def test_outcome_and_measurements_fields_are_result_fields_copied_by_name_when_known():
     names = set(TrialResult.stored_names())
     assert {f.name for f in fields(Outcome)} <= names

@@ -237,6 +237,8 @@ def run_worst_case_step(trainer: Any, record: TrainingRecord) -> None:
         record.phase = "backward"
         trainer.accelerator.backward(loss)
         del loss, inputs
+        if record.peaks is not None:
+            record.peaks.check_cap()  # an OOM at the worst-case step when its resident set passed the CPU cap
     finally:
         net.zero_grad(set_to_none=True)
         torch.set_rng_state(rng[0])
@@ -308,7 +310,8 @@ class TraceCallback(TrainerCallback):
             run_line_search(self.trainer, record, self.probe, step)
 
     def on_step_end(self, args, state, control, **kwargs):
-        """Append the finished step's values to the traces; probe when due."""
+        """Append the finished step's values to the traces; probe when due. A constant-phase step whose resident set
+        passed the CPU cap raises :class:`~sweeper.trial._child.memory.CapExceeded` (an OOM at that step)."""
         record, probe = self.record, self.probe
         scaler = self.trainer.accelerator.scaler
         skipped = bool(scaler is not None and self.trainer.accelerator.optimizer_step_was_skipped)
@@ -319,6 +322,8 @@ class TraceCallback(TrainerCallback):
             assert stress is not None
             self.progress.report("stress", step=stress.done, of=stress.steps, loss=record.step_loss)
             return
+        if record.peaks is not None:
+            record.peaks.check_cap()  # an OOM at this step when its resident set passed the CPU cap
         constant_steps = record.stress.after_step if record.stress is not None else args.max_steps
         self.progress.report("train", step=step, of=constant_steps, loss=record.step_loss)
         act = record.step_max_activation

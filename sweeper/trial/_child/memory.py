@@ -4,7 +4,11 @@ On CUDA the cap is ``torch.cuda.set_per_process_memory_fraction`` and the peak i
 ``torch.cuda.max_memory_reserved()`` (what the caching allocator held from the driver: the figure that decides OOM).
 On the CPU the cap is ``RLIMIT_DATA`` (the process's private writable memory, heap and anonymous mappings, where
 tensors live; it counts reserved virtual memory too, so it binds somewhat before the resident set reaches it) and the
-peak is the process's peak resident set (``VmHWM``). On the CPU the worker resets that peak once the model is loaded
+peak is the process's peak resident set (``VmHWM``). The resident set also counts what the data segment does not (the
+shared libraries' pages), so on the CPU the cap is also checked against it at the end of every training and
+worst-case step (:meth:`PhasePeaks.check_cap`): a step whose resident set passed the cap ran out of memory
+(:class:`CapExceeded`), as it would on a card of that size, and a trial that fit shows a peak at most the cap. On
+the CPU the worker resets that peak once the model is loaded
 (``/proc/self/clear_refs``), because loading dequantizes a full-precision checkpoint in host memory, which on a GPU
 machine happens in host RAM, not on the card: the training-phase peak is what stands for the card. Both include the
 baseline of the interpreter and its libraries (about 0.4 GiB for torch + transformers), as a real run's would.
@@ -23,6 +27,24 @@ _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memor
 #: oneDNN's error when it cannot create a primitive: under the CPU cap, an allocation it needed failed (its message
 #: does not say so; seen in 1 of 4 runs of the edge-of-the-cap test at a step whose shape two earlier steps ran).
 ONEDNN_UNDER_CAP = "could not create a primitive"
+
+
+class CapExceeded(MemoryError):
+    """A step of the user's run (a training or the worst-case step) held more resident memory than the CPU cap.
+
+    ``RLIMIT_DATA`` binds the data segment, but the peak the trial reports is the resident set, which also counts the
+    shared libraries' pages (about 0.5 GiB of torch's): on the demo at 2f9986b..116bb8d a batch 4 x 256 step peaked
+    at 2.13 GiB under a 1.6 GiB cap and was recorded as having fit. :meth:`PhasePeaks.check_cap` raises this instead;
+    it is a :class:`MemoryError`, so the trial's outcome is ``oom`` at that step.
+
+    Args:
+        peak_gib: The resident set's peak in the step's phase, GiB.
+        cap_gib: The cap (``memory_limit_gib``), GiB.
+    """
+
+    def __init__(self, peak_gib: float, cap_gib: float) -> None:
+        super().__init__(f"the resident set peaked at {peak_gib:.2f} GiB, over the {cap_gib:g} GiB cap")
+        self.peak_gib, self.cap_gib = peak_gib, cap_gib
 
 
 def set_cpu_memory_cap(limit_gib: float) -> None:
@@ -44,7 +66,9 @@ def set_cpu_memory_cap(limit_gib: float) -> None:
     completed and 1 died of SIGSEGV in a backward (pinned at 4 MiB: 2 of 10 died). A trial whose data segment comes
     within a step of the cap can die of it unpinned; the tests keep their batch-1 trials under 1 GiB, and
     ``benchmarks/trial_speed.py`` measures the speed and how the edge trial ends. The lasting fix is a cap that binds
-    what the peak measures (issue 53's note).
+    what the peak measures: :meth:`PhasePeaks.check_cap` makes a step whose resident set passed the cap an OOM at the
+    step's end, so the data segment reaches the cap only within a step that overshoots it by the shared libraries'
+    share.
 
     Raises:
         ValueError: ``limit_gib <= 0``.
@@ -173,16 +197,29 @@ class PhasePeaks:
 
     Args:
         device_type: ``cuda`` or ``cpu``.
+        cap_gib: On the CPU, the cap (``memory_limit_gib``) that :meth:`check_cap` holds the judged phases' resident
+            set to; None for none (CUDA's allocator cap binds its own reading).
 
     Attributes:
         peaks: Peak in GiB by phase, for the phases entered so far (the current one once it is closed).
         current: The phase being measured, None between phases.
     """
 
-    def __init__(self, device_type: str) -> None:
+    def __init__(self, device_type: str, cap_gib: float | None = None) -> None:
         self.device_type = device_type
+        self.cap_gib = cap_gib if device_type == "cpu" else None
         self.peaks: dict[str, float] = {}
         self.current: str | None = None
+
+    def check_cap(self) -> None:
+        """Raise :class:`CapExceeded` when the current phase is judged (:data:`JUDGED_PHASES`) and its resident set's
+        peak so far passed :attr:`cap_gib`; nothing otherwise (on CUDA, without a cap, in the probe or the stress
+        phase). Reads ``/proc/self/status`` once (microseconds)."""
+        if self.cap_gib is None or self.current not in JUDGED_PHASES:
+            return
+        reading = peak_memory_gib(self.device_type)
+        if reading > self.cap_gib:
+            raise CapExceeded(reading, self.cap_gib)
 
     def enter(self, phase: str) -> str | None:
         """Close the current phase and start measuring ``phase``; returns the phase it closed (to go back to).

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from sweeper.space import TrialConfig
 from sweeper.trial._child.checks import QuantizationCheckError
 from sweeper.trial._child.diagnosis import NanCause
-from sweeper.trial._child.memory import ONEDNN_UNDER_CAP, is_oom, oom_cause_chain
+from sweeper.trial._child.memory import ONEDNN_UNDER_CAP, CapExceeded, is_oom, oom_cause_chain
 from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord
 from sweeper.trial._result import Phase
 from sweeper.trial._status import TrialStatus
@@ -72,6 +72,8 @@ def _unexpected(
     cause = oom_cause_chain(exc, cpu_capped)
     if cause is not None or (loading and load_oom):
         reason = f"out of memory {where} under memory_limit_gib={config.memory_limit_gib:g}"
+        if isinstance(cause, CapExceeded):
+            reason += f" ({cause}: on the CPU the cap binds the resident set at each step's end, as a card would)"
         if cause is not None and not is_oom(cause):  # accepted as oneDNN's failure under the cap
             reason += f" (oneDNN: {ONEDNN_UNDER_CAP}, an allocation it needed having failed under the cap)"
         shape = _failing_shape(record)

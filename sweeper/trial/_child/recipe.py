@@ -221,7 +221,7 @@ def setup(trial: TrialContext) -> Run:
     )
     measured.load_time_s = time.monotonic() - t_load
     measured.load_peak_memory_gib = peak_memory_gib("cuda" if cuda else "cpu")
-    record.peaks = PhasePeaks("cuda" if cuda else "cpu")
+    record.peaks = PhasePeaks("cuda" if cuda else "cpu", cap_gib=config.memory_limit_gib)
     record.peaks.peaks["load"] = measured.load_peak_memory_gib
     trial.progress.peaks = record.peaks
     return Run(
