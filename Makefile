@@ -30,8 +30,17 @@ lint: install
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# Two passes. First the suite in two worker processes (pytest-xdist, a file to a worker), each trial on one thread:
+# most of a test's time is a process starting, importing and loading, which overlaps on 2 cores, and one thread per
+# trial keeps the two workers' OpenMP threads from spinning against each other (two threads each made every trial
+# 2-3x slower, CONTRIBUTING.md). Then alone, at the machine's threads, what a neighbour would disturb: the eight-
+# process cluster studies and the trial-speed guard. The slowest tests are printed, to keep CI inside its budget.
+# PYTEST_WORKERS=1 runs the first pass in one process.
+PYTEST_WORKERS ?= 2
+SERIAL := cluster or serial
 test: install
-	$(PY) -m pytest --durations=25  # the 25 slowest tests, for keeping CI inside its budget
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not ($(SERIAL))" --durations=25
+	$(PY) -m pytest -m "$(SERIAL)" --durations=10
 
 clean-studies:
 	find studies -mindepth 1 ! -name README.md -delete

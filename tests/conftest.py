@@ -25,7 +25,8 @@ _COSTLY = ("browser", "postgres", "network", "demo")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark ``browser``, ``postgres``, ``network`` and ``demo`` tests ``slow`` as well; skip the tests marked ``gpu``
+    """Mark ``browser``, ``postgres``, ``network`` and ``demo`` tests ``slow`` as well; run the demo and then the
+    ``network`` tests first (the sort is stable: the rest keep their order); skip the tests marked ``gpu``
     where no CUDA device is visible (CI, this project's CPU machines): they run in ``benchmarks/gpu_check.sh`` on a
     GPU. Whether CUDA is visible is asked of the driver without importing torch."""
     from sweeper.trial import cuda_visible
@@ -33,6 +34,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(mark in item.keywords for mark in _COSTLY):
             item.add_marker(pytest.mark.slow)
+    # The longest first (the demo, then the export stacks' venv builds), so that `make test`'s two workers
+    # (pytest-xdist, whole files to a worker) do not end with one of them alone on a five-minute test.
+    items.sort(key=lambda item: 0 if "demo" in item.keywords else 1 if "network" in item.keywords else 2)
     if cuda_visible():
         return
     skip = pytest.mark.skip(reason="needs CUDA (run benchmarks/gpu_check.sh on a GPU)")

@@ -40,6 +40,7 @@ print(json.dumps({"status": result.status.value, "reason": result.reason, "user_
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a ratio of the trial process's times: run alone, after make test's parallel pass
 def test_a_trial_spends_little_of_its_time_in_the_kernel(tiny_model, tmp_path):
     env = {**os.environ, "SWEEPER_TRIAL_START": "exec", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
