@@ -39,7 +39,7 @@ lint: install
 PYTEST_WORKERS ?= 2
 SERIAL := cluster or serial
 test: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not ($(SERIAL))" --durations=25
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not ($(SERIAL))" --durations=25
 	$(PY) -m pytest -m "$(SERIAL)" --durations=10
 
 clean-studies:

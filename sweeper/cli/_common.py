@@ -330,12 +330,38 @@ def _dropped_rows_line(space: SearchSpace, model_path: str, samples: Any) -> str
             f"step would hold {rows} and be measured as batch {batch}; give at least {batch} samples, or search "
             f"per_device_train_batch_size up to {usable}"
         )
+    if True in space.values_of("packing"):
+        _check_packed_rows(space, tokenizer, [s for s in samples if s.index not in {u.index for u in unused}], batch)
     return format_dropped_rows(
         unused,
         dataset_rows(samples),
         space.dataset.path,
         doctor=space.doctor_command(),
     )
+
+
+def _check_packed_rows(space: SearchSpace, tokenizer: Any, usable: list[Any], batch: int) -> None:
+    """Refuse a packed search whose data packs into fewer rows than a searched ``per_device_train_batch_size`` at a
+    searched ``max_seq_length``: a packed trial draws its batches from the packed rows (:func:`sweeper.data.
+    pack_groups`), so each step would hold them all and be measured, and exported, as a batch it never ran.
+
+    Raises:
+        SpaceError: At the shortest searched length that packs into too few rows, with the rows it packs into.
+    """
+    from sweeper.data import pack_groups, tokenize_samples
+
+    lengths = [len(t.input_ids) for t in tokenize_samples(usable, tokenizer, max(space.values_of("max_seq_length")))]
+    if not lengths:
+        return
+    for max_seq_length in sorted(space.values_of("max_seq_length")):
+        rows = len(pack_groups([min(n, max_seq_length) for n in lengths], max_seq_length))
+        if rows < batch:
+            raise SpaceError(
+                f"{space.dataset.path}: dataset: with packing, its {len(lengths)} samples ({sum(lengths):,} tokens) "
+                f"pack into {rows} row{'s' if rows != 1 else ''} of max_seq_length {max_seq_length}, fewer than "
+                f"per_device_train_batch_size {batch}: each step would hold {rows} and be measured as batch {batch}; "
+                f"search per_device_train_batch_size up to {rows}, shorter max_seq_length, or give more samples"
+            )
 
 
 def _check_owner(study: Any, url: str, fix: str) -> None:

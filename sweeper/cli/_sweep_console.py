@@ -166,7 +166,7 @@ class SweepConsole(SweepCallback):
         """The trial's line: progress, values, status, peak, instability, time, and why it did not complete."""
         trial = event.trial
         params = {k: trial.params.get(k) for k in self.plan.space.search}
-        line = _trial_line(trial.number, params, trial.result, event.finished, event.n_trials)
+        line = _trial_line(trial.number, params, trial.result, event.finished, event.n_trials, repeat=trial.is_repeat)
         if not trial.is_repeat:
             self.statuses.append(trial.result.status)
         device = trial.user_attrs.get("cuda_visible_devices")

@@ -11,7 +11,7 @@ tokens).
 
 from sweeper.data._formats import detect_format
 from sweeper.data._load import load_samples
-from sweeper.data._samples import DroppedRow, Sample, TokenizedSample, dataset_rows, describe_dropped
+from sweeper.data._samples import DroppedRow, Sample, TokenizedSample, dataset_rows, describe_dropped, pack_groups
 from sweeper.data._special import SpecialTokenRow, special_token_rows
 from sweeper.data._tokenize import (
     DEFAULT_CHAT_TEMPLATE,
@@ -36,6 +36,7 @@ __all__ = [
     "load_samples",
     "load_tokenizer",
     "mask_disagreements",
+    "pack_groups",
     "special_token_rows",
     "tokenize_samples",
     "unused_rows",

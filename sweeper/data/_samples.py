@@ -101,3 +101,32 @@ def dataset_rows(samples: Sequence[Sample]) -> int:
     """Rows in the dataset file that :func:`load_samples` read (those it dropped included); ``len(samples)`` for a
     plain list."""
     return int(getattr(samples, "rows", len(samples)))
+
+
+def pack_groups(lengths: Sequence[int], max_seq_length: int) -> list[list[int]]:
+    """Which samples each packed row holds: consecutive samples, in order, into rows of at most ``max_seq_length``
+    tokens (greedy: a sample that does not fit in the current row starts the next one; a sample is never split), as
+    the trial packs them (:func:`sweeper.trial._child.collate.pack_rows`, TRL's ``packing``, axolotl's
+    ``sample_packing``). ``len(result)`` is the rows a packed trial's batches are drawn from.
+
+    Args:
+        lengths: Tokens of each sample after truncation, each in ``[1, max_seq_length]``.
+        max_seq_length: Tokens per packed row at most, ``>= 1``.
+
+    Returns:
+        Per packed row, the positions in ``lengths`` of its samples.
+
+    Raises:
+        ValueError: A length is below 1 or above ``max_seq_length``.
+    """
+    groups: list[list[int]] = []
+    used = max_seq_length + 1  # tokens in the current row; past the limit: no row open
+    for position, length in enumerate(lengths):
+        if not 1 <= length <= max_seq_length:
+            raise ValueError(f"sample at position {position} has {length} tokens, outside [1, {max_seq_length}]")
+        if used + length > max_seq_length:
+            groups.append([])
+            used = 0
+        groups[-1].append(position)
+        used += length
+    return groups

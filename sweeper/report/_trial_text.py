@@ -16,12 +16,15 @@ from sweeper.stability import headroom_of
 from sweeper.trial import TrialResult, TrialStatus
 
 
-def format_trial_line(number: int, params: Mapping[str, Any], result: TrialResult, finished: int, n_trials: int) -> str:
+def format_trial_line(
+    number: int, params: Mapping[str, Any], result: TrialResult, finished: int, n_trials: int, *, repeat: bool = False
+) -> str:
     """One line per finished trial: progress, number, searched values, status (with the NaN cause), peak GiB,
     stability margin, instability, seconds, whether its trial process was ``cold`` (a fresh process), ``warm``
     (imports paid by an earlier trial) or ``warm, model kept`` (the 4-bit model too); non-complete trials add their
-    reason."""
-    duplicate = result.reason.startswith("same configuration")
+    reason. A ``repeat`` (a configuration already measured, or one that trains the same rows: the trial's
+    ``duplicate_of``) has no progress counter and no process temperature, and always gives its reason."""
+    duplicate = repeat
     progress = " " * (len(str(n_trials)) * 2 + 3) if duplicate else f"[{finished:>{len(str(n_trials))}}/{n_trials}]"
     status = status_label(result.status, result.nan.cause)
     line = (

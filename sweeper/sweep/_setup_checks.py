@@ -107,9 +107,22 @@ def check_weights(space: SearchSpace, model_path: str) -> list[str]:
 
 
 def check_attention(space: SearchSpace) -> list[str]:
-    """A problem line for ``flash_attention_2`` without the ``flash_attn`` package or without a GPU."""
+    """A problem line for ``flash_attention_2`` without the ``flash_attn`` package or without a GPU, or with packed
+    rows at a ``per_device_train_batch_size`` above 1: transformers (5.25, ``modeling_flash_attention_utils.
+    _is_packed_sequence``) reads position ids as packed sequences only for a batch of one row, so at batch 2 or more
+    each packed row's samples would attend to each other (LLaMA-Factory 0.9.5 asserts batch 1 for the same reason);
+    sdpa and eager build the block-diagonal mask at any batch (``tests/trial/test_collation.py``)."""
     if space.model.attn_implementation != "flash_attention_2":
         return []
+    batch = max(space.values_of("per_device_train_batch_size"))
+    if True in space.values_of("packing") and batch > 1:
+        return [
+            f"{space.path}: model.attn_implementation: flash_attention_2 with packing: true treats a micro-batch as "
+            f"packed samples only at per_device_train_batch_size 1 (transformers reads packed position ids only for "
+            f"one row), so at batch {batch} each row's samples would attend to each other; search "
+            "per_device_train_batch_size [1] with packing (gradient_accumulation_steps for the effective batch), or "
+            "use sdpa"
+        ]
     if importlib.util.find_spec("flash_attn") is None:
         return [
             f"{space.path}: model.attn_implementation: flash_attention_2 needs the flash-attn package, which is not "

@@ -61,6 +61,32 @@ def test_fewer_rows_than_the_batch_is_refused_before_anything_runs(tiny_model, w
     assert ok.returncode == 0, ok.stderr  # batch 1 fits the one row: it runs
 
 
+def test_fewer_packed_rows_than_the_batch_is_refused_before_anything_runs(tiny_model, workdir):
+    # 6 samples pack into fewer rows than they are: packing counted samples, so batch 4 ran steps of the packed rows
+    # and was recorded as batch 4 (issue 55). Refused at the length that packs into too few rows; a length at which
+    # every sample is a row of its own is not.
+    from sweeper.testing import write_jsonl
+
+    write_jsonl(workdir / "six.jsonl", [{"text": f"sample {i}: a few words of text to train on"} for i in range(6)])
+    space = tiny_space(tiny_model, search={"per_device_train_batch_size": [1, 4]})
+    space["dataset"] = {"path": "six.jsonl"}
+    space["training"]["packing"] = True
+    path = write_space(workdir, space)
+    for command in ("run", "trial"):
+        extra = ["--set", "per_device_train_batch_size=4"] if command == "trial" else []
+        out = run_cli(command, str(path), "--set", "max_seq_length=64", *extra, cwd=workdir)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, (command, out.stdout, out.stderr)
+        assert "dataset: with packing, its 6 samples" in lines[0] and "of max_seq_length 64, fewer than " in lines[0]
+        assert "per_device_train_batch_size 4" in lines[0], lines[0]
+        assert not (workdir / "studies").exists(), command
+    ok = run_cli(
+        "trial", str(path), "--set", "max_seq_length=16", "--set", "per_device_train_batch_size=4",
+        "--set", "max_steps=1", cwd=workdir,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr  # at 16 tokens each sample is a row: 6 rows hold a batch of 4
+
+
 def test_bad_flags_are_reported_with_the_file_problems(tiny_model, workdir):
     space = tiny_space(tiny_model)
     space["training"]["max_stepz"] = 3

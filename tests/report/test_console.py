@@ -110,12 +110,23 @@ def test_repeat_line_has_no_progress_counter_but_keeps_the_columns():
         memory=MemoryReading(peak_memory_gib=1.0),
         constant=ConstantPhase(instability=0.5),
     )
-    line = format_trial_line(5, params, repeat, 3, 10)
+    line = format_trial_line(5, params, repeat, 3, 10, repeat=True)
     assert (
         line
         == "        #5   r=16  complete           1.00 GiB  margin               -  instability   0.500       - s  "
         "(same configuration as trial 1)"
     )
+    # A repeat at another max_seq_length that trains the same rows is said as a repeat too, with its reason, not as
+    # a cold measurement (issue 55: it was recognized only by a reason starting "same configuration").
+    same_rows = TrialResult(
+        status="complete",
+        reason="max_seq_length 2048 trains the same rows as 1536 on this data (longest 938 tokens): trial 1's result "
+        "is reused",
+        memory=MemoryReading(peak_memory_gib=1.35),
+        provenance=Provenance(wall_time_s=0.0, warm=False),
+    )
+    line = format_trial_line(6, {"max_seq_length": 2048}, same_rows, 3, 10, repeat=True)
+    assert line.startswith("        #6 ") and "cold" not in line and line.endswith(f"({same_rows.reason})"), line
     first = format_trial_line(
         1,
         params,

@@ -89,6 +89,30 @@ def test_flash_attention_without_the_package_is_refused_once(tiny_model, workdir
     )
 
 
+def test_flash_attention_with_packing_above_batch_1_is_refused(tiny_model, workdir):
+    # transformers 5.25 reads packed position ids for flash attention only at batch 1: at batch 2 each packed row's
+    # samples would attend to each other (issue 55). Refused before anything else about flash attention is asked;
+    # packing at batch 1, and sdpa at any batch, are not.
+    from sweeper.sweep._setup_checks import check_attention
+
+    space = tiny_space(tiny_model, search={"per_device_train_batch_size": [1, 2]})
+    space["model"]["attn_implementation"] = "flash_attention_2"
+    space["training"]["packing"] = True
+    path = write_space(workdir, space)
+    line = _one_line(run_cli("trial", str(path), cwd=workdir))
+    assert line.startswith(f"{path}: model.attn_implementation: flash_attention_2 with packing: true ") and (
+        "at batch 2 each row's samples would attend to each other" in line
+    ), line
+    assert check_attention(load_space(path)) == [line]
+    space["search"] = {"r": [4, 8]}
+    space["training"]["per_device_train_batch_size"] = 1
+    assert "with packing" not in " ".join(check_attention(load_space(write_space(workdir, space))))
+    space["model"]["attn_implementation"] = "sdpa"
+    space["search"] = {"per_device_train_batch_size": [1, 2]}
+    del space["training"]["per_device_train_batch_size"]
+    assert check_attention(load_space(write_space(workdir, space))) == []
+
+
 def test_a_checkpoint_with_its_own_quantization_config_names_what_it_forces(tiny_model, workdir):
     model = workdir / "prequantized"
     shutil.copytree(tiny_model, model)
@@ -161,14 +185,18 @@ def test_a_hopeless_cap_is_refused_from_the_model_without_measuring(tiny_model, 
     """At max_seq_length 1048576 under 2.5 GiB the smallest configuration is predicted at hundreds of GiB: it was
     "measured" uncapped (38 s, with a false reason: "the cap is within the CPU memory model's error") and the
     measurement failed without a word (issue 48). Now nothing runs: the line says why, and the advice is the model's.
-    Packed (rows of max_seq_length: padded, the data's short rows would set the step, and it would fit)."""
+    Packed (rows of max_seq_length: padded, the data's short rows would set the step, and it would fit), at batch 1
+    (the data packs into one row of that length: a batch of 2 is refused for that first, issue 55)."""
     import time
 
     space = tiny_space(
         tiny_model,
-        search={"per_device_train_batch_size": [1, 2]},
-        training={"memory_limit_gib": 2.5, "max_seq_length": 1048576, "gradient_checkpointing": False, "packing": True},
-    )
+        search={"r": [4, 8]},
+        training={
+            "memory_limit_gib": 2.5, "max_seq_length": 1048576, "gradient_checkpointing": False, "packing": True,
+            "per_device_train_batch_size": 1,
+        },
+    )  # fmt: skip
     path = write_space(workdir, space)
     start = time.monotonic()
     out = run_cli("run", str(path), cwd=workdir)

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from sweeper.data import pack_groups
+
 #: Keys of a collated batch that are not the model's inputs.
 BOOKKEEPING_KEYS = ("sample_index", "sample_tokens")
 
@@ -33,7 +35,8 @@ Collator = Callable[[list[Row]], dict[str, Any]]
 
 def pack_rows(rows: Sequence[Mapping[str, Any]], max_seq_length: int) -> list[Row]:
     """Pack consecutive tokenized samples into rows of at most ``max_seq_length`` tokens, in order (greedy: a sample
-    that does not fit in the current row starts the next one; a sample is never split).
+    that does not fit in the current row starts the next one; a sample is never split; the grouping is
+    :func:`sweeper.data.pack_groups`, which the commands use to count packed rows before a trial runs).
 
     Args:
         rows: Tokenized samples, each ``{"input_ids", "labels", "index"}``, already truncated to ``max_seq_length``.
@@ -46,21 +49,23 @@ def pack_rows(rows: Sequence[Mapping[str, Any]], max_seq_length: int) -> list[Ro
     Raises:
         ValueError: A sample is longer than ``max_seq_length`` (it was not truncated), or has no tokens.
     """
-    packed: list[Row] = []
-    current: Row | None = None
+    rows = list(rows)
     for row in rows:
-        ids = list(row["input_ids"])
-        if len(ids) > max_seq_length:
-            raise ValueError(f"sample {row['index']} has {len(ids)} tokens, more than max_seq_length={max_seq_length}")
-        if not ids:  # tokenization always adds tokens (a template's, or the end of sequence): never silently
+        if len(row["input_ids"]) > max_seq_length:
+            n = len(row["input_ids"])
+            raise ValueError(f"sample {row['index']} has {n} tokens, more than max_seq_length={max_seq_length}")
+        if not len(row["input_ids"]):  # tokenization always adds tokens (a template's, or the end of sequence)
             raise ValueError(f"sample {row['index']} has no tokens: nothing to pack")
-        if current is None or len(current["input_ids"]) + len(ids) > max_seq_length:
-            current = {"input_ids": [], "labels": [], "position_ids": [], "index": []}
-            packed.append(current)
-        current["input_ids"] += ids
-        current["labels"] += [-100, *list(row["labels"])[1:]]
-        current["position_ids"] += range(len(ids))
-        current["index"].append(row["index"])
+    packed: list[Row] = []
+    for group in pack_groups([len(row["input_ids"]) for row in rows], max_seq_length):
+        current: Row = {"input_ids": [], "labels": [], "position_ids": [], "index": []}
+        for row in (rows[i] for i in group):
+            ids = list(row["input_ids"])
+            current["input_ids"] += ids
+            current["labels"] += [-100, *list(row["labels"])[1:]]
+            current["position_ids"] += range(len(ids))
+            current["index"].append(row["index"])
+        packed.append(current)
     return packed
 
 
