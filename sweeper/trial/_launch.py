@@ -273,12 +273,40 @@ class TrialProcess:
                 default).
 
         Returns:
-            The worker's result, or a ``timeout``/``crash`` result made here.
+            The worker's result, or a ``timeout``/``crash`` result made here. An ``oom`` while loading in a warm
+            process is run once more in a fresh one, whose result is returned (its first log kept as
+            ``worker.warm-load-oom.log``): a warm process's heap, left by earlier trials, can fail a load that fits a
+            fresh process (the demo's trial #6, batch 2 x 64 at r 16, ran out of memory while loading at 1.68 GiB
+            under 1.6 where the same shape at another ``lora_alpha`` had trained at 1.01 GiB, and the dominance rule
+            then pruned two larger configurations on it).
 
         Raises:
             KeyboardInterrupt: After killing the trial process, so the caller can record the trial as interrupted.
             OSError: The trial's files cannot be written.
         """
+        args = (config, trial_dir, model_path, on_start, on_progress, stress, probe, worst_case, line_search)
+        result = self._run_once(*args)
+        if result.status == TrialStatus.OOM and result.fail_phase == "load" and result.provenance.warm:
+            self.close()
+            log = Path(trial_dir) / "worker.log"
+            if log.is_file():
+                log.replace(log.with_name("worker.warm-load-oom.log"))
+            result = self._run_once(*args)
+        return result
+
+    def _run_once(
+        self,
+        config: TrialConfig,
+        trial_dir: str | Path,
+        model_path: str,
+        on_start: Callable[[int], None] | None,
+        on_progress: Callable[[TrialProgress], None] | None,
+        stress: bool | StressSettings,
+        probe: bool | ProbeSettings,
+        worst_case: bool,
+        line_search: bool,
+    ) -> TrialResult:
+        """One try of :meth:`run`."""
         self._on_progress = on_progress
         job = _write_job(
             config,

@@ -163,6 +163,14 @@ def test_after_an_oom_a_kill_or_a_timeout_the_next_trial_gets_a_fresh_process(ti
         assert slow.status == "timeout" and process.pid is None
         with pytest.raises(ProcessLookupError):
             os.kill(warm_pid, 0)
+
+        # An OOM while loading in a warm process is run again in a fresh one (a warm heap can fail a load that fits
+        # a fresh process): its result is the fresh process's, the warm try's log kept beside it.
+        assert process.run(_config(tiny_model), tmp_path / "7", model_path=path).status == "complete"
+        reload = _config(tiny_model, memory_limit_gib=0.3, bnb_4bit_quant_type="fp4")  # not the kept model: a load
+        tight = process.run(reload, tmp_path / "8", model_path=path)
+        assert tight.status == "oom" and tight.fail_phase == "load" and tight.provenance.warm is False, tight.reason
+        assert (tmp_path / "8" / "worker.warm-load-oom.log").is_file() and (tmp_path / "8" / "worker.log").is_file()
     finally:
         process.close()
 
