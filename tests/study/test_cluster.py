@@ -56,19 +56,22 @@ def _load(url: str, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=url)
 
 
-def _running_trials_of(url: str, name: str, pid: int) -> list[int]:
-    """The numbers of the trials the sweep ``pid`` is measuring (their trial process started)."""
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        return []  # not created yet (and loading it would create it)
-    try:
-        study = _load(url, name)
-    except KeyError:  # the study is not created yet
-        return []
-    return [
-        t.number
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if t.user_attrs.get("sweep_pid") == pid and "worker_pid" in t.user_attrs
-    ]
+def _running_by_sweep(url: str, name: str, study: optuna.Study | None) -> tuple[optuna.Study | None, dict[int, list]]:
+    """The study (loaded once it exists, then kept: its storage re-reads the unfinished trials at every call, and a
+    fresh load per poll took seconds with eight sweeps on the server, long enough to miss a victim's whole trial) and
+    the numbers of the trials each sweep pid is measuring (their trial process started)."""
+    if study is None:
+        if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+            return None, {}  # not created yet (and loading it would create it)
+        try:
+            study = _load(url, name)
+        except KeyError:  # the study is not created yet
+            return None, {}
+    running: dict[int, list] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if "worker_pid" in t.user_attrs and "sweep_pid" in t.user_attrs:
+            running.setdefault(t.user_attrs["sweep_pid"], []).append(t.number)
+    return study, running
 
 
 def _sweeps_with_kills(
@@ -98,13 +101,15 @@ def _sweeps_with_kills(
         folders.append(folder)
     killed: dict[int, list[int]] = {}  # pid -> the numbers of the trials it was measuring when killed
     deadline = time.monotonic() + 300
+    watched: optuna.Study | None = None
     while len(killed) < victims:
         assert time.monotonic() < deadline, f"the victims never started a trial (killed so far: {killed})"
+        watched, by_sweep = _running_by_sweep(url, name, watched)
         for victim, _ in procs[:victims]:
             if victim.pid in killed:
                 continue
             assert victim.poll() is None, "a victim ended before it started a trial"
-            running = _running_trials_of(url, name, victim.pid)
+            running = by_sweep.get(victim.pid, [])
             if len(running) >= min(workers, 2):
                 victim.send_signal(signal.SIGKILL)  # mid-trial: its trial processes die with it (PR_SET_PDEATHSIG)
                 victim.wait()
