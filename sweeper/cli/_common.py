@@ -331,7 +331,8 @@ def _dropped_rows_line(space: SearchSpace, model_path: str, samples: Any) -> str
             f"per_device_train_batch_size up to {usable}"
         )
     if True in space.values_of("packing"):
-        _check_packed_rows(space, tokenizer, [s for s in samples if s.index not in {u.index for u in unused}], batch)
+        refused = {u.index for u in unused}
+        _check_packed_rows(space, tokenizer, [s for s in samples if s.index not in refused], batch)
     return format_dropped_rows(
         unused,
         dataset_rows(samples),
