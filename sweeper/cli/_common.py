@@ -16,6 +16,7 @@ from sweeper.space import DatasetSpec, ModelSpec, SearchSpace, load_space, name_
 from sweeper.stability import STRESS_GROWTH, STRESS_STEPS, probe_interval_steps
 
 if TYPE_CHECKING:
+    from sweeper.data import FileLengths
     from sweeper.trial import Card
 
 
@@ -90,15 +91,20 @@ def _load(args: argparse.Namespace) -> SearchSpace:
     return space
 
 
-def _audit(samples: list[Any], model: ModelSpec, model_path: str, max_seq_lengths: list[int]) -> tuple[Any, Any]:
-    """The samples tokenized as the trials tokenize them, audited at each length: ``(report, tokenized)``."""
+def _audit(
+    samples: list[Any], dataset: DatasetSpec, model: ModelSpec, model_path: str, max_seq_lengths: list[int]
+) -> tuple[Any, Any, FileLengths]:
+    """The samples tokenized as the trials tokenize them, audited at each length, and the whole file's lengths
+    (:func:`sweeper.data.file_lengths`: the worst step is the file's, which the exports train):
+    ``(report, tokenized, file)``."""
     from sweeper.audit import audit_samples
-    from sweeper.data import audit_horizon, load_tokenizer, mask_disagreements, tokenize_samples
+    from sweeper.data import audit_horizon, file_lengths, load_tokenizer, mask_disagreements, tokenize_samples
     from sweeper.model import model_vocab_size
 
     tokenizer = load_tokenizer(model_path, model.trust_remote_code)
     # the audit cuts per limit; rows beyond its horizon are read as at least that long (no 50 MB row tokenized whole)
-    tokenized = tokenize_samples(samples, tokenizer, audit_horizon(max_seq_lengths))
+    horizon = audit_horizon(max_seq_lengths)
+    tokenized = tokenize_samples(samples, tokenizer, horizon)
     report = audit_samples(
         samples,
         tokenized,
@@ -106,7 +112,18 @@ def _audit(samples: list[Any], model: ModelSpec, model_path: str, max_seq_length
         model_vocab_size(model_path, model.trust_remote_code),
         mask_disagreements=mask_disagreements(samples, tokenizer),
     )
-    return report, tokenized
+    return report, tokenized, file_lengths(dataset, tokenizer, horizon, tokenized)
+
+
+def _whole_file(space: SearchSpace, model_path: str, samples: list[Any]) -> FileLengths:
+    """The whole dataset file's sample lengths (:func:`sweeper.data.file_lengths`), the trials' ``samples``
+    tokenized once at the audit's horizon for the searched ``max_seq_length`` values: the worst step a command
+    judges is the file's, which the exports train."""
+    from sweeper.data import audit_horizon, file_lengths, load_tokenizer, tokenize_samples
+
+    tokenizer = load_tokenizer(model_path, space.model.trust_remote_code)
+    horizon = audit_horizon(space.values_of("max_seq_length"))
+    return file_lengths(space.dataset, tokenizer, horizon, tokenize_samples(samples, tokenizer, horizon))
 
 
 def _with_card(

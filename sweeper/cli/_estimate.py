@@ -95,26 +95,30 @@ def _longest_sample(space: SearchSpace) -> tuple[int | None, str]:
     """The space's data tokenized as the trials tokenize it: its longest sample's tokens, and the line that says what
     the predictions are of. When the data or the tokenizer cannot be read, None and a line saying the predictions
     are at ``max_seq_length`` (each row as long as it: an upper bound)."""
-    from sweeper.cli._common import _prepare
-    from sweeper.data import audit_horizon, load_tokenizer, tokenize_samples
+    from sweeper.cli._common import _prepare, _whole_file
 
     try:
         model_path, samples = _prepare(space.dataset, space.model)
-        tokenizer = load_tokenizer(model_path, space.model.trust_remote_code)
-        tokenized = tokenize_samples(samples, tokenizer, audit_horizon(space.values_of("max_seq_length")))
+        file = _whole_file(space, model_path, samples)
     except SweeperError as exc:
         why = "; ".join(exc.problems)[:200]
         return None, (
             f"data    not read ({why}): each configuration is predicted at max_seq_length, rows as long as it "
             "(an upper bound: a trial pads each micro-batch to its longest row)"
         )
-    longest = max((t.n_tokens for t in tokenized), default=None)
-    if longest is None:
+    longest = file.longest
+    if not longest:
         return None, f"data    {space.dataset.path}: no sample to train on; predicted at max_seq_length"
+    sampled = (
+        f" (the trials sample {file.sampled} of them, dataset.max_samples, whose longest is {file.sampled_longest:,}; "
+        "the exports train the whole file)"
+        if file.cut
+        else ""
+    )
     return longest, (
-        f"data    {space.dataset.path}: {len(tokenized)} samples, the longest {longest:,} tokens: each configuration "
-        f"is predicted at its worst step on this data, per_device_train_batch_size rows of min(max_seq_length, "
-        f"{longest:,}) tokens (packed: of max_seq_length)"
+        f"data    {space.dataset.path}: {len(file.lengths)} samples{sampled}, the longest {longest:,} tokens: each "
+        f"configuration is predicted at its worst step on this data, per_device_train_batch_size rows of "
+        f"min(max_seq_length, {longest:,}) tokens (packed: of max_seq_length)"
     )
 
 

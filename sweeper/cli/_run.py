@@ -23,14 +23,16 @@ from sweeper.errors import SpaceError
 from sweeper.space import SearchSpace, parse_duration_s
 
 if TYPE_CHECKING:
+    from sweeper.data import FileLengths
     from sweeper.sweep import SweepPlan
     from sweeper.trial import Card
 
 
-def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> tuple[list[str], int | None]:
+def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> tuple[list[str], FileLengths]:
     """Before the first trial: the data audit at the searched ``max_seq_length`` values, as warning lines
     (:func:`sweeper.report.format_data_warnings`), so that a data fault is never read as a hyperparameter result;
-    and the longest tokenized sample's tokens (None without samples), which sets each configuration's worst step.
+    and the whole file's sample lengths (:func:`sweeper.data.file_lengths`), which set each configuration's worst
+    step: the file's, which the exports train, not only the ``max_samples`` the trials sample.
 
     Raises:
         SpaceError: No row can train at any searched ``max_seq_length`` (every row has a NaN fault there, e.g. its
@@ -38,10 +40,10 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> tuple[
             dataset is empty: the trials would measure training to answer nothing.
     """
     from sweeper.audit import nan_risks
-    from sweeper.report import format_data_warnings, format_same_rows
+    from sweeper.report import format_data_warnings, format_file_rows, format_same_rows
 
     lengths = space.values_of("max_seq_length")
-    report, tokenized = _audit(samples, space.model, model_path, lengths)
+    report, tokenized, file = _audit(samples, space.dataset, space.model, model_path, lengths)
     bad = {n: set[int]() for n in lengths}
     for finding in report.nan_findings:
         for n in lengths if finding.max_seq_length is None else [finding.max_seq_length]:
@@ -74,9 +76,8 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> tuple[
     lines = format_data_warnings(
         report, risks, several_accumulations=len(accumulation) > 1, doctor=space.doctor_command()
     )
-    longest = max((t.n_tokens for t in tokenized), default=None)
-    same = format_same_rows(lengths, longest, any(space.values_of("packing")))
-    return lines + ([f"data    {same}"] if same else []), longest
+    same = format_same_rows(lengths, file.longest or None, any(space.values_of("packing")))
+    return lines + [f"data    {line}" for line in (format_file_rows(file), same) if line], file
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -142,7 +143,7 @@ def _planned(
         prestart()
     space, card, card_warnings = _with_card(space, "cuda" if cuda_visible() else "cpu", devices)
     model_path, samples = _prepare(space.dataset, space.model)
-    setup_lines, longest = _setup_lines(space, model_path, samples, card)
+    setup_lines, file = _setup_lines(space, model_path, samples, card)
     setup_lines[1:1] = card_warnings
     plan = plan_sweep(
         space,
@@ -155,7 +156,8 @@ def _planned(
         devices=devices,
         new_setup=args.new_setup,
         on_measure=lambda line: print(line, flush=True),
-        longest_sample_tokens=longest,
+        longest_sample_tokens=file.longest or None,
+        file_lengths=file if file.cut else None,
         # the report names the card beside the cap; a CPU machine is no card (its size changes no figure there)
         card=None
         if card is None or card.device != "cuda"
@@ -184,13 +186,13 @@ def _confirm_top(plan: SweepPlan) -> None:
 
 def _setup_lines(
     space: SearchSpace, model_path: str, samples: list, card: Card | None = None
-) -> tuple[list[str], int | None]:
+) -> tuple[list[str], FileLengths]:
     """What the sweep will train: the model, the data and the cap with its device (:func:`_describe_setup`), the
-    rows no trial trains on, and the data audit's warnings; with the longest tokenized sample's tokens
+    rows no trial trains on, and the data audit's warnings; with the whole file's sample lengths
     (:func:`_data_warnings`)."""
     lines = [_describe_setup(space, model_path, len(samples), card)]
     dropped = _dropped_rows_line(space, model_path, samples)
     if dropped:
         lines.append(dropped)
-    warnings, longest = _data_warnings(space, model_path, samples)
-    return lines + warnings, longest
+    warnings, file = _data_warnings(space, model_path, samples)
+    return lines + warnings, file

@@ -16,6 +16,7 @@ from sweeper.cli._common import (
     _load,
     _prepare,
     _print,
+    _whole_file,
     _with_card,
 )
 from sweeper.errors import SpaceError
@@ -39,7 +40,7 @@ def manual_trial_folder(parent: Path) -> Path:
 
 def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
-    from sweeper.report import LiveProgress, trial_header, trial_result_lines
+    from sweeper.report import LiveProgress, format_file_rows, trial_header, trial_result_lines
     from sweeper.study import study_dir
     from sweeper.sweep import check_setup
     from sweeper.trial import cuda_visible, run_trial
@@ -52,21 +53,29 @@ def cmd_trial(args: argparse.Namespace) -> int:
     if setup:
         raise SpaceError(setup)
     dropped = _dropped_rows_line(space, model_path, samples)  # refuses a batch above the data's rows: before a folder
+    file = _whole_file(space, model_path, samples)
+    worst = file.worst_step(config.max_seq_length, config.per_device_train_batch_size, config.packing)
     folder = manual_trial_folder(study_dir(space.study.name) / "manual")
     if not args.json:
         for line in trial_header(config, _describe_setup(space, model_path, len(samples), card), folder):
             _print(line)
     for line in card_warnings:
         print(line, file=sys.stderr if args.json else sys.stdout)
-    if dropped and args.json:  # stdout stays one JSON document
-        print(dropped, file=sys.stderr)
-    elif dropped:
-        _print(dropped)
+    whole = format_file_rows(file)
+    for text in (dropped, f"data    {whole}" if whole else None):
+        if text:
+            print(text, file=sys.stderr if args.json else sys.stdout)  # with --json, stdout stays one JSON document
     # The live display goes where the lines go; with --json, stdout is one JSON document: the display goes to stderr.
     live = LiveProgress(1, stream=sys.stderr if args.json else sys.stdout)
     live.begin(0, 0)
     try:
-        result = run_trial(config, folder, model_path=model_path, on_progress=lambda progress: live.report(0, progress))
+        result = run_trial(
+            config,
+            folder,
+            model_path=model_path,
+            on_progress=lambda progress: live.report(0, progress),
+            worst_case=worst if file.cut and worst else True,
+        )
     finally:
         live.close()
     if args.json:

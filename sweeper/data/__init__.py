@@ -6,7 +6,7 @@ Loading (:func:`load_samples`) imports ``datasets`` only for files and hub ids; 
 
 The modules: ``_samples`` (what a dataset becomes), ``_formats`` (one row to a sample), ``_load`` (files, hub, the
 built-in corpus), ``_tokenize`` (templates, reply masks, truncation), ``_special`` (bad embedding rows of special
-tokens).
+tokens), ``_worst`` (the whole file's worst step).
 """
 
 from sweeper.data._formats import detect_format
@@ -22,10 +22,12 @@ from sweeper.data._tokenize import (
     tokenize_samples,
     unused_rows,
 )
+from sweeper.data._worst import FileLengths, file_lengths, file_samples
 
 __all__ = [
     "DEFAULT_CHAT_TEMPLATE",
     "DroppedRow",
+    "FileLengths",
     "Sample",
     "SpecialTokenRow",
     "TokenizedSample",
@@ -33,6 +35,8 @@ __all__ = [
     "dataset_rows",
     "describe_dropped",
     "eos_appended",
+    "file_lengths",
+    "file_samples",
     "load_samples",
     "load_tokenizer",
     "mask_disagreements",

@@ -20,7 +20,7 @@ from sweeper.report._dashboard import publish_study, serve
 from sweeper.report._data import report_data
 from sweeper.report._data_text import format_audit, format_data_warnings, format_dropped_rows
 from sweeper.report._html import write_html_report
-from sweeper.report._memory_text import format_cap, format_same_rows
+from sweeper.report._memory_text import format_cap, format_file_rows, format_same_rows
 from sweeper.report._progress import LiveProgress, progress_interval_s
 from sweeper.report._report_console import report_lines, report_written_line
 from sweeper.report._trial_text import trial_header, trial_result_lines
@@ -31,6 +31,7 @@ __all__ = [
     "format_cap",
     "format_data_warnings",
     "format_dropped_rows",
+    "format_file_rows",
     "format_instability",
     "format_params",
     "format_same_rows",

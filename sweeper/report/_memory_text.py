@@ -5,8 +5,12 @@ the cap with the device it is of.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sweeper.report._analysis_records import MemoryPrediction
+
+if TYPE_CHECKING:
+    from sweeper.data import FileLengths
 
 
 def format_memory_prediction(prediction: MemoryPrediction) -> str | None:
@@ -43,6 +47,19 @@ def format_same_rows(max_seq_lengths: Sequence[int], longest_sample_tokens: int 
     return (
         f"max_seq_length {values} train the same rows on this data (longest {longest_sample_tokens:,} tokens): "
         f"a sweep measures one and settles the others as its repeats"
+    )
+
+
+def format_file_rows(file: FileLengths) -> str | None:
+    """One line saying that the worst step is the whole file's when ``dataset.max_samples`` sampled fewer rows than
+    it holds and its longest sample is longer than theirs (``the worst step is the whole file's, which the exports
+    train: its longest sample 1,320 tokens, the trials' 16 sampled rows' longest 609``); None otherwise."""
+    if not file.cut or file.longest <= file.sampled_longest:
+        return None
+    return (
+        f"the worst step is the whole file's, which the exports train: its longest sample {file.longest:,} tokens, "
+        f"the trials' {file.sampled} sampled rows' (dataset.max_samples) longest {file.sampled_longest:,}; each "
+        "trial runs the file's longest rows as its worst-case step"
     )
 
 

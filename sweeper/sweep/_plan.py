@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import optuna
 
@@ -40,6 +40,9 @@ from sweeper.study.writing import (
 from sweeper.sweep._fits import nothing_fits_line
 from sweeper.sweep._preflight import trial_device
 from sweeper.sweep._setup_checks import check_setup
+
+if TYPE_CHECKING:
+    from sweeper.data import FileLengths
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +75,10 @@ class SweepPlan:
             a configuration's worst step is ``[batch, TrialConfig.worst_case_length(it)]``, which
             ``predict_peak_gib`` predicts, and ``max_seq_length`` values at or above it train the same rows (their
             trials are settled as repeats of each other).
+        file_lengths: The whole dataset file's sample lengths when ``dataset.max_samples`` sampled fewer rows
+            (:class:`sweeper.data.FileLengths`), None when the trials train the whole file or it is unknown: each
+            trial's worst-case step is then built from the file's longest rows (:meth:`worst_case_samples`), which
+            the exports train.
     """
 
     space: SearchSpace
@@ -90,6 +97,14 @@ class SweepPlan:
     unapplied: tuple[str, ...] = ()
     max_consecutive_repeats: int = 25
     longest_sample_tokens: int | None = None
+    file_lengths: FileLengths | None = None
+
+    def worst_case_samples(self, config: TrialConfig) -> list[list[int]] | None:
+        """The dataset indices of the whole file's worst step for ``config`` (:meth:`sweeper.data.FileLengths.
+        worst_step`), a row at a time; None when the trials' own rows are the file's."""
+        if self.file_lengths is None:
+            return None
+        return self.file_lengths.worst_step(config.max_seq_length, config.per_device_train_batch_size, config.packing)
 
     @property
     def trials_dir(self) -> Path:
@@ -116,6 +131,7 @@ def plan_sweep(
     new_setup: bool = False,
     on_measure: Callable[[str], None] | None = None,
     longest_sample_tokens: int | None = None,
+    file_lengths: FileLengths | None = None,
     card: Mapping[str, Any] | None = None,
 ) -> SweepPlan:
     """Check a sweep's setup and open its study, in this order, stopping at the first problem: the heartbeat
@@ -143,6 +159,8 @@ def plan_sweep(
             it measured, so that a wait is never silent.
         longest_sample_tokens: The data's longest tokenized sample (:attr:`SweepPlan.longest_sample_tokens`), None
             when unknown (then each configuration is predicted at its ``max_seq_length``).
+        file_lengths: The whole file's sample lengths when ``dataset.max_samples`` sampled fewer rows
+            (:attr:`SweepPlan.file_lengths`), else None.
         card: The device the trials run on as it was read (``{"device", "name", "total_memory_gib"}``): recorded
             on the study by name (:attr:`sweeper.study.StudySnapshot.cards`), for the report's cap line.
 
@@ -178,6 +196,7 @@ def plan_sweep(
         new_setup=opened.setup is not None and opened.setup >= opened.known > 0,
         unapplied=tuple(opened.unapplied),
         longest_sample_tokens=longest_sample_tokens,
+        file_lengths=file_lengths,
     )
 
 

@@ -263,6 +263,7 @@ def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig) -> TrialRes
             model_path=sweep.model_path,
             on_start=started,
             on_progress=lambda progress: sweep.progress(trial.number, progress),
+            worst_case=sweep.plan.worst_case_samples(config) or True,
         )
     except KeyboardInterrupt:  # one slot, in the main thread: the trial process was killed
         record_interrupted(sweep, trial)

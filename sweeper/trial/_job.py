@@ -83,6 +83,10 @@ class Measures:
             then has no instability, projected failing step, learning progress or stress phase).
         worst_case: Measure the worst-case step after step 1 (:func:`sweeper.trial._child.instrumented.
             run_worst_case_step`); False is a diagnostic (the tests compare training with and without it).
+        worst_case_samples: The dataset indices of the whole file's worst step, a row at a time, the longest first
+            (:meth:`sweeper.data.FileLengths.worst_step`), when ``dataset.max_samples`` sampled fewer rows than the
+            file the exports train: the worst-case step is built from these samples of the file instead of the
+            trial's own rows. Empty: the trial's own rows.
         line_search: Read the critical learning rate by line searches in the constant phase (:mod:`sweeper.trial.
             _child.line_search`; it needs the probe's rows). Off by default: it costs 13-37% of the constant phase
             and predicted the long run worse than the margin (docs/validity.md); ``benchmarks/critical_lr.py``
@@ -92,6 +96,7 @@ class Measures:
     stress: StressSettings | None = DEFAULT_STRESS
     probe: ProbeSettings | None = DEFAULT_PROBE
     worst_case: bool = True
+    worst_case_samples: tuple[tuple[int, ...], ...] = ()
     line_search: bool = False
 
     @classmethod
@@ -106,6 +111,7 @@ class Measures:
             stress=StressSettings(**stress) if stress is not None else None,
             probe=ProbeSettings(**probe) if probe is not None else None,
             worst_case=data.get("worst_case", True),
+            worst_case_samples=tuple(tuple(int(i) for i in row) for row in data.get("worst_case_samples", ())),
             line_search=data.get("line_search", False),
         )
 

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -245,7 +245,7 @@ class TrialProcess:
         on_progress: Callable[[TrialProgress], None] | None = None,
         stress: bool | StressSettings = True,
         probe: bool | ProbeSettings = True,
-        worst_case: bool = True,
+        worst_case: bool | Sequence[Sequence[int]] = True,
         line_search: bool = False,
     ) -> TrialResult:
         """Run one trial in this trial process (started first when there is none) and return what it measured.
@@ -267,8 +267,10 @@ class TrialProcess:
                 trial.
             probe: Evaluate the probe: True at the default interval, a :class:`~sweeper.trial._job.ProbeSettings`,
                 or False for none (a diagnostic; then no stress phase either).
-            worst_case: Measure the worst-case step (:attr:`sweeper.trial._job.TrialJob.worst_case`); False is a
-                diagnostic.
+            worst_case: Measure the worst-case step (:attr:`sweeper.trial._job.Measures.worst_case`): True on the
+                trial's own rows; the dataset indices of the whole file's worst step, a row at a time
+                (:meth:`sweeper.data.FileLengths.worst_step`), when ``dataset.max_samples`` sampled fewer rows than
+                the file the exports train; False is a diagnostic.
             line_search: Read the critical learning rate (:attr:`sweeper.trial._job.Measures.line_search`; off by
                 default).
 
@@ -303,7 +305,7 @@ class TrialProcess:
         on_progress: Callable[[TrialProgress], None] | None,
         stress: bool | StressSettings,
         probe: bool | ProbeSettings,
-        worst_case: bool,
+        worst_case: bool | Sequence[Sequence[int]],
         line_search: bool,
     ) -> TrialResult:
         """One try of :meth:`run`."""
@@ -375,7 +377,7 @@ def _write_job(
     model_path: str,
     stress: StressSettings | None,
     probe: ProbeSettings | None,
-    worst_case: bool = True,
+    worst_case: bool | Sequence[Sequence[int]] = True,
     line_search: bool = False,
 ) -> TrialJob:
     """Create ``trial_dir`` with the trial's ``config.json`` and an empty ``worker.log`` (no ``result.json``), and
@@ -386,7 +388,13 @@ def _write_job(
         result_path=str(trial_dir / "result.json"),
         log_path=str(trial_dir / "worker.log"),
         trial_dir=str(trial_dir),
-        measures=Measures(stress=stress, probe=probe, worst_case=worst_case, line_search=line_search),
+        measures=Measures(
+            stress=stress,
+            probe=probe,
+            worst_case=worst_case if isinstance(worst_case, bool) else True,
+            worst_case_samples=() if isinstance(worst_case, bool) else tuple(tuple(row) for row in worst_case),
+            line_search=line_search,
+        ),
     )
     Path(job.result_path).unlink(missing_ok=True)
     Path(job.config_path).write_text(json.dumps({"config": config.to_dict(), "model_path": model_path}, indent=1))
@@ -404,7 +412,7 @@ def run_trial(
     stress: bool | StressSettings = True,
     on_progress: Callable[[TrialProgress], None] | None = None,
     probe: bool | ProbeSettings = True,
-    worst_case: bool = True,
+    worst_case: bool | Sequence[Sequence[int]] = True,
     line_search: bool = False,
 ) -> TrialResult:
     """Run one trial in a fresh trial process and return what it measured (:meth:`TrialProcess.run`); the process

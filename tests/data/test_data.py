@@ -605,3 +605,22 @@ def test_a_huge_row_is_cut_before_tokenizing_and_keeps_its_first_tokens(tiny_mod
         assert 64 < short.n_tokens < whole.n_tokens  # a lower bound of the row's length
     small = tokenize_samples([Sample(index=2, text="a short row")], tokenizer, 64)
     assert not small[0].cut
+
+
+def test_the_worst_step_of_the_whole_file_at_each_length_batch_and_collation():
+    # issue 55: the worst step is the file's, which the exports train, not the max_samples the trials sample.
+    from sweeper.data import FileLengths
+
+    file = FileLengths(lengths=((7, 30), (2, 900), (5, 10), (9, 400), (1, 60)), sampled=2, sampled_longest=30)
+    assert file.longest == 900 and file.cut
+    assert not FileLengths(lengths=((7, 30),), sampled=1, sampled_longest=30).cut
+    # padded: the longest samples, one to a row, the longest first; each cut to max_seq_length (ties in file order)
+    assert file.worst_step(1024, 2, packing=False) == [[2], [9]]
+    assert file.worst_step(64, 3, packing=False) == [[2], [9], [1]]  # 64, 64, 60
+    # packed: the whole file packed in the trials' order (greedy, as the trials pack), the fullest rows first:
+    # 30+900+10 = 940 | 400+60 = 460 at 1000 tokens; 30 | 900 cut to 500 | 10+400+60 = 470 at 500
+    assert file.worst_step(1000, 1, packing=True) == [[7, 2, 5]]
+    assert file.worst_step(1000, 5, packing=True) == [[7, 2, 5], [9, 1]]  # two rows: fewer than the batch
+    assert file.worst_step(500, 2, packing=True) == [[2], [5, 9, 1]]
+    with pytest.raises(ValueError):
+        file.worst_step(0, 1, packing=False)

@@ -155,6 +155,31 @@ def _adapted_model(
     return model
 
 
+def _worst_case_rows(trial: TrialContext, rows: list[dict[str, Any]], tokenizer: Any) -> list[dict[str, Any]]:
+    """The rows of the worst-case step: the trial's own longest (:func:`sweeper.trial._child.collate.
+    worst_case_rows`), or, when its job names the whole file's worst step (``Measures.worst_case_samples``: the
+    trial samples fewer rows than the file the exports train), those samples of the file, tokenized as the trial's
+    and packed a group to a row when packing. A named sample the file no longer holds is left out (the trial's own
+    rows stand in when none is left)."""
+    from sweeper.data import file_samples, tokenize_samples
+
+    config, groups = trial.config, trial.measures.worst_case_samples
+    if groups:
+        samples = file_samples(config.dataset, [i for group in groups for i in group])
+        tokenized = {t.index: t for t in tokenize_samples(samples, tokenizer, config.max_seq_length)}
+        file_rows: list[dict[str, Any]] = []
+        for group in groups:
+            members = [
+                {"input_ids": t.input_ids, "labels": t.labels, "index": t.index}
+                for t in (tokenized.get(i) for i in group)
+                if t is not None and t.input_ids
+            ]
+            file_rows += pack_rows(members, config.max_seq_length) if config.packing and members else members
+        if file_rows:
+            rows = file_rows
+    return worst_case_rows(rows, config.per_device_train_batch_size)
+
+
 def setup(trial: TrialContext) -> Run:
     """Read the data, load (or reuse), check and adapt the model, and build the trainer; sets ``trial.measured``'s
     ``device``, ``model_reused``, ``quantized_linear_count``, ``load_time_s`` and ``load_peak_memory_gib``.
@@ -195,7 +220,7 @@ def setup(trial: TrialContext) -> Run:
     if config.packing:
         rows = pack_rows(rows, config.max_seq_length)
     if rows and trial.measures.worst_case:
-        record.worst_case_batch = collate(worst_case_rows(rows, config.per_device_train_batch_size))
+        record.worst_case_batch = collate(_worst_case_rows(trial, rows, tokenizer))
     if probe is not None and trial.measures.line_search:
         record.line_search_steps = line_search_points(config.max_steps)
     stress_steps = 0
