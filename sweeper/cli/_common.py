@@ -170,8 +170,9 @@ def _with_card(
             f"({card.total_memory_gib - card.reserve_gib:.2f} GiB there) or lower"
         )
     if cap > card.total_memory_gib:
+        machine = "the machine" if card_gib is not None else "this machine"
         warnings.append(
-            f"WARNING memory: the cap ({cap:g} GiB) is more than this machine's {card.total_memory_gib:.2f} GiB: it "
+            f"WARNING memory: the cap ({cap:g} GiB) is more than {machine}'s {card.total_memory_gib:.2f} GiB: it "
             "cannot bind, and a trial that needs more is killed by the system (a crash, not an oom); set "
             "memory_limit_gib lower or to auto"
         )

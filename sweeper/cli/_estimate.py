@@ -67,7 +67,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             "estimated, so the frontier may miss some: fix keys with --set or narrow the lists"
         )
     _print(data_line)
-    same = format_same_rows(space.values_of("max_seq_length"), longest, any(space.values_of("packing")))
+    same = format_same_rows(space.values_of("max_seq_length"), longest, space.values_of("packing"))
     if same:
         _print(f"data    {same}")
     _print_points(points, limit, args.device)

@@ -76,7 +76,7 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> tuple[
     lines = format_data_warnings(
         report, risks, several_accumulations=len(accumulation) > 1, doctor=space.doctor_command()
     )
-    same = format_same_rows(lengths, file.longest or None, any(space.values_of("packing")))
+    same = format_same_rows(lengths, file.longest or None, space.values_of("packing"))
     return lines + [f"data    {line}" for line in (format_file_rows(file), same) if line], file
 
 

@@ -24,7 +24,8 @@ def format_front(
     instability (the values come from each trial's stored config); a column for each objective of ``objectives``
     that is neither the memory nor the stability one (a registered third objective, shown by its
     :attr:`~sweeper.study.Objective.shown`); when two of them are tied on stability (their intervals overlap), a
-    column ``tied`` naming the trials each is tied with; when any of them was confirmed (``sweep confirm``), a last
+    column ``tied`` naming the trials each is tied with; when any of them packs its rows, a column ``packing`` after
+    ``max_seq_length`` (``yes``/``no``); when any of them was confirmed (``sweep confirm``), a last
     column ``confirmed``: ``300 ok``, ``diverged@120`` ..., or ``-``.
 
     ``picks`` (pick name -> trial, :func:`sweeper.report._picks_data.picks_block`) adds a column ``pick``; a picked
@@ -50,6 +51,12 @@ def format_front(
     ]
     best = max((t.result.constant.learning_progress or 0.0 for t in front), default=0.0)
     rows += [_front_row(t, objectives, best) for t in front]
+    if any(
+        t.config and t.config.packing for t in front
+    ):  # packed rows hold max_seq_length tokens; padded ones the data's longest
+        column = ["packing"] + ["yes" if t.config and t.config.packing else "no" for t in front]
+        at = rows[0].index("max_seq_length") + 1
+        rows = [(*row[:at], label, *row[at:]) for row, label in zip(rows, column)]
     ties = stability_ties(front, objectives)
     if any(ties.values()):
         column = ["tied"] + [",".join(f"#{n}" for n in ties.get(t.number, ())) or "-" for t in front]

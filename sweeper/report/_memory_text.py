@@ -32,20 +32,29 @@ def format_memory_prediction(prediction: MemoryPrediction) -> str | None:
     return line
 
 
-def format_same_rows(max_seq_lengths: Sequence[int], longest_sample_tokens: int | None, packing: bool) -> str | None:
+def format_same_rows(
+    max_seq_lengths: Sequence[int], longest_sample_tokens: int | None, packing: bool | Sequence[bool]
+) -> str | None:
     """One line naming the ``max_seq_length`` values that train the same rows on this data: every value at or above
     its longest tokenized sample truncates nothing, and padding each micro-batch to its longest row gives the same
     steps at each (``max_seq_length 2048 and 4096 train the same rows on this data (longest 1,320 tokens)``). None
-    when fewer than two values do, the longest is unknown, or samples are packed (a packed row fills up to
-    ``max_seq_length``: each value trains other rows)."""
-    if longest_sample_tokens is None or packing:
+    when fewer than two values do, the longest is unknown, or every trial packs (a packed row fills up to
+    ``max_seq_length``: each value trains other rows).
+
+    Args:
+        packing: Whether the trials pack their rows: one bool for all, or the values the space takes (``[False,
+            True]`` when packing is searched: the line is then said of the padded trials).
+    """
+    packs = [packing] if isinstance(packing, bool) else list(packing)
+    if longest_sample_tokens is None or all(packs):
         return None
     same = sorted({n for n in max_seq_lengths if n >= longest_sample_tokens})
     if len(same) < 2:
         return None
     values = ", ".join(map(str, same[:-1])) + f" and {same[-1]}"
+    which = "the padded trials' " if any(packs) else ""
     return (
-        f"max_seq_length {values} train the same rows on this data (longest {longest_sample_tokens:,} tokens): "
+        f"{which}max_seq_length {values} train the same rows on this data (longest {longest_sample_tokens:,} tokens): "
         f"a sweep measures one and settles the others as its repeats"
     )
 
@@ -65,10 +74,13 @@ def format_file_rows(file: FileLengths) -> str | None:
 
 def format_cap(limit_gib: float, auto: bool, card_name: str | None, card_gib: float | None, device: str) -> str:
     """The cap with the device it is of: ``cap 23.15 GiB (auto) of the card's 23.65 GiB (NVIDIA GeForce RTX
-    4090)``, ``cap 1.6 GiB of this machine's 23.54 GiB``, or ``cap 22 GiB`` when the device was not read."""
+    4090)``, ``cap 1.6 GiB of this machine's 23.54 GiB``, ``cap 22 GiB of the 80.00 GiB given by --card-gib``, or
+    ``cap 22 GiB`` when the device was not read."""
     text = f"cap {limit_gib:g} GiB" + (" (auto)" if auto else "")
     if card_gib is None:
         return text
+    if card_name is not None and "--card-gib" in card_name:  # sweep estimate --card-gib: a device not read here
+        return f"{text} of the {card_gib:.2f} GiB {card_name}"
     if device == "cpu":
         return f"{text} of this machine's {card_gib:.2f} GiB"
     return f"{text} of the card's {card_gib:.2f} GiB ({card_name})"

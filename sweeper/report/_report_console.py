@@ -45,7 +45,7 @@ def report_lines(study: StudySnapshot, ref: str) -> list[str]:
     same = format_same_rows(
         [p.get("max_seq_length", c.max_seq_length) for p, c in configs],  # a repeat stores its original's config
         study.longest_sample_tokens,
-        any(c.packing for _, c in configs),
+        sorted({c.packing for _, c in configs}),
     )
     if same:
         lines.append(same)

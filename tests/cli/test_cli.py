@@ -395,3 +395,16 @@ def test_a_dataset_whose_every_reply_is_empty_is_refused(tiny_model, workdir):
     assert out.returncode == 2 and len(lines) == 1, out.stderr
     assert "dataset: every reply of its 8 rows is empty: the trials would teach the model to answer nothing" in lines[0]
     assert not (workdir / "studies").exists()
+
+
+def test_a_cpu_cap_above_the_machine_is_said_and_a_given_card_is_not_called_this_machine(tiny_model, workdir):
+    # issue 55, confusion 4: a CPU cap above the machine's memory was accepted silently (a trial past RAM is the
+    # kernel's OOM kill, not a measured oom), and `estimate --device cpu --card-gib 80` printed "this machine's".
+    path = write_space(workdir, tiny_space(tiny_model))
+    out = run_cli("estimate", str(path), "--device", "cpu", "--card-gib", "4", "--set", "memory_limit_gib=8",
+                  cwd=workdir)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "WARNING memory: the cap (8 GiB) is more than the machine's 4.00 GiB: it cannot bind" in out.stdout
+    assert "cap 8 GiB of the 4.00 GiB given by --card-gib" in out.stdout and "this machine's" not in out.stdout
+    here = run_cli("estimate", str(path), "--device", "cpu", "--set", "memory_limit_gib=60000", cwd=workdir)
+    assert "is more than this machine's" in here.stdout and "cannot bind" in here.stdout, here.stdout

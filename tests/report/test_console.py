@@ -254,6 +254,15 @@ def test_front_table_reads_each_trials_stored_config():
         frozen(2, config=TrialConfig(r=8), values=[2.0, 0.25], instability=0.0),
     ]
     assert [line.split()[-1] for line in format_front(tiny).splitlines()[2:]] == ["6.85e-05", "0"]  # not 0.000 twice
+    # issue 55, confusion 3: a front with packed trials says which rows were packed (the HTML front did, the
+    # terminal's did not); a front without any has no such column (above).
+    packed = [
+        frozen(1, config=TrialConfig(r=8, packing=True), values=[1.0, 0.5]),
+        frozen(2, config=TrialConfig(r=8), values=[2.0, 0.25]),
+    ]
+    head, _, one, two = format_front(packed).splitlines()
+    at = head.split().index("packing")
+    assert head.split()[at - 1] == "max_seq_length" and (one.split()[at], two.split()[at]) == ("yes", "no")
 
 
 def test_an_instability_below_a_thousandth_is_not_shown_as_zero():
@@ -672,3 +681,17 @@ def test_the_front_table_names_each_rows_picks_and_shows_a_pick_off_the_front():
     assert lines[2].endswith("min-memory") and lines[4].endswith("knee")
     assert lines[3].endswith("safe (off the front)")
     assert "pick" not in format_front([light, heavy]).splitlines()[0]  # no picks given: no column
+
+
+def test_the_lengths_that_train_the_same_rows_are_said_of_the_padded_trials_when_packing_is_searched():
+    # issue 55, confusion 3: with packing searched, no line said which lengths train the same rows for the padded
+    # trials (which the sweep settles as repeats); with every trial packed, none do.
+    from sweeper.report import format_same_rows
+
+    plain = format_same_rows([1024, 2048, 4096], 1320, False)
+    assert plain is not None and plain.startswith("max_seq_length 2048 and 4096 train the same rows on this data")
+    mixed = format_same_rows([1024, 2048, 4096], 1320, [False, True])
+    assert mixed is not None and mixed.startswith("the padded trials' max_seq_length 2048 and 4096 train the same")
+    assert format_same_rows([1024, 2048, 4096], 1320, [True]) is None
+    assert format_same_rows([1024, 2048, 4096], 1320, True) is None
+    assert format_same_rows([1024, 2048], 1320, False) is None  # one value at or above the longest
