@@ -51,9 +51,8 @@ def format_front(
     ]
     best = max((t.result.constant.learning_progress or 0.0 for t in front), default=0.0)
     rows += [_front_row(t, objectives, best) for t in front]
-    if any(
-        t.config and t.config.packing for t in front
-    ):  # packed rows hold max_seq_length tokens; padded ones the data's longest
+    # packed rows fill max_seq_length, padded ones the data's longest: a front holding any says which each is
+    if any(t.config and t.config.packing for t in front):
         column = ["packing"] + ["yes" if t.config and t.config.packing else "no" for t in front]
         at = rows[0].index("max_seq_length") + 1
         rows = [(*row[:at], label, *row[at:]) for row, label in zip(rows, column)]
