@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sweeper.report import LiveProgress, format_instability, format_params, margin_text, predicted_text
+from sweeper.report.text import format_duration
 from sweeper.study import Confirmation, StoredTrial
 from sweeper.sweep import CalibrationCallback, ConfirmCallback, EdgeRun
 from sweeper.trial import TrialProgress
@@ -41,6 +42,7 @@ class ConfirmConsole(ConfirmCallback):
         shown = format_params({k: trial.params.get(k) for k in self.searched if k in trial.params})
         self.live.line(
             f"confirm #{trial.number:<3} {shown}: {steps} steps (the trial ran {trial.config.max_steps}), {batch}"
+            + _eta(trial, steps, exported / own if self.as_exported else 1.0)
         )
         self.live.begin(0, trial.number, "confirm")
 
@@ -71,6 +73,18 @@ class ConfirmConsole(ConfirmCallback):
     def close(self) -> None:
         """End the live display."""
         self.live.close()
+
+
+def _eta(trial: StoredTrial, steps: int, batch_ratio: float) -> str:
+    """``; about 4 min at the trial's 1.9 s a step``: the confirmation's expected training time, the trial's own
+    seconds per constant step (``train_time_s / steps_done``, its probe included) times ``steps``, scaled by the
+    effective batch's ratio when it trains another (``--as-exported``); loading comes on top. Empty when the trial
+    has no time per step."""
+    constant = trial.result.constant
+    if not constant.train_time_s or not constant.steps_done:
+        return ""
+    per_step_s = constant.train_time_s / constant.steps_done * batch_ratio
+    return f"; about {format_duration(per_step_s * steps)} at the trial's {per_step_s:.2g} s a step, plus loading"
 
 
 def outcome_line(trial: StoredTrial, done: Confirmation) -> str:

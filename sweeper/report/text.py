@@ -11,11 +11,13 @@ from sweeper.report._console import format_params, plural
 from sweeper.report._data_text import format_counts, format_data_nan_summary
 from sweeper.report._front_text import format_front, front_axis, legacy_instability_warning
 from sweeper.report._picks_data import picks_block
+from sweeper.report._progress import format_duration
 from sweeper.report._trial_text import format_trial_line
 
 __all__ = [
     "format_counts",
     "format_data_nan_summary",
+    "format_duration",
     "format_front",
     "format_params",
     "format_trial_line",

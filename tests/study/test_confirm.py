@@ -47,6 +47,11 @@ def test_confirm_records_the_long_run_and_the_report_shows_it(confirmed_study):
     workdir, path, confirm = confirmed_study
     assert "8 steps (the trial ran 2)" in confirm.stdout and "confirmed: 8 steps complete" in confirm.stdout
     study = optuna.load_study(study_name="c", storage="sqlite:///studies/c.db")
+    # issue 55, confusion 6: its expected time, from the trial's own seconds per step (a 31-minute wait looked the
+    # same as a 1-minute one)
+    knee = next(t for t in study.trials if f"confirm #{t.number}" in confirm.stdout)
+    per_step = knee.user_attrs["train_time_s"] / knee.user_attrs["steps_done"]
+    assert "plus loading" in confirm.stdout and f"at the trial's {per_step:.2g} s a step" in confirm.stdout
     records = {k: v for k, v in study.user_attrs.items() if k.startswith("confirmation:")}
     assert len(records) == 1
     ((key, record),) = records.items()
