@@ -212,7 +212,8 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
     measured = sum(1 for t in current if not t.is_repeat)
     mine = {t.number for t in current}
     elsewhere = sum(1 for t in study.trials if t.status == TrialStatus.COMPLETE and t.number not in mine)
-    ref = name if plan.is_default_storage else f"'{redact_url(plan.storage)}'"
+    # a storage of its own names the study after a '#': a journal or server may hold several (issue 55)
+    ref = name if plan.is_default_storage else f"'{redact_url(plan.storage)}#{name}'"
     others = (
         f" ({elsewhere} complete trial{'s' if elsewhere != 1 else ''} of other settings: 'sweep report {ref}')"
         if elsewhere

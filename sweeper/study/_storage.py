@@ -303,11 +303,15 @@ def record_result(trial: optuna.Trial | Any, result: TrialResult, config: TrialC
 def _url_of(ref: str) -> tuple[str, str | None]:
     """The storage URL a command's STUDY names, and the study's name when it names one: a URL or a path as given
     (a ``.log`` path is a journal), a study name by ``studies/<name>.db`` or, without it, by the storage its folder's
-    ``study.json`` names (a server, a journal, another file).
+    ``study.json`` names (a server, a journal, another file). A URL or path may name one study of several in its
+    storage after a ``#``: ``journal:///shared/night.log#night-2`` (a URL's own ``#`` is written ``%23``).
 
     Raises:
         StudyError: A path that is not a file, or a name with neither a database nor a folder that says where it is.
     """
+    base, hash_sign, named = ref.rpartition("#")
+    if hash_sign and named and ("://" in base or base.endswith((".log", ".db")) or "/" in base):
+        return _url_of(base)[0], named
     if "://" in ref:
         return ref, None
     if ref.endswith(".log"):  # a journal file, as optuna-dashboard takes it
@@ -334,7 +338,8 @@ def _url_of(ref: str) -> tuple[str, str | None]:
 
 def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
     """The study a command names (:func:`_url_of`): a study name (``studies/<name>.db``, or the storage its folder
-    names), a ``.db`` or journal ``.log`` path, or a storage URL; a path or URL must hold exactly one study.
+    names), a ``.db`` or journal ``.log`` path, or a storage URL; a path or URL must hold exactly one study or name
+    one after a ``#`` (``journal:///night.log#night-2``).
 
     Returns:
         ``(study, storage_url)``.
@@ -369,8 +374,8 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
         if len(names) != 1:
             raise StudyError(
                 f"{redact_url(url)}: STUDY: holds {len(names)} studies ({', '.join(names) or 'none'}); "
-                "give one by name (e.g. 'sweep report NAME') in the folder its sweep ran in: its "
-                f"studies/NAME/{OWNER_FILE} says where the study is"
+                f"give one after a '#' ('sweep report {redact_url(url)}#{names[0] if names else 'NAME'}'), or by name "
+                f"alone in the folder its sweep ran in (its studies/NAME/{OWNER_FILE} says where the study is)"
             )
         name = names[0]
     elif name not in names:

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -559,8 +560,24 @@ def test_a_study_named_by_name_is_read_from_the_storage_its_folder_names(tiny_mo
     open_study(space, "sqlite:///other.db", "dup3")
     study, url = load_existing_study("dup2")
     assert (study.study_name, url) == ("dup2", "sqlite:///other.db")
-    with pytest.raises(StudyError, match="holds 2 studies .*give one by name .*studies/NAME/study.json says"):
+    with pytest.raises(StudyError, match="holds 2 studies .*give one after a '#' .*studies/NAME/study.json says"):
         load_existing_study("sqlite:///other.db")
+    # issue 55, confusion 2: from any folder (another machine's, in a cluster), a URL or path names one study of its
+    # storage after a '#', as the sweep's closing hints now write it
+    shutil.rmtree(workdir / "studies")
+    assert load_existing_study("sqlite:///other.db#dup3")[0].study_name == "dup3"
+    named = load_existing_study("other.db#dup2")
+    assert (named[0].study_name, named[1]) == ("dup2", "sqlite:///other.db")
+    open_study(space, "journal:///two.log", "j1")
+    open_study(space, "journal:///two.log", "j2")
+    with pytest.raises(
+        StudyError, match=r"holds 2 studies \(j1, j2\); give one after a '#' \('sweep report journal:///two.log#j1'\)"
+    ):
+        load_existing_study("journal:///two.log")
+    assert load_existing_study("journal:///two.log#j2")[0].study_name == "j2"
+    assert load_existing_study("two.log#j1")[0].study_name == "j1"
+    with pytest.raises(StudyError, match="no study 'j3' in it"):
+        load_existing_study("journal:///two.log#j3")
     with pytest.raises(StudyError, match="nothing: STUDY: no study file studies/nothing.db"):
         load_existing_study("nothing")
 
