@@ -32,7 +32,7 @@ def sweep_header(plan: SweepPlan) -> list[str]:
     """The first lines of ``sweep run``: the study, its storage (password redacted), the trial target and the
     searched keys; with several workers or ``--devices``, where the trials run."""
     lines = [
-        f"sweep: study '{plan.name}' in {redact_url(plan.storage)}, {plan.n_trials} trials, "
+        f"sweep: study '{plan.name}' in {redact_url(plan.storage)}, {plural(plan.n_trials, 'trial')}, "
         f"searching {', '.join(plan.space.search)}"
     ]
     on_devices = any(d is not None for d in plan.devices)  # --devices was given
@@ -219,7 +219,8 @@ def sweep_summary(plan: SweepPlan, *, elapsed_s: float, out_of_time: bool) -> li
         if elsewhere
         else ""
     )
-    lines.append(f"Pareto front (peak memory vs {front_axis(study)}), {len(front)} of {measured} trials{others}:")
+    of_trials = plural(measured, "trial")
+    lines.append(f"Pareto front (peak memory vs {front_axis(study)}), {len(front)} of {of_trials}{others}:")
     chosen, pick_block = picks_block(study, ref) if front else ({}, [])
     lines.append(
         format_front(front, study.objectives, chosen)
@@ -266,15 +267,17 @@ def _stopped_early_line(plan: SweepPlan, study: StudySnapshot, out_of_time: bool
     finished = study.finished
     if finished < plan.n_trials and not out_of_time:
         return (
-            f"stopped at {finished} of {plan.n_trials} trials: the sampler proposed only configurations already "
-            f"measured {plan.max_consecutive_repeats} times in a row; widen the search to measure more"
+            f"stopped at {finished} of {plural(plan.n_trials, 'trial')}: the sampler proposed only configurations "
+            f"already measured {plan.max_consecutive_repeats} times in a row; widen the search to measure more"
         )
     if finished < plan.n_trials and plan.timeout_s is not None:
         walls = sorted(w for t in study.measured if (w := t.result.provenance.wall_time_s) is not None)
         median = f"; a trial took a median {walls[len(walls) // 2]:.0f} s here" if walls else ""
+        # the limit the user set: --timeout overrides the space's study.timeout
+        which = "study.timeout" if plan.timeout_s == plan.space.study.timeout_s else "--timeout"
         return (
-            f"stopped at {finished} of {plan.n_trials} trials: the study's timeout ({_duration(plan.timeout_s)}) "
-            f"passed{median}; run the same command to go on (the trials so far are kept), or raise study.timeout"
+            f"stopped at {finished} of {plural(plan.n_trials, 'trial')}: the {which} ({_duration(plan.timeout_s)}) "
+            f"passed{median}; run the same command to go on (the trials so far are kept), or raise {which}"
         )
     return None
 

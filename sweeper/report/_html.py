@@ -15,7 +15,7 @@ from typing import Any
 from sweeper.notation import format_instability, format_rate_range, headroom_text
 from sweeper.report import _data as data
 from sweeper.report._analysis_records import MemoryPrediction
-from sweeper.report._console import margin_text
+from sweeper.report._console import margin_text, plural
 from sweeper.report._figures import curves_figure, fit_map_figure, front_figure, importance_figure
 from sweeper.report._importance import IMPORTANCE_RESAMPLES, MIN_IMPORTANCE_TRIALS
 from sweeper.report._records import FrontRow, Report
@@ -197,7 +197,7 @@ def _front_section(study: StudySnapshot, summary: Report) -> str:
         for t, ties in zip(picked, study.ties_on_stability(picked, shown))
     ]
     front_rows = _front_rows(summary, keys, off_front)
-    return f"""<h2 id="front">Pareto front ({len(summary.front)} of {len(summary.trials)} trials)</h2>
+    return f"""<h2 id="front">Pareto front ({len(summary.front)} of {plural(len(summary.trials), "trial")})</h2>
 <div class="wide">{_table(front_rows)}</div>
 <p>Columns: {html.escape(", ".join(f"{SHORT_NAMES[k]} = {k}" for k in keys if SHORT_NAMES.get(k, k) != k))}.{
         html.escape(_sources(summary))

@@ -182,7 +182,8 @@ def _check_value(spec: KeySpec, value: Any) -> Any:
 def _suggest(key: str, valid: list[str]) -> str:
     if key in _ALIASES and (key != "lora_alpha" or "lora_alpha_ratio" in valid):
         return _ALIASES[key]
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    # two letters swapped ("lgo") is the likeliest typo: difflib ranks "low" above "log" there
+    close = [v for v in valid if sorted(v) == sorted(key)] or difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     if close:
         return f"did you mean '{close[0]}'?"
     return "valid keys are " + ", ".join(valid)

@@ -65,9 +65,10 @@ def dashboard_storage(url: str) -> str:
     return journal_file(url) or url
 
 
-def check_journal(url: str, path: str) -> None:
+def check_journal(url: str, path: str, key: str = "study.storage") -> None:
     """Refuse a file that is not an Optuna journal before anything reads or writes it: an SQLite database, a text
-    file, a file of another program. An empty file is a new journal.
+    file, a file of another program. An empty file is a new journal. ``key`` names where the URL was given: the
+    space's ``study.storage`` (``sweep run``) or a reading command's ``STUDY``.
 
     Raises:
         StudyError: One line naming the URL and what the file's first line is not.
@@ -76,7 +77,7 @@ def check_journal(url: str, path: str) -> None:
         with open(path, "rb") as f:
             first = f.readline(1 << 20)
     except OSError as exc:
-        raise StudyError(f"{url}: study.storage: cannot read {path} ({exc.strerror})") from None
+        raise StudyError(f"{url}: {key}: cannot read {path} ({exc.strerror})") from None
     if not first:
         return
     try:
@@ -86,7 +87,7 @@ def check_journal(url: str, path: str) -> None:
     if not (isinstance(entry, dict) and "op_code" in entry and "worker_id" in entry):
         what = "an SQLite database" if first.startswith(b"SQLite format 3") else "not a journal entry"
         raise StudyError(
-            f"{url}: study.storage: {path} is not an Optuna journal (its first line is {what}); give the journal a "
+            f"{url}: {key}: {path} is not an Optuna journal (its first line is {what}); give the journal a "
             "sweep wrote, or a new path (journal:///PATH.log creates it)"
         )
 

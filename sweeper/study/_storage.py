@@ -354,7 +354,7 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
     if journal is not None and not Path(journal).is_file():
         raise StudyError(f"{url}: STUDY: no such journal file; give the journal:///PATH.log that 'sweep run' wrote")
     if journal is not None:
-        check_journal(url, journal)
+        check_journal(url, journal, "STUDY")
     try:  # read what is there: create no file, table or folder
         storage: optuna.storages.BaseStorage
         if journal is not None:

@@ -374,8 +374,9 @@ def test_a_sweep_stopped_by_its_timeout_says_so_and_how_to_go_on(tiny_model, wor
     out = run_cli("run", str(path), "--timeout", "1s", cwd=workdir)
     assert out.returncode == 0, out.stderr
     [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("stopped at ")]
-    assert line.startswith("stopped at 1 of 3 trials: the study's timeout (1 s) passed; a trial took a median"), line
-    assert line.endswith("run the same command to go on (the trials so far are kept), or raise study.timeout"), line
+    # the limit named is the one the user set: --timeout here, study.timeout from the space file (issue 55)
+    assert line.startswith("stopped at 1 of 3 trials: the --timeout (1 s) passed; a trial took a median"), line
+    assert line.endswith("run the same command to go on (the trials so far are kept), or raise --timeout"), line
 
 
 def test_a_dataset_whose_every_reply_is_empty_is_refused(tiny_model, workdir):

@@ -124,6 +124,11 @@ BAD = [
     ("search:\n  weight_decay: {low: 0.0, high: 0.1, log: true}\n", ["search.weight_decay", "low > 0"]),
     ("search:\n  learning_rate: {high: 1e-3}\n", ["search.learning_rate", "both low and high"]),
     ("search:\n  learning_rate: {low: 1e-5, hihg: 1e-3}\n", ["search.learning_rate.hihg", "did you mean 'high'"]),
+    # two letters swapped: 'log', not difflib's closer-ranked 'low' (issue 55)
+    (
+        "search:\n  learning_rate: {low: 1e-5, high: 1e-3, lgo: true}\n",
+        ["search.learning_rate.lgo", "did you mean 'log'"],
+    ),
     ("search:\n  r: {low: 4, high: 64, step: 2.5}\n", ["search.r.step", "integer step"]),
     ("search:\n  memory_limit_gib: [8, 16]\n", ["search.memory_limit_gib", "cannot be searched", "training"]),
     ("training:\n  r: [8, 16]\n", ["training.r", "move 'r' to the search section"]),

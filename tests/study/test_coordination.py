@@ -558,8 +558,12 @@ def test_a_file_that_is_not_a_journal_is_refused_and_left_as_it_was(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "mine.log"
     path.write_bytes(content)
-    for opening in (lambda: _open(f"journal:///{path}"), lambda: load_existing_study(str(path))):
-        with pytest.raises(StudyError, match=f"is not an Optuna journal \\(its first line is {said}\\)"):
+    # the space's key for a sweep, the command's argument for a reading command (issue 55)
+    for opening, key in (
+        (lambda: _open(f"journal:///{path}"), "study.storage"),
+        (lambda: load_existing_study(str(path)), "STUDY"),
+    ):
+        with pytest.raises(StudyError, match=f": {key}: .* is not an Optuna journal \\(its first line is {said}\\)"):
             opening()
     assert path.read_bytes() == content
 

@@ -138,7 +138,7 @@ def test_a_new_setup_is_kept_apart_in_report_and_export(tiny_model, workdir, mon
         idle = run_cli("run", str(path), "--n-trials", "2", *argv, cwd=workdir)
         assert idle.returncode == 0 and "nothing to run" in idle.stdout, idle.stderr
         assert f"these settings were not applied: {unapplied}" in idle.stdout, idle.stdout
-        assert "Pareto front (peak memory vs stability margin), 1 of 1 trials (1 complete trial of other" in idle.stdout
+        assert "Pareto front (peak memory vs stability margin), 1 of 1 trial (1 complete trial of other" in idle.stdout
         assert "no complete trial" not in idle.stdout and "nothing to export" not in idle.stdout
         study = optuna.load_study(study_name="t", storage="sqlite:///studies/t.db")
         assert study.user_attrs[CURRENT_SETUP_ATTR] == 1 and len(study.user_attrs[SETUPS_ATTR]) == 2
