@@ -5,8 +5,10 @@ hub datasets (through ``datasets``, offline when the hub is unreachable), shuffl
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
+import os
 import random
 import re
 from pathlib import Path
@@ -98,6 +100,32 @@ def _offline(on: bool):
         datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
 
 
+def _not_a_file(path: Path) -> str | None:
+    """What ``path`` is when it exists but is no regular file (a FIFO, a device such as ``/dev/null``, a socket, a
+    symbolic link that loops or points nowhere), or None when nothing is there."""
+    import stat
+
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISLNK(mode):
+        try:
+            path.resolve(strict=True)
+        except RuntimeError:  # Python 3.11's "Symlink loop"
+            return "a symbolic link that loops"
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return "a symbolic link that loops"
+            return f"a symbolic link to {os.readlink(path)}, which does not exist"
+        mode = path.stat().st_mode
+    for test, what in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            return what
+    return None
+
+
 def _load_rows(spec: DatasetSpec) -> Any:
     """The rows of a local file or hub dataset, through ``datasets``."""
     import datasets
@@ -112,6 +140,12 @@ def _load_rows(spec: DatasetSpec) -> Any:
             raise DataError(f"{spec.path}: dataset.path: is a directory; give a .jsonl, .json, .csv or .parquet file")
         if not path.is_file():
             where = "" if path.is_absolute() else f" (relative to the working directory {Path.cwd()})"
+            what = _not_a_file(path)
+            if what:  # it exists (or loops): saying "no such file" sent users looking for a file that is there
+                raise DataError(
+                    f"{spec.path}: dataset.path: {what}, not a regular file; give a .jsonl, .json, .csv or .parquet "
+                    "file (a copy of a pipe's output, or the file a link points to)"
+                )
             raise DataError(
                 f"{spec.path}: dataset.path: no such file{where}; give an existing .jsonl, .json, .csv "
                 "or .parquet file, a hub id, or builtin:pydoc-topics"

@@ -624,3 +624,27 @@ def test_the_worst_step_of_the_whole_file_at_each_length_batch_and_collation():
     assert file.worst_step(500, 2, packing=True) == [[2], [5, 9, 1]]
     with pytest.raises(ValueError):
         file.worst_step(0, 1, packing=False)
+
+
+def test_a_data_path_that_is_there_but_no_regular_file_says_what_it_is(tmp_path):
+    # issue 55: a FIFO, /dev/null or a symbolic link loop as the data file was "no such file"
+    import os
+    import re
+    from pathlib import Path
+
+    from sweeper.data import load_samples
+    from sweeper.errors import DataError
+    from sweeper.space import DatasetSpec
+
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    (tmp_path / "loop.jsonl").symlink_to(tmp_path / "loop.jsonl")
+    (tmp_path / "gone.jsonl").symlink_to(tmp_path / "missing.jsonl")
+    for path, what in [
+        (tmp_path / "pipe.jsonl", "a named pipe (FIFO), not a regular file"),
+        (Path("/dev/null"), "a character device, not a regular file"),
+        (tmp_path / "loop.jsonl", "a symbolic link that loops, not a regular file"),
+        (tmp_path / "gone.jsonl", f"a symbolic link to {tmp_path / 'missing.jsonl'}, which does not exist"),
+        (tmp_path / "absent.jsonl", "no such file"),
+    ]:
+        with pytest.raises(DataError, match=re.escape(f"{path}: dataset.path: {what}")):
+            load_samples(DatasetSpec(path=str(path)))
