@@ -379,7 +379,13 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
             )
         name = names[0]
     elif name not in names:
-        raise StudyError(f"{redact_url(url)}: STUDY: no study '{name}' in it (it holds {', '.join(names) or 'none'})")
+        # a database file renamed or copied under another name still holds the study of its first name: its path
+        # reads that one (issue 55)
+        path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else journal
+        by_path = f"; its path reads the one it holds: 'sweep report {path}'" if path and len(names) == 1 else ""
+        raise StudyError(
+            f"{redact_url(url)}: STUDY: no study '{name}' in it (it holds {', '.join(names) or 'none'}){by_path}"
+        )
     study = optuna.load_study(study_name=name, storage=storage)
     if not is_sweeper_study(study):
         raise StudyError(

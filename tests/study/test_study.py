@@ -578,6 +578,18 @@ def test_a_study_named_by_name_is_read_from_the_storage_its_folder_names(tiny_mo
     assert load_existing_study("two.log#j1")[0].study_name == "j1"
     with pytest.raises(StudyError, match="no study 'j3' in it"):
         load_existing_study("journal:///two.log#j3")
+    # a database renamed after its study: its name finds no such study in it, and the line gives its path
+    (workdir / "studies").mkdir(exist_ok=True)
+    shutil.copyfile(workdir / "other.db", workdir / "one.db")
+    optuna.delete_study(study_name="dup3", storage="sqlite:///one.db")
+    shutil.move(workdir / "one.db", workdir / "studies" / "renamed.db")
+    with pytest.raises(
+        StudyError,
+        match=r"no study 'renamed' in it \(it holds dup2\); its path reads the one it holds: "
+        r"'sweep report studies/renamed.db'",
+    ):
+        load_existing_study("renamed")
+    assert load_existing_study("studies/renamed.db")[0].study_name == "dup2"
     with pytest.raises(StudyError, match="nothing: STUDY: no study file studies/nothing.db"):
         load_existing_study("nothing")
 
