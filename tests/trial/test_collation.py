@@ -173,3 +173,32 @@ def test_an_oom_at_the_worst_case_step_is_the_configurations_named_as_such(tiny_
     assert "at the worst-case step, after step 1" in result.reason and "4 x 16384 tokens" in result.reason
     assert "the data's 4 longest rows" in result.reason
     assert result.constant.steps_done == 1 and "worst_case" in result.memory.phase_peak_memory_gib
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_the_packing_check_passes_block_diagonal_attention_and_fails_attention_across_samples(
+    tiny_model, attn_implementation
+):
+    # issue 55: a trial checks once that its packed rows train each sample as it would alone (a packed sample's
+    # logits against the same sample's alone), and fails with a named reason where the attention crossed samples.
+    from transformers import AutoModelForCausalLM
+
+    from sweeper.trial._child.checks import PackingCheckError, check_block_diagonal
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=attn_implementation)
+    model.train()
+    packed = pack_rows([_row(i, 20 + i) for i in range(4)], 64)
+    collate = make_collator(0, packing=True)
+    for dtype, within in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        model.to(dtype)
+        assert check_block_diagonal(model, packed, collate) < within
+        assert model.training  # its mode restored
+
+    def across(rows):  # the positions run on through the row: nothing tells the attention where a sample starts
+        batch = collate(rows)
+        batch.pop("position_ids")
+        return batch
+
+    with pytest.raises(PackingCheckError, match=rf"by 0\.\d+ of their scale .*the attention \({attn_implementation}\)"):
+        check_block_diagonal(model, packed, across)
+    assert check_block_diagonal(model, pack_rows([_row(0, 20)], 64), collate) is None  # one sample a row: no check

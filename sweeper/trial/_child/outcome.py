@@ -9,7 +9,8 @@ The ladder, first match wins:
 - :class:`~sweeper.trial._child.record.NonFiniteError`: ``nan`` at the step being run, in its phase, the diagnosis's
   reason appended when it ran;
 - :class:`~sweeper.trial._child.record.DivergedError`: ``diverged`` at the divergence's step;
-- :class:`~sweeper.trial._child.checks.QuantizationCheckError`: ``error`` while loading (step 0);
+- :class:`~sweeper.trial._child.checks.SetupCheckError` (quantization, LoRA targets, packing): ``error`` while
+  loading (step 0);
 - anything else: ``oom`` when it is an allocation failure (:func:`~sweeper.trial._child.memory.oom_cause_chain`:
   under the CPU cap also oneDNN's "could not create a primitive", named in the reason; or, while loading, when
   transformers' load report mentioned one), naming the step's shape after loading; else
@@ -21,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sweeper.space import TrialConfig
-from sweeper.trial._child.checks import QuantizationCheckError
+from sweeper.trial._child.checks import PackingCheckError, SetupCheckError
 from sweeper.trial._child.diagnosis import NanCause
 from sweeper.trial._child.memory import ONEDNN_UNDER_CAP, CapExceeded, is_oom, oom_cause_chain
 from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord
@@ -135,7 +136,10 @@ def outcome_of(
         return _nan(exc, record)
     if isinstance(exc, DivergedError):
         return Outcome(status=TrialStatus.DIVERGED, reason=exc.divergence.reason, fail_step=exc.divergence.step)
-    if isinstance(exc, QuantizationCheckError):
-        what = "LoRA target check" if "target_modules" in str(exc) else "4-bit quantization check"
+    if isinstance(exc, SetupCheckError):
+        if isinstance(exc, PackingCheckError):
+            what = "packing check"
+        else:
+            what = "LoRA target check" if "target_modules" in str(exc) else "4-bit quantization check"
         return Outcome(status=TrialStatus.ERROR, reason=f"{what} failed: {exc}", fail_phase="load", fail_step=0)
     return _unexpected(exc, record, config, load_oom, cpu_capped)

@@ -21,7 +21,7 @@ import torch
 
 from sweeper.space import TrialConfig
 from sweeper.stability import PROBE_ROWS, line_search_points, probe_interval_steps
-from sweeper.trial._child.checks import check_lora_targets, check_quantization
+from sweeper.trial._child.checks import check_block_diagonal, check_lora_targets, check_quantization
 from sweeper.trial._child.collate import make_collator, model_inputs, pack_rows, worst_case_rows
 from sweeper.trial._child.context import TrialContext
 from sweeper.trial._child.diagnosis import NanDiagnosis, diagnose_nan
@@ -185,7 +185,7 @@ def setup(trial: TrialContext) -> Run:
     ``device``, ``model_reused``, ``quantized_linear_count``, ``load_time_s`` and ``load_peak_memory_gib``.
 
     Raises:
-        QuantizationCheckError: The model is not quantized or adapted as asked.
+        SetupCheckError: The model is not quantized or adapted as asked, or packed samples see each other.
         Exception: What loading raises (an out-of-memory error under the cap among them).
     """
     from sweeper.data import load_samples, load_tokenizer, tokenize_samples
@@ -219,6 +219,7 @@ def setup(trial: TrialContext) -> Run:
     probe = _probe(rows, collate, config, trial.measures.probe)
     if config.packing:
         rows = pack_rows(rows, config.max_seq_length)
+        check_block_diagonal(model, rows, collate)  # the packed samples kept apart, or the trial fails (issue 55)
     if rows and trial.measures.worst_case:
         record.worst_case_batch = collate(_worst_case_rows(trial, rows, tokenizer))
     if probe is not None and trial.measures.line_search:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from sweeper.space import TrialConfig
 from sweeper.stability import compute_instability, critical_rate_of, learning_progress, projected_fail_step
-from sweeper.trial._child.checks import QuantizationCheckError
+from sweeper.trial._child.checks import SetupCheckError
 from sweeper.trial._child.context import TrialContext
 from sweeper.trial._child.load import LOAD_REPORT, versions
 from sweeper.trial._child.measurements import Measurements, copy_onto
@@ -286,7 +286,7 @@ def run(
     try:
         _train(trial)
         outcome = outcome_of(None, record, config)
-    except (NonFiniteError, DivergedError, QuantizationCheckError) as exc:
+    except (NonFiniteError, DivergedError, SetupCheckError) as exc:
         outcome = outcome_of(exc, record, config)
     except BaseException as exc:
         reserve = None  # after an OOM, room to build and write the result under the cap
