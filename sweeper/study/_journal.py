@@ -10,8 +10,9 @@ older than the grace period is stale. The beats are each machine's own clock (UT
 to well within the grace period (4 intervals, 2 minutes by default), as NTP keeps them.
 
 Optuna's journal lock (a symbolic link beside the file, ``<file>.lock``) survives a hard kill of the process holding
-it; Optuna then forces it free after :data:`JOURNAL_LOCK_GRACE_S` seconds without change (optuna#5921: without a
-grace period a resumed sweep waited forever).
+it; it is forced free after :data:`JOURNAL_LOCK_GRACE_S` seconds without change (optuna#5921: without a grace period
+a resumed sweep waited forever), by exactly one of the sweeps waiting on it (:class:`_StaleSafeSymlinkLock`; Optuna's
+own lets each of them break it, the later ones breaking the lock the first had taken).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,12 +125,79 @@ def _drop_torn_tail(path: str) -> int:
         return size - keep
 
 
+class _StaleSafeSymlinkLock(JournalFileSymlinkLock):
+    """Optuna's symbolic-link journal lock, whose forced release of a stale lock breaks only the lock it judged stale.
+
+    Optuna's ``JournalFileSymlinkLock.acquire`` frees a lock unchanged for its grace period by renaming away
+    whatever lock is there: when several sweeps wait on the lock of a killed writer, all judge it stale at once, the
+    first breaks it and takes the lock, and the next break that new lock, so that two or three sweeps write at once
+    (``tests/study/test_coordination.py``: 6 of 6 rounds of three waiters with Optuna 5.1's lock; CI of stop 61, "did
+    not possess lock"). Here a lock is known by its link's inode and mtime (``lstat``) with the mtime of what it
+    points to, the grace period runs while all three stay the same, and a breaker that renamed away a lock other
+    than the one it judged (another waiter's, taken since) links it back before anything else can take the path.
+    A wait interrupted (Ctrl-C) leaves the other sweep's lock alone (Optuna's releases it).
+    """
+
+    def acquire(self) -> bool:
+        """Take the lock, waiting while another sweep holds it, and breaking it after :data:`JOURNAL_LOCK_GRACE_S`
+        without change (its holder was killed mid-write).
+
+        Returns:
+            True (the lock is held).
+        """
+        sleep_s, seen, since = 0.001, None, time.monotonic()
+        while True:
+            try:
+                os.symlink(self._lock_target_file, self._lock_file)
+                return True
+            except FileExistsError:
+                pass
+            try:
+                link = os.lstat(self._lock_file)
+                now_seen = (link.st_ino, link.st_mtime_ns, os.stat(self._lock_file).st_mtime_ns)
+            except OSError:
+                continue  # released meanwhile: take it
+            if now_seen != seen:
+                seen, since = now_seen, time.monotonic()
+            elif self.grace_period is not None and time.monotonic() - since > self.grace_period:
+                self._break(now_seen[:2])
+                seen, sleep_s = None, 0.001
+                continue
+            time.sleep(sleep_s)
+            sleep_s = min(2 * sleep_s, 1.0)
+
+    def _break(self, stale: tuple[int, int]) -> None:
+        """Remove the lock judged stale (``(inode, mtime_ns)`` of its link: a rename keeps both, and a new link of a
+        reused inode has its own mtime), and only it."""
+        aside = f"{self._lock_file}.{uuid.uuid4().hex}.broken"
+        try:
+            os.rename(self._lock_file, aside)
+        except OSError:
+            return  # another waiter broke it first
+        link = os.lstat(aside)
+        if (link.st_ino, link.st_mtime_ns) != stale:
+            # another waiter broke the stale lock and took the lock since: give it back, unless the path was taken
+            # in the microseconds between (then that sweep and the holder both write; said, as it is not undone)
+            try:
+                os.link(aside, self._lock_file, follow_symlinks=False)
+            except OSError:
+                optuna.logging.get_logger("sweeper.journal").warning(
+                    f"{self._lock_file}: a journal lock was taken while another sweep's was being given back"
+                )
+        else:
+            optuna.logging.get_logger("sweeper.journal").warning(
+                f"{self._lock_file}: broke a journal lock unchanged for {self.grace_period} s (a sweep killed while "
+                "it wrote)"
+            )
+        os.unlink(aside)
+
+
 class _JournalFile(JournalFileBackend):
     """Optuna's ``JournalFileBackend`` whose appends first cut a torn last line (:func:`_drop_torn_tail`, said as a
     warning) and whose failed writes (a full disk) are Optuna's ``StorageInternalError``, as a database's are."""
 
     def __init__(self, path: str) -> None:
-        self.file_lock = JournalFileSymlinkLock(path, grace_period=JOURNAL_LOCK_GRACE_S)
+        self.file_lock = _StaleSafeSymlinkLock(path, grace_period=JOURNAL_LOCK_GRACE_S)
         super().__init__(path, lock_obj=self.file_lock)
         self.path = path
 
@@ -156,10 +226,10 @@ class _JournalFile(JournalFileBackend):
             try:
                 self.file_lock.release()
             except RuntimeError:
-                # Another sweep broke this lock as stale while it was held: two sweeps waiting on the lock a killed
-                # writer left both break it after optuna's grace period, and the second breaks the first's new lock
-                # (a CI run of test_cluster: "did not possess lock", and that sweep exited 1). The write above is
-                # complete; the lock is the other sweep's now, and it releases it.
+                # Another sweep broke this lock as stale while it was held: a sweep frozen (SIGSTOP, a swapped-out
+                # machine) longer than the grace period inside its write. (Several sweeps breaking the lock a killed
+                # writer left no longer do it: _StaleSafeSymlinkLock.) The write above is complete; the lock is
+                # the other sweep's now, and it releases it.
                 optuna.logging.get_logger("sweeper.journal").warning(
                     f"{self.path}: another sweep broke this sweep's journal lock as stale while it wrote; the write "
                     "is complete"

@@ -597,3 +597,44 @@ def test_a_full_disk_under_a_journal_is_the_storage_failing(tmp_path, monkeypatc
     assert isinstance(failed.value.__cause__, OSError) and isinstance(storage_of(study)._backend, _JournalFile)
     line = _storage_failure(failed.value)
     assert line is not None and "No space left on device" in line and "run the same command to resume" in line
+
+
+_LOCK_HOLDER = """
+import os, sys, time, warnings
+warnings.simplefilter("ignore")  # optuna: a grace period under 3 s "might be too small"
+from sweeper.study._journal import _StaleSafeSymlinkLock
+path, start_at = sys.argv[1], float(sys.argv[2])
+lock = _StaleSafeSymlinkLock(path, grace_period=1)
+while time.time() < start_at:
+    time.sleep(0.001)
+lock.acquire()
+with open(path + ".events", "a") as f:
+    f.write(f"start {os.getpid()}\\n")
+time.sleep(0.2)
+with open(path + ".events", "a") as f:
+    f.write(f"end {os.getpid()}\\n")
+lock.release()  # raises when another waiter broke this lock while it was held
+"""
+
+
+@pytest.mark.slow
+def test_sweeps_waiting_on_a_killed_writers_journal_lock_break_it_once_and_hold_the_lock_one_at_a_time(tmp_path):
+    # Optuna 5.1's symlink lock lets every waiter that judged the lock stale break it, the later ones breaking the
+    # lock the first had just taken: with three waiters, two or three held it at once in 6 of 6 rounds (a CI run of
+    # test_cluster: "did not possess lock"). Each round plants a killed writer's lock and starts three holders at once.
+    import sys
+
+    for round_ in range(2):
+        path = tmp_path / f"r{round_}.log"
+        path.write_bytes(b"")
+        os.symlink(path, f"{path}.lock")  # what a sweep killed while it wrote leaves
+        start_at = time.time() + 1.0
+        holders = [
+            subprocess.Popen([sys.executable, "-c", _LOCK_HOLDER, str(path), str(start_at)], stderr=subprocess.PIPE)
+            for _ in range(3)
+        ]
+        assert [h.wait(timeout=60) for h in holders] == [0, 0, 0], [h.stderr.read() for h in holders if h.stderr]
+        events = Path(f"{path}.events").read_text().split()
+        pairs = list(zip(events[0::4], events[1::4], events[2::4], events[3::4]))
+        assert len(events) == 12 and all(a == "start" and c == "end" and b == d for a, b, c, d in pairs), events
+        assert not os.path.lexists(f"{path}.lock") and not list(tmp_path.glob("*.broken"))

@@ -19,7 +19,9 @@ def test_the_installed_optuna_still_has_what_sweeper_relies_on(name, tmp_path):
     head, _, attr = path.rpartition(".")
     if head:
         owner = getattr(owner, head)
-    if attr in ("_storage", "_study_id", "_trial_id"):  # instance attributes: look at real objects
+    if attr in ("_lock_file", "_lock_target_file"):  # set by the lock's constructor
+        assert hasattr(owner(str(tmp_path / "j.log")), attr), f"{name}: gone from optuna {optuna.__version__}"
+    elif attr in ("_storage", "_study_id", "_trial_id"):  # instance attributes: look at real objects
         study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db")
         trial = study.ask()
         study.tell(trial, 1.0)
@@ -74,3 +76,16 @@ def test_no_other_module_uses_optuna_private_names():
     # the check sees what it looks for: the one module allowed to has such uses
     assert uses.pop(ROOT / "sweeper" / "study" / "_optuna_private.py")
     assert [use for found in uses.values() for use in found] == []
+
+
+def test_the_journal_backend_writes_the_lines_optunas_own_backend_writes(tmp_path):
+    # study/_journal.py re-implements JournalFileBackend.append_logs (to cut a torn last line first): an Optuna
+    # change of the journal's line format must fail here, not in a cluster's journal (issue 56)
+    from optuna.storages.journal import JournalFileBackend
+
+    from sweeper.study._journal import _JournalFile
+
+    logs = [{"op_code": 0, "worker_id": "w-1", "study_name": "s", "directions": [1]}, {"op_code": 4, "x": [1.5, None]}]
+    JournalFileBackend(str(tmp_path / "optuna.log")).append_logs(logs)
+    _JournalFile(str(tmp_path / "ours.log")).append_logs(logs)
+    assert (tmp_path / "ours.log").read_bytes() == (tmp_path / "optuna.log").read_bytes()
