@@ -87,33 +87,6 @@ def test_fewer_packed_rows_than_the_batch_is_refused_before_anything_runs(tiny_m
     assert ok.returncode == 0, ok.stderr  # at 16 tokens each sample is a row: 6 rows hold a batch of 4
 
 
-@pytest.mark.slow
-def test_the_worst_step_is_the_whole_files_when_max_samples_samples_fewer_rows(tiny_model, workdir):
-    # issue 55, break 1: the worst step was judged on the max_samples subset (the longest of 16 sampled rows, 609
-    # tokens) while the exports train the whole file (its longest 1,320): the exported run peaked about half above
-    # the trial. Now the trial runs the file's longest rows as its worst-case step, and says so.
-    from sweeper.data import load_samples
-    from sweeper.space import DatasetSpec
-    from sweeper.testing import write_jsonl
-
-    rows = [{"text": f"sample {i}: a few words of text to train on"} for i in range(12)]
-    rows.append({"text": "a long row " + "with many more words " * 30})  # row 12: over 64 tokens
-    write_jsonl(workdir / "data.jsonl", rows)
-    sampled = load_samples(DatasetSpec(path=str(workdir / "data.jsonl"), max_samples=4, seed=0))
-    assert 12 not in {s.index for s in sampled}  # the long row is not among the trial's samples
-    space = tiny_space(tiny_model)
-    space["dataset"] = {"path": "data.jsonl", "max_samples": 4, "seed": 0}
-    out = run_cli(
-        "trial", str(write_space(workdir, space)), "--json", "--set", "max_seq_length=64",
-        "--set", "per_device_train_batch_size=2", "--set", "max_steps=1", cwd=workdir,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
-    assert result["worst_case_shape"] == [2, 64], result["worst_case_shape"]  # the long row, cut to 64
-    assert "the worst step is the whole file's, which the exports train: its longest sample" in out.stderr
-    assert "the trials' 4 sampled rows' (dataset.max_samples) longest" in out.stderr
-
-
 def test_bad_flags_are_reported_with_the_file_problems(tiny_model, workdir):
     space = tiny_space(tiny_model)
     space["training"]["max_stepz"] = 3
@@ -161,12 +134,25 @@ def test_bad_storage_is_one_line_without_password(tiny_model, workdir, url, need
 
 @pytest.mark.slow
 def test_trial_json_with_set(tiny_model, workdir):
-    path = write_space(workdir, tiny_space(tiny_model, search={"r": [4, 8], "bnb_4bit_quant_type": ["nf4", "fp4"]}))
+    from sweeper.data import load_samples
+    from sweeper.space import DatasetSpec
+    from sweeper.testing import write_jsonl
+
+    # issue 55, break 1: the worst step was judged on the max_samples the trials sample, while the exports train the
+    # whole file (the built-in data: the longest of 16 sampled rows 609 tokens, the file's 1,320). Here the file's
+    # one long row is not among the 4 sampled: the trial runs it as its worst-case step, and says so.
+    rows = [{"text": f"sample {i}: a few words of text to train on"} for i in range(12)]
+    rows.append({"text": "a long row " + "with many more words " * 30})  # row 12: over 64 tokens
+    write_jsonl(workdir / "data.jsonl", rows)
+    assert 12 not in {s.index for s in load_samples(DatasetSpec(path=str(workdir / "data.jsonl"), max_samples=4))}
+    space = tiny_space(tiny_model, search={"r": [4, 8], "bnb_4bit_quant_type": ["nf4", "fp4"]})
+    space["dataset"] = {"path": "data.jsonl", "max_samples": 4}
+    path = write_space(workdir, space)
     # Two trials at once in one project (a script's loop): each must print its own result (they once shared a folder
     # named by the second they started in, and each printed the other's).
     with ThreadPoolExecutor(2) as pool:
         other = pool.submit(sweep, "trial", str(path), cwd=workdir)
-        sets = ["--set", "r=8", "--set", "bnb_4bit_use_double_quant=false"]
+        sets = ["--set", "r=8", "--set", "bnb_4bit_use_double_quant=false", "--set", "per_device_train_batch_size=2"]
         out = sweep("trial", str(path), *sets, "--json", cwd=workdir)
         text = other.result()
     assert out.returncode == 0, out.stderr
@@ -180,6 +166,9 @@ def test_trial_json_with_set(tiny_model, workdir):
     assert text.returncode == 0 and "grad_norm" in text.stdout and "status  complete" in text.stdout
     assert "margin  " in text.stdout and "predicted_max_lr" in text.stdout
     assert len(list((workdir / "studies").glob("*/manual/*"))) == 2
+    assert result["worst_case_shape"] == [2, 64], result["worst_case_shape"]  # the long row cut to 64, not ~15 tokens
+    assert "the worst step is the whole file's, which the exports train: its longest sample" in out.stderr
+    assert "the trials' 4 sampled rows' (dataset.max_samples) longest" in out.stderr
 
 
 def test_trials_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):

@@ -171,7 +171,8 @@ def test_eight_sweeps_on_postgresql_two_killed_mid_trial(tiny_model, workdir, po
 
 def test_eight_sweeps_on_a_journal_file_two_killed_mid_trial(tiny_model, workdir):
     """On a journal that a sweep killed inside a write left locked (the symbolic link Optuna's journal lock is, left
-    in place): the sweeps wait Optuna's grace period (30 s) and go on, instead of waiting forever (optuna#5921).
+    in place): the sweeps wait the grace period (30 s), one of them breaks it, and they go on, instead of waiting
+    forever (optuna#5921).
     Also: the reading commands take the journal by URL and by path."""
     shared = workdir / "shared"  # the shared filesystem of a cluster
     shared.mkdir()
@@ -180,7 +181,8 @@ def test_eight_sweeps_on_a_journal_file_two_killed_mid_trial(tiny_model, workdir
     os.symlink(journal, f"{journal}.lock")  # what JournalFileSymlinkLock.acquire leaves when its process is killed
     url = f"journal:///{journal}"
     logs = _sweeps_with_kills(tiny_model, workdir, url, "cluster_journal")
-    assert any("Forcibly releasing the lock file" in text for text in logs), logs[-1][-3000:]
+    # exactly one of the eight broke it (Optuna's own lock let several break it, and then hold the lock at once)
+    assert sum(text.count("broke a journal lock unchanged for 30 s") for text in logs) == 1, logs[-1][-3000:]
     machine = workdir / "machine7"
     for ref in (url, str(journal)):
         report = sweep("report", ref, "--json", cwd=machine)
