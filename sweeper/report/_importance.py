@@ -92,7 +92,7 @@ def _searched_values(study: StudySnapshot) -> dict[str, list[Any]]:
 
 
 def importance_data(study: StudySnapshot) -> dict[str, ImportancePart]:
-    """What explains each objective over the study's current setup (:func:`sweeper.study.current_trials`).
+    """What explains each objective over the study's current setup (:meth:`sweeper.study.StudySnapshot.current`).
 
     - ``peak_memory_gib``: the memory model itself (:func:`memory_effects`), not a fit to a handful of measured
       points.

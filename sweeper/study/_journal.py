@@ -243,10 +243,17 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
     Args:
         path: The journal file (created when missing).
         heartbeat_interval: Seconds between a running trial's beats; None: no heartbeat (a reading command).
-        grace_period: Seconds after the last beat at which a RUNNING trial is stale (required with an interval).
+        grace_period: Seconds after the last beat at which a RUNNING trial is stale (default: twice the interval).
+
+    Raises:
+        ValueError: A zero or negative ``heartbeat_interval`` or ``grace_period`` (Optuna's RDB storage refuses them).
     """
 
     def __init__(self, path: str, heartbeat_interval: int | None = None, grace_period: int | None = None) -> None:
+        # as Optuna's RDBStorage refuses them: a beat every 0 s, or a trial stale at once, is no heartbeat
+        for name, value in (("heartbeat_interval", heartbeat_interval), ("grace_period", grace_period)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds or None, got {value}")
         super().__init__(_JournalFile(path))
         self._heartbeat_interval = heartbeat_interval
         self._grace_period = grace_period if grace_period is not None else 2 * (heartbeat_interval or 0)

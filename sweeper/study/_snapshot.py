@@ -377,18 +377,6 @@ def pareto_front(study: StudyLike) -> list[StoredTrial]:
     return list(snapshot(study).front)
 
 
-def current_trials(study: StudyLike, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
-    """Those of ``trials`` measured under the study's current setup (:meth:`StudySnapshot.current`)."""
-    return snapshot(study).current(trials)
-
-
-def learning(study: StudyLike, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
-    """``trials`` without those that barely learn (:meth:`StudySnapshot.learning`): what ``sweep export --pick
-    knee|most-stable`` and ``sweep confirm`` choose from, so that no trial is recommended as safe because it barely
-    trains."""
-    return snapshot(study).learning(trials)
-
-
 def status_counts(study: StudyLike) -> dict[str, int]:
     """Trials by :attr:`StoredTrial.count_label` (``running``, ``waiting``, ``repeated``, ``interrupted``, else
     the status)."""

@@ -638,3 +638,12 @@ def test_sweeps_waiting_on_a_killed_writers_journal_lock_break_it_once_and_hold_
         pairs = list(zip(events[0::4], events[1::4], events[2::4], events[3::4]))
         assert len(events) == 12 and all(a == "start" and c == "end" and b == d for a, b, c, d in pairs), events
         assert not os.path.lexists(f"{path}.lock") and not list(tmp_path.glob("*.broken"))
+
+
+@pytest.mark.parametrize("bad", [{"heartbeat_interval": 0}, {"heartbeat_interval": -30}, {"grace_period": 0}])
+def test_a_journal_heartbeat_of_zero_or_negative_seconds_is_refused(tmp_path, bad):
+    # as Optuna's RDBStorage refuses them (issue 56): a trial stale at once would be failed under its running sweep
+    from sweeper.study._journal import HeartbeatJournalStorage
+
+    with pytest.raises(ValueError, match="must be a positive number of seconds"):
+        HeartbeatJournalStorage(str(tmp_path / "j.log"), **{"heartbeat_interval": 30, **bad})
