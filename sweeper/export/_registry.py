@@ -10,10 +10,11 @@ from sweeper.export._format import ExportFormat
 from sweeper.export._hf import HF, TRL
 from sweeper.export._json import JSON
 from sweeper.export._llama_factory import LLAMA_FACTORY
+from sweeper.export._policy import POLICY
 
 #: The export formats, in the order ``sweep export --help`` and a refusal's alternatives list them. A lookup by name
 #: takes the first match.
-EXPORT_FORMATS: list[ExportFormat] = [HF, TRL, AXOLOTL, LLAMA_FACTORY, JSON]
+EXPORT_FORMATS: list[ExportFormat] = [HF, TRL, AXOLOTL, LLAMA_FACTORY, JSON, POLICY]
 
 
 def format_names() -> tuple[str, ...]:

@@ -185,6 +185,57 @@ class Provenance:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Envelope:
+    """What the study measured around the exported configuration: the bounds a production config must stay inside
+    for the trial's figures to hold (the ``policy`` export's guard, issue 58).
+
+    Attributes:
+        largest_fit_max_seq_length: The largest ``max_seq_length`` a trial of the study ran within its cap at this
+            ``per_device_train_batch_size`` (``complete`` or ``nan``: it ran a step), at least the trial's own.
+        fit_peak_memory_gib: That trial's measured peak (GiB), None when not measured.
+        oom_above: The smallest measured out-of-memory shape above that length at this batch, or at a larger batch,
+            as ``(per_device_train_batch_size, max_seq_length, peak_memory_gib or None)``; None when none ran out.
+        safe_learning_rate: The low end of ``predicted_max_lr``'s 95% interval: a constant rate at or below it is
+            predicted to hold a long run; None when the trial has no such interval.
+    """
+
+    largest_fit_max_seq_length: int
+    fit_peak_memory_gib: float | None
+    oom_above: tuple[int, int, float | None] | None
+    safe_learning_rate: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """These fields, in this order."""
+        return asdict(self)
+
+
+def _envelope(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Envelope:
+    """The :class:`Envelope` of ``trial`` in ``study``: its batch's largest fitting length and what ran out above."""
+    batch = c.per_device_train_batch_size
+    fits = [
+        (t.config.max_seq_length, t.result.memory.peak_memory_gib)
+        for t in study.measured
+        if t.config is not None and t.status.fits and t.config.per_device_train_batch_size == batch
+    ]
+    longest, peak = max([(c.max_seq_length, trial.result.memory.peak_memory_gib), *fits], key=lambda f: f[0])
+    ooms = sorted(
+        (t.config.per_device_train_batch_size, t.config.max_seq_length, t.result.memory.peak_memory_gib)
+        for t in study.measured
+        if t.config is not None
+        and t.status.fits is False
+        and (t.config.per_device_train_batch_size, t.config.max_seq_length) > (batch, longest)
+        and t.config.per_device_train_batch_size >= batch
+    )
+    low = trial.result.stress.predicted_max_lr_low if trial.result.stress is not None else None
+    return Envelope(
+        largest_fit_max_seq_length=longest,
+        fit_peak_memory_gib=round_figure(peak, 3),
+        oom_above=ooms[0] if ooms else None,
+        safe_learning_rate=low,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class ExportSettings:
     """What an export writes, gathered from the trial's stored config.
 
@@ -199,6 +250,8 @@ class ExportSettings:
         effective_batch_size: ``per_device_train_batch_size * gradient_accumulation_steps`` of the export.
         target_effective_batch_size: What the space asked for.
         provenance: Study, trial, measured peak memory and its kind, instability, library versions.
+        envelope: What the study measured around the configuration (:class:`Envelope`: the ``policy`` export's
+            bounds); None for settings made without a study.
         notes: Comments every format carries (how the trial differs from a production run).
     """
 
@@ -212,6 +265,7 @@ class ExportSettings:
     target_effective_batch_size: int
     provenance: Provenance
     notes: list[str]
+    envelope: Envelope | None = None
 
 
 def settings_of(study: StudySnapshot, trial: StoredTrial) -> ExportSettings:
@@ -258,6 +312,7 @@ def _settings_of(study: StudySnapshot, trial: StoredTrial) -> ExportSettings:
         target_effective_batch_size=c.target_effective_batch_size,
         provenance=provenance,
         notes=notes,
+        envelope=_envelope(study, trial, c),
     )
 
 

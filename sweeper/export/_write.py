@@ -137,6 +137,8 @@ def write_export(
     for key, text in form.render(settings, data).items():
         if key.startswith("."):
             targets[base if key == form.suffix else base.with_suffix(key)] = stamped(text, key)
+        elif key.startswith("_"):  # a file beside named after the main one (the policy's "_test.py")
+            targets[base.with_name(base.stem + key)] = stamped(text, key)
         else:  # the rows and their registry: data the user may edit too, compared whole (no stamp in a data file)
             targets[Path(key)] = text
     if not force:
