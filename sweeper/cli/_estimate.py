@@ -26,9 +26,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         raise SpaceError(f"--card-gib: {args.card_gib:g} is not a card's size; give GiB, e.g. --card-gib 23.6")
     space, card, card_warnings = _with_card(_load(args), args.device, card_gib=args.card_gib)
     shape = _model_shape(space)
-    longest, data_line = _longest_sample(space)
+    longest, tokens, data_line = _longest_sample(space)
     try:
-        estimated = estimate_space(space, shape, args.device, longest_sample_tokens=longest)
+        estimated = estimate_space(space, shape, args.device, longest_sample_tokens=longest, data_tokens=tokens)
     except ValueError as exc:
         raise SpaceError(f"{space.path}: training.target_modules: {exc}") from None
     points, size, keys = estimated.points, estimated.grid_size, estimated.searched
@@ -41,6 +41,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             "memory_limit_gib": limit,
             "card": None if card is None else {"name": card.name, "total_memory_gib": round(card.total_memory_gib, 3)},
             "longest_sample_tokens": longest,
+            "data_tokens": tokens,
             "points": points,
             "frontier": edge,
         }
@@ -91,10 +92,11 @@ def _model_caveat(device: str) -> str:
     )
 
 
-def _longest_sample(space: SearchSpace) -> tuple[int | None, str]:
-    """The space's data tokenized as the trials tokenize it: its longest sample's tokens, and the line that says what
-    the predictions are of. When the data or the tokenizer cannot be read, None and a line saying the predictions
-    are at ``max_seq_length`` (each row as long as it: an upper bound)."""
+def _longest_sample(space: SearchSpace) -> tuple[int | None, int | None, str]:
+    """The space's data tokenized as the trials tokenize it: its longest sample's tokens, the file's tokens in all
+    (the most a packed row holds), and the line that says what the predictions are of. When the data or the
+    tokenizer cannot be read, None, None and a line saying the predictions are at ``max_seq_length`` (each row as
+    long as it: an upper bound)."""
     from sweeper.cli._common import _prepare, _whole_file
 
     try:
@@ -102,23 +104,32 @@ def _longest_sample(space: SearchSpace) -> tuple[int | None, str]:
         file = _whole_file(space, model_path, samples)
     except SweeperError as exc:
         why = "; ".join(exc.problems)[:200]
-        return None, (
-            f"data    not read ({why}): each configuration is predicted at max_seq_length, rows as long as it "
-            "(an upper bound: a trial pads each micro-batch to its longest row)"
+        return (
+            None,
+            None,
+            (
+                f"data    not read ({why}): each configuration is predicted at max_seq_length, rows as long as it "
+                "(an upper bound: a trial pads each micro-batch to its longest row)"
+            ),
         )
     longest = file.longest
     if not longest:
-        return None, f"data    {space.dataset.path}: no sample to train on; predicted at max_seq_length"
+        return None, None, f"data    {space.dataset.path}: no sample to train on; predicted at max_seq_length"
     sampled = (
         f" (the trials sample {file.sampled} of them, dataset.max_samples, whose longest is {file.sampled_longest:,}; "
         "the exports train the whole file)"
         if file.cut
         else ""
     )
-    return longest, (
-        f"data    {space.dataset.path}: {len(file.lengths)} samples{sampled}, the longest {longest:,} tokens: each "
-        f"configuration is predicted at its worst step on this data, per_device_train_batch_size rows of "
-        f"min(max_seq_length, {longest:,}) tokens (packed: of max_seq_length)"
+    return (
+        longest,
+        file.tokens,
+        (
+            f"data    {space.dataset.path}: {len(file.lengths)} samples{sampled}, the longest {longest:,} tokens, "
+            f"{file.tokens:,} in all: each configuration is predicted at its worst step on this data, "
+            f"per_device_train_batch_size rows of min(max_seq_length, {longest:,}) tokens (packed: of "
+            f"min(max_seq_length, {file.tokens:,}))"
+        ),
     )
 
 

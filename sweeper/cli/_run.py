@@ -157,7 +157,7 @@ def _planned(
         new_setup=args.new_setup,
         on_measure=lambda line: print(line, flush=True),
         longest_sample_tokens=file.longest or None,
-        file_lengths=file if file.cut else None,
+        file_lengths=file,
         # the report names the card beside the cap; a CPU machine is no card (its size changes no figure there)
         card=None
         if card is None or card.device != "cuda"

@@ -44,6 +44,11 @@ class FileLengths:
         return max((n for _, n in self.lengths), default=0)
 
     @property
+    def tokens(self) -> int:
+        """The file's tokens in all (each sample up to the audit's horizon): the most a packed row can hold."""
+        return sum(n for _, n in self.lengths)
+
+    @property
     def cut(self) -> bool:
         """The trials train on fewer samples than the file holds: their worst step is built from the file's samples
         (:meth:`worst_step`) instead of their own."""

@@ -91,12 +91,18 @@ class SpaceEstimate:
 
 
 def estimate_space(
-    space: SearchSpace, shape: ModelShape, device: str = "cuda", *, longest_sample_tokens: int | None = None
+    space: SearchSpace,
+    shape: ModelShape,
+    device: str = "cuda",
+    *,
+    longest_sample_tokens: int | None = None,
+    data_tokens: int | None = None,
 ) -> SpaceEstimate:
     """Predict every memory-relevant point of ``space`` (:func:`grid_values` of each searched memory key, the other
     keys fixed), at most :data:`MAX_POINTS` of them (about 1 ms each), each at its worst step on data whose longest
     tokenized sample has ``longest_sample_tokens`` tokens (:meth:`TrialConfig.as_trained`; None: at
-    ``max_seq_length``). Each point carries ``worst_case_length``, the tokens per row predicted.
+    ``max_seq_length``; a packed row at most ``data_tokens``, the data's tokens in all). Each point carries
+    ``worst_case_length``, the tokens per row predicted.
 
     Raises:
         ValueError: A target module is not a projection of a Llama-style layer (the memory model knows only those);
@@ -114,7 +120,7 @@ def estimate_space(
     points = []
     for combo in itertools.islice(itertools.product(*axes), MAX_POINTS):
         config = dataclasses.replace(space.base, **dict(zip(keys, combo)))
-        trained = config.as_trained(longest_sample_tokens)
+        trained = config.as_trained(longest_sample_tokens, data_tokens)
         estimate = estimate_memory(shape, settings_from(trained, space.model.attn_implementation, device))
         shown = {k: getattr(config, k) for k in ("per_device_train_batch_size", "max_seq_length", *keys)}
         points.append(

@@ -79,7 +79,7 @@ def format_cap(limit_gib: float, auto: bool, card_name: str | None, card_gib: fl
     text = f"cap {limit_gib:g} GiB" + (" (auto)" if auto else "")
     if card_gib is None:
         return text
-    if card_name is not None and "--card-gib" in card_name:  # sweep estimate --card-gib: a device not read here
+    if device == "cpu" and card_name is not None and "--card-gib" in card_name:  # not this machine: estimate's
         return f"{text} of the {card_gib:.2f} GiB {card_name}"
     if device == "cpu":
         return f"{text} of this machine's {card_gib:.2f} GiB"

@@ -349,21 +349,24 @@ class TrialConfig:
             "seed": self.seed,
         }
 
-    def worst_case_length(self, longest_sample_tokens: int | None) -> int:
+    def worst_case_length(self, longest_sample_tokens: int | None, data_tokens: int | None = None) -> int:
         """The tokens per row of this configuration's worst step on data whose longest tokenized sample has
         ``longest_sample_tokens`` tokens (None: unknown): ``min(max_seq_length, longest_sample_tokens)`` when each
-        micro-batch is padded to its longest row, ``max_seq_length`` when samples are packed into full rows (or the
-        data is unknown)."""
-        if self.packing or longest_sample_tokens is None:
+        micro-batch is padded to its longest row; when samples are packed into full rows, ``max_seq_length``, or
+        ``min(max_seq_length, data_tokens)`` given the data's tokens in all (a packed row holds at most the data:
+        24 samples of 1,300 tokens in all do not fill a row of 524,288, issue 55)."""
+        if self.packing:
+            return max(1, min(self.max_seq_length, data_tokens)) if data_tokens else self.max_seq_length
+        if longest_sample_tokens is None:
             return self.max_seq_length
         return max(1, min(self.max_seq_length, longest_sample_tokens))
 
-    def as_trained(self, longest_sample_tokens: int | None) -> TrialConfig:
+    def as_trained(self, longest_sample_tokens: int | None, data_tokens: int | None = None) -> TrialConfig:
         """This configuration with ``max_seq_length`` at :meth:`worst_case_length`: the rows it trains on and the
         shape of its worst step on that data are the same (what the memory model predicts, and what two settings
         are compared by: ``max_seq_length`` 2048 and 4096 train the same rows on data no longer than 1,320
         tokens)."""
-        return dataclasses.replace(self, max_seq_length=self.worst_case_length(longest_sample_tokens))
+        return dataclasses.replace(self, max_seq_length=self.worst_case_length(longest_sample_tokens, data_tokens))
 
     def as_exported(self) -> TrialConfig:
         """This configuration with the ``gradient_accumulation_steps`` ``sweep export`` writes for it:

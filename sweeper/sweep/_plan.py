@@ -75,10 +75,10 @@ class SweepPlan:
             a configuration's worst step is ``[batch, TrialConfig.worst_case_length(it)]``, which
             ``predict_peak_gib`` predicts, and ``max_seq_length`` values at or above it train the same rows (their
             trials are settled as repeats of each other).
-        file_lengths: The whole dataset file's sample lengths when ``dataset.max_samples`` sampled fewer rows
-            (:class:`sweeper.data.FileLengths`), None when the trials train the whole file or it is unknown: each
-            trial's worst-case step is then built from the file's longest rows (:meth:`worst_case_samples`), which
-            the exports train.
+        file_lengths: The whole dataset file's sample lengths (:class:`sweeper.data.FileLengths`), None when
+            unknown: when ``dataset.max_samples`` sampled fewer rows, each trial's worst-case step is built from the
+            file's longest rows (:meth:`worst_case_samples`), which the exports train; a packed configuration is
+            predicted at most at the file's tokens.
     """
 
     space: SearchSpace
@@ -102,7 +102,7 @@ class SweepPlan:
     def worst_case_samples(self, config: TrialConfig) -> list[list[int]] | None:
         """The dataset indices of the whole file's worst step for ``config`` (:meth:`sweeper.data.FileLengths.
         worst_step`), a row at a time; None when the trials' own rows are the file's."""
-        if self.file_lengths is None:
+        if self.file_lengths is None or not self.file_lengths.cut:
             return None
         return self.file_lengths.worst_step(config.max_seq_length, config.per_device_train_batch_size, config.packing)
 
@@ -159,8 +159,7 @@ def plan_sweep(
             it measured, so that a wait is never silent.
         longest_sample_tokens: The data's longest tokenized sample (:attr:`SweepPlan.longest_sample_tokens`), None
             when unknown (then each configuration is predicted at its ``max_seq_length``).
-        file_lengths: The whole file's sample lengths when ``dataset.max_samples`` sampled fewer rows
-            (:attr:`SweepPlan.file_lengths`), else None.
+        file_lengths: The whole file's sample lengths (:attr:`SweepPlan.file_lengths`), None when unknown.
         card: The device the trials run on as it was read (``{"device", "name", "total_memory_gib"}``): recorded
             on the study by name (:attr:`sweeper.study.StudySnapshot.cards`), for the report's cap line.
 
@@ -175,8 +174,9 @@ def plan_sweep(
     target = n_trials or space.study.n_trials
     _check_before_opening(space, model_path, url, name, workers)
     check = refuse_if_nothing_fits
+    data_tokens = file_lengths.tokens if file_lengths is not None else None
     study, opened = _open_checked(
-        space, model_path, url, name, target, new_setup, check, on_measure, longest_sample_tokens
+        space, model_path, url, name, target, new_setup, check, on_measure, longest_sample_tokens, data_tokens
     )
     if opened.finished < target:
         _record_inputs(study, longest_sample_tokens, card)
@@ -221,6 +221,7 @@ def _open_checked(
     refuse_if_nothing_fits: bool,
     on_measure: Callable[[str], None] | None,
     longest_sample_tokens: int | None,
+    data_tokens: int | None = None,
 ) -> tuple[optuna.Study, _Opened]:
     """Of :func:`plan_sweep`: open (or create) the study and run the checks that need it; a study this call created
     is removed again when a check fails, so that bad input leaves nothing behind."""
@@ -234,7 +235,7 @@ def _open_checked(
         setup, unapplied = _setup_of(study, space, url, finished >= target and known > 0, new_setup)
         check_disk(study_dir(name), storage=url)  # before any trial starts, and again before each
         check = refuse_if_nothing_fits and finished < target  # a run with nothing to run measures nothing
-        predict = _checked_predictor(space, model_path, study, check, on_measure, longest_sample_tokens)
+        predict = _checked_predictor(space, model_path, study, check, on_measure, longest_sample_tokens, data_tokens)
     except SweeperError:
         _forget_created(study if study is not None and created else None, url, name, had)
         raise
@@ -259,6 +260,7 @@ def _checked_predictor(
     check: bool,
     on_measure: Callable[[str], None] | None,
     longest_sample_tokens: int | None = None,
+    data_tokens: int | None = None,
 ) -> Callable[[TrialConfig], float | None]:
     """Of :func:`plan_sweep`: the memory model's prediction of a trial's peak on this machine's trial device (its
     worst step on this data: :meth:`TrialConfig.as_trained`), after refusing, when ``check``, a space of which
@@ -270,7 +272,7 @@ def _checked_predictor(
     model = memory_predictor(model_path, space.model.name_or_path, space.model.attn_implementation, trial_device())
 
     def predict(config: TrialConfig) -> float | None:
-        return model(config.as_trained(longest_sample_tokens))
+        return model(config.as_trained(longest_sample_tokens, data_tokens))
 
     unfit = nothing_fits_line(space, predict, study, model_path, on_measure) if check else None
     if unfit:

@@ -318,11 +318,18 @@ def test_estimate_predicts_the_worst_step_on_the_data(tiny_model, tmp_path):
     assert f"max_seq_length 256 and 512 train the same rows on this data (longest {longest} tokens)" in text
     space["training"]["packing"] = True
     packed = json.loads(run_cli("estimate", str(write_space(tmp_path, space)), "--json", cwd=tmp_path).stdout)
+    # a packed row fills max_seq_length, but holds at most the data's tokens in all (issue 55: 24 samples of 1,300
+    # tokens were predicted at 524,288 a row, and "raise memory_limit_gib to 683.95")
+    tokens = packed["data_tokens"]
+    assert 256 < tokens < 10_000, tokens
     assert {p["params"]["max_seq_length"]: p["worst_case_length"] for p in packed["points"]} == {
         16: 16,
         256: 256,
-        512: 512,
+        512: min(512, tokens),
     }
+    space["search"]["max_seq_length"] = [524_288]
+    huge = json.loads(run_cli("estimate", str(write_space(tmp_path, space)), "--json", cwd=tmp_path).stdout)
+    assert [p["worst_case_length"] for p in huge["points"]] == [tokens]
 
 
 def test_dominance_rule():
