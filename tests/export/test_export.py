@@ -120,7 +120,7 @@ def test_a_format_registers_with_one_line(study_and_knee, tmp_path, tiny_model, 
     refusal as LLaMA-Factory's does."""
     db = str(tmp_path / "rep.db")
     usage = run_cli("export", "--help")
-    assert usage.returncode == 0 and "{hf,trl,axolotl,llama-factory,json,toml}" in usage.stdout
+    assert usage.returncode == 0 and "{hf,trl,axolotl,llama-factory,json,policy,toml}" in usage.stdout
     assert "; toml: r and lora_alpha as TOML (a test's format)" in " ".join(usage.stdout.split())
     ok = run_cli("export", db, "--pick", "min-memory", "--format", "toml", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
