@@ -230,6 +230,11 @@ def _production() -> dict[str, Any]:
     path = os.environ.get({env!r})
     if not path:
         return POLICY.as_flat()
+    if not Path(path).is_file():
+        raise pytest.UsageError(
+            f"{env}={{path}}: no such file; give the production config (an axolotl or LLaMA-Factory .yaml, or a "
+            ".json of keyword arguments), or unset it to check the policy's own fields"
+        )
     text = Path(path).read_text()
     if path.endswith((".yaml", ".yml")):
         import yaml
