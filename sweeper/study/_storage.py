@@ -121,6 +121,42 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
         ) from None
 
 
+def _first_bad_line(path: str) -> int | None:
+    """The 1-based number of the first line of the journal at ``path`` that Optuna cannot apply (a garbled entry:
+    its error names a field inside the entry, not where it is), found by replaying ever longer prefixes of the
+    journal into a scratch copy (a bisection: about log2(lines) replays); None when it cannot be found. Only on a
+    failure's path."""
+    import tempfile
+
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    try:
+        lines = Path(path).read_bytes().splitlines(keepends=True)
+    except OSError:
+        return None
+
+    def applies(n: int) -> bool:
+        with tempfile.TemporaryDirectory() as scratch:
+            copy = Path(scratch) / "prefix.log"
+            copy.write_bytes(b"".join(lines[:n]))
+            try:
+                storage = JournalStorage(JournalFileBackend(str(copy)))
+                for study in storage.get_all_studies():
+                    storage.get_all_trials(storage.get_study_id_from_name(study.study_name), deepcopy=False)
+            except Exception:
+                return False
+        return True
+
+    if applies(len(lines)):
+        return None
+    low, high = 0, len(lines)  # the first `low` lines apply, the first `high` do not
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if applies(middle) else (low, middle)
+    return high
+
+
 def _unreadable(url: str, exc: BaseException) -> str:
     """One line for a storage a reading command cannot read, naming which of three causes it is: a server that cannot
     be reached, a file that is not an SQLite database, or a database without Optuna's tables."""
@@ -146,8 +182,14 @@ def _unreadable(url: str, exc: BaseException) -> str:
             f"{where}: STUDY: the database holds no Optuna study (no Optuna tables: an empty or another program's "
             "database); give the .db that 'sweep run' wrote"
         )
-    if journal_file(url) is not None:
-        return f"{where}: STUDY: cannot read it as an Optuna journal ({first}); give the journal 'sweep run' wrote"
+    journal = journal_file(url)
+    if journal is not None:
+        line = _first_bad_line(journal)
+        at = f" at line {line}" if line is not None else ""
+        return (
+            f"{where}: STUDY: cannot read it as an Optuna journal{at} ({first}); give the journal 'sweep run' wrote"
+            + (f", or cut line {line} and what follows it from a copy" if line is not None else "")
+        )
     return (
         f"{where}: STUDY: cannot read it as an Optuna study database ({type(causes[-1]).__name__}: {first}); "
         "give the .db that 'sweep run' wrote"

@@ -647,3 +647,24 @@ def test_a_journal_heartbeat_of_zero_or_negative_seconds_is_refused(tmp_path, ba
 
     with pytest.raises(ValueError, match="must be a positive number of seconds"):
         HeartbeatJournalStorage(str(tmp_path / "j.log"), **{"heartbeat_interval": 30, **bad})
+
+
+def test_a_journal_with_a_garbled_entry_names_its_line(tmp_path, monkeypatch):
+    # issue 55: Optuna's error named a field inside the entry ("'trial_id'"), not where in the file it is
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from sweeper.errors import StudyError
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "night.log"
+    study = optuna.create_study(
+        study_name="s", storage=JournalStorage(JournalFileBackend(str(path))), directions=["minimize", "minimize"]
+    )
+    for value in (1.0, 2.0):
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=[value, value]))
+    lines = path.read_bytes().splitlines(keepends=True)
+    garbled = b'{"op_code":6,"worker_id":"w-1"}\n'  # an entry Optuna cannot apply: no trial named
+    path.write_bytes(b"".join([*lines[:3], garbled, *lines[3:]]))
+    with pytest.raises(StudyError, match=r"cannot read it as an Optuna journal at line 4 .*cut line 4 and what"):
+        load_existing_study(str(path))
