@@ -143,6 +143,27 @@ def test_export_the_knee(old_study, fmt):
         assert "BitsAndBytesConfig" in source and "LoraConfig" in source
 
 
+def test_a_copy_beside_itself_is_refused_and_its_folder_read_only_from_its_project(old_study):
+    """Sweeper 0.1 wrote no owner file into ``studies/v010/``: the folder is the database's beside it of its name. A
+    copy of the database beside it (``studies/v010-copy.db``) would write its trial folders into the original's; and
+    a reading command run from another folder would write the study's files apart from its trials. Both refused,
+    each in one line; the original still reads."""
+    (old_study / "studies" / NAME / "trials" / "0").mkdir(parents=True)  # what 0.1's sweep run left beside it
+    copy = old_study / "studies" / f"{NAME}-copy.db"
+    shutil.copyfile(old_study / "studies" / f"{NAME}.db", copy)
+    out = sweep("export", f"sqlite:///studies/{copy.name}", "--format", "json", cwd=old_study)
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stdout + out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert f"studies/{NAME}/ holds the trials" in line and "written by sweeper 0.1" in line, line
+    assert not (old_study / "studies" / NAME / "exports").exists()
+    elsewhere = old_study / "elsewhere"
+    elsewhere.mkdir()
+    out = sweep("export", f"sqlite:///{old_study / 'studies' / f'{NAME}.db'}", "--format", "json", cwd=elsewhere)
+    assert out.returncode != 0 and f"run this command from {old_study}" in out.stderr, out.stdout + out.stderr
+    assert not (elsewhere / "studies").exists()
+    assert sweep("export", NAME, "--format", "json", cwd=old_study).returncode == 0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -70,13 +70,33 @@ def _identity(url: str, study_id: str | None = None) -> dict[str, Any]:
 
 
 def _owner(study_name: str, folder: Path | None = None) -> dict[str, Any] | None:
-    """What ``studies/<study_name>/``'s :data:`OWNER_FILE` says (or ``folder``'s), or None (no file, or not one
-    sweeper wrote)."""
+    """What ``studies/<study_name>/``'s :data:`OWNER_FILE` says (or ``folder``'s); for a folder without one (written
+    by sweeper 0.1, before owner files), the owner its layout implies (:func:`_implied_owner`); else None."""
+    folder = folder or study_dir(study_name)
     try:
-        owner = json.loads(((folder or study_dir(study_name)) / OWNER_FILE).read_text())
+        owner = json.loads((folder / OWNER_FILE).read_text())
+    except FileNotFoundError:
+        return _implied_owner(study_name, folder)
     except (OSError, ValueError):
         return None
     return owner if isinstance(owner, dict) else None
+
+
+def _implied_owner(study_name: str, folder: Path) -> dict[str, Any] | None:
+    """The owner of a study folder without an :data:`OWNER_FILE` (sweeper 0.1 wrote none): the SQLite file beside it
+    of its name (``studies/<name>.db`` beside ``studies/<name>/``, the layout ``sweep run`` makes), when both are
+    there; else None (nothing says whose the folder is). Without it, a 0.1 study's database copied beside itself
+    (``studies/<name>-copy.db``) would write trial folders into the original's, and its dashboard would open from
+    any folder."""
+    database = folder.parent / f"{folder.name}.db"
+    if not folder.is_dir() or not database.is_file():
+        return None
+    return {
+        "study": study_name,
+        "study_id": None,
+        "storage": f"sqlite:///{database}",
+        "sqlite_file": os.path.realpath(database),
+    }
 
 
 def _same_study(owner: dict[str, Any], url: str, study_id: str | None) -> bool:
@@ -110,7 +130,9 @@ def _copy_conflict(study_name: str, owner: dict[str, Any], url: str, option: str
     )
 
 
-def _owner_conflict(study_name: str, url: str, study_id: str | None, option: str = "--storage") -> str | None:
+def _owner_conflict(
+    study_name: str, url: str, study_id: str | None, option: str = "--storage", exists: bool = False
+) -> str | None:
     """A line saying that ``studies/<study_name>/`` belongs to another study of that name, or None.
 
     It does when its :data:`OWNER_FILE` names another study (:func:`_same_study`) that may still exist: one in a
@@ -127,7 +149,13 @@ def _owner_conflict(study_name: str, url: str, study_id: str | None, option: str
     if isinstance(other, str) and not Path(other).is_file():
         return None
     them = f"'{study_name}'" + (f" (id {str(theirs)[:8]})" if theirs else "")
-    me = f" (id {study_id[:8]})" if study_id else " (a new study)"
+    me = (
+        f" (id {study_id[:8]})"
+        if study_id
+        else " (written by sweeper 0.1, without an id)"
+        if exists
+        else " (a new study)"
+    )
     return (
         f"{redact_url(url)}: {option}: {study_dir(study_name)}/ holds the trials, artifacts and exports of another "
         f"study {them} in {owner.get('storage', 'another storage')}, not of this one{me}; give this one another name "
@@ -162,16 +190,19 @@ def _write_owner(study_name: str, url: str, study_id: str | None) -> None:
         ) from None
 
 
-def check_study_dir(study_name: str, url: str, study_id: str | None = None, option: str = "--storage") -> None:
+def check_study_dir(
+    study_name: str, url: str, study_id: str | None = None, option: str = "--storage", exists: bool = False
+) -> None:
     """Refuse to write ``studies/<study_name>/`` (trials, artifacts, report, exports) for the study ``study_id`` in
     ``url`` (None: a study not created yet) when the folder belongs to another study of that name (its
     :data:`OWNER_FILE`); writes nothing. ``sweep run`` and ``sweep confirm`` call it; reading commands do not.
-    ``option`` is what the user named the storage with, for the message (``--storage``, or ``STUDY``).
+    ``option`` is what the user named the storage with, for the message (``--storage``, or ``STUDY``); ``exists``:
+    the study is in ``url`` already (without ``study_id``: one sweeper 0.1 wrote).
 
     Raises:
         StudyError: One line naming both studies, their storages and identities, and the fix.
     """
-    conflict = _owner_conflict(study_name, url, study_id, option)
+    conflict = _owner_conflict(study_name, url, study_id, option, exists)
     if conflict:
         raise StudyError(conflict)
 
@@ -209,7 +240,9 @@ def check_study_owner(study: optuna.Study, url: str) -> None:
             database in another folder, or the folder cannot be written.
     """
     study_id = study_identity(study)
-    check_study_dir(study.study_name, url, study_id, option="STUDY")  # the commands that call this name it STUDY
+    check_study_dir(
+        study.study_name, url, study_id, option="STUDY", exists=True
+    )  # the commands that call this name it STUDY
     elsewhere = _home_elsewhere(study.study_name, url, study_id)
     if elsewhere:
         raise StudyError(elsewhere)

@@ -266,7 +266,9 @@ def _opened_for(name: str, url: str) -> optuna.storages.BaseStorage:
     if name in optuna.get_all_study_names(opened):
         existing = optuna.load_study(study_name=name, storage=opened)
     try:
-        check_study_dir(name, url, study_identity(existing) if existing is not None else None)
+        check_study_dir(
+            name, url, study_identity(existing) if existing is not None else None, exists=existing is not None
+        )
     except StudyError:
         if fresh and database is not None:
             for leftover in (Path(database), Path(f"{database}.lock"), Path(f"{database}.ask.lock")):

@@ -196,8 +196,13 @@ def test_eight_sweeps_on_a_journal_file_two_killed_mid_trial(tiny_model, workdir
     os.symlink(journal, f"{journal}.lock")  # what JournalFileSymlinkLock.acquire leaves when its process is killed
     url = f"journal:///{journal}"
     logs = _sweeps_with_kills(tiny_model, workdir, url, "cluster_journal")
-    # exactly one of the eight broke it (Optuna's own lock let several break it, and then hold the lock at once)
-    assert sum(text.count("broke a journal lock unchanged for 30 s") for text in logs) == 1, logs[-1][-3000:]
+    # one of the eight broke it, and at most one more per victim: a victim killed inside a heartbeat's write leaves a
+    # lock of its own (CI of stop 62: two breaks). Optuna's own lock let several break one lock and then hold the
+    # lock at once; that race is tested round by round in test_coordination.py, and here by its two sentences.
+    breaks = sum(text.count("broke a journal lock unchanged for 30 s") for text in logs)
+    assert 1 <= breaks <= 1 + 2, logs[-1][-3000:]
+    for said in ("taken while another sweep's was being given back", "broke this sweep's journal lock"):
+        assert not [text for text in logs if said in text], said
     machine = workdir / "machine7"
     for ref in (url, str(journal)):
         report = sweep("report", ref, "--json", cwd=machine)

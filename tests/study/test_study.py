@@ -268,7 +268,7 @@ def test_preflight_prunes_predicted_and_dominated_ooms_without_running_them(tiny
     assert dominated.user_attrs["status"] == "dominated_oom" and dominated.state == TrialState.PRUNED
     assert "trial 0" in dominated.user_attrs["reason"] and dominated.constraints[FAILURE_CONSTRAINT] == 1.0
     assert not (workdir / "studies" / "pre" / "trials" / str(dominated.number)).exists()  # never ran
-    assert fits.user_attrs["status"] == "complete"
+    assert fits.user_attrs["status"] == "complete", fits.user_attrs.get("reason")
     assert all(t.user_attrs["predicted_peak_gib"] > 0 for t in (oom, dominated, fits))
     # (the memory model predicts batch 32 at 0.76 GiB: under this cap, although it ran out of memory)
     assert oom.user_attrs["predicted_peak_gib"] > fits.user_attrs["predicted_peak_gib"]
