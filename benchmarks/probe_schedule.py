@@ -2,7 +2,7 @@
 
 Issue 28 asks the probe to cost at most 5% of the training time; at the default 30 steps and batch 1 it probes every 4
 steps (9 probes) and costs a median 14% here. The probe never changes training (bit for bit:
-``tests/study/test_confirm.py``), and in float32 compute the instability is the probe loss's largest rebound alone
+``tests/sweep/test_confirm.py``), and in float32 compute the instability is the probe loss's largest rebound alone
 (``sweeper.stability.probe_rebound``: no activation headroom used up, no skipped steps). So the instability of any
 sparser schedule is exactly the rebound of the stored trace's subsequence: this script needs no training. It reads the
 equal-step block (``benchmarks/results/validity_block.json``: 11 float32 configurations x 3 seeds, each with a

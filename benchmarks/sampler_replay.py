@@ -55,13 +55,13 @@ from sampler_table import ROOT, grid, key_of, table_space
 
 from sweeper.memory import CalibrationPoint, Known, fit_calibration, group_of, preflight
 from sweeper.space import SearchSpace
+from sweeper.storage._optuna_private import hypervolume  # Optuna's WFG, as sweep run's front line uses it
 from sweeper.study._objectives import (  # the product's, as sweep run tells them
     DEFAULT_OBJECTIVES,
     Objective,
     objective_values,
     resolve_objectives,
 )
-from sweeper.study._optuna_private import hypervolume  # Optuna's WFG, as sweep run's front line uses it
 from sweeper.study._sampling import make_sampler, to_distributions
 from sweeper.study._snapshot import reference_point  # the same reference as sweep run's front line
 from sweeper.trial import TrialResult

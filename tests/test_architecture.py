@@ -115,12 +115,17 @@ SMALL_FACES = (
     "sweeper.report",
     "sweeper.space",
     "sweeper.stability",
+    "sweeper.storage",
     "sweeper.study",
     "sweeper.sweep",
     "sweeper.trial",
 )
 MAX_FACE = 25
-MAX_FACE_BY_PACKAGE = {"sweeper.stability": 32}
+#: Over the 25, each with its reason, to be brought down (issue 56's note): the stability science's six measures; the
+#: study, which the readers read and the sweep records through (one face since ``study.writing`` was retired: 28 of
+#: the 73 names the two faces and ``picks`` had); the storage, whose URL classifiers (4), folder and owner checks (7)
+#: and heartbeat settings (2) are each read by study, sweep and CLI.
+MAX_FACE_BY_PACKAGE = {"sweeper.stability": 32, "sweeper.study": 28, "sweeper.storage": 33}
 
 
 def _face_users(package: str) -> dict[str, set[str]]:
@@ -160,3 +165,14 @@ def test_every_package_face_is_held_small():
         f"sweeper.{p.parent.name}" for p in (REPO / "sweeper").glob("*/__init__.py") if p.parent.name != "__pycache__"
     }
     assert packages - {"sweeper.cli", "sweeper.testing"} == set(SMALL_FACES)
+
+
+def test_the_tests_mirror_the_package():
+    """Each package of sweeper has its tests in ``tests/<package>/`` and each folder of tests is a package's (the
+    test helpers, ``sweeper.testing``, are tested through the tests that use them); a test of a package's behaviour
+    lives beside the others of that package, where a maintainer of it looks."""
+    packages = {p.parent.name for p in (REPO / "sweeper").glob("*/__init__.py")} - {"testing"}
+    folders = {p.name for p in (REPO / "tests").iterdir() if p.is_dir() and p.name not in ("fixtures", "__pycache__")}
+    assert folders - packages == set(), f"tests/ folders that are no package of sweeper: {sorted(folders - packages)}"
+    assert packages - folders == set(), f"packages of sweeper without a tests/ folder: {sorted(packages - folders)}"
+    assert all(any(f.glob("test_*.py")) for f in (REPO / "tests" / name for name in folders))

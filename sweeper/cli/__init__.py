@@ -28,7 +28,7 @@ def _storage_failure(exc: BaseException) -> str | None:
     cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) else exc
     if not (isinstance(exc, optuna.exceptions.StorageInternalError) or type(cause).__module__.startswith("sqlalchemy")):
         return None
-    from sweeper.study import redact_url
+    from sweeper.storage import redact_url
 
     text = str(getattr(cause, "orig", None) or cause).strip().splitlines() or [type(cause).__name__]
     return (

@@ -16,7 +16,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from sweeper.cli._confirm import _check_setup, _numbers, model_path_for
     from sweeper.cli._long_run_console import CalibrateConsole
     from sweeper.report import predicted_text
-    from sweeper.study import check_study_owner, load_existing_study, snapshot
+    from sweeper.storage import check_study_owner
+    from sweeper.study import load_existing_study, snapshot
     from sweeper.sweep import calibrate_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -319,7 +319,7 @@ MAX_WORKERS = 64
 
 def _study_ref(ref: str) -> str:
     """STUDY as the user gave it, fit to be shown in a hint: a URL's password redacted, quoted."""
-    from sweeper.study import redact_url
+    from sweeper.storage import redact_url
 
     return f"'{redact_url(ref)}'" if "://" in ref else ref
 
@@ -392,7 +392,7 @@ def _check_owner(study: Any, url: str, fix: str) -> None:
         StudyError: The folder is another study's, or cannot be written.
     """
     from sweeper.errors import StudyError
-    from sweeper.study import check_study_owner
+    from sweeper.storage import check_study_owner
 
     try:
         check_study_owner(study, url)

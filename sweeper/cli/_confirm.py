@@ -84,7 +84,8 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     """``sweep confirm STUDY [--steps N] [--trials 3,7 | --front | --pick safe] [--as-exported]``."""
     import optuna
 
-    from sweeper.study import check_study_owner, load_existing_study, snapshot
+    from sweeper.storage import check_study_owner
+    from sweeper.study import load_existing_study, snapshot
     from sweeper.study.picks import choose
     from sweeper.sweep import candidates
 

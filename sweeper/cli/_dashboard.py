@@ -13,7 +13,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.report import serve
-    from sweeper.study import dashboard_storage, load_existing_study, redact_url
+    from sweeper.storage import dashboard_storage, redact_url
+    from sweeper.study import load_existing_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if not 1 <= args.port <= 65535:

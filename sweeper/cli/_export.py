@@ -15,7 +15,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from sweeper.export import EXPORT_FORMATS, choose_for_format, export_path, inexpressible, pick_trial, write_export
     from sweeper.notation import format_headroom
     from sweeper.report import margin_text
-    from sweeper.study import load_existing_study, snapshot, study_dir
+    from sweeper.storage import study_dir
+    from sweeper.study import load_existing_study, snapshot
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded, url = load_existing_study(args.study)

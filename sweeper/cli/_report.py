@@ -16,7 +16,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     import optuna
 
     from sweeper.report import report_data, report_lines, report_written_line, write_html_report
-    from sweeper.study import load_existing_study, snapshot, study_dir
+    from sweeper.storage import study_dir
+    from sweeper.study import load_existing_study, snapshot
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded, url = load_existing_study(args.study)

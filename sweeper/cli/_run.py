@@ -21,6 +21,7 @@ from sweeper.cli._common import (
 )
 from sweeper.errors import SpaceError
 from sweeper.space import SearchSpace, parse_duration_s
+from sweeper.storage import StudyAttr
 
 if TYPE_CHECKING:
     from sweeper.data import FileLengths
@@ -174,7 +175,7 @@ def _confirm_top(plan: SweepPlan) -> None:
 
     study = plan.space.study
     if study.confirm_steps is not None:
-        plan.study.set_user_attr("confirm_steps", study.confirm_steps)  # the default of a later 'sweep confirm'
+        plan.study.set_user_attr(StudyAttr.CONFIRM_STEPS, study.confirm_steps)  # the default of a later 'sweep confirm'
     top = [t.number for t in candidates(plan.study)[: study.confirm_top]]
     if top:
         what = "the safe pick (what sweep export writes)" + (

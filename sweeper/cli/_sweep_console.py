@@ -23,7 +23,8 @@ from sweeper.report.text import (
     plural,
 )
 from sweeper.report.text import format_trial_line as _trial_line
-from sweeper.study import StoredTrial, StudySnapshot, current_calibration, redact_url, snapshot
+from sweeper.storage import TrialAttr, redact_url
+from sweeper.study import StoredTrial, StudySnapshot, current_calibration, snapshot
 from sweeper.sweep import SweepCallback, SweepEvent, SweepPlan
 from sweeper.trial import FAIL_STATUSES, TrialProgress, TrialStatus, cuda_visible
 
@@ -169,7 +170,7 @@ class SweepConsole(SweepCallback):
         line = _trial_line(trial.number, params, trial.result, event.finished, event.n_trials, repeat=trial.is_repeat)
         if not trial.is_repeat:
             self.statuses.append(trial.result.status)
-        device = trial.user_attrs.get("cuda_visible_devices")
+        device = trial.user_attrs.get(TrialAttr.CUDA_VISIBLE_DEVICES)
         if self.plan.workers > 1 and device is not None:
             line += f"  [device {device}]"
         if trial.retry_of is not None:

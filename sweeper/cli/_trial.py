@@ -41,7 +41,7 @@ def manual_trial_folder(parent: Path) -> Path:
 def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
     from sweeper.report import LiveProgress, format_file_rows, trial_header, trial_result_lines
-    from sweeper.study import study_dir
+    from sweeper.storage import study_dir
     from sweeper.sweep import check_setup
     from sweeper.trial import cuda_visible, run_trial
 

@@ -127,7 +127,7 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able, as stored in the study user attribute ``memory_calibration``
-        (:data:`sweeper.study.CALIBRATION_ATTR`)."""
+        (:data:`sweeper.storage.StudyAttr.MEMORY_CALIBRATION`)."""
         return {
             "ratios": dict(self.ratios),
             "lines": {g: list(line) for g, line in self.lines.items()},

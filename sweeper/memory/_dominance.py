@@ -32,7 +32,7 @@ _SAME = tuple(key for key, role in _ROLES.items() if role in ("same", None))
 _DIRECTION_OF = {"gradient_checkpointing": "no_checkpointing", "bnb_4bit_use_double_quant": "no_dq"}
 
 #: The directions the dominance rule may use on each device (``cpu``: the resident set; ``cuda``: reserved memory),
-#: each measured on the CPU by ``tests/study/test_preflight.py`` with real trials: a larger batch, ``max_seq_length`` or
+#: each measured on the CPU by ``tests/sweep/test_preflight.py`` with real trials: a larger batch, ``max_seq_length`` or
 #: ``r``, a superset of target modules, gradient checkpointing off against on, double quant off against on. The CUDA
 #: set is the same by the memory model's terms (:mod:`sweeper.memory._model`); no GPU measurement yet. Each is a key of
 #: memory role ``grows`` or ``shrinks`` (:func:`direction_of`), and every such key is one (tests/memory/

@@ -16,7 +16,8 @@ from optuna.trial import TrialState
 
 from sweeper.notation import format_instability
 from sweeper.report._trial_text import margin_line
-from sweeper.study import StoredTrial, artifact_store, snapshot, unnoted_trials
+from sweeper.storage import unnoted_trials
+from sweeper.study import StoredTrial, artifact_store, snapshot
 
 #: Id of the front figure among the study's plotly graph objects (optuna-dashboard requires ``[A-Za-z0-9_-]+``).
 FRONT_FIGURE_ID = "pareto-front"

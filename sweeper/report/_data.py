@@ -22,11 +22,8 @@ from sweeper.report._front_text import other_setups_line
 from sweeper.report._importance import importance_data
 from sweeper.report._picks_data import pick_choices, pick_lines, pick_outcomes, picked_off_front, picks
 from sweeper.report._records import FrontData, FrontRow, Report, TrialRecord
-from sweeper.study import (
-    Objective,
-    StoredTrial,
-    StudySnapshot,
-)
+from sweeper.storage import TrialAttr
+from sweeper.study import Objective, StoredTrial, StudySnapshot
 from sweeper.trial import TrialStatus
 
 #: Per-trial settings shown in the report and its hover texts (``lora_alpha`` is derived: ``lora_alpha_ratio * r``).
@@ -79,7 +76,7 @@ def trial_record(
     return TrialRecord(
         number=trial.number,
         state=trial.state.name,
-        status=trial.user_attrs.get("status"),
+        status=trial.user_attrs.get(TrialAttr.STATUS),
         label=trial_label(trial),
         nan_cause=r.nan.cause,
         nan_samples=tuple(r.nan.samples or ()),
@@ -249,8 +246,8 @@ def memory_prediction_data(study: StudySnapshot) -> MemoryPrediction:
     (:attr:`sweeper.study.StudySnapshot.prediction_errors`; :class:`~sweeper.report._records.MemoryPrediction`).
     Errors are fractions of the measured peak (``-0.33``: a third under); the medians are of their absolute values,
     ``median_corrected_error`` over the trials that had a correction (``corrected_trials`` of them);
-    ``calibration`` is the study's stored correction (:data:`sweeper.study.CALIBRATION_ATTR`, by memory kind), or
-    None."""
+    ``calibration`` is the study's stored correction (:attr:`sweeper.storage.StudyAttr.MEMORY_CALIBRATION`, by
+    memory kind), or None."""
     rows = study.prediction_errors
     corrected = [r.corrected_error for r in rows if r.corrected_error is not None]
     return MemoryPrediction(
@@ -296,7 +293,7 @@ def front_row(
 def report_data(study: StudySnapshot) -> Report:
     """What ``sweep report --json`` prints (:meth:`~sweeper.report._records.Report.to_dict`) and the HTML report
     shows: the front (:func:`front_row`), every measured trial and every stale running one (a sweep killed midway;
-    :func:`sweeper.study._recovery.stale_running`) (:func:`trial_record`), counts, NaN causes, what fit,
+    :func:`sweeper.storage._recovery.stale_running`) (:func:`trial_record`), counts, NaN causes, what fit,
     importance, picks, memory predictions (:func:`memory_prediction_data`) and the line on other setups
     (:func:`sweeper.report._front_text.other_setups_line`, or None)."""
     front = study.front

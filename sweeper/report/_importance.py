@@ -16,10 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.report._analysis_records import MemoryEffects, NotShown, ParamImportance
 from sweeper.report._records import ImportancePart
-from sweeper.study import (
-    StoredTrial,
-    StudySnapshot,
-)
+from sweeper.study import StoredTrial, StudySnapshot
 
 #: Complete trials (of the current setup) below which no importance is shown for the stability objective: on fewer,
 #: optuna's evaluator ranks noise (on an 8-trial study it ranked lora_alpha/r second for peak memory, which no

@@ -1,7 +1,7 @@
 """The report's text that ``sweep run``'s console (:mod:`sweeper.cli._sweep_console`) shares with ``sweep report``:
 a trial's line, the front's table, the counts by status and NaN cause, the picks' block, the front's axis.
 
-A public module beside the face (:mod:`sweeper.report`), as :mod:`sweeper.study.writing` is beside the study's: the
+A public module beside the face (:mod:`sweeper.report`), as :mod:`sweeper.study.picks` is beside the study's: the
 sweep's console lives in the CLI because it renders :mod:`sweeper.sweep`'s events, which the report never imports.
 """
 

@@ -72,7 +72,7 @@ class KeySpec:
             predictions are checked against them (a ``none`` key moves the predicted peak by exactly 0, a ``grows``
             or ``shrinks`` key moves it only its way, but for the two small bitsandbytes steps noted at ``r`` and
             ``bnb_4bit_use_double_quant``). A new key memory depends on declares ``same`` until real trials measure
-            its order (``tests/study/test_preflight.py`` measures each of the rule's directions,
+            its order (``tests/sweep/test_preflight.py`` measures each of the rule's directions,
             :data:`sweeper.memory.DIRECTIONS`).
         example: A valid value as the one-line error for a bad one shows it (``str_list`` keys; default: a list of
             module names).
@@ -279,7 +279,7 @@ class TrialConfig:
     lora_alpha_ratio: float = _key(2.0, "float", low=0, low_open=True, high=1e6, memory="none")
     # Not ordered: at a 64k vocabulary a bf16 trial holds more than an fp32 one of the same shape (under autocast the
     # logits exist in bf16 and as their fp32 copy; in fp32 the upcast is the same tensor), while at SmolLM2's 49k
-    # vocabulary and hidden 576 fp32 is larger (measured on the CPU, tests/study/test_preflight.py). The same logits
+    # vocabulary and hidden 576 fp32 is larger (measured on the CPU, tests/sweep/test_preflight.py). The same logits
     # arithmetic holds under CUDA autocast, so no device orders the dtypes.
     bnb_4bit_compute_dtype: ComputeDtype = _key("bfloat16", "choice", choices=COMPUTE_DTYPES, memory="same")
     # Shrinks but on matrices under ~22k weights (the tests' tiny model), where its 256-entry float32 code per matrix

@@ -1,28 +1,30 @@
 """The study: an Optuna study of the objectives declared in :mod:`sweeper.study._objectives` (by default two, minimized:
-``peak_memory_gib`` and ``edge_proximity``, ``1 / stability_margin``) in an Optuna storage (SQLite by default,
-PostgreSQL or MySQL to share it between machines, a journal file on a shared filesystem without a database server),
-and the typed view of its stored trials that the readers (:mod:`sweeper.report`, :mod:`sweeper.export`) take. What
-runs trials on it (the plan, the loop, the preflight, the long runs of ``sweep confirm`` and ``sweep calibrate``) is
-:mod:`sweeper.sweep`, which writes through :mod:`sweeper.study.writing` (heartbeats and locks between sweeps, stale-
-trial recovery, setups, results).
+``peak_memory_gib`` and ``edge_proximity``, ``1 / stability_margin``), the typed view of its stored trials that the
+readers (:mod:`sweeper.report`, :mod:`sweeper.export`) take, and what a sweep records on it (results, setups, the
+memory calibration, the trials' artifacts), as ``optuna.study`` holds ``Study.tell``. Where it is kept and how sweeps
+share it (storages by URL, locks, heartbeats, stale-trial recovery, its folder's owner) is :mod:`sweeper.storage`,
+below it; what runs trials on it (the plan, the loop, the preflight, the long runs) is :mod:`sweeper.sweep`, above.
 
 Trials that go NaN or run out of memory are told as PRUNED (with their cause in the user attributes) and are marked
 infeasible with ``Trial.set_constraint``; TPE sorts infeasible trials behind every feasible one, so the sampler learns
 to avoid their region. Timeouts, crashes and errors are FAIL.
 """
 
-from sweeper.study._artifacts import artifact_store
-from sweeper.study._calibration import current_calibration
+from sweeper.study._artifacts import artifact_store, loss_curve_svg, upload_trial_artifacts
+from sweeper.study._calibration import (
+    current_calibration,
+    store_baseline,
+    stored_calibration,
+    update_calibration,
+)
 from sweeper.study._confirmation import Confirmation
 from sweeper.study._front import by_knee_distance, ties_on_stability
-from sweeper.study._identity import check_study_owner, study_dir
-from sweeper.study._journal import dashboard_storage
-from sweeper.study._objectives import Objective
-from sweeper.study._optuna_private import unnoted_trials
-from sweeper.study._snapshot import StudyLike, StudySnapshot, snapshot
-from sweeper.study._storage import load_existing_study
-from sweeper.study._stored import PredictionError, StoredTrial
-from sweeper.study._urls import redact_url
+from sweeper.study._objectives import Objective, objective_values, study_objectives
+from sweeper.study._sampling import make_sampler, set_failure_constraint, to_distributions
+from sweeper.study._setups import choose_setup, stored_setups, unapplied_settings
+from sweeper.study._snapshot import StudyLike, StudySnapshot, count_finished, snapshot, stored_trials
+from sweeper.study._storage import load_existing_study, open_study, record_result
+from sweeper.study._stored import PredictionError, StoredTrial, stored_trial
 
 __all__ = [
     "Confirmation",
@@ -33,13 +35,24 @@ __all__ = [
     "StudySnapshot",
     "artifact_store",
     "by_knee_distance",
-    "check_study_owner",
+    "choose_setup",
     "current_calibration",
-    "dashboard_storage",
     "load_existing_study",
-    "redact_url",
+    "loss_curve_svg",
+    "make_sampler",
+    "objective_values",
+    "open_study",
+    "record_result",
+    "set_failure_constraint",
     "snapshot",
-    "study_dir",
+    "store_baseline",
+    "stored_calibration",
+    "stored_setups",
+    "stored_trial",
+    "study_objectives",
     "ties_on_stability",
-    "unnoted_trials",
+    "to_distributions",
+    "unapplied_settings",
+    "update_calibration",
+    "upload_trial_artifacts",
 ]

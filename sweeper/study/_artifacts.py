@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial
 
-from sweeper.study._identity import study_dir
+from sweeper.storage import study_dir
 from sweeper.trial import TrialResult
 
 

@@ -14,15 +14,10 @@ import optuna
 
 from sweeper.memory import BASELINE_NUMBER, Calibration, CalibrationPoint, fit_calibration, group_of
 from sweeper.space import TrialConfig
-from sweeper.study._snapshot import CALIBRATION_ATTR, StudyLike, StudySnapshot, snapshot, stored_trials
+from sweeper.storage import StudyAttr
+from sweeper.study._snapshot import StudyLike, StudySnapshot, snapshot, stored_trials
 from sweeper.study._stored import PredictionError, StoredTrial, TrialStatus
-from sweeper.trial import cuda_visible
-
-
-def device_kind() -> str:
-    """The memory kind of the trials this machine runs: ``cuda_max_reserved`` when a GPU is visible, else
-    ``cpu_peak_rss`` (as the trial process measures it, :func:`sweeper.trial.cuda_visible`)."""
-    return "cuda_max_reserved" if cuda_visible() else "cpu_peak_rss"
+from sweeper.trial import device_kind
 
 
 def calibration_points(
@@ -54,7 +49,7 @@ def calibration_points(
 
 def stored_calibration(study: StudyLike, kind: str) -> Calibration | None:
     """The correction stored on the study (or as a snapshot read it) for memory kind ``kind``, or None."""
-    data = study.calibration if isinstance(study, StudySnapshot) else study.user_attrs.get(CALIBRATION_ATTR)
+    data = study.calibration if isinstance(study, StudySnapshot) else study.user_attrs.get(StudyAttr.MEMORY_CALIBRATION)
     if not isinstance(data, Mapping) or not isinstance(data.get(kind), Mapping):
         return None
     return Calibration.from_dict(kind, data[kind])
@@ -82,10 +77,10 @@ def update_calibration(
     fitted = fit_calibration(calibration_points(stored_trials(view or study), predict, kind), kind)
     if fitted is None:
         return None
-    data = study.user_attrs.get(CALIBRATION_ATTR)
+    data = study.user_attrs.get(StudyAttr.MEMORY_CALIBRATION)
     stored = dict(data) if isinstance(data, Mapping) else {}
     stored[kind] = fitted.to_dict()
-    study.set_user_attr(CALIBRATION_ATTR, stored)
+    study.set_user_attr(StudyAttr.MEMORY_CALIBRATION, stored)
     return fitted
 
 
@@ -107,10 +102,10 @@ def store_baseline(
     fitted = fit_calibration([point], kind)
     assert fitted is not None  # one point
     fitted = dataclasses.replace(fitted, lines={point.group: (measured_gib - predicted_gib, 1.0)})
-    data = study.user_attrs.get(CALIBRATION_ATTR)
+    data = study.user_attrs.get(StudyAttr.MEMORY_CALIBRATION)
     stored = dict(data) if isinstance(data, Mapping) else {}
     stored[kind] = fitted.to_dict()
-    study.set_user_attr(CALIBRATION_ATTR, stored)
+    study.set_user_attr(StudyAttr.MEMORY_CALIBRATION, stored)
     return fitted
 
 

@@ -7,16 +7,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from sweeper.storage import StudyAttr
 from sweeper.trial import TrialResult, TrialStatus
-
-#: Study user attribute holding the confirmation of trial N (:mod:`sweeper.sweep._confirm`): ``confirmation:N``.
-ATTR_PREFIX = "confirmation:"
-
-
-#: Study attribute of a confirmation that could not run (``confirmation_attempt:<N>``): an error, crash or timeout of
-#: the attempt, kept for the record, never the trial's confirmation.
-ATTEMPT_PREFIX = "confirmation_attempt:"
-
 
 #: Statuses of a long run that say something about the configuration: it held, or it failed by NaN, divergence or
 #: memory. A ``timeout``, ``crash`` or ``error`` is the attempt's failure (data missing, a folder not writable, the
@@ -150,11 +142,11 @@ def confirmations_in(study_attrs: Mapping[str, Any]) -> dict[int, Confirmation]:
     rerun."""
     out = {}
     for key, value in study_attrs.items():
-        if key.startswith(ATTR_PREFIX) and isinstance(value, Mapping):
+        if key.startswith(StudyAttr.CONFIRMATION) and isinstance(value, Mapping):
             try:
                 found = Confirmation.from_dict(value)
             except (TypeError, ValueError):
                 continue
             if found.is_outcome:
-                out[int(key.removeprefix(ATTR_PREFIX))] = found
+                out[int(key.removeprefix(StudyAttr.CONFIRMATION))] = found
     return out

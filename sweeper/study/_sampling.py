@@ -4,6 +4,7 @@ marks a NaN or OOM trial infeasible."""
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
@@ -40,6 +41,12 @@ def failure_constraint(status: str) -> float:
         return 1.0 if TrialStatus(status).pruned else -1.0
     except ValueError:  # not a status sweeper knows: not a result about the configuration
         return -1.0
+
+
+def set_failure_constraint(trial: optuna.Trial | Any, status: str) -> None:
+    """Mark ``trial`` infeasible (its :data:`FAILURE_CONSTRAINT` 1.0) when ``status`` is a NaN or an OOM, else
+    feasible (-1.0): :func:`failure_constraint`, stored with ``Trial.set_constraint``."""
+    trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(status))
 
 
 def n_startup_trials(n_trials: int) -> int:

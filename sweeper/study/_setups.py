@@ -2,10 +2,10 @@
 horizon, the learning rate, the fixed training keys, the memory cap), kept in the study itself, so that a resume under
 other settings is never mixed silently with what was measured before.
 
-A study holds a list of *setups* (the study attribute :data:`SETUPS_ATTR`, each a flat dict of settings such as
+A study holds a list of *setups* (the study attribute :data:`StudyAttr.SETUPS`, each a flat dict of settings such as
 ``{"max_steps": 10, "dataset.path": "/abs/data.jsonl", "dataset.sha256": "...", ...}``) and the index of the one its
-latest ``sweep run`` measured (:data:`CURRENT_SETUP_ATTR`); each trial stores the index it was measured under
-(:data:`TRIAL_SETUP_ATTR`). ``sweep run`` on an existing study (:func:`choose_setup`):
+latest ``sweep run`` measured (:data:`StudyAttr.CURRENT_SETUP`); each trial stores the index it was measured under
+(:data:`TrialAttr.SETUP`). ``sweep run`` on an existing study (:func:`choose_setup`):
 
 - with the same settings, resumes the setup they match (an earlier one too: going back to an earlier cap resumes it);
 - with another ``memory_limit_gib`` and nothing else changed, starts a new setup with a note, as before;
@@ -18,7 +18,7 @@ setup only (:func:`in_current_setup`); trials of the others stay in the study an
 (:func:`sweeper.report._front_text.other_setups_line`). Keys of run policy (timeouts, retries, the preflight's margin,
 workers) may change freely: :meth:`sweeper.space.TrialConfig.measured` leaves them out.
 
-A study written before setups existed has no :data:`SETUPS_ATTR`: its first setup is the settings of its latest
+A study written before setups existed has no :data:`StudyAttr.SETUPS`: its first setup is the settings of its latest
 measured trial's stored config (no data checksum), and its trials belong to the setup their configs match.
 """
 
@@ -33,16 +33,7 @@ import optuna
 
 from sweeper.errors import StudyError
 from sweeper.space import RUN_POLICY_KEYS, SearchSpace, TrialConfig
-from sweeper.study._urls import redact_url
-
-#: Study user attribute: the setups the study was measured under, in the order they were first run.
-SETUPS_ATTR = "setups"
-
-#: Study user attribute: the index in :data:`SETUPS_ATTR` of the setup the latest ``sweep run`` measured.
-CURRENT_SETUP_ATTR = "current_setup"
-
-#: Trial user attribute: the index in :data:`SETUPS_ATTR` of the setup the trial was measured under.
-TRIAL_SETUP_ATTR = "setup"
+from sweeper.storage import StudyAttr, TrialAttr, redact_url
 
 #: The setting that may change on a resume without ``--new-setup`` (a new setup, with a note).
 CAP_KEY = "memory_limit_gib"
@@ -160,8 +151,8 @@ def _baseline(study: optuna.Study) -> dict[str, Any] | None:
     is its original's), or None. A local model or data path that no longer exists is left out (the project moved,
     or the tests' tiny model was rebuilt elsewhere): what it held cannot be compared any more."""
     for t in reversed(study.get_trials(deepcopy=False)):
-        raw = t.user_attrs.get("config")
-        if t.state.is_finished() and isinstance(raw, Mapping) and "status" in t.user_attrs:
+        raw = t.user_attrs.get(TrialAttr.CONFIG)
+        if t.state.is_finished() and isinstance(raw, Mapping) and TrialAttr.STATUS in t.user_attrs:
             try:
                 settings = setup_settings(TrialConfig.from_dict(raw), t.params)
             except (TypeError, ValueError):
@@ -175,9 +166,9 @@ def _baseline(study: optuna.Study) -> dict[str, Any] | None:
 
 
 def stored_setups(study: optuna.Study) -> list[dict[str, Any]]:
-    """The study's setups (:data:`SETUPS_ATTR`), or for a study written before them its :func:`_baseline` (or
+    """The study's setups (:data:`StudyAttr.SETUPS`), or for a study written before them its :func:`_baseline` (or
     nothing, for a study with no measured trial)."""
-    raw = study.user_attrs.get(SETUPS_ATTR)
+    raw = study.user_attrs.get(StudyAttr.SETUPS)
     if isinstance(raw, list) and all(isinstance(s, dict) for s in raw):
         return [dict(s) for s in raw]
     baseline = _baseline(study)
@@ -187,7 +178,7 @@ def stored_setups(study: optuna.Study) -> list[dict[str, Any]]:
 def current_setup(study: optuna.Study) -> int | None:
     """The index of the setup the study's latest ``sweep run`` measured, or None for a study written before setups
     (whose trials are all compared, as before)."""
-    raw = study.user_attrs.get(CURRENT_SETUP_ATTR)
+    raw = study.user_attrs.get(StudyAttr.CURRENT_SETUP)
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
 
 
@@ -202,7 +193,7 @@ def choose_setup(study: optuna.Study, space: SearchSpace, url: str, *, new_setup
         new_setup: ``sweep run --new-setup``: record changed settings as a new setup instead of refusing them.
 
     Returns:
-        The index of the setup in :data:`SETUPS_ATTR`; the run's trials store it as :data:`TRIAL_SETUP_ATTR`.
+        The index of the setup in :data:`StudyAttr.SETUPS`; the run's trials store it as :data:`TrialAttr.SETUP`.
 
     Raises:
         StudyError: Settings other than ``memory_limit_gib`` differ from the study's current setup and ``new_setup``
@@ -221,8 +212,8 @@ def choose_setup(study: optuna.Study, space: SearchSpace, url: str, *, new_setup
             # Nothing was measured under the current settings (its trials were all interrupted): there is nothing
             # to mix them with, so they are replaced, and the queued trials run under the new ones.
             setups[at] = now
-            study.set_user_attr(SETUPS_ATTR, setups)
-            study.set_user_attr(CURRENT_SETUP_ATTR, at)
+            study.set_user_attr(StudyAttr.SETUPS, setups)
+            study.set_user_attr(StudyAttr.CURRENT_SETUP, at)
             return at
         if changed and not new_setup:
             raise StudyError(
@@ -232,14 +223,14 @@ def choose_setup(study: optuna.Study, space: SearchSpace, url: str, *, new_setup
             )
         setups.append(now)
         index = len(setups) - 1
-        study.set_user_attr(SETUPS_ATTR, setups)
-    elif study.user_attrs.get(SETUPS_ATTR) is None or set(now) - set(setups[index]):
+        study.set_user_attr(StudyAttr.SETUPS, setups)
+    elif study.user_attrs.get(StudyAttr.SETUPS) is None or set(now) - set(setups[index]):
         # Matched a setup that lacks settings this version records (a study written before setups, a checksum not
         # known then): it is completed with them, so that later resumes compare them too.
         setups[index] = {**setups[index], **now}
-        study.set_user_attr(SETUPS_ATTR, setups)
+        study.set_user_attr(StudyAttr.SETUPS, setups)
     if current_setup(study) != index:
-        study.set_user_attr(CURRENT_SETUP_ATTR, index)
+        study.set_user_attr(StudyAttr.CURRENT_SETUP, index)
     return index
 
 
@@ -261,11 +252,11 @@ def unapplied_settings(study: optuna.Study, space: SearchSpace) -> tuple[int | N
 
 def _measured_under(study: optuna.Study, index: int) -> bool:
     """Whether a trial of the study has a result under setup ``index``: finished with a status, not interrupted (a
-    trial without :data:`TRIAL_SETUP_ATTR` is an older version's and counts as measured)."""
+    trial without :data:`TrialAttr.SETUP` is an older version's and counts as measured)."""
     for t in study.get_trials(deepcopy=False):
-        if not t.state.is_finished() or "status" not in t.user_attrs or t.user_attrs.get("interrupted"):
+        if not t.state.is_finished() or TrialAttr.STATUS not in t.user_attrs or t.user_attrs.get(TrialAttr.INTERRUPTED):
             continue
-        if t.user_attrs.get(TRIAL_SETUP_ATTR, index) == index:
+        if t.user_attrs.get(TrialAttr.SETUP, index) == index:
             return True
     return False
 
@@ -273,9 +264,9 @@ def _measured_under(study: optuna.Study, index: int) -> bool:
 def trial_setup(
     attrs: Mapping[str, Any], config: TrialConfig | None, params: Mapping[str, Any], setups: Sequence[Mapping[str, Any]]
 ) -> int | None:
-    """The setup a trial was measured under: its :data:`TRIAL_SETUP_ATTR`, else (a trial written before setups) the
+    """The setup a trial was measured under: its :data:`TrialAttr.SETUP`, else (a trial written before setups) the
     first setup its stored config matches; None when neither says."""
-    raw = attrs.get(TRIAL_SETUP_ATTR)
+    raw = attrs.get(TrialAttr.SETUP)
     if isinstance(raw, int) and not isinstance(raw, bool):
         return raw
     if config is None:

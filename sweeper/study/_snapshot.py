@@ -24,35 +24,13 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.stability import LrCalibration, barely_learns, lr_calibration_of
+from sweeper.storage import StudyAttr, hypervolume, stale_running
 from sweeper.study._confirmation import Confirmation, confirmations_in
 from sweeper.study._front import non_dominated, tied_on_stability, ties_on_stability
-from sweeper.study._identity import STUDY_ID_ATTR
 from sweeper.study._objectives import MEMORY_NOISE_SHARE, Objective, study_objectives
-from sweeper.study._optuna_private import hypervolume
-from sweeper.study._recovery import stale_running
-from sweeper.study._setups import CURRENT_SETUP_ATTR, differences, stored_setups, trial_setup
+from sweeper.study._setups import differences, stored_setups, trial_setup
 from sweeper.study._stored import PredictionError, StoredTrial, prediction_errors_of, stored_trial
 from sweeper.trial import TrialStatus
-
-#: Study user attributes the snapshot types (written by :mod:`sweeper.sweep._plan` and ``_confirm``).
-MODEL_PATH_ATTR = "model_path"
-SEARCHED_ATTR = "searched"
-CONFIRM_STEPS_ATTR = "confirm_steps"
-
-#: Study user attribute holding the fitted memory correction, ``{memory_kind: Calibration.to_dict()}``
-#: (:mod:`sweeper.study._calibration` writes it).
-CALIBRATION_ATTR = "memory_calibration"
-#: Study user attribute: the study's own ``predicted_max_lr`` factor, written by ``sweep calibrate``
-#: (:mod:`sweeper.sweep._lr_calibration`).
-LR_CALIBRATION_ATTR = "lr_calibration"
-
-
-#: Study user attribute: the data's longest tokenized sample, set by each ``sweep run`` (:func:`sweeper.study.
-#: plan_sweep`).
-LONGEST_SAMPLE_ATTR = "longest_sample_tokens"
-#: Study user attribute: the devices its sweeps ran on, by name: ``{"device", "total_memory_gib"}`` each, recorded by
-#: each ``sweep run`` (:func:`sweeper.study.plan_sweep`).
-CARDS_ATTR = "cards"
 
 
 def _int_or_none(raw: Any) -> int | None:
@@ -61,7 +39,7 @@ def _int_or_none(raw: Any) -> int | None:
 
 @dataclass(frozen=True)
 class FrontProgress:
-    """How far a study's last trials moved its front: the hypervolume (:func:`sweeper.study._optuna_private.
+    """How far a study's last trials moved its front: the hypervolume (:func:`sweeper.storage._optuna_private.
     hypervolume`) of the complete trials' front before them and after them, against one reference point: each
     objective's worst value among the trials plus a tenth of its range, so that every trial counts, the worst too.
 
@@ -132,7 +110,7 @@ class StudySnapshot:
         cards: The devices its sweeps ran on, by name: ``(device, total_memory_gib)``; empty for a study of an older
             version or one whose device was never read.
         stale_running: Its RUNNING trials that no sweep runs any more, by number, each with the line that says since
-            when (:func:`sweeper.study._recovery.stale_running`), as read.
+            when (:func:`sweeper.storage._recovery.stale_running`), as read.
     """
 
     name: str
@@ -316,25 +294,25 @@ def _make(
 ) -> StudySnapshot:
     """The snapshot of ``study`` from its attributes, trials and setups as just read; ``stale``: look for RUNNING
     trials no sweep runs any more (a heartbeat query when one is RUNNING)."""
-    searched = attrs.get(SEARCHED_ATTR)
-    calibration = attrs.get(CALIBRATION_ATTR)
-    model_path = attrs.get(MODEL_PATH_ATTR)
-    study_id = attrs.get(STUDY_ID_ATTR)
+    searched = attrs.get(StudyAttr.SEARCHED)
+    calibration = attrs.get(StudyAttr.MEMORY_CALIBRATION)
+    model_path = attrs.get(StudyAttr.MODEL_PATH)
+    study_id = attrs.get(StudyAttr.STUDY_ID)
     return StudySnapshot(
         name=study.study_name,
         study_id=study_id if isinstance(study_id, str) and study_id else None,
         objectives=study_objectives(study),
         model_path=str(model_path) if model_path else None,
         searched=tuple(str(k) for k in searched) if isinstance(searched, (list, tuple)) else (),
-        confirm_steps=_int_or_none(attrs.get(CONFIRM_STEPS_ATTR)),
+        confirm_steps=_int_or_none(attrs.get(StudyAttr.CONFIRM_STEPS)),
         calibration=calibration if isinstance(calibration, Mapping) else None,
-        lr_calibration=lr_calibration_of(attrs.get(LR_CALIBRATION_ATTR)),
+        lr_calibration=lr_calibration_of(attrs.get(StudyAttr.LR_CALIBRATION)),
         trials=trials,
         confirmations=confirmations_in(attrs),
         setups=setups,
-        current_setup=_int_or_none(attrs.get(CURRENT_SETUP_ATTR)),
-        longest_sample_tokens=_int_or_none(attrs.get(LONGEST_SAMPLE_ATTR)),
-        cards=_cards(attrs.get(CARDS_ATTR)),
+        current_setup=_int_or_none(attrs.get(StudyAttr.CURRENT_SETUP)),
+        longest_sample_tokens=_int_or_none(attrs.get(StudyAttr.LONGEST_SAMPLE_TOKENS)),
+        cards=_cards(attrs.get(StudyAttr.CARDS)),
         stale_running=stale_running(study, [t.frozen for t in trials if t.frozen is not None]) if stale else {},
     )
 
@@ -342,13 +320,13 @@ def _make(
 def snapshot(study: StudyLike, *, stale: bool = True) -> StudySnapshot:
     """Read ``study`` once: its attributes, every trial with its confirmation, its setups; a snapshot is returned as
     it is (readers pass the one their command built). ``stale`` False leaves :attr:`StudySnapshot.stale_running`
-    empty: the sweep's loop fails stale trials itself (:func:`sweeper.study.writing.fail_stale_trials`) and skips the
+    empty: the sweep's loop fails stale trials itself (:func:`sweeper.storage.fail_stale_trials`) and skips the
     heartbeat query its read would make."""
     if isinstance(study, StudySnapshot):
         return study
     attrs = dict(study.user_attrs)
     confirmed = confirmations_in(attrs)
-    lr_calibration = lr_calibration_of(attrs.get(LR_CALIBRATION_ATTR))
+    lr_calibration = lr_calibration_of(attrs.get(StudyAttr.LR_CALIBRATION))
     trials = tuple(stored_trial(t, confirmed.get(t.number), lr_calibration) for t in study.get_trials(deepcopy=False))
     return _make(study, attrs, trials, tuple(stored_setups(study)), stale)
 

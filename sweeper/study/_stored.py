@@ -26,6 +26,7 @@ from sweeper.stability import (
     margin_interval,
     predicted_max_lr,
 )
+from sweeper.storage import TrialAttr
 from sweeper.study._confirmation import Confirmation
 from sweeper.trial import TrialResult, TrialStatus
 
@@ -131,7 +132,7 @@ class StoredTrial:
     def status_name(self) -> str:
         """The status as stored (``complete``, ``nan``, ...), or Optuna's state in lower case for a trial without
         one (``running``, ``waiting``, ``fail``)."""
-        return str(self.user_attrs.get("status") or self.state.name.lower())
+        return str(self.user_attrs.get(TrialAttr.STATUS) or self.state.name.lower())
 
     @property
     def count_label(self) -> str:
@@ -149,7 +150,7 @@ def _status(trial: FrozenTrial) -> TrialStatus:
         return TrialStatus.RUNNING
     if trial.state == TrialState.WAITING:
         return TrialStatus.WAITING
-    raw = trial.user_attrs.get("status")
+    raw = trial.user_attrs.get(TrialAttr.STATUS)
     if raw is None:  # ended without a result sweeper wrote (an Optuna-level failure)
         return TrialStatus.UNKNOWN
     try:
@@ -159,7 +160,7 @@ def _status(trial: FrozenTrial) -> TrialStatus:
 
 
 def _config(attrs: Mapping[str, Any]) -> TrialConfig | None:
-    raw = attrs.get("config")
+    raw = attrs.get(TrialAttr.CONFIG)
     if not isinstance(raw, Mapping):
         return None
     try:
@@ -173,7 +174,7 @@ def _result(attrs: Mapping[str, Any], config: TrialConfig | None, lr_calibration
     its figures filled in where a study written before them lacks them (:func:`with_intervals`)."""
     components = {name: attrs[name] for name in STORED_COMPONENTS if attrs.get(name) is not None}
     result = TrialResult.from_dict(
-        {**attrs, "status": attrs.get("status", "error"), "instability_components": components}
+        {**attrs, "status": attrs.get(TrialAttr.STATUS, "error"), "instability_components": components}
     )
     with_intervals(result, config, lr_calibration)
     return result
@@ -210,8 +211,8 @@ def stored_trial(
     what is missing is None or its default. A ``confirmation`` no longer than the trial (earlier versions accepted
     ``--steps 1``) is not attached: it confirms nothing, and a pick would prefer it."""
     attrs = trial.user_attrs
-    repeat = attrs.get("duplicate_of")
-    retry = attrs.get("retry_of")
+    repeat = attrs.get(TrialAttr.DUPLICATE_OF)
+    retry = attrs.get(TrialAttr.RETRY_OF)
     values = tuple(trial.values) if trial.state == TrialState.COMPLETE and trial.values else None
     return StoredTrial(
         number=trial.number,
@@ -223,9 +224,9 @@ def stored_trial(
         result=_result(attrs, config, lr_calibration),
         repeat_of=int(repeat) if repeat is not None else None,
         retry_of=int(retry) if retry is not None else None,
-        retry_attempt=int(attrs.get("retry_attempt", 0)),
-        retried=bool(attrs.get("retried", False)),
-        interrupted=bool(attrs.get("interrupted", False)),
+        retry_attempt=int(attrs.get(TrialAttr.RETRY_ATTEMPT, 0)),
+        retried=bool(attrs.get(TrialAttr.RETRIED, False)),
+        interrupted=bool(attrs.get(TrialAttr.INTERRUPTED, False)),
         user_attrs=attrs,
         frozen=trial,
         confirmation=None
@@ -237,11 +238,6 @@ def stored_trial(
 def is_finished(trial: FrozenTrial | StoredTrial) -> bool:
     """Counts toward ``n_trials`` (:attr:`StoredTrial.counts`)."""
     return (trial if isinstance(trial, StoredTrial) else stored_trial(trial)).counts
-
-
-#: Trial user attribute: the corrected prediction the preflight used for this trial (GiB, same kind as
-#: ``peak_memory_gib``); absent before the study had a measured trial of this memory kind.
-CORRECTED_ATTR = "corrected_peak_gib"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -285,7 +281,7 @@ def prediction_errors_of(trials: Sequence[StoredTrial]) -> list[PredictionError]
         if measured is None or measured <= 0:
             continue
         predicted = t.result.memory.predicted_peak_gib
-        corrected = t.user_attrs.get(CORRECTED_ATTR)
+        corrected = t.user_attrs.get(TrialAttr.CORRECTED_PEAK_GIB)
         corrected = float(corrected) if isinstance(corrected, (int, float)) else None
         rows.append(
             PredictionError(

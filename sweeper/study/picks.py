@@ -4,8 +4,8 @@ and returns a :class:`PickOutcome` (the trial, what it chose among, the notes it
 data). The export narrows the trials to those its format can express (:class:`Within`); the report and the export
 write the outcome's line; confirm takes the trial.
 
-A public module beside the face (:mod:`sweeper.study`), as :mod:`sweeper.study.writing` is: the readers (report,
-export) and the sweep's long runs each read it, and none of them decides a pick on its own.
+A public module beside the face (:mod:`sweeper.study`): the readers (report, export) and the sweep's long runs each
+read it, and none of them decides a pick on its own.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ Optuna study.
 - the long runs: :func:`confirm_trials` (``sweep confirm``, the candidates of :func:`candidates`) and
   :func:`calibrate_study` (``sweep calibrate``).
 
-It writes through :mod:`sweeper.study.writing`; the readers (report, export) never import it.
+It records on the study through :mod:`sweeper.study` and shares it with other sweeps through :mod:`sweeper.storage`
+(locks, heartbeats, stale-trial recovery); the readers (report, export) never import it.
 """
 
 from sweeper.sweep._confirm import ConfirmCallback, candidates, confirm_trials

@@ -24,6 +24,7 @@ import optuna
 
 from sweeper.errors import StudyError
 from sweeper.space import TrialConfig
+from sweeper.storage import StudyAttr, trial_dir
 from sweeper.study import (
     Confirmation,
     StoredTrial,
@@ -31,11 +32,11 @@ from sweeper.study import (
     StudySnapshot,
     artifact_store,
     by_knee_distance,
+    loss_curve_svg,
     snapshot,
 )
 from sweeper.study.picks import safe_choice
-from sweeper.study.writing import ATTEMPT_PREFIX, ATTR_PREFIX, TrialStatus, loss_curve_svg, trial_dir
-from sweeper.trial import TrialProgress, TrialResult, run_trial
+from sweeper.trial import TrialProgress, TrialResult, TrialStatus, run_trial
 
 #: A confirmation runs this many times the trial's own ``max_steps`` unless told otherwise.
 DEFAULT_HORIZON_FACTOR = 10
@@ -132,9 +133,9 @@ def _record(
         **_prediction(trial, result),
     )
     if outcome.is_outcome:
-        study.set_user_attr(f"{ATTR_PREFIX}{number}", outcome.to_dict())
+        study.set_user_attr(f"{StudyAttr.CONFIRMATION}{number}", outcome.to_dict())
     else:  # the attempt failed, not the configuration: an earlier outcome stands, and the same command runs it again
-        study.set_user_attr(f"{ATTEMPT_PREFIX}{number}", outcome.to_dict())
+        study.set_user_attr(f"{StudyAttr.CONFIRMATION_ATTEMPT}{number}", outcome.to_dict())
     return outcome
 
 

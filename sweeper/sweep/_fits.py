@@ -14,13 +14,9 @@ import optuna
 
 from sweeper.memory import nothing_fits, smallest_predicted
 from sweeper.space import SearchSpace, TrialConfig
-from sweeper.study.writing import (
-    TrialStatus,
-    device_kind,
-    store_baseline,
-    stored_calibration,
-)
+from sweeper.study import store_baseline, stored_calibration
 from sweeper.sweep._preflight import known_memory, trial_device
+from sweeper.trial import TrialStatus, device_kind
 
 #: On the CPU, a cap within this factor of the smallest predicted peak is measured before the first trial: the
 #: uncorrected model under-predicted the built-in model's trials by up to 1.7x (0.66 GiB predicted, 1.1 measured), so
@@ -145,7 +141,7 @@ def measure_smallest(config: TrialConfig, model_path: str, cap_gib: float | None
     free), in a fresh trial process: ``(load_peak_memory_gib, peak_memory_gib)``, or None when it did not complete
     them. Two, not one: the optimizer allocates its states in the first step's update, so only the second step's
     backward runs beside them (advice from one step ran out of memory in step 2's backward at 0.63 GiB:
-    tests/study/test_setup_checks.py)."""
+    tests/sweep/test_setup_checks.py)."""
     from sweeper.trial import run_trial
 
     cap = min(cap_gib if cap_gib is not None else math.inf, machine_available_gib())

@@ -7,10 +7,10 @@
    (:func:`settle_prediction`);
 3. **measure** it in a trial process (:func:`measure`, the worker slot's :class:`sweeper.trial.TrialProcess`);
 4. **tell** the study its outcome, with its artifacts (:func:`tell`), and **retry** what may go differently
-   another time (crash, timeout; :func:`sweeper.study._recovery.retry`).
+   another time (crash, timeout; :func:`sweeper.storage._recovery.retry`).
 
 Several worker slots (threads) may run in one sweep process and several processes on one study (see
-:mod:`sweeper.study._coordination`). Resuming is running the same command again: the study is loaded, stale
+:mod:`sweeper.storage._coordination`). Resuming is running the same command again: the study is loaded, stale
 trials are failed and retried, and the loop stops when the study holds ``n_trials`` finished trials.
 """
 
@@ -22,9 +22,8 @@ from collections.abc import Sequence
 
 import optuna
 
-from sweeper.study.writing import (
-    make_sampler,
-)
+from sweeper.storage import StudyAttr
+from sweeper.study import make_sampler
 from sweeper.sweep._plan import SweepPlan
 from sweeper.sweep._state import SweepCallback, _Sweep
 from sweeper.sweep._trial_steps import run_slot, slot_main
@@ -36,8 +35,8 @@ def run_study(plan: SweepPlan, callbacks: Sequence[SweepCallback] = ()) -> optun
     ``plan.max_consecutive_repeats`` times in a row.
 
     Several ``run_study`` calls (processes, machines) may share one study: they never start more than ``n_trials``
-    trials between them (:class:`sweeper.study._coordination.AskLock`), and find each other's dead or silent trials
-    (:func:`sweeper.study._recovery.fail_stale_trials`).
+    trials between them (:class:`sweeper.storage._coordination.AskLock`), and find each other's dead or silent trials
+    (:func:`sweeper.storage._recovery.fail_stale_trials`).
 
     Args:
         plan: The checked sweep, its study opened.
@@ -52,16 +51,18 @@ def run_study(plan: SweepPlan, callbacks: Sequence[SweepCallback] = ()) -> optun
         KeyboardInterrupt: After the running trials were killed and recorded as interrupted.
     """
     study, space = plan.study, plan.space
-    if "space_path" not in study.user_attrs:
-        study.set_user_attr("space_path", space.path)
-        study.set_user_attr("searched", list(space.search))
-    if study.user_attrs.get("model_path") != plan.model_path:
-        study.set_user_attr("model_path", plan.model_path)  # the local checkpoint the trials loaded (for exports)
+    if StudyAttr.SPACE_PATH not in study.user_attrs:
+        study.set_user_attr(StudyAttr.SPACE_PATH, space.path)
+        study.set_user_attr(StudyAttr.SEARCHED, list(space.search))
+    if study.user_attrs.get(StudyAttr.MODEL_PATH) != plan.model_path:
+        study.set_user_attr(
+            StudyAttr.MODEL_PATH, plan.model_path
+        )  # the local checkpoint the trials loaded (for exports)
     sweep = _Sweep(plan, callbacks)
     with sweep.lock.held():
-        starts = int(study.user_attrs.get("sweep_starts", 0))
+        starts = int(study.user_attrs.get(StudyAttr.SWEEP_STARTS, 0))
         if sweep.view.finished < plan.n_trials:  # a run with nothing to start does not shift later runs' seeds
-            study.set_user_attr("sweep_starts", starts + 1)
+            study.set_user_attr(StudyAttr.SWEEP_STARTS, starts + 1)
     if starts and space.study.seed is not None:
         # Every sweep of the study (started together on several machines, or resuming) samples from its own seed:
         # with one seed they would all propose the same first configurations.

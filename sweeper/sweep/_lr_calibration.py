@@ -10,7 +10,7 @@ two) over its ``lr_ceiling``; the study's is their geometric mean, with their ge
 
 Where it is kept: each run as a study user attribute ``lr_calibration_run:<trial>:<multiple>`` (status, fail step,
 steps) when it ends, so a stopped calibration loses at most the run it was in and the same command goes on; the
-factor as ``lr_calibration`` (:data:`sweeper.study._snapshot.LR_CALIBRATION_ATTR`), which every reader of the study
+factor as ``lr_calibration`` (:data:`sweeper.storage.StudyAttr.LR_CALIBRATION`), which every reader of the study
 then uses for ``predicted_max_lr`` (:func:`sweeper.study._stored.with_intervals`).
 """
 
@@ -28,13 +28,10 @@ import optuna
 
 from sweeper.errors import StudyError
 from sweeper.stability import DEFAULT_LR_CALIBRATION, LrCalibration
+from sweeper.storage import StudyAttr, trial_dir
 from sweeper.study import StoredTrial, StudyLike, by_knee_distance, snapshot
-from sweeper.study.writing import LR_CALIBRATION_ATTR, TrialStatus, trial_dir
 from sweeper.sweep._confirm import DEFAULT_HORIZON_FACTOR, horizon, long_config
-from sweeper.trial import TrialProgress, TrialResult, run_trial
-
-#: Study user attribute prefix of one calibration run: ``lr_calibration_run:<trial>:<multiple>``.
-RUN_PREFIX = "lr_calibration_run:"
+from sweeper.trial import TrialProgress, TrialResult, TrialStatus, run_trial
 
 #: Default bracket: the edge is known to within this factor (the largest multiple that held and the smallest that
 #: failed are at most this far apart).
@@ -120,7 +117,7 @@ def stored_runs(study: optuna.Study) -> dict[tuple[int, float], EdgeRun]:
     """Every calibration run the study holds, by (trial, multiple) (its study attributes, read once)."""
     out = {}
     for key, raw in study.user_attrs.items():
-        if not key.startswith(RUN_PREFIX) or not isinstance(raw, dict):
+        if not key.startswith(StudyAttr.LR_CALIBRATION_RUN) or not isinstance(raw, dict):
             continue
         try:
             run = EdgeRun(
@@ -137,7 +134,7 @@ def stored_runs(study: optuna.Study) -> dict[tuple[int, float], EdgeRun]:
 
 
 def _key(trial: int, multiple: float) -> str:
-    return f"{RUN_PREFIX}{trial}:{multiple:.6g}"
+    return f"{StudyAttr.LR_CALIBRATION_RUN}{trial}:{multiple:.6g}"
 
 
 def calibration_from(edges: Sequence[Edge], resolution: float) -> LrCalibration:
@@ -319,7 +316,7 @@ def calibrate_study(
         return None, []
     calibration = calibration_from(edges, resolution)
     study.set_user_attr(
-        LR_CALIBRATION_ATTR,
+        StudyAttr.LR_CALIBRATION,
         {
             "factor": calibration.factor,
             "gsd": calibration.gsd,

@@ -16,30 +16,25 @@ import optuna
 from sweeper.errors import SpaceError, SweeperError
 from sweeper.memory import memory_predictor
 from sweeper.space import SearchSpace, TrialConfig
-from sweeper.study import redact_url, study_dir
-from sweeper.study.writing import (
-    CARDS_ATTR,
-    LONGEST_SAMPLE_ATTR,
+from sweeper.storage import (
     OWNER_FILE,
-    STUDY_ID_ATTR,
+    StudyAttr,
     check_disk,
     check_writable,
-    choose_setup,
-    count_finished,
     default_storage,
     heartbeat_interval_s,
     in_memory,
-    open_study,
-    slot_devices,
+    redact_url,
     sqlite_file,
     storage_of,
-    stored_setups,
+    study_dir,
     trial_dir,
-    unapplied_settings,
 )
+from sweeper.study import choose_setup, open_study, snapshot, stored_setups, unapplied_settings
 from sweeper.sweep._fits import nothing_fits_line
 from sweeper.sweep._preflight import trial_device
 from sweeper.sweep._setup_checks import check_setup
+from sweeper.sweep._slots import slot_devices
 
 if TYPE_CHECKING:
     from sweeper.data import FileLengths
@@ -230,8 +225,8 @@ def _open_checked(
     study = None
     try:
         study = open_study(space, url, name, target)  # a storage problem is one line before any output
-        created = not study.trials and set(study.user_attrs) <= {STUDY_ID_ATTR}
-        known, finished = len(stored_setups(study)), count_finished(study)
+        created = not study.trials and set(study.user_attrs) <= {StudyAttr.STUDY_ID}
+        known, finished = len(stored_setups(study)), snapshot(study, stale=False).finished
         setup, unapplied = _setup_of(study, space, url, finished >= target and known > 0, new_setup)
         check_disk(study_dir(name), storage=url)  # before any trial starts, and again before each
         check = refuse_if_nothing_fits and finished < target  # a run with nothing to run measures nothing
@@ -246,11 +241,11 @@ def _record_inputs(study: optuna.Study, longest_sample_tokens: int | None, card:
     """Record on the study what this run read of its inputs: the data's longest sample (what the report says of
     lengths that train the same rows) and the device by name (the report's cap line)."""
     if longest_sample_tokens is not None:
-        study.set_user_attr(LONGEST_SAMPLE_ATTR, longest_sample_tokens)
+        study.set_user_attr(StudyAttr.LONGEST_SAMPLE_TOKENS, longest_sample_tokens)
     if card is not None:
-        cards = dict(study.user_attrs.get(CARDS_ATTR) or {})
+        cards = dict(study.user_attrs.get(StudyAttr.CARDS) or {})
         cards[str(card["name"])] = {"device": card["device"], "total_memory_gib": round(card["total_memory_gib"], 3)}
-        study.set_user_attr(CARDS_ATTR, cards)
+        study.set_user_attr(StudyAttr.CARDS, cards)
 
 
 def _checked_predictor(

@@ -5,8 +5,7 @@ the dominance rule and the preflight of :mod:`sweeper.memory`), and the device t
 from __future__ import annotations
 
 from sweeper.memory import Known
-from sweeper.study import StudyLike
-from sweeper.study.writing import stored_trials
+from sweeper.study import StudyLike, snapshot
 from sweeper.trial import cuda_visible
 
 
@@ -20,7 +19,7 @@ def known_memory(study: StudyLike, memory_kind: str | None = None) -> list[Known
     out of memory (:attr:`sweeper.study.TrialStatus.fits`); repeats and trials without a stored config left out.
     With ``memory_kind``, only trials measured that way (a CPU trial's OOM says nothing about a GPU's)."""
     out = []
-    for t in stored_trials(study):
+    for t in snapshot(study).trials:
         fits = t.status.fits
         if t.is_repeat or fits is None or t.config is None or not t.state.is_finished():
             continue

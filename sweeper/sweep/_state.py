@@ -15,40 +15,21 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial
 
-from sweeper.study import StoredTrial, StudySnapshot, snapshot
-from sweeper.study.writing import (
-    TRIAL_SETUP_ATTR,
-    AskLock,
-    fail_stale_trials,
-    heartbeat_interval,
+from sweeper.storage import AskLock, TrialAttr, fail_stale_trials, heartbeat_interval, storage_of, trial_id
+from sweeper.study import (
+    StoredTrial,
+    StudySnapshot,
     objective_values,
-    storage_of,
+    snapshot,
     stored_trial,
     study_objectives,
     to_distributions,
-    trial_id,
 )
 from sweeper.sweep._plan import SweepPlan
 from sweeper.trial import TrialProgress, TrialResult, TrialStatus
 
 #: Seconds a worker slot waits before looking again when the trials still needed are all running elsewhere.
 POLL_S = 2.0
-
-
-#: User attributes that describe one run of a trial rather than its configuration's result (not copied to repeats).
-_BOOKKEEPING_ATTRS = (
-    "sweep_host",
-    "sweep_pid",
-    "worker_pid",
-    "retry_of",
-    "retry_attempt",
-    "retried",
-    "interrupted",
-    "duplicate_of",
-    "cuda_visible_devices",
-    "heartbeat_interval_s",
-    TRIAL_SETUP_ATTR,
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +119,7 @@ class _Sweep:
         stored = stored_trial(storage_of(self.study).get_trial(trial_id(trial)))
         with self.mutex:
             for callback in self.callbacks:
-                callback.trial_started(stored, trial.user_attrs.get("cuda_visible_devices"))
+                callback.trial_started(stored, trial.user_attrs.get(TrialAttr.CUDA_VISIBLE_DEVICES))
 
     def progress(self, number: int, progress: TrialProgress) -> None:
         if not self.callbacks:
@@ -220,12 +201,12 @@ class _Sweep:
                 return None
             trial = self.study.ask(self.distributions)
             if self.plan.setup is not None:
-                trial.set_user_attr(TRIAL_SETUP_ATTR, self.plan.setup)
-            trial.set_user_attr("sweep_host", socket.gethostname())
-            trial.set_user_attr("sweep_pid", os.getpid())
+                trial.set_user_attr(TrialAttr.SETUP, self.plan.setup)
+            trial.set_user_attr(TrialAttr.SWEEP_HOST, socket.gethostname())
+            trial.set_user_attr(TrialAttr.SWEEP_PID, os.getpid())
             if device is not None:
-                trial.set_user_attr("cuda_visible_devices", device)
+                trial.set_user_attr(TrialAttr.CUDA_VISIBLE_DEVICES, device)
             interval = heartbeat_interval(storage_of(self.study))
             if interval is not None:
-                trial.set_user_attr("heartbeat_interval_s", interval)
+                trial.set_user_attr(TrialAttr.HEARTBEAT_INTERVAL_S, interval)
             return trial

@@ -19,28 +19,32 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.errors import STOP_CAUSE, RunError
 from sweeper.memory import preflight
 from sweeper.space import TrialConfig
-from sweeper.study import StudyLike, StudySnapshot, artifact_store, snapshot, study_dir
-from sweeper.study.writing import (
-    CORRECTED_ATTR,
-    FAILURE_CONSTRAINT,
-    TRIAL_SETUP_ATTR,
+from sweeper.storage import (
+    BOOKKEEPING,
     Heartbeat,
+    TrialAttr,
     check_disk,
-    device_kind,
-    failure_constraint,
-    record_result,
     retry,
-    slot_env,
     storage_of,
-    stored_calibration,
+    study_dir,
     trial_dir,
     trial_id,
+)
+from sweeper.study import (
+    StudyLike,
+    StudySnapshot,
+    artifact_store,
+    record_result,
+    set_failure_constraint,
+    snapshot,
+    stored_calibration,
     update_calibration,
     upload_trial_artifacts,
 )
 from sweeper.sweep._preflight import known_memory, trial_device
-from sweeper.sweep._state import _BOOKKEEPING_ATTRS, POLL_S, _Stop, _Sweep
-from sweeper.trial import MemoryReading, Provenance, TrialProcess, TrialResult, TrialStatus
+from sweeper.sweep._slots import slot_env
+from sweeper.sweep._state import POLL_S, _Stop, _Sweep
+from sweeper.trial import MemoryReading, Provenance, TrialProcess, TrialResult, TrialStatus, device_kind
 
 
 def _same_rows(params: Mapping[str, Any], config: TrialConfig | None, longest: int | None) -> dict[str, Any]:
@@ -78,17 +82,17 @@ def find_duplicate(
     want = config.as_trained(longest).measured() if config is not None else None
     mine = _same_rows(params, config, longest)
     for t in snapshot(study).trials_in((TrialState.COMPLETE, TrialState.PRUNED)):
-        if "status" not in t.user_attrs or t.frozen is None:
+        if TrialAttr.STATUS not in t.user_attrs or t.frozen is None:
             continue
         if t.params != params and (longest is None or _same_rows(t.params, t.config, longest) != mine):
             continue
-        if setup is not None and t.user_attrs.get(TRIAL_SETUP_ATTR, setup) != setup:
+        if setup is not None and t.user_attrs.get(TrialAttr.SETUP, setup) != setup:
             continue
         if want is not None and config is not None:
             if t.config is None:
                 continue
             theirs = t.config
-            if setup is not None and t.user_attrs.get(TRIAL_SETUP_ATTR) == setup:
+            if setup is not None and t.user_attrs.get(TrialAttr.SETUP) == setup:
                 # The setup compared the data by content and a local checkpoint by fingerprint: the same files
                 # under another path (a copied project folder) are the same measurement.
                 theirs = replace(
@@ -125,9 +129,9 @@ def record_interrupted(sweep: _Sweep, trial: optuna.Trial, reason: str | None = 
     """Tell ``trial`` FAIL as not run to its end (``interrupted``, not counted) and queue its params again, without
     using up one of its ``max_retries`` (the configuration did nothing wrong): the next ``sweep run`` measures it.
     The default reason names what stopped the sweep (``interrupted: Ctrl-C``, ``interrupted: SIGTERM``)."""
-    trial.set_user_attr("status", TrialStatus.CRASH.value)
-    trial.set_user_attr("reason", reason or f"interrupted: {STOP_CAUSE['by']}")
-    trial.set_user_attr("interrupted", True)
+    trial.set_user_attr(TrialAttr.STATUS, TrialStatus.CRASH.value)
+    trial.set_user_attr(TrialAttr.REASON, reason or f"interrupted: {STOP_CAUSE['by']}")
+    trial.set_user_attr(TrialAttr.INTERRUPTED, True)
     retry(sweep.study, trial, sweep.max_retries, count=False)
     sweep.study.tell(trial, state=TrialState.FAIL)
 
@@ -184,9 +188,9 @@ def settle_repeat(sweep: _Sweep, trial: optuna.Trial, view: StudySnapshot) -> bo
     if same is None:
         return False
     for key, value in same.user_attrs.items():
-        if key not in _BOOKKEEPING_ATTRS:
+        if key not in BOOKKEEPING:
             trial.set_user_attr(key, value)
-    trial.set_user_attr("duplicate_of", same.number)
+    trial.set_user_attr(TrialAttr.DUPLICATE_OF, same.number)
     reason = f"same configuration as trial {same.number}: its result is reused"
     mine, theirs = trial.params.get("max_seq_length"), same.params.get("max_seq_length")
     if mine != theirs and longest is not None:
@@ -194,9 +198,9 @@ def settle_repeat(sweep: _Sweep, trial: optuna.Trial, view: StudySnapshot) -> bo
             f"max_seq_length {mine} trains the same rows as {theirs} on this data (longest {longest:,} tokens): "
             f"trial {same.number}'s result is reused"
         )
-    trial.set_user_attr("reason", reason)
-    trial.set_user_attr("wall_time_s", 0.0)
-    trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(same.user_attrs["status"]))
+    trial.set_user_attr(TrialAttr.REASON, reason)
+    trial.set_user_attr(TrialAttr.WALL_TIME_S, 0.0)
+    set_failure_constraint(trial, same.user_attrs[TrialAttr.STATUS])
     frozen = sweep.study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)
     sweep.emit(frozen)
     return True
@@ -215,7 +219,7 @@ def settle_prediction(
     kind = device_kind()
     calibration = stored_calibration(view, kind)
     if calibration is not None and predicted is not None:
-        trial.set_user_attr(CORRECTED_ATTR, calibration.correct(config, predicted))
+        trial.set_user_attr(TrialAttr.CORRECTED_PEAK_GIB, calibration.correct(config, predicted))
     decision = preflight(config, predicted, known_memory(view, kind), device=trial_device(), calibration=calibration)
     if decision is None:
         return False
@@ -228,7 +232,7 @@ def settle_prediction(
         ),
     )
     record_result(trial, result, config)
-    trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
+    set_failure_constraint(trial, result.status)
     sweep.emit(sweep.study.tell(trial, state=TrialState.PRUNED))
     return True
 
@@ -246,7 +250,7 @@ def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig) -> TrialRes
     pids: list[int] = []
 
     def started(pid: int) -> None:
-        trial.set_user_attr("worker_pid", pid)
+        trial.set_user_attr(TrialAttr.WORKER_PID, pid)
         pids.append(pid)
         with sweep.mutex:
             sweep.trial_pids.add(pid)
@@ -294,14 +298,14 @@ def tell(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, result: TrialR
     try:
         record_result(trial, result, config)
         _upload_artifacts(sweep.name, trial, result)
-        trial.set_constraint(FAILURE_CONSTRAINT, failure_constraint(result.status))
+        set_failure_constraint(trial, result.status)
         if result.status == TrialStatus.COMPLETE:
             frozen = sweep.study.tell(trial, sweep.objective_values(result))
         elif result.status.pruned:
             frozen = sweep.study.tell(trial, state=TrialState.PRUNED)
         else:
             if result.status.retried and retry(sweep.study, trial, sweep.max_retries):
-                trial.set_user_attr("retried", True)
+                trial.set_user_attr(TrialAttr.RETRIED, True)
             frozen = sweep.study.tell(trial, state=TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         sweep.note(

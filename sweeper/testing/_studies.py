@@ -19,7 +19,7 @@ from optuna.trial import TrialState, create_trial
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig, parse_space
 from sweeper.stability import DEFAULT_LR_CALIBRATION, margin_interval, predicted_max_lr
-from sweeper.study._identity import STUDY_ID_ATTR
+from sweeper.storage import StudyAttr
 
 # The test helpers build studies as the sweep records them, from the study package's own modules (optuna.testing's
 # shape): pyproject's private-modules contract lets sweeper.testing, and only it, import them.
@@ -184,8 +184,8 @@ def make_study(folder: Path, model: str = "m") -> optuna.Study:
     (3), a ``nan`` caused by the data (4, sample 7) and a repeat of trial 0 (5).
 
     Opened with :func:`sweeper.study.open_study`, which writes ``studies/rep/study.json`` in the working directory and
-    gives each study its own identity (:data:`sweeper.study.STUDY_ID_ATTR`). The trials are built once per ``model``
-    in a process; later calls copy that database (without its identity) and open the copy.
+    gives each study its own identity (:attr:`sweeper.storage.StudyAttr.STUDY_ID`). The trials are built once per
+    ``model`` in a process; later calls copy that database (without its identity) and open the copy.
     """
     space = parse_space({"study": {"name": "rep"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
     url = f"sqlite:///{folder}/rep.db"
@@ -194,7 +194,7 @@ def make_study(folder: Path, model: str = "m") -> optuna.Study:
         shutil.copyfile(made, folder / "rep.db")
         return open_study(space, url, "rep", 8)
     study = open_study(space, url, "rep", 8)
-    study.set_user_attr("searched", ["r", "per_device_train_batch_size", "max_seq_length"])
+    study.set_user_attr(StudyAttr.SEARCHED, ["r", "per_device_train_batch_size", "max_seq_length"])
     add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=0.9, model=model)
     add_trial(study, r=8, batch=2, seq=64, status="complete", peak=1.5, instability=0.2, model=model)
     add_trial(study, r=16, batch=2, seq=128, status="complete", peak=2.0, instability=0.5, model=model)
@@ -206,6 +206,6 @@ def make_study(folder: Path, model: str = "m") -> optuna.Study:
     made = _made_dir() / "rep.db"
     shutil.copyfile(folder / "rep.db", made)
     with contextlib.closing(sqlite3.connect(made)) as conn, conn:  # a copy opened later is a study of its own
-        conn.execute("DELETE FROM study_user_attributes WHERE key = ?", (STUDY_ID_ATTR,))
+        conn.execute("DELETE FROM study_user_attributes WHERE key = ?", (StudyAttr.STUDY_ID,))
     _MADE[model] = made
     return study

@@ -18,7 +18,7 @@ from sweeper._lazy import lazy_names
 
 if TYPE_CHECKING:
     from sweeper.trial._card import Card, CardError, read_cards, smallest_card
-    from sweeper.trial._devices import cpu_has_bfloat16, cuda_visible, visible_gpus
+    from sweeper.trial._devices import cpu_has_bfloat16, cuda_visible, device_kind, visible_gpus
     from sweeper.trial._job import TrialProgress
     from sweeper.trial._launch import TrialProcess, prestart, run_trial
     from sweeper.trial._result import (
@@ -46,6 +46,7 @@ _HOMES = {
     "TrialStatus": "sweeper.trial._status",
     "cpu_has_bfloat16": "sweeper.trial._devices",
     "cuda_visible": "sweeper.trial._devices",
+    "device_kind": "sweeper.trial._devices",
     "run_trial": "sweeper.trial._launch",
     "visible_gpus": "sweeper.trial._devices",
 }
@@ -63,6 +64,7 @@ __all__ = [
     "TrialStatus",
     "cpu_has_bfloat16",
     "cuda_visible",
+    "device_kind",
     "prestart",
     "read_cards",
     "run_trial",

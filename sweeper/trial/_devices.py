@@ -52,3 +52,9 @@ def cpu_has_bfloat16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
         if sep and key.strip() in ("flags", "Features"):
             flags.update(value.split())
     return bool(flags & BFLOAT16_FLAGS) if flags else None
+
+
+def device_kind() -> str:
+    """The memory kind of the trials this machine runs: ``cuda_max_reserved`` when a GPU is visible, else
+    ``cpu_peak_rss`` (as the trial process measures it, :func:`cuda_visible`)."""
+    return "cuda_max_reserved" if cuda_visible() else "cpu_peak_rss"

@@ -352,7 +352,7 @@ def test_dominance_rule():
     assert at_least_as_large(replace(base, learning_rate=1e-3), base)  # a key memory does not depend on may differ
     assert not at_least_as_large(replace(base, per_device_train_batch_size=4, r=8), base)  # larger in one only
     assert not at_least_as_large(replace(base, optim="adamw_torch", r=32), base)  # another optimizer: not ordered
-    # a wider compute dtype is not larger: on the CPU a bf16 trial can peak above fp32 (tests/study/test_preflight.py)
+    # a wider compute dtype is not larger: on the CPU a bf16 trial can peak above fp32 (tests/sweep/test_preflight.py)
     assert not at_least_as_large(replace(base, bnb_4bit_compute_dtype="float32"), base)
     oom = Known(number=3, config=base, fits=False)
     assert preflight(replace(base, r=64), 10.0, [oom])[0] == "dominated_oom"

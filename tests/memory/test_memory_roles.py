@@ -81,7 +81,7 @@ def test_the_dominance_rule_reads_its_keys_from_the_roles_and_they_are_the_hand_
     assert set(_GROWS) == HAND_GROWS | {"target_modules"}
     assert set(_SHRINKS) == {k for k, r in HAND_OWN_BRANCHES.items() if r == "shrinks"}
     assert set(_SAME) == HAND_SAME
-    # every ordered key is a direction measured on the CPU (tests/study/test_preflight.py), and every direction is
+    # every ordered key is a direction measured on the CPU (tests/sweep/test_preflight.py), and every direction is
     # an ordered key: a key declared grows or shrinks is not ordered before real trials show it
     for device, directions in DIRECTIONS.items():
         assert {direction_of(k) for k in _GROWS + _SHRINKS} == set(directions), device

@@ -60,7 +60,7 @@ def test_trials_carry_artifacts_figure_and_notes(swept):
     attrs = study._storage.get_study_system_attrs(study._study_id)
     assert any("pareto-front" in k for k in attrs)
     # the NaN trial's own note, with its cause and its samples: not any note
-    from sweeper.study import _optuna_private as private
+    from sweeper.storage import _optuna_private as private
 
     note = private.dashboard_note(attrs, private.trial_id(nan))
     assert note.startswith(f"### Trial {nan.number}: nan (data)"), note

@@ -229,14 +229,14 @@ def test_pick_refuses_a_study_without_complete_trials(tmp_path):
     ],
 )
 def test_redact_url(url, shown):
-    from sweeper.study import redact_url
+    from sweeper.storage import redact_url
 
     assert redact_url(url) == shown
 
 
 def test_study_dir_stays_inside_studies():
-    from sweeper.study import study_dir
-    from sweeper.study._identity import STUDIES_DIR
+    from sweeper.storage import study_dir
+    from sweeper.storage._identity import STUDIES_DIR
 
     assert study_dir("demo") == STUDIES_DIR / "demo"
     for name in ("../../escaped", "/tmp/abs", "a b"):

@@ -11,7 +11,8 @@ import pytest
 
 from sweeper.errors import StudyError
 from sweeper.space import load_space
-from sweeper.study._setups import CURRENT_SETUP_ATTR, SETUPS_ATTR, choose_setup, differences, space_settings
+from sweeper.storage import StudyAttr
+from sweeper.study._setups import choose_setup, differences, space_settings
 from sweeper.study._storage import open_study
 from sweeper.testing import run_cli, tiny_space, write_space
 
@@ -42,7 +43,7 @@ def test_the_first_run_records_the_settings_and_a_resume_with_the_same_ones_is_t
     url = "sqlite:///studies/s.db"
     study = open_study(space, url, "s")
     assert choose_setup(study, space, url) == 0
-    [settings] = study.user_attrs[SETUPS_ATTR]
+    [settings] = study.user_attrs[StudyAttr.SETUPS]
     assert settings["max_steps"] == 3 and settings["dataset.path"] == str(data) and "r" not in settings  # searched
     assert len(settings["dataset.sha256"]) == 64 and "trial_timeout_s" not in settings  # run policy is not setup
     assert choose_setup(open_study(space, url, "s"), space, url) == 0
@@ -71,7 +72,7 @@ def test_a_resume_with_other_settings_is_refused_with_each_difference(tiny_model
     assert f"dataset.path {other} (was {data})" in line and "max_steps 4 (was 3)" in line
     assert "--study NAME" in line and "--new-setup" in line
     study = optuna.load_study(study_name="s", storage=url)
-    assert len(study.user_attrs[SETUPS_ATTR]) == 1  # nothing recorded by the refusal
+    assert len(study.user_attrs[StudyAttr.SETUPS]) == 1  # nothing recorded by the refusal
     # the file changed in place: the content, named
     _data(data, reply="changed")
     again = _space(tiny_model, workdir, data)
@@ -81,7 +82,7 @@ def test_a_resume_with_other_settings_is_refused_with_each_difference(tiny_model
     assert choose_setup(open_study(again, url, "s"), again, url, new_setup=True) == 1
     cap = _space(tiny_model, workdir, data, memory_limit_gib=3)
     study = open_study(cap, url, "s")
-    assert choose_setup(study, cap, url) == 2 and study.user_attrs[CURRENT_SETUP_ATTR] == 2
+    assert choose_setup(study, cap, url) == 2 and study.user_attrs[StudyAttr.CURRENT_SETUP] == 2
     # going back to an earlier setup resumes it
     assert choose_setup(open_study(again, url, "s"), again, url) == 1
 
@@ -141,4 +142,4 @@ def test_a_new_setup_is_kept_apart_in_report_and_export(tiny_model, workdir, mon
         assert "Pareto front (peak memory vs stability margin), 1 of 1 trial (1 complete trial of other" in idle.stdout
         assert "no complete trial" not in idle.stdout and "nothing to export" not in idle.stdout
         study = optuna.load_study(study_name="t", storage="sqlite:///studies/t.db")
-        assert study.user_attrs[CURRENT_SETUP_ATTR] == 1 and len(study.user_attrs[SETUPS_ATTR]) == 2
+        assert study.user_attrs[StudyAttr.CURRENT_SETUP] == 1 and len(study.user_attrs[StudyAttr.SETUPS]) == 2

@@ -259,10 +259,15 @@ def test_a_trial_at_the_edge_of_the_cap_ends_in_a_result_never_a_crash(tiny_mode
 def test_preflight_prunes_predicted_and_dominated_ooms_without_running_them(tiny_model, workdir):
     # With the preflight all but off, batch 32 x 1024 runs and really runs out of memory under 1 GiB; batch 48 is
     # at least as large in every memory dimension, so it is pruned without running; batch 1 fits and runs (under
-    # 0.75 GiB it is at the edge of the cap: the test above; under 0.85 its data segment can still reach the cap
-    # within a step, and the allocation that fails there may be one torch does not check: a SIGSEGV in 1 of 5 runs
-    # here, issue 53's note).
-    oom, dominated, fits = _oom_dominated_then_batch_1(tiny_model, workdir, 1.0)[:3]
+    # 0.75 GiB it is at the edge of the cap: the test above). Under 1.0 GiB its trial process can still die of a
+    # SIGSEGV (2 of 5 runs beside another test, at 0.53 GiB of data segment; issue 53's note: an allocation that
+    # fails under RLIMIT_DATA where the library does not check); the sweep retries a crash, and the retry fits. At
+    # 1.5 GiB batch 32 x 1024 fits: no cap between them keeps both apart.
+    trials = _oom_dominated_then_batch_1(tiny_model, workdir, 1.0)
+    oom, dominated, fits = trials[:3]
+    if fits.user_attrs["status"] == "crash":
+        assert "SIGSEGV" in fits.user_attrs["reason"] and fits.user_attrs.get("retried"), fits.user_attrs["reason"]
+        [fits] = [t for t in trials[3:] if t.user_attrs.get("retry_of") == trials[2].number]
     assert oom.user_attrs["status"] == "oom", oom.user_attrs["reason"]
     assert "retried" not in oom.user_attrs  # an OOM is a result: no retry
     assert dominated.user_attrs["status"] == "dominated_oom" and dominated.state == TrialState.PRUNED
@@ -422,8 +427,9 @@ def test_a_study_folder_belongs_to_one_storage(tiny_model, workdir, monkeypatch)
     each): the second is refused, leaving no empty database behind, naming both storages and identities; readers do
     not refuse (a copy is read as it is); a study file that is gone, or the same file, no longer owns the folder."""
     from sweeper.errors import StudyError
-    from sweeper.study import check_study_owner, load_existing_study
-    from sweeper.study._identity import study_identity
+    from sweeper.storage import check_study_owner
+    from sweeper.storage._identity import study_identity
+    from sweeper.study import load_existing_study
 
     space = load_space(write_space(workdir, tiny_space(tiny_model, name="same")))
     first = open_study(space, "sqlite:///studies/same.db")
@@ -626,7 +632,7 @@ def test_a_command_run_from_another_folder_does_not_split_the_studys_files(tiny_
     that folder's studies/demo/, apart from the study's trials; report and export did the same with their files. Now
     each names the folder to run from (report and export can still write elsewhere with --html / -o)."""
     from sweeper.errors import StudyError
-    from sweeper.study import check_study_owner
+    from sweeper.storage import check_study_owner
 
     project, other = workdir / "proj", workdir / "elsewhere"
     project.mkdir()

@@ -163,7 +163,7 @@ def run_probe(trainer: Any, record: TrainingRecord, probe: Probe, step: int) -> 
     ``_convert_weight_packed_for_cpu``), and training would go on with other kernels and other numbers.
     Measured on the built-in model: a probe in eval mode moved the loss of step 1 from 3.55 to 3.54 and made the
     run at learning rate 3e-3 diverge at step 24; this way the training trace is the same bit for bit as without
-    a probe (``tests/study/test_confirm.py``).
+    a probe (``tests/sweep/test_confirm.py``).
     """
     start = time.monotonic()
     net: Any = trainer.model

@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 from sweeper.errors import RunError, StudyError
-from sweeper.trial import visible_gpus
 
 #: Free space (MiB) the studies folder's disk must have before a trial starts: a trial writes its log, result,
 #: trace and artifacts (tens of KiB on the demo, up to a few MiB with a long nan_batch.jsonl) and SQLite grows.
@@ -25,7 +24,7 @@ def check_disk(folder: Path, min_free_mib: float = MIN_FREE_MIB, storage: str | 
     Raises:
         RunError: Less than ``min_free_mib`` MiB free.
     """
-    from sweeper.study._coordination import storage_file
+    from sweeper.storage._coordination import storage_file
 
     file = storage_file(storage) if storage is not None else None
     if file is not None:
@@ -59,31 +58,3 @@ def check_writable(folder: Path) -> None:
             f"{folder}: the study's folder is not writable (trial logs, results and artifacts go "
             "there); fix its permissions or run from another folder"
         )
-
-
-def slot_devices(workers: int, devices: list[str] | None) -> list[str | None]:
-    """The ``CUDA_VISIBLE_DEVICES`` value of each of ``workers`` worker slots (None: leave the environment as is).
-
-    ``devices`` given: slot i gets ``devices[i % len(devices)]``. Not given, with several workers and GPUs visible:
-    the GPUs this process may use (its own ``CUDA_VISIBLE_DEVICES``, else every ``/dev/nvidiaN``), in turn. One
-    worker and no ``--devices`` keeps the environment: the worker sees what the sweep sees.
-    """
-    if devices:
-        return [devices[i % len(devices)] for i in range(workers)]
-    visible = visible_gpus() if workers > 1 else []
-    if visible:
-        return [visible[i % len(visible)] for i in range(workers)]
-    return [None] * workers
-
-
-def slot_env(device: str | None, workers: int) -> dict[str, str] | None:
-    """A worker slot's environment: its device in ``CUDA_VISIBLE_DEVICES``, and with several workers an equal share
-    of the CPU cores in ``OMP_NUM_THREADS`` (unless set), so that N CPU trials do not each start a thread per core."""
-    if device is None and workers == 1:
-        return None
-    env = dict(os.environ)
-    if device is not None:
-        env["CUDA_VISIBLE_DEVICES"] = device
-    if workers > 1 and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
-    return env

@@ -14,7 +14,8 @@ import pytest
 from sweeper.memory import Calibration, CalibrationPoint, Known, fit_calibration, preflight
 from sweeper.memory._dominance import DIRECTIONS, at_least_as_large
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
-from sweeper.study._calibration import CALIBRATION_ATTR, prediction_errors, stored_calibration, update_calibration
+from sweeper.storage import StudyAttr, TrialAttr
+from sweeper.study._calibration import prediction_errors, stored_calibration, update_calibration
 from sweeper.testing import MEMORY_BASE
 
 BASE = MEMORY_BASE
@@ -107,7 +108,8 @@ def test_the_correction_is_stored_on_the_study_per_memory_kind():
     def predict(config):
         return raw[config.bnb_4bit_compute_dtype]
 
-    assert update_calibration(study, predict, "cpu_peak_rss") is None and CALIBRATION_ATTR not in study.user_attrs
+    assert update_calibration(study, predict, "cpu_peak_rss") is None
+    assert StudyAttr.MEMORY_CALIBRATION not in study.user_attrs
     _fake_trial(study, BASE, "complete", 1.2, 0.8)
     _fake_trial(study, replace(BASE, bnb_4bit_compute_dtype="float32"), "complete", 1.8, 0.9)
     _fake_trial(study, replace(BASE, r=64), "oom", 1.6, 0.8)  # a peak where it died: a lower bound, left out
@@ -115,7 +117,7 @@ def test_the_correction_is_stored_on_the_study_per_memory_kind():
     fitted = update_calibration(study, predict, "cpu_peak_rss")
     assert fitted.ratios == pytest.approx({"bfloat16/ckpt": 1.5, "float32/ckpt": 2.0}) and fitted.trials == [0, 1]
     update_calibration(study, predict, "cuda_max_reserved")
-    assert set(study.user_attrs[CALIBRATION_ATTR]) == {"cpu_peak_rss", "cuda_max_reserved"}
+    assert set(study.user_attrs[StudyAttr.MEMORY_CALIBRATION]) == {"cpu_peak_rss", "cuda_max_reserved"}
     assert stored_calibration(study, "cpu_peak_rss") == fitted
     assert stored_calibration(study, "cuda_max_reserved").ratios == pytest.approx({"bfloat16/ckpt": 0.5})
     rows = prediction_errors(study)
@@ -238,11 +240,10 @@ def test_on_the_cpu_no_compute_dtype_is_always_larger(tiny_model, tmp_path):
 @pytest.mark.slow
 def test_a_sweep_learns_its_correction_and_a_stored_one_prunes_before_running(tiny_model, workdir):
     from sweeper.space import load_space
-    from sweeper.study._calibration import device_kind
     from sweeper.study._storage import open_study
-    from sweeper.study._stored import CORRECTED_ATTR
     from sweeper.sweep import plan_sweep, run_study
     from sweeper.testing import tiny_space, write_space
+    from sweeper.trial import device_kind
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     kind = device_kind()
@@ -262,28 +263,30 @@ def test_a_sweep_learns_its_correction_and_a_stored_one_prunes_before_running(ti
     # 1.1 GiB for every configuration, so the first trial is pruned without running.
     study = open_study(space)
     study.set_user_attr(
-        CALIBRATION_ATTR, {kind: {"ratios": {"bfloat16/ckpt": 4.0}, "points": {"bfloat16/ckpt": 1}, "trials": [99]}}
+        StudyAttr.MEMORY_CALIBRATION,
+        {kind: {"ratios": {"bfloat16/ckpt": 4.0}, "points": {"bfloat16/ckpt": 1}, "trials": [99]}},
     )
     study.enqueue_trial({"r": 4})
     study = run_study(plan_sweep(space, str(tiny_model), n_trials=1, refuse_if_nothing_fits=False))
     [pruned] = study.get_trials()
     assert pruned.user_attrs["status"] == "predicted_oom", pruned.user_attrs["reason"]
     assert "x 4.00, the measured/predicted ratio of 1 measured trial of bfloat16/ckpt" in pruned.user_attrs["reason"]
-    assert pruned.user_attrs[CORRECTED_ATTR] == pytest.approx(4 * pruned.user_attrs["predicted_peak_gib"])
+    assert pruned.user_attrs[TrialAttr.CORRECTED_PEAK_GIB] == pytest.approx(4 * pruned.user_attrs["predicted_peak_gib"])
     assert not (workdir / "studies" / "cal" / "trials" / "0").exists()
 
     # Without it the sweep measures, fits its own ratio after each complete trial and predicts the next with it.
-    study.set_user_attr(CALIBRATION_ATTR, {})
+    study.set_user_attr(StudyAttr.MEMORY_CALIBRATION, {})
     for r in (8, 16):
         study.enqueue_trial({"r": r})
     study = run_study(plan_sweep(space, str(tiny_model), n_trials=3))
     first, second = study.get_trials()[1:3]
     assert first.user_attrs["status"] == second.user_attrs["status"] == "complete"
-    assert CORRECTED_ATTR not in first.user_attrs  # nothing measured yet when it was asked
+    assert TrialAttr.CORRECTED_PEAK_GIB not in first.user_attrs  # nothing measured yet when it was asked
     stored = stored_calibration(study, kind)
     assert stored.trials == [1, 2] and stored.points == {"bfloat16/ckpt": 2}
     ratio = first.user_attrs["peak_memory_gib"] / first.user_attrs["predicted_peak_gib"]
-    assert second.user_attrs[CORRECTED_ATTR] == pytest.approx(ratio * second.user_attrs["predicted_peak_gib"])
+    corrected = second.user_attrs[TrialAttr.CORRECTED_PEAK_GIB]
+    assert corrected == pytest.approx(ratio * second.user_attrs["predicted_peak_gib"])
     assert 0.5 < ratio < 3  # the CPU resident set against the memory model: the same order of magnitude
 
 
@@ -296,10 +299,10 @@ def test_the_loop_reads_the_study_once_a_trial(tiny_model, workdir, monkeypatch)
 
     from sweeper.space import load_space
     from sweeper.study import _snapshot
-    from sweeper.study._calibration import device_kind
     from sweeper.study._storage import open_study
     from sweeper.sweep import plan_sweep, run_study
     from sweeper.testing import tiny_space, write_space
+    from sweeper.trial import device_kind
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(
@@ -316,7 +319,7 @@ def test_the_loop_reads_the_study_once_a_trial(tiny_model, workdir, monkeypatch)
     )
     study = open_study(space)
     study.set_user_attr(
-        CALIBRATION_ATTR,
+        StudyAttr.MEMORY_CALIBRATION,
         {device_kind(): {"ratios": {"bfloat16/ckpt": 4.0}, "points": {"bfloat16/ckpt": 1}, "trials": [99]}},
     )
     for r in (4, 8, 16, 32, 64, 128):

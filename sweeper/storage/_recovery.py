@@ -3,7 +3,7 @@ Optuna's ``fail_stale_trials`` does for heartbeats, with the reason recorded fir
 before a callback could say why).
 
 A trial is stale when its sweep process on this host is dead (found at once, by pid: ``interrupted``), or when its
-sweep, anywhere, sent no Optuna heartbeat for :data:`~sweeper.study._coordination.GRACE_INTERVALS` intervals
+sweep, anywhere, sent no Optuna heartbeat for :data:`~sweeper.storage._coordination.GRACE_INTERVALS` intervals
 (killed on another machine, frozen, its machine gone: ``lost``). Only trials whose sweep beats at least as often as
 this one are judged by heartbeat: a sweep that beats every 30 s is never called lost by one that beats every 1 s.
 
@@ -22,8 +22,9 @@ from typing import Literal
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.study._coordination import GRACE_INTERVALS
-from sweeper.study._optuna_private import fail_trial, heartbeat_interval, stale_trial_ids, storage_of, trial_id
+from sweeper.storage._attrs import TrialAttr
+from sweeper.storage._coordination import GRACE_INTERVALS
+from sweeper.storage._optuna_private import fail_trial, heartbeat_interval, stale_trial_ids, storage_of, trial_id
 
 
 def retry(study: optuna.Study, trial: FrozenTrial | optuna.Trial, max_retries: int, count: bool = True) -> bool:
@@ -34,13 +35,13 @@ def retry(study: optuna.Study, trial: FrozenTrial | optuna.Trial, max_retries: i
     Returns:
         Whether a retry was queued.
     """
-    attempt = int(trial.user_attrs.get("retry_attempt", 0))
+    attempt = int(trial.user_attrs.get(TrialAttr.RETRY_ATTEMPT, 0))
     if count and attempt >= max_retries:
         return False
-    first = trial.user_attrs.get("retry_of", trial.number)
+    first = trial.user_attrs.get(TrialAttr.RETRY_OF, trial.number)
     study.enqueue_trial(
         trial.params,
-        user_attrs={"retry_of": first, "retry_attempt": attempt + (1 if count else 0)},
+        user_attrs={TrialAttr.RETRY_OF: first, TrialAttr.RETRY_ATTEMPT: attempt + (1 if count else 0)},
         skip_if_exists=False,
     )
     return True
@@ -81,7 +82,7 @@ def _fail_running(study: optuna.Study, trial: FrozenTrial, reason: str, max_retr
         another one): nothing done.
     """
     try:
-        fail_trial(study, trial, {"status": "crash", "reason": reason, "interrupted": True})
+        fail_trial(study, trial, {TrialAttr.STATUS: "crash", TrialAttr.REASON: reason, TrialAttr.INTERRUPTED: True})
     except optuna.exceptions.UpdateFinishedTrialError:
         return None
     return retry(study, trial, max_retries)
@@ -89,15 +90,15 @@ def _fail_running(study: optuna.Study, trial: FrozenTrial, reason: str, max_retr
 
 def _stale_reason(trial: FrozenTrial, host: str, stale: set[int], interval: float | None) -> tuple[str, str] | None:
     """``(why, reason)`` when ``trial`` is stale (see the module docstring), else None."""
-    pid = trial.user_attrs.get("sweep_pid")
-    if trial.user_attrs.get("sweep_host") == host and pid is not None and not _pid_alive(int(pid)):
+    pid = trial.user_attrs.get(TrialAttr.SWEEP_PID)
+    if trial.user_attrs.get(TrialAttr.SWEEP_HOST) == host and pid is not None and not _pid_alive(int(pid)):
         # Its trial process died with it (PR_SET_PDEATHSIG); its pid may belong to another process now.
         return "gone", f"interrupted: the sweep process (pid {pid}) stopped while this trial ran"
     if interval is None or trial_id(trial) not in stale:
         return None
     # A sweep that beats less often than this one is judged by its own, longer grace period: by a sweep with its
     # interval or longer, or by its pid on its own host.
-    if trial.user_attrs.get("heartbeat_interval_s", interval) > interval:
+    if trial.user_attrs.get(TrialAttr.HEARTBEAT_INTERVAL_S, interval) > interval:
         return None
     who = f"pid {trial.user_attrs.get('sweep_pid', '?')} on {trial.user_attrs.get('sweep_host', '?')}"
     return "lost", f"lost: its sweep ({who}) sent no heartbeat for {GRACE_INTERVALS * interval} s"
@@ -107,7 +108,7 @@ def stale_running(study: optuna.Study, trials: Sequence[FrozenTrial] | None = No
     """The study's RUNNING trials that no sweep runs any more, read-only (what ``sweep report`` shows), by number,
     each with a line saying since when: those whose sweep process on this host is gone (killed with ``kill -9``, a
     crash, a reboot), and those whose sweep, on any host, stopped sending heartbeats for longer than the grace period
-    (:func:`sweeper.study._optuna_private.stale_trial_ids`; the line gives the trial's start and the grace period, as
+    (:func:`sweeper.storage._optuna_private.stale_trial_ids`; the line gives the trial's start and the grace period, as
     Optuna keeps no readable time of the last heartbeat). The next ``sweep run`` of the study records them as
     interrupted or lost and runs them again. ``trials``: the study's trials as the caller just read them (the RUNNING
     ones are looked at), else they are read here."""
@@ -125,11 +126,11 @@ def stale_running(study: optuna.Study, trials: Sequence[FrozenTrial] | None = No
         if found is None:
             continue
         started = t.datetime_start.strftime("%Y-%m-%d %H:%M") if t.datetime_start else "?"
-        pid = t.user_attrs.get("sweep_pid")
+        pid = t.user_attrs.get(TrialAttr.SWEEP_PID)
         if found[0] == "gone":
             out[t.number] = f"trial {t.number}, started {started}: its sweep (pid {pid}) is gone"
         else:
-            where = t.user_attrs.get("sweep_host", "?")
+            where = t.user_attrs.get(TrialAttr.SWEEP_HOST, "?")
             out[t.number] = (
                 f"trial {t.number}, started {started}: its sweep (pid {pid} on {where}) has sent no heartbeat for "
                 f"over {GRACE_INTERVALS * (interval or 0):g} s"

@@ -30,10 +30,10 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from sweeper.space import parse_space
-from sweeper.study._coordination import AskLock, Heartbeat
-from sweeper.study._journal import HEARTBEAT_ATTR
-from sweeper.study._optuna_private import heartbeat_interval, stale_trial_ids, storage_of, trial_id
-from sweeper.study._recovery import StaleTrial, _fail_running, fail_stale_trials, stale_running
+from sweeper.storage._coordination import AskLock, Heartbeat
+from sweeper.storage._journal import HEARTBEAT_ATTR
+from sweeper.storage._optuna_private import heartbeat_interval, stale_trial_ids, storage_of, trial_id
+from sweeper.storage._recovery import StaleTrial, _fail_running, fail_stale_trials, stale_running
 from sweeper.study._snapshot import count_finished
 from sweeper.study._storage import load_existing_study, open_study
 from sweeper.sweep._plan import SweepPlan
@@ -480,7 +480,7 @@ def test_the_dashboard_reads_a_journal_study(tmp_path, monkeypatch):
     from wsgiref.util import setup_testing_defaults
 
     from sweeper.report._dashboard import dashboard_app
-    from sweeper.study import dashboard_storage
+    from sweeper.storage import dashboard_storage
 
     monkeypatch.chdir(tmp_path)
     url = f"journal:///{tmp_path / 's.log'}"
@@ -583,7 +583,7 @@ def test_a_full_disk_under_a_journal_is_the_storage_failing(tmp_path, monkeypatc
     import errno
 
     from sweeper.cli import _storage_failure
-    from sweeper.study._journal import _JournalFile
+    from sweeper.storage._journal import _JournalFile
 
     monkeypatch.chdir(tmp_path)
     study = _open(f"journal:///{tmp_path / 's.log'}")
@@ -602,7 +602,7 @@ def test_a_full_disk_under_a_journal_is_the_storage_failing(tmp_path, monkeypatc
 _LOCK_HOLDER = """
 import os, sys, time, warnings
 warnings.simplefilter("ignore")  # optuna: a grace period under 3 s "might be too small"
-from sweeper.study._journal import _StaleSafeSymlinkLock
+from sweeper.storage._journal import _StaleSafeSymlinkLock
 path, start_at = sys.argv[1], float(sys.argv[2])
 lock = _StaleSafeSymlinkLock(path, grace_period=1)
 while time.time() < start_at:
@@ -643,7 +643,7 @@ def test_sweeps_waiting_on_a_killed_writers_journal_lock_break_it_once_and_hold_
 @pytest.mark.parametrize("bad", [{"heartbeat_interval": 0}, {"heartbeat_interval": -30}, {"grace_period": 0}])
 def test_a_journal_heartbeat_of_zero_or_negative_seconds_is_refused(tmp_path, bad):
     # as Optuna's RDBStorage refuses them (issue 56): a trial stale at once would be failed under its running sweep
-    from sweeper.study._journal import HeartbeatJournalStorage
+    from sweeper.storage._journal import HeartbeatJournalStorage
 
     with pytest.raises(ValueError, match="must be a positive number of seconds"):
         HeartbeatJournalStorage(str(tmp_path / "j.log"), **{"heartbeat_interval": 30, **bad})

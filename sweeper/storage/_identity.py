@@ -15,9 +15,10 @@ from typing import Any
 import optuna
 
 from sweeper.errors import StudyError
-from sweeper.study._coordination import in_memory, sqlite_file
-from sweeper.study._machine import check_writable
-from sweeper.study._urls import redact_url
+from sweeper.storage._attrs import StudyAttr
+from sweeper.storage._coordination import in_memory, sqlite_file
+from sweeper.storage._machine import check_writable
+from sweeper.storage._urls import redact_url
 
 #: Root of studies and their artifacts, relative to the working directory (``docs/contract.md``).
 STUDIES_DIR = Path("studies")
@@ -46,15 +47,9 @@ def study_dir(study_name: str) -> Path:
 OWNER_FILE = "study.json"
 
 
-#: Study user attribute: the study's identity, a random UUID written when it is created (or first opened by a
-#: version that writes one). It travels with the database: a copy of ``studies/<name>.db`` is the same study
-#: wherever it lies, so ownership of ``studies/<name>/`` goes by it, not by the database's path.
-STUDY_ID_ATTR = "study_id"
-
-
 def study_identity(study: optuna.Study) -> str | None:
-    """The study's :data:`STUDY_ID_ATTR`, or None for a study written before identities (or not by sweeper)."""
-    raw = study.user_attrs.get(STUDY_ID_ATTR)
+    """The study's :data:`StudyAttr.STUDY_ID`, or None for a study written before identities (or not by sweeper)."""
+    raw = study.user_attrs.get(StudyAttr.STUDY_ID)
     return raw if isinstance(raw, str) and raw else None
 
 
@@ -163,7 +158,7 @@ def _owner_conflict(
     )
 
 
-def _write_owner(study_name: str, url: str, study_id: str | None) -> None:
+def write_owner(study_name: str, url: str, study_id: str | None) -> None:
     """Make ``studies/<study_name>/`` the folder of this study: write its :data:`OWNER_FILE` unless it already names
     this study in this storage, so that another study of the same name cannot write its trial folders over this
     one's (trial numbers start at 0 in each). A copy of the study (the same identity in another database) updates the
@@ -233,7 +228,7 @@ def check_study_owner(study: optuna.Study, url: str) -> None:
     """Whether ``sweep confirm`` (and ``calibrate``, and ``report``/``export`` writing into the study's folder) may
     write into the opened study's folder: :func:`check_study_dir` (it belongs to no other study of that name), the
     study's own folder is not elsewhere (:func:`_home_elsewhere`: run from another folder, its files would be split),
-    and the folder can be created and written (:func:`sweeper.study._machine.check_writable`), before anything runs.
+    and the folder can be created and written (:func:`sweeper.storage._machine.check_writable`), before anything runs.
 
     Raises:
         StudyError: ``studies/<name>/`` belongs to another study of that name, the study's folder is beside its

@@ -20,7 +20,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from sweeper.study._journal import HeartbeatJournalStorage
+from sweeper.storage._journal import HeartbeatJournalStorage
 from sweeper.study._snapshot import count_finished
 from sweeper.testing import PASSWORD, pg_bin, start_server, sweep, tiny_space, write_space
 

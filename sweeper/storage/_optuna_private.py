@@ -3,14 +3,14 @@
 Optuna's public API (``Study``, ``Trial``, ``FrozenTrial``) has no way to reach a study's storage, a trial's storage
 id, another process's trial (to fail a trial whose sweep died), the RDB heartbeat's stale list, or a study's system
 attributes (where optuna-dashboard keeps notes). sweeper needs each: the functions here are the only code that
-touches those names, and ``tests/study/test_optuna_private.py`` checks that the installed Optuna still has every one
+touches those names, and ``tests/storage/test_optuna_private.py`` checks that the installed Optuna still has every one
 of them (:data:`RELIED_ON`), so an upgrade that moves one fails a fast test instead of a night's sweep.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import optuna
 from optuna.storages import BaseStorage
@@ -19,7 +19,15 @@ from optuna.storages import BaseStorage
 from optuna.storages._heartbeat import BaseHeartbeat as BaseHeartbeat
 from optuna.trial import FrozenTrial
 
-from sweeper.study._stored import StoredTrial
+
+class _HasFrozen(Protocol):
+    @property
+    def frozen(self) -> FrozenTrial | None: ...
+
+
+#: What :func:`unnoted_trials` takes and returns: a stored trial with its ``frozen`` ``FrozenTrial`` (or None).
+_Stored = TypeVar("_Stored", bound=_HasFrozen)
+
 
 #: ``(object, attribute)`` pairs this module reads, as ``"module:Class.attribute"``; the test imports each.
 RELIED_ON = (
@@ -34,7 +42,7 @@ RELIED_ON = (
     "optuna_dashboard._note:get_note_from_system_attrs",
     "optuna._hypervolume:compute_hypervolume",
     # study/_journal.py: its lock subclasses Optuna's symlink lock, and its backend re-implements append_logs (the
-    # line format is held by tests/study/test_optuna_private.py)
+    # line format is held by tests/storage/test_optuna_private.py)
     "optuna.storages.journal:JournalFileSymlinkLock._lock_file",
     "optuna.storages.journal:JournalFileSymlinkLock._lock_target_file",
     "optuna.storages.journal:JournalFileBackend.append_logs",
@@ -93,8 +101,9 @@ def fail_trial(study: optuna.Study, trial: FrozenTrial, user_attrs: dict[str, An
     storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
 
 
-def unnoted_trials(study: optuna.Study, trials: Sequence[StoredTrial]) -> list[tuple[StoredTrial, optuna.Trial]]:
-    """Those of ``trials`` (of ``study``) that carry no optuna-dashboard note yet, each with the ``optuna.Trial``
+def unnoted_trials(study: optuna.Study, trials: Sequence[_Stored]) -> list[tuple[_Stored, optuna.Trial]]:
+    """Those of ``trials`` (of ``study``; anything with the ``frozen`` trial it was read from, as
+    :class:`sweeper.study.StoredTrial`) that carry no optuna-dashboard note yet, each with the ``optuna.Trial``
     handle that ``optuna_dashboard.save_note`` takes (built from the trial's storage id: a finished trial cannot be
     asked for again)."""
     system_attrs = study_system_attrs(study)

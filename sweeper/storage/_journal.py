@@ -32,7 +32,7 @@ from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.errors import StudyError
-from sweeper.study._optuna_private import BaseHeartbeat, trial_id
+from sweeper.storage._optuna_private import BaseHeartbeat, trial_id
 
 #: The URL scheme of a journal file: ``journal:///relative/path.log`` or ``journal:////absolute/path.log`` (the
 #: path after ``journal:///``, as SQLite's URLs write it).
@@ -131,7 +131,7 @@ class _StaleSafeSymlinkLock(JournalFileSymlinkLock):
     Optuna's ``JournalFileSymlinkLock.acquire`` frees a lock unchanged for its grace period by renaming away
     whatever lock is there: when several sweeps wait on the lock of a killed writer, all judge it stale at once, the
     first breaks it and takes the lock, and the next break that new lock, so that two or three sweeps write at once
-    (``tests/study/test_coordination.py``: 6 of 6 rounds of three waiters with Optuna 5.1's lock; CI of stop 61, "did
+    (``tests/storage/test_coordination.py``: 6 of 6 rounds of three waiters with Optuna 5.1's lock; CI of stop 61, "did
     not possess lock"). Here a lock is known by its link's inode and mtime (``lstat``) with the mtime of what it
     points to, the grace period runs while all three stay the same, and a breaker that renamed away a lock other
     than the one it judged (another waiter's, taken since) links it back before anything else can take the path.
@@ -285,5 +285,5 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         return self._heartbeat_interval
 
     def get_heartbeat_stale_trial_callback(self) -> Callable[[optuna.Study, FrozenTrial], None] | None:
-        """None: sweeper fails and retries stale trials itself (:func:`sweeper.study._recovery.fail_stale_trials`)."""
+        """None: sweeper fails and retries stale trials itself (:func:`sweeper.storage._recovery.fail_stale_trials`)."""
         return None

@@ -33,8 +33,8 @@ import optuna
 from optuna.storages import BaseStorage
 
 from sweeper.errors import StudyError
-from sweeper.study._journal import journal_file
-from sweeper.study._optuna_private import heartbeat_interval, record_heartbeat
+from sweeper.storage._journal import journal_file
+from sweeper.storage._optuna_private import heartbeat_interval, record_heartbeat
 
 # sweeper drives the study with ask/tell and records heartbeats itself (Heartbeat); Optuna warns at every ask that
 # heartbeats are meant for Study.optimize. Set once here: warnings.catch_warnings is not thread-safe.

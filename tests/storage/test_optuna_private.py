@@ -1,4 +1,4 @@
-"""Optuna's private API is used in one module (sweeper.study._optuna_private): this fails when an Optuna or
+"""Optuna's private API is used in one module (sweeper.storage._optuna_private): this fails when an Optuna or
 optuna-dashboard upgrade removes or renames a name it relies on, and when code elsewhere starts using one."""
 
 import importlib
@@ -7,7 +7,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweeper.study import _optuna_private as private
+from sweeper.storage import _optuna_private as private
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ def _private_uses(path: Path) -> list[str]:
 def test_no_other_module_uses_optuna_private_names():
     uses = {path: _private_uses(path) for path in sorted((ROOT / "sweeper").rglob("*.py"))}
     # the check sees what it looks for: the one module allowed to has such uses
-    assert uses.pop(ROOT / "sweeper" / "study" / "_optuna_private.py")
+    assert uses.pop(ROOT / "sweeper" / "storage" / "_optuna_private.py")
     assert [use for found in uses.values() for use in found] == []
 
 
@@ -83,7 +83,7 @@ def test_the_journal_backend_writes_the_lines_optunas_own_backend_writes(tmp_pat
     # change of the journal's line format must fail here, not in a cluster's journal (issue 56)
     from optuna.storages.journal import JournalFileBackend
 
-    from sweeper.study._journal import _JournalFile
+    from sweeper.storage._journal import _JournalFile
 
     logs = [{"op_code": 0, "worker_id": "w-1", "study_name": "s", "directions": [1]}, {"op_code": 4, "x": [1.5, None]}]
     JournalFileBackend(str(tmp_path / "optuna.log")).append_logs(logs)
