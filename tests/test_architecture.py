@@ -176,3 +176,15 @@ def test_the_tests_mirror_the_package():
     assert folders - packages == set(), f"tests/ folders that are no package of sweeper: {sorted(folders - packages)}"
     assert packages - folders == set(), f"packages of sweeper without a tests/ folder: {sorted(packages - folders)}"
     assert all(any(f.glob("test_*.py")) for f in (REPO / "tests" / name for name in folders))
+
+
+def test_the_readme_stays_a_readme():
+    """The README is the product's contract and its front door: at most 15,000 bytes (what a new user reads before
+    trying it); what is longer belongs in docs/, which it links. Every link to a file of the repository resolves."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    assert len(text.encode()) <= 15_000, f"README.md is {len(text.encode()):,} bytes: move detail to docs/"
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+        if "://" not in target:
+            assert (REPO / target).exists(), f"README.md links {target}, which is not in the repository"

@@ -385,8 +385,8 @@ def _check_packed_rows(space: SearchSpace, tokenizer: Any, usable: list[Any], ba
 
 def _check_owner(study: Any, url: str, fix: str) -> None:
     """Refuse to write into ``studies/<name>/`` when it holds another study's files (another database with a study of
-    that name, or a copy of this one's used in the same folder: :func:`sweeper.study.check_study_owner`): one line,
-    the owner's fix and ``fix`` (the option that writes elsewhere).
+    that name, or a copy of this one's used in the same folder: :func:`sweeper.storage._identity.check_study_owner`):
+    one line, the owner's fix and ``fix`` (the option that writes elsewhere).
 
     Raises:
         StudyError: The folder is another study's, or cannot be written.

@@ -17,7 +17,7 @@ from sweeper.trial import TrialStatus
 
 def inexpressible(trial: StoredTrial, fmt: str) -> str | None:
     """Why ``fmt`` cannot train ``trial`` as it ran, or None when it can: the format's
-    :attr:`~sweeper.export.ExportFormat.limit` (LLaMA-Factory has no float32 compute dtype on a GPU, axolotl no
+    :attr:`~sweeper.export._format.ExportFormat.limit` (LLaMA-Factory has no float32 compute dtype on a GPU, axolotl no
     fractional ``lora_alpha``). The other formats express every trial.
 
     Raises:
@@ -28,7 +28,7 @@ def inexpressible(trial: StoredTrial, fmt: str) -> str | None:
 
 def _formats_expressing(trial: StoredTrial, fmt: str) -> str:
     """The formats other than ``fmt`` that express ``trial``, as ``hf, trl or axolotl`` (``json`` is never offered:
-    :attr:`~sweeper.export.ExportFormat.offered_instead`)."""
+    :attr:`~sweeper.export._format.ExportFormat.offered_instead`)."""
     others = [f.name for f in EXPORT_FORMATS if f.name != fmt and f.offered_instead and f.cannot_express(trial) is None]
     return others[0] if len(others) == 1 else ", ".join(others[:-1]) + " or " + others[-1]
 

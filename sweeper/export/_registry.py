@@ -1,6 +1,6 @@
 """The export formats ``sweep export --format`` knows (:data:`EXPORT_FORMATS`), as peft lists its LoRA layer
-dispatchers: each format's module declares its :class:`~sweeper.export.ExportFormat` record, and one line here lists
-it. The CLI's choices and help, the file suffixes, the renderers and what each format cannot express all read this
+dispatchers: each format's module declares its :class:`~sweeper.export._format.ExportFormat` record, and one line here
+lists it. The CLI's choices and help, the file suffixes, the renderers and what each format cannot express all read this
 list."""
 
 from __future__ import annotations

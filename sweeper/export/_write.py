@@ -16,7 +16,7 @@ from sweeper.study import StoredTrial, StudySnapshot
 
 
 def render(s: ExportSettings, fmt: str, data: ExportData | None = None) -> dict[str, str]:
-    """The files of one export in the format named ``fmt`` (:attr:`~sweeper.export.ExportFormat.render`):
+    """The files of one export in the format named ``fmt`` (:attr:`~sweeper.export._format.ExportFormat.render`):
     ``{suffix: text}`` (``hf`` writes ``.py`` and ``.json``, the others one file), and for axolotl and LLaMA-Factory
     with ``data`` the trial's rows (and LLaMA-Factory's registry of them), keyed by their path in ``data.folder``.
 

@@ -5,7 +5,7 @@
   a space's memory-relevant grid (:func:`estimate_space`, :func:`frontier`, ``sweep estimate``);
 - the line that refuses a space of which nothing is predicted to fit (:func:`nothing_fits`);
 - the dominance rule (:func:`at_least_as_large` on each device's :data:`DIRECTIONS`, its keys read from the schema's
-  memory roles, :attr:`sweeper.space.KeySpec.memory`) and the preflight's decision
+  memory roles, :attr:`sweeper.space._schema.KeySpec.memory`) and the preflight's decision
   (:func:`preflight`: ``dominated_oom``, ``predicted_oom`` or run it);
 - the correction fitted on measured peaks (:class:`Calibration`, :func:`fit_calibration`: a median ratio or a
   Theil-Sen line per group of configurations).

@@ -2,8 +2,8 @@
 too, one no larger than one that fit fits too) and the preflight's decision, ``dominated_oom`` or ``predicted_oom``
 (the memory model's prediction corrected by what the study measured, :class:`Calibration`).
 
-The rules work on :class:`sweeper.space.TrialConfig`; no torch, no study: :func:`sweeper.study.known_memory` gathers
-what a study knows.
+The rules work on :class:`sweeper.space.TrialConfig`; no torch, no study: :func:`sweeper.sweep._preflight.known_memory`
+gathers what a study knows.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from sweeper.memory._calibration import Calibration
 
 _ROLES = memory_roles(TrialConfig)
-#: Keys whose larger value never needs less memory, all else equal (memory role ``grows``, :attr:`KeySpec.memory`):
-#: batch, ``max_seq_length``, ``r``, and the target modules by inclusion.
+#: Keys whose larger value never needs less memory, all else equal (memory role ``grows``,
+#: :attr:`sweeper.space._schema.KeySpec.memory`): batch, ``max_seq_length``, ``r``, and the target modules by inclusion.
 _GROWS = tuple(key for key, role in _ROLES.items() if role == "grows")
 #: Switches that save memory when on (memory role ``shrinks``): off is the larger setting.
 _SHRINKS = tuple(key for key, role in _ROLES.items() if role == "shrinks")
@@ -58,7 +58,7 @@ def _no_smaller(x: object, y: object) -> bool:
 
 def at_least_as_large(a: TrialConfig, b: TrialConfig, device: str = "cpu") -> bool:
     """Whether configuration ``a`` needs at least the memory of ``b`` on ``device`` by the dominance rule: along each
-    key of memory role ``grows`` or ``shrinks`` (:attr:`sweeper.space.KeySpec.memory`) whose direction
+    key of memory role ``grows`` or ``shrinks`` (:attr:`sweeper.space._schema.KeySpec.memory`) whose direction
     (:func:`direction_of`) :data:`DIRECTIONS` lists for that device ``a`` is at least as large (batch,
     ``max_seq_length`` and ``r``; a superset of ``b``'s target modules; gradient checkpointing off where ``b`` has it
     off; double quant off where ``b`` has it off), every such key without a direction there is equal, and every key
@@ -111,7 +111,7 @@ def preflight(
     Args:
         config: The trial's settings.
         predicted_peak_gib: The memory model's prediction (GiB), None when unknown.
-        known: What the study measured (:func:`sweeper.study.known_memory`), of the same memory kind as this
+        known: What the study measured (:func:`sweeper.sweep._preflight.known_memory`), of the same memory kind as this
             machine's trials.
         device: ``cpu`` or ``cuda``: which dominance directions hold (:data:`DIRECTIONS`).
         calibration: The study's correction of the memory model (:class:`Calibration`), applied to the prediction

@@ -322,8 +322,8 @@ def estimate_memory(shape: ModelShape, s: MemorySettings) -> MemoryEstimate:
 
 
 #: The trial keys the memory model reads: every key of memory role ``grows`` or ``shrinks`` and some of role ``same``
-#: (:attr:`sweeper.space.KeySpec.memory`); a key of role ``none`` (lora_alpha_ratio, learning_rate, quant type, ...)
-#: does not change memory (``tests/memory/test_memory_roles.py`` checks both).
+#: (:attr:`sweeper.space._schema.KeySpec.memory`); a key of role ``none`` (lora_alpha_ratio, learning_rate, quant type,
+#: ...) does not change memory (``tests/memory/test_memory_roles.py`` checks both).
 MEMORY_KEYS = (
     "r",
     "target_modules",

@@ -149,7 +149,7 @@ class MemoryPrediction:
     """The preflight's predictions against the measured peaks of the complete trials.
 
     Attributes:
-        trials: One row per complete trial with a measured peak (:func:`sweeper.study.prediction_errors`).
+        trials: One row per complete trial with a measured peak (:func:`sweeper.study._calibration.prediction_errors`).
         median_error: The median absolute error of the memory model's predictions (a fraction of the measured peak),
             None without a prediction.
         median_corrected_error: The same after the study's correction, over the trials that had one, or None.

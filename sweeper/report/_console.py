@@ -63,7 +63,7 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 
 def margin_text(stress: StressOutcome | StabilityFigures) -> str:
-    """A trial's margin with its seed-noise interval (:func:`sweeper.stability.format_margin_range`), from its stored
+    """A trial's margin with its seed-noise interval (:func:`sweeper.notation.format_margin_range`), from its stored
     stress phase or a report row's :class:`~sweeper.stability.StabilityFigures`."""
     return format_margin_range(
         stress.stability_margin, stress.margin_capped, stress.stability_margin_low, stress.stability_margin_high
@@ -83,8 +83,8 @@ def predicted_text(stress: StressOutcome | StabilityFigures) -> str:
 
 def format_progress(progress: float | None, best: float) -> str:
     """A learning progress as a percentage (``21%``), with ``(barely)`` when it is under
-    :data:`~sweeper.stability.LEARNING_PROGRESS_SHARE` of ``best`` (the front's, or the study's, largest); ``-`` when
-    unknown."""
+    :data:`~sweeper.stability._progress.LEARNING_PROGRESS_SHARE` of ``best`` (the front's, or the study's, largest);
+    ``-`` when unknown."""
     if progress is None:
         return "-"
     return f"{100 * progress:.0f}%" + (" (barely)" if barely_learns(progress, best) else "")

@@ -132,8 +132,8 @@ def front_data(study: StudySnapshot) -> FrontData:
 
 
 def counts_with_stale(study: StudySnapshot) -> dict[str, int]:
-    """:func:`sweeper.study.status_counts`, with the RUNNING trials that no sweep runs any more
-    (:func:`sweeper.study.stale_running`) counted as ``stale`` instead of ``running``."""
+    """:func:`sweeper.study._snapshot.status_counts`, with the RUNNING trials that no sweep runs any more
+    (:func:`sweeper.storage._recovery.stale_running`) counted as ``stale`` instead of ``running``."""
     counts = dict(study.status_counts)
     stale = len(study.stale_running)
     if stale:
@@ -152,7 +152,7 @@ def objectives_of(study: StudySnapshot) -> list[str]:
 
 def fit_map_data(study: StudySnapshot) -> FitMap:
     """Which ``per_device_train_batch_size`` x ``max_seq_length`` shapes fit the memory cap
-    (:class:`~sweeper.report._records.FitMap`).
+    (:class:`~sweeper.report._analysis_records.FitMap`).
 
     A cell *fits* when some trial of that shape ran a step within the cap (``complete`` or ``nan``), is *oom* when
     every trial of that shape ran out of memory, and is *not tried* otherwise (the figure fills those in). Other
@@ -221,8 +221,8 @@ def describe_fit(fit_map: FitMap) -> dict[int, str]:
 
 
 def curves_data(study: StudySnapshot) -> list[Curve]:
-    """Loss and gradient-norm curves (:class:`~sweeper.report._records.Curve`) of the front's trials, of the NaN
-    trials (up to the failing step, whose non-finite values are None) and of the diverged trials, in that order."""
+    """Loss and gradient-norm curves (:class:`~sweeper.report._analysis_records.Curve`) of the front's trials, of the
+    NaN trials (up to the failing step, whose non-finite values are None) and of the diverged trials, in that order."""
     front = study.front
     numbers = {t.number for t in front}
     nan = [t for t in study.measured if t.status_name == TrialStatus.NAN and t.number not in numbers]

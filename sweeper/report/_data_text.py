@@ -14,8 +14,8 @@ def format_counts(counts: Mapping[str, int], nan_causes: Mapping[str, Sequence[i
     """``complete 7 · nan 2 (data 1, precision 1) · oom 2`` in a fixed order, then any other status.
 
     Args:
-        counts: Trials by status (:func:`sweeper.study.status_counts`).
-        nan_causes: NaN trial numbers by cause (:func:`sweeper.study.nan_causes`), shown after the NaN count.
+        counts: Trials by status (:func:`sweeper.study._snapshot.status_counts`).
+        nan_causes: NaN trial numbers by cause (:func:`sweeper.study._snapshot.nan_causes`), shown after the NaN count.
     """
     order = [
         "complete",

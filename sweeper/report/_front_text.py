@@ -20,7 +20,7 @@ def format_front(
     max_seq_length, peak GiB, stability margin (``>=`` when capped), headroom (``predicted_max_lr /
     learning_rate`` with its interval, ``near edge`` below its safety factor: :class:`sweeper.stability.Headroom`),
     learning progress (the probe loss's drop at
-    the trial's rate, ``barely`` under :data:`sweeper.stability.LEARNING_PROGRESS_SHARE` of the front's best),
+    the trial's rate, ``barely`` under :data:`sweeper.stability._progress.LEARNING_PROGRESS_SHARE` of the front's best),
     instability (the values come from each trial's stored config); a column for each objective of ``objectives``
     that is neither the memory nor the stability one (a registered third objective, shown by its
     :attr:`~sweeper.study.Objective.shown`); when two of them are tied on stability (their intervals overlap), a

@@ -215,7 +215,7 @@ class Report:
         trials: Every measured trial.
         status_counts: Trials by status, stale RUNNING ones as ``stale``
             (:func:`sweeper.report._data.counts_with_stale`).
-        stale: One line per stale RUNNING trial (:func:`sweeper.study.stale_running`).
+        stale: One line per stale RUNNING trial (:func:`sweeper.storage._recovery.stale_running`).
         nan_causes: NaN trial numbers by cause.
         largest_max_seq_length_by_batch: The largest ``max_seq_length`` that fit per batch size (None: none fit).
         importance: What explains each objective, by objective name.

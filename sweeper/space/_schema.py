@@ -68,12 +68,12 @@ class KeySpec:
             never needs less (a number; a list of names by inclusion). ``shrinks``: a larger value never needs more
             (a switch that saves memory when on: on never needs more than off). ``same``: memory depends on it in no
             order (trials are compared only at the same value). ``none``: memory does not depend on it. The dominance
-            rule (:func:`sweeper.memory.at_least_as_large`) reads its keys from these roles, and the memory model's
-            predictions are checked against them (a ``none`` key moves the predicted peak by exactly 0, a ``grows``
-            or ``shrinks`` key moves it only its way, but for the two small bitsandbytes steps noted at ``r`` and
-            ``bnb_4bit_use_double_quant``). A new key memory depends on declares ``same`` until real trials measure
+            rule (:func:`sweeper.memory._dominance.at_least_as_large`) reads its keys from these roles, and the memory
+            model's predictions are checked against them (a ``none`` key moves the predicted peak by exactly 0, a
+            ``grows`` or ``shrinks`` key moves it only its way, but for the two small bitsandbytes steps noted at ``r``
+            and ``bnb_4bit_use_double_quant``). A new key memory depends on declares ``same`` until real trials measure
             its order (``tests/sweep/test_preflight.py`` measures each of the rule's directions,
-            :data:`sweeper.memory.DIRECTIONS`).
+            :data:`sweeper.memory._dominance.DIRECTIONS`).
         example: A valid value as the one-line error for a bad one shows it (``str_list`` keys; default: a list of
             module names).
     """

@@ -11,9 +11,9 @@ doubling trials.
 * **The heartbeat.** Each running trial's sweep records Optuna's RDB heartbeat (``RDBStorage.record_heartbeat``)
   every ``heartbeat_interval_s``. A trial whose heartbeat is older than ``grace_period_s`` belongs to a sweep that
   stopped reporting (killed, frozen, its machine gone); any other sweep of the study marks it failed, ``lost``, and
-  retries its configuration (:func:`reap_lost`). On one machine a dead sweep is found at once by its pid
-  (:func:`sweeper.runner.recover_orphans`); the heartbeat is what finds it from another machine, or when the process
-  is alive but frozen.
+  retries its configuration (:func:`sweeper.storage._recovery.fail_stale_trials`). On one machine a dead sweep is
+  found at once by its pid (the trial's ``sweep_host`` and ``sweep_pid``); the heartbeat is what finds it from
+  another machine, or when the process is alive but frozen.
 """
 
 from __future__ import annotations

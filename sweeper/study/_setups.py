@@ -14,9 +14,9 @@ latest ``sweep run`` measured (:data:`StudyAttr.CURRENT_SETUP`); each trial stor
   interrupted): they are then replaced.
 
 Readers (the front, the picks, ``sweep confirm``'s candidates, ``sweep export``) compare the trials of the current
-setup only (:func:`in_current_setup`); trials of the others stay in the study and in the report's tables, with a note
-(:func:`sweeper.report._front_text.other_setups_line`). Keys of run policy (timeouts, retries, the preflight's margin,
-workers) may change freely: :meth:`sweeper.space.TrialConfig.measured` leaves them out.
+setup only (:meth:`sweeper.study._snapshot.StudySnapshot.current`); trials of the others stay in the study and in the
+report's tables, with a note (:func:`sweeper.report._front_text.other_setups_line`). Keys of run policy (timeouts,
+retries, the preflight's margin, workers) may change freely: :meth:`sweeper.space.TrialConfig.measured` leaves them out.
 
 A study written before setups existed has no :data:`StudyAttr.SETUPS`: its first setup is the settings of its latest
 measured trial's stored config (no data checksum), and its trials belong to the setup their configs match.

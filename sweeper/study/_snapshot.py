@@ -106,7 +106,8 @@ class StudySnapshot:
         setups: The settings of each setup it measured under (:mod:`sweeper.study._setups`).
         current_setup: The index of the setup its latest run measured, None for a study written before setups.
         longest_sample_tokens: The data's longest tokenized sample as the last ``sweep run`` read it
-            (:attr:`SweepPlan.longest_sample_tokens`), None when unknown (a study of an older version).
+            (:attr:`sweeper.sweep._plan.SweepPlan.longest_sample_tokens`), None when unknown (a study of an older
+            version).
         cards: The devices its sweeps ran on, by name: ``(device, total_memory_gib)``; empty for a study of an older
             version or one whose device was never read.
         stale_running: Its RUNNING trials that no sweep runs any more, by number, each with the line that says since
@@ -180,7 +181,7 @@ class StudySnapshot:
     @functools.cached_property
     def front(self) -> list[StoredTrial]:
         """The COMPLETE trials of the current setup that no other of them dominates on :attr:`objectives`
-        (:func:`sweeper.study.non_dominated`), by peak memory; a repeat is listed once, as the original."""
+        (:func:`sweeper.study._front.non_dominated`), by peak memory; a repeat is listed once, as the original."""
         return non_dominated(self._complete, self.objectives)
 
     @functools.cached_property
@@ -235,7 +236,7 @@ class StudySnapshot:
 
     def non_dominated(self, trials: Sequence[StoredTrial]) -> list[StoredTrial]:
         """The COMPLETE ``trials`` no other of them dominates on :attr:`objectives`
-        (:func:`sweeper.study._stored.non_dominated`)."""
+        (:func:`sweeper.study._front.non_dominated`)."""
         return non_dominated(trials, self.objectives)
 
     @functools.cached_property
@@ -254,7 +255,7 @@ class StudySnapshot:
 
     def tied_on_stability(self, trial: StoredTrial, others: Sequence[StoredTrial]) -> list[int]:
         """The numbers of ``others`` whose stability interval overlaps ``trial``'s on :attr:`objectives`
-        (:func:`sweeper.study._stored.tied_on_stability`): their difference is within the noise."""
+        (:func:`sweeper.study._front.tied_on_stability`): their difference is within the noise."""
         return tied_on_stability(trial, others, self.objectives)
 
     def ties_on_stability(self, trials: Sequence[StoredTrial], others: Sequence[StoredTrial]) -> list[list[int]]:
@@ -341,7 +342,7 @@ def stored_trials(study: StudyLike, states: tuple[TrialState, ...] | None = None
 
 def confirmations(study: StudyLike) -> dict[int, Confirmation]:
     """Every confirmation that is an outcome of the configuration, by trial number
-    (:func:`sweeper.study._stored.confirmations_in`)."""
+    (:func:`sweeper.study._confirmation.confirmations_in`)."""
     return dict(snapshot(study).confirmations)
 
 

@@ -52,7 +52,7 @@ class Within:
     Attributes:
         fmt: The format's name, as the pick's line says it (``the front of the trials axolotl can express (3)``).
         cannot_express: Why the format cannot train a trial as it ran, or None when it can
-            (:meth:`sweeper.export.ExportFormat.cannot_express`).
+            (:meth:`sweeper.export._format.ExportFormat.cannot_express`).
     """
 
     fmt: str

@@ -30,8 +30,8 @@ from sweeper.sweep._trial_steps import run_slot, slot_main
 
 
 def run_study(plan: SweepPlan, callbacks: Sequence[SweepCallback] = ()) -> optuna.Study:
-    """Run the planned sweep (:func:`sweeper.study.plan_sweep`) until its study holds ``n_trials`` finished trials,
-    or its ``timeout_s`` has passed, or the sampler proposed only configurations already measured
+    """Run the planned sweep (:func:`sweeper.sweep._plan.plan_sweep`) until its study holds ``n_trials`` finished
+    trials, or its ``timeout_s`` has passed, or the sampler proposed only configurations already measured
     ``plan.max_consecutive_repeats`` times in a row.
 
     Several ``run_study`` calls (processes, machines) may share one study: they never start more than ``n_trials``

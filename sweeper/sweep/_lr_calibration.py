@@ -1,9 +1,9 @@
 """``sweep calibrate``: the study's own factor from a short trial's ``lr_ceiling`` to ``predicted_max_lr``, measured on
 the study's model and data at its long horizon.
 
-The built-in factor (:data:`sweeper.stability.LONG_RUN_FACTOR`) was measured on SmolLM2-135M; no published source says
-whether a range test's ceiling relates to the long-run edge the same way on another model. This module bisects, for a
-few of the study's complete trials, the constant learning rate at which a run of the study's long horizon
+The built-in factor (:data:`sweeper.stability._margin.LONG_RUN_FACTOR`) was measured on SmolLM2-135M; no published
+source says whether a range test's ceiling relates to the long-run edge the same way on another model. This module
+bisects, for a few of the study's complete trials, the constant learning rate at which a run of the study's long horizon
 (``confirm_steps``) fails (``nan`` or ``diverged``): the largest multiple of the trial's rate that held and the
 smallest that failed, within ``resolution`` of each other. Each trial's factor is its edge (the geometric mean of the
 two) over its ``lr_ceiling``; the study's is their geometric mean, with their geometric SD as its spread.
@@ -140,7 +140,7 @@ def _key(trial: int, multiple: float) -> str:
 def calibration_from(edges: Sequence[Edge], resolution: float) -> LrCalibration:
     """The study's factor from its ``edges``: the geometric mean of their factors; its spread is their geometric SD,
     at least the bracket's own (``sqrt(resolution)``), and at least the built-in factor's
-    (:data:`sweeper.stability.LONG_RUN_FACTOR_GSD`) while fewer than 3 edges say otherwise.
+    (:data:`sweeper.stability._margin.LONG_RUN_FACTOR_GSD`) while fewer than 3 edges say otherwise.
 
     Raises:
         ValueError: ``edges`` is empty.

@@ -1,6 +1,7 @@
 """Planning a sweep: every check that would fail each trial the same way, the study opened, and the settings of
-the run resolved, once, before any output or trial (:func:`plan_sweep`). The run loop (:func:`sweeper.study.run_study`)
-takes the plan as it is; ``sweep run``, the tests and the benchmarks make it the same way.
+the run resolved, once, before any output or trial (:func:`plan_sweep`). The run loop
+(:func:`sweeper.sweep._loop.run_study`) takes the plan as it is; ``sweep run``, the tests and the benchmarks make it the
+same way.
 """
 
 from __future__ import annotations
@@ -48,13 +49,13 @@ class SweepPlan:
         space: The validated space.
         model_path: The local checkpoint the trials load (:func:`sweeper.model.resolve_model`).
         study: The opened (created or loaded) Optuna study.
-        storage: Its storage URL, as given (may hold a password: show it with :func:`sweeper.study.redact_url`).
+        storage: Its storage URL, as given (may hold a password: show it with :func:`sweeper.storage._urls.redact_url`).
         name: The study name.
         n_trials: Finished trials the study should hold when done, counted over the whole study.
         timeout_s: Wall-clock budget of this run in seconds, checked between trials; None for no limit.
         workers: Trials run at once by this process (1 to 64), each in its own trial process.
         devices: Per worker slot, its ``CUDA_VISIBLE_DEVICES`` value, or None for this machine's
-            (:func:`sweeper.study.slot_devices`); ``len(devices) == workers``.
+            (:func:`sweeper.sweep._slots.slot_devices`); ``len(devices) == workers``.
         finished_before: Finished trials the study held when the plan was made (a resume when ``> 0``).
         predict_peak_gib: The memory model for this space on this machine's trial device
             (:func:`sweeper.memory.memory_predictor`): a trial config to its predicted peak in GiB, uncorrected; None
@@ -131,8 +132,8 @@ def plan_sweep(
 ) -> SweepPlan:
     """Check a sweep's setup and open its study, in this order, stopping at the first problem: the heartbeat
     setting, a storage the workers cannot share, the setup checks of the model and space
-    (:func:`sweeper.study.check_setup`), a studies folder that cannot be written or whose disk is full, the storage
-    (opened or created: :func:`sweeper.study.open_study`), the settings the study was measured under
+    (:func:`sweeper.sweep._setup_checks.check_setup`), a studies folder that cannot be written or whose disk is full,
+    the storage (opened or created: :func:`sweeper.study.open_study`), the settings the study was measured under
     (:func:`sweeper.study._setups.choose_setup`), and whether any configuration is predicted to fit its cap.
 
     Args:
@@ -143,7 +144,8 @@ def plan_sweep(
         n_trials: Default ``space.study.n_trials``; counted over the whole study.
         timeout_s: Default ``space.study.timeout_s``; seconds, checked between trials (a trial has its own timeout).
         workers: Worker slots, 1 to 64.
-        devices: ``CUDA_VISIBLE_DEVICES`` values given to the workers in turn (:func:`sweeper.study.slot_devices`).
+        devices: ``CUDA_VISIBLE_DEVICES`` values given to the workers in turn
+            (:func:`sweeper.sweep._slots.slot_devices`).
         refuse_if_nothing_fits: Refuse a space where no configuration is predicted to fit (the memory model corrected
             by what the study measured on this kind of machine), unless the study already holds a trial that fit
             under a cap no larger than this one. False lets each trial be pruned by the preflight instead (for tests

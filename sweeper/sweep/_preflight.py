@@ -16,7 +16,7 @@ def trial_device() -> str:
 
 def known_memory(study: StudyLike, memory_kind: str | None = None) -> list[Known]:
     """What the study knows about memory: each measured trial's config, and whether it fit (complete or NaN) or ran
-    out of memory (:attr:`sweeper.study.TrialStatus.fits`); repeats and trials without a stored config left out.
+    out of memory (:attr:`sweeper.trial._status.TrialStatus.fits`); repeats and trials without a stored config left out.
     With ``memory_kind``, only trials measured that way (a CPU trial's OOM says nothing about a GPU's)."""
     out = []
     for t in snapshot(study).trials:

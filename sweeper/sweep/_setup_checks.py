@@ -11,7 +11,7 @@
   transformers uses the checkpoint's and ignores the one passed to ``from_pretrained``
   (``transformers.quantizers.auto.AutoHfQuantizer.merge_quantization_configs``);
 - a space of which no configuration is predicted to fit ``memory_limit_gib`` (:func:`sweeper.memory.nothing_fits`,
-  called by :func:`sweeper.study.plan_sweep`).
+  called by :func:`sweeper.sweep._plan.plan_sweep`).
 """
 
 from __future__ import annotations

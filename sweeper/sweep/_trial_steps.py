@@ -44,7 +44,15 @@ from sweeper.study import (
 from sweeper.sweep._preflight import known_memory, trial_device
 from sweeper.sweep._slots import slot_env
 from sweeper.sweep._state import POLL_S, _Stop, _Sweep
-from sweeper.trial import MemoryReading, Provenance, TrialProcess, TrialResult, TrialStatus, device_kind
+from sweeper.trial import (
+    MemoryReading,
+    Provenance,
+    TrialProcess,
+    TrialResult,
+    TrialStartError,
+    TrialStatus,
+    device_kind,
+)
 
 
 def _same_rows(params: Mapping[str, Any], config: TrialConfig | None, longest: int | None) -> dict[str, Any]:
@@ -272,6 +280,13 @@ def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig) -> TrialRes
     except KeyboardInterrupt:  # one slot, in the main thread: the trial process was killed
         record_interrupted(sweep, trial)
         raise
+    except TrialStartError as exc:  # not the disk: this user cannot run the interpreter, or the venv is gone
+        record_interrupted(sweep, trial, f"not run: {exc}")
+        raise RunError(
+            f"{exc}; trial {trial.number} is recorded as not run and queued again; run the sweep as a user who may "
+            "execute that Python (and read its packages), or reinstall the environment, then the same command: "
+            "finished trials are kept"
+        ) from None
     except OSError as exc:  # the trial's files cannot be written: disk full, folder made read-only meanwhile
         record_interrupted(sweep, trial, f"not run: cannot write {folder} ({exc.strerror})")
         raise RunError(

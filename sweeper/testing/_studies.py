@@ -77,8 +77,8 @@ def add_trial(
     its result (``status``, ``peak`` GiB, ``instability``, a 3-step trace) and its state and constraint.
 
     ``peak`` and ``instability`` are a complete trial's objective values. In a study that ranks by the stability
-    margin (:func:`sweeper.study.stability_objective`), the second value is its ``edge_proximity``: the stored
-    ``stability_margin`` is ``1 / instability`` (and ``learning_progress`` 0.2) unless ``extra`` gives them.
+    margin (:func:`sweeper.study._objectives.stability_objective`), the second value is its ``edge_proximity``: the
+    stored ``stability_margin`` is ``1 / instability`` (and ``learning_progress`` 0.2) unless ``extra`` gives them.
 
     ``extra``: a ``config`` (a stored config dict) replaces the trial's; ``params`` and ``distributions`` replace the
     sampled values (r, batch, seq) and their distributions; other keys that are :class:`TrialResult` stored names set

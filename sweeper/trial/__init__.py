@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from sweeper.trial._card import Card, CardError, read_cards, smallest_card
     from sweeper.trial._devices import cpu_has_bfloat16, cuda_visible, device_kind, visible_gpus
     from sweeper.trial._job import TrialProgress
-    from sweeper.trial._launch import TrialProcess, prestart, run_trial
+    from sweeper.trial._launch import TrialProcess, TrialStartError, prestart, run_trial
     from sweeper.trial._result import (
         MemoryReading,
         Provenance,
@@ -40,6 +40,7 @@ _HOMES = {
     "Provenance": "sweeper.trial._result",
     "StressOutcome": "sweeper.trial._result",
     "TrialProcess": "sweeper.trial._launch",
+    "TrialStartError": "sweeper.trial._launch",
     "prestart": "sweeper.trial._launch",
     "TrialProgress": "sweeper.trial._job",
     "TrialResult": "sweeper.trial._result",
@@ -61,6 +62,7 @@ __all__ = [
     "TrialProcess",
     "TrialProgress",
     "TrialResult",
+    "TrialStartError",
     "TrialStatus",
     "cpu_has_bfloat16",
     "cuda_visible",

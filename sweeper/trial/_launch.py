@@ -66,6 +66,11 @@ def _signal_name(rc: int) -> str:
         return f"signal {-rc}"
 
 
+class TrialStartError(RuntimeError):
+    """A trial process could not be started: the interpreter cannot be executed by this user or is gone. Not a write
+    of the trial's files (an ``OSError``): its fix is the Python environment, not the disk."""
+
+
 def _kill_group(proc: subprocess.Popen | ForkedProcess) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -150,17 +155,27 @@ class TrialProcess:
 
     @staticmethod
     def _exec(env: dict[str, str], log_path: Path, write_fd: int) -> subprocess.Popen:
-        """A trial process started with ``python -m`` (:data:`CHILD_MODULE`)."""
+        """A trial process started with ``python -m`` (:data:`CHILD_MODULE`).
+
+        Raises:
+            TrialStartError: The interpreter cannot be executed (a user who may not run it, a venv moved or gone).
+            OSError: The trial's log cannot be opened (its folder's disk or permissions).
+        """
         with open(log_path, "ab") as log:
-            return subprocess.Popen(
-                [sys.executable, "-m", CHILD_MODULE, "--serve"],
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches the sweep, which kills the process's whole group itself
-                pass_fds=(write_fd,),
-                env=env,
-            )
+            try:
+                return subprocess.Popen(
+                    [sys.executable, "-m", CHILD_MODULE, "--serve"],
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # Ctrl-C reaches the sweep, which kills the process's whole group itself
+                    pass_fds=(write_fd,),
+                    env=env,
+                )
+            except OSError as exc:
+                raise TrialStartError(
+                    f"{sys.executable}: cannot start a trial process ({exc.strerror or exc})"
+                ) from exc
 
     def _read_done(self, deadline: float) -> TrialDone | None:
         """The trial's :class:`TrialDone` line, the progress lines before it handed to the run's ``on_progress`` as

@@ -176,11 +176,12 @@ class StressOutcome:
     Attributes:
         lr_ceiling: The learning rate at which the stress phase diverged; None when it reached its cap or did not
             run.
-        stability_margin: ``lr_ceiling / learning_rate`` (> 1; the cap, :data:`sweeper.stability.STRESS_CAP`, when
+        stability_margin: ``lr_ceiling / learning_rate`` (> 1; the cap, :data:`sweeper.stability._margin.STRESS_CAP`,
+        when
             ``margin_capped``); None when not measured.
         margin_capped: The stress phase reached the cap without diverging: the margin is a lower bound.
         predicted_max_lr: The largest constant learning rate a 300-step run is predicted to hold at:
-            ``lr_ceiling * LONG_RUN_FACTOR`` (:data:`sweeper.stability.LONG_RUN_FACTOR`, measured by
+            ``lr_ceiling * LONG_RUN_FACTOR`` (:data:`sweeper.stability._margin.LONG_RUN_FACTOR`, measured by
             ``benchmarks/validity.py``); a lower bound when capped.
         stop: How the stress phase ended (``stress_stop``): ``diverged``, ``nan``, ``overflow``, ``cap``, ``oom``,
             ``error``; None when it did not run.
@@ -295,8 +296,8 @@ class TrialResult:
 
     Attributes:
         status: ``complete``; PRUNED: ``nan``, ``diverged`` (the probe loss rose to
-            :data:`sweeper.stability.DIVERGED_RATIO` times its start and stayed), ``oom``, ``predicted_oom``,
-            ``dominated_oom``; FAIL: ``timeout``, ``crash``, ``error``.
+            :data:`sweeper.stability._instability.DIVERGED_RATIO` times its start and stayed), ``oom``,
+            ``predicted_oom``, ``dominated_oom``; FAIL: ``timeout``, ``crash``, ``error``.
         reason: One line: what happened, for people.
         fail_step: 1-based optimizer step being run when it failed (0 during load), else None.
         fail_phase: ``load``, ``forward``, ``backward`` or ``optimizer`` for failures inside the trial process, else

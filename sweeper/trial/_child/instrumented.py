@@ -4,7 +4,7 @@ norm, supervised tokens and rows into a :class:`~sweeper.trial._child.record.Tra
 (:class:`TraceCallback`) that closes each step, runs the worst-case step once (:func:`run_worst_case_step`) and the
 probe, and forward hooks that keep the largest activation of the 4-bit layers. Used by
 :mod:`sweeper.trial._child.recipe` only, and imported with the heavy libraries
-(:func:`sweeper.trial._child.load.import_heavy`).
+(:func:`sweeper.trial._child.worker.import_heavy`).
 """
 
 from __future__ import annotations

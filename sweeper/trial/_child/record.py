@@ -123,7 +123,7 @@ class StressPhase:
         done: Stress steps finished.
         lr, loss, probe_loss: Per finished stress step: its learning rate, training loss and the probe loss after it
             (None where non-finite).
-        stop: How it ended (:data:`sweeper.stability.STRESS_STOPS`), None while it runs.
+        stop: How it ended (:data:`sweeper.stability._margin.STRESS_STOPS`), None while it runs.
         stop_step: The 1-based stress step that showed the edge (``diverged``: the first probe at or above the ratio).
         started: ``time.monotonic()`` when it began.
         time_s: Seconds it took (its probes included).
@@ -149,7 +149,7 @@ class StressPhase:
         of ``train_time_s`` (the constant phase's seconds; no share without them).
 
         Raises:
-            ValueError: ``stop`` is none of :data:`sweeper.stability.STRESS_STOPS`.
+            ValueError: ``stop`` is none of :data:`sweeper.stability._margin.STRESS_STOPS`.
         """
         margin = margin_of(self.learning_rate, self.stop, self.stop_step, growth=self.growth, steps=self.steps)
         return StressOutcome(
@@ -178,7 +178,7 @@ class StressOverflow(Exception):
 
 
 class DivergedError(Exception):
-    """The probe loss rose to :data:`sweeper.stability.DIVERGED_RATIO` times its start and stayed there.
+    """The probe loss rose to :data:`sweeper.stability._instability.DIVERGED_RATIO` times its start and stayed there.
 
     Attributes:
         divergence: The step and the evidence.
