@@ -98,7 +98,7 @@ def trial_record(
             if o in extra
         },
         phase_peak_memory_gib=dict(r.memory.phase_peak_memory_gib or {}),
-        worst_case_shape=tuple(r.memory.worst_case_shape) if r.memory.worst_case_shape else None,  # type: ignore[arg-type]
+        worst_case_shape=r.memory.worst_case_shape,
     )
 
 

@@ -17,12 +17,13 @@ own lets each of them break it, the later ones breaking the lock the first had t
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +237,18 @@ class _JournalFile(JournalFileBackend):
                 )
 
 
+def _without_beat(trial: FrozenTrial) -> FrozenTrial:
+    """``trial`` as its readers see it: without the heartbeat's :data:`HEARTBEAT_ATTR`, which is the journal's
+    bookkeeping (an RDB storage keeps its beats in a table of their own), so that ``trials_dataframe()`` and
+    optuna-dashboard show no ``system_attrs_sweeper:heartbeat`` column (issue 56). A copy when it has one: the
+    journal's replayed trials are shared (``deepcopy=False``) and stay as they are."""
+    if HEARTBEAT_ATTR not in trial.system_attrs:
+        return trial
+    shown = copy.copy(trial)
+    shown.system_attrs = {k: v for k, v in trial.system_attrs.items() if k != HEARTBEAT_ATTR}
+    return shown
+
+
 class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
     """Optuna's ``JournalStorage`` on a journal file, with a heartbeat kept in the journal (see the module
     docstring).
@@ -267,6 +280,16 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         """
         self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, dt.datetime.now(dt.UTC).isoformat())
 
+    def get_all_trials(
+        self, study_id: int, deepcopy: bool = True, states: Container[TrialState] | None = None
+    ) -> list[FrozenTrial]:
+        """Optuna's, without the heartbeat's :data:`HEARTBEAT_ATTR` (:func:`_without_beat`)."""
+        return [_without_beat(t) for t in super().get_all_trials(study_id, deepcopy=deepcopy, states=states)]
+
+    def get_trial(self, trial_id: int) -> FrozenTrial:
+        """Optuna's, without the heartbeat's :data:`HEARTBEAT_ATTR` (:func:`_without_beat`)."""
+        return _without_beat(super().get_trial(trial_id))
+
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
         """Storage ids of the study's RUNNING trials whose last beat is older than the grace period (a trial that
         never beat is left alone, as Optuna's RDB heartbeat does)."""
@@ -274,7 +297,7 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
             return []
         now = dt.datetime.now(dt.UTC)
         stale = []
-        for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+        for t in super().get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
             beat = t.system_attrs.get(HEARTBEAT_ATTR)
             if isinstance(beat, str) and (now - dt.datetime.fromisoformat(beat)).total_seconds() > self._grace_period:
                 stale.append(trial_id(t))

@@ -7,28 +7,182 @@ Shared by both sides of the process boundary; imports neither torch nor optuna.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar, Literal
 
 from sweeper.trial._status import TrialStatus
 
 Phase = Literal["load", "forward", "backward", "optimizer"]
 
 
-#: Field metadata key: the field's place in the stored flat dict (:meth:`TrialResult.to_dict`), 0 first.
-_AT = "stored_at"
+#: Every stored field's name, in the stored order: the keys of :meth:`TrialResult.to_dict` and the user attributes a
+#: trial's result is stored as (``docs/contract.md``; a study of an older version reads by these names). The golden
+#: list: a field is stored where its name stands here, a new field is appended, and a field missing from it, or a
+#: name here that no field stores, fails at import (:func:`_layout`).
+STORED_ORDER: tuple[str, ...] = (
+    "status",
+    "reason",
+    "fail_step",
+    "fail_phase",
+    "peak_memory_gib",
+    "load_peak_memory_gib",
+    "memory_kind",
+    "instability",
+    "instability_components",
+    "loss_trace",
+    "grad_norm_trace",
+    "max_activation_trace",
+    "skipped_steps",
+    "steps_done",
+    "wall_time_s",
+    "import_time_s",
+    "load_time_s",
+    "train_time_s",
+    "setup_time_s",
+    "warm",
+    "model_reused",
+    "tokens_per_s",
+    "quantized_linear_count",
+    "lora_alpha",
+    "effective_batch_size",
+    "device",
+    "versions",
+    "nan_cause",
+    "nan_samples",
+    "nan_module",
+    "supervised_tokens_trace",
+    "min_supervised_tokens",
+    "longest_sample_tokens",
+    "longest_sample_index",
+    "truncated_sample_fraction",
+    "predicted_peak_gib",
+    "probe_steps",
+    "probe_loss_trace",
+    "probe_max_activation_trace",
+    "probe_time_s",
+    "probe_time_share",
+    "projected_fail_step",
+    "lr_ceiling",
+    "stability_margin",
+    "margin_capped",
+    "predicted_max_lr",
+    "learning_progress",
+    "stress_stop",
+    "stress_steps",
+    "stress_lr_trace",
+    "stress_loss_trace",
+    "stress_probe_loss_trace",
+    "stress_time_s",
+    "stress_time_share",
+    "stress_peak_memory_gib",
+    "update_ratio_trace",
+    "stability_margin_low",
+    "stability_margin_high",
+    "predicted_max_lr_low",
+    "predicted_max_lr_high",
+    "predicted_max_lr_source",
+    "phase_peak_memory_gib",
+    "worst_case_shape",
+    "data_token_share",
+    "predicted_max_lr_calibrated",
+    "worst_case_time_s",
+    "critical_lr_multiple",
+    "critical_lr_multiple_low",
+    "critical_lr_multiple_high",
+    "critical_lr_slope_per_step",
+    "critical_lr_projected_step",
+    "critical_lr_projected_step_low",
+    "critical_lr_projected_step_high",
+    "critical_lr_readings",
+    "line_search_time_s",
+    "line_search_time_share",
+    "line_search_forwards",
+    "line_search_skipped",
+    "critical_lr_step_multiple",
+    "critical_lr_step_readings",
+)
+
 #: Field metadata key: the field's stored name (the user attribute, ``docs/contract.md``) where it is not its own.
 _NAME = "stored_name"
+#: Field metadata keys: what turns the field's stored JSON value back into its type (a tuple stored as a list), and
+#: its value into what is stored.
+_READ = "read_stored"
+_WRITE = "write_stored"
+
+#: A step's shape, ``(rows, tokens)``: one type on both sides of the process boundary (JSON stores it as a list).
+StepShape = tuple[int, int]
+
+
+def _shape(value: Any) -> StepShape:
+    """``[rows, tokens]`` read back from JSON or a user attribute, as :data:`StepShape`."""
+    rows, tokens = value
+    return int(rows), int(tokens)
+
+
+@dataclass(frozen=True)
+class PhasePeakMemory(Mapping[str, float]):
+    """The peak memory of each phase a trial measured apart, in GiB (None: not measured in this trial); a mapping of
+    the measured phases by name, in this order, which is how it is stored (``phase_peak_memory_gib``).
+
+    Attributes:
+        load: Loading, quantizing and attaching LoRA.
+        train: The constant phase's training steps.
+        worst_case: The worst-case step (one step of the data's longest rows, as the trial's collation builds it).
+        probe: The probe's forwards (measured apart; never the judged peak).
+        stress: The stress phase's steps (measured apart; never the judged peak).
+    """
+
+    load: float | None = None
+    train: float | None = None
+    worst_case: float | None = None
+    probe: float | None = None
+    stress: float | None = None
+
+    #: The phases whose peak is the user's run's: a trial's ``peak_memory_gib`` is their maximum.
+    JUDGED: ClassVar[tuple[str, ...]] = ("train", "worst_case")
+
+    @classmethod
+    def phases(cls) -> tuple[str, ...]:
+        """Every phase's name, in order: ``load``, ``train``, ``worst_case``, ``probe``, ``stress``."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def of(cls, peaks: Mapping[str, Any]) -> PhasePeakMemory:
+        """The record of a mapping of phase peaks (as stored, or as measured); a phase this version does not know
+        (a newer worker's) is left out."""
+        return cls(**{p: float(peaks[p]) for p in cls.phases() if peaks.get(p) is not None})
+
+    def __getitem__(self, phase: str) -> float:
+        value = getattr(self, phase, None) if phase in self.phases() else None
+        if value is None:
+            raise KeyError(phase)
+        return float(value)
+
+    def __iter__(self) -> Iterator[str]:
+        return (p for p in self.phases() if getattr(self, p) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _stored(
-    at: int, *, name: str | None = None, default: Any = None, factory: Any = None, required: bool = False
+    *,
+    name: str | None = None,
+    default: Any = None,
+    factory: Any = None,
+    required: bool = False,
+    read: Any = None,
+    write: Any = None,
 ) -> Any:
-    """A field stored flat as a user attribute: its place ``at`` in :meth:`TrialResult.to_dict`'s dict and, where
-    it differs from the field's name, its stored ``name``: the one declaration of both. Its default is ``default``,
-    or ``factory()``, or none when ``required``."""
-    metadata = {_AT: at} if name is None else {_AT: at, _NAME: name}
+    """A field stored flat as a user attribute, under its own name or ``name`` (its place: :data:`STORED_ORDER`).
+    Its default is ``default``, or ``factory()``, or none when ``required``; ``read`` turns a stored value (not None)
+    back into the field's type, ``write`` the field's value (not None) into what is stored (JSON)."""
+    metadata: dict[str, Any] = {_NAME: name} if name is not None else {}
+    if read is not None:
+        metadata[_READ] = read
+    if write is not None:
+        metadata[_WRITE] = write
     if required:
         return field(metadata=metadata)
     if factory is not None:
@@ -51,19 +205,20 @@ class MemoryReading:
         predicted_peak_gib: The memory model's prediction for this trial (:mod:`sweeper.memory`), in the same kind
             as ``peak_memory_gib`` (CUDA reserved, or CPU resident set), set by the sweep before it runs.
         stress_peak_memory_gib: Peak memory of the stress phase's steps; None without a stress phase.
-        phase_peak_memory_gib: Peak memory of each phase measured, by name (``load``, ``train``, ``worst_case``,
-            ``probe``, ``stress``: :data:`sweeper.trial._child.memory.MEMORY_PHASES`), each read apart from the
-            others (the allocator's cache emptied and the peak statistics reset between them).
-        worst_case_shape: ``[rows, tokens]`` of the worst-case step measured (None: it did not run).
+        phase_peak_memory_gib: Peak memory of each phase measured (:class:`PhasePeakMemory`: ``load``, ``train``,
+            ``worst_case``, ``probe``, ``stress``), each read apart from the others (the allocator's cache emptied
+            and the peak statistics reset between them); stored as a dict of the measured phases.
+        worst_case_shape: ``(rows, tokens)`` of the worst-case step measured (None: it did not run; stored as a
+            list).
     """
 
-    peak_memory_gib: float | None = _stored(4)
-    load_peak_memory_gib: float | None = _stored(5)
-    memory_kind: str | None = _stored(6)
-    predicted_peak_gib: float | None = _stored(35)
-    stress_peak_memory_gib: float | None = _stored(54)
-    phase_peak_memory_gib: dict[str, float] = _stored(61, factory=dict)
-    worst_case_shape: list[int] | None = _stored(62)
+    peak_memory_gib: float | None = _stored()
+    load_peak_memory_gib: float | None = _stored()
+    memory_kind: str | None = _stored()
+    predicted_peak_gib: float | None = _stored()
+    stress_peak_memory_gib: float | None = _stored()
+    phase_peak_memory_gib: PhasePeakMemory = _stored(factory=PhasePeakMemory, read=PhasePeakMemory.of, write=dict)
+    worst_case_shape: StepShape | None = _stored(read=_shape, write=list)
 
 
 @dataclass(kw_only=True)
@@ -100,25 +255,25 @@ class ConstantPhase:
             at 0). A candidate early sign of divergence: failed LoRA solutions are high-norm (Kim et al. 2025).
     """
 
-    instability: float | None = _stored(7)
-    instability_components: dict[str, float] = _stored(8, factory=dict)
-    loss_trace: list[float | None] = _stored(9, factory=list)
-    grad_norm_trace: list[float | None] = _stored(10, factory=list)
-    max_activation_trace: list[float | None] = _stored(11, factory=list)
-    skipped_steps: list[int] = _stored(12, factory=list)
-    steps_done: int = _stored(13, default=0)
-    train_time_s: float | None = _stored(17)
-    tokens_per_s: float | None = _stored(21)
-    worst_case_time_s: float | None = _stored(65)
-    data_token_share: float | None = _stored(63)
-    probe_steps: list[int] = _stored(36, factory=list)
-    probe_loss_trace: list[float | None] = _stored(37, factory=list)
-    probe_max_activation_trace: list[float | None] = _stored(38, factory=list)
-    probe_time_s: float | None = _stored(39)
-    probe_time_share: float | None = _stored(40)
-    projected_fail_step: int | None = _stored(41)
-    learning_progress: float | None = _stored(46)
-    update_ratio_trace: list[float | None] = _stored(55, factory=list)
+    instability: float | None = _stored()
+    instability_components: dict[str, float] = _stored(factory=dict)
+    loss_trace: list[float | None] = _stored(factory=list)
+    grad_norm_trace: list[float | None] = _stored(factory=list)
+    max_activation_trace: list[float | None] = _stored(factory=list)
+    skipped_steps: list[int] = _stored(factory=list)
+    steps_done: int = _stored(default=0)
+    train_time_s: float | None = _stored()
+    tokens_per_s: float | None = _stored()
+    worst_case_time_s: float | None = _stored()
+    data_token_share: float | None = _stored()
+    probe_steps: list[int] = _stored(factory=list)
+    probe_loss_trace: list[float | None] = _stored(factory=list)
+    probe_max_activation_trace: list[float | None] = _stored(factory=list)
+    probe_time_s: float | None = _stored()
+    probe_time_share: float | None = _stored()
+    projected_fail_step: int | None = _stored()
+    learning_progress: float | None = _stored()
+    update_ratio_trace: list[float | None] = _stored(factory=list)
 
 
 @dataclass(kw_only=True)
@@ -150,20 +305,20 @@ class CriticalLr:
             ``[step, micro-batch, multiple, censored]`` per reading.
     """
 
-    critical_lr_multiple: float | None = _stored(66)
-    critical_lr_multiple_low: float | None = _stored(67)
-    critical_lr_multiple_high: float | None = _stored(68)
-    critical_lr_slope_per_step: float | None = _stored(69)
-    critical_lr_projected_step: int | None = _stored(70)
-    critical_lr_projected_step_low: int | None = _stored(71)
-    critical_lr_projected_step_high: int | None = _stored(72)
-    critical_lr_readings: list[list[Any]] = _stored(73, factory=list)
-    line_search_time_s: float | None = _stored(74)
-    line_search_time_share: float | None = _stored(75)
-    line_search_forwards: int | None = _stored(76)
-    line_search_skipped: str | None = _stored(77)
-    critical_lr_step_multiple: float | None = _stored(78)
-    critical_lr_step_readings: list[list[Any]] = _stored(79, factory=list)
+    critical_lr_multiple: float | None = _stored()
+    critical_lr_multiple_low: float | None = _stored()
+    critical_lr_multiple_high: float | None = _stored()
+    critical_lr_slope_per_step: float | None = _stored()
+    critical_lr_projected_step: int | None = _stored()
+    critical_lr_projected_step_low: int | None = _stored()
+    critical_lr_projected_step_high: int | None = _stored()
+    critical_lr_readings: list[list[Any]] = _stored(factory=list)
+    line_search_time_s: float | None = _stored()
+    line_search_time_share: float | None = _stored()
+    line_search_forwards: int | None = _stored()
+    line_search_skipped: str | None = _stored()
+    critical_lr_step_multiple: float | None = _stored()
+    critical_lr_step_readings: list[list[Any]] = _stored(factory=list)
 
 
 @dataclass(kw_only=True)
@@ -202,23 +357,23 @@ class StressOutcome:
             stored before it was recorded): the built-in factor.
     """
 
-    lr_ceiling: float | None = _stored(42)
-    stability_margin: float | None = _stored(43)
-    margin_capped: bool | None = _stored(44)
-    predicted_max_lr: float | None = _stored(45)
-    stop: str | None = _stored(47, name="stress_stop")
-    steps: int | None = _stored(48, name="stress_steps")
-    lr_trace: list[float] = _stored(49, name="stress_lr_trace", factory=list)
-    loss_trace: list[float | None] = _stored(50, name="stress_loss_trace", factory=list)
-    probe_loss_trace: list[float | None] = _stored(51, name="stress_probe_loss_trace", factory=list)
-    time_s: float | None = _stored(52, name="stress_time_s")
-    time_share: float | None = _stored(53, name="stress_time_share")
-    stability_margin_low: float | None = _stored(56)
-    stability_margin_high: float | None = _stored(57)
-    predicted_max_lr_low: float | None = _stored(58)
-    predicted_max_lr_high: float | None = _stored(59)
-    predicted_max_lr_source: str | None = _stored(60)
-    predicted_max_lr_calibrated: bool | None = _stored(64)
+    lr_ceiling: float | None = _stored()
+    stability_margin: float | None = _stored()
+    margin_capped: bool | None = _stored()
+    predicted_max_lr: float | None = _stored()
+    stop: str | None = _stored(name="stress_stop")
+    steps: int | None = _stored(name="stress_steps")
+    lr_trace: list[float] = _stored(name="stress_lr_trace", factory=list)
+    loss_trace: list[float | None] = _stored(name="stress_loss_trace", factory=list)
+    probe_loss_trace: list[float | None] = _stored(name="stress_probe_loss_trace", factory=list)
+    time_s: float | None = _stored(name="stress_time_s")
+    time_share: float | None = _stored(name="stress_time_share")
+    stability_margin_low: float | None = _stored()
+    stability_margin_high: float | None = _stored()
+    predicted_max_lr_low: float | None = _stored()
+    predicted_max_lr_high: float | None = _stored()
+    predicted_max_lr_source: str | None = _stored()
+    predicted_max_lr_calibrated: bool | None = _stored()
 
 
 @dataclass(kw_only=True)
@@ -231,9 +386,9 @@ class NanFindings:
         module: After a ``precision`` NaN: the first module whose output overflowed (``nan_module``).
     """
 
-    cause: Literal["data", "precision", "optimization"] | None = _stored(27, name="nan_cause")
-    samples: list[int] = _stored(28, name="nan_samples", factory=list)
-    module: str | None = _stored(29, name="nan_module")
+    cause: Literal["data", "precision", "optimization"] | None = _stored(name="nan_cause")
+    samples: list[int] = _stored(name="nan_samples", factory=list)
+    module: str | None = _stored(name="nan_module")
 
 
 @dataclass(kw_only=True)
@@ -248,11 +403,11 @@ class DataReading:
         truncated_sample_fraction: Share of the samples trained on that ``max_seq_length`` cut, 0-1.
     """
 
-    supervised_tokens_trace: list[int] = _stored(30, factory=list)
-    min_supervised_tokens: int | None = _stored(31)
-    longest_sample_tokens: int | None = _stored(32)
-    longest_sample_index: int | None = _stored(33)
-    truncated_sample_fraction: float | None = _stored(34)
+    supervised_tokens_trace: list[int] = _stored(factory=list)
+    min_supervised_tokens: int | None = _stored()
+    longest_sample_tokens: int | None = _stored()
+    longest_sample_index: int | None = _stored()
+    truncated_sample_fraction: float | None = _stored()
 
 
 @dataclass(kw_only=True)
@@ -276,17 +431,17 @@ class Provenance:
         versions: torch, transformers, peft, bitsandbytes, optuna, CUDA.
     """
 
-    wall_time_s: float | None = _stored(14)
-    import_time_s: float | None = _stored(15)
-    load_time_s: float | None = _stored(16)
-    setup_time_s: float | None = _stored(18)
-    warm: bool | None = _stored(19)
-    model_reused: bool | None = _stored(20)
-    quantized_linear_count: int | None = _stored(22)
-    lora_alpha: float | None = _stored(23)
-    effective_batch_size: int | None = _stored(24)
-    device: str | None = _stored(25)
-    versions: dict[str, str | None] = _stored(26, factory=dict)
+    wall_time_s: float | None = _stored()
+    import_time_s: float | None = _stored()
+    load_time_s: float | None = _stored()
+    setup_time_s: float | None = _stored()
+    warm: bool | None = _stored()
+    model_reused: bool | None = _stored()
+    quantized_linear_count: int | None = _stored()
+    lora_alpha: float | None = _stored()
+    effective_batch_size: int | None = _stored()
+    device: str | None = _stored()
+    versions: dict[str, str | None] = _stored(factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -311,10 +466,10 @@ class TrialResult:
         provenance: Timings, process, derived settings, device and versions (:class:`Provenance`).
     """
 
-    status: TrialStatus = _stored(0, required=True)
-    reason: str = _stored(1, default="")
-    fail_step: int | None = _stored(2)
-    fail_phase: Phase | None = _stored(3)
+    status: TrialStatus = _stored(required=True)
+    reason: str = _stored(default="")
+    fail_step: int | None = _stored()
+    fail_phase: Phase | None = _stored()
     memory: MemoryReading = field(default_factory=MemoryReading)
     constant: ConstantPhase = field(default_factory=ConstantPhase)
     stress: StressOutcome = field(default_factory=StressOutcome)
@@ -332,7 +487,10 @@ class TrialResult:
         out: dict[str, Any] = {}
         for slot in _LAYOUT:
             owner = self if slot.part is None else getattr(self, slot.part)
-            out[slot.stored] = copy.deepcopy(getattr(owner, slot.attr))
+            value = getattr(owner, slot.attr)
+            out[slot.stored] = (
+                slot.write(value) if slot.write is not None and value is not None else copy.deepcopy(value)
+            )
         out["status"] = self.status.value
         return out
 
@@ -363,6 +521,8 @@ class TrialResult:
                 if strict:
                     raise KeyError(f"{key} is no stored TrialResult field")
                 continue
+            if slot.read is not None and value is not None:
+                value = slot.read(value)
             setattr(self if slot.part is None else getattr(self, slot.part), slot.attr, value)
         self.status = TrialStatus(self.status)
 
@@ -374,32 +534,40 @@ class TrialResult:
 
 @dataclass(frozen=True)
 class _Slot:
-    """Where one stored attribute lives: the part (None: the result itself), the field, its stored name and place."""
+    """Where one stored attribute lives: the part (None: the result itself), the field and its stored name."""
 
     part: str | None
     attr: str
     stored: str
-    at: int
+    read: Any = None
+    write: Any = None
 
 
 def _layout() -> tuple[_Slot, ...]:
-    """Every stored field of :class:`TrialResult` and its parts, in stored order, read from the field metadata.
+    """Every stored field of :class:`TrialResult` and its parts, in :data:`STORED_ORDER`.
 
     Raises:
-        TypeError: Two fields share a place or a stored name, or the places are not 0..n-1 (a declaration error).
+        TypeError: A field's stored name is missing from :data:`STORED_ORDER`, a name there is no field's, or two
+            fields share a name (a declaration error).
     """
     slots = []
     for top in fields(TrialResult):
-        if _AT in top.metadata:
-            slots.append(_Slot(None, top.name, top.metadata.get(_NAME, top.name), top.metadata[_AT]))
-            continue
         part_type = top.default_factory
-        for f in fields(part_type):  # type: ignore[arg-type]
-            slots.append(_Slot(top.name, f.name, f.metadata.get(_NAME, f.name), f.metadata[_AT]))
-    slots.sort(key=lambda s: s.at)
-    if [s.at for s in slots] != list(range(len(slots))) or len({s.stored for s in slots}) != len(slots):
-        raise TypeError("TrialResult's stored fields need distinct names and places 0..n-1")
-    return tuple(slots)
+        if not is_dataclass(part_type):
+            meta = top.metadata
+            slots.append(_Slot(None, top.name, meta.get(_NAME, top.name), meta.get(_READ), meta.get(_WRITE)))
+            continue
+        for f in fields(part_type):
+            meta = f.metadata
+            slots.append(_Slot(top.name, f.name, meta.get(_NAME, f.name), meta.get(_READ), meta.get(_WRITE)))
+    stored = [s.stored for s in slots]
+    if sorted(stored) != sorted(STORED_ORDER) or len(set(stored)) != len(stored):
+        unlisted, unstored = sorted(set(stored) - set(STORED_ORDER)), sorted(set(STORED_ORDER) - set(stored))
+        raise TypeError(
+            f"TrialResult's stored fields and STORED_ORDER differ: not in the list {unlisted}, no field's {unstored}, "
+            f"stored twice {len(stored) - len(set(stored))}"
+        )
+    return tuple(sorted(slots, key=lambda s: STORED_ORDER.index(s.stored)))
 
 
 _LAYOUT = _layout()

@@ -237,6 +237,9 @@ def test_a_journal_trial_whose_sweep_stopped_beating_is_stale(tmp_path, monkeypa
     storage.record_heartbeat(trial_id(beating))
     assert stale_trial_ids(study) == [trial_id(silent)] and trial_id(never) not in stale_trial_ids(study)
     assert heartbeat_interval(storage) == 1
+    # the beats are the journal's bookkeeping: no column of the trials' table, no attribute a reader sees
+    assert not [c for c in study.trials_dataframe().columns if "heartbeat" in c]
+    assert all(HEARTBEAT_ATTR not in t.system_attrs for t in (*study.trials, storage.get_trial(trial_id(beating))))
     study.tell(silent, state=TrialState.FAIL)
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):  # a beat after the end: the thread skips it
         storage.record_heartbeat(trial_id(silent))

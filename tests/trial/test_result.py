@@ -14,7 +14,7 @@ import pytest
 from sweeper.study._stored import stored_trial
 from sweeper.testing import make_study
 from sweeper.trial import MemoryReading, Provenance, StressOutcome, TrialResult, TrialStatus
-from sweeper.trial._result import ConstantPhase, CriticalLr, DataReading, NanFindings
+from sweeper.trial._result import ConstantPhase, CriticalLr, DataReading, NanFindings, PhasePeakMemory
 
 FIXTURE_DB = Path(__file__).parents[1] / "fixtures" / "study_v010.db"
 
@@ -53,8 +53,8 @@ def _full() -> TrialResult:
             memory_kind="cpu_peak_rss",
             predicted_peak_gib=1.4,
             stress_peak_memory_gib=1.75,
-            phase_peak_memory_gib={"load": 1.25, "train": 1.5, "worst_case": 1.45, "probe": 1.3, "stress": 1.75},
-            worst_case_shape=[4, 1320],
+            phase_peak_memory_gib=PhasePeakMemory(load=1.25, train=1.5, worst_case=1.45, probe=1.3, stress=1.75),
+            worst_case_shape=(4, 1320),
         ),
         constant=ConstantPhase(
             instability=0.25,
@@ -254,3 +254,21 @@ def test_a_confirmation_is_made_of_the_long_runs_result():
     )
     empty = Confirmation.of(TrialResult(status="error"), steps=300)
     assert (empty.probe_loss_start, empty.probe_loss_end, empty.steps_done, empty.label) == (None, None, 0, "error")
+
+
+def test_the_phase_peaks_are_a_typed_record_stored_as_the_dict_of_the_measured_phases():
+    # one declaration of the phases (PhasePeakMemory's fields): the trial process's meter and the report read them
+    from sweeper.trial._child.memory import JUDGED_PHASES, MEMORY_PHASES
+
+    assert MEMORY_PHASES == ("load", "train", "worst_case", "probe", "stress") and JUDGED_PHASES == (
+        "train",
+        "worst_case",
+    )
+    peaks = PhasePeakMemory.of({"train": 1.5, "load": 1.25, "later_phase": 9.0})  # a newer worker's phase: left out
+    assert (peaks.train, peaks.load, peaks.probe) == (1.5, 1.25, None) and dict(peaks) == {"load": 1.25, "train": 1.5}
+    result = TrialResult(status="complete", memory=MemoryReading(phase_peak_memory_gib=peaks, worst_case_shape=(2, 64)))
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["phase_peak_memory_gib"] == {"load": 1.25, "train": 1.5} and data["worst_case_shape"] == [2, 64]
+    back = TrialResult.from_dict(data).memory
+    assert back.phase_peak_memory_gib == peaks and back.worst_case_shape == (2, 64)
+    assert not TrialResult.from_dict({"status": "complete"}).memory.phase_peak_memory_gib  # an older study's: none

@@ -212,7 +212,7 @@ def run_worst_case_step(trainer: Any, record: TrainingRecord) -> None:
     undone: its gradients are dropped before any optimizer step, the random number generators (dropout's) are
     restored, and nothing is recorded in the traces, so the trial trains exactly as it would without it. Run after
     step 1, once the optimizer's state exists, so that its peak holds everything a training step of that shape
-    holds. Sets ``record.worst_case_shape`` (``[rows, tokens]``) and ``record.worst_case_time_s`` (seconds, memory
+    holds. Sets ``record.worst_case_shape`` (``(rows, tokens)``) and ``record.worst_case_time_s`` (seconds, memory
     phase changes included: what the trial's ``train_time_s`` leaves out, as the step leaves out its training).
 
     Raises:
@@ -245,7 +245,8 @@ def run_worst_case_step(trainer: Any, record: TrainingRecord) -> None:
         if rng[1] is not None:
             torch.cuda.set_rng_state_all(rng[1])
         record.worst_case_time_s = time.monotonic() - start
-    record.worst_case_shape = list(batch["input_ids"].shape)
+    rows, tokens = batch["input_ids"].shape
+    record.worst_case_shape = (int(rows), int(tokens))
     record.phase, record.in_worst_case = phase, False
     if before is not None:
         record.enter_memory_phase(before)

@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from sweeper.memory import GIB
+from sweeper.trial._result import PhasePeakMemory
 
 #: Substrings of allocation failures: CUDA's OutOfMemoryError, c10's CPU allocator, glibc's ENOMEM.
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
@@ -173,11 +174,11 @@ def oom_cause_chain(exc: BaseException, cpu_capped: bool = False) -> Any:
 #: (the constant phase's); the worst-case step (one step of the data's longest rows,
 #: :func:`sweeper.trial._child.instrumented.run_worst_case_step`); the probe's forwards; the stress phase's steps. Only
 #: ``train`` and ``worst_case`` are steps the user's run takes: the trial's ``peak_memory_gib`` is their maximum.
-MEMORY_PHASES = ("load", "train", "worst_case", "probe", "stress")
+MEMORY_PHASES = PhasePeakMemory.phases()
 #: The probe's phase: entering or leaving it keeps the allocator's cache (:class:`PhasePeaks`).
 PROBE_PHASE = "probe"
 #: The phases whose peak is the user's run's: the judged ``peak_memory_gib`` is their maximum.
-JUDGED_PHASES = ("train", "worst_case")
+JUDGED_PHASES = PhasePeakMemory.JUDGED
 
 
 class PhasePeaks:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper.stability import STRESS_GROWTH, Divergence, margin_of
-from sweeper.trial._result import Phase, StressOutcome
+from sweeper.trial._result import Phase, StepShape, StressOutcome
 
 
 class NonFiniteError(Exception):
@@ -83,7 +83,7 @@ class TrainingRecord:
         # step (its batch, set by the recipe; its shape [b, s] once it ran; True while it runs).
         self.peaks: Any = None
         self.worst_case_batch: dict[str, Any] | None = None
-        self.worst_case_shape: list[int] | None = None
+        self.worst_case_shape: StepShape | None = None
         self.in_worst_case = False
         # The critical learning rate's line searches (sweeper.trial._child.line_search): the steps before whose
         # update they run, their readings (step, row, multiple, censored), forwards, seconds, why one did not run,

@@ -45,7 +45,6 @@ from sweeper.trial._child.context import TrialContext
 from sweeper.trial._child.load import LOAD_REPORT, versions
 from sweeper.trial._child.measurements import Measurements, copy_onto
 from sweeper.trial._child.memory import (
-    MEMORY_PHASES,
     lift_cpu_memory_cap,
     peak_memory_gib,
     process_memory_gib,
@@ -57,7 +56,7 @@ from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingR
 from sweeper.trial._child.warm import WarmState, release_memory
 from sweeper.trial._devices import cuda_visible
 from sweeper.trial._job import DEFAULT_MEASURES, Measures, TrialDone, TrialJob
-from sweeper.trial._result import Provenance, TrialResult
+from sweeper.trial._result import PhasePeakMemory, Provenance, TrialResult
 from sweeper.trial._status import TrialStatus
 
 #: Kept allocated while the trial runs and released after an OOM, so the result can still be written under the cap.
@@ -141,7 +140,7 @@ def _end(result: TrialResult, warm: WarmState, record: TrainingRecord) -> None:
     peaks = record.peaks
     if peaks is not None:
         peaks.close()
-        result.memory.phase_peak_memory_gib = {k: peaks.peaks[k] for k in MEMORY_PHASES if k in peaks.peaks}
+        result.memory.phase_peak_memory_gib = PhasePeakMemory.of(peaks.peaks)
         result.memory.stress_peak_memory_gib = peaks.peaks.get("stress")
     judged = peaks.judged_gib() if peaks is not None else None
     # Before training began (loading failed), the peak since the trial began is the trial's.
