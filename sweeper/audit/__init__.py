@@ -35,11 +35,14 @@ audit itself (:mod:`._findings`), and when a finding makes a trial NaN (:mod:`._
 
 from sweeper.audit._findings import audit_samples
 from sweeper.audit._nan import NanRisk, nan_risks
+from sweeper.audit._profile import DataProfile, profile_data
 from sweeper.audit._report import AuditReport
 
 __all__ = [
     "AuditReport",
+    "DataProfile",
     "NanRisk",
     "audit_samples",
     "nan_risks",
+    "profile_data",
 ]

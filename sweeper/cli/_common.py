@@ -16,7 +16,7 @@ from sweeper.space import DatasetSpec, ModelSpec, SearchSpace, load_space, name_
 from sweeper.stability import STRESS_GROWTH, STRESS_STEPS, probe_interval_steps
 
 if TYPE_CHECKING:
-    from sweeper.data import FileLengths
+    from sweeper.audit import DataProfile
     from sweeper.trial import Card
 
 
@@ -91,39 +91,13 @@ def _load(args: argparse.Namespace) -> SearchSpace:
     return space
 
 
-def _audit(
-    samples: list[Any], dataset: DatasetSpec, model: ModelSpec, model_path: str, max_seq_lengths: list[int]
-) -> tuple[Any, Any, FileLengths]:
-    """The samples tokenized as the trials tokenize them, audited at each length, and the whole file's lengths
-    (:func:`sweeper.data.file_lengths`: the worst step is the file's, which the exports train):
-    ``(report, tokenized, file)``."""
-    from sweeper.audit import audit_samples
-    from sweeper.data import audit_horizon, file_lengths, load_tokenizer, mask_disagreements, tokenize_samples
-    from sweeper.model import model_vocab_size
+def _profile(space: SearchSpace, model_path: str, samples: list[Any], *, audit: bool) -> DataProfile:
+    """The command's data profiled once (:func:`sweeper.audit.profile_data`) at the searched ``max_seq_length``
+    values: the tokenizer loaded once, the samples tokenized once, the unused rows, the whole file's lengths, and
+    with ``audit`` the audit."""
+    from sweeper.audit import profile_data
 
-    tokenizer = load_tokenizer(model_path, model.trust_remote_code)
-    # the audit cuts per limit; rows beyond its horizon are read as at least that long (no 50 MB row tokenized whole)
-    horizon = audit_horizon(max_seq_lengths)
-    tokenized = tokenize_samples(samples, tokenizer, horizon)
-    report = audit_samples(
-        samples,
-        tokenized,
-        max_seq_lengths,
-        model_vocab_size(model_path, model.trust_remote_code),
-        mask_disagreements=mask_disagreements(samples, tokenizer),
-    )
-    return report, tokenized, file_lengths(dataset, tokenizer, horizon, tokenized)
-
-
-def _whole_file(space: SearchSpace, model_path: str, samples: list[Any]) -> FileLengths:
-    """The whole dataset file's sample lengths (:func:`sweeper.data.file_lengths`), the trials' ``samples``
-    tokenized once at the audit's horizon for the searched ``max_seq_length`` values: the worst step a command
-    judges is the file's, which the exports train."""
-    from sweeper.data import audit_horizon, file_lengths, load_tokenizer, tokenize_samples
-
-    tokenizer = load_tokenizer(model_path, space.model.trust_remote_code)
-    horizon = audit_horizon(space.values_of("max_seq_length"))
-    return file_lengths(space.dataset, tokenizer, horizon, tokenize_samples(samples, tokenizer, horizon))
+    return profile_data(samples, space.dataset, space.model, model_path, space.values_of("max_seq_length"), audit=audit)
 
 
 def _with_card(
@@ -324,22 +298,20 @@ def _study_ref(ref: str) -> str:
     return f"'{redact_url(ref)}'" if "://" in ref else ref
 
 
-def _dropped_rows_line(space: SearchSpace, model_path: str, samples: Any) -> str | None:
+def _dropped_rows_line(space: SearchSpace, profile: DataProfile) -> str | None:
     """One ``WARNING data:`` line counting the dataset rows no trial will train on, by reason (None when every row
     is used): rows :func:`sweeper.data.load_samples` could not read and rows the chat template refuses
-    (:func:`sweeper.data.unused_rows`); ``sweep doctor`` lists them by index.
+    (``profile.unused``); ``sweep doctor`` lists them by index.
 
     Raises:
-        SpaceError: Fewer rows to train on than a searched ``per_device_train_batch_size``: every step of such a
-            trial would hold fewer rows than its batch, and it would be measured (and exported) as the batch it
-            never ran.
+        SpaceError: Fewer rows to train on than a searched ``per_device_train_batch_size`` (with packing: fewer
+            packed rows, :func:`_check_packed_rows`): every step of such a trial would hold fewer rows than its
+            batch, and it would be measured (and exported) as the batch it never ran.
     """
-    from sweeper.data import dataset_rows, load_tokenizer, unused_rows
+    from sweeper.data import dataset_rows
     from sweeper.report import format_dropped_rows
 
-    tokenizer = load_tokenizer(model_path, space.model.trust_remote_code)
-    unused = unused_rows(samples, tokenizer)
-    usable = len(samples) - len(unused)
+    usable = len(profile.usable)
     batch = max(space.values_of("per_device_train_batch_size"))
     if 0 < usable < batch:
         rows = f"{usable} row{'s' if usable != 1 else ''}"
@@ -349,27 +321,28 @@ def _dropped_rows_line(space: SearchSpace, model_path: str, samples: Any) -> str
             f"per_device_train_batch_size up to {usable}"
         )
     if True in space.values_of("packing"):
-        refused = {u.index for u in unused}
-        _check_packed_rows(space, tokenizer, [s for s in samples if s.index not in refused], batch)
+        _check_packed_rows(space, [t.n_tokens for t in profile.tokenized], batch)
     return format_dropped_rows(
-        unused,
-        dataset_rows(samples),
+        list(profile.unused),
+        dataset_rows(profile.samples),
         space.dataset.path,
         doctor=space.doctor_command(),
     )
 
 
-def _check_packed_rows(space: SearchSpace, tokenizer: Any, usable: list[Any], batch: int) -> None:
+def _check_packed_rows(space: SearchSpace, n_tokens: list[int], batch: int) -> None:
     """Refuse a packed search whose data packs into fewer rows than a searched ``per_device_train_batch_size`` at a
-    searched ``max_seq_length``: a packed trial draws its batches from the packed rows (:func:`sweeper.data.
-    pack_groups`), so each step would hold them all and be measured, and exported, as a batch it never ran.
+    searched ``max_seq_length``: a packed trial draws its batches from the packed rows
+    (:func:`sweeper.data.pack_groups`), so each step would hold them all and be measured, and exported, as a batch
+    it never ran. ``n_tokens``: each usable sample's tokens (at least the longest searched length when cut there).
 
     Raises:
         SpaceError: At the shortest searched length that packs into too few rows, with the rows it packs into.
     """
-    from sweeper.data import pack_groups, tokenize_samples
+    from sweeper.data import pack_groups
 
-    lengths = [len(t.input_ids) for t in tokenize_samples(usable, tokenizer, max(space.values_of("max_seq_length")))]
+    longest = max(space.values_of("max_seq_length"))
+    lengths = [min(n, longest) for n in n_tokens]
     if not lengths:
         return
     for max_seq_length in sorted(space.values_of("max_seq_length")):

@@ -6,7 +6,6 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 from sweeper.cli._common import _prepare, _print
 from sweeper.errors import SpaceError
@@ -27,37 +26,10 @@ def _compact_json(data: object) -> str:
     )
 
 
-def audit_dataset(
-    samples: list[Any], model: ModelSpec, model_path: str, max_seq_lengths: list[int], compute_dtypes: list[str]
-) -> tuple[Any, Any]:
-    """The samples tokenized as the trials tokenize them and audited at each length, with every dataset row not
-    trained on (unreadable, or refused by the chat template) and the embedding rows of the special tokens the trials
-    use: ``(report, tokenized)``."""
-
-    from sweeper.audit import audit_samples
-    from sweeper.data import audit_horizon, load_tokenizer, mask_disagreements, special_token_rows, tokenize_samples
-    from sweeper.model import model_vocab_size
-
-    tokenizer = load_tokenizer(model_path, model.trust_remote_code)
-    refused: list[Any] = []
-    # cut per limit; rows beyond the audit's horizon are read as at least that long
-    tokenized = tokenize_samples(samples, tokenizer, audit_horizon(max_seq_lengths), dropped=refused)
-    report = audit_samples(
-        samples,
-        tokenized,
-        max_seq_lengths,
-        model_vocab_size(model_path, model.trust_remote_code),
-        dropped=sorted([*getattr(samples, "dropped", []), *refused], key=lambda d: d.index),
-        special_tokens=special_token_rows(model_path, tokenizer) or [],
-        compute_dtypes=compute_dtypes,
-        mask_disagreements=mask_disagreements(samples, tokenizer),
-    )
-    return report, tokenized
-
-
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``sweep doctor SPACE.yaml | DATA``: audit the dataset as the trials would tokenize it; exit 1 with
     ``--strict`` when a finding would make a trial NaN."""
+    from sweeper.audit import profile_data
     from sweeper.report import format_audit, format_same_rows
 
     for n in args.max_seq_length or []:
@@ -91,7 +63,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         dtypes = list(TRIAL_KEYS["bnb_4bit_compute_dtype"].choices or ())
         packing = False
     model_path, samples = _prepare(dataset, model)
-    report, tokenized = audit_dataset(samples, model, model_path, lengths, dtypes)
+    profile = profile_data(
+        samples, dataset, model, model_path, lengths, audit=True, compute_dtypes=dtypes, special_tokens=True
+    )
+    report, tokenized = profile.report, profile.tokenized
+    assert report is not None  # profiled with the audit
     longest = max((t.n_tokens for t in tokenized), default=None)
     same = format_same_rows(lengths, longest, packing)
     if args.json:

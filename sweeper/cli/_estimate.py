@@ -97,11 +97,11 @@ def _longest_sample(space: SearchSpace) -> tuple[int | None, int | None, str]:
     (the most a packed row holds), and the line that says what the predictions are of. When the data or the
     tokenizer cannot be read, None, None and a line saying the predictions are at ``max_seq_length`` (each row as
     long as it: an upper bound)."""
-    from sweeper.cli._common import _prepare, _whole_file
+    from sweeper.cli._common import _prepare, _profile
 
     try:
         model_path, samples = _prepare(space.dataset, space.model)
-        file = _whole_file(space, model_path, samples)
+        file = _profile(space, model_path, samples, audit=False).file
     except SweeperError as exc:
         why = "; ".join(exc.problems)[:200]
         return (

@@ -8,7 +8,6 @@ import time
 from typing import TYPE_CHECKING
 
 from sweeper.cli._common import (
-    _audit,
     _check_trial_environment,
     _describe_setup,
     _devices,
@@ -16,6 +15,7 @@ from sweeper.cli._common import (
     _load,
     _prepare,
     _print,
+    _profile,
     _publish,
     _with_card,
 )
@@ -24,16 +24,17 @@ from sweeper.space import SearchSpace, parse_duration_s
 from sweeper.storage import StudyAttr
 
 if TYPE_CHECKING:
+    from sweeper.audit import DataProfile
     from sweeper.data import FileLengths
     from sweeper.sweep import SweepPlan
     from sweeper.trial import Card
 
 
-def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> tuple[list[str], FileLengths]:
-    """Before the first trial: the data audit at the searched ``max_seq_length`` values, as warning lines
-    (:func:`sweeper.report.format_data_warnings`), so that a data fault is never read as a hyperparameter result;
-    and the whole file's sample lengths (:func:`sweeper.data.file_lengths`), which set each configuration's worst
-    step: the file's, which the exports train, not only the ``max_samples`` the trials sample.
+def _data_warnings(space: SearchSpace, profile: DataProfile) -> list[str]:
+    """Before the first trial: the data audit at the searched ``max_seq_length`` values (``profile.report``), as
+    warning lines (:func:`sweeper.report.format_data_warnings`), so that a data fault is never read as a
+    hyperparameter result; with the whole file's rows (``profile.file``), which set each configuration's worst step:
+    the file's, which the exports train, not only the ``max_samples`` the trials sample.
 
     Raises:
         SpaceError: No row can train at any searched ``max_seq_length`` (every row has a NaN fault there, e.g. its
@@ -44,7 +45,8 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> tuple[
     from sweeper.report import format_data_warnings, format_file_rows, format_same_rows
 
     lengths = space.values_of("max_seq_length")
-    report, tokenized, file = _audit(samples, space.dataset, space.model, model_path, lengths)
+    report, tokenized, file, samples = profile.report, profile.tokenized, profile.file, profile.samples
+    assert report is not None  # profiled with the audit
     bad = {n: set[int]() for n in lengths}
     for finding in report.nan_findings:
         for n in lengths if finding.max_seq_length is None else [finding.max_seq_length]:
@@ -78,7 +80,7 @@ def _data_warnings(space: SearchSpace, model_path: str, samples: list) -> tuple[
         report, risks, several_accumulations=len(accumulation) > 1, doctor=space.doctor_command()
     )
     same = format_same_rows(lengths, file.longest or None, space.values_of("packing"))
-    return lines + [f"data    {line}" for line in (format_file_rows(file), same) if line], file
+    return lines + [f"data    {line}" for line in (format_file_rows(file), same) if line]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -144,7 +146,7 @@ def _planned(
         prestart()
     space, card, card_warnings = _with_card(space, "cuda" if cuda_visible() else "cpu", devices)
     model_path, samples = _prepare(space.dataset, space.model)
-    setup_lines, file = _setup_lines(space, model_path, samples, card)
+    setup_lines, file = _setup_lines(space, model_path, samples, card)  # the data profiled once
     setup_lines[1:1] = card_warnings
     plan = plan_sweep(
         space,
@@ -192,8 +194,8 @@ def _setup_lines(
     rows no trial trains on, and the data audit's warnings; with the whole file's sample lengths
     (:func:`_data_warnings`)."""
     lines = [_describe_setup(space, model_path, len(samples), card)]
-    dropped = _dropped_rows_line(space, model_path, samples)
+    profile = _profile(space, model_path, samples, audit=True)
+    dropped = _dropped_rows_line(space, profile)
     if dropped:
         lines.append(dropped)
-    warnings, file = _data_warnings(space, model_path, samples)
-    return lines + warnings, file
+    return lines + _data_warnings(space, profile), profile.file

@@ -16,7 +16,7 @@ from sweeper.cli._common import (
     _load,
     _prepare,
     _print,
-    _whole_file,
+    _profile,
     _with_card,
 )
 from sweeper.errors import SpaceError
@@ -52,8 +52,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
     setup = check_setup(space, model_path)  # what would fail the trial before it trains: one line each, exit 2
     if setup:
         raise SpaceError(setup)
-    dropped = _dropped_rows_line(space, model_path, samples)  # refuses a batch above the data's rows: before a folder
-    file = _whole_file(space, model_path, samples)
+    profile = _profile(space, model_path, samples, audit=False)  # the data profiled once
+    dropped = _dropped_rows_line(space, profile)  # refuses a batch above the data's rows: before a folder
+    file = profile.file
     worst = file.worst_step(config.max_seq_length, config.per_device_train_batch_size, config.packing)
     folder = manual_trial_folder(study_dir(space.study.name) / "manual")
     if not args.json:

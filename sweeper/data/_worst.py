@@ -8,9 +8,8 @@ of the file's worst step at any ``max_seq_length``, batch and collation; the tri
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sweeper.data._load import load_samples
@@ -75,10 +74,17 @@ class FileLengths:
         return [[self.lengths[i][0] for i in groups[g]] for g in order]
 
 
-def file_lengths(spec: Any, tokenizer: Any, horizon: int, sampled: Sequence[TokenizedSample]) -> FileLengths:
+def file_lengths(
+    spec: Any,
+    tokenizer: Any,
+    horizon: int,
+    sampled: Sequence[TokenizedSample],
+    samples: Sequence[Sample] | None = None,
+) -> FileLengths:
     """The whole file's :class:`FileLengths`, given the trials' samples already tokenized at ``horizon``: when
     ``dataset.max_samples`` left samples out, the file is read again without it and the rest tokenized (each row
-    once per command).
+    once per command); when ``samples`` (the trials' samples, untokenized) are fewer than ``max_samples``, they are
+    the whole file in the trials' order and it is not read again.
 
     Args:
         spec: The study's :class:`sweeper.space.DatasetSpec`.
@@ -90,7 +96,8 @@ def file_lengths(spec: Any, tokenizer: Any, horizon: int, sampled: Sequence[Toke
         DataError: The file cannot be read again (it changed since the samples were read).
     """
     sampled_longest = max((t.n_tokens for t in sampled), default=0)
-    whole = load_samples(dataclasses.replace(spec, max_samples=WHOLE_FILE))
+    taken_all = samples is not None and len(samples) < spec.max_samples
+    whole = samples if taken_all and samples is not None else load_samples(replace(spec, max_samples=WHOLE_FILE))
     known = {t.index: t.n_tokens for t in sampled}
     rest = tokenize_samples([s for s in whole if s.index not in known], tokenizer, horizon)
     known.update((t.index, t.n_tokens) for t in rest)
@@ -108,4 +115,4 @@ def file_samples(spec: Any, indices: Sequence[int]) -> list[Sample]:
         DataError: The file cannot be read.
     """
     wanted = set(indices)
-    return [s for s in load_samples(dataclasses.replace(spec, max_samples=WHOLE_FILE)) if s.index in wanted]
+    return [s for s in load_samples(replace(spec, max_samples=WHOLE_FILE)) if s.index in wanted]
