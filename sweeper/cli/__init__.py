@@ -69,6 +69,10 @@ def _name_too_long(exc: OSError) -> str:
     )
 
 
+#: The commands that open a study (and so import Optuna).
+_OPENS_A_STUDY = frozenset({"run", "report", "dashboard", "confirm", "calibrate", "export"})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``sweep``; returns the exit code."""
     from sweeper.errors import Interrupted
@@ -78,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     if extra:  # name the subcommand's help, not the top-level one
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")  # type: ignore[attr-defined]
     _stop_on_signals()
+    if args.command in _OPENS_A_STUDY:  # Optuna's INFO lines ("A new study created ...") are not the command's output
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         return args.func(args)
     except SweeperError as exc:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweeper.cli._common import _check_trial_environment, _print, _publish
 from sweeper.errors import SpaceError
+from sweeper.space import MAX_STEPS
 
 if TYPE_CHECKING:
     import optuna
@@ -82,16 +83,14 @@ def _numbers(text: str) -> list[int]:
 
 def cmd_confirm(args: argparse.Namespace) -> int:
     """``sweep confirm STUDY [--steps N] [--trials 3,7 | --front | --pick safe] [--as-exported]``."""
-    import optuna
 
     from sweeper.storage import check_study_owner
     from sweeper.study import load_existing_study, snapshot
     from sweeper.study.picks import choose
     from sweeper.sweep import candidates
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if args.steps is not None and not 1 <= args.steps <= 10**7:
-        raise SpaceError(f"--steps: {args.steps} is not a number of steps; give 1 to 10000000, e.g. --steps 300")
+    if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
+        raise SpaceError(f"--steps: {args.steps} is not a number of steps; give 1 to {MAX_STEPS}, e.g. --steps 300")
     _check_trial_environment()  # a bad SWEEPER_TRIAL_START or SWEEPER_WARM is one line, never ignored
     study, url = load_existing_study(args.study)
     check_study_owner(study, url)  # confirm writes into studies/<name>/: not into another study's folder

@@ -10,13 +10,11 @@ from sweeper.errors import SpaceError
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """``sweep dashboard STUDY``: optuna-dashboard on the study, with its artifacts, the front figure and notes."""
-    import optuna
 
     from sweeper.report import serve
     from sweeper.storage import dashboard_storage, redact_url
     from sweeper.study import load_existing_study
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     if not 1 <= args.port <= 65535:
         raise SpaceError(f"--port: {args.port} is not a port; give 1-65535, e.g. --port 8080")
     study, url = load_existing_study(args.study)

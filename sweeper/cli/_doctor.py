@@ -32,6 +32,41 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from sweeper.audit import profile_data
     from sweeper.report import format_audit, format_same_rows
 
+    dataset, model, lengths, dtypes, packing = _doctor_inputs(args)
+    model_path, samples = _prepare(dataset, model)
+    profile = profile_data(
+        samples, dataset, model, model_path, lengths, audit=True, compute_dtypes=dtypes, special_tokens=True
+    )
+    report, tokenized = profile.report, profile.tokenized
+    assert report is not None  # profiled with the audit
+    longest = max((t.n_tokens for t in tokenized), default=None)
+    same = format_same_rows(lengths, longest, packing)
+    if args.json:
+        _print(_compact_json(report.to_dict()))
+    else:
+        unused = sum(len(f.samples) for f in report.findings if f.kind == "dropped_row")
+        rows = getattr(samples, "rows", 0)
+        _print(
+            f"sweep doctor: {dataset.path}, {report.samples} sample{'s' if report.samples != 1 else ''}"
+            + (f" ({unused} of {rows} rows not trained on: dropped_row below)" if unused else "")
+            + ", tokenized as the trials do with "
+            f"{model.name_or_path}'s tokenizer" + (f" (vocabulary {report.vocab_size})" if report.vocab_size else "")
+        )
+        _print(format_audit(report))
+        if same:
+            _print(same)
+    return 1 if args.strict and report.nan_findings else 0
+
+
+def _doctor_inputs(args: argparse.Namespace) -> tuple[DatasetSpec, ModelSpec, list[int], list[str], bool]:
+    """What ``sweep doctor`` audits: ``(dataset, model, max_seq_lengths, compute_dtypes, packing)`` from a space
+    file (its searched values, ``--model`` replacing its model) or from a bare dataset (every row, the default
+    lengths and every compute dtype).
+
+    Raises:
+        SpaceError: A ``--max-seq-length`` out of range, an empty ``--model``, ``--set`` with a bare dataset, or a
+            bad space file.
+    """
     for n in args.max_seq_length or []:
         if n < 2 or n > MAX_AUDIT_LENGTH:
             raise SpaceError(
@@ -62,26 +97,4 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         lengths = args.max_seq_length or list(DOCTOR_DEFAULT_LENGTHS)
         dtypes = list(TRIAL_KEYS["bnb_4bit_compute_dtype"].choices or ())
         packing = False
-    model_path, samples = _prepare(dataset, model)
-    profile = profile_data(
-        samples, dataset, model, model_path, lengths, audit=True, compute_dtypes=dtypes, special_tokens=True
-    )
-    report, tokenized = profile.report, profile.tokenized
-    assert report is not None  # profiled with the audit
-    longest = max((t.n_tokens for t in tokenized), default=None)
-    same = format_same_rows(lengths, longest, packing)
-    if args.json:
-        _print(_compact_json(report.to_dict()))
-    else:
-        unused = sum(len(f.samples) for f in report.findings if f.kind == "dropped_row")
-        rows = getattr(samples, "rows", 0)
-        _print(
-            f"sweep doctor: {dataset.path}, {report.samples} sample{'s' if report.samples != 1 else ''}"
-            + (f" ({unused} of {rows} rows not trained on: dropped_row below)" if unused else "")
-            + ", tokenized as the trials do with "
-            f"{model.name_or_path}'s tokenizer" + (f" (vocabulary {report.vocab_size})" if report.vocab_size else "")
-        )
-        _print(format_audit(report))
-        if same:
-            _print(same)
-    return 1 if args.strict and report.nan_findings else 0
+    return dataset, model, lengths, dtypes, packing

@@ -15,6 +15,7 @@ from sweeper.report import format_cap, format_params, format_same_rows
 if TYPE_CHECKING:
     from sweeper.memory import ModelShape
     from sweeper.space import SearchSpace
+    from sweeper.trial import Card
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -31,29 +32,47 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         estimated = estimate_space(space, shape, args.device, longest_sample_tokens=longest, data_tokens=tokens)
     except ValueError as exc:
         raise SpaceError(f"{space.path}: training.target_modules: {exc}") from None
-    points, size, keys = estimated.points, estimated.grid_size, estimated.searched
-    limit = space.base.memory_limit_gib
-    edge = frontier(points, limit)
+    edge = frontier(estimated.points, space.base.memory_limit_gib)
     if args.json:
         record = {
             "model": space.model.name_or_path,
             "device": args.device,
-            "memory_limit_gib": limit,
+            "memory_limit_gib": space.base.memory_limit_gib,
             "card": None if card is None else {"name": card.name, "total_memory_gib": round(card.total_memory_gib, 3)},
             "longest_sample_tokens": longest,
             "data_tokens": tokens,
-            "points": points,
+            "points": estimated.points,
             "frontier": edge,
         }
         _print(json.dumps(record, indent=1))
-        return 0
+    else:
+        _print_estimate(space, args.device, shape, estimated, edge, card, card_warnings, (data_line, longest))
+    return 0
+
+
+def _print_estimate(
+    space: SearchSpace,
+    device: str,
+    shape: ModelShape,
+    estimated: Any,
+    edge: list[dict[str, Any]],
+    card: Card | None,
+    card_warnings: list[str],
+    data: tuple[str, int | None],
+) -> None:
+    """``sweep estimate``'s text: the header with the cap, the card's warnings, the data's line and the same-rows
+    settlement at its longest sample (``data``: the line and the tokens), every configuration's prediction, the
+    frontier and the memory model's caveat."""
+    data_line, longest = data
+    points, size, keys = estimated.points, estimated.grid_size, estimated.searched
+    limit = space.base.memory_limit_gib
     fits = sum(1 for p in points if p["predicted_peak_gib"] <= limit)
     cap = format_cap(
         limit,
         space.memory_limit_auto,
         card.name if card else None,
         card.total_memory_gib if card else None,
-        args.device,
+        device,
     )
     _print(
         f"sweep estimate: {space.model.name_or_path} ({shape.num_hidden_layers} layers, hidden {shape.hidden_size}, "
@@ -71,10 +90,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     same = format_same_rows(space.values_of("max_seq_length"), longest, space.values_of("packing"))
     if same:
         _print(f"data    {same}")
-    _print_points(points, limit, args.device)
+    _print_points(points, limit, device)
     _print_frontier(edge, keys, limit)
-    _print(_model_caveat(args.device))
-    return 0
+    _print(_model_caveat(device))
 
 
 def _model_caveat(device: str) -> str:

@@ -10,7 +10,6 @@ from sweeper.cli._common import _check_owner, _print
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``sweep export STUDY``: the chosen trial as a production config."""
-    import optuna
 
     from sweeper.export import EXPORT_FORMATS, choose_for_format, export_path, inexpressible, pick_trial, write_export
     from sweeper.notation import format_headroom
@@ -18,7 +17,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     from sweeper.storage import study_dir
     from sweeper.study import load_existing_study, snapshot
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded, url = load_existing_study(args.study)
     if not args.output:
         _check_owner(loaded, url, "to write the export elsewhere, give -o PATH")

@@ -5,10 +5,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sweeper.report import LiveProgress, format_instability, format_params, margin_text, predicted_text
 from sweeper.report.text import format_duration
-from sweeper.study import Confirmation, StoredTrial
+from sweeper.study import Confirmation, StoredTrial, StudySnapshot
 from sweeper.sweep import CalibrationCallback, ConfirmCallback, EdgeRun
 from sweeper.trial import TrialProgress
 
@@ -143,3 +144,25 @@ class CalibrateConsole(CalibrationCallback):
     def close(self) -> None:
         """End the live display."""
         self.live.close()
+
+
+def calibration_lines(study: StudySnapshot, calibration: Any, edges: Sequence[Any], runs: int) -> list[str]:
+    """What ``sweep calibrate`` ends with: each bracketed edge, the study's factor with its spread and source, and
+    the front's first three ``predicted_max_lr`` under it (``study`` read after it was stored); or, with no
+    ``calibration`` yet, that the runs so far are kept."""
+    if calibration is None:
+        return [
+            f"calibrate: no edge bracketed yet within {runs} runs; run the same command again to go on (the runs so "
+            "far are kept)"
+        ]
+    lines = [
+        f"edge    #{e.trial:<3} held {e.held:g}x, failed {e.failed:g}x its learning rate: edge {e.edge_lr:.3g}, "
+        f"{e.factor:.3g} x its lr_ceiling {e.lr_ceiling:.3g}"
+        for e in edges
+    ]
+    lines.append(
+        f"factor  {calibration.factor:.3g} (geometric SD {calibration.gsd:.2f}; a prediction's 95% interval is x/"
+        f"{calibration.spread:.2g}): {calibration.source}; every predicted_max_lr of {study.name} now uses it"
+    )
+    front = study.front[:3]
+    return lines + [f"        #{t.number:<3} predicted_max_lr {predicted_text(t.result.stress)}" for t in front]

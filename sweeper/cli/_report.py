@@ -13,13 +13,11 @@ from sweeper.errors import SpaceError, SweeperError
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``sweep report STUDY``: the front, counts by status and NaN cause, the fit frontier; ``--json``; the HTML."""
-    import optuna
 
     from sweeper.report import report_data, report_lines, report_written_line, write_html_report
     from sweeper.storage import study_dir
     from sweeper.study import load_existing_study, snapshot
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded, url = load_existing_study(args.study)
     if not args.html and not args.json:
         _check_owner(loaded, url, "to write the report elsewhere, give --html PATH")

@@ -85,12 +85,10 @@ def _data_warnings(space: SearchSpace, profile: DataProfile) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``sweep run SPACE.yaml``: create or resume the study and run trials until n_trials or the timeout."""
-    import optuna
 
     from sweeper.cli._sweep_console import SweepConsole, all_failed_line, resume_lines, sweep_header, sweep_summary
     from sweeper.sweep import run_study
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     space, devices, workers = _checked_run(args)
     plan, setup_lines = _planned(args, space, devices, workers)
     _print("\n".join(sweep_header(plan)))

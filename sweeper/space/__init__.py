@@ -7,6 +7,7 @@ Pure: imports neither torch nor optuna, so a space file loads and validates in m
 from sweeper.space._overrides import apply_overrides
 from sweeper.space._parse import load_space, parse_space
 from sweeper.space._schema import (
+    MAX_STEPS,
     RUN_POLICY_KEYS,
     Categorical,
     DatasetSpec,
@@ -19,6 +20,7 @@ from sweeper.space._space import SearchSpace
 from sweeper.space._values import TRIAL_KEYS, name_problem, parse_duration_s, yaml_value
 
 __all__ = [
+    "MAX_STEPS",
     "RUN_POLICY_KEYS",
     "TRIAL_KEYS",
     "Categorical",

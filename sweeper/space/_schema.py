@@ -36,6 +36,8 @@ OPTIMIZERS = (
 )
 
 SAMPLERS = ("tpe", "random", "nsgaii")
+#: The most steps any run takes (``max_steps``, ``confirm_steps``, ``--steps``): a guard against a typo's billions.
+MAX_STEPS = 10**7
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 DATA_FORMATS = ("auto", "text", "prompt_completion", "alpaca", "chat", "sharegpt")
 
@@ -153,7 +155,7 @@ class StudySpec:
     sampler: Literal["tpe", "random", "nsgaii"] = _key("tpe", "choice", choices=SAMPLERS)
     seed: int | None = _key(0, "int", low=0, high=2**32 - 1, optional=True)
     storage: str | None = _key(None, "str", optional=True)
-    confirm_steps: int | None = _key(None, "int", low=1, high=10**7, optional=True)
+    confirm_steps: int | None = _key(None, "int", low=1, high=MAX_STEPS, optional=True)
     confirm_top: int = _key(0, "int", low=0, high=100)
     objectives: tuple[str, ...] | None = _key(
         None, "str_list", optional=True, example="[peak_memory_gib, edge_proximity, learning_progress]"
@@ -294,8 +296,8 @@ class TrialConfig:
     # an ordered direction of the dominance rule (none is, before real trials measure it): trials must agree on it.
     packing: bool = _key(False, "bool", memory="same")
     learning_rate: float = _key(2.0e-4, "float", low=0, low_open=True, high=1e3, memory="none")
-    max_steps: int = _key(30, "int", low=1, high=10**7, memory="none")
-    warmup_steps: int = _key(0, "int", low=0, high=10**7, memory="none")
+    max_steps: int = _key(30, "int", low=1, high=MAX_STEPS, memory="none")
+    warmup_steps: int = _key(0, "int", low=0, high=MAX_STEPS, memory="none")
     weight_decay: float = _key(0.0, "float", low=0, high=1e3, memory="none")
     optim: str = _key("paged_adamw_8bit", "choice", choices=OPTIMIZERS, memory="same")
     gradient_checkpointing: bool = _key(True, "bool", memory="shrinks")
@@ -311,7 +313,9 @@ class TrialConfig:
     trial_timeout_s: float = _key(
         1200.0, "duration", searchable=False, yaml_key="trial_timeout", policy=True, memory="none"
     )
-    target_effective_batch_size: int = _key(16, "int", low=1, high=10**7, searchable=False, policy=True, memory="none")
+    target_effective_batch_size: int = _key(
+        16, "int", low=1, high=MAX_STEPS, searchable=False, policy=True, memory="none"
+    )
     preflight_margin: float = _key(0.10, "float", low=0, high=100, searchable=False, policy=True, memory="none")
     max_retries: int = _key(1, "int", low=0, high=10, searchable=False, policy=True, memory="none")
     # Another model or data: no trial of one is compared with a trial of the other.
