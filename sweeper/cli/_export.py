@@ -11,7 +11,7 @@ from sweeper.cli._common import _check_owner, _print
 def cmd_export(args: argparse.Namespace) -> int:
     """``sweep export STUDY``: the chosen trial as a production config."""
 
-    from sweeper.export import EXPORT_FORMATS, choose_for_format, export_path, inexpressible, pick_trial, write_export
+    from sweeper.export import EXPORT_FORMATS, export_path, write_export
     from sweeper.notation import format_headroom
     from sweeper.report import margin_text
     from sweeper.storage import study_dir
@@ -21,19 +21,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not args.output:
         _check_owner(loaded, url, "to write the export elsewhere, give -o PATH")
     study = snapshot(loaded)
-    if args.trial is None:
-        choice = choose_for_format(study, args.pick, args.format)
-        trial, how = choice.chosen(), choice.line
-        # every trial of the front failed its confirmation: the format's pick stands alone
-        overall = choose_for_format(study, args.pick).trial or trial
-        if overall.number != trial.number:  # picked on the front of the trials the format can express
-            reason = inexpressible(overall, args.format)
-            how += f"; the study's {args.pick} is trial {overall.number}" + (f": {reason}" if reason else "")
-    else:
-        trial = pick_trial(study, number=args.trial, fmt=args.format)
-        how = f"trial {trial.number}"
-        if trial.number != args.trial:
-            how = f"trial {args.trial}, a repeat of trial {trial.number} (its measured result)"
+    trial, how = _chosen(study, args)
     _refuse_unmatched_targets(study, trial)
     values = trial.values or (float("nan"), float("nan"))
     where = args.output or f"{study_dir(study.name) / 'exports'}/"
@@ -53,6 +41,30 @@ def cmd_export(args: argparse.Namespace) -> int:
     for line in warnings:
         _print(f"WARNING export: {line}")
     return 0
+
+
+def _chosen(study: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """The trial ``sweep export`` writes, and how it was chosen, for its line: ``--trial N`` (a repeat's measured
+    trial), else ``--pick`` among the trials ``--format`` can express (and the study's own pick when that differs).
+
+    Raises:
+        StudyError: No such trial, or none the format can express (the picks' refusal).
+    """
+    from sweeper.export import choose_for_format, inexpressible, pick_trial
+
+    if args.trial is not None:
+        trial = pick_trial(study, number=args.trial, fmt=args.format)
+        if trial.number != args.trial:
+            return trial, f"trial {args.trial}, a repeat of trial {trial.number} (its measured result)"
+        return trial, f"trial {trial.number}"
+    choice = choose_for_format(study, args.pick, args.format)
+    trial, how = choice.chosen(), choice.line
+    # every trial of the front failed its confirmation: the format's pick stands alone
+    overall = choose_for_format(study, args.pick).trial or trial
+    if overall.number != trial.number:  # picked on the front of the trials the format can express
+        reason = inexpressible(overall, args.format)
+        how += f"; the study's {args.pick} is trial {overall.number}" + (f": {reason}" if reason else "")
+    return trial, how
 
 
 def _refuse_unmatched_targets(study: Any, trial: Any) -> None:

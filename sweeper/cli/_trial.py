@@ -57,15 +57,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
     file = profile.file
     worst = file.worst_step(config.max_seq_length, config.per_device_train_batch_size, config.packing)
     folder = manual_trial_folder(study_dir(space.study.name) / "manual")
-    if not args.json:
-        for line in trial_header(config, _describe_setup(space, model_path, len(samples), card), folder):
-            _print(line)
-    for line in card_warnings:
-        print(line, file=sys.stderr if args.json else sys.stdout)
+    header = [] if args.json else trial_header(config, _describe_setup(space, model_path, len(samples), card), folder)
     whole = format_file_rows(file)
-    for text in (dropped, f"data    {whole}" if whole else None):
-        if text:
-            print(text, file=sys.stderr if args.json else sys.stdout)  # with --json, stdout stays one JSON document
+    _say(header, [*card_warnings, dropped, f"data    {whole}" if whole else None], json_out=args.json)
     # The live display goes where the lines go; with --json, stdout is one JSON document: the display goes to stderr.
     live = LiveProgress(1, stream=sys.stderr if args.json else sys.stdout)
     live.begin(0, 0)
@@ -86,3 +80,13 @@ def cmd_trial(args: argparse.Namespace) -> int:
     for line in trial_result_lines(result, config, folder):
         _print(line)
     return 0
+
+
+def _say(header: list[str], notes: list[str | None], *, json_out: bool) -> None:
+    """The trial's header, then its notes (the card's warnings, the unused rows, the whole file's rows; None left
+    out); with ``--json`` the notes go to stderr, so that stdout stays one JSON document."""
+    for line in header:
+        _print(line)
+    for text in notes:
+        if text:
+            print(text, file=sys.stderr if json_out else sys.stdout, flush=True)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sweeper.report._analysis_records import MemoryPrediction
+from sweeper.space import same_rows_lengths
 
 if TYPE_CHECKING:
     from sweeper.data import FileLengths
@@ -48,8 +49,8 @@ def format_same_rows(
     packs = [packing] if isinstance(packing, bool) else list(packing)
     if longest_sample_tokens is None or all(packs):
         return None
-    same = sorted({n for n in max_seq_lengths if n >= longest_sample_tokens})
-    if len(same) < 2:
+    same = same_rows_lengths(max_seq_lengths, longest_sample_tokens)
+    if not same:
         return None
     values = ", ".join(map(str, same[:-1])) + f" and {same[-1]}"
     which = "the padded trials' " if any(packs) else ""

@@ -15,6 +15,7 @@ from sweeper.space._schema import (
     StudySpec,
     TrialConfig,
     memory_roles,
+    same_rows_lengths,
 )
 from sweeper.space._space import SearchSpace
 from sweeper.space._values import TRIAL_KEYS, name_problem, parse_duration_s, yaml_value
@@ -34,5 +35,6 @@ __all__ = [
     "name_problem",
     "parse_duration_s",
     "parse_space",
+    "same_rows_lengths",
     "yaml_value",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -412,3 +412,12 @@ RUN_POLICY_KEYS: tuple[str, ...] = tuple(
 _DEFAULT_POLICY: dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(TrialConfig) if f.name in RUN_POLICY_KEYS
 }
+
+
+def same_rows_lengths(max_seq_lengths: Sequence[int], longest_sample_tokens: int) -> list[int]:
+    """The ``max_seq_length`` values that train the same rows on data whose longest tokenized sample has
+    ``longest_sample_tokens`` tokens, ascending: those at or above it, whose padded rows
+    (:meth:`TrialConfig.worst_case_length`) are the samples untruncated; ``[]`` when fewer than two are (the rule
+    ``sweep run`` settles repeats by, as the report and ``sweep doctor`` say it)."""
+    same = sorted({n for n in max_seq_lengths if n >= longest_sample_tokens})
+    return same if len(same) >= 2 else []

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import tempfile
 from collections.abc import Callable
 
@@ -124,16 +123,13 @@ class _MeasuredOnce:
 
 
 def machine_available_gib() -> float:
-    """What this machine has free for a measurement, in GiB: ``MemAvailable`` (its physical memory where there is no
+    """What this machine has free for a measurement, in GiB: its card's size less what is in use (``MemTotal`` and
+    ``MemAvailable``, read once, by :func:`sweeper.trial.read_cards`; its physical memory where there is no
     ``/proc/meminfo``)."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 / 2**30
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    from sweeper.trial import read_cards
+
+    [machine] = read_cards("cpu")
+    return machine.total_memory_gib - (machine.in_use_gib or 0.0)
 
 
 def measure_smallest(config: TrialConfig, model_path: str, cap_gib: float | None = None) -> tuple[float, float] | None:
