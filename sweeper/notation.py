@@ -116,3 +116,15 @@ def rounded(figures: StabilityFigures) -> StabilityFigures:
         headroom_high=round_figure(figures.headroom_high, 2),
         near_edge=figures.near_edge,
     )
+
+
+def repeat_reason(measured: int, max_seq_length: int | None, measured_length: int | None, longest: int | None) -> str:
+    """The reason a repeat of a measured configuration carries (its stored ``reason``, shown by every view): the
+    same configuration as trial ``measured``, or, at another ``max_seq_length`` that trains the same rows on data
+    whose longest sample has ``longest`` tokens, that settlement with the numbers that make it."""
+    if max_seq_length != measured_length and longest is not None:
+        return (
+            f"max_seq_length {max_seq_length} trains the same rows as {measured_length} on this data (longest "
+            f"{longest:,} tokens): trial {measured}'s result is reused"
+        )
+    return f"same configuration as trial {measured}: its result is reused"

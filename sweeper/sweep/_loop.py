@@ -1,6 +1,6 @@
 """The sweep's run loop. Each trial goes through the same steps:
 
-1. **ask** (:meth:`_Sweep.ask`): under the ask lock, fail stale trials (:func:`fail_stale_trials`), stop at
+1. **ask** (:meth:`RunningSweep.ask`): under the ask lock, fail stale trials (:func:`fail_stale_trials`), stop at
    ``n_trials``, the time budget or too many repeats, else ask the sampler;
 2. **settle** without running it: a repeat of a configuration already measured reuses that result
    (:func:`settle_repeat`), a configuration the memory model or a known OOM says cannot fit is pruned
@@ -25,7 +25,7 @@ import optuna
 from sweeper.storage import StudyAttr
 from sweeper.study import make_sampler
 from sweeper.sweep._plan import SweepPlan
-from sweeper.sweep._state import SweepCallback, _Sweep
+from sweeper.sweep._state import RunningSweep, SweepCallback
 from sweeper.sweep._trial_steps import run_slot, slot_main
 
 
@@ -58,7 +58,7 @@ def run_study(plan: SweepPlan, callbacks: Sequence[SweepCallback] = ()) -> optun
         study.set_user_attr(
             StudyAttr.MODEL_PATH, plan.model_path
         )  # the local checkpoint the trials loaded (for exports)
-    sweep = _Sweep(plan, callbacks)
+    sweep = RunningSweep(plan, callbacks)
     with sweep.lock.held():
         starts = int(study.user_attrs.get(StudyAttr.SWEEP_STARTS, 0))
         if sweep.view.finished < plan.n_trials:  # a run with nothing to start does not shift later runs' seeds
@@ -74,7 +74,7 @@ def run_study(plan: SweepPlan, callbacks: Sequence[SweepCallback] = ()) -> optun
     return study
 
 
-def _run_slots(sweep: _Sweep) -> None:
+def _run_slots(sweep: RunningSweep) -> None:
     """Run the sweep's worker slots in threads until each has recorded its last trial; Ctrl-C kills the running
     trial processes, waits for each slot to record its trial as interrupted, and is raised again."""
     done = [threading.Event() for _ in range(sweep.workers)]

@@ -1,5 +1,5 @@
 """A running sweep's state, shared by its worker slots: the plan, the study, the ask lock and heartbeats, the
-callbacks it tells (:class:`SweepCallback`, :class:`SweepEvent`), and asking the sampler (:meth:`_Sweep.ask`).
+callbacks it tells (:class:`SweepCallback`, :class:`SweepEvent`), and asking the sampler (:meth:`RunningSweep.ask`).
 """
 
 from __future__ import annotations
@@ -70,13 +70,16 @@ class SweepCallback:
         """A line about the study's bookkeeping (a lost trial failed and retried, a trial marked lost meanwhile)."""
 
 
-class _Stop(Exception):
-    """Internal: this worker slot has nothing more to run."""
+class SweepStop(Exception):
+    """Raised in a worker slot that has nothing more to run (the study holds its n_trials, the timeout passed, or
+    the sweep was stopped): the slot ends; :func:`sweeper.sweep._trial_steps.run_slot` catches it."""
 
 
-class _Sweep:
-    """One ``sweep run`` process: its worker slots (threads when more than one) share the study, the ask lock, the
-    consecutive-repeat count, the running trial processes and Ctrl-C."""
+class RunningSweep:
+    """One ``sweep run`` process while it runs: its worker slots (threads when more than one) share the study, the ask
+    lock, the consecutive-repeat count, the running trial processes and Ctrl-C. The steps of a trial
+    (:mod:`sweeper.sweep._trial_steps`) take it as their one argument; it is the sweep package's own (not on its
+    face)."""
 
     def __init__(self, plan: SweepPlan, callbacks: Sequence[SweepCallback]):
         self.plan, self.callbacks = plan, list(callbacks)
@@ -180,11 +183,11 @@ class _Sweep:
         elsewhere).
 
         Raises:
-            _Stop: ``n_trials`` reached, the time budget spent, too many repeats, or Ctrl-C.
+            SweepStop: ``n_trials`` reached, the time budget spent, too many repeats, or Ctrl-C.
         """
         with self.lock.held():
             if self.stop.is_set():
-                raise _Stop
+                raise SweepStop
             self.fail_stale()
             view = snapshot(self.study, stale=False)  # the loop's one reading of the study for this trial
             with self.mutex:
@@ -196,7 +199,7 @@ class _Sweep:
                 or self.repeats >= self.plan.max_consecutive_repeats
                 or (self.budget is not None and time.monotonic() - self.start >= self.budget)
             ):
-                raise _Stop
+                raise SweepStop
             if finished + running >= self.target:
                 return None
             trial = self.study.ask(self.distributions)

@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.errors import STOP_CAUSE, RunError
 from sweeper.memory import preflight
+from sweeper.notation import repeat_reason
 from sweeper.space import TrialConfig
 from sweeper.storage import (
     BOOKKEEPING,
@@ -43,7 +44,7 @@ from sweeper.study import (
 )
 from sweeper.sweep._preflight import known_memory, trial_device
 from sweeper.sweep._slots import slot_env
-from sweeper.sweep._state import POLL_S, _Stop, _Sweep
+from sweeper.sweep._state import POLL_S, RunningSweep, SweepStop
 from sweeper.trial import (
     MemoryReading,
     Provenance,
@@ -114,7 +115,7 @@ def find_duplicate(
     return None
 
 
-def run_one(sweep: _Sweep, trial: optuna.Trial) -> None:
+def run_one(sweep: RunningSweep, trial: optuna.Trial) -> None:
     """Settle, or measure and tell, one asked trial."""
     config = sweep.space.trial_config(trial.params)
     if not wait_for_same(sweep, trial):
@@ -133,7 +134,7 @@ def run_one(sweep: _Sweep, trial: optuna.Trial) -> None:
             update_calibration(sweep.study, sweep.predictor, device_kind(), after)
 
 
-def record_interrupted(sweep: _Sweep, trial: optuna.Trial, reason: str | None = None) -> None:
+def record_interrupted(sweep: RunningSweep, trial: optuna.Trial, reason: str | None = None) -> None:
     """Tell ``trial`` FAIL as not run to its end (``interrupted``, not counted) and queue its params again, without
     using up one of its ``max_retries`` (the configuration did nothing wrong): the next ``sweep run`` measures it.
     The default reason names what stopped the sweep (``interrupted: Ctrl-C``, ``interrupted: SIGTERM``)."""
@@ -144,7 +145,7 @@ def record_interrupted(sweep: _Sweep, trial: optuna.Trial, reason: str | None = 
     sweep.study.tell(trial, state=TrialState.FAIL)
 
 
-def wait_for_same(sweep: _Sweep, trial: optuna.Trial) -> bool:
+def wait_for_same(sweep: RunningSweep, trial: optuna.Trial) -> bool:
     """Wait while an earlier trial with the same params runs (another slot or machine was asked the same
     configuration: a retry, or a sampler without a lie for it); its result is then reused
     (:func:`settle_repeat`) instead of measured twice: after a wait the sweep's view of the study is read again. Only
@@ -182,7 +183,7 @@ def wait_for_same(sweep: _Sweep, trial: optuna.Trial) -> bool:
     return True
 
 
-def settle_repeat(sweep: _Sweep, trial: optuna.Trial, view: StudySnapshot) -> bool:
+def settle_repeat(sweep: RunningSweep, trial: optuna.Trial, view: StudySnapshot) -> bool:
     """Tell a repeat of a measured configuration with that trial's state, values and attributes, marked
     ``duplicate_of``; count consecutive repeats.
 
@@ -199,14 +200,8 @@ def settle_repeat(sweep: _Sweep, trial: optuna.Trial, view: StudySnapshot) -> bo
         if key not in BOOKKEEPING:
             trial.set_user_attr(key, value)
     trial.set_user_attr(TrialAttr.DUPLICATE_OF, same.number)
-    reason = f"same configuration as trial {same.number}: its result is reused"
     mine, theirs = trial.params.get("max_seq_length"), same.params.get("max_seq_length")
-    if mine != theirs and longest is not None:
-        reason = (
-            f"max_seq_length {mine} trains the same rows as {theirs} on this data (longest {longest:,} tokens): "
-            f"trial {same.number}'s result is reused"
-        )
-    trial.set_user_attr(TrialAttr.REASON, reason)
+    trial.set_user_attr(TrialAttr.REASON, repeat_reason(same.number, mine, theirs, longest))
     trial.set_user_attr(TrialAttr.WALL_TIME_S, 0.0)
     set_failure_constraint(trial, same.user_attrs[TrialAttr.STATUS])
     frozen = sweep.study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)
@@ -215,7 +210,7 @@ def settle_repeat(sweep: _Sweep, trial: optuna.Trial, view: StudySnapshot) -> bo
 
 
 def settle_prediction(
-    sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, predicted: float | None, view: StudySnapshot
+    sweep: RunningSweep, trial: optuna.Trial, config: TrialConfig, predicted: float | None, view: StudySnapshot
 ) -> bool:
     """Prune a configuration that cannot fit, without running it (:func:`sweeper.memory.preflight`): its
     prediction corrected by the study's measured/predicted ratio (:class:`sweeper.memory.Calibration`, recorded as
@@ -245,7 +240,7 @@ def settle_prediction(
     return True
 
 
-def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig) -> TrialResult | None:
+def measure(sweep: RunningSweep, trial: optuna.Trial, config: TrialConfig) -> TrialResult | None:
     """Run the trial in this worker slot's trial process (:class:`sweeper.trial.TrialProcess`, warm or fresh).
 
     Returns:
@@ -303,12 +298,12 @@ def measure(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig) -> TrialRes
     return result
 
 
-def tell(sweep: _Sweep, trial: optuna.Trial, config: TrialConfig, result: TrialResult) -> StudySnapshot | None:
+def tell(sweep: RunningSweep, trial: optuna.Trial, config: TrialConfig, result: TrialResult) -> StudySnapshot | None:
     """Store the result and its artifacts, tell the study (COMPLETE with its objectives' values, PRUNED for a result
     about the configuration, FAIL otherwise) and queue a retry of a crash or timeout.
 
     Returns:
-        The study as read once after the trial was told (:meth:`_Sweep.emit`), or None when another sweep had
+        The study as read once after the trial was told (:meth:`RunningSweep.emit`), or None when another sweep had
         ended the trial meanwhile."""
     try:
         record_result(trial, result, config)
@@ -341,7 +336,7 @@ def _upload_artifacts(study_name: str, trial: optuna.Trial, result: TrialResult)
         warnings.warn(f"trial {trial.number}: artifacts not stored ({exc})", stacklevel=2)
 
 
-def run_slot(sweep: _Sweep, slot: int) -> None:
+def run_slot(sweep: RunningSweep, slot: int) -> None:
     """Run trials in this worker slot until the sweep stops."""
     device = sweep.devices[slot]
     env = slot_env(device, sweep.workers)
@@ -354,7 +349,7 @@ def run_slot(sweep: _Sweep, slot: int) -> None:
             check_disk(study_dir(sweep.name), storage=sweep.plan.storage)
             try:
                 trial = sweep.ask(device)
-            except _Stop:
+            except SweepStop:
                 return
             if trial is None:
                 sweep.stop.wait(POLL_S)
@@ -368,7 +363,7 @@ def run_slot(sweep: _Sweep, slot: int) -> None:
         sweep.local.process.close()
 
 
-def slot_main(sweep: _Sweep, slot: int, done: threading.Event) -> None:
+def slot_main(sweep: RunningSweep, slot: int, done: threading.Event) -> None:
     """A worker slot's thread: an error stops every slot from starting more trials and is raised by the main
     thread; ``done`` is set when the slot has recorded its last trial."""
     try:

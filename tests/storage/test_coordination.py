@@ -4,7 +4,7 @@ more than ``n_trials`` trials between several sweep processes), the heartbeat th
 trials (a sweep gone on this host, a sweep that went silent anywhere, a sweep that beats less often left alone).
 
 Everything is real: SQLite storages in the test's folder, trials asked from Optuna studies, sweep processes (forked
-processes that open the study and ask as ``sweep run`` does, :class:`sweeper.sweep._state._Sweep`). A trial
+processes that open the study and ask as ``sweep run`` does, :class:`sweeper.sweep._state.RunningSweep`). A trial
 whose sweep went silent is made by moving its last heartbeat back in the database, as if it were a minute old,
 instead of waiting out a grace period. The end-to-end tests with real trials are in test_parallel.py, test_study.py
 and test_faults.py.
@@ -37,7 +37,7 @@ from sweeper.storage._recovery import StaleTrial, _fail_running, fail_stale_tria
 from sweeper.study._snapshot import count_finished
 from sweeper.study._storage import load_existing_study, open_study
 from sweeper.sweep._plan import SweepPlan
-from sweeper.sweep._state import _Stop, _Sweep
+from sweeper.sweep._state import RunningSweep, SweepStop
 
 SEARCH = {"r": [4, 8, 16, 32, 64, 128]}
 
@@ -64,7 +64,7 @@ def db(empty_study, tmp_path) -> Path:
     return Path(shutil.copy(empty_study, tmp_path / "s.db"))
 
 
-def _sweep(url: str, n_trials: int) -> _Sweep:
+def _sweep(url: str, n_trials: int) -> RunningSweep:
     """A sweep of study ``s`` in ``url`` as ``sweep run`` makes it, by a hand-made plan (no model: only asking)."""
     space = parse_space({"study": {"name": "s", "n_trials": n_trials}, "search": SEARCH}, "space.yaml")
     plan = SweepPlan(
@@ -80,7 +80,7 @@ def _sweep(url: str, n_trials: int) -> _Sweep:
         finished_before=0,
         predict_peak_gib=lambda config: None,
     )
-    return _Sweep(plan, [])
+    return RunningSweep(plan, [])
 
 
 # -- what the sweep processes below run (forked: a process of its own, without a second interpreter's imports) -----
@@ -115,7 +115,7 @@ def _ask_until_stopped(url: str, n_trials: int, conn: Connection) -> None:
     while True:
         try:
             trial = sweep.ask(None)
-        except _Stop:
+        except SweepStop:
             break
         if trial is None:  # the trials still needed run in another process
             time.sleep(0.02)
@@ -283,7 +283,7 @@ def test_asking_waits_while_the_last_trials_run_and_stops_at_n_trials(db):
     third = sweep.ask(None)
     assert third is not None and third.number == 2
     sweep.study.tell(third, [1.0, 0.5])
-    with pytest.raises(_Stop):
+    with pytest.raises(SweepStop):
         sweep.ask(None)
     assert count_finished(sweep.study) == 2
 
