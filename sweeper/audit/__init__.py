@@ -33,7 +33,6 @@ One module per part: the report and its findings (:mod:`._report`), lengths and 
 audit itself (:mod:`._findings`), and when a finding makes a trial NaN (:mod:`._nan`).
 """
 
-from sweeper.audit._findings import audit_samples
 from sweeper.audit._nan import NanRisk, nan_risks
 from sweeper.audit._profile import DataProfile, profile_data
 from sweeper.audit._report import AuditReport
@@ -42,7 +41,6 @@ __all__ = [
     "AuditReport",
     "DataProfile",
     "NanRisk",
-    "audit_samples",
     "nan_risks",
     "profile_data",
 ]

@@ -100,66 +100,6 @@ def _profile(space: SearchSpace, model_path: str, samples: list[Any], *, audit: 
     return profile_data(samples, space.dataset, space.model, model_path, space.values_of("max_seq_length"), audit=audit)
 
 
-def _with_card(
-    space: SearchSpace, device: str, devices: list[str] | None = None, card_gib: float | None = None
-) -> tuple[SearchSpace, Card | None, list[str]]:
-    """The device the trials run on, read once (:func:`sweeper.trial.read_cards`; on CUDA the smallest of
-    ``devices``), the space with ``memory_limit_gib: auto`` set from it, and the warnings it calls for.
-
-    ``card_gib`` (``sweep estimate --card-gib``) stands for a card that is not on this machine. A CUDA device that
-    cannot be read leaves a numeric cap unchecked (``sweep estimate`` plans for cards elsewhere) and refuses ``auto``.
-
-    Raises:
-        SpaceError: ``auto`` and no card to read; a cap above the card's size (CUDA: one line naming the file, the
-            key and the fix).
-    """
-    from sweeper.trial import Card, CardError, read_cards, smallest_card
-
-    card: Card | None = None
-    if card_gib is not None:
-        card = Card(device=device, name="given by --card-gib", total_memory_gib=card_gib)
-    else:
-        try:
-            card = smallest_card(read_cards(device, ",".join(devices) if devices else None))
-        except CardError as exc:
-            if space.memory_limit_auto:
-                raise SpaceError(
-                    f"{space.path}: training.memory_limit_gib: auto is the card's own size, and {exc}; run where the "
-                    "card is, give its size (sweep estimate --card-gib 23.6 for a card torch reports at 23.6 GiB), "
-                    "or set a number (--set memory_limit_gib=22)"
-                ) from None
-    if card is None:
-        return space, None, []
-    warnings = []
-    if space.memory_limit_auto:
-        try:
-            space = space.with_memory_limit(card.auto_memory_limit_gib)
-        except ValueError as exc:
-            raise SpaceError(f"{space.path}: training.memory_limit_gib: auto: {exc}; set a number") from None
-    cap = space.base.memory_limit_gib
-    if cap > card.total_memory_gib and device == "cuda":
-        raise SpaceError(
-            f"{space.path}: training.memory_limit_gib: {cap:g} GiB is more than the card's "
-            f"{card.total_memory_gib:.2f} GiB ({card.name}); set it to auto "
-            f"({card.total_memory_gib - card.reserve_gib:.2f} GiB there) or lower"
-        )
-    if cap > card.total_memory_gib:
-        machine = "the machine" if card_gib is not None else "this machine"
-        warnings.append(
-            f"WARNING memory: the cap ({cap:g} GiB) is more than {machine}'s {card.total_memory_gib:.2f} GiB: it "
-            "cannot bind, and a trial that needs more is killed by the system (a crash, not an oom); set "
-            "memory_limit_gib lower or to auto"
-        )
-    # what was in use counts the reading process's own context (about the reserve): warn past it by 0.25 GiB
-    if device == "cuda" and card.in_use_gib is not None and card.in_use_gib > card.reserve_gib + 0.25:
-        warnings.append(
-            f"WARNING memory: {card.in_use_gib:.2f} GiB of the card ({card.name}) was in use when it was read (the "
-            f"reading process's CUDA context and every other process on it), more than the {card.reserve_gib:g} GiB "
-            "auto keeps free: a trial may run out of memory below the cap; free the card or lower memory_limit_gib"
-        )
-    return space, card, warnings
-
-
 #: The environment switches of the trial processes, and the values each takes (a typo is one line, never ignored):
 #: ``SWEEPER_TRIAL_START=exec`` starts every trial process with ``python -m`` (sweeper.trial._zygote.START_ENV);
 #: ``SWEEPER_WARM=0`` starts a fresh process for every trial (sweeper.sweep._state).
@@ -195,6 +135,7 @@ def _describe_setup(space: SearchSpace, model_path: str, n_samples: int, card: C
         card.name if card else None,
         card.total_memory_gib if card else None,
         card.device if card else "cuda",
+        given=card is not None and card.given,
     )
     lines = [
         f"model   {space.model.name_or_path}" + (f" ({model_path})" if model_path != space.model.name_or_path else ""),

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sweeper.cli._common import _load, _print, _with_card
+from sweeper.cli._common import _load, _print
 from sweeper.errors import SpaceError, SweeperError
 from sweeper.report import format_cap, format_params, format_same_rows
 
@@ -22,10 +22,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     """``sweep estimate SPACE.yaml``: predicted peak GPU memory of each memory-relevant point of the space, the terms
     of the largest, and the fit frontier against memory_limit_gib; no weights are loaded."""
     from sweeper.memory import estimate_space, frontier
+    from sweeper.sweep import with_card
 
     if args.card_gib is not None and not (0 < args.card_gib < 65536):
         raise SpaceError(f"--card-gib: {args.card_gib:g} is not a card's size; give GiB, e.g. --card-gib 23.6")
-    space, card, card_warnings = _with_card(_load(args), args.device, card_gib=args.card_gib)
+    space, card, card_warnings = with_card(_load(args), args.device, card_gib=args.card_gib)
     shape = _model_shape(space)
     longest, tokens, data_line = _longest_sample(space)
     try:
@@ -73,6 +74,7 @@ def _print_estimate(
         card.name if card else None,
         card.total_memory_gib if card else None,
         device,
+        given=card is not None and card.given,
     )
     _print(
         f"sweep estimate: {space.model.name_or_path} ({shape.num_hidden_layers} layers, hidden {shape.hidden_size}, "

@@ -17,7 +17,6 @@ from sweeper.cli._common import (
     _print,
     _profile,
     _publish,
-    _with_card,
 )
 from sweeper.errors import SpaceError
 from sweeper.space import SearchSpace, parse_duration_s
@@ -137,12 +136,12 @@ def _planned(
 ) -> tuple[SweepPlan, list[str]]:
     """The sweep's plan (:func:`sweeper.sweep.plan_sweep`) on the card it reads and the data it checks, with the
     lines that say what it will train. Data that cannot train is refused before the storage is opened."""
-    from sweeper.sweep import plan_sweep
+    from sweeper.sweep import plan_sweep, with_card
     from sweeper.trial import cuda_visible, prestart
 
     if workers == 1 and not devices:  # the trial processes' imports run while the data is read and audited
         prestart()
-    space, card, card_warnings = _with_card(space, "cuda" if cuda_visible() else "cpu", devices)
+    space, card, card_warnings = with_card(space, "cuda" if cuda_visible() else "cpu", devices)
     model_path, samples = _prepare(space.dataset, space.model)
     setup_lines, file = _setup_lines(space, model_path, samples, card)  # the data profiled once
     setup_lines[1:1] = card_warnings

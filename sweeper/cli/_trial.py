@@ -17,7 +17,6 @@ from sweeper.cli._common import (
     _prepare,
     _print,
     _profile,
-    _with_card,
 )
 from sweeper.errors import SpaceError
 
@@ -42,11 +41,11 @@ def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
     from sweeper.report import LiveProgress, format_file_rows, trial_header, trial_result_lines
     from sweeper.storage import study_dir
-    from sweeper.sweep import check_setup
+    from sweeper.sweep import check_setup, with_card
     from sweeper.trial import cuda_visible, run_trial
 
     _check_trial_environment()  # a bad SWEEPER_TRIAL_START or SWEEPER_WARM is one line, never ignored
-    space, card, card_warnings = _with_card(_load(args), "cuda" if cuda_visible() else "cpu")
+    space, card, card_warnings = with_card(_load(args), "cuda" if cuda_visible() else "cpu")
     config = space.trial_config(space.first_choices())
     model_path, samples = _prepare(space.dataset, space.model)
     setup = check_setup(space, model_path)  # what would fail the trial before it trains: one line each, exit 2

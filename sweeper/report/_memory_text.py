@@ -73,14 +73,16 @@ def format_file_rows(file: FileLengths) -> str | None:
     )
 
 
-def format_cap(limit_gib: float, auto: bool, card_name: str | None, card_gib: float | None, device: str) -> str:
+def format_cap(
+    limit_gib: float, auto: bool, card_name: str | None, card_gib: float | None, device: str, *, given: bool = False
+) -> str:
     """The cap with the device it is of: ``cap 23.15 GiB (auto) of the card's 23.65 GiB (NVIDIA GeForce RTX
     4090)``, ``cap 1.6 GiB of this machine's 23.54 GiB``, ``cap 22 GiB of the 80.00 GiB given by --card-gib``, or
-    ``cap 22 GiB`` when the device was not read."""
+    ``cap 22 GiB`` when the device was not read; ``given``: a card given, not read (``--card-gib``)."""
     text = f"cap {limit_gib:g} GiB" + (" (auto)" if auto else "")
     if card_gib is None:
         return text
-    if device == "cpu" and card_name is not None and "--card-gib" in card_name:  # not this machine: estimate's
+    if device == "cpu" and given:  # not this machine: estimate's --card-gib
         return f"{text} of the {card_gib:.2f} GiB {card_name}"
     if device == "cpu":
         return f"{text} of this machine's {card_gib:.2f} GiB"

@@ -12,6 +12,7 @@ It records on the study through :mod:`sweeper.study` and shares it with other sw
 (locks, heartbeats, stale-trial recovery); the readers (report, export) never import it.
 """
 
+from sweeper.sweep._cards import with_card
 from sweeper.sweep._confirm import ConfirmCallback, candidates, confirm_trials
 from sweeper.sweep._loop import run_study
 from sweeper.sweep._lr_calibration import CalibrationCallback, EdgeRun, calibrate_study
@@ -32,4 +33,5 @@ __all__ = [
     "confirm_trials",
     "plan_sweep",
     "run_study",
+    "with_card",
 ]

@@ -51,12 +51,14 @@ class Card:
         in_use_gib: What was in use on it when it was read, in GiB (CUDA: ``total - free`` of ``mem_get_info``,
             after the reading process's own context was created, so it counts that context and every other
             process's memory; CPU: ``MemTotal - MemAvailable``); None when not read.
+        given: Not read but given (``sweep estimate --card-gib``): a card elsewhere, not this machine.
     """
 
     device: str
     name: str
     total_memory_gib: float
     in_use_gib: float | None = None
+    given: bool = False
 
     @property
     def reserve_gib(self) -> float:

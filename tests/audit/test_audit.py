@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from sweeper.audit import audit_samples
+from sweeper.audit._findings import audit_samples
 from sweeper.audit._lengths import length_percentiles, longest_repeated_span, supervised_tokens
 from sweeper.audit._nan import first_nan_step
 from sweeper.data import load_samples, load_tokenizer, tokenize_samples

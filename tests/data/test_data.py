@@ -486,7 +486,7 @@ def test_markers_that_supervise_other_tokens_are_reported_not_settled_silently(t
 
     from transformers import AutoTokenizer
 
-    from sweeper.audit import audit_samples
+    from sweeper.audit._findings import audit_samples
     from sweeper.data import mask_disagreements
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
