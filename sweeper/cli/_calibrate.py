@@ -13,11 +13,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     """``sweep calibrate STUDY [--trials 3,7] [--runs N] [--hours H] [--steps N] [--resolution F]``: bisect the
     long-run edge of a few front trials within the budget, store the study's factor, and say what it rests on."""
 
-    from sweeper.cli._confirm import _check_setup, _numbers, model_path_for
+    from sweeper.cli._confirm import _numbers
     from sweeper.cli._long_run_console import CalibrateConsole, calibration_lines
     from sweeper.storage import check_study_owner
     from sweeper.study import load_existing_study, snapshot
-    from sweeper.sweep import calibrate_study
+    from sweeper.sweep import calibrate_study, long_run_model_path
 
     _check_options(args)
     _check_trial_environment()  # a bad SWEEPER_TRIAL_START or SWEEPER_WARM is one line, never ignored
@@ -26,15 +26,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     read = snapshot(study)
     numbers = _numbers(args.trials) if args.trials is not None else None  # an empty --trials is refused
     first = next((t for t in read.front if t.config is not None), None)
-    if first is not None:
-        _check_setup(study, first.config)
+    model_path = long_run_model_path(read, first) if first is not None else ""
     console = CalibrateConsole(args.runs)
     try:
         calibration, edges = calibrate_study(
             study,
             numbers=numbers,
             steps=args.steps if args.steps is not None else read.confirm_steps,
-            model_path=model_path_for(read, first) if first is not None else "",
+            model_path=model_path,
             max_runs=args.runs,
             max_hours=args.hours,
             resolution=args.resolution,

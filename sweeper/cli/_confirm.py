@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sweeper.cli._common import _check_trial_environment, _print, _publish
 from sweeper.errors import SpaceError
@@ -12,18 +11,6 @@ from sweeper.space import MAX_STEPS
 
 if TYPE_CHECKING:
     import optuna
-
-
-def model_path_for(study: Any, trial: Any) -> str:
-    """The local checkpoint a confirmation loads: the one the sweep's trials loaded (``study``, a
-    :class:`sweeper.study.StudySnapshot`) when it is still there, else the trial's model resolved again (the built-in
-    model is converted once and cached)."""
-    from sweeper.model import resolve_model
-
-    local = study.model_path
-    if local and Path(local).exists():
-        return str(local)
-    return resolve_model(trial.config.model)
 
 
 def run_confirmations(
@@ -38,7 +25,7 @@ def run_confirmations(
     """
     from sweeper.cli._long_run_console import ConfirmConsole
     from sweeper.study import snapshot
-    from sweeper.sweep import confirm_trials
+    from sweeper.sweep import confirm_trials, long_run_model_path
 
     if not numbers:
         return 0, 0
@@ -47,28 +34,13 @@ def run_confirmations(
     if first is not None and first.repeat_of is not None:
         first = read.by_number.get(first.repeat_of)
     # A number that is not a complete trial is refused by confirm_trials before anything runs.
-    model_path = model_path_for(read, first) if first is not None and first.config is not None else ""
-    if first is not None and first.config is not None:
-        _check_setup(study, first.config)
+    model_path = long_run_model_path(read, first) if first is not None and first.config is not None else ""
     console = ConfirmConsole(len(set(numbers)), read.searched, as_exported)
     try:
         confirm_trials(study, numbers, steps=steps, model_path=model_path, callback=console, as_exported=as_exported)
     finally:
         console.close()
     return console.failed, console.not_run
-
-
-def _check_setup(study: Any, config: Any) -> None:
-    """What would fail every confirmation before its first step, found before any runs (one line, exit 2): the
-    study's folder cannot be written, or the data cannot be read (a file moved away, or a relative path read from
-    another folder).
-
-    Raises:
-        StudyError, DataError: Said in one line, naming the folder or the file and the fix.
-    """
-    from sweeper.data import load_samples
-
-    load_samples(config.dataset)  # the study's folder was checked writable with its owner (check_study_owner)
 
 
 def _numbers(text: str) -> list[int]:

@@ -13,7 +13,7 @@ It records on the study through :mod:`sweeper.study` and shares it with other sw
 """
 
 from sweeper.sweep._cards import with_card
-from sweeper.sweep._confirm import ConfirmCallback, candidates, confirm_trials
+from sweeper.sweep._confirm import ConfirmCallback, candidates, confirm_trials, long_run_model_path
 from sweeper.sweep._loop import run_study
 from sweeper.sweep._lr_calibration import CalibrationCallback, EdgeRun, calibrate_study
 from sweeper.sweep._plan import SweepPlan, plan_sweep
@@ -31,6 +31,7 @@ __all__ = [
     "candidates",
     "check_setup",
     "confirm_trials",
+    "long_run_model_path",
     "plan_sweep",
     "run_study",
     "with_card",

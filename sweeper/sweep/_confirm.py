@@ -18,6 +18,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -269,3 +270,25 @@ def _confirmable(snap: StudySnapshot, name: str, numbers: Sequence[int], steps: 
             )
         chosen.append(t)
     return chosen
+
+
+def long_run_model_path(study: StudySnapshot, trial: StoredTrial) -> str:
+    """The local checkpoint a long run (``sweep confirm``, ``sweep calibrate``) of ``trial`` loads, after checking
+    what would fail every run before its first step: the one the sweep's trials loaded when it is still there, else
+    the trial's model resolved again (the built-in model is converted once and cached); and the trial's data must
+    still be readable (a file moved away, or a relative path read from another folder). The study's folder is checked
+    writable with its owner (:func:`sweeper.storage.check_study_owner`).
+
+    Raises:
+        DataError: The data cannot be read (one line naming the file and the fix).
+        ModelError: The model cannot be resolved.
+    """
+    from sweeper.data import load_samples
+    from sweeper.model import resolve_model
+
+    assert trial.config is not None  # a measured trial
+    load_samples(trial.config.dataset)
+    local = study.model_path
+    if local and Path(local).exists():
+        return str(local)
+    return resolve_model(trial.config.model)
