@@ -4,6 +4,7 @@ the batch it was measured at and what the export changes."""
 from __future__ import annotations
 
 from sweeper.export._settings import DATASET_NOTE, RUN_LENGTH_NOTE, ExportSettings, Provenance
+from sweeper.trial import CUDA_ALLOC_CONF_NOT_APPLICABLE
 
 
 def _margin_sentence(p: Provenance) -> str:
@@ -61,6 +62,30 @@ def _batch_sentence(s: ExportSettings) -> str:
     )
 
 
+def _measured_under(s: ExportSettings) -> str:
+    """The settings the trial ran under that move its peak and that a production stack may choose otherwise: the
+    attention, the loss kernel, checkpointing, the optimizer, the compute dtype and (on CUDA) the allocator, with how
+    to run as measured (issue 57)."""
+    alloc = s.provenance.cuda_alloc_conf
+    if alloc is None:
+        allocator = "the CUDA allocator's configuration was not recorded (a trial of an older version)"
+    elif alloc == CUDA_ALLOC_CONF_NOT_APPLICABLE:
+        allocator = "on the CPU, where the CUDA allocator's configuration moves nothing"
+    elif alloc:
+        allocator = f"PYTORCH_CUDA_ALLOC_CONF={alloc} (run with it set: it moves the reserved peak)"
+    else:
+        allocator = (
+            "PYTORCH_CUDA_ALLOC_CONF unset, PyTorch's default (run without it to peak as measured; "
+            "expandable_segments:True reserves less)"
+        )
+    t = s.training
+    return (
+        f"Measured under: attention {s.collation.attn_implementation}; the loss as cross-entropy over the full logits "
+        f"(TRL's loss_type nll); gradient checkpointing {'on' if t.gradient_checkpointing else 'off'}; optimizer "
+        f"{t.optim}; compute dtype {s.quantization.bnb_4bit_compute_dtype}; {allocator}."
+    )
+
+
 def header(s: ExportSettings, comment: str, dataset_given: bool = False) -> list[str]:
     """The lines every format starts with, each after ``comment``: where the settings come from, what was measured,
     the library versions and the notes (with ``dataset_given``, the export writes the dataset entry itself: the note
@@ -75,6 +100,7 @@ def header(s: ExportSettings, comment: str, dataset_given: bool = False) -> list
         _margin_sentence(p),
         _batch_sentence(s),
         s.collation.sentence(s.max_seq_length),
+        _measured_under(s),
         f"Versions: {versions}.",
         *notes,
     ]

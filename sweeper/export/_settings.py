@@ -155,6 +155,8 @@ class Provenance:
         device: ``cpu`` or ``cuda:<i> (<name>)``.
         versions: ``(package, version)`` of the trial's libraries and the exporting sweeper, in order; a version is
             None when unknown.
+        cuda_alloc_conf: The ``PYTORCH_CUDA_ALLOC_CONF`` the trial ran under (:attr:`sweeper.trial.Provenance.
+            cuda_alloc_conf`: ``""`` unset, ``not applicable (cpu)``), None when not recorded (an older trial).
         exported: Local time of the export, ``%Y-%m-%d %H:%M:%S``.
     """
 
@@ -171,6 +173,7 @@ class Provenance:
     device: str | None
     versions: tuple[tuple[str, str | None], ...]
     exported: str
+    cuda_alloc_conf: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON export's ``provenance``: these fields in order, ``stability`` flattened in its place,
@@ -399,6 +402,7 @@ def _provenance(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Pro
         device=trial.result.provenance.device,
         versions=tuple({**versions, "sweeper": _version("sweeper")}.items()),
         exported=time.strftime("%Y-%m-%d %H:%M:%S"),
+        cuda_alloc_conf=trial.result.provenance.cuda_alloc_conf,
     )
 
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from sweeper.trial._job import TrialProgress
     from sweeper.trial._launch import TrialProcess, TrialStartError, prestart, run_trial
     from sweeper.trial._result import (
+        CUDA_ALLOC_CONF_NOT_APPLICABLE,
         MemoryReading,
         Provenance,
         StressOutcome,
@@ -36,6 +37,7 @@ _HOMES = {
     "read_cards": "sweeper.trial._card",
     "smallest_card": "sweeper.trial._card",
     "FAIL_STATUSES": "sweeper.trial._status",
+    "CUDA_ALLOC_CONF_NOT_APPLICABLE": "sweeper.trial._result",
     "MemoryReading": "sweeper.trial._result",
     "Provenance": "sweeper.trial._result",
     "StressOutcome": "sweeper.trial._result",
@@ -53,6 +55,7 @@ _HOMES = {
 }
 
 __all__ = [
+    "CUDA_ALLOC_CONF_NOT_APPLICABLE",
     "FAIL_STATUSES",
     "Card",
     "CardError",

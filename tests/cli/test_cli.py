@@ -167,6 +167,7 @@ def test_trial_json_with_set(tiny_model, workdir):
     assert "margin  " in text.stdout and "predicted_max_lr" in text.stdout
     assert len(list((workdir / "studies").glob("*/manual/*"))) == 2
     assert result["worst_case_shape"] == [2, 64], result["worst_case_shape"]  # the long row cut to 64, not ~15 tokens
+    assert result["cuda_alloc_conf"] == "not applicable (cpu)"  # recorded in every trial (issue 57)
     assert "the worst step is the whole file's, which the exports train: its longest sample" in out.stderr
     assert "the trials' 4 sampled rows' (dataset.max_samples) longest" in out.stderr
 

@@ -84,8 +84,10 @@ def test_the_typed_settings_write_the_json_exports_keys_in_order(study_and_knee,
         "margin_capped", "lr_ceiling", "predicted_max_lr", "stability_margin_low", "stability_margin_high",
         "predicted_max_lr_low", "predicted_max_lr_high", "predicted_max_lr_source", "headroom", "headroom_low",
         "headroom_high", "near_edge", "measured_effective_batch_size", "learning_progress", "confirmation", "device",
-        "versions", "exported",
+        "versions", "exported", "cuda_alloc_conf",
     ]  # fmt: skip
+    # the trial's allocator setting travels with it (issue 57): the test studies are CPU-like records without one
+    assert j["provenance"]["cuda_alloc_conf"] is None
     assert list(j["provenance"]["versions"])[-1] == "sweeper" and j["provenance"]["confirmation"] is None
 
 
@@ -183,6 +185,7 @@ def test_trl_export_builds_a_real_sft_config(study_and_knee, tmp_path):
     assert isinstance(args, SFTConfig) and args.max_length == 64 and args.truncation_mode == "keep_start"
     assert args.per_device_train_batch_size == 2 and args.gradient_accumulation_steps == 8 and args.bf16
     assert not args.packing and args.gradient_checkpointing
+    assert args.loss_type == "nll"  # the trial's loss over the full logits, not TRL's chunked_nll (issue 57)
     assert ns["make_sft_config"](max_steps=3).max_steps == 3 and callable(ns["build_trainer"])
 
 
@@ -719,3 +722,25 @@ def test_a_dataset_that_cannot_be_read_or_is_text_is_said(tmp_path, tiny_model):
     [line] = warnings
     assert line.startswith("no dataset entry: the trial's rows could not be read here (") and "no such file" in line
     assert f"# {line}" in ax.read_text() and "add your dataset" in ax.read_text()
+
+
+@pytest.mark.parametrize(
+    "alloc, said",
+    [
+        (None, "not recorded"),
+        ("not applicable (cpu)", "on the CPU, where the CUDA allocator's configuration moves nothing"),
+        ("", "PYTORCH_CUDA_ALLOC_CONF unset, PyTorch's default (run without it"),
+        ("expandable_segments:True", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (run with it set"),
+    ],
+)
+def test_the_header_says_what_the_trial_ran_under_and_trl_runs_its_loss(study_and_knee, tmp_path, alloc, said):
+    # issue 57: the settings that move the peak and that a production stack may choose otherwise, in every format's
+    # header; the trl script sets the trial's loss (TRL's default chunked_nll computes fewer logits and peaks lower)
+    study, trial = study_and_knee
+    trial.result.provenance.cuda_alloc_conf = alloc
+    for fmt, suffix in (("trl", ".py"), ("axolotl", ".yaml"), ("llama-factory", ".yaml"), ("hf", ".py")):
+        [path, *_] = write_export(snapshot(study), trial, fmt, tmp_path / fmt / f"x{suffix}")
+        text = path.read_text()
+        [line] = [x for x in text.splitlines() if "Measured under:" in x]
+        assert "attention sdpa" in line and "cross-entropy over the full logits" in line and said in line, line
+        assert ('loss_type="nll"' in text) == (fmt == "trl"), fmt

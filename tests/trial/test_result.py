@@ -36,7 +36,7 @@ STORED_ORDER = (
     "critical_lr_multiple_high", "critical_lr_slope_per_step", "critical_lr_projected_step",
     "critical_lr_projected_step_low", "critical_lr_projected_step_high", "critical_lr_readings",
     "line_search_time_s", "line_search_time_share", "line_search_forwards", "line_search_skipped",
-    "critical_lr_step_multiple", "critical_lr_step_readings",
+    "critical_lr_step_multiple", "critical_lr_step_readings", "cuda_alloc_conf",
 )  # fmt: skip
 
 
@@ -122,6 +122,7 @@ def _full() -> TrialResult:
         ),
         provenance=Provenance(
             wall_time_s=9.0,
+            cuda_alloc_conf="expandable_segments:True",
             import_time_s=2.0,
             load_time_s=1.0,
             setup_time_s=3.0,

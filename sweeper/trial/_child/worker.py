@@ -56,7 +56,7 @@ from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingR
 from sweeper.trial._child.warm import WarmState, release_memory
 from sweeper.trial._devices import cuda_visible
 from sweeper.trial._job import DEFAULT_MEASURES, Measures, TrialDone, TrialJob
-from sweeper.trial._result import PhasePeakMemory, Provenance, TrialResult
+from sweeper.trial._result import CUDA_ALLOC_CONF_NOT_APPLICABLE, PhasePeakMemory, Provenance, TrialResult
 from sweeper.trial._status import TrialStatus
 
 #: Kept allocated while the trial runs and released after an OOM, so the result can still be written under the cap.
@@ -148,6 +148,9 @@ def _end(result: TrialResult, warm: WarmState, record: TrainingRecord) -> None:
     result.memory.worst_case_shape = record.worst_case_shape
     result.memory.memory_kind = "cuda_max_reserved" if device_type == "cuda" else "cpu_peak_rss"
     result.provenance.device = device_type
+    result.provenance.cuda_alloc_conf = (
+        os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if device_type == "cuda" else CUDA_ALLOC_CONF_NOT_APPLICABLE
+    )
     if torch is not None:
         result.provenance.versions = versions()
 
