@@ -242,59 +242,23 @@ def _study_ref(ref: str) -> str:
 def _dropped_rows_line(space: SearchSpace, profile: DataProfile) -> str | None:
     """One ``WARNING data:`` line counting the dataset rows no trial will train on, by reason (None when every row
     is used): rows :func:`sweeper.data.load_samples` could not read and rows the chat template refuses
-    (``profile.unused``); ``sweep doctor`` lists them by index.
+    (``profile.unused``); ``sweep doctor`` lists them by index. The data is checked first
+    (:func:`sweeper.sweep.check_data`).
 
     Raises:
-        SpaceError: Fewer rows to train on than a searched ``per_device_train_batch_size`` (with packing: fewer
-            packed rows, :func:`_check_packed_rows`): every step of such a trial would hold fewer rows than its
-            batch, and it would be measured (and exported) as the batch it never ran.
+        SpaceError: Data no trial can measure as it says (:func:`sweeper.sweep.check_data`).
     """
     from sweeper.data import dataset_rows
     from sweeper.report import format_dropped_rows
+    from sweeper.sweep import check_data
 
-    usable = len(profile.usable)
-    batch = max(space.values_of("per_device_train_batch_size"))
-    if 0 < usable < batch:
-        rows = f"{usable} row{'s' if usable != 1 else ''}"
-        raise SpaceError(
-            f"{space.dataset.path}: dataset: {rows} to train on, fewer than per_device_train_batch_size {batch}: each "
-            f"step would hold {rows} and be measured as batch {batch}; give at least {batch} samples, or search "
-            f"per_device_train_batch_size up to {usable}"
-        )
-    if True in space.values_of("packing"):
-        _check_packed_rows(space, [t.n_tokens for t in profile.tokenized], batch)
+    check_data(space, profile)
     return format_dropped_rows(
         list(profile.unused),
         dataset_rows(profile.samples),
         space.dataset.path,
         doctor=space.doctor_command(),
     )
-
-
-def _check_packed_rows(space: SearchSpace, n_tokens: list[int], batch: int) -> None:
-    """Refuse a packed search whose data packs into fewer rows than a searched ``per_device_train_batch_size`` at a
-    searched ``max_seq_length``: a packed trial draws its batches from the packed rows
-    (:func:`sweeper.data.pack_groups`), so each step would hold them all and be measured, and exported, as a batch
-    it never ran. ``n_tokens``: each usable sample's tokens (at least the longest searched length when cut there).
-
-    Raises:
-        SpaceError: At the shortest searched length that packs into too few rows, with the rows it packs into.
-    """
-    from sweeper.data import pack_groups
-
-    longest = max(space.values_of("max_seq_length"))
-    lengths = [min(n, longest) for n in n_tokens]
-    if not lengths:
-        return
-    for max_seq_length in sorted(space.values_of("max_seq_length")):
-        rows = len(pack_groups([min(n, max_seq_length) for n in lengths], max_seq_length))
-        if rows < batch:
-            raise SpaceError(
-                f"{space.dataset.path}: dataset: with packing, its {len(lengths)} samples ({sum(lengths):,} tokens) "
-                f"pack into {rows} row{'s' if rows != 1 else ''} of max_seq_length {max_seq_length}, fewer than "
-                f"per_device_train_batch_size {batch}: each step would hold {rows} and be measured as batch {batch}; "
-                f"search per_device_train_batch_size up to {rows}, shorter max_seq_length, or give more samples"
-            )
 
 
 def _check_owner(study: Any, url: str, fix: str) -> None:

@@ -33,40 +33,14 @@ def _data_warnings(space: SearchSpace, profile: DataProfile) -> list[str]:
     """Before the first trial: the data audit at the searched ``max_seq_length`` values (``profile.report``), as
     warning lines (:func:`sweeper.report.format_data_warnings`), so that a data fault is never read as a
     hyperparameter result; with the whole file's rows (``profile.file``), which set each configuration's worst step:
-    the file's, which the exports train, not only the ``max_samples`` the trials sample.
-
-    Raises:
-        SpaceError: No row can train at any searched ``max_seq_length`` (every row has a NaN fault there, e.g. its
-            reply cut away): every trial would go NaN at its first step, so nothing runs. Or every reply of a chat
-            dataset is empty: the trials would measure training to answer nothing.
-    """
+    the file's, which the exports train, not only the ``max_samples`` the trials sample. The data was checked
+    (:func:`sweeper.sweep.check_data`, with :func:`_dropped_rows_line`)."""
     from sweeper.audit import nan_risks
     from sweeper.report import format_data_warnings, format_file_rows, format_same_rows
 
     lengths = space.values_of("max_seq_length")
-    report, tokenized, file, samples = profile.report, profile.tokenized, profile.file, profile.samples
+    report, tokenized, file = profile.report, profile.tokenized, profile.file
     assert report is not None  # profiled with the audit
-    bad = {n: set[int]() for n in lengths}
-    for finding in report.nan_findings:
-        for n in lengths if finding.max_seq_length is None else [finding.max_seq_length]:
-            bad.setdefault(n, set()).update(finding.samples)
-    total = len(tokenized)
-    if total and all(len(bad[n]) >= total for n in lengths):
-        kinds = sorted({f.kind for f in report.nan_findings})
-        raise SpaceError(
-            f"{space.dataset.path}: dataset: none of its {total} rows can train at max_seq_length "
-            f"{', '.join(map(str, sorted(set(lengths))))} ({', '.join(kinds)}): every trial would go NaN at its first "
-            f"step; see '{space.doctor_command()}', then fix the data or raise max_seq_length"
-        )
-    replies = [
-        [m["content"] for m in s.messages if m["role"] == "assistant"] for s in samples if s.messages is not None
-    ]
-    if total and len(replies) == len(samples) and all(not any(r.strip() for r in rs) for rs in replies):
-        # finite losses, a confident margin and a safe pick, for training the model to answer nothing (issue 48)
-        raise SpaceError(
-            f"{space.dataset.path}: dataset: every reply of its {len(samples)} rows is empty: the trials would teach "
-            f"the model to answer nothing; see '{space.doctor_command()}', then fix the data"
-        )
     accumulation = space.values_of("gradient_accumulation_steps")
     risks = nan_risks(
         report,

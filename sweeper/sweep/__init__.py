@@ -14,6 +14,7 @@ It records on the study through :mod:`sweeper.study` and shares it with other sw
 
 from sweeper.sweep._cards import with_card
 from sweeper.sweep._confirm import ConfirmCallback, candidates, confirm_trials, long_run_model_path
+from sweeper.sweep._data_checks import check_data
 from sweeper.sweep._loop import run_study
 from sweeper.sweep._lr_calibration import CalibrationCallback, EdgeRun, calibrate_study
 from sweeper.sweep._plan import SweepPlan, plan_sweep
@@ -29,6 +30,7 @@ __all__ = [
     "SweepPlan",
     "calibrate_study",
     "candidates",
+    "check_data",
     "check_setup",
     "confirm_trials",
     "long_run_model_path",
