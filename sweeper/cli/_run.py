@@ -9,15 +9,14 @@ from typing import TYPE_CHECKING
 
 from sweeper.cli._common import (
     _check_trial_environment,
-    _describe_setup,
     _devices,
-    _dropped_rows_line,
     _load,
     _prepare,
     _print,
     _profile,
     _publish,
 )
+from sweeper.cli._setup_text import _describe_setup, _dropped_rows_line
 from sweeper.errors import SpaceError
 from sweeper.space import SearchSpace, parse_duration_s
 from sweeper.storage import StudyAttr

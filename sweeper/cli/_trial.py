@@ -11,13 +11,12 @@ from pathlib import Path
 
 from sweeper.cli._common import (
     _check_trial_environment,
-    _describe_setup,
-    _dropped_rows_line,
     _load,
     _prepare,
     _print,
     _profile,
 )
+from sweeper.cli._setup_text import _describe_setup, _dropped_rows_line
 from sweeper.errors import SpaceError
 
 

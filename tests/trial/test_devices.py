@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweeper.cli._common import _slow_on_this_cpu
+from sweeper.cli._setup_text import _slow_on_this_cpu
 from sweeper.space import load_space
 from sweeper.trial import cpu_has_bfloat16
 
