@@ -291,11 +291,12 @@ class TrialProcess:
 
         Returns:
             The worker's result, or a ``timeout``/``crash`` result made here. An ``oom`` while loading in a warm
-            process is run once more in a fresh one, whose result is returned (its first log kept as
-            ``worker.warm-load-oom.log``): a warm process's heap, left by earlier trials, can fail a load that fits a
-            fresh process (the demo's trial #6, batch 2 x 64 at r 16, ran out of memory while loading at 1.68 GiB
-            under 1.6 where the same shape at another ``lora_alpha`` had trained at 1.01 GiB, and the dominance rule
-            then pruned two larger configurations on it).
+            process, or a warm process aborted by an allocation that failed in a library that aborts on it
+            (:func:`_allocation_abort`), is run once more in a fresh one, whose result is returned (its first log
+            kept as ``worker.warm-load-oom.log``): a warm process's heap, left by earlier trials, can fail a load
+            that fits a fresh process (the demo's trial #6, batch 2 x 64 at r 16, ran out of memory while loading
+            at 1.68 GiB under 1.6 where the same shape at another ``lora_alpha`` had trained at 1.01 GiB, and the
+            dominance rule then pruned two larger configurations on it).
 
         Raises:
             KeyboardInterrupt: After killing the trial process, so the caller can record the trial as interrupted.
@@ -303,9 +304,10 @@ class TrialProcess:
         """
         args = (config, trial_dir, model_path, on_start, on_progress, stress, probe, worst_case, line_search)
         result = self._run_once(*args)
-        if result.status == TrialStatus.OOM and result.fail_phase == "load" and result.provenance.warm:
+        log = Path(trial_dir) / "worker.log"
+        load_oom = result.status == TrialStatus.OOM and result.fail_phase == "load"
+        if result.provenance.warm and (load_oom or _allocation_abort(result, log)):
             self.close()
-            log = Path(trial_dir) / "worker.log"
             if log.is_file():
                 log.replace(log.with_name("worker.warm-load-oom.log"))
             result = self._run_once(*args)
@@ -362,6 +364,24 @@ class TrialProcess:
         if not done.reusable:
             self.close()
         return _read_result(config, result_path, wall, warm)
+
+
+#: What Rust's allocation-failure handler writes before it aborts the process (tokenizers and safetensors are Rust):
+#: a warm process whose data segment is already above the next trial's cap can fail its first allocation there.
+RUST_ALLOCATION_FAILURE = "memory allocation of "
+
+
+def _allocation_abort(result: TrialResult, log: Path) -> bool:
+    """Whether ``result`` is a ``crash`` of a process aborted (SIGABRT) by an allocation that failed in a Rust
+    library (its log holds Rust's ``memory allocation of N bytes failed``): under a CPU cap, an out-of-memory that the
+    library could not report (CI at 1171e44: a warm process holding 0.50 GiB of data segment, given a trial capped at
+    0.3 GiB, aborted in the tokenizer instead of raising an OOM while loading)."""
+    if result.status != TrialStatus.CRASH or "SIGABRT" not in result.reason:
+        return False
+    try:
+        return RUST_ALLOCATION_FAILURE in log.read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def _read_result(config: TrialConfig, result_path: Path, wall: float, warm: bool) -> TrialResult:

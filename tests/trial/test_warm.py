@@ -236,3 +236,21 @@ def test_a_killed_zygote_takes_its_trial_process_along_and_the_next_trial_gets_a
     other = {**os.environ, "SWEEPER_ZYGOTE_TEST": str(tmp_path)}
     assert run_trial(_config(tiny_model), tmp_path / "5", model_path=path, env=other).status == "complete"
     assert len(_zygotes() - before) == 1
+
+
+def test_a_warm_process_aborted_by_a_failed_allocation_is_run_again_fresh(tmp_path):
+    # CI at 1171e44: a warm process holding 0.50 GiB of data segment, given a trial capped at 0.3 GiB, aborted in a
+    # Rust library (tokenizers, safetensors) on its first allocation instead of raising an OOM while loading; that
+    # is an out-of-memory the library could not report, and like a load OOM in a warm process it is run again fresh
+    from sweeper.trial import TrialResult
+    from sweeper.trial._launch import _allocation_abort
+
+    log = tmp_path / "worker.log"
+    log.write_text("sweeper: trial 2 of this process\nmemory allocation of 81920 bytes failed\nstack backtrace:\n")
+    aborted = TrialResult(status="crash", reason="worker killed by SIGABRT without a result: skipping backtrace")
+    assert _allocation_abort(aborted, log)
+    killed = TrialResult(status="crash", reason="worker killed by SIGKILL without a result")
+    assert not _allocation_abort(killed, log)  # a kill is not an allocation that failed
+    log.write_text("sweeper: trial 2 of this process\nSomething else aborted\n")
+    assert not _allocation_abort(aborted, log)
+    assert not _allocation_abort(TrialResult(status="oom", reason="out of memory at load"), log)
