@@ -12,8 +12,9 @@ tests check byte for byte and what a GPU may hold differently:
 ``fixed``: 4-bit and float32 weights, LoRA weights, gradients, optimizer state, one dequantized weight, lm_head's
 compute-dtype copy; ``saved_for_backward``: activations plus the recomputed layer; ``logits_per_token``: the saved and
 transient logits' bytes that grow with tokens. ``a`` and ``b`` are fitted by least squares on the fit rows
-(``--fit``: ``r16``, the shipped split: the 8 rows at r 16 fit, the 7 at r 64 are held out; ``batch1``: the 9 rows at
-batch 1 fit, the 6 at batch 4 held out, a second look). Beside it, the baselines: the model as it was before the fit
+(:data:`SPLITS`: ``r16``, the shipped split: the 8 rows at r 16 fit, the 7 at r 64 held out; ``batch1``: the 9 rows
+at batch 1 fit, the 6 at batch 4 held out, a second look; ``seq512`` and ``largest`` hold out whole shapes: the
+longest sequences, and the most tokens a step). Beside it, the baselines: the model as it was before the fit
 (e68ad80: CUDA context 0.5 GiB and 10% allocator overhead on top of the counted bytes, the rows' ``predicted_gib``),
 the counted bytes alone, and the counted bytes times one ratio fitted on the same rows. It also checks that the
 factors shipped in ``sweeper/memory/_model.py`` are the r16 fit (to 3 decimals).
@@ -25,6 +26,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,9 +37,24 @@ from sweeper.memory._shapes import KNOWN_SHAPES
 
 ROWS = Path(__file__).parent / "results" / "gpu-h200-2026-12-04-train" / "calibrate.json"
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-SPLITS = {
-    "r16": ("r", 16, "fit on the 8 rows at r 16, held out: the 7 at r 64"),
-    "batch1": ("per_device_train_batch_size", 1, "fit on the 9 rows at batch 1, held out: the 6 at batch 4"),
+#: Each split: which rows the factors are fitted on (the rest are held out), and its words. ``r16`` is the shipped
+#: fit; ``batch1`` a second look. The last two hold out whole shapes, so the two fitted factors extrapolate (issue 57;
+#: registered in docs/memory.md before their outcome was computed): every held-out row of ``r16`` has a twin of its
+#: shape among the fit rows, which tests the fixed terms more than the factors.
+SPLITS: dict[str, tuple[Callable[[dict], bool], str]] = {
+    "r16": (lambda row: row["r"] == 16, "fit on the 8 rows at r 16, held out: the 7 at r 64"),
+    "batch1": (
+        lambda row: row["per_device_train_batch_size"] == 1,
+        "fit on the 9 rows at batch 1, held out: the 6 at batch 4",
+    ),
+    "seq512": (
+        lambda row: row["max_seq_length"] == 512,
+        "fit on the 7 rows at max_seq_length 512, held out: the 8 at 2048 (4x the longest sequence fitted)",
+    ),
+    "largest": (
+        lambda row: row["per_device_train_batch_size"] * row["max_seq_length"] < 8192,
+        "fit on the 13 rows below 8,192 tokens a step, held out: the 2 at batch 4 x 2048 (4x the most tokens fitted)",
+    ),
 }
 
 
@@ -103,8 +120,8 @@ def errors_pct(predicted: list[float], measured: list[float]) -> dict[str, float
 def fit(rows: list[dict], split: str) -> dict:
     """The fit on one split and every baseline's error on its held-out rows (and on its fit rows)."""
     shape = ModelShape.from_config(KNOWN_SHAPES["meta-llama/Llama-3.1-8B"])
-    key, value, words = SPLITS[split]
-    mask = [row[key] == value for row in rows]
+    inside, words = SPLITS[split]
+    mask = [inside(row) for row in rows]
     p = [parts(shape, row) for row in rows]
     y = [row["measured_gib"] for row in rows]
     fit_idx = [i for i, inside in enumerate(mask) if inside]
