@@ -55,11 +55,9 @@ def _numbers(text: str) -> list[int]:
 
 def cmd_confirm(args: argparse.Namespace) -> int:
     """``sweep confirm STUDY [--steps N] [--trials 3,7 | --front | --pick safe] [--as-exported]``."""
-
     from sweeper.storage import check_study_owner
     from sweeper.study import load_existing_study, snapshot
-    from sweeper.study.picks import choose
-    from sweeper.sweep import candidates
+    from sweeper.sweep import trials_to_confirm
 
     if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
         raise SpaceError(f"--steps: {args.steps} is not a number of steps; give 1 to {MAX_STEPS}, e.g. --steps 300")
@@ -67,21 +65,9 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     study, url = load_existing_study(args.study)
     check_study_owner(study, url)  # confirm writes into studies/<name>/: not into another study's folder
     read = snapshot(study)
-    if args.trials is not None:  # an empty --trials (an unset variable in a script) is refused, not the default
-        numbers = _numbers(args.trials)
-    elif args.front:
-        numbers = [t.number for t in candidates(read)]
-    else:
-        ranked = candidates(read)
-        if not ranked:
-            raise SpaceError(
-                f"{study.study_name}: --pick: the study has no complete trial to confirm; run more "
-                "trials with 'sweep run'"
-            )
-        # what to confirm next: the pick among every trial of the front, not only the confirmed ones
-        numbers = [
-            ranked[0].number if args.pick == "safe" else choose(read, args.pick, prefer_confirmed=False).chosen().number
-        ]
+    # an empty --trials (an unset variable in a script) is refused, not the default
+    given = _numbers(args.trials) if args.trials is not None else None
+    numbers = trials_to_confirm(read, numbers=given, front=args.front, pick=args.pick)
     steps = args.steps if args.steps is not None else read.confirm_steps
     failed, not_run = run_confirmations(study, numbers, steps, as_exported=args.as_exported)
     _publish(study)  # the dashboard's front figure and notes show the confirmations

@@ -4,7 +4,7 @@ the batch it was measured at and what the export changes."""
 from __future__ import annotations
 
 from sweeper.export._settings import DATASET_NOTE, RUN_LENGTH_NOTE, ExportSettings, Provenance
-from sweeper.trial import CUDA_ALLOC_CONF_NOT_APPLICABLE
+from sweeper.trial import CUDA_ALLOC_CONF_NOT_APPLICABLE, MemoryReading
 
 
 def _margin_sentence(p: Provenance) -> str:
@@ -77,6 +77,14 @@ def _measured_under(s: ExportSettings) -> str:
         allocator = (
             "PYTORCH_CUDA_ALLOC_CONF unset, PyTorch's default (run without it to peak as measured; "
             "expandable_segments:True reserves less)"
+        )
+    share = s.provenance.cached_share
+    expandable = "expandable_segments:true" in (alloc or "").lower()
+    on_cuda = alloc != CUDA_ALLOC_CONF_NOT_APPLICABLE
+    if share is not None and share > MemoryReading.CACHED_SHARE_SAID and on_cuda and not expandable:
+        allocator += (
+            f"; {share:.0%} of the reserved peak was the allocator's cache, not tensors "
+            "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True returns most of it)"
         )
     t = s.training
     return (

@@ -45,6 +45,30 @@ _HF_PACKING_LINE = (
     "(transformers' DataCollatorWithFlattening flattens each micro-batch into one row, not into packed rows)."
 )
 
+
+def trl_padding_free_line(s: ExportSettings) -> str | None:
+    """The ``trl`` file's warning where TRL's packing cannot peak as the trial did, else None.
+
+    With ``packing_strategy="bfd"`` TRL trains padding-free (``SFTTrainer`` sets ``padding_free`` itself, TRL 1.x
+    ``sft_trainer.py``): its collator flattens a micro-batch's ``B`` packed rows into one row of up to ``B x L``
+    tokens (``L`` = ``max_seq_length``). Flash attention takes that row sample by sample; on ``sdpa`` and ``eager``
+    transformers builds the block-diagonal mask over the whole row, ``(B x L)^2`` elements where the trial's
+    ``B`` rows held ``B x L^2`` (``B`` times as many; ``eager`` also keeps its attention scores that size per
+    head), so above batch 1 the trial's peak does not carry over (issue 57).
+    """
+    c, b, seq = s.collation, s.training.per_device_train_batch_size, s.max_seq_length
+    if not c.packing or c.attn_implementation == "flash_attention_2" or b == 1:
+        return None
+    eager = " (eager also keeps its attention scores that size, per head)" if c.attn_implementation == "eager" else ""
+    return (
+        f"TRL packs padding-free: each micro-batch of {b} packed rows is one row of up to {b * seq} tokens, and on "
+        f"{c.attn_implementation} its attention mask holds (batch x length)^2 = {(b * seq) ** 2:,} elements where the "
+        f"trial's {b} rows held {b * seq * seq:,}{eager}: to stay within the measured peak, train with "
+        f"attn_implementation flash_attention_2 on a GPU, or per_device_train_batch_size 1 with "
+        f"gradient_accumulation_steps {b} times this file's."
+    )
+
+
 #: The ``hf`` file's ``make_data_collator``: the trial's padded collation, as transformers builds it.
 _HF_COLLATOR = [
     "",
@@ -132,6 +156,8 @@ def _preamble(s: ExportSettings, trl: bool) -> list[str]:
     lines = ['"""QLoRA settings chosen with sweeper."""', "", *header(s, "#")]
     if not trl:
         lines.append(_HF_PACKING_LINE)
+    elif (flattened := trl_padding_free_line(s)) is not None:
+        lines.append(f"# {flattened}")
     lines += [
         "",
         "import torch",

@@ -157,6 +157,8 @@ class Provenance:
             None when unknown.
         cuda_alloc_conf: The ``PYTORCH_CUDA_ALLOC_CONF`` the trial ran under (:attr:`sweeper.trial.Provenance.
             cuda_alloc_conf`: ``""`` unset, ``not applicable (cpu)``), None when not recorded (an older trial).
+        cached_share: On CUDA, the share of the reserved peak the tensors did not hold (:meth:`sweeper.trial.
+            MemoryReading.cached_share`, 2 decimals), None on the CPU and for older trials.
         exported: Local time of the export, ``%Y-%m-%d %H:%M:%S``.
     """
 
@@ -174,6 +176,7 @@ class Provenance:
     versions: tuple[tuple[str, str | None], ...]
     exported: str
     cuda_alloc_conf: str | None = None
+    cached_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON export's ``provenance``: these fields in order, ``stability`` flattened in its place,
@@ -403,6 +406,7 @@ def _provenance(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Pro
         versions=tuple({**versions, "sweeper": _version("sweeper")}.items()),
         exported=time.strftime("%Y-%m-%d %H:%M:%S"),
         cuda_alloc_conf=trial.result.provenance.cuda_alloc_conf,
+        cached_share=round_figure(trial.result.memory.cached_share(), 2),
     )
 
 

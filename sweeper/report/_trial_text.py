@@ -103,6 +103,24 @@ def memory_line(result: TrialResult) -> str:
     return f"{line}: {phases}"
 
 
+def cached_memory_line(result: TrialResult) -> str | None:
+    """``memory  2.41 of the 12.80 GiB reserved at the peak was the CUDA allocator's cache, not tensors (19%): ...``
+    where that share is over :attr:`~sweeper.trial.MemoryReading.CACHED_SHARE_SAID` and the trial did not already
+    run with ``expandable_segments:True``; None otherwise (the CPU, older trials)."""
+    memory = result.memory
+    share = memory.cached_share()
+    if share is None or share <= memory.CACHED_SHARE_SAID or memory.peak_memory_gib is None:
+        return None
+    if "expandable_segments:true" in (result.provenance.cuda_alloc_conf or "").lower():
+        return None
+    cached = memory.peak_memory_gib * share
+    return (
+        f"memory  {cached:.2f} of the {memory.peak_memory_gib:.2f} GiB reserved at the peak was the CUDA allocator's "
+        f"cache, not tensors ({share:.0%}): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True usually returns most "
+        "of it (set it for the sweep and the production run alike)"
+    )
+
+
 def trial_result_lines(result: TrialResult, config: TrialConfig, folder: Path) -> list[str]:
     """What ``sweep trial`` prints after its trial (run with ``config``, its files in ``folder``): the per-step trace
     (:func:`format_trace`), the status and reason, a NaN's cause and samples, the samples' lengths, the peak memory,
@@ -129,6 +147,8 @@ def trial_result_lines(result: TrialResult, config: TrialConfig, folder: Path) -
         )
     if result.memory.peak_memory_gib is not None:
         lines.append(memory_line(result))
+        if (cached := cached_memory_line(result)) is not None:
+            lines.append(cached)
     if result.constant.data_token_share is not None:
         how = "samples packed into rows" if config.packing else "each micro-batch padded to its longest row"
         lines.append(

@@ -23,7 +23,7 @@ from typing import Any
 
 import optuna
 
-from sweeper.errors import StudyError
+from sweeper.errors import SpaceError, StudyError
 from sweeper.space import TrialConfig
 from sweeper.storage import StudyAttr, trial_dir
 from sweeper.study import (
@@ -59,6 +59,28 @@ def candidates(study: StudyLike) -> list[StoredTrial]:
         learns = [safe, *(t for t in learns if t.number != safe.number)]
     chosen = {t.number for t in learns}
     return learns + by_knee_distance([t for t in front if t.number not in chosen], objectives)
+
+
+def trials_to_confirm(study: StudySnapshot, *, numbers: list[int] | None, front: bool, pick: str) -> list[int]:
+    """What ``sweep confirm`` runs: the trial ``numbers`` given; with ``front``, every trial of the front in
+    :func:`candidates`' order; else the one ``pick`` (``safe``, ``knee``, ...: :func:`sweeper.study.picks.choose`)
+    chooses among every trial of the front, confirmed or not (``safe`` is :func:`candidates`' first).
+
+    Raises:
+        SpaceError: Neither numbers nor ``front``, and the study has no complete trial to confirm.
+    """
+    from sweeper.study.picks import choose
+
+    if numbers is not None:  # a number that is not a complete trial is refused by confirm_trials
+        return numbers
+    ranked = candidates(study)
+    if front:
+        return [t.number for t in ranked]
+    if not ranked:
+        raise SpaceError(
+            f"{study.name}: --pick: the study has no complete trial to confirm; run more trials with 'sweep run'"
+        )
+    return [ranked[0].number if pick == "safe" else choose(study, pick, prefer_confirmed=False).chosen().number]
 
 
 def horizon(trial: StoredTrial, steps: int | None) -> int:

@@ -14,7 +14,10 @@ from typing import Any, ClassVar, Literal
 from sweeper.trial._status import TrialStatus
 from sweeper.trial._stored_order import STORED_ORDER
 
-Phase = Literal["load", "forward", "backward", "optimizer"]
+#: The part of a trial a failure happened in (``fail_phase``): loading, or a step's forward, backward or optimizer
+#: update. Not a memory phase (:class:`PhasePeakMemory`), a progress phase (:data:`sweeper.trial._job.ProgressPhase`)
+#: or the constant and stress phases of training (:class:`ConstantPhase`, :class:`StressOutcome`).
+FailPhase = Literal["load", "forward", "backward", "optimizer"]
 
 
 #: Field metadata key: the field's stored name (the user attribute, ``docs/contract.md``) where it is not its own.
@@ -127,6 +130,10 @@ class MemoryReading:
             and the peak statistics reset between them); stored as a dict of the measured phases.
         worst_case_shape: ``(rows, tokens)`` of the worst-case step measured (None: it did not run; stored as a
             list).
+        peak_allocated_gib: On CUDA, the largest ``max_memory_allocated`` of the phases ``peak_memory_gib`` is the
+            maximum of: what the tensors held, where ``peak_memory_gib`` is what the caching allocator reserved (the
+            difference is its cache and fragmentation, :meth:`cached_share`); None on the CPU and for trials of older
+            versions.
     """
 
     peak_memory_gib: float | None = _stored()
@@ -136,6 +143,19 @@ class MemoryReading:
     stress_peak_memory_gib: float | None = _stored()
     phase_peak_memory_gib: PhasePeakMemory = _stored(factory=PhasePeakMemory, read=PhasePeakMemory.of, write=dict)
     worst_case_shape: StepShape | None = _stored(read=_shape, write=list)
+    peak_allocated_gib: float | None = _stored()
+
+    #: The cached share of the reserved peak (:meth:`cached_share`) above which the views say so and name the
+    #: allocator setting that returns it (issue 57: SkyRL#1768 saw a run OOM with about 20 GiB reserved but
+    #: unallocated until ``expandable_segments:True`` was set).
+    CACHED_SHARE_SAID: ClassVar[float] = 0.10
+
+    def cached_share(self) -> float | None:
+        """On CUDA, the share of the reserved peak that the tensors did not hold at their own peak: ``1 -
+        peak_allocated_gib / peak_memory_gib``, 0 to 1; None where either is unknown (the CPU, older trials)."""
+        if self.memory_kind != "cuda_max_reserved" or not self.peak_memory_gib or self.peak_allocated_gib is None:
+            return None
+        return max(0.0, 1.0 - self.peak_allocated_gib / self.peak_memory_gib)
 
 
 @dataclass(kw_only=True)
@@ -391,7 +411,7 @@ class TrialResult:
     status: TrialStatus = _stored(required=True)
     reason: str = _stored(default="")
     fail_step: int | None = _stored()
-    fail_phase: Phase | None = _stored()
+    fail_phase: FailPhase | None = _stored()
     memory: MemoryReading = field(default_factory=MemoryReading)
     constant: ConstantPhase = field(default_factory=ConstantPhase)
     stress: StressOutcome = field(default_factory=StressOutcome)

@@ -89,4 +89,5 @@ STORED_ORDER: tuple[str, ...] = (
     "critical_lr_step_multiple",
     "critical_lr_step_readings",
     "cuda_alloc_conf",
+    "peak_allocated_gib",
 )

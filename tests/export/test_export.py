@@ -84,7 +84,7 @@ def test_the_typed_settings_write_the_json_exports_keys_in_order(study_and_knee,
         "margin_capped", "lr_ceiling", "predicted_max_lr", "stability_margin_low", "stability_margin_high",
         "predicted_max_lr_low", "predicted_max_lr_high", "predicted_max_lr_source", "headroom", "headroom_low",
         "headroom_high", "near_edge", "measured_effective_batch_size", "learning_progress", "confirmation", "device",
-        "versions", "exported", "cuda_alloc_conf",
+        "versions", "exported", "cuda_alloc_conf", "cached_share",
     ]  # fmt: skip
     # the trial's allocator setting travels with it (issue 57): the test studies are CPU-like records without one
     assert j["provenance"]["cuda_alloc_conf"] is None
@@ -219,6 +219,10 @@ def test_every_format_writes_the_trials_collation_in_its_own_keys(study_and_knee
     args = runpy.run_path(str(trl))["training_args"]
     assert args.packing is packing and args.max_length == 64 and args.truncation_mode == "keep_start"
     assert args.padding_free is packing and args.packing_strategy == "bfd"  # whole samples a row, each cut at 64
+    # TRL flattens a packed micro-batch into one row: on sdpa its mask is (2 x 64)^2, twice the trial's 2 x 64^2.
+    flat = [line for line in trl.read_text().splitlines() if line.startswith("# TRL packs padding-free")]
+    assert flat == ([] if not packing else [flat[0]]) and all("= 16,384 elements where the trial's 2 rows held 8,192" in
+                                                              line for line in flat), flat  # fmt: skip
     ax, *_ = write_export(snapshot(study), trial, "axolotl", tmp_path / "ax")
     _collation_line(ax.read_text(), packing)
     a = yaml.safe_load(ax.read_text())
@@ -744,3 +748,11 @@ def test_the_header_says_what_the_trial_ran_under_and_trl_runs_its_loss(study_an
         [line] = [x for x in text.splitlines() if "Measured under:" in x]
         assert "attention sdpa" in line and "cross-entropy over the full logits" in line and said in line, line
         assert ('loss_type="nll"' in text) == (fmt == "trl"), fmt
+    # On CUDA, a reserved peak that was a fifth the allocator's cache is said, with the setting that returns it,
+    # unless the trial already ran with it; on the CPU there is no such share.
+    memory = trial.result.memory
+    memory.memory_kind, memory.peak_memory_gib, memory.peak_allocated_gib = "cuda_max_reserved", 12.8, 10.24
+    [path, *_] = write_export(snapshot(study), trial, "axolotl", tmp_path / "cached" / "x.yaml")
+    [line] = [x for x in path.read_text().splitlines() if "Measured under:" in x]
+    cached = "20% of the reserved peak was the allocator's cache, not tensors (PYTORCH_CUDA_ALLOC_CONF="
+    assert (cached in line) == (alloc in (None, "")), line

@@ -558,6 +558,21 @@ def test_sweep_trial_prints_only_what_the_trial_measured(tmp_path):
     ]
     assert lines[3].startswith("margin  36x the learning rate (lr_ceiling 0.007; stress diverged after 6 steps)")
     assert lines[4] == "time    import 1.5 s, train 3.0 s"
+    # On CUDA, a reserved peak a fifth of which was the allocator's cache says so after the memory line (issue 57);
+    # under 10%, or with expandable_segments already set, it does not.
+    complete.memory = MemoryReading(
+        peak_memory_gib=12.8, peak_allocated_gib=10.24, load_peak_memory_gib=6.0, memory_kind="cuda_max_reserved"
+    )
+    lines = trial_result_lines(complete, config, folder)
+    assert lines[2] == (
+        "memory  2.56 of the 12.80 GiB reserved at the peak was the CUDA allocator's cache, not tensors (20%): "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True usually returns most of it (set it for the sweep and the "
+        "production run alike)"
+    )
+    complete.provenance.cuda_alloc_conf = "expandable_segments:True"
+    assert not any("allocator's cache" in line for line in trial_result_lines(complete, config, folder))
+    complete.provenance.cuda_alloc_conf, complete.memory.peak_allocated_gib = "", 11.6
+    assert not any("allocator's cache" in line for line in trial_result_lines(complete, config, folder))
 
 
 def test_the_report_notes_other_setups_and_old_instabilities(tmp_path):

@@ -272,3 +272,24 @@ def test_confirm_as_exported_runs_the_exports_effective_batch_and_the_export_say
     assert after["training_args"]["gradient_accumulation_steps"] == 16
     assert after["provenance"]["confirmation"]["as_exported"] is True
     assert "its confirmation ran as exported" in " ".join((workdir / "after.py").read_text().replace("#", "").split())
+
+
+def test_what_confirm_runs_by_default_given_numbers_and_the_front(workdir):
+    """``sweep confirm``'s choice (:func:`sweeper.sweep.trials_to_confirm`): the numbers given as they are; ``--front``
+    every front trial in the candidates' order; the safe pick is the first candidate; a study with no complete trial
+    is refused in one line naming ``--pick`` and what to do."""
+    from sweeper.errors import SpaceError
+    from sweeper.study import snapshot
+    from sweeper.sweep import candidates, trials_to_confirm
+    from sweeper.testing import add_trial, make_study
+
+    read = snapshot(make_study(workdir))
+    ranked = [t.number for t in candidates(read)]
+    assert ranked and set(ranked) <= {0, 1}  # the front's trials, not the one behind it, the failures or the repeat
+    assert trials_to_confirm(read, numbers=[4, 2], front=False, pick="safe") == [4, 2]
+    assert trials_to_confirm(read, numbers=None, front=True, pick="safe") == ranked
+    assert trials_to_confirm(read, numbers=None, front=False, pick="safe") == ranked[:1]
+    empty = optuna.create_study(study_name="none", directions=["minimize", "maximize"])
+    add_trial(empty, r=8, batch=2, seq=64, status="oom", peak=3.0)
+    with pytest.raises(SpaceError, match=r"^none: --pick: the study has no complete trial to confirm; run more"):
+        trials_to_confirm(snapshot(empty), numbers=None, front=False, pick="safe")

@@ -25,7 +25,7 @@ CONFIG = tiny_trial_config("unused", per_device_train_batch_size=4, max_seq_leng
 
 def _record(phase: str = "load", step: int = 0) -> TrainingRecord:
     record = TrainingRecord()
-    record.phase, record.step = phase, step  # type: ignore[assignment]
+    record.fail_phase, record.step = phase, step  # type: ignore[assignment]
     return record
 
 

@@ -36,7 +36,7 @@ STORED_ORDER = (
     "critical_lr_multiple_high", "critical_lr_slope_per_step", "critical_lr_projected_step",
     "critical_lr_projected_step_low", "critical_lr_projected_step_high", "critical_lr_readings",
     "line_search_time_s", "line_search_time_share", "line_search_forwards", "line_search_skipped",
-    "critical_lr_step_multiple", "critical_lr_step_readings", "cuda_alloc_conf",
+    "critical_lr_step_multiple", "critical_lr_step_readings", "cuda_alloc_conf", "peak_allocated_gib",
 )  # fmt: skip
 
 
@@ -55,6 +55,7 @@ def _full() -> TrialResult:
             stress_peak_memory_gib=1.75,
             phase_peak_memory_gib=PhasePeakMemory(load=1.25, train=1.5, worst_case=1.45, probe=1.3, stress=1.75),
             worst_case_shape=(4, 1320),
+            peak_allocated_gib=1.375,
         ),
         constant=ConstantPhase(
             instability=0.25,

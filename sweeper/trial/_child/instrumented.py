@@ -72,10 +72,10 @@ class TracingTrainer(Trainer):
         )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """``Trainer.compute_loss``, with the record's phase ``forward`` during it and ``backward`` after."""
-        self.record.phase = "forward"
+        """``Trainer.compute_loss``, with the record's ``fail_phase`` ``forward`` during it and ``backward`` after."""
+        self.record.fail_phase = "forward"
         out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-        self.record.phase = "backward"
+        self.record.fail_phase = "backward"
         return out
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -114,7 +114,7 @@ class TracingTrainer(Trainer):
 
     def _get_grad_norm(self, model, grad_norm=None):
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        self.record.phase = "optimizer"
+        self.record.fail_phase = "optimizer"
         self.record.step_grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
         if not math.isfinite(self.record.step_grad_norm) and self.accelerator.scaler is None:
             raise NonFiniteError("gradient norm", self.record.step_grad_norm, "backward")
@@ -225,16 +225,16 @@ def run_worst_case_step(trainer: Any, record: TrainingRecord) -> None:
     net: Any = trainer.model
     cuda = torch.cuda.is_available()
     rng = torch.get_rng_state(), (torch.cuda.get_rng_state_all() if cuda else None)
-    phase = record.phase
+    fail_phase = record.fail_phase
     record.in_worst_case = True
     start = time.monotonic()
     before = record.enter_memory_phase("worst_case")
     try:
         inputs = {k: v.to(trainer.args.device) for k, v in model_inputs(batch).items()}
-        record.phase = "forward"
+        record.fail_phase = "forward"
         with trainer.compute_loss_context_manager():
             loss = net(**inputs).loss
-        record.phase = "backward"
+        record.fail_phase = "backward"
         trainer.accelerator.backward(loss)
         del loss, inputs
         if record.peaks is not None:
@@ -247,7 +247,7 @@ def run_worst_case_step(trainer: Any, record: TrainingRecord) -> None:
         record.worst_case_time_s = time.monotonic() - start
     rows, tokens = batch["input_ids"].shape
     record.worst_case_shape = (int(rows), int(tokens))
-    record.phase, record.in_worst_case = phase, False
+    record.fail_phase, record.in_worst_case = fail_phase, False
     if before is not None:
         record.enter_memory_phase(before)
     record.worst_case_time_s = time.monotonic() - start

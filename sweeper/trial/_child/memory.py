@@ -203,6 +203,8 @@ class PhasePeaks:
 
     Attributes:
         peaks: Peak in GiB by phase, for the phases entered so far (the current one once it is closed).
+        allocated: On CUDA, ``max_memory_allocated`` in GiB by phase (what the tensors held, where ``peaks`` is
+            what the caching allocator reserved); empty on the CPU.
         current: The phase being measured, None between phases.
     """
 
@@ -210,6 +212,7 @@ class PhasePeaks:
         self.device_type = device_type
         self.cap_gib = cap_gib if device_type == "cpu" else None
         self.peaks: dict[str, float] = {}
+        self.allocated: dict[str, float] = {}
         self.current: str | None = None
 
     def check_cap(self) -> None:
@@ -240,11 +243,22 @@ class PhasePeaks:
         phase, self.current = self.current, None
         if phase is not None:
             self.peaks[phase] = max(self.peaks.get(phase, 0.0), peak_memory_gib(self.device_type))
+            if self.device_type == "cuda":
+                import torch
+
+                allocated = torch.cuda.max_memory_allocated() / GIB
+                self.allocated[phase] = max(self.allocated.get(phase, 0.0), allocated)
         return phase
 
     def judged_gib(self) -> float | None:
         """The largest peak of :data:`JUDGED_PHASES` measured, None when none was."""
         judged = [self.peaks[p] for p in JUDGED_PHASES if p in self.peaks]
+        return max(judged) if judged else None
+
+    def judged_allocated_gib(self) -> float | None:
+        """On CUDA, the largest ``max_memory_allocated`` of :data:`JUDGED_PHASES` measured; None on the CPU or
+        when none was measured."""
+        judged = [self.allocated[p] for p in JUDGED_PHASES if p in self.allocated]
         return max(judged) if judged else None
 
     def judged_so_far_gib(self, reading_gib: float) -> float:

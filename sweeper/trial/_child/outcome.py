@@ -26,7 +26,7 @@ from sweeper.trial._child.checks import PackingCheckError, SetupCheckError
 from sweeper.trial._child.diagnosis import NanCause
 from sweeper.trial._child.memory import ONEDNN_UNDER_CAP, CapExceeded, is_oom, oom_cause_chain
 from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord
-from sweeper.trial._result import Phase
+from sweeper.trial._result import FailPhase
 from sweeper.trial._status import TrialStatus
 
 
@@ -45,7 +45,7 @@ class Outcome:
 
     status: TrialStatus
     reason: str
-    fail_phase: Phase | None = None
+    fail_phase: FailPhase | None = None
     fail_step: int | None = None
     nan_cause: NanCause | None = None
     nan_samples: list[int] = field(default_factory=list)
@@ -54,7 +54,7 @@ class Outcome:
 
 def _nan(exc: NonFiniteError, record: TrainingRecord) -> Outcome:
     step = record.step + 1
-    out = Outcome(status=TrialStatus.NAN, reason=exc.describe(step), fail_phase=exc.phase, fail_step=step)
+    out = Outcome(status=TrialStatus.NAN, reason=exc.describe(step), fail_phase=exc.fail_phase, fail_step=step)
     diagnosis = exc.diagnosis
     if diagnosis is not None:
         out.reason += f"; {diagnosis.reason}"
@@ -65,11 +65,11 @@ def _nan(exc: NonFiniteError, record: TrainingRecord) -> Outcome:
 def _unexpected(
     exc: BaseException, record: TrainingRecord, config: TrialConfig, load_oom: bool, cpu_capped: bool
 ) -> Outcome:
-    loading = record.phase == "load"
+    loading = record.fail_phase == "load"
     step = 0 if loading else record.step + 1
-    where = "while loading" if loading else f"at step {step} ({record.phase})"
+    where = "while loading" if loading else f"at step {step} ({record.fail_phase})"
     if record.in_worst_case:
-        where = f"at the worst-case step, after step {record.step} ({record.phase})"
+        where = f"at the worst-case step, after step {record.step} ({record.fail_phase})"
     cause = oom_cause_chain(exc, cpu_capped)
     if cause is not None or (loading and load_oom):
         reason = f"out of memory {where} under memory_limit_gib={config.memory_limit_gib:g}"
@@ -88,16 +88,16 @@ def _unexpected(
             )
             what = f"the data's {rows} longest {what}" if record.in_worst_case else what
             reason += f" ({what}; {settings})"
-        return Outcome(status=TrialStatus.OOM, reason=reason, fail_phase=record.phase, fail_step=step)
+        return Outcome(status=TrialStatus.OOM, reason=reason, fail_phase=record.fail_phase, fail_step=step)
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     reason = f"{type(exc).__name__} {where}" + (f": {first}" if first else "")
-    return Outcome(status=TrialStatus.ERROR, reason=reason, fail_phase=record.phase, fail_step=step)
+    return Outcome(status=TrialStatus.ERROR, reason=reason, fail_phase=record.fail_phase, fail_step=step)
 
 
 def _failing_shape(record: TrainingRecord) -> tuple[int, int] | None:
     """``(rows, tokens)`` of the micro-batch that was running when the trial failed: the worst-case step's, or the
     current step's last micro-batch; None while loading or before any batch."""
-    if record.phase == "load":
+    if record.fail_phase == "load":
         return None
     batch = record.worst_case_batch if record.in_worst_case else None
     if batch is None and record.step_batches and not record.in_worst_case:

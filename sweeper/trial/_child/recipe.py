@@ -310,7 +310,7 @@ def train(run: Run, trial: TrialContext) -> None:
         release_memory()
     record.enter_memory_phase("train")
     t_train = measured.train_start = time.monotonic()
-    record.phase = "forward"
+    record.fail_phase = "forward"
     kept = False
     try:
         run.trainer.train()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper.stability import STRESS_GROWTH, Divergence, margin_of
-from sweeper.trial._result import Phase, StepShape, StressOutcome
+from sweeper.trial._result import FailPhase, StepShape, StressOutcome
 
 
 class NonFiniteError(Exception):
@@ -22,31 +22,33 @@ class NonFiniteError(Exception):
     Attributes:
         what: ``loss``, ``gradient norm`` or ``input id``.
         value: The offending value.
-        phase: ``forward`` or ``backward``.
+        fail_phase: ``forward`` or ``backward``: the part of the step it was found in (:data:`sweeper.trial._result.
+            FailPhase`).
         diagnosis: Set by the recipe (:mod:`sweeper.trial._child.recipe`) once
             :func:`sweeper.trial._child.diagnosis.diagnose_nan` has run.
     """
 
-    def __init__(self, what: str, value: float, phase: Phase):
-        self.what, self.value, self.phase = what, value, phase
+    def __init__(self, what: str, value: float, fail_phase: FailPhase):
+        self.what, self.value, self.fail_phase = what, value, fail_phase
         self.diagnosis: Any = None
         super().__init__(f"{what} is {value}")
 
     def describe(self, step: int) -> str:
         """``loss is nan at step 3 (forward)``."""
         if self.what == "input id":
-            return f"input id {self.value:g} has no embedding row at step {step} ({self.phase})"
-        return f"{self.what} is {self.value} at step {step} ({self.phase})"
+            return f"input id {self.value:g} has no embedding row at step {step} ({self.fail_phase})"
+        return f"{self.what} is {self.value} at step {step} ({self.fail_phase})"
 
 
 class TrainingRecord:
-    """What the instrumented Trainer records of one trial, step by step (not a progress display): the phase being run,
-    optimizer steps finished, per-step traces (raw loss, pre-clip gradient norm, largest 4-bit activation, supervised
-    tokens), fp16 scaler skips, and the micro-batches of the current and last step for the NaN diagnosis. Shared by
-    the trainer hooks and the outcome of :mod:`sweeper.trial._child.worker`."""
+    """What the instrumented Trainer records of one trial, step by step (not a progress display): the part of the step
+    being run (``fail_phase``: what a failure is attributed to), optimizer steps finished, per-step traces (raw loss,
+    pre-clip gradient norm, largest 4-bit activation, supervised tokens), fp16 scaler skips, and the micro-batches of
+    the current and last step for the NaN diagnosis. Shared by the trainer hooks and the outcome of
+    :mod:`sweeper.trial._child.worker`."""
 
     def __init__(self) -> None:
-        self.phase: Phase = "load"
+        self.fail_phase: FailPhase = "load"
         self.step = 0  # optimizer steps finished
         self.loss: list[float | None] = []
         self.grad_norm: list[float | None] = []

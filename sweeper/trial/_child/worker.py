@@ -145,6 +145,7 @@ def _end(result: TrialResult, warm: WarmState, record: TrainingRecord) -> None:
     judged = peaks.judged_gib() if peaks is not None else None
     # Before training began (loading failed), the peak since the trial began is the trial's.
     result.memory.peak_memory_gib = judged if judged is not None else peak_memory_gib(device_type)
+    result.memory.peak_allocated_gib = peaks.judged_allocated_gib() if peaks is not None else None
     result.memory.worst_case_shape = record.worst_case_shape
     result.memory.memory_kind = "cuda_max_reserved" if device_type == "cuda" else "cpu_peak_rss"
     result.provenance.device = device_type
