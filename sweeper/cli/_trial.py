@@ -52,11 +52,10 @@ def cmd_trial(args: argparse.Namespace) -> int:
         raise SpaceError(setup)
     profile = _profile(space, model_path, samples, audit=False)  # the data profiled once
     dropped = _dropped_rows_line(space, profile)  # refuses a batch above the data's rows: before a folder
-    file = profile.file
-    worst = file.worst_step(config.max_seq_length, config.per_device_train_batch_size, config.packing)
+    worst = profile.file.trial_worst_step(config.max_seq_length, config.per_device_train_batch_size, config.packing)
     folder = manual_trial_folder(study_dir(space.study.name) / "manual")
     header = [] if args.json else trial_header(config, _describe_setup(space, model_path, len(samples), card), folder)
-    whole = format_file_rows(file)
+    whole = format_file_rows(profile.file)
     _say(header, [*card_warnings, dropped, f"data    {whole}" if whole else None], json_out=args.json)
     # The live display goes where the lines go; with --json, stdout is one JSON document: the display goes to stderr.
     live = LiveProgress(1, stream=sys.stderr if args.json else sys.stdout)
@@ -67,7 +66,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
             folder,
             model_path=model_path,
             on_progress=lambda progress: live.report(0, progress),
-            worst_case=worst if file.cut and worst else True,
+            worst_case=worst or True,
         )
     finally:
         live.close()

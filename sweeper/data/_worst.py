@@ -73,6 +73,12 @@ class FileLengths:
         order = sorted(range(len(groups)), key=lambda g: (-tokens[g], g))[:batch_size]
         return [[self.lengths[i][0] for i in groups[g]] for g in order]
 
+    def trial_worst_step(self, max_seq_length: int, batch_size: int, packing: bool) -> list[list[int]] | None:
+        """What a trial's job names as its worst-case step: the file's (:meth:`worst_step`) where the trials train on
+        fewer samples than the file (:attr:`cut`), None where their own rows are the file's (the trial builds it
+        from them)."""
+        return self.worst_step(max_seq_length, batch_size, packing) or None if self.cut else None
+
 
 def file_lengths(
     spec: Any,

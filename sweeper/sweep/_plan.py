@@ -98,9 +98,11 @@ class SweepPlan:
     def worst_case_samples(self, config: TrialConfig) -> list[list[int]] | None:
         """The dataset indices of the whole file's worst step for ``config`` (:meth:`sweeper.data.FileLengths.
         worst_step`), a row at a time; None when the trials' own rows are the file's."""
-        if self.file_lengths is None or not self.file_lengths.cut:
+        if self.file_lengths is None:
             return None
-        return self.file_lengths.worst_step(config.max_seq_length, config.per_device_train_batch_size, config.packing)
+        return self.file_lengths.trial_worst_step(
+            config.max_seq_length, config.per_device_train_batch_size, config.packing
+        )
 
     @property
     def trials_dir(self) -> Path:
