@@ -624,6 +624,9 @@ def test_the_worst_step_of_the_whole_file_at_each_length_batch_and_collation():
     assert file.worst_step(500, 2, packing=True) == [[2], [5, 9, 1]]
     with pytest.raises(ValueError):
         file.worst_step(0, 1, packing=False)
+    # What a trial's job names: the file's worst step when the trials sample fewer rows, else none (their own rows).
+    assert file.trial_worst_step(1024, 2, packing=False) == [[2], [9]]
+    assert FileLengths(lengths=((7, 30),), sampled=1, sampled_longest=30).trial_worst_step(64, 1, False) is None
 
 
 def test_a_data_path_that_is_there_but_no_regular_file_says_what_it_is(tmp_path):
