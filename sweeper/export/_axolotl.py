@@ -93,6 +93,13 @@ def _comments(s: ExportSettings, entry_comments: dict[str, str]) -> dict[str, st
     }
     if not s.training.bf16 and not s.training.fp16:
         comments["bf16"] = "the trial computed in float32: no mixed precision (axolotl's default, auto, would use bf16)"
+    else:  # axolotl 0.21 loaders/model.py: should_convert_embedding_dtypes is true with an adapter, no FSDP
+        dtype = s.quantization.bnb_4bit_compute_dtype
+        comments["adapter"] = (
+            "axolotl converts embed_tokens and lm_head back to the compute dtype after preparing the 4-bit model, "
+            f"where the trial kept them in float32: this run holds them (and the logits) in {dtype} and peaks lower "
+            "than measured; no axolotl key keeps them in float32 without FSDP"
+        )
     return comments
 
 

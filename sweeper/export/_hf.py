@@ -69,7 +69,8 @@ def trl_padding_free_line(s: ExportSettings) -> str | None:
     )
 
 
-#: The ``hf`` file's ``make_data_collator``: the trial's padded collation, as transformers builds it.
+#: The ``hf`` file's ``make_data_collator`` (the trial's padded collation, as transformers builds it) and
+#: ``adapt_model`` (the trial's preparation of the 4-bit model and its LoRA).
 _HF_COLLATOR = [
     "",
     "",
@@ -80,6 +81,21 @@ _HF_COLLATOR = [
     "        tokenizer.pad_token = tokenizer.eos_token  # as the trial did",
     '    tokenizer.padding_side = "right"  # as the trial padded',
     '    return DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100)',
+    "",
+    "",
+    "def adapt_model(model):",
+    '    """The loaded 4-bit model prepared and adapted as the trial did (the QLoRA recipe): the weights outside the',
+    "    4-bit layers (embeddings, norms, lm_head) in float32, no KV cache, checkpointing without reentrancy, and the",
+    '    LoRA of lora_config; give the result to Trainer(model=...)."""',
+    "    from peft import get_peft_model, prepare_model_for_kbit_training",
+    "",
+    "    model.config.use_cache = False",
+    "    model = prepare_model_for_kbit_training(",
+    "        model,",
+    "        use_gradient_checkpointing=bool(getattr(training_args, CHECKPOINTING)),",
+    '        gradient_checkpointing_kwargs={"use_reentrant": False},',
+    "    )",
+    "    return get_peft_model(model, lora_config)",
     "",
 ]
 
@@ -102,7 +118,8 @@ _HF_USAGE = [
     "# Load the model with: AutoModelForCausalLM.from_pretrained(MODEL_NAME, "
     "quantization_config=bnb_config, dtype=bnb_config.bnb_4bit_compute_dtype)",
     "# Tokenize as the trial did: one sample a row (no packing), cut to MAX_SEQ_LENGTH tokens at its end; train with",
-    "# Trainer(model=model, args=training_args, train_dataset=rows, data_collator=make_data_collator(tokenizer)).",
+    "# Trainer(model=adapt_model(model), args=training_args, train_dataset=rows,",
+    "#         data_collator=make_data_collator(tokenizer)).",
 ]
 
 

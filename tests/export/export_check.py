@@ -45,6 +45,12 @@ def versions() -> dict[str, str]:
     return {p: metadata.version(p) for p in ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes")}
 
 
+def frozen_float_dtypes(model) -> list[str]:
+    """The dtypes of the model's frozen floating-point weights (embeddings, norms, lm_head: the 4-bit layers' weights
+    are not floating point): float32 once prepared as the trial prepares it."""
+    return sorted({str(p.dtype) for p in model.parameters() if not p.requires_grad and p.is_floating_point()})
+
+
 def _short(out: Path) -> dict:
     return dict(output_dir=str(out), max_steps=2, use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True)
 
@@ -52,11 +58,10 @@ def _short(out: Path) -> dict:
 def train_hf(py: Path, model_dir: Path, out: Path) -> dict:
     """The hf export's objects: the 4-bit model of ``bnb_config``, ``lora_config``, two steps of ``Trainer`` on rows
     of 24 to 32 tokens, batched by the file's ``make_data_collator``; and the shape of the first micro-batch."""
-    from peft import get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 
     ns = runpy.run_path(str(py))
-    bnb, lora, args = ns["bnb_config"], ns["lora_config"], ns["training_args"]
+    bnb, args = ns["bnb_config"], ns["training_args"]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     ids = tokenizer("The for statement is used to iterate over the elements of a sequence. " * 4)["input_ids"]
     rows = [{"input_ids": ids[: 24 + i % 9], "labels": ids[: 24 + i % 9]} for i in range(32)]
@@ -65,10 +70,11 @@ def train_hf(py: Path, model_dir: Path, out: Path) -> dict:
     model = AutoModelForCausalLM.from_pretrained(
         str(model_dir), quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype
     )
-    model = get_peft_model(prepare_model_for_kbit_training(model), lora)
+    model = ns["adapt_model"](model)  # the trial's preparation and its LoRA
     short = dataclasses.replace(args, **_short(out))
     result = Trainer(model=model, args=short, train_dataset=rows, data_collator=collator).train()
     return {
+        "frozen_float_dtypes": frozen_float_dtypes(model),
         "first_batch": list(first["input_ids"].shape),
         "first_batch_padding_labels": first["labels"][0, 24:].tolist(),
         "global_step": result.global_step,
@@ -116,6 +122,7 @@ def train_trl(py: Path, model_dir: Path, out: Path, rows: list[dict] | None = No
         "completion_only_loss": bool(args.completion_only_loss),
         "supervised_first_row": supervised,
         "adapter_dtypes": sorted(adapters),
+        "frozen_float_dtypes": frozen_float_dtypes(trainer.model),
         "checkpointing": bool(getattr(args, ns["CHECKPOINTING"])),
         "bf16": bool(args.bf16),
         "max_length": args.max_length,

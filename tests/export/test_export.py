@@ -38,6 +38,8 @@ def test_yaml_and_json_exports_carry_every_value(study_and_knee, tmp_path):
         "bnb_4bit_compute_dtype": "bfloat16",
     }
     assert "ties bnb_4bit_compute_dtype" in text  # what axolotl cannot express the same way is said
+    # and what it does otherwise than the trial's preparation (issue 57): its embeddings and lm_head in bfloat16
+    assert "adapter: qlora  # axolotl converts embed_tokens and lm_head back to the compute dtype" in text
     # axolotl's defaults would train otherwise than the trial: TF32 matmuls on Ampere+, rows over sequence_len dropped
     assert a["tf32"] is False and a["excess_length_strategy"] == "truncate" and a["sample_packing"] is False
     lf, *_ = write_export(snapshot(study), trial, "llama-factory", tmp_path / "lf.yaml")
@@ -167,6 +169,8 @@ def test_hf_export_trains_two_steps(study_and_knee, tmp_path, tiny_model):
     out = train_hf(py, tiny_model, tmp_path / "run")
     assert out["global_step"] == 2 and out["loss"] > 0 and out["checkpointing"]
     assert out["first_batch"] == [2, 25] and out["first_batch_padding_labels"] == [-100]  # padded to its longest row
+    # adapt_model prepares the bfloat16-loaded model as the trial did: the weights outside the 4-bit layers in float32
+    assert out["frozen_float_dtypes"] == ["torch.float32"]
 
 
 def torch_dtype(name):
@@ -342,6 +346,8 @@ def test_trl_export_builds_an_sft_trainer_that_trains_what_the_trial_trained(
     [py] = write_export(snapshot(study), trial, "trl", tmp_path / "trl")
     out = train_trl(py, model_dir, tmp_path / "run")
     assert out["global_step"] == 2 and out["finite"] and out["adapter_dtypes"] == ["torch.float32"]
+    # the trial's preparation, which TRL does not do: the bfloat16-loaded weights outside the 4-bit layers in float32
+    assert out["frozen_float_dtypes"] == ["torch.float32"]
     assert out["assistant_only_loss"] is (template == "generation")
     assert out["completion_only_loss"] is (template == "none")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

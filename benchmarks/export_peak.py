@@ -1,0 +1,154 @@
+"""The exported run's peak against the trial's (issue 57): does the run a user starts from ``sweep export`` peak where
+the trial said?
+
+    .venv/bin/python benchmarks/export_peak.py [--repeats 2] [--out FILE]
+
+1. A one-trial study of the demo's trial #2 configuration (``search_spaces/demo.yaml`` with every searched key fixed:
+   r 16, ``lora_alpha/r`` 0.25, double quant, fp4, batch 2 x 64, float32 compute, checkpointing, paged AdamW 8-bit,
+   SmolLM2-135M-Instruct, 12 steps), run by ``sweep run`` (``--repeats`` studies: the trial's own noise).
+2. Its ``hf`` and ``trl`` exports (``sweep export``), each trained in its real tool as the file says
+   (transformers ``Trainer`` with ``adapt_model`` and ``make_data_collator``; TRL's ``SFTTrainer`` from
+   ``build_trainer``) on the trial's own samples (``sweeper.data.load_samples``; hf tokenized as the trial tokenizes,
+   TRL given the chat rows), for ``--steps`` optimizer steps at the export's ``gradient_accumulation_steps``, in a
+   process of its own with one thread (``--repeats`` times each).
+3. Each measured as the trial measures on the CPU: the resident set's high-water mark (``VmHWM``), reset once the
+   model is loaded and adapted (``/proc/self/clear_refs``), read after training. No cap (the trial's cap decides
+   whether a step fits, not how much it holds).
+
+Printed: each run's peak in GiB, each format's median and range against the trials', and the difference. The trial's
+stated noise between runs on the CPU is about 0.1 GiB (``sweep run``'s memory line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SWEEP = [sys.executable, "-m", "sweeper.cli"]
+
+#: The demo's trial #2 (README), every searched key fixed at its value.
+FIXED = {
+    "r": [16],
+    "lora_alpha_ratio": [0.25],
+    "bnb_4bit_use_double_quant": [True],
+    "bnb_4bit_quant_type": ["fp4"],
+    "per_device_train_batch_size": [2],
+    "max_seq_length": [64],
+}
+
+#: The child that trains one export and prints its peak (argv: format, export file, model path, space file, steps).
+CHILD = r"""
+import json, runpy, sys, resource
+from pathlib import Path
+
+fmt, py, model_path, space_path, steps = sys.argv[1:6]
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from sweeper.data import load_samples, load_tokenizer, tokenize_samples
+from sweeper.space import load_space
+
+space = load_space(space_path)
+samples = load_samples(space.dataset)
+ns = runpy.run_path(py)
+bnb = ns["bnb_config"]
+model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype)
+short = dict(max_steps=int(steps), use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True,
+             output_dir=str(Path(py).parent / f"run-{fmt}"))
+if fmt == "hf":
+    import dataclasses
+    from transformers import Trainer
+    tokenizer = load_tokenizer(model_path)
+    rows = [{"input_ids": t.input_ids, "labels": t.labels}
+            for t in tokenize_samples(samples, tokenizer, ns["MAX_SEQ_LENGTH"]) if t.input_ids]
+    trainer = Trainer(model=ns["adapt_model"](model), args=dataclasses.replace(ns["training_args"], **short),
+                      train_dataset=rows, data_collator=ns["make_data_collator"](tokenizer))
+else:
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    rows = [{"messages": [dict(m) for m in s.messages]} for s in samples if s.messages]
+    trainer = ns["build_trainer"](model, tokenizer, rows, **short)
+Path("/proc/self/clear_refs").write_text("5")  # the peak from here on: the trial's counting after loading
+trainer.train()
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"peak_memory_gib": hwm * 1024 / 2**30, "steps": trainer.state.global_step}))
+"""
+
+
+def one_trial_study(folder: Path, name: str) -> tuple[Path, dict]:
+    """``sweep run`` of the fixed space in ``folder``; the space file and the trial's stored result."""
+    space = yaml.safe_load((REPO / "search_spaces" / "demo.yaml").read_text())
+    space["study"] = {"name": name, "n_trials": 1, "sampler": "random", "seed": 92}
+    space["search"] = FIXED
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(space))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([*SWEEP, "run", str(path)], cwd=folder, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    report = subprocess.run([*SWEEP, "report", name, "--json"], cwd=folder, capture_output=True, text=True, check=True)
+    [trial] = json.loads(report.stdout)["trials"]
+    if trial["status"] != "complete":
+        raise RuntimeError(f"the trial ended {trial['status']}: {trial['reason']}")
+    return path, trial
+
+
+def export_run(folder: Path, name: str, space: Path, fmt: str, steps: int) -> float:
+    """Export the study's trial 0 as ``fmt`` and train it in a process of its own; its peak in GiB."""
+    out = folder / f"export-{fmt}"
+    subprocess.run([*SWEEP, "export", name, "--trial", "0", "--format", fmt, "-o", f"{out}/"], cwd=folder,
+                   check=True, capture_output=True)  # fmt: skip
+    [py] = sorted(out.glob("*.py"))
+    from sweeper.model import resolve_model
+    from sweeper.space import load_space
+
+    model = resolve_model(load_space(str(space)).model)  # the local checkpoint the trial loaded (converted once)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", CHILD, fmt, str(py), model, str(space), str(steps)], cwd=folder,
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{fmt}: {done.stderr[-3000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["peak_memory_gib"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps of each export's run")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    peaks: dict[str, list[float]] = {"trial": [], "hf": [], "trl": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeats):
+            folder = Path(tmp) / f"r{i}"
+            folder.mkdir()
+            name = f"peak{i}"
+            space, trial = one_trial_study(folder, name)
+            peaks["trial"].append(trial["peak_memory_gib"])
+            print(f"  trial {i}: {trial['peak_memory_gib']:.3f} GiB", flush=True)
+            for fmt in ("hf", "trl"):
+                peaks[fmt].append(export_run(folder, name, space, fmt, args.steps))
+                print(f"  {fmt} {i}: {peaks[fmt][-1]:.3f} GiB", flush=True)
+    trial_median = statistics.median(peaks["trial"])
+    lines = [
+        f"# benchmarks/export_peak.py, {args.repeats} repeats, {args.steps} steps an export run; GiB, cpu_peak_rss"
+    ]
+    for label, values in peaks.items():
+        med = statistics.median(values)
+        diff = "" if label == "trial" else f"  {med - trial_median:+.3f} against the trial"
+        lines.append(f"{label:<6} {med:.3f} ({min(values):.3f}-{max(values):.3f}){diff}")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n" + json.dumps(peaks) + "\n")
+
+
+if __name__ == "__main__":
+    main()
