@@ -178,7 +178,7 @@ def _preamble(s: ExportSettings, trl: bool) -> list[str]:
     lines += [
         "",
         "import torch",
-        "from peft import LoraConfig",
+        "from peft import LoraConfig" + (", prepare_model_for_kbit_training" if trl else ""),
         "from transformers import BitsAndBytesConfig" + ("" if trl else ", DataCollatorForSeq2Seq, TrainingArguments"),
     ]
     if trl:

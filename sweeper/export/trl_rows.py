@@ -6,10 +6,10 @@ sweeper never imports this file: :func:`sweeper.export._hf.trl_rows_source` read
 line with :mod:`importlib.resources` and writes it into the ``trl`` script as it stands, so that the script runs
 without sweeper. Here it is linted and type-checked like the rest of the package, and it imports on its own: every
 function but ``build_trainer`` runs without the script (``tests/export/test_export.py`` checks that
-``trl_dataset`` keeps exactly the rows ``load_samples`` keeps). ``build_trainer`` uses five names the script defines
-above this part; they are declared below for the linter and the type checker only. ruff format leaves the script's
-part as it is written (``# fmt: off``), and the one lint rule it does not follow is waived for the file (below), so
-that the exported text stays the same.
+``trl_dataset`` keeps exactly the rows ``load_samples`` keeps). ``build_trainer`` uses six names the script defines
+or imports above this part; they are declared below for the linter and the type checker only. ruff format leaves the
+script's part as it is written (``# fmt: off``), and the one lint rule it does not follow is waived for the file
+(below), so that the exported text stays the same.
 """
 
 # The script's `kind == "messages" and not masks or kind == "alpaca"` reads as written (and binds so).
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # defined by the exported script above this part (sweeper.export._hf.render_hf)
     SFTTrainer: Any = None
     CHECKPOINTING = ""
+    prepare_model_for_kbit_training: Any = None
     TRIAL_CHAT_TEMPLATE = ""
     lora_config: Any = None
 
@@ -205,8 +206,6 @@ def build_trainer(model, tokenizer, rows, **overrides):
         tokenizer.chat_template = TRIAL_CHAT_TEMPLATE  # the template the trials used for this tokenizer
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # as the trial did
-    from peft import prepare_model_for_kbit_training
-
     dataset, loss = trl_dataset(rows, tokenizer)
     args = make_sft_config(**{**loss, **overrides})
     # As the trial prepared it (the QLoRA recipe; TRL does not): the weights outside the 4-bit layers (embeddings,
