@@ -3,7 +3,8 @@ the trial said?
 
     .venv/bin/python benchmarks/export_peak.py [--repeats 2] [--out FILE]
 
-1. A one-trial study of the demo's trial #2 configuration (``search_spaces/demo.yaml`` with every searched key fixed:
+1. A one-trial study of the demo's trial #2 configuration (``search_spaces/demo.yaml`` with every searched key fixed,
+   the seed searched instead:
    r 16, ``lora_alpha/r`` 0.25, double quant, fp4, batch 2 x 64, float32 compute, checkpointing, paged AdamW 8-bit,
    SmolLM2-135M-Instruct, 12 steps), run by ``sweep run`` (``--repeats`` studies: the trial's own noise).
 2. Its ``hf`` and ``trl`` exports (``sweep export``), each trained in its real tool as the file says
@@ -12,7 +13,8 @@ the trial said?
    TRL given the chat rows), for ``--steps`` optimizer steps at the export's ``gradient_accumulation_steps``, in a
    process of its own with one thread (``--repeats`` times each).
 3. Each measured as the trial measures on the CPU: the resident set's high-water mark (``VmHWM``), reset once the
-   model is loaded and adapted (``/proc/self/clear_refs``), read after training. No cap (the trial's cap decides
+   model is loaded and adapted (``/proc/self/clear_refs``, after handing glibc's free heap back with ``malloc_trim``
+   as the trial does when a phase starts), read after training. No cap (the trial's cap decides
    whether a step fits, not how much it holds).
 
 Printed: each run's peak in GiB, each format's median and range against the trials', and the difference. The trial's
@@ -35,7 +37,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 SWEEP = [sys.executable, "-m", "sweeper.cli"]
 
-#: The demo's trial #2 (README), every searched key fixed at its value.
+#: The demo's trial #2 (README), every key the demo searches fixed at its value.
 FIXED = {
     "r": [16],
     "lora_alpha_ratio": [0.25],
@@ -75,10 +77,14 @@ else:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     rows = [{"messages": [dict(m) for m in s.messages]} for s in samples if s.messages]
     trainer = ns["build_trainer"](model, tokenizer, rows, **short)
+import ctypes, gc
+gc.collect()
+ctypes.CDLL(None).malloc_trim(0)  # what loading freed handed back, as the trial does when its training phase starts
 Path("/proc/self/clear_refs").write_text("5")  # the peak from here on: the trial's counting after loading
+status = lambda key: next(int(l.split()[1]) * 1024 / 2**30 for l in open("/proc/self/status") if l.startswith(key))
+start = status("VmRSS:")
 trainer.train()
-hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-print(json.dumps({"peak_memory_gib": hwm * 1024 / 2**30, "steps": trainer.state.global_step}))
+print(json.dumps({"peak_memory_gib": status("VmHWM:"), "start_gib": start, "steps": trainer.state.global_step}))
 """
 
 
@@ -86,7 +92,10 @@ def one_trial_study(folder: Path, name: str) -> tuple[Path, dict]:
     """``sweep run`` of the fixed space in ``folder``; the space file and the trial's stored result."""
     space = yaml.safe_load((REPO / "search_spaces" / "demo.yaml").read_text())
     space["study"] = {"name": name, "n_trials": 1, "sampler": "random", "seed": 92}
-    space["search"] = FIXED
+    training = space["training"]
+    for key, [value] in FIXED.items():  # fixed: a space must search something, so the seed is (memory does not see it)
+        training[key] = value
+    space["search"] = {"seed": [0, 1]}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(space))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -115,7 +124,9 @@ def export_run(folder: Path, name: str, space: Path, fmt: str, steps: int) -> fl
                           env=env, capture_output=True, text=True)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"{fmt}: {done.stderr[-3000:]}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["peak_memory_gib"])
+    run = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"  {fmt}: {run['start_gib']:.3f} GiB resident when training began", flush=True)
+    return float(run["peak_memory_gib"])
 
 
 def main() -> None:

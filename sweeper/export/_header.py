@@ -89,8 +89,9 @@ def _measured_under(s: ExportSettings) -> str:
     t = s.training
     return (
         f"Measured under: attention {s.collation.attn_implementation}; the loss as cross-entropy over the full logits "
-        "(TRL's loss_type nll); the 4-bit model prepared as the QLoRA recipe does (peft's "
-        "prepare_model_for_kbit_training: the weights outside the 4-bit layers in float32); gradient checkpointing "
+        "(TRL 1.14's loss_type nll; TRL 1.16's nll is tiled without them and peaks otherwise); the 4-bit model "
+        "prepared as the QLoRA recipe does (peft's prepare_model_for_kbit_training: the weights outside the 4-bit "
+        "layers in float32); gradient checkpointing "
         f"{'on' if t.gradient_checkpointing else 'off'}; optimizer "
         f"{t.optim}; compute dtype {s.quantization.bnb_4bit_compute_dtype}; {allocator}."
     )

@@ -236,7 +236,7 @@ def _sft_config(s: ExportSettings) -> list[str]:
         *_training_keys(s, indent),
         f"{indent}max_length=MAX_SEQ_LENGTH,  # TRL's name for max_seq_length",
         f'{indent}truncation_mode="keep_start",  # longer rows are cut at the end, as the trial cut them',
-        f"{indent}loss_type=\"nll\",  # the trial's loss, over the full logits (TRL's chunked_nll peaks lower)",
+        f"{indent}loss_type=\"nll\",  # TRL 1.14's loss over the full logits, the trial's; from TRL 1.16 it is tiled",
         *_trl_collation(s, indent),
         "    )",
         f"    settings[CHECKPOINTING] = {_py_value(s.training.gradient_checkpointing)}",

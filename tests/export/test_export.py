@@ -189,7 +189,7 @@ def test_trl_export_builds_a_real_sft_config(study_and_knee, tmp_path):
     assert isinstance(args, SFTConfig) and args.max_length == 64 and args.truncation_mode == "keep_start"
     assert args.per_device_train_batch_size == 2 and args.gradient_accumulation_steps == 8 and args.bf16
     assert not args.packing and args.gradient_checkpointing
-    assert args.loss_type == "nll"  # the trial's loss over the full logits, not TRL's chunked_nll (issue 57)
+    assert args.loss_type == "nll"  # TRL 1.14: the trial's loss over the full logits (1.16: tiled, docs/exports.md)
     assert ns["make_sft_config"](max_steps=3).max_steps == 3 and callable(ns["build_trainer"])
 
 
