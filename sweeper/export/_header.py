@@ -79,9 +79,7 @@ def _measured_under(s: ExportSettings) -> str:
             "expandable_segments:True reserves less)"
         )
     share = s.provenance.cached_share
-    expandable = "expandable_segments:true" in (alloc or "").lower()
-    on_cuda = alloc != CUDA_ALLOC_CONF_NOT_APPLICABLE
-    if share is not None and share > MemoryReading.CACHED_SHARE_SAID and on_cuda and not expandable:
+    if MemoryReading.cache_worth_saying(share, alloc):
         allocator += (
             f"; {share:.0%} of the reserved peak was the allocator's cache, not tensors "
             "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True returns most of it)"

@@ -109,9 +109,9 @@ def cached_memory_line(result: TrialResult) -> str | None:
     run with ``expandable_segments:True``; None otherwise (the CPU, older trials)."""
     memory = result.memory
     share = memory.cached_share()
-    if share is None or share <= memory.CACHED_SHARE_SAID or memory.peak_memory_gib is None:
+    if share is None or memory.peak_memory_gib is None:
         return None
-    if "expandable_segments:true" in (result.provenance.cuda_alloc_conf or "").lower():
+    if not memory.cache_worth_saying(share, result.provenance.cuda_alloc_conf):
         return None
     cached = memory.peak_memory_gib * share
     return (

@@ -7,10 +7,11 @@ Shared by both sides of the process boundary; imports neither torch nor optuna.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, Literal
 
+from sweeper.trial._memory_phases import PhasePeakMemory, StepShape, step_shape_of
 from sweeper.trial._status import TrialStatus
 from sweeper.trial._stored_order import STORED_ORDER
 
@@ -29,61 +30,6 @@ _WRITE = "write_stored"
 
 #: ``cuda_alloc_conf`` of a CPU trial: the CUDA allocator's configuration moves nothing there.
 CUDA_ALLOC_CONF_NOT_APPLICABLE = "not applicable (cpu)"
-
-#: A step's shape, ``(rows, tokens)``: one type on both sides of the process boundary (JSON stores it as a list).
-StepShape = tuple[int, int]
-
-
-def _shape(value: Any) -> StepShape:
-    """``[rows, tokens]`` read back from JSON or a user attribute, as :data:`StepShape`."""
-    rows, tokens = value
-    return int(rows), int(tokens)
-
-
-@dataclass(frozen=True)
-class PhasePeakMemory(Mapping[str, float]):
-    """The peak memory of each phase a trial measured apart, in GiB (None: not measured in this trial); a mapping of
-    the measured phases by name, in this order, which is how it is stored (``phase_peak_memory_gib``).
-
-    Attributes:
-        load: Loading, quantizing and attaching LoRA.
-        train: The constant phase's training steps.
-        worst_case: The worst-case step (one step of the data's longest rows, as the trial's collation builds it).
-        probe: The probe's forwards (measured apart; never the judged peak).
-        stress: The stress phase's steps (measured apart; never the judged peak).
-    """
-
-    load: float | None = None
-    train: float | None = None
-    worst_case: float | None = None
-    probe: float | None = None
-    stress: float | None = None
-
-    #: The phases whose peak is the user's run's: a trial's ``peak_memory_gib`` is their maximum.
-    JUDGED: ClassVar[tuple[str, ...]] = ("train", "worst_case")
-
-    @classmethod
-    def phases(cls) -> tuple[str, ...]:
-        """Every phase's name, in order: ``load``, ``train``, ``worst_case``, ``probe``, ``stress``."""
-        return tuple(f.name for f in fields(cls))
-
-    @classmethod
-    def of(cls, peaks: Mapping[str, Any]) -> PhasePeakMemory:
-        """The record of a mapping of phase peaks (as stored, or as measured); a phase this version does not know
-        (a newer worker's) is left out."""
-        return cls(**{p: float(peaks[p]) for p in cls.phases() if peaks.get(p) is not None})
-
-    def __getitem__(self, phase: str) -> float:
-        value = getattr(self, phase, None) if phase in self.phases() else None
-        if value is None:
-            raise KeyError(phase)
-        return float(value)
-
-    def __iter__(self) -> Iterator[str]:
-        return (p for p in self.phases() if getattr(self, p) is not None)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
 
 
 def _stored(
@@ -142,7 +88,7 @@ class MemoryReading:
     predicted_peak_gib: float | None = _stored()
     stress_peak_memory_gib: float | None = _stored()
     phase_peak_memory_gib: PhasePeakMemory = _stored(factory=PhasePeakMemory, read=PhasePeakMemory.of, write=dict)
-    worst_case_shape: StepShape | None = _stored(read=_shape, write=list)
+    worst_case_shape: StepShape | None = _stored(read=step_shape_of, write=list)
     peak_allocated_gib: float | None = _stored()
 
     #: The cached share of the reserved peak (:meth:`cached_share`) above which the views say so and name the
@@ -156,6 +102,13 @@ class MemoryReading:
         if self.memory_kind != "cuda_max_reserved" or not self.peak_memory_gib or self.peak_allocated_gib is None:
             return None
         return max(0.0, 1.0 - self.peak_allocated_gib / self.peak_memory_gib)
+
+    @classmethod
+    def cache_worth_saying(cls, share: float | None, cuda_alloc_conf: str | None) -> bool:
+        """Whether a view says the cached ``share`` (:meth:`cached_share`) and names ``expandable_segments:True``:
+        the share is over :attr:`CACHED_SHARE_SAID` and the trial did not already run with that setting."""
+        expandable = "expandable_segments:true" in (cuda_alloc_conf or "").lower()
+        return share is not None and share > cls.CACHED_SHARE_SAID and not expandable
 
 
 @dataclass(kw_only=True)

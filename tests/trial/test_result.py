@@ -14,7 +14,8 @@ import pytest
 from sweeper.study._stored import stored_trial
 from sweeper.testing import make_study
 from sweeper.trial import MemoryReading, Provenance, StressOutcome, TrialResult, TrialStatus
-from sweeper.trial._result import ConstantPhase, CriticalLr, DataReading, NanFindings, PhasePeakMemory
+from sweeper.trial._memory_phases import PhasePeakMemory
+from sweeper.trial._result import ConstantPhase, CriticalLr, DataReading, NanFindings
 
 FIXTURE_DB = Path(__file__).parents[1] / "fixtures" / "study_v010.db"
 

@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from sweeper.memory import GIB
-from sweeper.trial._result import PhasePeakMemory
+from sweeper.trial._memory_phases import PhasePeakMemory
 
 #: Substrings of allocation failures: CUDA's OutOfMemoryError, c10's CPU allocator, glibc's ENOMEM.
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper.stability import STRESS_GROWTH, Divergence, margin_of
-from sweeper.trial._result import FailPhase, StepShape, StressOutcome
+from sweeper.trial._memory_phases import StepShape
+from sweeper.trial._result import FailPhase, StressOutcome
 
 
 class NonFiniteError(Exception):

@@ -56,7 +56,8 @@ from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingR
 from sweeper.trial._child.warm import WarmState, release_memory
 from sweeper.trial._devices import cuda_visible
 from sweeper.trial._job import DEFAULT_MEASURES, Measures, TrialDone, TrialJob
-from sweeper.trial._result import CUDA_ALLOC_CONF_NOT_APPLICABLE, PhasePeakMemory, Provenance, TrialResult
+from sweeper.trial._memory_phases import PhasePeakMemory
+from sweeper.trial._result import CUDA_ALLOC_CONF_NOT_APPLICABLE, Provenance, TrialResult
 from sweeper.trial._status import TrialStatus
 
 #: Kept allocated while the trial runs and released after an OOM, so the result can still be written under the cap.
