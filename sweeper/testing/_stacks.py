@@ -21,21 +21,34 @@ def _installer(python: Path, args: list[str]) -> list[str]:
     """The command that installs ``args`` into ``python``'s venv: uv's ``pip install`` where uv is installed (a test
     dependency: the axolotl stack's packages in 10 s against pip's 44, both without a cache, on this project's
     machine) and the line does not need pip's ``--ignore-requires-python`` (uv has no such switch); pip otherwise.
-    torch is never installed by uv: pip takes the machine's own CPU build from its configured folder, where uv would
-    resolve the CUDA build on PyPI."""
+    torch is never resolved by uv: pip chooses its wheel (:func:`_torch_wheel`), where uv would resolve the CUDA
+    build on PyPI."""
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     if uv is None or "--ignore-requires-python" in args:
         return [str(python), "-m", "pip", "--disable-pip-version-check", "install", "--quiet", "--no-compile", *args]
     return [uv, "pip", "install", "--quiet", "--python", str(python), *args]
 
 
+def _torch_wheel(pin: str, folder: Path) -> Path:
+    """torch's wheel for ``pin`` (``torch==2.13.0``) as pip chooses it (its configuration may name the machine's own
+    CPU build, which uv does not read), downloaded into ``folder`` once: each venv then installs that file (by uv:
+    linked from its cache in about 3 s, where pip took about 20 s a venv)."""
+    wheels = folder / f"torch-wheel-{hashlib.sha256(pin.encode()).hexdigest()[:8]}"
+    if not any(wheels.glob("torch-*.whl")):
+        pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+        subprocess.run([*pip, "download", "--quiet", "--no-deps", "--dest", str(wheels), pin], check=True, timeout=900)
+    [wheel] = wheels.glob("torch-*.whl")
+    return wheel
+
+
 def stack_venv(name: str, tmp_path_factory: Any) -> Path:
     """The venv of ``tests/fixtures/stacks/<name>.txt``, built or reused; its python.
 
-    torch is installed first, pinned, by pip; then each ``# pip install: ARGS`` line of the file in order, as ``pip
-    install -c FILE ARGS`` (without such lines: this package and TRL), by uv where it can (:func:`_installer`); then
-    the packages of ``# pip uninstall: NAMES`` lines are removed. Nothing is byte-compiled at install (what is
-    imported compiles on first use). The file's hash is the venv's stamp, so a changed recipe or pin rebuilds it."""
+    torch is installed first, pinned (its wheel as pip chooses it, :func:`_torch_wheel`); then each ``# pip install:
+    ARGS`` line of the file in order, as ``pip install -c FILE ARGS`` (without such lines: this package and TRL), by
+    uv where it can (:func:`_installer`); then the packages of ``# pip uninstall: NAMES`` lines are removed. Nothing
+    is byte-compiled at install (what is imported compiles on first use). The file's hash is the venv's stamp, so a
+    changed recipe or pin rebuilds it."""
     constraints = STACKS / f"{name}.txt"
     text = constraints.read_text()
     stamp = hashlib.sha256(constraints.read_bytes()).hexdigest()[:16]
@@ -52,7 +65,8 @@ def stack_venv(name: str, tmp_path_factory: Any) -> Path:
             if line.startswith(f"# pip {kind}:"):
                 found.append(line.split(":", 1)[1].split())
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
-    subprocess.run([*pip, "install", "--quiet", "--no-compile", pins["torch"]], check=True, timeout=900)
+    wheel = _torch_wheel(pins["torch"], Path(root) if root else tmp_path_factory.getbasetemp())
+    subprocess.run(_installer(python, [str(wheel)]), check=True, timeout=900)
     for args in steps["install"] or [["-e", str(REPO), "trl"]]:
         subprocess.run(_installer(python, ["-c", str(constraints), *args]), check=True, timeout=900)
     for names in steps["uninstall"]:
