@@ -95,10 +95,30 @@ def _measured_under(s: ExportSettings) -> str:
     )
 
 
-def header(s: ExportSettings, comment: str, dataset_given: bool = False) -> list[str]:
+def environment_line(s: ExportSettings, sets_it: bool) -> str | None:
+    """The header's line of the environment the run must start with (:attr:`ExportSettings.environment`), None when
+    it sets nothing: the file sets it itself (``sets_it``: the ``hf`` and ``trl`` files, before torch is imported), or
+    the user starts the run with it (a YAML file cannot set a process's environment)."""
+    if not s.environment:
+        return None
+    pairs = " ".join(f"{k}={v}" for k, v in s.environment.items())
+    how = (
+        "this file sets it before importing torch (import it before torch, or export it yourself)"
+        if sets_it
+        else f"a YAML file cannot set it: start the run with it (`{pairs} <the training command>`)"
+    )
+    if s.provenance.cuda_alloc_conf in (None, CUDA_ALLOC_CONF_NOT_APPLICABLE):
+        source = "as the trial's expandable_segments asks (not measured: the trial ran on the CPU)"
+    else:
+        source = "as the trial ran"
+    return f"Environment: {pairs}, {source}; the CUDA allocator reads it when torch starts; {how}."
+
+
+def header(s: ExportSettings, comment: str, dataset_given: bool = False, sets_environment: bool = False) -> list[str]:
     """The lines every format starts with, each after ``comment``: where the settings come from, what was measured,
     the library versions and the notes (with ``dataset_given``, the export writes the dataset entry itself: the note
-    asks for the run's length only)."""
+    asks for the run's length only; ``sets_environment``: the file sets the run's environment itself,
+    :func:`environment_line`)."""
     p = s.provenance
     notes = [RUN_LENGTH_NOTE if n == DATASET_NOTE and dataset_given else n for n in s.notes]
     versions = ", ".join(f"{k} {v}" for k, v in p.versions if v)
@@ -110,6 +130,7 @@ def header(s: ExportSettings, comment: str, dataset_given: bool = False) -> list
         _batch_sentence(s),
         s.collation.sentence(s.max_seq_length),
         _measured_under(s),
+        *filter(None, [environment_line(s, sets_environment)]),
         f"Versions: {versions}.",
         *notes,
     ]

@@ -170,13 +170,14 @@ def _preamble(s: ExportSettings, trl: bool) -> list[str]:
     """The file's docstring, header comment, imports and constants (the ``trl`` file's chat template among them)."""
     from sweeper.data import DEFAULT_CHAT_TEMPLATE
 
-    lines = ['"""QLoRA settings chosen with sweeper."""', "", *header(s, "#")]
+    lines = ['"""QLoRA settings chosen with sweeper."""', "", *header(s, "#", sets_environment=True)]
     if not trl:
         lines.append(_HF_PACKING_LINE)
     elif (flattened := trl_padding_free_line(s)) is not None:
         lines.append(f"# {flattened}")
     lines += [
         "",
+        *_environment(s),
         "import torch",
         "from peft import LoraConfig" + (", prepare_model_for_kbit_training" if trl else ""),
         "from transformers import BitsAndBytesConfig" + ("" if trl else ", DataCollatorForSeq2Seq, TrainingArguments"),
@@ -194,6 +195,21 @@ def _preamble(s: ExportSettings, trl: bool) -> list[str]:
             f"TRIAL_CHAT_TEMPLATE = {DEFAULT_CHAT_TEMPLATE!r}",
         ]
     return lines
+
+
+def _environment(s: ExportSettings) -> list[str]:
+    """The lines that set the run's environment (:attr:`ExportSettings.environment`) before torch is imported, with a
+    warning where the user's environment said otherwise; none when it sets nothing."""
+    if not s.environment:
+        return []
+    lines = ["import os", "import warnings", "", "# As the trial ran; the CUDA allocator reads it when torch starts."]
+    for name, value in s.environment.items():
+        lines += [
+            f"if os.environ.get({name!r}, {value!r}) != {value!r}:",
+            f'    warnings.warn(f"{name}={{os.environ[{name!r}]}} replaced by the trial\'s {value}", stacklevel=1)',
+            f"os.environ[{name!r}] = {value!r}",
+        ]
+    return [*lines, ""]
 
 
 def _configs(s: ExportSettings, args_class: str) -> list[str]:

@@ -11,15 +11,18 @@ from sweeper.export._settings import ExportSettings
 
 
 def settings_json(s: ExportSettings) -> dict[str, Any]:
-    """The settings as JSON: ``{"provenance", "notes", "model", "max_seq_length", "collation", "bnb_config",
-    "lora_config", "training_args", "effective_batch_size", "target_effective_batch_size"}``; ``collation`` is
-    ``{"packing", "attn_implementation"}`` (:class:`~sweeper.export._settings.CollationSettings`)."""
+    """The settings as JSON: ``{"provenance", "notes", "model", "max_seq_length", "collation", "environment",
+    "bnb_config", "lora_config", "training_args", "effective_batch_size", "target_effective_batch_size"}``;
+    ``collation`` is ``{"packing", "attn_implementation"}`` (:class:`~sweeper.export._settings.CollationSettings`),
+    ``environment`` the variables the run sets (``{"PYTORCH_CUDA_ALLOC_CONF": ...}`` or ``{}``:
+    :func:`~sweeper.export._settings.run_environment`)."""
     return {
         "provenance": s.provenance.to_dict(),
         "notes": s.notes,
         "model": s.model,
         "max_seq_length": s.max_seq_length,
         "collation": s.collation.to_dict(),
+        "environment": dict(s.environment),
         "bnb_config": s.quantization.to_dict(),
         "lora_config": s.lora.to_dict(),
         "training_args": s.training.to_dict(),

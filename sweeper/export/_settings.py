@@ -5,7 +5,7 @@ run, and where the numbers come from (the header every format carries)."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 from typing import Any
 
@@ -259,6 +259,8 @@ class ExportSettings:
         envelope: What the study measured around the configuration (:class:`Envelope`: the ``policy`` export's
             bounds); None for settings made without a study.
         notes: Comments every format carries (how the trial differs from a production run).
+        environment: The environment variables the exported run starts with, as the trial ran
+            (:func:`run_environment`: the CUDA allocator's options); empty for none.
     """
 
     model: str
@@ -272,6 +274,21 @@ class ExportSettings:
     provenance: Provenance
     notes: list[str]
     envelope: Envelope | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+def run_environment(cuda_alloc_conf: str | None, expandable_segments: bool) -> dict[str, str]:
+    """The environment variables an exported run sets to run as its trial did: ``PYTORCH_CUDA_ALLOC_CONF`` as the
+    trial recorded it on CUDA (``cuda_alloc_conf``, :attr:`sweeper.trial.Provenance.cuda_alloc_conf`; ``""``, the
+    allocator's defaults, sets nothing); for a trial on the CPU or of an older version, which recorded no CUDA
+    options, the trial's own ``expandable_segments`` (:attr:`sweeper.space.TrialConfig.expandable_segments`)."""
+    from sweeper.trial import CUDA_ALLOC_CONF_NOT_APPLICABLE, CUDA_ALLOC_CONF_VAR
+    from sweeper.trial import cuda_alloc_conf as trial_conf
+
+    conf = cuda_alloc_conf
+    if conf is None or conf == CUDA_ALLOC_CONF_NOT_APPLICABLE:
+        conf = trial_conf(None, expandable_segments)
+    return {CUDA_ALLOC_CONF_VAR: conf} if conf else {}
 
 
 def settings_of(study: StudySnapshot, trial: StoredTrial) -> ExportSettings:
@@ -319,6 +336,7 @@ def _settings_of(study: StudySnapshot, trial: StoredTrial) -> ExportSettings:
         provenance=provenance,
         notes=notes,
         envelope=_envelope(study, trial, c),
+        environment=run_environment(provenance.cuda_alloc_conf, c.expandable_segments),
     )
 
 

@@ -255,6 +255,10 @@ class TrialConfig:
         weight_decay: AdamW weight decay.
         optim: ``TrainingArguments.optim`` name.
         gradient_checkpointing: Recompute activations in backward (non-reentrant).
+        expandable_segments: Run the trial under ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (the CUDA
+            caching allocator grows segments in place instead of caching fixed blocks: an 8B QLoRA run went from
+            16.39 to 10.83 GiB reserved, torchtune#1185); false is PyTorch's default. The trial process sets it
+            before CUDA allocates anything, keeping the environment's other allocator options; nothing on the CPU.
         max_grad_norm: Clip threshold; 0 disables clipping (the pre-clip norm is recorded either way).
         lora_dropout: Dropout on the adapter's input, in ``[0, 1)``.
         seed: Seed of the Trainer and of LoRA's initialisation.
@@ -301,6 +305,9 @@ class TrialConfig:
     weight_decay: float = _key(0.0, "float", low=0, high=1e3, memory="none")
     optim: str = _key("paged_adamw_8bit", "choice", choices=OPTIMIZERS, memory="same")
     gradient_checkpointing: bool = _key(True, "bool", memory="shrinks")
+    # Moves only CUDA's reserved peak (the allocator's cache), by an amount no trial has yet measured on a card the
+    # memory model knows: trials must agree on it before one is compared with another. Nothing on the CPU.
+    expandable_segments: bool = _key(False, "bool", memory="same")
     max_grad_norm: float = _key(1.0, "float", low=0, high=1e9, memory="none")
     lora_dropout: float = _key(0.05, "float", low=0, high=1, high_open=True, memory="same")
     seed: int = _key(0, "int", low=0, high=2**32 - 1, memory="none")

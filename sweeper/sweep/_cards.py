@@ -25,6 +25,7 @@ def with_card(
     from sweeper.trial import Card, CardError, read_cards, smallest_card
 
     card: Card | None = None
+    allocator = _allocator_warnings(space, device)
     if card_gib is not None:
         card = Card(device=device, name="given by --card-gib", total_memory_gib=card_gib, given=True)
     else:
@@ -38,8 +39,8 @@ def with_card(
                     "or set a number (--set memory_limit_gib=22)"
                 ) from None
     if card is None:
-        return space, None, []
-    warnings = []
+        return space, None, allocator
+    warnings = allocator
     if space.memory_limit_auto:
         try:
             space = space.with_memory_limit(card.auto_memory_limit_gib)
@@ -67,3 +68,26 @@ def with_card(
             "auto keeps free: a trial may run out of memory below the cap; free the card or lower memory_limit_gib"
         )
     return space, card, warnings
+
+
+def _allocator_warnings(space: SearchSpace, device: str) -> list[str]:
+    """What the trials' ``expandable_segments`` (:attr:`sweeper.space.TrialConfig.expandable_segments`) overrides or
+    cannot do: on CUDA, an ``expandable_segments`` option in the environment (each trial runs under the space's
+    value instead); on the CPU, the key searched (the CUDA allocator moves nothing there: its values measure the
+    same)."""
+    from sweeper.trial import environment_expandable_segments
+
+    values = space.values_of("expandable_segments")
+    if device == "cuda" and (given := environment_expandable_segments()) is not None:
+        said = " or ".join(str(v).lower() for v in values)
+        return [
+            f"WARNING memory: the environment gives the CUDA allocator expandable_segments:{given}, but each trial "
+            f"runs under the space's expandable_segments ({said}); set it in {space.path} (training: "
+            "expandable_segments: true) to measure with it"
+        ]
+    if device != "cuda" and "expandable_segments" in space.search:
+        return [
+            f"WARNING memory: {space.path}: search: expandable_segments is a CUDA allocator setting; on the CPU it "
+            "moves nothing, so its values measure the same (each trial records it as not applicable)"
+        ]
+    return []

@@ -18,7 +18,15 @@ from sweeper._lazy import lazy_names
 
 if TYPE_CHECKING:
     from sweeper.trial._card import Card, CardError, read_cards, smallest_card
-    from sweeper.trial._devices import cpu_has_bfloat16, cuda_visible, device_kind, visible_gpus
+    from sweeper.trial._devices import (
+        CUDA_ALLOC_CONF_VAR,
+        cpu_has_bfloat16,
+        cuda_alloc_conf,
+        cuda_visible,
+        device_kind,
+        environment_expandable_segments,
+        visible_gpus,
+    )
     from sweeper.trial._job import TrialProgress
     from sweeper.trial._launch import TrialProcess, TrialStartError, prestart, run_trial
     from sweeper.trial._result import (
@@ -38,6 +46,7 @@ _HOMES = {
     "smallest_card": "sweeper.trial._card",
     "FAIL_STATUSES": "sweeper.trial._status",
     "CUDA_ALLOC_CONF_NOT_APPLICABLE": "sweeper.trial._result",
+    "CUDA_ALLOC_CONF_VAR": "sweeper.trial._devices",
     "MemoryReading": "sweeper.trial._result",
     "Provenance": "sweeper.trial._result",
     "StressOutcome": "sweeper.trial._result",
@@ -48,14 +57,17 @@ _HOMES = {
     "TrialResult": "sweeper.trial._result",
     "TrialStatus": "sweeper.trial._status",
     "cpu_has_bfloat16": "sweeper.trial._devices",
+    "cuda_alloc_conf": "sweeper.trial._devices",
     "cuda_visible": "sweeper.trial._devices",
     "device_kind": "sweeper.trial._devices",
+    "environment_expandable_segments": "sweeper.trial._devices",
     "run_trial": "sweeper.trial._launch",
     "visible_gpus": "sweeper.trial._devices",
 }
 
 __all__ = [
     "CUDA_ALLOC_CONF_NOT_APPLICABLE",
+    "CUDA_ALLOC_CONF_VAR",
     "FAIL_STATUSES",
     "Card",
     "CardError",
@@ -68,8 +80,10 @@ __all__ = [
     "TrialStartError",
     "TrialStatus",
     "cpu_has_bfloat16",
+    "cuda_alloc_conf",
     "cuda_visible",
     "device_kind",
+    "environment_expandable_segments",
     "prestart",
     "read_cards",
     "run_trial",

@@ -28,6 +28,39 @@ def visible_gpus() -> list[str]:
     return visible
 
 
+#: The environment variable of the CUDA caching allocator's options (``option:value`` pairs, comma-separated).
+CUDA_ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def environment_expandable_segments(env: Mapping[str, str] | None = None) -> str | None:
+    """The ``expandable_segments`` option the environment ``env`` (default: this process's) gives the CUDA allocator
+    in ``PYTORCH_CUDA_ALLOC_CONF`` or in torch's newer name for it, ``PYTORCH_ALLOC_CONF`` (``"True"``, ``"False"``);
+    None where neither names it."""
+    env = os.environ if env is None else env
+    for var in (CUDA_ALLOC_CONF_VAR, "PYTORCH_ALLOC_CONF"):
+        for option in env.get(var, "").split(","):
+            key, _, value = option.partition(":")
+            if key.strip() == "expandable_segments":
+                return value.strip()
+    return None
+
+
+def cuda_alloc_conf(environment: str | None, expandable_segments: bool) -> str:
+    """The ``PYTORCH_CUDA_ALLOC_CONF`` a trial runs under: the environment's options (``environment``, None or ``""``
+    for unset) with its ``expandable_segments`` option replaced by the trial's (:attr:`sweeper.space.TrialConfig.
+    expandable_segments`): ``expandable_segments:True`` appended when true, none when false (PyTorch's default).
+    ``""`` is the allocator's defaults.
+
+    >>> cuda_alloc_conf("max_split_size_mb:128,expandable_segments:False", True)
+    'max_split_size_mb:128,expandable_segments:True'
+    >>> cuda_alloc_conf("expandable_segments:True", False)
+    ''
+    """
+    options = [o.strip() for o in (environment or "").split(",") if o.strip()]
+    options = [o for o in options if o.partition(":")[0].strip() != "expandable_segments"]
+    return ",".join([*options, "expandable_segments:True"] if expandable_segments else options)
+
+
 #: ``/proc/cpuinfo`` flags of the instructions that compute in bfloat16 (x86: AVX512-BF16, AMX-BF16; Arm: BF16).
 BFLOAT16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 

@@ -3,8 +3,12 @@ the tiny model; the ``trl`` file builds a real ``SFTTrainer`` that trains the tr
 only trials it can express; a trial that did not complete is refused in one line; a format registered with one line
 is a CLI choice. ``test_export_stacks.py`` runs the files under the production stacks' older library versions."""
 
+import dataclasses
 import json
+import os
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,10 +68,10 @@ def test_the_typed_settings_write_the_json_exports_keys_in_order(study_and_knee,
     [js] = write_export(snapshot(study), trial, "json", tmp_path / "x.json")
     j = json.loads(js.read_text())
     assert list(j) == [
-        "provenance", "notes", "model", "max_seq_length", "collation", "bnb_config", "lora_config", "training_args",
-        "effective_batch_size", "target_effective_batch_size", "sweeper_sha256",
+        "provenance", "notes", "model", "max_seq_length", "collation", "environment", "bnb_config", "lora_config",
+        "training_args", "effective_batch_size", "target_effective_batch_size", "sweeper_sha256",
     ]  # fmt: skip
-    assert j["collation"] == {"packing": False, "attn_implementation": "sdpa"}
+    assert j["collation"] == {"packing": False, "attn_implementation": "sdpa"} and j["environment"] == {}
     assert j["bnb_config"] == {
         "load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
         "bnb_4bit_compute_dtype": "bfloat16",
@@ -763,3 +767,51 @@ def test_the_header_says_what_the_trial_ran_under_and_trl_runs_its_loss(study_an
     [line] = [x for x in path.read_text().splitlines() if "Measured under:" in x]
     cached = "20% of the reserved peak was the allocator's cache, not tensors (PYTORCH_CUDA_ALLOC_CONF="
     assert (cached in line) == (alloc in (None, "")), line
+
+
+@pytest.mark.parametrize(
+    "alloc, expandable, environment, source",
+    [
+        ("max_split_size_mb:128,expandable_segments:True", False, "max_split_size_mb:128,expandable_segments:True",
+         "as the trial ran"),
+        ("", True, None, None),  # measured on CUDA with the allocator's defaults: the record wins, nothing is set
+        ("not applicable (cpu)", True, "expandable_segments:True",
+         "as the trial's expandable_segments asks (not measured: the trial ran on the CPU)"),
+        ("not applicable (cpu)", False, None, None),
+    ],
+)  # fmt: skip
+def test_every_format_runs_with_the_allocator_options_the_trial_ran_under(
+    study_and_knee, tmp_path, alloc, expandable, environment, source
+):
+    # issue 57: the JSON names the environment, every header says how to start the run with it, and the hf and trl
+    # files set it before torch is imported (warning where the user's environment said otherwise)
+    study, trial = study_and_knee
+    trial.result.provenance.cuda_alloc_conf = alloc
+    trial = dataclasses.replace(trial, config=dataclasses.replace(trial.config, expandable_segments=expandable))
+    [js] = write_export(snapshot(study), trial, "json", tmp_path / "j.json")
+    expected = {} if environment is None else {"PYTORCH_CUDA_ALLOC_CONF": environment}
+    assert json.loads(js.read_text())["environment"] == expected
+    for fmt, suffix in (("trl", ".py"), ("hf", ".py"), ("axolotl", ".yaml"), ("llama-factory", ".yaml")):
+        [path, *_] = write_export(snapshot(study), trial, fmt, tmp_path / fmt / f"x{suffix}")
+        text = path.read_text()
+        lines = [x for x in text.splitlines() if x.startswith("# Environment:")]
+        if environment is None:
+            assert not lines and "os.environ[" not in text, fmt
+            continue
+        [line] = lines
+        assert f"PYTORCH_CUDA_ALLOC_CONF={environment}, {source}" in line, line
+        if suffix == ".yaml":
+            assert "a YAML file cannot set it: start the run with it" in line, line
+            continue
+        assert "this file sets it before importing torch" in line, line
+        head = text[: text.index("\nimport torch")]
+        run = subprocess.run(
+            [sys.executable, "-c", head + "\nprint(os.environ['PYTORCH_CUDA_ALLOC_CONF'])"],
+            env={**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"},
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 0 and run.stdout == f"{environment}\n", run.stderr
+        assert f"PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6 replaced by the trial's {environment}" in (
+            run.stderr
+        )

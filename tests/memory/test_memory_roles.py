@@ -31,6 +31,7 @@ HAND_SAME = {
     "memory_limit_gib",
     "bnb_4bit_compute_dtype",
     "packing",
+    "expandable_segments",  # issue 57: added after the hand-written rule, as "same" (its CUDA effect not yet measured)
 }
 HAND_OWN_BRANCHES = {
     "target_modules": "grows",

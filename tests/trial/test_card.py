@@ -67,3 +67,45 @@ def test_estimate_on_the_cpu_prints_this_machine_beside_the_cap(tiny_model, tmp_
     )
     over = run_cli("estimate", str(path), "--device", "cpu", "--set", "memory_limit_gib=4096", cwd=tmp_path)
     assert over.returncode == 0 and "WARNING memory: the cap (4096 GiB) is more than this machine's" in over.stdout
+
+
+def test_the_trials_allocator_options_keep_the_environments_others_and_say_what_they_override(
+    tiny_model, tmp_path, monkeypatch
+):
+    # issue 57: expandable_segments is a training key; the trial process replaces only that option of the
+    # environment's PYTORCH_CUDA_ALLOC_CONF, and the sweep says where that overrides the environment (on CUDA) or
+    # where searching it measures nothing (on the CPU)
+    from sweeper.space import load_space
+    from sweeper.sweep._cards import with_card
+    from sweeper.testing import tiny_space, write_space
+    from sweeper.trial import cuda_alloc_conf, environment_expandable_segments
+
+    assert cuda_alloc_conf(None, False) == "" and cuda_alloc_conf("", True) == "expandable_segments:True"
+    assert cuda_alloc_conf("max_split_size_mb:128, expandable_segments:False", True) == (
+        "max_split_size_mb:128,expandable_segments:True"
+    )
+    assert cuda_alloc_conf("expandable_segments:True,garbage_collection_threshold:0.6", False) == (
+        "garbage_collection_threshold:0.6"
+    )
+    assert environment_expandable_segments({}) is None
+    assert environment_expandable_segments({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"}) is None
+    assert environment_expandable_segments({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}) == "True"
+
+    searched = load_space(write_space(tmp_path, tiny_space(tiny_model, search={"expandable_segments": [False, True]})))
+    assert [t.expandable_segments for t in (searched.trial_config({"expandable_segments": True}),)] == [True]
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    _, _, said = with_card(searched, "cpu")
+    assert [w for w in said if "expandable_segments" in w] == [
+        f"WARNING memory: {searched.path}: search: expandable_segments is a CUDA allocator setting; on the CPU it "
+        "moves nothing, so its values measure the same (each trial records it as not applicable)"
+    ]
+    fixed = load_space(write_space(tmp_path, tiny_space(tiny_model), name="fixed.yaml"))
+    assert not [w for w in with_card(fixed, "cpu")[2] if "expandable_segments" in w]
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    said = [w for w in with_card(fixed, "cuda")[2] if "expandable_segments" in w]
+    assert said == [
+        "WARNING memory: the environment gives the CUDA allocator expandable_segments:True, but each trial runs "
+        f"under the space's expandable_segments (false); set it in {fixed.path} (training: expandable_segments: "
+        "true) to measure with it"
+    ]

@@ -82,3 +82,22 @@ def test_a_warm_process_resets_its_peak_between_trials(tiny_model, tmp_path):
     )  # the large trial's peak did not carry over
     assert abs(warm_small.memory.peak_memory_gib - cold_small.memory.peak_memory_gib) <= 0.05
     assert warm_small.constant.loss_trace == pytest.approx(cold_small.constant.loss_trace, abs=1e-6)
+
+
+def test_expandable_segments_is_the_trials_own_and_recorded(tiny_model, tmp_path, monkeypatch):
+    # issue 57: the space's expandable_segments decides the trial's allocator, the environment's other options kept,
+    # and the trial records what it ran under; a warm process switching it keeps no model from the other value
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,garbage_collection_threshold:0.9")
+    off = run_trial(_config(tiny_model), tmp_path / "off", model_path=str(tiny_model))
+    assert off.status == "complete", off.reason
+    assert off.provenance.cuda_alloc_conf == "garbage_collection_threshold:0.9"
+    process = TrialProcess()
+    try:
+        first = process.run(_config(tiny_model, expandable_segments=True), tmp_path / "on", model_path=str(tiny_model))
+        second = process.run(_config(tiny_model), tmp_path / "off2", model_path=str(tiny_model))
+    finally:
+        process.close()
+    assert first.status == second.status == "complete", (first.reason, second.reason)
+    assert first.provenance.cuda_alloc_conf == "garbage_collection_threshold:0.9,expandable_segments:True"
+    assert second.provenance.cuda_alloc_conf == "garbage_collection_threshold:0.9"
+    assert second.provenance.warm and not second.provenance.model_reused

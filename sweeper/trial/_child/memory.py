@@ -90,6 +90,32 @@ def lift_cpu_memory_cap() -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
 
 
+def set_cuda_allocator(expandable_segments: bool) -> str:
+    """Give the CUDA caching allocator the trial's ``expandable_segments`` (:attr:`sweeper.space.TrialConfig.
+    expandable_segments`) before the trial allocates on the card, keeping the environment's other options; returns
+    the ``PYTORCH_CUDA_ALLOC_CONF`` the trial runs under (:func:`sweeper.trial._devices.cuda_alloc_conf`), which this
+    process's environment then holds (what the trial records as ``cuda_alloc_conf``).
+
+    The option is also set at run time (``torch._C._accelerator_setAllocatorSettings``, torch's own way to switch it,
+    as its test suite does): the zygote imported torch before the trial's settings were known, and a warm trial
+    process may have run a trial under the other value (which then also kept no model: the option is part of
+    :func:`sweeper.trial._child.warm.model_key`, and new segments follow the new value)."""
+    import os
+
+    import torch
+
+    from sweeper.trial._devices import CUDA_ALLOC_CONF_VAR, cuda_alloc_conf
+
+    conf = cuda_alloc_conf(os.environ.get(CUDA_ALLOC_CONF_VAR), expandable_segments)
+    if conf:
+        os.environ[CUDA_ALLOC_CONF_VAR] = conf
+    else:
+        os.environ.pop(CUDA_ALLOC_CONF_VAR, None)
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    setter(f"expandable_segments:{expandable_segments}")
+    return conf
+
+
 def set_cuda_memory_cap(limit_gib: float, device: int = 0) -> None:
     """Cap the caching allocator of ``device`` at ``limit_gib`` (a fraction of the card's total, at most 1)."""
     import torch

@@ -28,7 +28,13 @@ from sweeper.trial._child.diagnosis import NanDiagnosis, diagnose_nan
 from sweeper.trial._child.instrumented import make_trainer, track_activations
 from sweeper.trial._child.load import load_model
 from sweeper.trial._child.measurements import Measurements
-from sweeper.trial._child.memory import PhasePeaks, is_oom, peak_memory_gib, set_cuda_memory_cap
+from sweeper.trial._child.memory import (
+    PhasePeaks,
+    is_oom,
+    peak_memory_gib,
+    set_cuda_allocator,
+    set_cuda_memory_cap,
+)
 from sweeper.trial._child.record import (
     DivergedError,
     NonFiniteError,
@@ -200,6 +206,7 @@ def setup(trial: TrialContext) -> Run:
     t_load = time.monotonic()
     cuda = torch.cuda.is_available()
     if cuda:
+        set_cuda_allocator(config.expandable_segments)
         set_cuda_memory_cap(config.memory_limit_gib)
     measured.device = f"cuda:0 ({torch.cuda.get_device_name(0)})" if cuda else "cpu"
     tokenizer_key = (model_path, config.model.trust_remote_code)

@@ -31,7 +31,8 @@ def model_key(config: TrialConfig, model_path: str) -> tuple[Any, ...]:
     """What decides the loaded 4-bit base model: two trials with the same key can share it.
 
     The model, its attention implementation and remote-code setting, ``bnb_4bit_quant_type``,
-    ``bnb_4bit_use_double_quant``, and the dtype the weights are loaded in (the compute dtype: a cold trial loads in
+    ``bnb_4bit_use_double_quant``, ``expandable_segments`` (a model kept in segments of the other kind would
+    measure the other allocator), and the dtype the weights are loaded in (the compute dtype: a cold trial loads in
     it) unless the checkpoint's own dtype casts exactly into it (:data:`_EXACT_CASTS`): then every such compute dtype
     loads the same weights, and the compute dtype is switched in place on the ``Linear4bit`` layers."""
     stored = checkpoint_dtype(model_path)
@@ -44,6 +45,7 @@ def model_key(config: TrialConfig, model_path: str) -> tuple[Any, ...]:
         config.model.trust_remote_code,
         config.bnb_4bit_quant_type,
         config.bnb_4bit_use_double_quant,
+        config.expandable_segments,
         load,
     )
 
