@@ -5,6 +5,11 @@ gradient checkpointing and double quant. Prints measured, predicted and the erro
     python benchmarks/calibrate_gpu.py                 # on a GPU: a Llama-3-8B-shaped model, within ~10 minutes
     python benchmarks/calibrate_gpu.py --tiny          # on the CPU: a 2-layer model of the same proportions
     python benchmarks/calibrate_gpu.py --max-rows 4 --json F   # the short grid of benchmarks/gpu_check.sh
+    python benchmarks/calibrate_gpu.py --max-rows 2 --expandable-segments --json F   # the allocator's effect
+
+``--expandable-segments`` measures each row again under ``expandable_segments:True`` (set at run time, the cache
+emptied between), beside the default allocator: the reserved peak of each and the allocated peak they share
+(issue 57: the training key ``expandable_segments``, whose effect the memory model does not yet model).
 
 On CUDA the measured value is ``torch.cuda.max_memory_reserved()`` after two optimizer steps (reset per row). On the
 CPU the measured column stays empty: the run checks the harness (model build, loading in 4 bits, QLoRA steps), not
@@ -65,8 +70,19 @@ def build_checkpoint(shape: dict, folder: Path) -> None:
     gc.collect()
 
 
+def set_expandable_segments(on: bool) -> None:
+    """Switch the CUDA caching allocator's ``expandable_segments`` at run time (what the trial process does,
+    ``sweeper.trial._child.memory.set_cuda_allocator``), after handing back what it cached."""
+    import torch
+
+    torch.cuda.empty_cache()
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    setter(f"expandable_segments:{on}")
+
+
 def measure(folder: Path, s: MemorySettings, cuda: bool) -> float:
-    """Peak memory in GiB of two QLoRA optimizer steps of ``s`` (CUDA: max_memory_reserved)."""
+    """Peak memory in GiB of two QLoRA optimizer steps of ``s`` (CUDA: max_memory_reserved; the allocated peak is
+    then ``torch.cuda.max_memory_allocated()``, read before the next row resets it)."""
     import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -126,6 +142,9 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model (the CPU path)")
     parser.add_argument("--max-rows", type=int, default=None, help="measure only the first N rows of the grid")
     parser.add_argument("--json", help="also write the rows (measured, predicted, terms) as JSON to this file")
+    parser.add_argument(
+        "--expandable-segments", action="store_true", help="measure each row again under expandable_segments:True"
+    )
     args = parser.parse_args()
     import torch
 
@@ -181,6 +200,23 @@ def main() -> int:
                 measured = measure(Path(tmp), s, cuda)
             except torch.OutOfMemoryError:
                 measured = float("inf")
+            allocator: dict = {}
+            if args.expandable_segments and cuda:
+                allocator["default"] = {
+                    "reserved_gib": measured,
+                    "allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+                }
+                set_expandable_segments(True)
+                try:
+                    expandable = measure(Path(tmp), s, cuda)
+                except torch.OutOfMemoryError:
+                    expandable = float("inf")
+                allocator["expandable_segments"] = {
+                    "reserved_gib": expandable,
+                    "allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+                }
+                set_expandable_segments(False)
+                print(f"    expandable_segments:True reserved {expandable:.2f} GiB against {measured:.2f}", flush=True)
             error = (
                 (predicted - measured) / measured
                 if measured == measured and measured not in (0, float("inf"))
@@ -202,6 +238,7 @@ def main() -> int:
                     "measured_gib": measured if measured == measured and measured != float("inf") else None,
                     "predicted_gib": predicted,
                     "terms_gib": estimate.terms_gib,
+                    **({"allocator": allocator} if allocator else {}),
                 }
             )
             write_json(rows)  # after every row: a time limit that stops the grid keeps the rows measured

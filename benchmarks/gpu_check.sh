@@ -16,6 +16,10 @@
 #   calibrate.txt/.json      measured against predicted peaks of a Llama-3-8B-shaped model, the first 4 rows of
 #                            benchmarks/calibrate_gpu.py's grid: the memory model's CUDA factors
 #                            (benchmarks/fit_cuda_memory.py) checked on this GPU
+#   cuda_context.txt/.json   the CUDA context of the card-reading process and of a real trial process, against
+#                            what memory_limit_gib: auto keeps free for it (benchmarks/cuda_context.py)
+#   allocator.txt/.json      the same shape's first 2 rows under expandable_segments:True against the default
+#                            allocator: reserved and allocated peaks (the training key expandable_segments)
 #   card.txt                 `sweep estimate` with memory_limit_gib: auto: the card as the sweep reads it
 #   sweep_8b.txt/.json       what users run: `sweep run` of search_spaces/llama3-8b-24gb.yaml on a Llama-3.1-8B-shaped
 #                            stand-in (benchmarks/llama-3.1-8b-config.json, random weights, the built-in's tokenizer)
@@ -78,7 +82,14 @@ else
   echo "== memory model against measured peaks, Llama-3-8B shape, the first 4 rows of the grid (limit 45 s)"
   timeout 45 "$PYTHON" benchmarks/calibrate_gpu.py --max-rows 4 --json "$OUT_DIR/calibrate.json" 2>&1 \
     | tee "$OUT_DIR/calibrate.txt"
+  echo "== the allocator's expandable_segments against its default, the same shape, 2 rows (limit 60 s)"
+  timeout 60 "$PYTHON" benchmarks/calibrate_gpu.py --max-rows 2 --expandable-segments \
+    --json "$OUT_DIR/allocator.json" 2>&1 | tee "$OUT_DIR/allocator.txt"
 fi
+
+echo "== the CUDA context: the card reader's and a real trial process's, against auto's reserve (limit 60 s)"
+timeout 60 "$PYTHON" benchmarks/cuda_context.py --json "$OUT_DIR/cuda_context.json" 2>&1 \
+  | grep -v -i "kernels-community" | tee "$OUT_DIR/cuda_context.txt"
 
 echo "== a Llama-3.1-8B-shaped stand-in (limit 150 s)"
 TOKENIZER=${GPU_CHECK_MODEL:-$("$PYTHON" -c "

@@ -31,6 +31,7 @@ def test_the_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     assert [s["stage"] for s in stages][:2] == ["import torch", "import transformers, its model code"]
     assert all(s["driver_initialized"] is None for s in stages)  # no CUDA driver here
     assert "(auto) of this machine's" in (out / "card.txt").read_text()
+    assert "no CUDA device or no nvidia-smi here" in (out / "cuda_context.txt").read_text()
     assert json.loads((out / "estimate_8b.json").read_text())["points"]
     figures = json.loads((out / "sweep_8b.json").read_text())
     assert figures["trials_run"] == 1 and figures["trials_per_hour"] > 0, figures

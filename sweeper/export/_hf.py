@@ -69,6 +69,18 @@ def trl_padding_free_line(s: ExportSettings) -> str | None:
     )
 
 
+def trl_fully_masked_line(max_seq_length: int) -> str:
+    """The ``trl`` file's line on the rows TRL leaves out: ``SFTTrainer`` (TRL 1.14 and 1.16, ``_prepare_dataset``)
+    drops each example that truncation at ``max_length`` leaves without a supervised token, which the trial kept
+    (it trained them at no loss, and a step made only of them is a NaN the data audit reports)."""
+    return (
+        f"TRL drops the rows that truncation at max_length {max_seq_length} leaves without a supervised token (a "
+        "reply cut away), which the trial kept: where the sweep's data audit counted such samples at this "
+        "max_seq_length ('sweep doctor' lists them), TRL trains fewer rows, and none of its steps is the NaN the "
+        "trial's data could make."
+    )
+
+
 #: The ``hf`` file's ``make_data_collator`` (the trial's padded collation, as transformers builds it) and
 #: ``adapt_model`` (the trial's preparation of the 4-bit model and its LoRA).
 _HF_COLLATOR = [
@@ -173,8 +185,10 @@ def _preamble(s: ExportSettings, trl: bool) -> list[str]:
     lines = ['"""QLoRA settings chosen with sweeper."""', "", *header(s, "#", sets_environment=True)]
     if not trl:
         lines.append(_HF_PACKING_LINE)
-    elif (flattened := trl_padding_free_line(s)) is not None:
-        lines.append(f"# {flattened}")
+    else:
+        lines.append(f"# {trl_fully_masked_line(s.max_seq_length)}")
+        if (flattened := trl_padding_free_line(s)) is not None:
+            lines.append(f"# {flattened}")
     lines += [
         "",
         *_environment(s),

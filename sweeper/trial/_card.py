@@ -18,24 +18,53 @@ from dataclasses import dataclass
 from sweeper.memory import GIB
 from sweeper.trial._devices import cuda_visible
 
-#: What ``auto`` keeps free on a card, in GiB: the trial process's own CUDA context (torch's kernels, cuBLAS and
-#: bitsandbytes' module), which lives outside the caching allocator and so outside both the measured peak and the cap.
-#: Torch 2.x with lazy module loading holds 0.3-0.6 GiB of context on current cards (e68ad80's ``CUDA_CONTEXT_GIB``
-#: guessed 0.5); the reading process measures what is in use before the first trial (:attr:`Card.in_use_gib`), and
-#: ``sweep run`` warns when that is more than this reserve. ``benchmarks/gpu_check.sh`` measures a trial process's
-#: context on the GPU it runs on.
+#: What ``auto`` keeps free on a card, in GiB, where the context cannot be read (:attr:`Card.context_gib`): the trial
+#: process's own CUDA context (torch's kernels, cuBLAS and bitsandbytes' module), which lives outside the caching
+#: allocator and so outside both the measured peak and the cap. Torch 2.x with lazy module loading holds 0.3-0.6 GiB
+#: of context on current cards (e68ad80's ``CUDA_CONTEXT_GIB`` guessed 0.5; training receipts of other projects read
+#: 0.13 GiB on an RTX A2000 and 0.62 GiB on an RTX 5090); ``sweep run`` warns when more than this was in use when
+#: the card was read. ``benchmarks/gpu_check.sh`` records the context as read on the GPU it runs on.
 CUDA_RESERVE_GIB = 0.5
 #: What ``auto`` keeps free on the CPU, in GiB: the sweep's own process and its zygote (0.5 GiB resident each,
 #: measured on this project's CPU machine with ``ps`` during a sweep of the built-in model).
 CPU_RESERVE_GIB = 1.0
 
+#: The reading process: each card's size and what is in use on it, and its own context (what the driver counts in
+#: use once the process holds a context with cuBLAS loaded, less what it counted before, less the caching
+#: allocator's own reserve); the driver's counts from ``nvidia-smi``, by the card's UUID (``CUDA_VISIBLE_DEVICES``
+#: renumbers cards, not UUIDs), none where ``nvidia-smi`` cannot be run.
 _READ_CUDA = """
-import json, torch
+import json, subprocess, torch
+
+def driver_used():
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=uuid,memory.used", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    used = {}
+    for line in done.stdout.splitlines():
+        uuid, _, mib = line.partition(",")
+        try:
+            used[uuid.strip().lower().removeprefix("gpu-")] = int(mib) * 2**20
+        except ValueError:
+            pass
+    return used
+
+before = driver_used()  # before this process holds a context on any card
 out = []
 for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     free, total = torch.cuda.mem_get_info(i)
-    out.append({"name": p.name, "total_memory": p.total_memory, "in_use": total - free})
+    card = {"name": p.name, "total_memory": p.total_memory, "in_use": total - free, "context": None}
+    uuid = str(getattr(p, "uuid", "")).lower().removeprefix("gpu-")
+    if uuid in before:
+        a = torch.ones(256, 256, device=i)
+        float((a @ a).sum())  # cuBLAS loaded, as in every trial
+        torch.cuda.synchronize(i)
+        free, total = torch.cuda.mem_get_info(i)
+        card["context"] = total - free - before[uuid] - torch.cuda.memory_reserved(i)
+    out.append(card)
 print(json.dumps(out))
 """
 
@@ -52,6 +81,9 @@ class Card:
             after the reading process's own context was created, so it counts that context and every other
             process's memory; CPU: ``MemTotal - MemAvailable``); None when not read.
         given: Not read but given (``sweep estimate --card-gib``): a card elsewhere, not this machine.
+        context_gib: CUDA: the reading process's own context on it with cuBLAS loaded, in GiB (what the driver
+            counted in use after, less before, less the caching allocator's reserve; ``nvidia-smi``'s counts), which a
+            trial process holds at least; None where it cannot be read (no ``nvidia-smi``), and on the CPU.
     """
 
     device: str
@@ -59,11 +91,17 @@ class Card:
     total_memory_gib: float
     in_use_gib: float | None = None
     given: bool = False
+    context_gib: float | None = None
 
     @property
     def reserve_gib(self) -> float:
-        """What ``auto`` keeps free: :data:`CUDA_RESERVE_GIB` or :data:`CPU_RESERVE_GIB`."""
-        return CUDA_RESERVE_GIB if self.device == "cuda" else CPU_RESERVE_GIB
+        """What ``auto`` keeps free: on CUDA :data:`CUDA_RESERVE_GIB`, or the context as read (:attr:`context_gib`)
+        rounded up to 0.05 GiB where that is more (a trial process holds at least what the reading process held);
+        on the CPU :data:`CPU_RESERVE_GIB`."""
+        if self.device != "cuda":
+            return CPU_RESERVE_GIB
+        read = math.ceil(self.context_gib * 20) / 20 if self.context_gib is not None else 0.0
+        return max(CUDA_RESERVE_GIB, read)
 
     @property
     def auto_memory_limit_gib(self) -> float:
@@ -110,7 +148,13 @@ def read_cards(device: str, cuda_visible_devices: str | None = None, timeout_s: 
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise CardError(f"reading the CUDA device failed: {last}")
     cards = [
-        Card(device="cuda", name=c["name"], total_memory_gib=c["total_memory"] / GIB, in_use_gib=c["in_use"] / GIB)
+        Card(
+            device="cuda",
+            name=c["name"],
+            total_memory_gib=c["total_memory"] / GIB,
+            in_use_gib=c["in_use"] / GIB,
+            context_gib=None if c.get("context") is None else max(0.0, c["context"] / GIB),
+        )
         for c in json.loads(done.stdout.strip().splitlines()[-1])
     ]
     if not cards:

@@ -758,6 +758,8 @@ def test_the_header_says_what_the_trial_ran_under_and_trl_runs_its_loss(study_an
         [line] = [x for x in text.splitlines() if "Measured under:" in x]
         assert "attention sdpa" in line and "cross-entropy over the full logits" in line and said in line, line
         assert ('loss_type="nll"' in text) == (fmt == "trl"), fmt
+        # TRL drops the examples truncation leaves fully masked, which the trial kept: the trl file says so
+        assert ("# TRL drops the rows that truncation at max_length 64 leaves" in text) == (fmt == "trl"), fmt
     # On CUDA, a reserved peak that was a fifth the allocator's cache is said, with the setting that returns it,
     # unless the trial already ran with it; on the CPU there is no such share.
     memory = trial.result.memory

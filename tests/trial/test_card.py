@@ -3,6 +3,8 @@ the word until the device is read, and the cap it stands for."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sweeper.errors import SpaceError
@@ -109,3 +111,34 @@ def test_the_trials_allocator_options_keep_the_environments_others_and_say_what_
         f"under the space's expandable_segments (false); set it in {fixed.path} (training: expandable_segments: "
         "true) to measure with it"
     ]
+
+
+def test_auto_keeps_the_cuda_context_as_read_where_it_is_more_than_the_default(tmp_path):
+    # issue 57: the card reader measures its own context (the driver's count after, less before, by the card's UUID);
+    # auto keeps that free where it is more than the 0.5 GiB default, rounded up to 0.05 GiB
+    import os
+    import subprocess
+    import sys
+
+    from sweeper.trial._card import _READ_CUDA, CUDA_RESERVE_GIB
+
+    card = Card(device="cuda", name="RTX 5090", total_memory_gib=31.36, context_gib=0.62)
+    assert card.reserve_gib == 0.65 and card.auto_memory_limit_gib == 30.71
+    small = Card(device="cuda", name="RTX A2000", total_memory_gib=11.76, context_gib=0.13)
+    unread = Card(device="cuda", name="H200", total_memory_gib=139.8)
+    assert small.reserve_gib == unread.reserve_gib == CUDA_RESERVE_GIB
+    # The driver's counts, read by UUID: a stand-in nvidia-smi (no GPU here) prints what the real one prints
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU-8a1c-Ff, 1535'\necho 'GPU-77, [N/A]'\n")
+    fake.chmod(0o755)
+    head = _READ_CUDA[: _READ_CUDA.index("out = []")] + "print(json.dumps(before))"
+    done = subprocess.run(
+        [sys.executable, "-c", head],
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(done.stdout) == {"8a1c-ff": 1535 * 2**20}
