@@ -11,7 +11,9 @@ the trial said?
    (transformers ``Trainer`` with ``adapt_model`` and ``make_data_collator``; TRL's ``SFTTrainer`` from
    ``build_trainer``) on the trial's own samples (``sweeper.data.load_samples``; hf tokenized as the trial tokenizes,
    TRL given the chat rows), for ``--steps`` optimizer steps at the export's ``gradient_accumulation_steps``, in a
-   process of its own with one thread (``--repeats`` times each).
+   process of its own with one thread (``--repeats`` times each); and the ``trl`` file once more with transformers'
+   own loss over the full logits (``Trainer.compute_loss``, what the trial computes) in place of TRL's
+   (``trl-full-logits``), to tell TRL's loss kernel from the rest of TRL.
 3. Each measured as the trial measures on the CPU: the resident set's high-water mark (``VmHWM``), reset once the
    model is loaded and adapted (``/proc/self/clear_refs``, after handing glibc's free heap back with ``malloc_trim``
    as the trial does when a phase starts), read after training. No cap (the trial's cap decides
@@ -77,6 +79,10 @@ else:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     rows = [{"messages": [dict(m) for m in s.messages]} for s in samples if s.messages]
     trainer = ns["build_trainer"](model, tokenizer, rows, **short)
+    if fmt == "trl-full-logits":  # TRL's trainer, the trial's loss: transformers' own over the full logits
+        import types
+        from transformers import Trainer
+        trainer.compute_loss = types.MethodType(Trainer.compute_loss, trainer)
 import ctypes, gc
 gc.collect()
 ctypes.CDLL(None).malloc_trim(0)  # what loading freed handed back, as the trial does when its training phase starts
@@ -109,9 +115,11 @@ def one_trial_study(folder: Path, name: str) -> tuple[Path, dict]:
     return path, trial
 
 
-def export_run(folder: Path, name: str, space: Path, fmt: str, steps: int) -> float:
-    """Export the study's trial 0 as ``fmt`` and train it in a process of its own; its peak in GiB."""
-    out = folder / f"export-{fmt}"
+def export_run(folder: Path, name: str, space: Path, label: str, steps: int) -> tuple[float, float]:
+    """Export the study's trial 0 as ``label``'s format (``trl-full-logits``: the ``trl`` file with the trial's loss)
+    and train it in a process of its own; its peak and its resident set when training began, in GiB."""
+    fmt = "trl" if label.startswith("trl") else label
+    out = folder / f"export-{label}"
     subprocess.run([*SWEEP, "export", name, "--trial", "0", "--format", fmt, "-o", f"{out}/"], cwd=folder,
                    check=True, capture_output=True)  # fmt: skip
     [py] = sorted(out.glob("*.py"))
@@ -120,13 +128,17 @@ def export_run(folder: Path, name: str, space: Path, fmt: str, steps: int) -> fl
 
     model = resolve_model(load_space(str(space)).model)  # the local checkpoint the trial loaded (converted once)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", CHILD, fmt, str(py), model, str(space), str(steps)], cwd=folder,
+    done = subprocess.run([sys.executable, "-c", CHILD, label, str(py), model, str(space), str(steps)], cwd=folder,
                           env=env, capture_output=True, text=True)  # fmt: skip
     if done.returncode != 0:
-        raise RuntimeError(f"{fmt}: {done.stderr[-3000:]}")
+        raise RuntimeError(f"{label}: {done.stderr[-3000:]}")
     run = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"  {fmt}: {run['start_gib']:.3f} GiB resident when training began", flush=True)
-    return float(run["peak_memory_gib"])
+    return float(run["peak_memory_gib"]), float(run["start_gib"])
+
+
+#: The runs compared with the trial: each export as written, and the ``trl`` file with transformers' own loss over
+#: the full logits (what the trial computes) in place of TRL's, to tell TRL's loss kernel from the rest of TRL.
+RUNS = ("hf", "trl", "trl-full-logits")
 
 
 def main() -> None:
@@ -135,7 +147,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps of each export's run")
     parser.add_argument("--out")
     args = parser.parse_args()
-    peaks: dict[str, list[float]] = {"trial": [], "hf": [], "trl": []}
+    peaks: dict[str, list[float]] = {"trial": [], **{run: [] for run in RUNS}}
+    starts: dict[str, list[float]] = {run: [] for run in RUNS}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             folder = Path(tmp) / f"r{i}"
@@ -144,9 +157,11 @@ def main() -> None:
             space, trial = one_trial_study(folder, name)
             peaks["trial"].append(trial["peak_memory_gib"])
             print(f"  trial {i}: {trial['peak_memory_gib']:.3f} GiB", flush=True)
-            for fmt in ("hf", "trl"):
-                peaks[fmt].append(export_run(folder, name, space, fmt, args.steps))
-                print(f"  {fmt} {i}: {peaks[fmt][-1]:.3f} GiB", flush=True)
+            for run in RUNS:
+                peak, start = export_run(folder, name, space, run, args.steps)
+                peaks[run].append(peak)
+                starts[run].append(start)
+                print(f"  {run} {i}: {peak:.3f} GiB ({start:.3f} resident when training began)", flush=True)
     trial_median = statistics.median(peaks["trial"])
     lines = [
         f"# benchmarks/export_peak.py, {args.repeats} repeats, {args.steps} steps an export run; GiB, cpu_peak_rss"
@@ -154,11 +169,12 @@ def main() -> None:
     for label, values in peaks.items():
         med = statistics.median(values)
         diff = "" if label == "trial" else f"  {med - trial_median:+.3f} against the trial"
-        lines.append(f"{label:<6} {med:.3f} ({min(values):.3f}-{max(values):.3f}){diff}")
+        start = f"; resident at its start {statistics.median(starts[label]):.3f}" if label in starts else ""
+        lines.append(f"{label:<16} {med:.3f} ({min(values):.3f}-{max(values):.3f}){diff}{start}")
     text = "\n".join(lines)
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n" + json.dumps(peaks) + "\n")
+        Path(args.out).write_text(text + "\n" + json.dumps({"peaks": peaks, "starts": starts}) + "\n")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ to well within the grace period (4 intervals, 2 minutes by default), as NTP keep
 Optuna's journal lock (a symbolic link beside the file, ``<file>.lock``) survives a hard kill of the process holding
 it; it is forced free after :data:`JOURNAL_LOCK_GRACE_S` seconds without change (optuna#5921: without a grace period
 a resumed sweep waited forever), by exactly one of the sweeps waiting on it (:class:`_StaleSafeSymlinkLock`; Optuna's
-own lets each of them break it, the later ones breaking the lock the first had taken).
+own lets each of them break it, the later ones breaking the lock the first had taken). A lock whose link was made more
+than :data:`JOURNAL_LOCK_AGE_S` ago by the filesystem's clock is broken at once: a writer holds it for one write, so
+it was left by a sweep killed long before (a study resumed the next morning does not wait out the grace first).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ HEARTBEAT_ATTR = "sweeper:heartbeat"
 
 #: Seconds after which Optuna forces free a journal lock that has not changed (its holder was killed mid-write).
 JOURNAL_LOCK_GRACE_S = 30
+#: Age in seconds (now less the lock link's mtime) past which a journal lock is stale at first sight: the heartbeat's
+#: grace (4 intervals, 2 minutes by default), within which the machines' clocks must already agree.
+JOURNAL_LOCK_AGE_S = 120
 
 
 def journal_file(url: str) -> str | None:
@@ -141,7 +146,8 @@ class _StaleSafeSymlinkLock(JournalFileSymlinkLock):
 
     def acquire(self) -> bool:
         """Take the lock, waiting while another sweep holds it, and breaking it after :data:`JOURNAL_LOCK_GRACE_S`
-        without change (its holder was killed mid-write).
+        without change (its holder was killed mid-write), or at once when its link is older than
+        :data:`JOURNAL_LOCK_AGE_S` (left by a sweep killed long before).
 
         Returns:
             True (the lock is held).
@@ -158,18 +164,20 @@ class _StaleSafeSymlinkLock(JournalFileSymlinkLock):
                 now_seen = (link.st_ino, link.st_mtime_ns, os.stat(self._lock_file).st_mtime_ns)
             except OSError:
                 continue  # released meanwhile: take it
-            if now_seen != seen:
+            old = time.time() - link.st_mtime > JOURNAL_LOCK_AGE_S
+            if now_seen != seen and not old:
                 seen, since = now_seen, time.monotonic()
-            elif self.grace_period is not None and time.monotonic() - since > self.grace_period:
-                self._break(now_seen[:2])
+            elif old or (self.grace_period is not None and time.monotonic() - since > self.grace_period):
+                self._break(now_seen[:2], link.st_mtime if old else None)
                 seen, sleep_s = None, 0.001
                 continue
             time.sleep(sleep_s)
             sleep_s = min(2 * sleep_s, 1.0)
 
-    def _break(self, stale: tuple[int, int]) -> None:
+    def _break(self, stale: tuple[int, int], made: float | None = None) -> None:
         """Remove the lock judged stale (``(inode, mtime_ns)`` of its link: a rename keeps both, and a new link of a
-        reused inode has its own mtime), and only it."""
+        reused inode has its own mtime), and only it; ``made``: the link's mtime when it was judged stale by its age
+        (:data:`JOURNAL_LOCK_AGE_S`), None when by the grace period."""
         aside = f"{self._lock_file}.{uuid.uuid4().hex}.broken"
         try:
             os.rename(self._lock_file, aside)
@@ -186,9 +194,13 @@ class _StaleSafeSymlinkLock(JournalFileSymlinkLock):
                     f"{self._lock_file}: a journal lock was taken while another sweep's was being given back"
                 )
         else:
+            why = (
+                f"unchanged for {self.grace_period} s"
+                if made is None
+                else f"made {time.time() - made:.0f} s ago (older than {JOURNAL_LOCK_AGE_S} s)"
+            )
             optuna.logging.get_logger("sweeper.journal").warning(
-                f"{self._lock_file}: broke a journal lock unchanged for {self.grace_period} s (a sweep killed while "
-                "it wrote)"
+                f"{self._lock_file}: broke a journal lock {why} (a sweep killed while it wrote)"
             )
         os.unlink(aside)
 

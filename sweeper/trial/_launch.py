@@ -131,6 +131,8 @@ class TrialProcess:
         self._buffer = b""
         self.trials = 0  # trials served by the current process
         self._on_progress: Callable[[TrialProgress], None] | None = None
+        #: The running trial's last progress report (None before its first): where a process that died stopped.
+        self._last_progress: TrialProgress | None = None
 
     @property
     def pid(self) -> int | None:
@@ -191,6 +193,7 @@ class TrialProcess:
                 continue  # a garbled progress line is not worth a trial
             if progress is None:
                 return TrialDone.from_line(line)
+            self._last_progress = progress
             if self._on_progress is not None:
                 self._on_progress(progress)
 
@@ -248,6 +251,15 @@ class TrialProcess:
         why = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
         tail = SIGKILL_CAUSE if rc == -signal.SIGKILL else _log_tail(log_path)
         reason = f"worker {why} without a result" + (f": {tail}" if tail else "")
+        loading = self._last_progress is None or self._last_progress.phase == "load"
+        if rc == -signal.SIGABRT and loading and _mentions_allocation_abort(log_path):
+            # Before its first step the data segment was already at the cap, and the first allocation to fail was a
+            # Rust library's, which aborts: the configuration does not load under this cap (an OOM, as the same
+            # failure in torch's allocator would be).
+            result = _made_here(config, "oom", f"out of memory while loading, under the cap: {reason}", wall, warm)
+            result.fail_phase = "load"
+            result.memory.peak_memory_gib = config.memory_limit_gib  # the least the configuration needs
+            return result
         return _made_here(config, "crash", reason, wall, warm)
 
     def run(
@@ -326,7 +338,7 @@ class TrialProcess:
         line_search: bool,
     ) -> TrialResult:
         """One try of :meth:`run`."""
-        self._on_progress = on_progress
+        self._on_progress, self._last_progress = on_progress, None
         job = _write_job(
             config,
             Path(trial_dir),
@@ -378,6 +390,11 @@ def _allocation_abort(result: TrialResult, log: Path) -> bool:
     0.3 GiB, aborted in the tokenizer instead of raising an OOM while loading)."""
     if result.status != TrialStatus.CRASH or "SIGABRT" not in result.reason:
         return False
+    return _mentions_allocation_abort(log)
+
+
+def _mentions_allocation_abort(log: Path) -> bool:
+    """Whether the trial's log holds Rust's allocation-failure message (:data:`RUST_ALLOCATION_FAILURE`)."""
     try:
         return RUST_ALLOCATION_FAILURE in log.read_text(errors="replace")
     except OSError:

@@ -254,3 +254,36 @@ def test_a_warm_process_aborted_by_a_failed_allocation_is_run_again_fresh(tmp_pa
     log.write_text("sweeper: trial 2 of this process\nSomething else aborted\n")
     assert not _allocation_abort(aborted, log)
     assert not _allocation_abort(TrialResult(status="oom", reason="out of memory at load"), log)
+
+
+def test_a_process_aborted_by_a_failed_allocation_before_its_first_step_is_an_oom_while_loading(tmp_path):
+    # CI at 2b5f176: a fresh trial process (the retry of a warm one's load OOM) held a 0.45 GiB data segment before
+    # its trial, capped at 0.3 GiB; its first allocation to fail was the tokenizer's (Rust), which aborts. Before the
+    # first step that is the configuration not loading under its cap: an oom at load, not a crash. After a step has
+    # begun, an abort stays a crash (what failed there is not known).
+    import subprocess
+    import sys
+
+    from sweeper.trial._job import TrialProgress
+
+    config = _config(Path("unused"), memory_limit_gib=0.3)
+    log = tmp_path / "worker.log"
+    log.write_text("sweeper: trial 1 of this process\nmemory allocation of 49152 bytes failed\nstack backtrace:\n")
+    process = TrialProcess()
+    for progress, status in (
+        (None, "oom"),
+        (TrialProgress(phase="load"), "oom"),
+        (TrialProgress(phase="train"), "crash"),
+    ):
+        aborts = subprocess.Popen([sys.executable, "-c", "import os; os.abort()"])  # a real SIGABRT
+        process._last_progress = progress
+        result = process._died(config, aborts, log, 1.0, warm=False)
+        assert aborts.returncode == -signal.SIGABRT
+        assert result.status == status, (progress, result.reason)
+        if status == "oom":
+            assert result.fail_phase == "load" and result.memory.peak_memory_gib == 0.3
+            assert result.reason.startswith("out of memory while loading, under the cap: worker killed by SIGABRT")
+    log.write_text("sweeper: trial 1 of this process\nSomething else aborted\n")
+    aborts = subprocess.Popen([sys.executable, "-c", "import os; os.abort()"])
+    process._last_progress = None
+    assert process._died(config, aborts, log, 1.0, warm=False).status == "crash"  # an abort of another cause
