@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sweeper.space import TrialConfig
+from sweeper.trial._ended import SIGKILL_CAUSE, allocation_abort, log_tail, mentions_allocation_abort, signal_name
 from sweeper.trial._job import Measures, ProbeSettings, StressSettings, TrialDone, TrialJob, TrialProgress
 from sweeper.trial._result import Provenance, TrialResult
 from sweeper.trial._status import TrialStatus
@@ -33,37 +34,6 @@ T = TypeVar("T", StressSettings, ProbeSettings)
 
 #: The module the trial process runs (``python -m``).
 CHILD_MODULE = "sweeper.trial._child.worker"
-
-#: Lines of the trial process's log quoted in a crash's reason when it left no result.
-_LOG_TAIL_LINES = 1
-
-
-#: Log lines that never say why a process died: library warnings and the source lines Python prints under them.
-_NOISE = ("warning", "warnings.warn", "state[", "  ")
-
-
-def _log_tail(log: Path) -> str:
-    """The log's last line that may say why the process died (not a library warning or the code line under one)."""
-    try:
-        raw = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    lines = [ln.strip() for ln in raw if not any(n in ln.lower() or ln.startswith(n) for n in _NOISE)]
-    return " | ".join(lines[-_LOG_TAIL_LINES:])[:300]
-
-
-#: Why a worker killed by SIGKILL died: nothing in the trial sends it.
-SIGKILL_CAUSE = (
-    "nothing in the trial sends SIGKILL: most likely the kernel's OOM killer (the machine ran out of memory; "
-    "'dmesg' or 'journalctl -k' says so), else a person or a job scheduler"
-)
-
-
-def _signal_name(rc: int) -> str:
-    try:
-        return signal.Signals(-rc).name
-    except ValueError:
-        return f"signal {-rc}"
 
 
 class TrialStartError(RuntimeError):
@@ -248,11 +218,11 @@ class TrialProcess:
         except subprocess.TimeoutExpired:
             rc = 0
         self.close()
-        why = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
-        tail = SIGKILL_CAUSE if rc == -signal.SIGKILL else _log_tail(log_path)
+        why = f"killed by {signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
+        tail = SIGKILL_CAUSE if rc == -signal.SIGKILL else log_tail(log_path)
         reason = f"worker {why} without a result" + (f": {tail}" if tail else "")
         loading = self._last_progress is None or self._last_progress.phase == "load"
-        if rc == -signal.SIGABRT and loading and _mentions_allocation_abort(log_path):
+        if rc == -signal.SIGABRT and loading and mentions_allocation_abort(log_path):
             # Before its first step the data segment was already at the cap, and the first allocation to fail was a
             # Rust library's, which aborts: the configuration does not load under this cap (an OOM, as the same
             # failure in torch's allocator would be).
@@ -304,11 +274,11 @@ class TrialProcess:
         Returns:
             The worker's result, or a ``timeout``/``crash`` result made here. An ``oom`` while loading in a warm
             process, or a warm process aborted by an allocation that failed in a library that aborts on it
-            (:func:`_allocation_abort`), is run once more in a fresh one, whose result is returned (its first log
-            kept as ``worker.warm-load-oom.log``): a warm process's heap, left by earlier trials, can fail a load
-            that fits a fresh process (the demo's trial #6, batch 2 x 64 at r 16, ran out of memory while loading
-            at 1.68 GiB under 1.6 where the same shape at another ``lora_alpha`` had trained at 1.01 GiB, and the
-            dominance rule then pruned two larger configurations on it).
+            (:func:`~sweeper.trial._ended.allocation_abort`), is run once more in a fresh one, whose result is
+            returned (its first log kept as ``worker.warm-load-oom.log``): a warm process's heap, left by earlier
+            trials, can fail a load that fits a fresh process (the demo's trial #6, batch 2 x 64 at r 16, ran out of
+            memory while loading at 1.68 GiB under 1.6 where the same shape at another ``lora_alpha`` had trained at
+            1.01 GiB, and the dominance rule then pruned two larger configurations on it).
 
         Raises:
             KeyboardInterrupt: After killing the trial process, so the caller can record the trial as interrupted.
@@ -318,7 +288,7 @@ class TrialProcess:
         result = self._run_once(*args)
         log = Path(trial_dir) / "worker.log"
         load_oom = result.status == TrialStatus.OOM and result.fail_phase == "load"
-        if result.provenance.warm and (load_oom or _allocation_abort(result, log)):
+        if result.provenance.warm and (load_oom or allocation_abort(result, log)):
             self.close()
             if log.is_file():
                 log.replace(log.with_name("worker.warm-load-oom.log"))
@@ -376,29 +346,6 @@ class TrialProcess:
         if not done.reusable:
             self.close()
         return _read_result(config, result_path, wall, warm)
-
-
-#: What Rust's allocation-failure handler writes before it aborts the process (tokenizers and safetensors are Rust):
-#: a warm process whose data segment is already above the next trial's cap can fail its first allocation there.
-RUST_ALLOCATION_FAILURE = "memory allocation of "
-
-
-def _allocation_abort(result: TrialResult, log: Path) -> bool:
-    """Whether ``result`` is a ``crash`` of a process aborted (SIGABRT) by an allocation that failed in a Rust
-    library (its log holds Rust's ``memory allocation of N bytes failed``): under a CPU cap, an out-of-memory that the
-    library could not report (CI at 1171e44: a warm process holding 0.50 GiB of data segment, given a trial capped at
-    0.3 GiB, aborted in the tokenizer instead of raising an OOM while loading)."""
-    if result.status != TrialStatus.CRASH or "SIGABRT" not in result.reason:
-        return False
-    return _mentions_allocation_abort(log)
-
-
-def _mentions_allocation_abort(log: Path) -> bool:
-    """Whether the trial's log holds Rust's allocation-failure message (:data:`RUST_ALLOCATION_FAILURE`)."""
-    try:
-        return RUST_ALLOCATION_FAILURE in log.read_text(errors="replace")
-    except OSError:
-        return False
 
 
 def _read_result(config: TrialConfig, result_path: Path, wall: float, warm: bool) -> TrialResult:

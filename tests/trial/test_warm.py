@@ -243,17 +243,17 @@ def test_a_warm_process_aborted_by_a_failed_allocation_is_run_again_fresh(tmp_pa
     # Rust library (tokenizers, safetensors) on its first allocation instead of raising an OOM while loading; that
     # is an out-of-memory the library could not report, and like a load OOM in a warm process it is run again fresh
     from sweeper.trial import TrialResult
-    from sweeper.trial._launch import _allocation_abort
+    from sweeper.trial._ended import allocation_abort
 
     log = tmp_path / "worker.log"
     log.write_text("sweeper: trial 2 of this process\nmemory allocation of 81920 bytes failed\nstack backtrace:\n")
     aborted = TrialResult(status="crash", reason="worker killed by SIGABRT without a result: skipping backtrace")
-    assert _allocation_abort(aborted, log)
+    assert allocation_abort(aborted, log)
     killed = TrialResult(status="crash", reason="worker killed by SIGKILL without a result")
-    assert not _allocation_abort(killed, log)  # a kill is not an allocation that failed
+    assert not allocation_abort(killed, log)  # a kill is not an allocation that failed
     log.write_text("sweeper: trial 2 of this process\nSomething else aborted\n")
-    assert not _allocation_abort(aborted, log)
-    assert not _allocation_abort(TrialResult(status="oom", reason="out of memory at load"), log)
+    assert not allocation_abort(aborted, log)
+    assert not allocation_abort(TrialResult(status="oom", reason="out of memory at load"), log)
 
 
 def test_a_process_aborted_by_a_failed_allocation_before_its_first_step_is_an_oom_while_loading(tmp_path):
