@@ -71,13 +71,14 @@ def build_checkpoint(shape: dict, folder: Path) -> None:
 
 
 def set_expandable_segments(on: bool) -> None:
-    """Switch the CUDA caching allocator's ``expandable_segments`` at run time (what the trial process does,
-    ``sweeper.trial._child.memory.set_cuda_allocator``), after handing back what it cached."""
+    """Switch the CUDA caching allocator's ``expandable_segments`` at run time as the trial process does
+    (``sweeper.trial._child.memory.set_cuda_allocator``), after handing back what it cached."""
     import torch
 
+    from sweeper.trial._child.memory import set_cuda_allocator
+
     torch.cuda.empty_cache()
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
-    setter(f"expandable_segments:{on}")
+    set_cuda_allocator(on)
 
 
 def measure(folder: Path, s: MemorySettings, cuda: bool) -> float:
