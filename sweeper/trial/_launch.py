@@ -227,7 +227,7 @@ class TrialProcess:
             # Rust library's, which aborts: the configuration does not load under this cap (an OOM, as the same
             # failure in torch's allocator would be).
             result = _made_here(config, "oom", f"out of memory while loading, under the cap: {reason}", wall, warm)
-            result.fail_phase = "load"
+            result.fail_phase, result.fail_step = "load", 0  # step 0: while loading, as the worker records it
             result.memory.peak_memory_gib = config.memory_limit_gib  # the least the configuration needs
             return result
         return _made_here(config, "crash", reason, wall, warm)

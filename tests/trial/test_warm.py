@@ -281,7 +281,7 @@ def test_a_process_aborted_by_a_failed_allocation_before_its_first_step_is_an_oo
         assert aborts.returncode == -signal.SIGABRT
         assert result.status == status, (progress, result.reason)
         if status == "oom":
-            assert result.fail_phase == "load" and result.memory.peak_memory_gib == 0.3
+            assert result.fail_phase == "load" and result.fail_step == 0 and result.memory.peak_memory_gib == 0.3
             assert result.reason.startswith("out of memory while loading, under the cap: worker killed by SIGABRT")
     log.write_text("sweeper: trial 1 of this process\nSomething else aborted\n")
     aborts = subprocess.Popen([sys.executable, "-c", "import os; os.abort()"])
