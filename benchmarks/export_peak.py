@@ -1,7 +1,7 @@
 """The exported run's peak against the trial's (issue 57): does the run a user starts from ``sweep export`` peak where
 the trial said?
 
-    .venv/bin/python benchmarks/export_peak.py [--repeats 2] [--out FILE]
+    .venv/bin/python benchmarks/export_peak.py [--repeats 2] [--out FILE] [--runs hf trl axolotl ...]
 
 1. A one-trial study of the demo's trial #2 configuration (``search_spaces/demo.yaml`` with every searched key fixed,
    the seed searched instead:
@@ -14,9 +14,18 @@ the trial said?
    process of its own with one thread (``--repeats`` times each); and the ``trl`` file once more with transformers'
    own loss over the full logits (``Trainer.compute_loss``, what the trial computes) in place of TRL's
    (``trl-full-logits``), to tell TRL's loss kernel from the rest of TRL.
+   The ``axolotl`` and ``llama-factory`` files are trained by the tools themselves, each in its stack's venv
+   (``tests/fixtures/stacks/axolotl-train.txt``, ``llama-factory.txt``; built under ``$SWEEPER_STACK_VENVS`` or a
+   temporary folder): ``axolotl train FILE`` (``axolotl.cli.train.do_cli``) and ``llamafactory-cli train FILE``
+   (``llamafactory.train.tuner.run_exp``), the file as written but for the local model, ``max_steps`` and where
+   the output goes (:data:`TOOL_OVERRIDES`). LLaMA-Factory cannot express the float32 trial on a GPU (the export
+   refuses it); on the CPU, with neither ``bf16`` nor ``fp16``, it computes in float32 (its ``infer_optim_dtype``),
+   and torch's CPU autocast fails in its bfloat16 (``Unexpected floating ScalarType in at::autocast::prioritize``):
+   so it runs the file the export writes for this trial in bfloat16 with ``bf16: false``, the trial's float32.
 3. Each measured as the trial measures on the CPU: the resident set's high-water mark (``VmHWM``), reset once the
    model is loaded and adapted (``/proc/self/clear_refs``, after handing glibc's free heap back with ``malloc_trim``
-   as the trial does when a phase starts), read after training. No cap (the trial's cap decides
+   as the trial does when a phase starts), read after training; in the tools' own runs, at the start and end of
+   ``transformers.Trainer.train``, which both tools' trainers run (:data:`TOOL_CHILD`). No cap (the trial's cap decides
    whether a step fits, not how much it holds).
 
 Printed: each run's peak in GiB, each format's median and range against the trials', and the difference. The trial's
@@ -115,6 +124,142 @@ def one_trial_study(folder: Path, name: str) -> tuple[Path, dict]:
     return path, trial
 
 
+#: The child that trains a tool's file in the tool's venv and prints its peak (argv: tool, file). The peak is reset
+#: where ``transformers.Trainer.train`` begins (the model loaded and adapted, the data prepared), as in :data:`CHILD`.
+TOOL_CHILD = r"""
+import collections, ctypes, gc, importlib.machinery, json, sys, types
+from pathlib import Path
+import transformers
+
+status = lambda key: next(int(l.split()[1]) * 1024 / 2**30 for l in open("/proc/self/status") if l.startswith(key))
+train = transformers.Trainer.train
+
+def measured(self, *args, **kwargs):
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+    start = status("VmRSS:")
+    frozen = collections.Counter()  # the frozen weights outside the 4-bit layers: elements by dtype
+    for p in self.model.parameters():
+        if not p.requires_grad and p.dtype.is_floating_point and type(p).__name__ != "Params4bit":
+            frozen[str(p.dtype).removeprefix("torch.")] += p.numel()
+    out = train(self, *args, **kwargs)
+    print("PEAK " + json.dumps({"peak_memory_gib": status("VmHWM:"), "start_gib": start, "frozen": frozen,
+                                "steps": self.state.global_step, "trainer": type(self).__name__}), flush=True)
+    return out
+
+transformers.Trainer.train = measured
+if __name__ == "__main__":
+    tool, path = sys.argv[1:3]
+    if tool == "axolotl":
+        from axolotl.cli.train import do_cli
+        do_cli(config=path)
+    else:
+        try:
+            import torchaudio  # LLaMA-Factory's mm_plugin imports it; no build for this torch: a stand-in, unused
+        except ImportError:
+            stand_in = types.ModuleType("torchaudio")
+            stand_in.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
+            sys.modules["torchaudio"] = stand_in
+        import yaml
+        from llamafactory.train.tuner import run_exp
+        run_exp(yaml.safe_load(Path(path).read_text()))
+"""
+
+#: What the benchmark changes in a tool's file (``{model}``: the local checkpoint the trial loaded; ``{out}``: a
+#: folder of the run's): the model, a short run, nothing saved or reported, one process for the data. LLaMA-Factory
+#: on the CPU also needs ``use_cpu`` and ``bf16: false`` (see the module's docstring), and ``upcast_layernorm:
+#: false``: without autocast its float32 final norm feeds a float16 ``lm_head`` ("expected m1 and m2 to have the
+#: same dtype"), where on a GPU autocast casts; the norms are 0.03 M elements here.
+TOOL_OVERRIDES = {
+    "axolotl": {"base_model": "{model}", "max_steps": None, "output_dir": "{out}/run",
+                "dataset_prepared_path": "{out}/prepared", "save_strategy": "no", "dataset_num_proc": 1},
+    "llama-factory": {"model_name_or_path": "{model}", "max_steps": None, "output_dir": "{out}/run",
+                      "report_to": "none", "save_strategy": "no", "overwrite_output_dir": True,
+                      "preprocessing_num_workers": 1, "use_cpu": True, "bf16": False, "upcast_layernorm": False},
+}  # fmt: skip
+
+#: Each tool's stack venv (``tests/fixtures/stacks/<name>.txt``).
+TOOL_STACKS = {"axolotl": "axolotl-train", "llama-factory": "llama-factory"}
+
+
+def tool_file(folder: Path, name: str, tool: str, out: Path) -> Path:
+    """Export the study's trial 0 as ``tool``'s file into ``out``. The ``llama-factory`` file is the one the export
+    writes for this trial computed in bfloat16 (it refuses float32, see the module's docstring)."""
+    if tool == "axolotl":
+        subprocess.run([*SWEEP, "export", name, "--trial", "0", "--format", tool, "-o", f"{out}/"], cwd=folder,
+                       check=True, capture_output=True)  # fmt: skip
+        [path] = out.glob("*.yaml")
+        return path
+    import dataclasses
+
+    from sweeper.export._dataset import export_data
+    from sweeper.export._settings import settings_of
+    from sweeper.export._write import render
+    from sweeper.study import load_existing_study, snapshot
+
+    here = os.getcwd()
+    os.chdir(folder)
+    try:
+        study = snapshot(load_existing_study(name)[0])
+        trial = study.trials[0]
+        assert trial.config is not None
+        s = settings_of(study, trial)
+        s = dataclasses.replace(
+            s,
+            quantization=dataclasses.replace(s.quantization, bnb_4bit_compute_dtype="bfloat16"),
+            training=dataclasses.replace(s.training, bf16=True),
+        )
+        path = out / "trial0-llama-factory.yaml"
+        files = render(s, tool, export_data(trial.config, study.model_path, path))
+    finally:
+        os.chdir(here)
+    for key, text in files.items():  # the YAML (".yaml"), and the rows and their registry (their own paths)
+        target = path if key == ".yaml" else Path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return path
+
+
+def tool_run(folder: Path, name: str, space: Path, tool: str, steps: int, venvs: Path) -> tuple[float, float]:
+    """Train ``tool``'s export of the study's trial 0 in the tool's own venv; its peak and its resident set when
+    training began, in GiB."""
+    from sweeper.model import resolve_model
+    from sweeper.space import load_space
+    from sweeper.testing import run_in_venv, stack_venv
+
+    class Venvs:  # stack_venv's pytest factory, here a fixed folder ($SWEEPER_STACK_VENVS)
+        @staticmethod
+        def mktemp(label: str) -> Path:
+            return venvs / label
+
+        @staticmethod
+        def getbasetemp() -> Path:
+            return venvs
+
+    os.environ.setdefault("SWEEPER_STACK_VENVS", str(venvs))
+    python = stack_venv(TOOL_STACKS[tool], Venvs)
+    out = folder / f"export-{tool}"
+    path = tool_file(folder, name, tool, out)
+    model = resolve_model(load_space(str(space)).model)
+    fills = {"model": model, "out": str(out)}
+    config = yaml.safe_load(path.read_text())
+    for key, value in TOOL_OVERRIDES[tool].items():
+        config[key] = steps if value is None else value.format(**fills) if isinstance(value, str) else value
+    run = out / "run.yaml"
+    run.write_text(yaml.safe_dump(config))
+    child = out / "child.py"
+    child.write_text(TOOL_CHILD)
+    env = {"HF_HUB_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled"}
+    done = run_in_venv(python, str(child), tool, str(run), cwd=out, **env)
+    peaks = [line for line in done.stdout.splitlines() if line.startswith("PEAK ")]
+    if done.returncode != 0 or not peaks:
+        raise RuntimeError(f"{tool}: {done.stderr[-3000:]}")
+    measured = json.loads(peaks[-1].removeprefix("PEAK "))
+    print(f"  {tool}: frozen weights outside the 4-bit layers (elements by dtype) {measured['frozen']}", flush=True)
+    return float(measured["peak_memory_gib"]), float(measured["start_gib"])
+
+
 def export_run(folder: Path, name: str, space: Path, label: str, steps: int) -> tuple[float, float]:
     """Export the study's trial 0 as ``label``'s format (``trl-full-logits``: the ``trl`` file with the trial's loss)
     and train it in a process of its own; its peak and its resident set when training began, in GiB."""
@@ -138,7 +283,7 @@ def export_run(folder: Path, name: str, space: Path, label: str, steps: int) -> 
 
 #: The runs compared with the trial: each export as written, and the ``trl`` file with transformers' own loss over
 #: the full logits (what the trial computes) in place of TRL's, to tell TRL's loss kernel from the rest of TRL.
-RUNS = ("hf", "trl", "trl-full-logits")
+RUNS = ("hf", "trl", "trl-full-logits", "axolotl", "llama-factory")
 
 
 def main() -> None:
@@ -146,9 +291,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps of each export's run")
     parser.add_argument("--out")
+    parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
     args = parser.parse_args()
-    peaks: dict[str, list[float]] = {"trial": [], **{run: [] for run in RUNS}}
-    starts: dict[str, list[float]] = {run: [] for run in RUNS}
+    peaks: dict[str, list[float]] = {"trial": [], **{run: [] for run in args.runs}}
+    starts: dict[str, list[float]] = {run: [] for run in args.runs}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             folder = Path(tmp) / f"r{i}"
@@ -157,8 +303,12 @@ def main() -> None:
             space, trial = one_trial_study(folder, name)
             peaks["trial"].append(trial["peak_memory_gib"])
             print(f"  trial {i}: {trial['peak_memory_gib']:.3f} GiB", flush=True)
-            for run in RUNS:
-                peak, start = export_run(folder, name, space, run, args.steps)
+            for run in args.runs:
+                if run in TOOL_STACKS:
+                    venvs = Path(os.environ.get("SWEEPER_STACK_VENVS") or Path(tmp) / "venvs")
+                    peak, start = tool_run(folder, name, space, run, args.steps, venvs)
+                else:
+                    peak, start = export_run(folder, name, space, run, args.steps)
                 peaks[run].append(peak)
                 starts[run].append(start)
                 print(f"  {run} {i}: {peak:.3f} GiB ({start:.3f} resident when training began)", flush=True)

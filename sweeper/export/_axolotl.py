@@ -6,6 +6,7 @@ from sweeper.errors import StudyError
 from sweeper.export._dataset import ExportData, axolotl_dataset
 from sweeper.export._format import ExportFormat, Limit
 from sweeper.export._header import header
+from sweeper.export._peaks import measured_peak_line
 from sweeper.export._settings import ExportSettings
 from sweeper.export._yaml import same_named_training, yaml_text
 from sweeper.study import StoredTrial
@@ -68,7 +69,7 @@ def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
         "output_dir": f"./outputs/{p.study}-trial{p.trial}",
     }
     comments = _comments(s, entry_comments)
-    lines = header(s, "#", dataset_given=bool(entry))
+    lines = header(s, "#", dataset_given=bool(entry)) + [f"# {measured_peak_line('axolotl')}"]
     if data and data.rows is None:
         lines.append(f"# {data.missing_note()}")
     return yaml_text(lines, out, comments)

@@ -14,6 +14,7 @@ from sweeper.export._dataset import ExportData
 from sweeper.export._format import ExportFormat, Limit
 from sweeper.export._header import header
 from sweeper.export._json import render_json
+from sweeper.export._peaks import measured_peak_line
 from sweeper.export._settings import ExportSettings
 from sweeper.study import StoredTrial
 
@@ -67,19 +68,6 @@ def trl_padding_free_line(s: ExportSettings) -> str | None:
         f"attn_implementation flash_attention_2 on a GPU, or per_device_train_batch_size 1 with "
         f"gradient_accumulation_steps {b} times this file's."
     )
-
-
-#: TRL's SFTTrainer's peak against the trial's, measured (``benchmarks/export_peak.py --repeats 3``, the CPU, the demo's
-#: trial #2 configuration: ``benchmarks/results/export_peak_3.txt``); ``tests/export/test_export.py`` holds this line
-#: to that file's medians.
-TRL_PEAK_GIB = 0.11
-#: The ``trl`` file's line on its measured peak (:data:`TRL_PEAK_GIB`).
-TRL_PEAK_LINE = (
-    f"TRL's SFTTrainer peaked {TRL_PEAK_GIB} GiB above the trial it was exported from, beyond the trial's 0.1 GiB "
-    "noise (measured on the CPU at one shape, SmolLM2-135M at batch 2 x 64, 3 runs; the hf file's Trainer +0.05): "
-    "about 0.03 GiB held before training starts, the rest in its steps, and not its loss kernel (TRL's trainer with "
-    "the trial's loss over the full logits peaked the same); leave that much more room under the card."
-)
 
 
 def trl_fully_masked_line(max_seq_length: int) -> str:
@@ -196,10 +184,11 @@ def _preamble(s: ExportSettings, trl: bool) -> list[str]:
     from sweeper.data import DEFAULT_CHAT_TEMPLATE
 
     lines = ['"""QLoRA settings chosen with sweeper."""', "", *header(s, "#", sets_environment=True)]
+    lines.append(f"# {measured_peak_line('trl' if trl else 'hf')}")
     if not trl:
         lines.append(_HF_PACKING_LINE)
     else:
-        lines += [f"# {TRL_PEAK_LINE}", f"# {trl_fully_masked_line(s.max_seq_length)}"]
+        lines.append(f"# {trl_fully_masked_line(s.max_seq_length)}")
         if (flattened := trl_padding_free_line(s)) is not None:
             lines.append(f"# {flattened}")
     lines += [

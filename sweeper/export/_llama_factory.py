@@ -7,6 +7,7 @@ from sweeper.errors import StudyError
 from sweeper.export._dataset import LLAMA_FACTORY_INFO, ExportData, llama_factory_dataset
 from sweeper.export._format import ExportFormat, Limit
 from sweeper.export._header import header
+from sweeper.export._peaks import measured_peak_line
 from sweeper.export._settings import ExportSettings
 from sweeper.export._yaml import same_named_training, yaml_text
 from sweeper.study import StoredTrial
@@ -19,6 +20,18 @@ LLAMA_FACTORY_DTYPES = (
     "support, Ampere or newer), fp16: true in float16; with neither it picks bfloat16 on a GPU with bfloat16 support "
     "when the checkpoint is bfloat16 or names no dtype, float16 on other GPUs and for a float16 or float32 checkpoint "
     "(a local float16 conversion included), float32 only without a GPU"
+)
+
+
+#: What LLaMA-Factory 0.9.5 holds the weights outside the 4-bit layers in (``model/loader.py``: ``torch_dtype:
+#: auto``; no call of peft's ``prepare_model_for_kbit_training``, which the trial's recipe makes), read and run
+#: (``benchmarks/export_peak.py``: the embeddings and norms of a float16 checkpoint stayed float16).
+LLAMA_FACTORY_FROZEN = (
+    "LLaMA-Factory keeps the embeddings and lm_head in the checkpoint's dtype (it does not call peft's "
+    "prepare_model_for_kbit_training, which upcast them to float32 in the trial): with a 16-bit checkpoint it holds "
+    "them in half the trial's bytes (Llama-3-8B's untied 128k vocabulary: about 2 GiB less on the card); "
+    "upcast_layernorm below keeps the norms in float32 as the trial had them; no key upcasts the embeddings or "
+    "lm_head (the logits reach the loss in float32 either way: transformers' loss upcasts them)"
 )
 
 
@@ -67,6 +80,7 @@ def render_llama_factory(s: ExportSettings, data: ExportData | None = None) -> t
         "learning_rate": t.learning_rate,
         "optim": t.optim,
         "disable_gradient_checkpointing": not t.gradient_checkpointing,
+        "upcast_layernorm": True,
         **same_named_training(t),
         "output_dir": f"outputs/{p.study}-trial{p.trial}",
     }
@@ -84,9 +98,12 @@ def render_llama_factory(s: ExportSettings, data: ExportData | None = None) -> t
         "in part (LLaMA-Factory's infer_seqlen), where the trial cut the row's end: such rows train other tokens than "
         "in the trial ('sweep doctor' lists them as truncated)",
         "bf16" if dtype == "bfloat16" else "fp16": f"LLaMA-Factory computes the 4-bit layers in {effective}",
+        "upcast_layernorm": "the norms in float32, as the trial held them (LLaMA-Factory's own advice for quantized "
+        "training; left out, they stay in the checkpoint's dtype)",
         **_collation_comments(s),
     }
-    lines = header(s, "#", dataset_given=bool(entry)) + [f"# {LLAMA_FACTORY_DTYPES}"]
+    lines = header(s, "#", dataset_given=bool(entry))
+    lines += [f"# {line}" for line in (LLAMA_FACTORY_DTYPES, LLAMA_FACTORY_FROZEN, measured_peak_line("llama-factory"))]
     if data and data.rows is None:
         lines.append(f"# {data.missing_note()}")
     return yaml_text(lines, out, comments), info

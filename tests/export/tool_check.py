@@ -74,6 +74,7 @@ def llama_factory(path: str, overrides: dict[str, Any]) -> dict[str, Any]:
         "packing": data.packing,
         "neat_packing": data.neat_packing,
         "block_diag_attn": model.block_diag_attn,
+        "upcast_layernorm": model.upcast_layernorm,
         "train_on_prompt": data.train_on_prompt,
         "per_device_train_batch_size": training.per_device_train_batch_size,
         "gradient_accumulation_steps": training.gradient_accumulation_steps,
