@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -58,26 +59,28 @@ FIXED = {
     "max_seq_length": [64],
 }
 
-#: The child that trains one export and prints its peak (argv: format, export file, model path, space file, steps).
+#: The child that trains one export and prints its peak (argv: format, export file, model path, the trial's dataset
+#: as JSON, steps, device). On the CPU the trial's counting (the resident set's high-water mark, reset after
+#: loading); on CUDA the trial's too (``torch.cuda.max_memory_reserved``, its peak statistics reset after loading).
 CHILD = r"""
-import json, runpy, sys, resource
+import dataclasses, json, runpy, sys
 from pathlib import Path
 
-fmt, py, model_path, space_path, steps = sys.argv[1:6]
+fmt, py, model_path, dataset, steps, device = sys.argv[1:7]
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from sweeper.data import load_samples, load_tokenizer, tokenize_samples
-from sweeper.space import load_space
+from sweeper.space import DatasetSpec
 
-space = load_space(space_path)
-samples = load_samples(space.dataset)
+samples = load_samples(DatasetSpec(**json.loads(dataset)))
 ns = runpy.run_path(py)
 bnb = ns["bnb_config"]
-model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype)
-short = dict(max_steps=int(steps), use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True,
+placed = {"device_map": {"": 0}} if device == "cuda" else {}
+model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=bnb, dtype=bnb.bnb_4bit_compute_dtype,
+                                             **placed)
+short = dict(max_steps=int(steps), use_cpu=device == "cpu", report_to="none", save_strategy="no", disable_tqdm=True,
              output_dir=str(Path(py).parent / f"run-{fmt}"))
 if fmt == "hf":
-    import dataclasses
     from transformers import Trainer
     tokenizer = load_tokenizer(model_path)
     rows = [{"input_ids": t.input_ids, "labels": t.labels}
@@ -94,17 +97,63 @@ else:
         trainer.compute_loss = types.MethodType(Trainer.compute_loss, trainer)
 import ctypes, gc
 gc.collect()
-ctypes.CDLL(None).malloc_trim(0)  # what loading freed handed back, as the trial does when its training phase starts
-Path("/proc/self/clear_refs").write_text("5")  # the peak from here on: the trial's counting after loading
-status = lambda key: next(int(l.split()[1]) * 1024 / 2**30 for l in open("/proc/self/status") if l.startswith(key))
-start = status("VmRSS:")
-trainer.train()
-print(json.dumps({"peak_memory_gib": status("VmHWM:"), "start_gib": start, "steps": trainer.state.global_step}))
+if device == "cuda":
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_reserved() / 2**30
+    trainer.train()
+    peak = torch.cuda.max_memory_reserved() / 2**30
+else:
+    ctypes.CDLL(None).malloc_trim(0)  # what loading freed handed back, as the trial does when its phase starts
+    Path("/proc/self/clear_refs").write_text("5")  # the peak from here on: the trial's counting after loading
+    status = lambda key: next(int(l.split()[1]) * 1024 / 2**30 for l in open("/proc/self/status") if l.startswith(key))
+    start = status("VmRSS:")
+    trainer.train()
+    peak = status("VmHWM:")
+print(json.dumps({"peak_memory_gib": peak, "start_gib": start, "steps": trainer.state.global_step}))
 """
 
 
-def one_trial_study(folder: Path, name: str) -> tuple[Path, dict]:
-    """``sweep run`` of the fixed space in ``folder``; the space file and the trial's stored result."""
+class Target(NamedTuple):
+    """The trial whose exports are run: its study (in ``folder``), its number, its measured peak (GiB), the model
+    folder its trials loaded and its dataset (the :class:`sweeper.space.DatasetSpec` as a dict)."""
+
+    folder: Path
+    study: str
+    trial: int
+    peak_memory_gib: float
+    model_path: str
+    dataset: dict
+
+
+def target_of(folder: Path, name: str, number: int | None) -> Target:
+    """The trial ``number`` of the study ``name`` stored in ``folder`` (``studies/``), or, with None, its complete
+    trial with the most tokens a step (``per_device_train_batch_size x max_seq_length``: where the logits, and so the
+    loss kernel, weigh most)."""
+    import dataclasses
+
+    from sweeper.study import load_existing_study, snapshot
+
+    here = os.getcwd()
+    os.chdir(folder)
+    try:
+        study = snapshot(load_existing_study(name)[0])
+    finally:
+        os.chdir(here)
+    done = [t for t in study.trials if t.status == "complete" and t.config is not None and t.values is not None]
+    if number is not None:
+        done = [t for t in done if t.number == number]
+    if not done:
+        raise RuntimeError(f"{name}: no complete trial{'' if number is None else f' {number}'} to export")
+    trial = max(done, key=lambda t: (t.config.per_device_train_batch_size * t.config.max_seq_length, -t.number))
+    model = study.model_path or trial.config.model.name_or_path
+    dataset = dataclasses.asdict(trial.config.dataset)
+    return Target(folder, name, trial.number, float(trial.values[0]), model, dataset)
+
+
+def one_trial_study(folder: Path, name: str) -> Target:
+    """``sweep run`` of the fixed space in ``folder``; its one trial."""
     space = yaml.safe_load((REPO / "search_spaces" / "demo.yaml").read_text())
     space["study"] = {"name": name, "n_trials": 1, "sampler": "random", "seed": 92}
     training = space["training"]
@@ -121,7 +170,7 @@ def one_trial_study(folder: Path, name: str) -> tuple[Path, dict]:
     [trial] = json.loads(report.stdout)["trials"]
     if trial["status"] != "complete":
         raise RuntimeError(f"the trial ended {trial['status']}: {trial['reason']}")
-    return path, trial
+    return target_of(folder, name, 0)
 
 
 #: The child that trains a tool's file in the tool's venv and prints its peak (argv: tool, file). The peak is reset
@@ -183,12 +232,12 @@ TOOL_OVERRIDES = {
 TOOL_STACKS = {"axolotl": "axolotl-train", "llama-factory": "llama-factory"}
 
 
-def tool_file(folder: Path, name: str, tool: str, out: Path) -> Path:
-    """Export the study's trial 0 as ``tool``'s file into ``out``. The ``llama-factory`` file is the one the export
+def tool_file(target: Target, tool: str, out: Path) -> Path:
+    """Export the target trial as ``tool``'s file into ``out``. The ``llama-factory`` file is the one the export
     writes for this trial computed in bfloat16 (it refuses float32, see the module's docstring)."""
     if tool == "axolotl":
-        subprocess.run([*SWEEP, "export", name, "--trial", "0", "--format", tool, "-o", f"{out}/"], cwd=folder,
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run([*SWEEP, "export", target.study, "--trial", str(target.trial), "--format", tool, "-o",
+                        f"{out}/"], cwd=target.folder, check=True, capture_output=True)  # fmt: skip
         [path] = out.glob("*.yaml")
         return path
     import dataclasses
@@ -199,10 +248,10 @@ def tool_file(folder: Path, name: str, tool: str, out: Path) -> Path:
     from sweeper.study import load_existing_study, snapshot
 
     here = os.getcwd()
-    os.chdir(folder)
+    os.chdir(target.folder)
     try:
-        study = snapshot(load_existing_study(name)[0])
-        trial = study.trials[0]
+        study = snapshot(load_existing_study(target.study)[0])
+        [trial] = [t for t in study.trials if t.number == target.trial]
         assert trial.config is not None
         s = settings_of(study, trial)
         s = dataclasses.replace(
@@ -210,7 +259,7 @@ def tool_file(folder: Path, name: str, tool: str, out: Path) -> Path:
             quantization=dataclasses.replace(s.quantization, bnb_4bit_compute_dtype="bfloat16"),
             training=dataclasses.replace(s.training, bf16=True),
         )
-        path = out / "trial0-llama-factory.yaml"
+        path = out / f"trial{trial.number}-llama-factory.yaml"
         files = render(s, tool, export_data(trial.config, study.model_path, path))
     finally:
         os.chdir(here)
@@ -221,11 +270,9 @@ def tool_file(folder: Path, name: str, tool: str, out: Path) -> Path:
     return path
 
 
-def tool_run(folder: Path, name: str, space: Path, tool: str, steps: int, venvs: Path) -> tuple[float, float]:
-    """Train ``tool``'s export of the study's trial 0 in the tool's own venv; its peak and its resident set when
-    training began, in GiB."""
-    from sweeper.model import resolve_model
-    from sweeper.space import load_space
+def tool_run(target: Target, tool: str, steps: int, venvs: Path) -> tuple[float, float]:
+    """Train ``tool``'s export of the target trial in the tool's own venv, on the CPU; its peak and its resident set
+    when training began, in GiB."""
     from sweeper.testing import run_in_venv, stack_venv
 
     class Venvs:  # stack_venv's pytest factory, here a fixed folder ($SWEEPER_STACK_VENVS)
@@ -239,10 +286,9 @@ def tool_run(folder: Path, name: str, space: Path, tool: str, steps: int, venvs:
 
     os.environ.setdefault("SWEEPER_STACK_VENVS", str(venvs))
     python = stack_venv(TOOL_STACKS[tool], Venvs)
-    out = folder / f"export-{tool}"
-    path = tool_file(folder, name, tool, out)
-    model = resolve_model(load_space(str(space)).model)
-    fills = {"model": model, "out": str(out)}
+    out = target.folder / f"export-{tool}"
+    path = tool_file(target, tool, out)
+    fills = {"model": target.model_path, "out": str(out)}
     config = yaml.safe_load(path.read_text())
     for key, value in TOOL_OVERRIDES[tool].items():
         config[key] = steps if value is None else value.format(**fills) if isinstance(value, str) else value
@@ -260,21 +306,17 @@ def tool_run(folder: Path, name: str, space: Path, tool: str, steps: int, venvs:
     return float(measured["peak_memory_gib"]), float(measured["start_gib"])
 
 
-def export_run(folder: Path, name: str, space: Path, label: str, steps: int) -> tuple[float, float]:
-    """Export the study's trial 0 as ``label``'s format (``trl-full-logits``: the ``trl`` file with the trial's loss)
-    and train it in a process of its own; its peak and its resident set when training began, in GiB."""
+def export_run(target: Target, label: str, steps: int, device: str) -> tuple[float, float]:
+    """Export the target trial as ``label``'s format (``trl-full-logits``: the ``trl`` file with the trial's loss)
+    and train it in a process of its own on ``device``; its peak and its memory when training began, in GiB."""
     fmt = "trl" if label.startswith("trl") else label
-    out = folder / f"export-{label}"
-    subprocess.run([*SWEEP, "export", name, "--trial", "0", "--format", fmt, "-o", f"{out}/"], cwd=folder,
-                   check=True, capture_output=True)  # fmt: skip
+    out = target.folder / f"export-{label}"
+    subprocess.run([*SWEEP, "export", target.study, "--trial", str(target.trial), "--format", fmt, "-o", f"{out}/"],
+                   cwd=target.folder, check=True, capture_output=True)  # fmt: skip
     [py] = sorted(out.glob("*.py"))
-    from sweeper.model import resolve_model
-    from sweeper.space import load_space
-
-    model = resolve_model(load_space(str(space)).model)  # the local checkpoint the trial loaded (converted once)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", CHILD, label, str(py), model, str(space), str(steps)], cwd=folder,
-                          env=env, capture_output=True, text=True)  # fmt: skip
+    child = [sys.executable, "-c", CHILD, label, str(py), target.model_path, json.dumps(target.dataset), str(steps)]
+    done = subprocess.run([*child, device], cwd=target.folder, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{label}: {done.stderr[-3000:]}")
     run = json.loads(done.stdout.strip().splitlines()[-1])
@@ -292,29 +334,41 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps of each export's run")
     parser.add_argument("--out")
     parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
+    parser.add_argument("--study", help="an existing study in this folder's studies/ (the GPU check's sweep) "
+                        "instead of a one-trial study of the demo's configuration")  # fmt: skip
+    parser.add_argument("--trial", type=int, help="with --study: the trial (default: its complete trial with the "
+                        "most tokens a step)")  # fmt: skip
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda with --study, else cpu")
+    parser.add_argument("--json", help="write the peaks and starts here as well")
     args = parser.parse_args()
     peaks: dict[str, list[float]] = {"trial": [], **{run: [] for run in args.runs}}
     starts: dict[str, list[float]] = {run: [] for run in args.runs}
+    device = args.device or ("cuda" if args.study else "cpu")
+    if device == "cuda" and set(args.runs) & set(TOOL_STACKS):
+        parser.error("--runs axolotl and llama-factory train on the CPU only here (their stacks' venvs)")
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            folder = Path(tmp) / f"r{i}"
-            folder.mkdir()
-            name = f"peak{i}"
-            space, trial = one_trial_study(folder, name)
-            peaks["trial"].append(trial["peak_memory_gib"])
-            print(f"  trial {i}: {trial['peak_memory_gib']:.3f} GiB", flush=True)
+            if args.study:  # an existing study: its trial measured once, its exports run --repeats times
+                target = target_of(Path.cwd(), args.study, args.trial)
+            else:
+                folder = Path(tmp) / f"r{i}"
+                folder.mkdir()
+                target = one_trial_study(folder, f"peak{i}")
+            peaks["trial"].append(target.peak_memory_gib)
+            print(f"  trial {target.trial} of {target.study}: {target.peak_memory_gib:.3f} GiB", flush=True)
             for run in args.runs:
                 if run in TOOL_STACKS:
                     venvs = Path(os.environ.get("SWEEPER_STACK_VENVS") or Path(tmp) / "venvs")
-                    peak, start = tool_run(folder, name, space, run, args.steps, venvs)
+                    peak, start = tool_run(target, run, args.steps, venvs)
                 else:
-                    peak, start = export_run(folder, name, space, run, args.steps)
+                    peak, start = export_run(target, run, args.steps, device)
                 peaks[run].append(peak)
                 starts[run].append(start)
-                print(f"  {run} {i}: {peak:.3f} GiB ({start:.3f} resident when training began)", flush=True)
+                print(f"  {run} {i}: {peak:.3f} GiB ({start:.3f} held when training began)", flush=True)
     trial_median = statistics.median(peaks["trial"])
     lines = [
-        f"# benchmarks/export_peak.py, {args.repeats} repeats, {args.steps} steps an export run; GiB, cpu_peak_rss"
+        f"# benchmarks/export_peak.py, {args.repeats} repeats, {args.steps} steps an export run; GiB, "
+        + ("cuda_max_reserved" if device == "cuda" else "cpu_peak_rss")
     ]
     for label, values in peaks.items():
         med = statistics.median(values)
@@ -323,8 +377,11 @@ def main() -> None:
         lines.append(f"{label:<16} {med:.3f} ({min(values):.3f}-{max(values):.3f}){diff}{start}")
     text = "\n".join(lines)
     print(text)
+    figures = json.dumps({"peaks": peaks, "starts": starts, "device": device})
     if args.out:
-        Path(args.out).write_text(text + "\n" + json.dumps({"peaks": peaks, "starts": starts}) + "\n")
+        Path(args.out).write_text(text + "\n" + figures + "\n")
+    if args.json:
+        Path(args.json).write_text(figures + "\n")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU check: everything this project cannot measure on a CPU, in one run of about 9 minutes on one GPU (limits
+# The GPU check: everything this project cannot measure on a CPU, in one run of about 11 minutes on one GPU (limits
 # sized from the first run, on an H200: benchmarks/results/gpu-2026-12-04; expected: cold start 50 s, tests 90, the
-# calibration rows 40, the 8B stand-in 100 (initialized on the GPU, 16 GB written), the card 15, the sweep 230).
+# calibration rows 40, the 8B stand-in 100 (initialized on the GPU, 16 GB written), the card 15, the sweep 230; the
+# trl export's two runs on the stand-in, about 120, not yet run).
 #
 #   benchmarks/gpu_check.sh [OUT_DIR]        # default: benchmarks/results/gpu-<date>
 #   GPU_CHECK_DRY_RUN=1 benchmarks/gpu_check.sh OUT_DIR    # every part, shrunk, on the CPU (tests/test_gpu_check.py)
@@ -27,6 +28,10 @@
 #                            benchmarks/sweep_figures.py: trials per hour, each trial's phase peaks against its
 #                            prediction, the preflight's decisions, the data's token share
 #   estimate_8b.json         `sweep estimate --json` of the same space, for the peaks above
+#   export_peak.txt/.json    the sweep's complete trial with the most tokens a step, exported as `trl` and trained 2
+#                            steps in TRL's SFTTrainer on the stand-in, as written (TRL's tiled loss) and with the
+#                            trial's loss over the full logits: each run's max_memory_reserved against the trial's
+#                            peak (benchmarks/export_peak.py --study)
 #
 # Needs the package and its dependencies importable (`make install`, or `pip install --no-deps -e .` where torch,
 # transformers, peft, bitsandbytes, optuna are already there) and a tokenizer for the stand-ins: the built-in model's
@@ -127,6 +132,11 @@ sweep_start=$(date +%s)
 sweep_s=$(( $(date +%s) - sweep_start ))
 (cd "$WORK" && timeout 60 "$PYTHON" "$REPO/benchmarks/sweep_figures.py" gpu-check-8b --wall-s "$sweep_s" \
   --json "$OUT_DIR/sweep_8b.json" 2>&1) | tee -a "$OUT_DIR/sweep_8b.txt"
+
+echo "== the trl export's own run against the trial's peak: TRL's loss kernel and the full logits (limit 150 s)"
+(cd "$WORK" && timeout 150 "$PYTHON" "$REPO/benchmarks/export_peak.py" --study gpu-check-8b --device "$DEVICE" \
+  --runs trl trl-full-logits --repeats 1 --steps "$([ "$DRY" = 1 ] && echo 1 || echo 2)" \
+  --json "$OUT_DIR/export_peak.json" 2>&1) | grep -v -i "kernels-community" | tee "$OUT_DIR/export_peak.txt"
 
 rm -rf "$WORK"
 echo "gpu_check: $(( $(date +%s) - start )) s; figures in $OUT_DIR" | tee -a "$OUT_DIR/gpu.txt"

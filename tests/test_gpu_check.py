@@ -39,3 +39,8 @@ def test_the_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     assert trial["status"] == "complete" and trial["predicted_peak_gib"] > 0
     assert set(trial["phase_peak_memory_gib"]) >= {"load", "train", "worst_case", "probe", "stress"}
     assert trial["worst_case_shape"] == [1, 256] and 0 < trial["data_token_share"] <= 1
+    exported = json.loads((out / "export_peak.json").read_text())  # the trl file's runs against that trial's peak
+    assert exported["device"] == "cpu" and exported["peaks"]["trial"] == [
+        pytest.approx(trial["peak_memory_gib"], abs=1e-3)
+    ]
+    assert all(len(exported["peaks"][run]) == 1 and exported["peaks"][run][0] > 0 for run in ("trl", "trl-full-logits"))
