@@ -37,12 +37,36 @@ def environment_expandable_segments(env: Mapping[str, str] | None = None) -> str
     in ``PYTORCH_CUDA_ALLOC_CONF`` or in torch's newer name for it, ``PYTORCH_ALLOC_CONF`` (``"True"``, ``"False"``);
     None where neither names it."""
     env = os.environ if env is None else env
-    for var in (CUDA_ALLOC_CONF_VAR, "PYTORCH_ALLOC_CONF"):
+    for var in (CUDA_ALLOC_CONF_VAR, ALLOC_CONF_VAR):
         for option in env.get(var, "").split(","):
             key, _, value = option.partition(":")
             if key.strip() == "expandable_segments":
                 return value.strip()
     return None
+
+
+#: torch's newer name for :data:`CUDA_ALLOC_CONF_VAR`: which of the two a torch reads when both are set depends on
+#: its version (``c10/cuda/CUDAAllocatorConfig.h``: the CUDA name first in recent releases, the newer name first in
+#: some), and one set alone is read by every version that knows it.
+ALLOC_CONF_VAR = "PYTORCH_ALLOC_CONF"
+
+
+def environment_alloc_conf(env: Mapping[str, str] | None = None) -> str:
+    """The CUDA allocator's options the environment ``env`` (default: this process's) gives, from both
+    :data:`CUDA_ALLOC_CONF_VAR` and :data:`ALLOC_CONF_VAR`, one ``option:value`` per option (the CUDA name's value
+    where both name it), comma-separated; ``""`` where neither is set.
+
+    >>> environment_alloc_conf({"PYTORCH_ALLOC_CONF": "max_split_size_mb:64,expandable_segments:True",
+    ...                         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})
+    'max_split_size_mb:64,expandable_segments:False'
+    """
+    env = os.environ if env is None else env
+    options: dict[str, str] = {}
+    for var in (ALLOC_CONF_VAR, CUDA_ALLOC_CONF_VAR):
+        for option in env.get(var, "").split(","):
+            if option.strip():
+                options[option.partition(":")[0].strip()] = option.strip()
+    return ",".join(options.values())
 
 
 def cuda_alloc_conf(environment: str | None, expandable_segments: bool) -> str:

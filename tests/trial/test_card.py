@@ -4,6 +4,7 @@ the word until the device is read, and the cap it stands for."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -142,3 +143,27 @@ def test_auto_keeps_the_cuda_context_as_read_where_it_is_more_than_the_default(t
         check=True,
     )
     assert json.loads(done.stdout) == {"8a1c-ff": 1535 * 2**20}
+
+
+def test_the_trials_allocator_keeps_the_options_given_under_either_name(monkeypatch):
+    # torch reads PYTORCH_CUDA_ALLOC_CONF or its newer name PYTORCH_ALLOC_CONF, which first depends on its version:
+    # the trial process composes the options of both with its own expandable_segments and writes the result under
+    # both, so an option given under either name is neither dropped nor left out of the recorded cuda_alloc_conf.
+    from sweeper.trial._child.memory import set_cuda_allocator
+    from sweeper.trial._devices import environment_alloc_conf
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:64,expandable_segments:False")
+    assert set_cuda_allocator(True) == "max_split_size_mb:64,expandable_segments:True"
+    assert (
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"]
+        == os.environ["PYTORCH_ALLOC_CONF"]
+        == ("max_split_size_mb:64,expandable_segments:True")
+    )
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6")
+    assert set_cuda_allocator(False) == "max_split_size_mb:64,garbage_collection_threshold:0.6"
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    assert set_cuda_allocator(False) == "" and "PYTORCH_ALLOC_CONF" not in os.environ
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+    assert environment_alloc_conf({"PYTORCH_ALLOC_CONF": "a:1,b:2", "PYTORCH_CUDA_ALLOC_CONF": "b:3"}) == "a:1,b:3"

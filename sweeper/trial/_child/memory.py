@@ -92,7 +92,9 @@ def lift_cpu_memory_cap() -> None:
 
 def set_cuda_allocator(expandable_segments: bool) -> str:
     """Give the CUDA caching allocator the trial's ``expandable_segments`` (:attr:`sweeper.space.TrialConfig.
-    expandable_segments`) before the trial allocates on the card, keeping the environment's other options; returns
+    expandable_segments`) before the trial allocates on the card, keeping the environment's other options (from
+    ``PYTORCH_CUDA_ALLOC_CONF`` and torch's newer ``PYTORCH_ALLOC_CONF`` both, :func:`sweeper.trial._devices.
+    environment_alloc_conf`, and written to both, so that no option is dropped whichever name this torch reads); returns
     the ``PYTORCH_CUDA_ALLOC_CONF`` the trial runs under (:func:`sweeper.trial._devices.cuda_alloc_conf`), which this
     process's environment then holds (what the trial records as ``cuda_alloc_conf``).
 
@@ -104,13 +106,14 @@ def set_cuda_allocator(expandable_segments: bool) -> str:
 
     import torch
 
-    from sweeper.trial._devices import CUDA_ALLOC_CONF_VAR, cuda_alloc_conf
+    from sweeper.trial._devices import ALLOC_CONF_VAR, CUDA_ALLOC_CONF_VAR, cuda_alloc_conf, environment_alloc_conf
 
-    conf = cuda_alloc_conf(os.environ.get(CUDA_ALLOC_CONF_VAR), expandable_segments)
-    if conf:
-        os.environ[CUDA_ALLOC_CONF_VAR] = conf
-    else:
-        os.environ.pop(CUDA_ALLOC_CONF_VAR, None)
+    conf = cuda_alloc_conf(environment_alloc_conf(), expandable_segments)
+    for var in (CUDA_ALLOC_CONF_VAR, ALLOC_CONF_VAR):  # both: whichever this torch reads holds what is recorded
+        if conf:
+            os.environ[var] = conf
+        else:
+            os.environ.pop(var, None)
     setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
     setter(f"expandable_segments:{expandable_segments}")
     return conf
