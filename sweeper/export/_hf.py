@@ -218,6 +218,8 @@ def _environment(s: ExportSettings) -> list[str]:
     warning where the user's environment said otherwise; none when it sets nothing."""
     if not s.environment:
         return []
+    from sweeper.trial import ALLOC_CONF_VAR, CUDA_ALLOC_CONF_VAR
+
     lines = ["import os", "import warnings", "", "# As the trial ran; the CUDA allocator reads it when torch starts."]
     for name, value in s.environment.items():
         lines += [
@@ -225,6 +227,13 @@ def _environment(s: ExportSettings) -> list[str]:
             f'    warnings.warn(f"{name}={{os.environ[{name!r}]}} replaced by the trial\'s {value}", stacklevel=1)',
             f"os.environ[{name!r}] = {value!r}",
         ]
+        if name == CUDA_ALLOC_CONF_VAR:  # torch's newer name, which some versions read first: the same value there
+            lines += [
+                f"if os.environ.get({ALLOC_CONF_VAR!r}, {value!r}) != {value!r}:",
+                f"    warnings.warn(f\"{ALLOC_CONF_VAR}={{os.environ[{ALLOC_CONF_VAR!r}]}} replaced by the trial's "
+                f'{value}", stacklevel=1)',
+                f"    os.environ[{ALLOC_CONF_VAR!r}] = {value!r}",
+            ]
     return [*lines, ""]
 
 

@@ -19,6 +19,7 @@ from sweeper._lazy import lazy_names
 if TYPE_CHECKING:
     from sweeper.trial._card import Card, CardError, read_cards, smallest_card
     from sweeper.trial._devices import (
+        ALLOC_CONF_VAR,
         CUDA_ALLOC_CONF_VAR,
         cpu_has_bfloat16,
         cuda_alloc_conf,
@@ -47,6 +48,7 @@ _HOMES = {
     "FAIL_STATUSES": "sweeper.trial._status",
     "CUDA_ALLOC_CONF_NOT_APPLICABLE": "sweeper.trial._result",
     "CUDA_ALLOC_CONF_VAR": "sweeper.trial._devices",
+    "ALLOC_CONF_VAR": "sweeper.trial._devices",
     "MemoryReading": "sweeper.trial._result",
     "Provenance": "sweeper.trial._result",
     "StressOutcome": "sweeper.trial._result",
@@ -66,6 +68,7 @@ _HOMES = {
 }
 
 __all__ = [
+    "ALLOC_CONF_VAR",
     "CUDA_ALLOC_CONF_NOT_APPLICABLE",
     "CUDA_ALLOC_CONF_VAR",
     "FAIL_STATUSES",

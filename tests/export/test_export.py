@@ -817,6 +817,16 @@ def test_every_format_runs_with_the_allocator_options_the_trial_ran_under(
         assert f"PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6 replaced by the trial's {environment}" in (
             run.stderr
         )
+        # torch's newer name, which some versions read first: replaced too where the user's environment sets it
+        newer = "\nprint(os.environ['PYTORCH_CUDA_ALLOC_CONF'], os.environ.get('PYTORCH_ALLOC_CONF'))"
+        both = {"PYTORCH_ALLOC_CONF": "expandable_segments:False", "PYTORCH_CUDA_ALLOC_CONF": ""}
+        command = [sys.executable, "-c", head + newer]
+        run = subprocess.run(command, env={**os.environ, **both}, capture_output=True, text=True)
+        assert run.returncode == 0 and run.stdout == f"{environment} {environment}\n", run.stderr
+        assert f"PYTORCH_ALLOC_CONF=expandable_segments:False replaced by the trial's {environment}" in run.stderr
+        unset = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+        run = subprocess.run(command, env=unset, capture_output=True, text=True)
+        assert run.stdout == f"{environment} None\n" and "replaced" not in run.stderr, run.stderr
 
 
 def test_each_formats_file_carries_its_runs_measured_peak_as_the_committed_measurement_says(study_and_knee, tmp_path):
