@@ -90,16 +90,18 @@ def _comments(s: ExportSettings, entry_comments: dict[str, str]) -> dict[str, st
         "tf32": "the trial ran float32 matmuls in full float32 (PyTorch's default); axolotl's default, auto, turns "
         "TF32 on for Ampere and newer GPUs",
         AXOLOTL_LORA_KERNELS[0]: "the trial ran peft's own LoRA layers; axolotl turns its fused LoRA kernels on by "
-        "default for QLoRA, whose memory and (with lora_dropout) numerics are not what the sweep measured",
+        "default for QLoRA, whose memory and (with lora_dropout) numerics are not what the sweep measured (axolotl "
+        "0.21 still logs 'Auto-enabling LoRA kernel optimizations'; its validated config keeps these false)",
     }
     if not s.training.bf16 and not s.training.fp16:
         comments["bf16"] = "the trial computed in float32: no mixed precision (axolotl's default, auto, would use bf16)"
     else:  # axolotl 0.21 loaders/model.py: should_convert_embedding_dtypes is true with an adapter, no FSDP
         dtype = s.quantization.bnb_4bit_compute_dtype
         comments["adapter"] = (
-            "axolotl converts embed_tokens and lm_head back to the compute dtype after preparing the 4-bit model, "
-            f"where the trial kept them in float32: this run holds them (and the logits) in {dtype} and peaks lower "
-            "than measured; no axolotl key keeps them in float32 without FSDP"
+            "axolotl converts embed_tokens, lm_head and the norms back to the compute dtype after preparing the "
+            f"4-bit model, where the trial kept them in float32: this run holds them in {dtype}, 2 bytes less a "
+            "weight on the card (about 2 GiB for Llama-3-8B's untied 128k vocabulary), with other numerics; no "
+            "axolotl key keeps them in float32 without FSDP (its fp32_norms requires FSDP)"
         )
     return comments
 
