@@ -176,7 +176,7 @@ def one_trial_study(folder: Path, name: str) -> Target:
 #: The child that trains a tool's file in the tool's venv and prints its peak (argv: tool, file). The peak is reset
 #: where ``transformers.Trainer.train`` begins (the model loaded and adapted, the data prepared), as in :data:`CHILD`.
 TOOL_CHILD = r"""
-import collections, ctypes, gc, importlib.machinery, json, sys, types
+import collections, ctypes, gc, json, sys
 from pathlib import Path
 import transformers
 
@@ -204,12 +204,9 @@ if __name__ == "__main__":
         from axolotl.cli.train import do_cli
         do_cli(config=path)
     else:
-        try:
-            import torchaudio  # LLaMA-Factory's mm_plugin imports it; no build for this torch: a stand-in, unused
-        except ImportError:
-            stand_in = types.ModuleType("torchaudio")
-            stand_in.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
-            sys.modules["torchaudio"] = stand_in
+        sys.path.insert(0, TOOL_CHECK)  # the tests' stand-in for torchaudio, which LLaMA-Factory imports, unused
+        from tool_check import _torchaudio_stand_in
+        _torchaudio_stand_in()
         import yaml
         from llamafactory.train.tuner import run_exp
         run_exp(yaml.safe_load(Path(path).read_text()))
@@ -275,17 +272,8 @@ def tool_run(target: Target, tool: str, steps: int, venvs: Path) -> tuple[float,
     when training began, in GiB."""
     from sweeper.testing import run_in_venv, stack_venv
 
-    class Venvs:  # stack_venv's pytest factory, here a fixed folder ($SWEEPER_STACK_VENVS)
-        @staticmethod
-        def mktemp(label: str) -> Path:
-            return venvs / label
-
-        @staticmethod
-        def getbasetemp() -> Path:
-            return venvs
-
-    os.environ.setdefault("SWEEPER_STACK_VENVS", str(venvs))
-    python = stack_venv(TOOL_STACKS[tool], Venvs)
+    os.environ.setdefault("SWEEPER_STACK_VENVS", str(venvs))  # where stack_venv builds (its pytest factory unused)
+    python = stack_venv(TOOL_STACKS[tool], None)
     out = target.folder / f"export-{tool}"
     path = tool_file(target, tool, out)
     fills = {"model": target.model_path, "out": str(out)}
@@ -295,7 +283,7 @@ def tool_run(target: Target, tool: str, steps: int, venvs: Path) -> tuple[float,
     run = out / "run.yaml"
     run.write_text(yaml.safe_dump(config))
     child = out / "child.py"
-    child.write_text(TOOL_CHILD)
+    child.write_text(TOOL_CHILD.replace("TOOL_CHECK", repr(str(REPO / "tests" / "export"))))
     env = {"HF_HUB_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled"}
     done = run_in_venv(python, str(child), tool, str(run), cwd=out, **env)
     peaks = [line for line in done.stdout.splitlines() if line.startswith("PEAK ")]

@@ -84,13 +84,24 @@ def render_llama_factory(s: ExportSettings, data: ExportData | None = None) -> t
         **same_named_training(t),
         "output_dir": f"outputs/{p.study}-trial{p.trial}",
     }
+    comments = {**entry_comments, **_comments(s)}
+    lines = header(s, "#", dataset_given=bool(entry))
+    lines += [f"# {line}" for line in (LLAMA_FACTORY_DTYPES, LLAMA_FACTORY_FROZEN, measured_peak_line("llama-factory"))]
+    if data and data.rows is None:
+        lines.append(f"# {data.missing_note()}")
+    return yaml_text(lines, out, comments), info
+
+
+def _comments(s: ExportSettings) -> dict[str, str]:
+    """The comments of :func:`render_llama_factory`'s keys but the dataset's: what LLaMA-Factory does with each that
+    the trial did otherwise, and the compute dtype it derives from ``bf16``/``fp16``."""
+    dtype = s.quantization.bnb_4bit_compute_dtype
     effective = (
         "bfloat16, as the trial (needs a GPU with bfloat16 support: Ampere or newer)"
         if dtype == "bfloat16"
         else "float16, as the trial, on any GPU and whatever the checkpoint's dtype"
     )
-    comments = {
-        **entry_comments,
+    return {
         "quantization_bit": "bitsandbytes: LLaMA-Factory's default quantization_method",
         "quantization_type": "bnb_4bit_quant_type",
         "double_quantization": "bnb_4bit_use_double_quant",
@@ -102,11 +113,6 @@ def render_llama_factory(s: ExportSettings, data: ExportData | None = None) -> t
         "training; left out, they stay in the checkpoint's dtype)",
         **_collation_comments(s),
     }
-    lines = header(s, "#", dataset_given=bool(entry))
-    lines += [f"# {line}" for line in (LLAMA_FACTORY_DTYPES, LLAMA_FACTORY_FROZEN, measured_peak_line("llama-factory"))]
-    if data and data.rows is None:
-        lines.append(f"# {data.missing_note()}")
-    return yaml_text(lines, out, comments), info
 
 
 def _collation(s: ExportSettings) -> dict[str, bool]:

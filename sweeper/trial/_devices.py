@@ -32,19 +32,6 @@ def visible_gpus() -> list[str]:
 CUDA_ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 
 
-def environment_expandable_segments(env: Mapping[str, str] | None = None) -> str | None:
-    """The ``expandable_segments`` option the environment ``env`` (default: this process's) gives the CUDA allocator
-    in ``PYTORCH_CUDA_ALLOC_CONF`` or in torch's newer name for it, ``PYTORCH_ALLOC_CONF`` (``"True"``, ``"False"``);
-    None where neither names it."""
-    env = os.environ if env is None else env
-    for var in (CUDA_ALLOC_CONF_VAR, ALLOC_CONF_VAR):
-        for option in env.get(var, "").split(","):
-            key, _, value = option.partition(":")
-            if key.strip() == "expandable_segments":
-                return value.strip()
-    return None
-
-
 #: torch's newer name for :data:`CUDA_ALLOC_CONF_VAR`: which of the two a torch reads when both are set depends on
 #: its version (``c10/cuda/CUDAAllocatorConfig.h``: the CUDA name first in recent releases, the newer name first in
 #: some), and one set alone is read by every version that knows it.
@@ -67,6 +54,17 @@ def environment_alloc_conf(env: Mapping[str, str] | None = None) -> str:
             if option.strip():
                 options[option.partition(":")[0].strip()] = option.strip()
     return ",".join(options.values())
+
+
+def environment_expandable_segments(env: Mapping[str, str] | None = None) -> str | None:
+    """The ``expandable_segments`` option the environment ``env`` (default: this process's) gives the CUDA allocator
+    in ``PYTORCH_CUDA_ALLOC_CONF`` or in torch's newer name for it, ``PYTORCH_ALLOC_CONF`` (``"True"``, ``"False"``;
+    the first's where both name it, :func:`environment_alloc_conf`); None where neither names it."""
+    for option in environment_alloc_conf(env).split(","):
+        key, _, value = option.partition(":")
+        if key.strip() == "expandable_segments":
+            return value.strip()
+    return None
 
 
 def cuda_alloc_conf(environment: str | None, expandable_segments: bool) -> str:
