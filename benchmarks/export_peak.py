@@ -59,12 +59,29 @@ FIXED = {
     "max_seq_length": [64],
 }
 
+#: The CPU counting both children share, the trial's (``sweeper/trial/_child/memory.py``): ``restart_cpu_peak()``
+#: hands what loading freed back to the system (glibc's ``malloc_trim``, as the trial does when a phase starts) and
+#: resets the resident set's high-water mark; ``status("VmHWM:")`` reads it, in GiB.
+CPU_COUNTING = r"""
+import ctypes, gc
+from pathlib import Path
+
+def status(key):
+    return next(int(l.split()[1]) * 1024 / 2**30 for l in open("/proc/self/status") if l.startswith(key))
+
+def restart_cpu_peak():
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+"""
+
 #: The child that trains one export and prints its peak (argv: format, export file, model path, the trial's dataset
 #: as JSON, steps, device). On the CPU the trial's counting (the resident set's high-water mark, reset after
 #: loading); on CUDA the trial's too (``torch.cuda.max_memory_reserved``, its peak statistics reset after loading).
-CHILD = r"""
+CHILD = (
+    CPU_COUNTING
+    + r"""
 import dataclasses, json, runpy, sys
-from pathlib import Path
 
 fmt, py, model_path, dataset, steps, device = sys.argv[1:7]
 import torch
@@ -95,9 +112,8 @@ else:
         import types
         from transformers import Trainer
         trainer.compute_loss = types.MethodType(Trainer.compute_loss, trainer)
-import ctypes, gc
-gc.collect()
 if device == "cuda":
+    gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -105,14 +121,13 @@ if device == "cuda":
     trainer.train()
     peak = torch.cuda.max_memory_reserved() / 2**30
 else:
-    ctypes.CDLL(None).malloc_trim(0)  # what loading freed handed back, as the trial does when its phase starts
-    Path("/proc/self/clear_refs").write_text("5")  # the peak from here on: the trial's counting after loading
-    status = lambda key: next(int(l.split()[1]) * 1024 / 2**30 for l in open("/proc/self/status") if l.startswith(key))
+    restart_cpu_peak()  # the peak from here on: the trial's counting after loading
     start = status("VmRSS:")
     trainer.train()
     peak = status("VmHWM:")
 print(json.dumps({"peak_memory_gib": peak, "start_gib": start, "steps": trainer.state.global_step}))
 """
+)
 
 
 class Target(NamedTuple):
@@ -141,11 +156,11 @@ def target_of(folder: Path, name: str, number: int | None) -> Target:
         study = snapshot(load_existing_study(name)[0])
     finally:
         os.chdir(here)
-    done = [t for t in study.trials if t.status == "complete" and t.config is not None and t.values is not None]
-    if number is not None:
-        done = [t for t in done if t.number == number]
+    named = [t for t in study.trials if number is None or t.number == number]
+    done = [t for t in named if t.status == "complete" and t.config is not None and t.values is not None]
     if not done:
-        raise RuntimeError(f"{name}: no complete trial{'' if number is None else f' {number}'} to export")
+        ended = "; ".join(f"trial {t.number} ended {t.status}: {t.result.reason}" for t in named)
+        raise RuntimeError(f"{name}: no complete trial{'' if number is None else f' {number}'} to export ({ended})")
     trial = max(done, key=lambda t: (t.config.per_device_train_batch_size * t.config.max_seq_length, -t.number))
     model = study.model_path or trial.config.model.name_or_path
     dataset = dataclasses.asdict(trial.config.dataset)
@@ -166,27 +181,21 @@ def one_trial_study(folder: Path, name: str) -> Target:
     done = subprocess.run([*SWEEP, "run", str(path)], cwd=folder, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
-    report = subprocess.run([*SWEEP, "report", name, "--json"], cwd=folder, capture_output=True, text=True, check=True)
-    [trial] = json.loads(report.stdout)["trials"]
-    if trial["status"] != "complete":
-        raise RuntimeError(f"the trial ended {trial['status']}: {trial['reason']}")
-    return target_of(folder, name, 0)
+    return target_of(folder, name, 0)  # raises, with the trial's status and reason, where it did not complete
 
 
 #: The child that trains a tool's file in the tool's venv and prints its peak (argv: tool, file). The peak is reset
 #: where ``transformers.Trainer.train`` begins (the model loaded and adapted, the data prepared), as in :data:`CHILD`.
-TOOL_CHILD = r"""
-import collections, ctypes, gc, json, sys
-from pathlib import Path
+TOOL_CHILD = (
+    CPU_COUNTING
+    + r"""
+import collections, json, sys
 import transformers
 
-status = lambda key: next(int(l.split()[1]) * 1024 / 2**30 for l in open("/proc/self/status") if l.startswith(key))
 train = transformers.Trainer.train
 
 def measured(self, *args, **kwargs):
-    gc.collect()
-    ctypes.CDLL(None).malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")
+    restart_cpu_peak()
     start = status("VmRSS:")
     frozen = collections.Counter()  # the frozen weights outside the 4-bit layers: elements by dtype
     for p in self.model.parameters():
@@ -211,6 +220,7 @@ if __name__ == "__main__":
         from llamafactory.train.tuner import run_exp
         run_exp(yaml.safe_load(Path(path).read_text()))
 """
+)
 
 #: What the benchmark changes in a tool's file (``{model}``: the local checkpoint the trial loaded; ``{out}``: a
 #: folder of the run's): the model, a short run, nothing saved or reported, one process for the data. LLaMA-Factory
