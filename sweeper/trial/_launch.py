@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from sweeper.space import TrialConfig
-from sweeper.trial._ended import SIGKILL_CAUSE, allocation_abort, log_tail, mentions_allocation_abort, signal_name
+from sweeper.trial._ended import (
+    SIGKILL_CAUSE,
+    allocation_abort,
+    fault_frames,
+    log_tail,
+    mentions_allocation_abort,
+    signal_name,
+)
 from sweeper.trial._job import Measures, ProbeSettings, StressSettings, TrialDone, TrialJob, TrialProgress
 from sweeper.trial._result import Provenance, TrialResult
 from sweeper.trial._status import TrialStatus
@@ -212,14 +219,19 @@ class TrialProcess:
     def _died(
         self, config: TrialConfig, proc: subprocess.Popen | ForkedProcess, log_path: Path, wall: float, warm: bool
     ) -> TrialResult:
-        """The ``crash`` result of a process that died without a result (its exit and the log's last line)."""
+        """The ``crash`` result of a process that died without a result: its exit, the step it last reported, the
+        log's last line and, for a signal, where its Python code was (:func:`sweeper.trial._ended.fault_frames`)."""
         try:
             rc = proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             rc = 0
         self.close()
         why = f"killed by {signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
-        tail = SIGKILL_CAUSE if rc == -signal.SIGKILL else log_tail(log_path)
+        said = [SIGKILL_CAUSE] if rc == -signal.SIGKILL else [log_tail(log_path), fault_frames(log_path)]
+        progress = self._last_progress
+        if progress is not None and progress.step is not None:  # where the trial was: a step, or past its last
+            said.insert(0, f"last reported {progress.phase} step {progress.step} of {progress.of}")
+        tail = "; ".join(s for s in said if s)
         reason = f"worker {why} without a result" + (f": {tail}" if tail else "")
         loading = self._last_progress is None or self._last_progress.phase == "load"
         if rc == -signal.SIGABRT and loading and mentions_allocation_abort(log_path):

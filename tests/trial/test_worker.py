@@ -4,6 +4,7 @@ test_diagnosis.py's (here: the same run completes in fp32); an OOM in the first 
 peak, is test_warm.py's (in a warm process) and test_study.py's (in a sweep)."""
 
 import os
+import re
 import signal
 import threading
 import time
@@ -126,6 +127,10 @@ def test_a_worker_ended_by_a_signal_is_a_crash_naming_it(tiny_model, tmp_path):
     killer.join()
     assert result.status == "crash" and "SIGSEGV" in result.reason, result.reason
     assert "warn" not in result.reason.lower() and "OOM killer" not in result.reason
+    # Where its Python code was, from the traceback faulthandler wrote to the log: a frame of this package's worker
+    # at the least (the signal came while it imported, loaded or trained).
+    assert re.search(r"in \w+ \(\S+\.py:\d+\)", result.reason), result.reason
+    assert "Fatal Python error" in (tmp_path / "worker.log").read_text()
 
 
 def test_error_is_reported_not_raised(tiny_model, tmp_path):

@@ -26,10 +26,14 @@ the process has imported.
 from __future__ import annotations
 
 if __name__ == "__main__":  # first thing, before the heavy imports below (seconds): die with the sweep
+    import faulthandler
+
     from sweeper.trial._child._process import die_with_parent
 
     die_with_parent()
+    faulthandler.enable()  # as main() does: a fault in an import is named too
 
+import faulthandler
 import gc
 import json
 import os
@@ -387,6 +391,10 @@ def main(argv: list[str]) -> int:
     # RLIMIT_DATA that reservation would count as used. The system allocator reserves nothing (measured: VmData
     # 1.43 -> 0.46 GiB after importing transformers' Trainer).
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    # A process that dies of a signal (SIGSEGV: an allocation that failed under the CPU cap where a library does not
+    # check it, a fault in a CUDA kernel or a C extension) writes its Python traceback to the log (file descriptor 2),
+    # where the sweep reads where it was (sweeper.trial._ended.fault_frames). No cost until a signal arrives.
+    faulthandler.enable()
     if argv[:1] == ["--serve"]:
         serve(int(os.environ["SWEEPER_CONTROL_FD"]))
     else:
