@@ -136,54 +136,70 @@ def _load_rows(spec: DatasetSpec) -> Any:
     datasets.disable_progress_bars()
     path = Path(spec.path).expanduser()
     if path.suffix or path.exists() or spec.path.startswith((".", "/", "~")):
-        if path.is_dir():
-            raise DataError(f"{spec.path}: dataset.path: is a directory; give a .jsonl, .json, .csv or .parquet file")
-        if not path.is_file():
-            where = "" if path.is_absolute() else f" (relative to the working directory {Path.cwd()})"
-            what = _not_a_file(path)
-            if what:  # it exists (or loops): saying "no such file" sent users looking for a file that is there
-                raise DataError(
-                    f"{spec.path}: dataset.path: {what}, not a regular file; give a .jsonl, .json, .csv or .parquet "
-                    "file (a copy of a pipe's output, or the file a link points to)"
-                )
+        return _load_file(spec, path)
+    return _load_hub(spec)
+
+
+def _load_file(spec: DatasetSpec, path: Path) -> Any:
+    """The rows of the local file ``path`` (``spec.path`` expanded); a :class:`DataError` naming what is wrong with
+    it (a folder, missing, not a regular file, an unsupported type, empty, not UTF-8, unreadable)."""
+    import datasets
+
+    if path.is_dir():
+        raise DataError(f"{spec.path}: dataset.path: is a directory; give a .jsonl, .json, .csv or .parquet file")
+    if not path.is_file():
+        where = "" if path.is_absolute() else f" (relative to the working directory {Path.cwd()})"
+        what = _not_a_file(path)
+        if what:  # it exists (or loops): saying "no such file" sent users looking for a file that is there
             raise DataError(
-                f"{spec.path}: dataset.path: no such file{where}; give an existing .jsonl, .json, .csv "
-                "or .parquet file, a hub id, or builtin:pydoc-topics"
+                f"{spec.path}: dataset.path: {what}, not a regular file; give a .jsonl, .json, .csv or .parquet "
+                "file (a copy of a pipe's output, or the file a link points to)"
             )
-        builder = _LOCAL_BUILDERS.get(path.suffix.lower())
-        if builder is None:
+        raise DataError(
+            f"{spec.path}: dataset.path: no such file{where}; give an existing .jsonl, .json, .csv "
+            "or .parquet file, a hub id, or builtin:pydoc-topics"
+        )
+    builder = _LOCAL_BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise DataError(
+            f"{spec.path}: dataset.path: unsupported file type '{path.suffix}'; use .jsonl, .json, .csv or .parquet"
+        )
+    size = path.stat().st_size
+    if size == 0 or (builder != "parquet" and size < 2**20 and not path.read_bytes().strip()):
+        raise DataError(f"{spec.path}: dataset.path: the file is empty; give a file with one sample per row")
+    if builder != "parquet":
+        # JSON text is UTF-8 (RFC 8259): the json reader keeps invalid bytes and the first read of that row
+        # raised UnicodeDecodeError from pyarrow (a traceback); the csv reader refuses them as ArrowInvalid
+        not_utf8 = _first_non_utf8_line(path)
+        if not_utf8:
             raise DataError(
-                f"{spec.path}: dataset.path: unsupported file type '{path.suffix}'; use .jsonl, .json, .csv or .parquet"
+                f"{spec.path}: dataset.path: {not_utf8} is not UTF-8; save the file as UTF-8 (e.g. iconv -f "
+                "latin1 -t utf-8), or fix that line"
             )
-        size = path.stat().st_size
-        if size == 0 or (builder != "parquet" and size < 2**20 and not path.read_bytes().strip()):
-            raise DataError(f"{spec.path}: dataset.path: the file is empty; give a file with one sample per row")
-        if builder != "parquet":
-            # JSON text is UTF-8 (RFC 8259): the json reader keeps invalid bytes and the first read of that row
-            # raised UnicodeDecodeError from pyarrow (a traceback); the csv reader refuses them as ArrowInvalid
-            not_utf8 = _first_non_utf8_line(path)
-            if not_utf8:
-                raise DataError(
-                    f"{spec.path}: dataset.path: {not_utf8} is not UTF-8; save the file as UTF-8 (e.g. iconv -f "
-                    "latin1 -t utf-8), or fix that line"
-                )
-        try:
-            # A local file needs nothing from the hub: offline, datasets sends no load-count request (a HEAD to the
-            # hub per load; where no network answers, a name lookup that waited 5 s)
-            with _offline(True):
-                loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
-            return _csv_empty_cells_as_text(loaded) if builder == "csv" else loaded
-        except Exception as exc:  # datasets raises many types for unreadable files
-            cause = _root_cause(exc)
-            if "corresponds to no data" in cause:
-                raise DataError(
-                    f"{spec.path}: dataset.path: the file has no data rows; give a file with one sample per row"
-                ) from None
-            bad_line = _first_bad_json_line(path) if path.suffix.lower() in (".jsonl", ".json") else None
+    try:
+        # A local file needs nothing from the hub: offline, datasets sends no load-count request (a HEAD to the
+        # hub per load; where no network answers, a name lookup that waited 5 s)
+        with _offline(True):
+            loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
+        return _csv_empty_cells_as_text(loaded) if builder == "csv" else loaded
+    except Exception as exc:  # datasets raises many types for unreadable files
+        cause = _root_cause(exc)
+        if "corresponds to no data" in cause:
             raise DataError(
-                f"{spec.path}: dataset.path: cannot read it as {builder} ({bad_line or cause}); "
-                + ("fix that line" if bad_line else "check the file")
+                f"{spec.path}: dataset.path: the file has no data rows; give a file with one sample per row"
             ) from None
+        bad_line = _first_bad_json_line(path) if path.suffix.lower() in (".jsonl", ".json") else None
+        raise DataError(
+            f"{spec.path}: dataset.path: cannot read it as {builder} ({bad_line or cause}); "
+            + ("fix that line" if bad_line else "check the file")
+        ) from None
+
+
+def _load_hub(spec: DatasetSpec) -> Any:
+    """The rows of the hub dataset ``spec.path`` (``spec.split``), offline where the hub cannot be reached; a
+    :class:`DataError` where it is neither reachable nor cached."""
+    import datasets
+
     offline = _hub_unreachable(spec.path)
     try:
         with _offline(offline):
