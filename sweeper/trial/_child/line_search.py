@@ -95,11 +95,9 @@ def run_line_search(trainer: Any, record: TrainingRecord, probe: Probe, step: in
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if not params:
         return
-    if trainer.accelerator.scaler is not None and trainer.args.max_grad_norm <= 0:
-        record.line_search_skipped = "the fp16 gradients are still scaled (max_grad_norm 0): no line search"
-        return
-    if not all(bool(torch.isfinite(p.grad).all()) for p in params):
-        record.line_search_skipped = f"a gradient is not finite at step {step}: no line search there"
+    skipped = _why_not(trainer, params, step)
+    if skipped:
+        record.line_search_skipped = skipped
         return
     start = time.monotonic()
     net: Any = trainer.model
@@ -129,16 +127,7 @@ def run_line_search(trainer: Any, record: TrainingRecord, probe: Probe, step: in
 
             brackets, forwards = critical_multiples(evaluate, start=record.line_search_start)
         record.line_search_forwards += forwards
-        for i, bracket in enumerate(brackets):
-            if bracket.multiple is None:
-                continue
-            if i < rows:  # a probe row
-                record.line_search_readings.append((step, i, bracket.multiple, bracket.censored))
-            else:  # the step's own micro-batch i - rows
-                record.line_search_step_readings.append((step, i - rows, bracket.multiple, bracket.censored))
-        found = [b.multiple for b in brackets if b.multiple is not None and not b.censored]
-        if found:
-            record.line_search_start = min(found)
+        _record_readings(record, brackets, rows, step)
     except Exception as exc:  # the instrument's own failure is recorded, never the trial's
         if not is_oom(exc) and not isinstance(exc, ValueError):
             raise
@@ -156,3 +145,29 @@ def run_line_search(trainer: Any, record: TrainingRecord, probe: Probe, step: in
         if before is not None:
             record.enter_memory_phase(before)
         record.line_search_time_s += time.monotonic() - start
+
+
+def _why_not(trainer: Any, params: list[torch.Tensor], step: int) -> str | None:
+    """Why the line search cannot read step ``step``'s update (the fp16 gradients still scaled, a gradient not
+    finite), or None."""
+    if trainer.accelerator.scaler is not None and trainer.args.max_grad_norm <= 0:
+        return "the fp16 gradients are still scaled (max_grad_norm 0): no line search"
+    if not all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in params):
+        return f"a gradient is not finite at step {step}: no line search there"
+    return None
+
+
+def _record_readings(record: TrainingRecord, brackets: list[Any], rows: int, step: int) -> None:
+    """Append step ``step``'s brackets to ``record``: the first ``rows`` are the probe rows'
+    (``line_search_readings``), the rest the step's own micro-batches' (``line_search_step_readings``); the next
+    search starts at the smallest uncensored multiple found."""
+    for i, bracket in enumerate(brackets):
+        if bracket.multiple is None:
+            continue
+        if i < rows:  # a probe row
+            record.line_search_readings.append((step, i, bracket.multiple, bracket.censored))
+        else:  # the step's own micro-batch i - rows
+            record.line_search_step_readings.append((step, i - rows, bracket.multiple, bracket.censored))
+    found = [b.multiple for b in brackets if b.multiple is not None and not b.censored]
+    if found:
+        record.line_search_start = min(found)

@@ -186,6 +186,41 @@ def _worst_case_rows(trial: TrialContext, rows: list[dict[str, Any]], tokenizer:
     return worst_case_rows(rows, config.per_device_train_batch_size)
 
 
+def _tokenized(config: TrialConfig, model_path: str, warm: WarmState) -> tuple[Any, list[Any], list[Any]]:
+    """The tokenizer, the samples and their tokenization at ``config.max_seq_length``; the tokenizer and the samples
+    kept in ``warm`` for the next trial of this process that reads the
+    same model and dataset."""
+    from sweeper.data import load_samples, load_tokenizer, tokenize_samples
+
+    tokenizer_key = (model_path, config.model.trust_remote_code)
+    if tokenizer_key not in warm.tokenizers:
+        warm.tokenizers[tokenizer_key] = load_tokenizer(model_path, config.model.trust_remote_code)
+    tokenizer = warm.tokenizers[tokenizer_key]
+    dataset_key = json.dumps(config.to_dict()["dataset"], sort_keys=True, default=str)
+    if warm.samples is None or warm.samples[0] != dataset_key:
+        warm.samples = (dataset_key, load_samples(config.dataset))
+    samples = warm.samples[1]
+    return tokenizer, samples, tokenize_samples(samples, tokenizer, config.max_seq_length)
+
+
+def _arm_measures(trial: TrialContext, rows: list[dict[str, Any]], collate: Any, probe: Any, tokenizer: Any) -> int:
+    """Give ``trial.record`` what the trial measures besides training, as ``trial.measures`` asks: the worst-case
+    step's batch, the line search's steps and the stress phase (those two read the probe, so only with one); returns
+    the stress phase's steps at most (0 without one), which the training arguments add to ``max_steps``."""
+    config, record = trial.config, trial.record
+    if rows and trial.measures.worst_case:
+        record.worst_case_batch = collate(_worst_case_rows(trial, rows, tokenizer))
+    if probe is not None and trial.measures.line_search:
+        record.line_search_steps = line_search_points(config.max_steps)
+    stress = trial.measures.stress
+    if stress is None or probe is None:  # the stress phase reads the probe after each step
+        return 0
+    record.stress = StressPhase(
+        after_step=config.max_steps, steps=stress.steps, learning_rate=config.learning_rate, growth=stress.growth
+    )
+    return stress.steps
+
+
 def setup(trial: TrialContext) -> Run:
     """Read the data, load (or reuse), check and adapt the model, and build the trainer; sets ``trial.measured``'s
     ``device``, ``model_reused``, ``quantized_linear_count``, ``load_time_s`` and ``load_peak_memory_gib``.
@@ -194,8 +229,6 @@ def setup(trial: TrialContext) -> Run:
         SetupCheckError: The model is not quantized or adapted as asked, or packed samples see each other.
         Exception: What loading raises (an out-of-memory error under the cap among them).
     """
-    from sweeper.data import load_samples, load_tokenizer, tokenize_samples
-
     config, model_path, warm, record, measured = (
         trial.config,
         trial.model_path,
@@ -209,15 +242,7 @@ def setup(trial: TrialContext) -> Run:
         set_cuda_allocator(config.expandable_segments)
         set_cuda_memory_cap(config.memory_limit_gib)
     measured.device = f"cuda:0 ({torch.cuda.get_device_name(0)})" if cuda else "cpu"
-    tokenizer_key = (model_path, config.model.trust_remote_code)
-    if tokenizer_key not in warm.tokenizers:
-        warm.tokenizers[tokenizer_key] = load_tokenizer(model_path, config.model.trust_remote_code)
-    tokenizer = warm.tokenizers[tokenizer_key]
-    dataset_key = json.dumps(config.to_dict()["dataset"], sort_keys=True, default=str)
-    if warm.samples is None or warm.samples[0] != dataset_key:
-        warm.samples = (dataset_key, load_samples(config.dataset))
-    samples = warm.samples[1]
-    tokenized = tokenize_samples(samples, tokenizer, config.max_seq_length)
+    tokenizer, samples, tokenized = _tokenized(config, model_path, warm)
     rows = [{"input_ids": t.input_ids, "labels": t.labels, "index": t.index} for t in tokenized]
     key = model_key(config, model_path)
     model = _adapted_model(config, model_path, key, cuda, warm, measured)
@@ -227,20 +252,7 @@ def setup(trial: TrialContext) -> Run:
     if config.packing:
         rows = pack_rows(rows, config.max_seq_length)
         check_block_diagonal(model, rows, collate)  # the packed samples kept apart, or the trial fails (issue 55)
-    if rows and trial.measures.worst_case:
-        record.worst_case_batch = collate(_worst_case_rows(trial, rows, tokenizer))
-    if probe is not None and trial.measures.line_search:
-        record.line_search_steps = line_search_points(config.max_steps)
-    stress_steps = 0
-    stress = trial.measures.stress
-    if stress is not None and probe is not None:  # the stress phase reads the probe after each step
-        stress_steps = stress.steps
-        record.stress = StressPhase(
-            after_step=config.max_steps,
-            steps=stress_steps,
-            learning_rate=config.learning_rate,
-            growth=stress.growth,
-        )
+    stress_steps = _arm_measures(trial, rows, collate, probe, tokenizer)
     args = _training_arguments(config, trial.trial_dir, cuda, stress_steps)
     trainer = make_trainer(
         model,
