@@ -69,10 +69,20 @@ def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
         "output_dir": f"./outputs/{p.study}-trial{p.trial}",
     }
     comments = _comments(s, entry_comments)
-    lines = header(s, "#", dataset_given=bool(entry)) + [f"# {measured_peak_line('axolotl')}"]
+    lines = header(s, "#", dataset_given=bool(entry)) + [f"# {measured_peak_line('axolotl')}", f"# {AXOLOTL_TELEMETRY}"]
     if data and data.rows is None:
         lines.append(f"# {data.missing_note()}")
     return yaml_text(lines, out, comments)
+
+
+#: The axolotl file's line on axolotl's telemetry: on by default (opt-out), read in axolotl 0.21.0's
+#: ``axolotl/telemetry/manager.py`` (``TelemetryManager._check_telemetry_enabled``); this project's own runs of axolotl
+#: (tests/export/test_export_tools.py, benchmarks/export_peak.py) set the variable.
+AXOLOTL_TELEMETRY = (
+    "axolotl sends usage telemetry (PostHog) unless its run starts with AXOLOTL_DO_NOT_TRACK=1 (or DO_NOT_TRACK=1): "
+    "`AXOLOTL_DO_NOT_TRACK=1 axolotl train <this file>` where the run must not report to it "
+    "(https://axolotl-ai-cloud.github.io/axolotl/docs/telemetry.html)."
+)
 
 
 def _comments(s: ExportSettings, entry_comments: dict[str, str]) -> dict[str, str]:

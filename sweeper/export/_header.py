@@ -62,10 +62,25 @@ def _batch_sentence(s: ExportSettings) -> str:
     )
 
 
-def _measured_under(s: ExportSettings) -> str:
+#: The ``memory_kind`` of a peak measured on the CPU (:mod:`sweeper.trial`): the process's peak resident set.
+CPU_PEAK_KIND = "cpu_peak_rss"
+#: The header's line under a CPU trial's peak: what it counts, and that a card's peak is another figure. The
+#: figures: benchmarks/results/export_imports_2026-12-06.txt (VmRSS 0.50-0.56 GiB after importing torch,
+#: transformers, peft, bitsandbytes and datasets, of which RssFile 0.14-0.19).
+CPU_PEAK_LINE = (
+    "On the CPU the peak is the trial process's resident memory on the host, the interpreter and its libraries "
+    "included (about 0.5 GiB after importing torch and transformers, 0.14-0.19 of it mapped library files), not a "
+    "card's: on a GPU the same configuration peaks otherwise, counting only the card's memory. Before a GPU run, "
+    "sweep the space on the card, or let `sweep estimate SPACE --device cuda` predict its peak from the memory model."
+)
+
+
+def _measured_under(s: ExportSettings, trl: bool) -> str:
     """The settings the trial ran under that move its peak and that a production stack may choose otherwise: the
     attention, the loss kernel, checkpointing, the optimizer, the compute dtype and (on CUDA) the allocator, with how
-    to run as measured (issue 57)."""
+    to run as measured (issue 57). TRL's own loss is named only in the ``trl`` file (``trl``): transformers' Trainer,
+    which the ``hf`` file, axolotl and LLaMA-Factory train with, computes the loss over the full logits as the trial
+    did."""
     alloc = s.provenance.cuda_alloc_conf
     if alloc is None:
         allocator = "the CUDA allocator's configuration was not recorded (a trial of an older version)"
@@ -86,8 +101,9 @@ def _measured_under(s: ExportSettings) -> str:
         )
     t = s.training
     return (
-        f"Measured under: attention {s.collation.attn_implementation}; the loss as cross-entropy over the full logits "
-        "(TRL 1.14's loss_type nll; TRL 1.16's nll is tiled without them and peaks otherwise); the 4-bit model "
+        f"Measured under: attention {s.collation.attn_implementation}; the loss as cross-entropy over the full logits"
+        + (" (TRL 1.14's loss_type nll; TRL 1.16's nll is tiled without them and peaks otherwise)" if trl else "")
+        + "; the 4-bit model "
         "prepared as the QLoRA recipe does (peft's prepare_model_for_kbit_training: the weights outside the 4-bit "
         "layers in float32); gradient checkpointing "
         f"{'on' if t.gradient_checkpointing else 'off'}; optimizer "
@@ -114,11 +130,14 @@ def environment_line(s: ExportSettings, sets_it: bool) -> str | None:
     return f"Environment: {pairs}, {source}; the CUDA allocator reads it when torch starts; {how}."
 
 
-def header(s: ExportSettings, comment: str, dataset_given: bool = False, sets_environment: bool = False) -> list[str]:
-    """The lines every format starts with, each after ``comment``: where the settings come from, what was measured,
-    the library versions and the notes (with ``dataset_given``, the export writes the dataset entry itself: the note
-    asks for the run's length only; ``sets_environment``: the file sets the run's environment itself,
-    :func:`environment_line`)."""
+def header(
+    s: ExportSettings, comment: str, dataset_given: bool = False, sets_environment: bool = False, trl: bool = False
+) -> list[str]:
+    """The lines every format starts with, each after ``comment``: where the settings come from, what was measured
+    (and, for a CPU trial, that its peak is not a card's: :data:`CPU_PEAK_LINE`), the library versions and the notes
+    (with ``dataset_given``, the export writes the dataset entry itself: the note asks for the run's length only;
+    ``sets_environment``: the file sets the run's environment itself, :func:`environment_line`; ``trl``: the ``trl``
+    file, whose loss is TRL's, :func:`_measured_under`)."""
     p = s.provenance
     notes = [RUN_LENGTH_NOTE if n == DATASET_NOTE and dataset_given else n for n in s.notes]
     versions = ", ".join(f"{k} {v}" for k, v in p.versions if v)
@@ -126,10 +145,11 @@ def header(s: ExportSettings, comment: str, dataset_given: bool = False, sets_en
         f"Exported by sweeper from study '{p.study}', trial {p.trial} ({p.exported}).",
         f"Measured: peak memory {p.peak_memory_gib} GiB ({p.memory_kind}, cap {p.memory_limit_gib} GiB), "
         f"instability {p.instability}, on {p.device}.",
+        *([CPU_PEAK_LINE] if p.memory_kind == CPU_PEAK_KIND else []),
         _margin_sentence(p),
         _batch_sentence(s),
         s.collation.sentence(s.max_seq_length),
-        _measured_under(s),
+        _measured_under(s, trl),
         *filter(None, [environment_line(s, sets_environment)]),
         f"Versions: {versions}.",
         *notes,

@@ -183,7 +183,7 @@ def _preamble(s: ExportSettings, trl: bool) -> list[str]:
     """The file's docstring, header comment, imports and constants (the ``trl`` file's chat template among them)."""
     from sweeper.data import DEFAULT_CHAT_TEMPLATE
 
-    lines = ['"""QLoRA settings chosen with sweeper."""', "", *header(s, "#", sets_environment=True)]
+    lines = ['"""QLoRA settings chosen with sweeper."""', "", *header(s, "#", sets_environment=True, trl=trl)]
     lines.append(f"# {measured_peak_line('trl' if trl else 'hf')}")
     if not trl:
         lines.append(_HF_PACKING_LINE)

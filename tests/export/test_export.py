@@ -757,6 +757,12 @@ def test_the_header_says_what_the_trial_ran_under_and_trl_runs_its_loss(study_an
         text = path.read_text()
         [line] = [x for x in text.splitlines() if "Measured under:" in x]
         assert "attention sdpa" in line and "cross-entropy over the full logits" in line and said in line, line
+        # TRL's own loss is named only where TRL trains: transformers' Trainer (hf, axolotl, LLaMA-Factory) computes
+        # the full logits as the trial did
+        assert ("TRL 1.16's nll is tiled" in line) == (fmt == "trl"), (fmt, line)
+        # a CPU trial's peak is the host's resident memory, not a card's: every format says so under it
+        assert "# On the CPU the peak is the trial process's resident memory on the host" in text, fmt
+        assert ("AXOLOTL_DO_NOT_TRACK=1 axolotl train" in text) == (fmt == "axolotl"), fmt  # its telemetry is opt-out
         assert ('loss_type="nll"' in text) == (fmt == "trl"), fmt
         # TRL drops the examples truncation leaves fully masked, which the trial kept: the trl file says so
         assert ("# TRL drops the rows that truncation at max_length 64 leaves" in text) == (fmt == "trl"), fmt
@@ -767,6 +773,7 @@ def test_the_header_says_what_the_trial_ran_under_and_trl_runs_its_loss(study_an
         memory.memory_kind, memory.peak_memory_gib, memory.peak_allocated_gib = "cuda_max_reserved", 12.8, 10.24
     [path, *_] = write_export(snapshot(study), trial, "axolotl", tmp_path / "cached" / "x.yaml")
     [line] = [x for x in path.read_text().splitlines() if "Measured under:" in x]
+    assert ("On the CPU the peak is" in path.read_text()) == (alloc == "not applicable (cpu)")  # a card's: no line
     cached = "20% of the reserved peak was the allocator's cache, not tensors (PYTORCH_CUDA_ALLOC_CONF="
     assert (cached in line) == (alloc in (None, "")), line
 
