@@ -9,7 +9,8 @@ was not permitted). While each runs, this process reads the trial process's ``/p
 seconds from outside (it changes nothing in the trial): ``RssFile`` and ``RssShmem``. Per run: the trial's reported
 ``peak_memory_gib`` (its training phases' ``VmHWM``), the trial process's ``RssFile`` and ``RssShmem`` at the last
 reading before it ended, and the peak less them (an estimate of the process's private memory at its peak: file pages
-are mapped at import and grow little after loading).
+are mapped at import and grow little after loading), and each phase's own peak (``phase_peak_memory_gib``: load,
+train, worst_case, probe, stress).
 
 Written before the runs (the comparison and what would refute it): if the files' pages are what moves the peak between
 runs, the spread (max - min, and the standard deviation) of ``peak - RssFile - RssShmem`` over the runs is smaller than
@@ -124,6 +125,8 @@ def run_once(every_s: float) -> dict[str, float]:
         "rss_file_gib": last["RssFile"],
         "rss_shmem_gib": last.get("RssShmem", 0.0),
         "peak_less_files_gib": trial["peak_memory_gib"] - files,
+        # each phase's own peak (which of them moves between runs)
+        **{f"{phase}_gib": value for phase, value in (trial.get("phase_peak_memory_gib") or {}).items()},
     }
 
 
