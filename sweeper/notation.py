@@ -31,16 +31,19 @@ def format_headroom(headroom: Headroom | None, *, mark: bool = True) -> str:
     if headroom is None:
         return "-"
     high = None if headroom.capped else headroom.high
-    return format_headroom_range(headroom.value, headroom.low, high, mark and headroom.near_edge)
+    return format_headroom_range(headroom.value, headroom.low, high, mark and headroom.near_edge, headroom.call)
 
 
-def format_headroom_range(value: float | None, low: float | None, high: float | None, near_edge: bool | None) -> str:
-    """``16x (7.1-36x)``, ``>=42x (>=19x)`` without a high end (capped), with ``, near edge`` inside the parentheses
-    when ``near_edge`` (``, above edge`` when the headroom is below 1: the trial's own rate is above its
-    ``predicted_max_lr``); ``-`` when unknown."""
+def format_headroom_range(
+    value: float | None, low: float | None, high: float | None, near_edge: bool | None, call: str | None = None
+) -> str:
+    """``16x (7.1-36x)``, ``>=42x (>=19x)`` without a high end (capped), with the call inside the parentheses when
+    ``near_edge`` (not called safe): ``, undecided`` or ``, likely fails`` (``call``), ``, above edge`` when the
+    headroom is below 1 (the trial's own rate is above its edge, ``predicted_max_lr``), ``, near edge`` for a trial
+    stored without a call; ``-`` when unknown."""
     if value is None or low is None:
         return "-"
-    near = (", above edge" if value < 1 else ", near edge") if near_edge else ""
+    near = (", above edge" if value < 1 else f", {call or 'near edge'}") if near_edge else ""
     if high is None:
         return f"{format_margin(value, True)} (>={format_margin(low)}{near})"
     return f"{format_margin(value)} ({format_margin(low)[:-1]}-{format_margin(high)}{near})"
@@ -89,13 +92,45 @@ def format_margin(value: float | None, capped: bool | None = False) -> str:
 
 def headroom_text(figures: StabilityFigures) -> str:
     """The headroom of ``figures`` with its interval as every view shows it (:func:`format_headroom_range`)."""
-    return format_headroom_range(figures.headroom, figures.headroom_low, figures.headroom_high, figures.near_edge)
+    return format_headroom_range(
+        figures.headroom, figures.headroom_low, figures.headroom_high, figures.near_edge, figures.stability_call
+    )
+
+
+def format_chance(figures: StabilityFigures, *, call: bool = True) -> str:
+    """The chance of diverging within the run with its interval and (``call``) its call, as every view shows it:
+    ``12% (5.9-23%) undecided``, ``<0.1% (<0.1-0.3%) safe``, ``<=1% (...)`` when the margin was capped (an upper
+    bound), ``fails`` for a trial that itself failed, ``-`` when unknown."""
+    if figures.stability_call == "fails":
+        return "fails"
+    p, low, high = figures.p_diverge, figures.p_diverge_low, figures.p_diverge_high
+    if p is None or low is None or high is None:
+        return "-"
+    if high < 0.001:
+        shown = "<0.1%"
+    else:
+        bound = "<=" if figures.margin_capped and p >= 0.001 else ""
+        shown = f"{bound}{_percent(p)} ({_percent(low)[:-1]}-{_percent(high)})"
+    return f"{shown} {figures.stability_call}" if call and figures.stability_call else shown
+
+
+def _percent(p: float) -> str:
+    """A chance as a percentage: ``12%``, ``5.9%``, ``0.3%``, ``<0.1%``, ``99.4%``, ``>99.9%``."""
+    if p < 0.001:
+        return "<0.1%"
+    if p > 0.999:
+        return ">99.9%"
+    x = 100 * p
+    return f"{x:.0f}%" if 10 <= x < 99 else f"{x:.1f}%"
 
 
 def edge_phrase(headroom: Headroom) -> str:
     """How a line names a trial :attr:`~sweeper.stability.Headroom.near_edge`: ``above its predicted edge`` when its
-    headroom is below 1 (its own rate is over ``predicted_max_lr``, predicted to fail), else ``near its edge``."""
-    return "above its predicted edge" if headroom.value < 1 else "near its edge"
+    headroom is below 1 (its own rate is over ``predicted_max_lr``, predicted to fail), else its call at its own
+    rate (``undecided at its own rate``, ``likely fails at its own rate``), or ``near its edge`` without one."""
+    if headroom.value < 1:
+        return "above its predicted edge"
+    return f"{headroom.call} at its own rate" if headroom.call else "near its edge"
 
 
 def rounded(figures: StabilityFigures) -> StabilityFigures:
@@ -115,6 +150,12 @@ def rounded(figures: StabilityFigures) -> StabilityFigures:
         headroom_low=round_figure(figures.headroom_low, 2),
         headroom_high=round_figure(figures.headroom_high, 2),
         near_edge=figures.near_edge,
+        horizon_steps=figures.horizon_steps,
+        p_diverge=round_figure(figures.p_diverge, 4),
+        p_diverge_low=round_figure(figures.p_diverge_low, 4),
+        p_diverge_high=round_figure(figures.p_diverge_high, 4),
+        stability_call=figures.stability_call,
+        safe_learning_rate=round_figure(figures.safe_learning_rate, 6),
     )
 
 

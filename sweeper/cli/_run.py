@@ -136,6 +136,8 @@ def _planned(
         if card is None or card.device != "cuda"
         else {"device": card.device, "name": card.name, "total_memory_gib": card.total_memory_gib},
     )
+    if space.study.confirm_steps is not None:  # the horizon every view gives the chance of diverging at, from trial 1
+        plan.study.set_user_attr(StudyAttr.CONFIRM_STEPS, space.study.confirm_steps)
     return plan, setup_lines
 
 

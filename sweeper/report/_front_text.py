@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from sweeper.notation import format_headroom, format_instability
+from sweeper.notation import format_chance, format_headroom, format_instability
 from sweeper.report._console import _fmt, _table, format_progress, margin_text
+from sweeper.stability import DEFAULT_HORIZON_STEPS
 from sweeper.study import Objective, StoredTrial, StudySnapshot, ties_on_stability
 
 
@@ -18,7 +19,9 @@ def format_front(
 ) -> str:
     """The Pareto front as a table: trial, r, lora_alpha, compute dtype, double quant, quant type, batch,
     max_seq_length, peak GiB, stability margin (``>=`` when capped), headroom (``predicted_max_lr /
-    learning_rate`` with its interval, ``near edge`` below its safety factor: :class:`sweeper.stability.Headroom`),
+    learning_rate``, how many times its rate the edge lies, with its interval and the call when it is not safe:
+    :class:`sweeper.stability.Headroom`), the chance of diverging within the study's horizon with its interval and
+    call (``P(diverge@H)``, H the study's ``confirm_steps``, else 400: :func:`sweeper.notation.format_chance`),
     learning progress (the probe loss's drop at
     the trial's rate, ``barely`` under :data:`sweeper.stability._progress.LEARNING_PROGRESS_SHARE` of the front's best),
     instability (the values come from each trial's stored config); a column for each objective of ``objectives``
@@ -44,6 +47,7 @@ def format_front(
             "peak_GiB",
             "margin",
             "headroom",
+            f"P(diverge@{_horizon(front)})",
             "learns",
             "instability",
             *(o.name for o in objectives if o.role is None),
@@ -93,6 +97,7 @@ def _front_row(t: StoredTrial, objectives: Sequence[Objective], best: float) -> 
         f"{values[0]:.3f}",
         margin_text(t.result.stress),
         format_headroom(t.headroom),
+        format_chance(t.stability),
         format_progress(t.result.constant.learning_progress, best),
         format_instability(t.result.constant.instability),
         *(
@@ -100,6 +105,13 @@ def _front_row(t: StoredTrial, objectives: Sequence[Objective], best: float) -> 
             for i, o in enumerate(objectives)
             if o.role is None
         ),
+    )
+
+
+def _horizon(front: Sequence[StoredTrial]) -> int:
+    """The horizon the front's chances are given at: the first measured trial's (one per study)."""
+    return next(
+        (t.stability.horizon_steps for t in front if t.stability.horizon_steps is not None), DEFAULT_HORIZON_STEPS
     )
 
 

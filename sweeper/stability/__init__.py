@@ -3,6 +3,7 @@
 - :mod:`~sweeper.stability._instability`: the probe, the instability and its terms, the divergence rule;
 - :mod:`~sweeper.stability._critical`: the critical learning rate, its line search and its trend;
 - :mod:`~sweeper.stability._margin`: the stress phase, the stability margin, ``predicted_max_lr`` and its calibration;
+- :mod:`~sweeper.stability._chance`: the chance of diverging within the run, its call, the edge and the safe rate;
 - :mod:`~sweeper.stability._headroom`: how many times its own rate a long run is predicted to hold;
 - :mod:`~sweeper.stability._progress`: how much a short trial learned, its noise, and when it barely learns;
 - :mod:`~sweeper.stability._figures`: the figures every view holds (:class:`StabilityFigures`).
@@ -11,6 +12,9 @@ Pure (no torch import): it runs on the JSON trace a trial process returns, so it
 traces and can be recomputed for stored trials.
 """
 
+from sweeper.stability._chance import (
+    DEFAULT_HORIZON_STEPS,
+)
 from sweeper.stability._critical import (
     critical_multiples,
     critical_rate_of,
@@ -42,6 +46,7 @@ from sweeper.stability._margin import (
     LrCalibration,
     edge_proximity,
     lr_calibration_of,
+    margin_from,
     margin_interval,
     margin_of,
     predicted_max_lr,
@@ -55,6 +60,8 @@ from sweeper.stability._progress import (
 )
 
 __all__ = [
+    "DEFAULT_HORIZON_STEPS",
+    "margin_from",
     "DEFAULT_LR_CALIBRATION",
     "DTYPE_MAX",
     "PROBE_ROWS",

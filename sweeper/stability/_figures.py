@@ -33,7 +33,13 @@ class StabilityFigures:
         headroom, headroom_low, headroom_high: ``predicted_max_lr / learning_rate`` and its 95% interval (``high``
             None when capped): how many times its own rate a long run is predicted to hold (:class:`Headroom`); None
             when not measured.
-        near_edge: :attr:`Headroom.near_edge`; None when not measured.
+        near_edge: :attr:`Headroom.near_edge` (not called ``safe``); None when not measured.
+        horizon_steps: The run length the chance is for (``study.confirm_steps``, else 400).
+        p_diverge, p_diverge_low, p_diverge_high: The chance that a constant-rate run of ``horizon_steps`` steps at
+            the trial's rate diverges, with its 95% interval (:class:`~sweeper.stability._chance.DivergenceChance`).
+        stability_call: ``safe``, ``undecided``, ``likely fails``, or ``fails`` for a trial that itself went NaN or
+            diverged; None when nothing says (an OOM, a trial not measured).
+        safe_learning_rate: The largest rate whose chance's upper end is 5% at ``horizon_steps``.
     """
 
     stability_margin: float | None = None
@@ -49,11 +55,19 @@ class StabilityFigures:
     headroom_low: float | None = None
     headroom_high: float | None = None
     near_edge: bool | None = None
+    horizon_steps: int | None = None
+    p_diverge: float | None = None
+    p_diverge_low: float | None = None
+    p_diverge_high: float | None = None
+    stability_call: str | None = None
+    safe_learning_rate: float | None = None
 
     @classmethod
-    def of(cls, stress: Any, headroom: Headroom | None) -> StabilityFigures:
+    def of(cls, stress: Any, headroom: Headroom | None, *, failed: bool = False) -> StabilityFigures:
         """The figures of ``stress`` (any object with :class:`Margin`'s fields: a stored ``StressOutcome``, a
-        :class:`Margin`) and ``headroom`` (None: not measured); a non-finite number becomes None."""
+        :class:`Margin`) and ``headroom`` (None: not measured, and then no chance either); ``failed``: the trial
+        itself went NaN or diverged (its call ``fails``); a non-finite number becomes None."""
+        chance = headroom is not None
         return cls(
             stability_margin=_finite_or_none(stress.stability_margin),
             margin_capped=stress.margin_capped,
@@ -68,6 +82,12 @@ class StabilityFigures:
             headroom_low=None if headroom is None else _finite_or_none(headroom.low),
             headroom_high=None if headroom is None else _finite_or_none(headroom.high),
             near_edge=None if headroom is None else headroom.near_edge,
+            horizon_steps=getattr(stress, "horizon_steps", None) if chance else None,
+            p_diverge=_finite_or_none(getattr(stress, "p_diverge", None)) if chance else None,
+            p_diverge_low=_finite_or_none(getattr(stress, "p_diverge_low", None)) if chance else None,
+            p_diverge_high=_finite_or_none(getattr(stress, "p_diverge_high", None)) if chance else None,
+            stability_call="fails" if failed else getattr(stress, "stability_call", None) if chance else None,
+            safe_learning_rate=_finite_or_none(getattr(stress, "safe_learning_rate", None)) if chance else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

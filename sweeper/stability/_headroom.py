@@ -27,6 +27,8 @@ class Headroom:
         high: The high end, None when ``capped`` (the stress phase reached its cap: no upper end).
         capped: The stress phase reached its cap without diverging.
         calibrated: ``predicted_max_lr`` came from the study's own factor (``sweep calibrate``), not the built-in one.
+        call: The chance of diverging's call (``safe``, ``undecided``, ``likely fails``:
+            :class:`~sweeper.stability._chance.DivergenceChance`), None for a trial stored without one (an older version).
     """
 
     value: float
@@ -34,6 +36,7 @@ class Headroom:
     high: float | None
     capped: bool
     calibrated: bool
+    call: str | None = None
 
     @property
     def safety_factor(self) -> float:
@@ -45,16 +48,19 @@ class Headroom:
 
     @property
     def near_edge(self) -> bool:
-        """Whether a long run at the trial's own rate may fail within the prediction's noise: ``value`` below
-        :attr:`safety_factor` (equivalently, uncalibrated: the interval's low end under 1 or the headroom under 2)."""
+        """Whether a long run at the trial's own rate is not called ``safe``: its :attr:`call` is ``undecided`` or
+        ``likely fails``; without a call (a trial stored before issue 66), ``value`` below :attr:`safety_factor`."""
+        if self.call is not None:
+            return self.call != "safe"
         return self.value < self.safety_factor * (1 - 1e-9)
 
 
 def headroom_of(learning_rate: float | None, stress: Any) -> Headroom | None:
     """The :class:`Headroom` of a trial trained at ``learning_rate`` whose stress phase measured ``stress`` (any
     object with ``predicted_max_lr``, ``predicted_max_lr_low``, ``predicted_max_lr_high``, ``margin_capped`` and
-    ``predicted_max_lr_calibrated``: a :class:`Margin`, a stored ``StressOutcome``); None when either is unknown. A
-    prediction stored without its interval gets the built-in spread."""
+    ``predicted_max_lr_calibrated``, and ``stability_call`` where it has one: a :class:`Margin`, a stored
+    ``StressOutcome``); None when either is unknown. A prediction stored without its interval gets the built-in
+    spread."""
     predicted = getattr(stress, "predicted_max_lr", None)
     if learning_rate is None or not learning_rate > 0 or predicted is None or not math.isfinite(predicted):
         return None
@@ -70,4 +76,5 @@ def headroom_of(learning_rate: float | None, stress: Any) -> Headroom | None:
         high=None if capped or high is None else high / learning_rate,
         capped=capped,
         calibrated=bool(getattr(stress, "predicted_max_lr_calibrated", False)),
+        call=getattr(stress, "stability_call", None),
     )

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from sweeper.stability._chance import DEFAULT_HORIZON_STEPS, DIVERGENCE_MODEL, divergence_chance
+
 # -----------------------------------------
 
 #: Stress phase (an LR range test after the constant phase: Smith 2017, "Cyclical Learning Rates for Training Neural
@@ -50,12 +52,15 @@ def stress_lr(learning_rate: float, stress_step: int, growth: float = STRESS_GRO
     return learning_rate * growth**stress_step
 
 
-#: The seed noise of one short trial's margin, in ladder steps (factors of :data:`STRESS_GROWTH`) each side: the
-#: margin of the same configuration at another ``seed`` (LoRA's initialisation and the data order) lies within one
-#: step of it. Measured: 4 configurations near their edge at 2-3 seeds each moved by at most one step (3 of 4 by one);
-#: ``benchmarks/validity_block.py`` measures it on 12 configurations at 3 seeds (``margin_seed_spread_steps`` in
-#: ``benchmarks/results/validity_block.md``). A margin's interval is ``[margin / growth, margin * growth]``.
-MARGIN_NOISE_STEPS = 1
+#: The seed noise of one short trial's margin, in ladder steps (factors of :data:`STRESS_GROWTH`): the pooled standard
+#: deviation of ``log_1.8(margin)`` over seeds of one configuration at one rate (29 groups of the equal-step block's
+#: short trials, ``margin_seed_sd_steps`` in ``benchmarks/results/divergence_chance_fit.json``, issue 66).
+MARGIN_SEED_SD_STEPS = 0.404
+
+#: A margin's 95% interval in ladder steps each side, from its measured seed noise: ``1.96 x``
+#: :data:`MARGIN_SEED_SD_STEPS` (0.79 steps: ``*/ 1.59``). Before issue 66 it was one whole step (``*/ 1.8``), a
+#: constant wider than the noise measured.
+MARGIN_NOISE_STEPS = 1.96 * MARGIN_SEED_SD_STEPS
 
 #: The geometric standard deviation of :data:`LONG_RUN_FACTOR` over the configurations it was measured on (8 bisected
 #: 300-step edges of the built-in model, 0.083 to 0.28): it holds both the short trial's seed noise and how far the
@@ -114,12 +119,16 @@ class Margin:
         stability_margin_low, stability_margin_high: Its interval from the seed noise (:data:`MARGIN_NOISE_STEPS`
             ladder steps each side); ``high`` is None when capped (unbounded above).
         margin_capped: The stress phase reached :data:`STRESS_CAP` without diverging (the margin is a lower bound).
-        predicted_max_lr: ``lr_ceiling * factor`` (the calibration's, default :data:`LONG_RUN_FACTOR`): the largest
-            constant learning rate a long run is predicted to hold at; a lower bound when capped.
-        predicted_max_lr_low, predicted_max_lr_high: Its 95% interval, ``predicted */ gsd**1.96``; ``high`` is None
+        predicted_max_lr: The edge: the constant learning rate at which a run of ``horizon_steps`` steps diverges
+            about half the time (:class:`~sweeper.stability._chance.DivergenceChance`); from a study's own calibration
+            (``sweep calibrate``) ``lr_ceiling * factor``, the rate its bisected edges put the edge at. A lower bound
             when capped.
-        predicted_max_lr_source: Which factor made it (:attr:`LrCalibration.source`).
-        predicted_max_lr_calibrated: That factor was the study's own (:attr:`LrCalibration.calibrated`).
+        predicted_max_lr_low, predicted_max_lr_high: Its 95% interval; ``high`` is None when capped.
+        predicted_max_lr_source: Which model made it (the chance model's source, or :attr:`LrCalibration.source`).
+        predicted_max_lr_calibrated: It came from the study's own calibration (:attr:`LrCalibration.calibrated`).
+        horizon_steps, p_diverge, p_diverge_low, p_diverge_high, stability_call, safe_learning_rate: The
+            :class:`~sweeper.stability._chance.DivergenceChance` of the margin at ``horizon_steps`` (its ``call`` as
+            ``stability_call``); None when the margin is unknown.
     """
 
     lr_ceiling: float | None
@@ -132,6 +141,12 @@ class Margin:
     predicted_max_lr_high: float | None = None
     predicted_max_lr_source: str | None = None
     predicted_max_lr_calibrated: bool | None = None
+    horizon_steps: int | None = None
+    p_diverge: float | None = None
+    p_diverge_low: float | None = None
+    p_diverge_high: float | None = None
+    stability_call: str | None = None
+    safe_learning_rate: float | None = None
 
 
 def lr_calibration_of(raw: Any) -> LrCalibration | None:
@@ -189,11 +204,14 @@ def margin_of(
     growth: float = STRESS_GROWTH,
     steps: int = STRESS_STEPS,
     calibration: LrCalibration = DEFAULT_LR_CALIBRATION,
+    horizon_steps: int = DEFAULT_HORIZON_STEPS,
 ) -> Margin:
     """The :class:`Margin` of a stress phase that ended with ``stop`` (one of :data:`STRESS_STOPS`) at 1-based
     ``stress_step`` (the step whose update showed the edge; ignored for ``cap``), for a stress phase of at most
     ``steps`` steps growing the rate ``growth`` times a step (defaults :data:`STRESS_STEPS`, :data:`STRESS_GROWTH`:
-    its cap, ``growth**steps``, is then :data:`STRESS_CAP`), with ``predicted_max_lr`` from ``calibration``.
+    its cap, ``growth**steps``, is then :data:`STRESS_CAP`), with its chance of diverging within ``horizon_steps``
+    (:func:`~sweeper.stability._chance.divergence_chance`) and ``predicted_max_lr`` from that chance's edge, or from
+    ``calibration`` where it is a study's own (:attr:`LrCalibration.calibrated`).
 
     Raises:
         ValueError: ``stop`` is not one of :data:`STRESS_STOPS`.
@@ -208,19 +226,49 @@ def margin_of(
         margin, capped = ceiling / learning_rate, False
     else:
         return Margin(lr_ceiling=None, stability_margin=None, margin_capped=None, predicted_max_lr=None)
-    low, high = margin_interval(margin, capped, growth)
-    predicted, p_low, p_high = predicted_max_lr(learning_rate, ceiling, capped, calibration, cap=growth**steps)
+    return margin_from(learning_rate, margin, capped, ceiling, calibration=calibration, horizon_steps=horizon_steps)
+
+
+def margin_from(
+    learning_rate: float,
+    stability_margin: float,
+    capped: bool,
+    lr_ceiling: float | None,
+    *,
+    calibration: LrCalibration = DEFAULT_LR_CALIBRATION,
+    horizon_steps: int = DEFAULT_HORIZON_STEPS,
+) -> Margin:
+    """The :class:`Margin` of a measured ``stability_margin`` (``capped``: a lower bound, the stress phase's cap;
+    ``lr_ceiling`` the rate it diverged at, None when capped) of a trial at ``learning_rate``: its seed-noise
+    interval, its :func:`~sweeper.stability._chance.divergence_chance` at ``horizon_steps``, and ``predicted_max_lr``, the
+    chance's edge, or ``lr_ceiling`` times ``calibration``'s factor where that is a study's own."""
+    low, high = margin_interval(stability_margin, capped)
+    chance = divergence_chance(learning_rate, stability_margin, capped, horizon_steps)
+    if calibration.calibrated or chance is None:
+        predicted, p_low, p_high = predicted_max_lr(
+            learning_rate, lr_ceiling, capped, calibration, cap=stability_margin
+        )
+        source = calibration.source
+    else:
+        predicted, p_low, p_high = chance.predicted_max_lr, chance.predicted_max_lr_low, chance.predicted_max_lr_high
+        source = DIVERGENCE_MODEL.source
     return Margin(
-        lr_ceiling=ceiling,
-        stability_margin=margin,
+        lr_ceiling=lr_ceiling,
+        stability_margin=stability_margin,
         margin_capped=capped,
         predicted_max_lr=predicted,
         stability_margin_low=low,
         stability_margin_high=high,
         predicted_max_lr_low=p_low,
         predicted_max_lr_high=p_high,
-        predicted_max_lr_source=calibration.source,
+        predicted_max_lr_source=source,
         predicted_max_lr_calibrated=calibration.calibrated,
+        horizon_steps=None if chance is None else chance.horizon_steps,
+        p_diverge=None if chance is None else chance.p_diverge,
+        p_diverge_low=None if chance is None else chance.p_diverge_low,
+        p_diverge_high=None if chance is None else chance.p_diverge_high,
+        stability_call=None if chance is None else chance.call,
+        safe_learning_rate=None if chance is None else chance.safe_learning_rate,
     )
 
 

@@ -266,7 +266,7 @@ class StudySnapshot:
     def with_trial(self, trial: optuna.trial.FrozenTrial) -> StudySnapshot:
         """This snapshot with ``trial`` added or replaced (the loop's update after it tells a trial), its cached views
         computed afresh; the study's attributes are as read."""
-        stored = stored_trial(trial, self.confirmations.get(trial.number), self.lr_calibration)
+        stored = stored_trial(trial, self.confirmations.get(trial.number), self.lr_calibration, self.confirm_steps)
         trials = {t.number: t for t in self.trials}
         trials[trial.number] = stored
         return replace(self, trials=tuple(trials[n] for n in sorted(trials)))
@@ -328,7 +328,10 @@ def snapshot(study: StudyLike, *, stale: bool = True) -> StudySnapshot:
     attrs = dict(study.user_attrs)
     confirmed = confirmations_in(attrs)
     lr_calibration = lr_calibration_of(attrs.get(StudyAttr.LR_CALIBRATION))
-    trials = tuple(stored_trial(t, confirmed.get(t.number), lr_calibration) for t in study.get_trials(deepcopy=False))
+    horizon = _int_or_none(attrs.get(StudyAttr.CONFIRM_STEPS))
+    trials = tuple(
+        stored_trial(t, confirmed.get(t.number), lr_calibration, horizon) for t in study.get_trials(deepcopy=False)
+    )
     return _make(study, attrs, trials, tuple(stored_setups(study)), stale)
 
 

@@ -17,14 +17,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.space import TrialConfig
 from sweeper.stability import (
+    DEFAULT_HORIZON_STEPS,
     DEFAULT_LR_CALIBRATION,
     STORED_COMPONENTS,
     Headroom,
     LrCalibration,
     StabilityFigures,
     headroom_of,
+    margin_from,
     margin_interval,
-    predicted_max_lr,
 )
 from sweeper.storage import TrialAttr
 from sweeper.study._confirmation import Confirmation
@@ -109,7 +110,8 @@ class StoredTrial:
         """Its stress phase's figures and :attr:`headroom` as every view shows them
         (:class:`sweeper.stability.StabilityFigures`); headroom None unless it completed."""
         complete = self.state == TrialState.COMPLETE
-        return StabilityFigures.of(self.result.stress, self.headroom if complete else None)
+        failed = self.status in (TrialStatus.NAN, TrialStatus.DIVERGED)
+        return StabilityFigures.of(self.result.stress, self.headroom if complete else None, failed=failed)
 
     @property
     def safely_below_edge(self) -> bool:
@@ -169,45 +171,72 @@ def _config(attrs: Mapping[str, Any]) -> TrialConfig | None:
         return None
 
 
-def _result(attrs: Mapping[str, Any], config: TrialConfig | None, lr_calibration: LrCalibration | None) -> TrialResult:
+def _result(
+    attrs: Mapping[str, Any],
+    config: TrialConfig | None,
+    lr_calibration: LrCalibration | None,
+    horizon_steps: int | None,
+) -> TrialResult:
     """The stored result: the instability terms are stored flattened (see :func:`record_result`); the intervals of
     its figures filled in where a study written before them lacks them (:func:`with_intervals`)."""
     components = {name: attrs[name] for name in STORED_COMPONENTS if attrs.get(name) is not None}
     result = TrialResult.from_dict(
         {**attrs, "status": attrs.get(TrialAttr.STATUS, "error"), "instability_components": components}
     )
-    with_intervals(result, config, lr_calibration)
+    with_intervals(result, config, lr_calibration, horizon_steps)
     return result
 
 
-def with_intervals(result: TrialResult, config: TrialConfig | None, lr_calibration: LrCalibration | None) -> None:
-    """Give ``result``'s margin its seed-noise interval where it has none (a trial stored before intervals:
-    :func:`sweeper.stability.margin_interval`), and its ``predicted_max_lr`` (with interval and source) from the
-    study's own calibration when ``sweep calibrate`` stored one (``lr_calibration``), else from the built-in factor
-    where it has no interval."""
+def with_intervals(
+    result: TrialResult,
+    config: TrialConfig | None,
+    lr_calibration: LrCalibration | None,
+    horizon_steps: int | None = None,
+) -> None:
+    """Derive ``result``'s stability figures from its stored margin as the study reads them
+    (:func:`sweeper.stability.margin_from`): the margin's seed-noise interval, the chance of diverging within
+    ``horizon_steps`` (the study's ``confirm_steps``; None: :data:`~sweeper.stability.DEFAULT_HORIZON_STEPS`) with
+    its call and safe rate, and ``predicted_max_lr``, the chance's edge or, where ``sweep calibrate`` stored the
+    study's own factor (``lr_calibration``), from that factor. A trial stored by an older version gets them too."""
     stress = result.stress
-    if stress.stability_margin is None:
+    if stress.stability_margin is None or config is None:
+        if stress.stability_margin is not None:
+            stress.stability_margin_low, stress.stability_margin_high = margin_interval(
+                stress.stability_margin, stress.margin_capped
+            )
         return
-    if stress.stability_margin_low is None:
-        stress.stability_margin_low, stress.stability_margin_high = margin_interval(
-            stress.stability_margin, stress.margin_capped
-        )
-    if config is None or (lr_calibration is None and stress.predicted_max_lr_low is not None):
-        return
-    calibration = lr_calibration or DEFAULT_LR_CALIBRATION
-    value, low, high = predicted_max_lr(
-        config.learning_rate, stress.lr_ceiling, stress.margin_capped, calibration, cap=stress.stability_margin
+    capped = bool(stress.margin_capped)
+    ceiling = None if capped else stress.lr_ceiling or stress.stability_margin * config.learning_rate
+    margin = margin_from(
+        config.learning_rate,
+        stress.stability_margin,
+        capped,
+        ceiling,
+        calibration=lr_calibration or DEFAULT_LR_CALIBRATION,
+        horizon_steps=horizon_steps or DEFAULT_HORIZON_STEPS,
     )
-    stress.predicted_max_lr, stress.predicted_max_lr_low, stress.predicted_max_lr_high = value, low, high
-    stress.predicted_max_lr_source = calibration.source if value is not None else None
-    stress.predicted_max_lr_calibrated = calibration.calibrated if value is not None else None
+    for name in MARGIN_FIGURES:
+        setattr(stress, name, getattr(margin, name))
+
+
+#: The figures :func:`with_intervals` derives from a stored margin (:class:`sweeper.stability._margin.Margin`'s fields less
+#: what was measured: the margin, its cap and ``lr_ceiling``).
+MARGIN_FIGURES = (
+    "stability_margin_low", "stability_margin_high", "predicted_max_lr", "predicted_max_lr_low",
+    "predicted_max_lr_high", "predicted_max_lr_source", "predicted_max_lr_calibrated", "horizon_steps", "p_diverge",
+    "p_diverge_low", "p_diverge_high", "stability_call", "safe_learning_rate",
+)  # fmt: skip
 
 
 def stored_trial(
-    trial: FrozenTrial, confirmation: Confirmation | None = None, lr_calibration: LrCalibration | None = None
+    trial: FrozenTrial,
+    confirmation: Confirmation | None = None,
+    lr_calibration: LrCalibration | None = None,
+    horizon_steps: int | None = None,
 ) -> StoredTrial:
-    """The typed view of one stored trial (see :class:`StoredTrial`), its ``predicted_max_lr`` from
-    ``lr_calibration`` when the study has one (``sweep calibrate``); never raises on a trial it cannot read in full:
+    """The typed view of one stored trial (see :class:`StoredTrial`), its stability figures at ``horizon_steps`` (the
+    study's ``confirm_steps``; None: 400) and its ``predicted_max_lr`` from ``lr_calibration`` when the study has
+    one (``sweep calibrate``): :func:`with_intervals`; never raises on a trial it cannot read in full:
     what is missing is None or its default. A ``confirmation`` no longer than the trial (earlier versions accepted
     ``--steps 1``) is not attached: it confirms nothing, and a pick would prefer it."""
     attrs = trial.user_attrs
@@ -221,7 +250,7 @@ def stored_trial(
         params=dict(trial.params),
         values=values,
         config=(config := _config(attrs)),
-        result=_result(attrs, config, lr_calibration),
+        result=_result(attrs, config, lr_calibration, horizon_steps),
         repeat_of=int(repeat) if repeat is not None else None,
         retry_of=int(retry) if retry is not None else None,
         retry_attempt=int(attrs.get(TrialAttr.RETRY_ATTEMPT, 0)),

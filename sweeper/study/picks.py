@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sweeper.errors import StudyError
-from sweeper.notation import edge_phrase, format_headroom
-from sweeper.stability import SLOW_LEARNING_SHARE, Headroom
+from sweeper.notation import edge_phrase, format_chance, format_headroom
+from sweeper.stability import SLOW_LEARNING_SHARE
 from sweeper.study._front import by_knee_distance
 from sweeper.study._objectives import MEMORY_NOISE_SHARE, Objective
 from sweeper.study._snapshot import StudySnapshot
@@ -211,7 +211,7 @@ def choose(
     chosen, notes, among = _prefer_confirmed(study, pick, passed, usable, safe_pool, among)
     headroom = chosen.headroom
     if pick != Pick.SAFE and headroom is not None and headroom.near_edge:
-        notes.append(_edge_note(headroom))
+        notes.append(_edge_note(chosen))
     return PickOutcome(pick=pick, study=study.name, trial=chosen, among=among, notes=tuple(notes))
 
 
@@ -247,9 +247,9 @@ def safe_choice(study: StudySnapshot, trials: Sequence[StoredTrial]) -> tuple[St
         return best, "no trial has a measured headroom (a study written before the stress phase): took the least memory"
     if not safe:
         best = max(trials, key=lambda t: (t.headroom.value if t.headroom is not None else -1.0, -peak(t)))
-        shown = format_headroom(best.headroom, mark=False)
-        where = edge_phrase(best.headroom) if best.headroom is not None else "near its edge"
-        return best, f"no trial is safely below its edge: took the most headroom ({shown}), {where}"
+        if best.headroom is None:
+            return best, "no trial is safely below its edge: took the most headroom, near its edge"
+        return best, f"no trial is safely below its edge: took the most headroom, {_edge_note(best)}"
     fastest = max(progress(t) for t in safe)
     # When even the fastest does not learn (its probe loss rose: a negative progress), no share of it is a bar.
     learners = [t for t in safe if progress(t) >= SLOW_LEARNING_SHARE * fastest] if fastest > 0 else safe
@@ -287,12 +287,21 @@ def _prefer_confirmed(
     return unrestricted, [*unrestricted_notes, passed_over], among
 
 
-def _edge_note(headroom: Headroom) -> str:
-    """The note of a pick near its edge: above it (predicted to fail at its own rate) when the headroom is below 1."""
+def _edge_note(trial: StoredTrial) -> str:
+    """The note of a pick not called safe: above its edge (predicted to fail at its own rate) when the headroom is
+    below 1, else its call; its chance of diverging within the study's horizon, and the rate that would be safe."""
+    headroom = trial.headroom
+    assert headroom is not None
     shown = format_headroom(headroom, mark=False)
+    note = f"{edge_phrase(headroom)} (headroom {shown})"
     if headroom.value < 1:
-        return f"{edge_phrase(headroom)} (headroom {shown}): predicted to fail at its own learning rate"
-    return f"{edge_phrase(headroom)} (headroom {shown})"
+        note += ": predicted to fail at its own learning rate"
+    figures = trial.stability
+    if figures.p_diverge is not None:
+        note += f"; P(diverges within {figures.horizon_steps} steps) {format_chance(figures, call=False)}"
+    if figures.safe_learning_rate is not None:
+        note += f"; safe at learning_rate {figures.safe_learning_rate:.3g}"
+    return note
 
 
 def _progress(t: StoredTrial) -> float | None:

@@ -225,9 +225,9 @@ class StressOutcome:
         when
             ``margin_capped``); None when not measured.
         margin_capped: The stress phase reached the cap without diverging: the margin is a lower bound.
-        predicted_max_lr: The largest constant learning rate a 300-step run is predicted to hold at:
-            ``lr_ceiling * LONG_RUN_FACTOR`` (:data:`sweeper.stability._margin.LONG_RUN_FACTOR`, measured by
-            ``benchmarks/validity.py``); a lower bound when capped.
+        predicted_max_lr: The edge: the constant learning rate at which a run of ``horizon_steps`` steps diverges
+            about half the time (:class:`sweeper.stability._chance.DivergenceChance`), or, in a study ``sweep calibrate``
+            measured, ``lr_ceiling`` times the study's own factor; a lower bound when capped.
         stop: How the stress phase ended (``stress_stop``): ``diverged``, ``nan``, ``overflow``, ``cap``, ``oom``,
             ``error``; None when it did not run.
         steps: Stress steps finished (``stress_steps``).
@@ -238,13 +238,21 @@ class StressOutcome:
         time_share: ``time_s / train_time_s`` (``stress_time_share``): its cost over the constant phase's.
         stability_margin_low, stability_margin_high: The margin's interval from the short trial's seed noise
             (:func:`sweeper.stability.margin_interval`); ``high`` is None when capped (unbounded above).
-        predicted_max_lr_low, predicted_max_lr_high: ``predicted_max_lr``'s 95% interval from its calibration's
-            spread (:func:`sweeper.stability.predicted_max_lr`); ``high`` is None when capped.
-        predicted_max_lr_source: Which calibration factor made ``predicted_max_lr``: ``uncalibrated: factor from
-            SmolLM2-135M (...)``, or, in a study ``sweep calibrate`` measured, ``calibrated on this study's model
-            (n edges, spread x)``.
+        predicted_max_lr_low, predicted_max_lr_high: ``predicted_max_lr``'s 95% interval; ``high`` is None when
+            capped.
+        predicted_max_lr_source: What made ``predicted_max_lr``: the chance model's source (``fitted on
+            SmolLM2-135M's stored 200-step runs ...``), or, in a study ``sweep calibrate`` measured, ``calibrated on
+            this study's model (n edges, spread x)``; a study stored before issue 66: ``uncalibrated: factor ...``.
         predicted_max_lr_calibrated: That factor was the study's own (``sweep calibrate``); False or None (a trial
             stored before it was recorded): the built-in factor.
+        horizon_steps: The run length the chance is for: ``study.confirm_steps``, else 400 (a trial process
+            stores it at 400; the views give it at the study's).
+        p_diverge, p_diverge_low, p_diverge_high: The chance that a constant-rate run of ``horizon_steps`` steps at
+            the trial's rate diverges, with its 95% interval (:class:`sweeper.stability._chance.DivergenceChance`); an upper
+            bound when capped.
+        stability_call: ``safe``, ``undecided`` or ``likely fails`` from that chance (pre-registered thresholds,
+            docs/validity.md); a trial that itself failed is ``fails`` in every view.
+        safe_learning_rate: The largest rate whose chance's upper end is 5% at ``horizon_steps``.
     """
 
     lr_ceiling: float | None = _stored()
@@ -264,6 +272,12 @@ class StressOutcome:
     predicted_max_lr_high: float | None = _stored()
     predicted_max_lr_source: str | None = _stored()
     predicted_max_lr_calibrated: bool | None = _stored()
+    horizon_steps: int | None = _stored()
+    p_diverge: float | None = _stored()
+    p_diverge_low: float | None = _stored()
+    p_diverge_high: float | None = _stored()
+    stability_call: str | None = _stored()
+    safe_learning_rate: float | None = _stored()
 
 
 @dataclass(kw_only=True)

@@ -90,4 +90,10 @@ STORED_ORDER: tuple[str, ...] = (
     "critical_lr_step_readings",
     "cuda_alloc_conf",
     "peak_allocated_gib",
+    "horizon_steps",
+    "p_diverge",
+    "p_diverge_low",
+    "p_diverge_high",
+    "stability_call",
+    "safe_learning_rate",
 )

@@ -10,12 +10,18 @@ import pytest
 from sweeper.notation import format_headroom
 from sweeper.space import parse_space
 from sweeper.stability import DEFAULT_LR_CALIBRATION, LrCalibration, headroom_of, margin_of
+from sweeper.stability._chance import divergence_chance
 from sweeper.study import Confirmation, snapshot
 from sweeper.study._storage import open_study
 from sweeper.study.picks import choose
 from sweeper.testing import add_trial, run_cli
 
 LR = 2e-4  # sweeper.testing's trials run at the TrialConfig default
+
+
+#: The fixtures' horizon (``study.confirm_steps``): 120 steps, at which a margin of 3.2x likely fails (its edge below
+#: its own rate), 10.5x is undecided and 18.9x is safe.
+HORIZON = 120
 
 
 def _stress(margin_steps: int | None, *, calibration: LrCalibration = DEFAULT_LR_CALIBRATION) -> dict:
@@ -75,6 +81,7 @@ def picks_study(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     space = parse_space({"study": {"name": "p"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
     study = open_study(space, f"sqlite:///{tmp_path}/p.db", "p", 8)
+    study.set_user_attr("confirm_steps", HORIZON)  # the horizon the chance is given at (sweep run records it)
     rows = [  # (peak GiB, stress steps to the edge or None for capped, learning progress)
         (1.00, 2, 0.40),
         (1.05, 5, 0.10),
@@ -106,9 +113,9 @@ def test_the_safe_pick_is_the_least_memory_safely_below_its_edge_that_learns(pic
     # the memory noise of it (1.10 against 1.08 GiB), learns more
     assert safe.trial.number == 3 and safe.line == "safe #3, among the 5 complete trials"
     assert choose(snapshot(picks_study), "min-memory").line.startswith(
-        "min-memory #0, among the front's 4 trials; above its predicted edge (headroom 0.5x"
-    )  # past it by the prediction, not only near it
-    assert choose(snapshot(picks_study), "min-memory").line.endswith("predicted to fail at its own learning rate")
+        "min-memory #0, among the front's 4 trials; above its predicted edge (headroom 0.9x (0.6-1.0x)): predicted to "
+        "fail at its own learning rate; P(diverges within 120 steps) 74% (44-91%); safe at learning_rate 5.97e-05"
+    )  # past it by the prediction, not only near it, with the rate that would be safe
     fastest = max(t.result.constant.learning_progress for t in snap.front if not t.headroom.near_edge)
     assert safe.trial.result.constant.learning_progress >= 0.5 * fastest
 
@@ -152,7 +159,9 @@ def test_export_writes_the_safe_pick_by_default_and_says_what_it_chose_among(pic
     assert out.stdout.startswith("export  safe #3, among the 5 complete trials (peak 1.100 GiB, margin >=643x")
     provenance = json.loads((tmp_path / "cfg.json").read_text())["provenance"]
     assert provenance["trial"] == 3 and provenance["near_edge"] is False and provenance["headroom_high"] is None
-    assert provenance["headroom"] == pytest.approx(643 * DEFAULT_LR_CALIBRATION.factor, rel=0.01)
+    edge = divergence_chance(LR, 643.0, True, HORIZON).predicted_max_lr  # the edge at the study's horizon
+    assert provenance["headroom"] == pytest.approx(edge / LR, rel=0.01) and provenance["stability_call"] == "safe"
+    assert provenance["horizon_steps"] == HORIZON and provenance["p_diverge"] < 0.001
     report = run_cli("report", str(tmp_path / "p.db"), "--json", cwd=tmp_path)
     data = json.loads(report.stdout)
     assert data["picks"]["safe"] == 3 and data["pick_lines"]["safe"] == "safe #3, among the 5 complete trials"
@@ -165,6 +174,7 @@ def test_the_safe_pick_looks_beyond_the_front(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     space = parse_space({"study": {"name": "b"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
     study = open_study(space, f"sqlite:///{tmp_path}/b.db", "b", 8)
+    study.set_user_attr("confirm_steps", HORIZON)
     for r, peak, steps in ((4, 1.00, 4), (8, 1.10, 5)):
         stress = _stress(steps)
         add_trial(study, r=r, batch=1, seq=64, status="complete", peak=peak, instability=1 / stress["stability_margin"],
@@ -173,7 +183,8 @@ def test_the_safe_pick_looks_beyond_the_front(tmp_path, monkeypatch):
     assert [t.number for t in snap.front] == [0] and [t.headroom.near_edge for t in snap.trials] == [True, False]
     assert choose(snapshot(study), "safe").line == "safe #1, among the 2 complete trials"
     assert choose(snapshot(study), "knee").line.startswith(
-        "knee #0, among the front's 1 trial; near its edge (headroom 1.5x"
+        "knee #0, among the front's 1 trial; undecided at its own rate (headroom 1.6x (1.3-3.2x)); P(diverges within "
+        "120 steps) 2.4% (1.0-5.4%); safe at learning_rate 0.000194"
     )
     # the report shows the safe pick beside the front, and the front row's tied_with names it as the table does
     data = json.loads(run_cli("report", str(tmp_path / "b.db"), "--json", cwd=tmp_path).stdout)

@@ -222,33 +222,20 @@ def test_front_table_reads_each_trials_stored_config():
     lines = format_front(front).splitlines()
     assert lines[0].split() == [
         "trial", "r", "lora_alpha", "compute", "double_quant", "quant", "batch", "max_seq_length", "peak_GiB",
-        "margin", "headroom", "learns", "instability",
+        "margin", "headroom", "P(diverge@400)", "learns", "instability",
     ]  # fmt: skip
     assert lines[1].startswith("-----  --  ----------  --------  ------------  -----  -----  --------------  --------")
+    # the margin's interval from its measured seed noise (*/ 1.59); the edge 1.8x its rate, not safe at 400 steps
     assert lines[2].split() == [
-        "0",
-        "8",
-        "16",
-        "float16",
-        "no",
-        "nf4",
-        "2",
-        "256",
-        "1.500",
-        "36x",
-        "(20-65x)",
-        "-",
-        "30%",
-        "0.250",
-    ]
+        "0", "8", "16", "float16", "no", "nf4", "2", "256", "1.500", "36x", "(23-57x)", "1.8x", "(1.4-4.1x,",
+        "undecided)", "1.0%", "(<0.1-11%)", "undecided", "30%", "0.250",
+    ]  # fmt: skip
     # Capped, and learning under a tenth of the front's best: said so.
     assert lines[3].split() == [
-        "12", "16", "8", "bfloat16", "yes", "fp4", "1", "1024", "3.250", ">=643x", "(>=357x)", ">=93x", "(>=41x)", "2%",
-        "(barely)",
-        "0.125",
+        "12", "16", "8", "bfloat16", "yes", "fp4", "1", "1024", "3.250", ">=643x", "(>=404x)", ">=8.7x", "(>=4.7x)",
+        "<0.1%", "safe", "2%", "(barely)", "0.125",
     ]  # fmt: skip
     assert len(lines) == 4 and len({len(line) for line in lines}) == 1  # right-aligned columns
-    assert lines[2].endswith("   1.500     36x (20-65x)              -          30%        0.250")
     tiny = [
         frozen(1, config=TrialConfig(r=8), values=[1.0, 0.5], instability=6.85e-05),
         frozen(2, config=TrialConfig(r=8), values=[2.0, 0.25], instability=0.0),
@@ -615,14 +602,16 @@ def test_sweep_report_lines(tmp_path):
     assert lines[3:] == [
         "trials: complete 3 · nan 1 (data 1) · oom 1 · repeated 1",
         "picks   (sweep export 'sqlite:///x.db' writes safe; --pick NAME another)",
-        "  safe #1, among the 3 complete trials; no trial is safely below its edge: took the most headroom (0.7x "
-        "(0.3-1.6x)), above its predicted edge",
-        "  knee #1, among the front's 2 trials; above its predicted edge (headroom 0.7x (0.3-1.6x)): predicted to fail "
-        "at its own learning rate",
-        "  min-memory #0, among the front's 2 trials; above its predicted edge (headroom 0.2x (0.1-0.4x)): predicted "
-        "to fail at its own learning rate",
-        "  most-stable #1, among the front's 2 trials; above its predicted edge (headroom 0.7x (0.3-1.6x)): predicted "
-        "to fail at its own learning rate",
+        "  safe #1, among the 3 complete trials; no trial is safely below its edge: took the most headroom, above its "
+        "predicted edge (headroom 0.6x (0.3-0.8x)): predicted to fail at its own learning rate; P(diverges within 400 "
+        "steps) 97% (91-99%); safe at learning_rate 2e-05",
+        "  knee #1, among the front's 2 trials; above its predicted edge (headroom 0.6x (0.3-0.8x)): predicted to fail "
+        "at its own learning rate; P(diverges within 400 steps) 97% (91-99%); safe at learning_rate 2e-05",
+        "  min-memory #0, among the front's 2 trials; above its predicted edge (headroom 0.3x (0.1-0.4x)): predicted "
+        "to fail at its own learning rate; P(diverges within 400 steps) >99.9% (99.9->99.9%); safe at learning_rate "
+        "4.42e-06",
+        "  most-stable #1, among the front's 2 trials; above its predicted edge (headroom 0.6x (0.3-0.8x)): predicted "
+        "to fail at its own learning rate; P(diverges within 400 steps) 97% (91-99%); safe at learning_rate 2e-05",
         "largest max_seq_length that fit: batch 1: 128, batch 2: 128, batch 4: none (OOM at 128)",
     ]
     for n in (0, 1):

@@ -101,6 +101,12 @@ def test_curves_importance_and_json(tmp_path, tiny_model):
         "headroom_low",
         "headroom_high",
         "near_edge",
+        "horizon_steps",
+        "p_diverge",
+        "p_diverge_low",
+        "p_diverge_high",
+        "stability_call",
+        "safe_learning_rate",
         "learning_progress",
         "instability",
         "tied_with",
@@ -273,6 +279,7 @@ def test_no_pick_recommends_a_trial_because_it_barely_learns(tmp_path):
 
     space = parse_space({"study": {"name": "learn"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
     study = open_study(space, f"sqlite:///{tmp_path}/learn.db", "learn", 8)
+    study.set_user_attr("confirm_steps", 200)  # the horizon: margins of 30x and 50x are safe at 200 steps
     # peak, edge_proximity: trial 0 is the least memory and the widest margin, so it alone is the front...
     add_trial(
         study,

@@ -185,23 +185,21 @@ def test_a_margin_is_shown_with_its_unit_and_its_bound():
 
 def test_every_margin_and_prediction_carries_its_interval():
     from sweeper.notation import format_margin_range, format_rate_range
-    from sweeper.stability import DEFAULT_LR_CALIBRATION, STRESS_GROWTH, margin_of
-    from sweeper.stability._margin import LONG_RUN_FACTOR
+    from sweeper.stability import STRESS_GROWTH, margin_of
+    from sweeper.stability._chance import DIVERGENCE_MODEL
+    from sweeper.stability._margin import MARGIN_SEED_SD_STEPS
 
     found = margin_of(2e-4, "diverged", 5)
     margin = STRESS_GROWTH**5
-    assert (found.stability_margin_low, found.stability_margin_high) == pytest.approx(
-        (margin / STRESS_GROWTH, margin * STRESS_GROWTH)
-    )  # one ladder step each side: the seed noise
-    spread = DEFAULT_LR_CALIBRATION.gsd**1.96
-    assert found.predicted_max_lr == pytest.approx(found.lr_ceiling * LONG_RUN_FACTOR)
-    assert (found.predicted_max_lr_low, found.predicted_max_lr_high) == pytest.approx(
-        (found.predicted_max_lr / spread, found.predicted_max_lr * spread)
-    )
-    assert found.predicted_max_lr_source.startswith("uncalibrated: factor from SmolLM2-135M")
+    noise = STRESS_GROWTH ** (1.96 * MARGIN_SEED_SD_STEPS)  # the measured seed noise, 95% each side
+    assert (found.stability_margin_low, found.stability_margin_high) == pytest.approx((margin / noise, margin * noise))
+    assert 1.5 < noise < 1.7  # narrower than the one whole ladder step (1.8x) it replaced
+    # predicted_max_lr is the chance's edge (P = 50% at the horizon), inside its interval
+    assert found.predicted_max_lr_low < found.predicted_max_lr < found.predicted_max_lr_high
+    assert found.predicted_max_lr_source == DIVERGENCE_MODEL.source and found.horizon_steps == 400
     capped = margin_of(2e-4, "cap", None)  # a lower bound: no upper end
     assert capped.stability_margin_high is None and capped.predicted_max_lr_high is None
-    assert capped.stability_margin_low == pytest.approx(capped.stability_margin / STRESS_GROWTH)
+    assert capped.stability_margin_low == pytest.approx(capped.stability_margin / noise)
     assert format_margin_range(5.832, False, 3.24, 10.4976) == "5.8x (3.2-10x)"
     assert format_margin_range(642.7, True, 357.0, None) == ">=643x (>=357x)"
     assert format_margin_range(None, None, None, None) == "-" and format_margin_range(34.0, False, None, None) == "34x"

@@ -103,7 +103,7 @@ def test_calibrate_stores_the_factor_every_view_uses_it_and_a_held_out_edge_land
     shutil.copytree(fp16_study, workdir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("cache"))
     before = _ceilings(workdir)
     assert len(before) >= 3, before  # every configuration's ramp found a ceiling
-    assert all(t["predicted_max_lr_source"].startswith("uncalibrated") for t in before.values())
+    assert all(t["predicted_max_lr_source"].startswith("fitted on SmolLM2-135M") for t in before.values())
     used, held_out = sorted(before)[:2], sorted(before)[2]
     args = ("--steps", "12", "--resolution", "2", "--runs", "12")
     out = run_cli("calibrate", "cal", "--trials", ",".join(map(str, used)), *args, cwd=workdir)
@@ -162,6 +162,8 @@ def test_calibrate_bad_input_is_one_line_and_writes_nothing(fp16_study, workdir)
 
 def test_a_studys_calibration_remakes_every_predicted_max_lr_and_says_so(tmp_path):
     from sweeper.space import parse_space
+    from sweeper.stability import DEFAULT_HORIZON_STEPS
+    from sweeper.stability._chance import DIVERGENCE_MODEL, divergence_chance
     from sweeper.study import snapshot
     from sweeper.study._storage import open_study
     from sweeper.testing import add_trial
@@ -172,9 +174,11 @@ def test_a_studys_calibration_remakes_every_predicted_max_lr_and_says_so(tmp_pat
     add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=1 / 5.832,
               extra={"lr_ceiling": ceiling, "predicted_max_lr": ceiling * 0.144})  # fmt: skip
     [before] = snapshot(study).trials
-    assert before.result.stress.predicted_max_lr == pytest.approx(ceiling * 0.144)
-    assert before.result.stress.predicted_max_lr_source.startswith("uncalibrated")
-    assert before.result.stress.predicted_max_lr_low == pytest.approx(ceiling * 0.144 / 1.51**1.96)
+    # a trial stored with the pre-issue-66 factor is read on the chance model's scale: the edge at the horizon
+    edge = divergence_chance(2e-4, 5.832, False, DEFAULT_HORIZON_STEPS)
+    assert before.result.stress.predicted_max_lr == pytest.approx(edge.predicted_max_lr)
+    assert before.result.stress.predicted_max_lr_source == DIVERGENCE_MODEL.source
+    assert before.result.stress.predicted_max_lr_low == pytest.approx(edge.predicted_max_lr_low)
     study.set_user_attr(
         "lr_calibration", {"factor": 0.05, "gsd": 1.2, "edges": 3, "source": "calibrated on this study's model (3)"}
     )
