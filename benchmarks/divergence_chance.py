@@ -116,9 +116,9 @@ def within_configuration_slopes() -> dict[str, float]:
     points: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
     for key, run in crit.items():
         name, _seed, multiple, phase = key.split(" | ")
-        if "short" in phase and not name.startswith("heldout") and run["status"] == "complete":
-            if run.get("stability_margin") and not run.get("margin_capped"):
-                points[name].append((math.log(float(multiple[1:])), math.log(run["stability_margin"])))
+        usable = run["status"] == "complete" and run.get("stability_margin") and not run.get("margin_capped")
+        if "short" in phase and not name.startswith("heldout") and usable:
+            points[name].append((math.log(float(multiple[1:])), math.log(run["stability_margin"])))
     out = {}
     for name, pts in sorted(points.items()):
         if len({x for x, _ in pts}) > 1:
@@ -134,9 +134,9 @@ def margin_seed_sd() -> tuple[float, int]:
     groups: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     for key, run in crit.items():
         name, _seed, multiple, phase = key.split(" | ")
-        if "short" in phase and run["status"] == "complete" and run.get("stability_margin"):
-            if not run.get("margin_capped"):
-                groups[(name, multiple)].append(math.log(run["stability_margin"], 1.8))
+        usable = run["status"] == "complete" and run.get("stability_margin") and not run.get("margin_capped")
+        if "short" in phase and usable:
+            groups[(name, multiple)].append(math.log(run["stability_margin"], 1.8))
     sums = [(sum((x - sum(v) / len(v)) ** 2 for x in v), len(v) - 1) for v in groups.values() if len(v) > 1]
     return math.sqrt(sum(a for a, _ in sums) / sum(b for _, b in sums)), len(sums)
 

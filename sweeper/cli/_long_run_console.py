@@ -5,10 +5,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+from sweeper.notation import format_chance
 from sweeper.report import LiveProgress, format_instability, format_params, margin_text, predicted_text
 from sweeper.report.text import format_duration
+from sweeper.stability import StabilityFigures, derive_margin_figures
 from sweeper.study import Confirmation, StoredTrial, StudySnapshot
 from sweeper.sweep import CalibrationCallback, ConfirmCallback, EdgeRun
 from sweeper.trial import TrialProgress
@@ -88,6 +91,17 @@ def _eta(trial: StoredTrial, steps: int, batch_ratio: float) -> str:
     return f"; about {format_duration(per_step_s * steps)} at the trial's {per_step_s:.2g} s a step, plus loading"
 
 
+def _chance_at(trial: StoredTrial, steps: int) -> str:
+    """``P(diverges within 60 steps) <0.1% safe``: the trial's chance at a confirmation's length (or, in a study
+    calibrated by ``sweep calibrate``, its ``predicted_max_lr`` with the interval the confirmation was judged by)."""
+    stress = trial.result.stress
+    if stress.predicted_max_lr_calibrated or trial.config is None:
+        return f"predicted_max_lr {predicted_text(stress)}"
+    at = replace(stress)
+    derive_margin_figures(at, trial.config.learning_rate, None, steps)
+    return f"P(diverges within {steps} steps) {format_chance(StabilityFigures.of(at, trial.headroom))}"
+
+
 def outcome_line(trial: StoredTrial, done: Confirmation) -> str:
     """The line of a confirmation that ended with an outcome: confirmed or FAILED, with what the trial's margin had
     predicted."""
@@ -97,13 +111,12 @@ def outcome_line(trial: StoredTrial, done: Confirmation) -> str:
     if done.predicted_to_hold is not None and done.predicted_max_lr is not None:
         said = (
             f"; its margin {margin} said it {'holds' if done.predicted_to_hold else 'fails'} "
-            f"(predicted_max_lr {done.predicted_max_lr:.3g}): "
-            + ("as predicted" if done.margin_held else "NOT as predicted")
+            f"({_chance_at(trial, done.steps)}): " + ("as predicted" if done.margin_held else "NOT as predicted")
         )
     elif done.left_open:
         said = (
-            f"; its margin {margin} left it open: the learning rate lies inside predicted_max_lr's interval "
-            f"({predicted_text(trial.result.stress)}), where either outcome is within the noise"
+            f"; its margin {margin} left it open ({_chance_at(trial, done.steps)}), where either outcome is within "
+            "the prediction"
         )
     if done.passed:
         return (

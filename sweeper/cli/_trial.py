@@ -39,6 +39,7 @@ def manual_trial_folder(parent: Path) -> Path:
 def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
     from sweeper.report import LiveProgress, format_file_rows, trial_header, trial_result_lines
+    from sweeper.stability import derive_margin_figures
     from sweeper.storage import study_dir
     from sweeper.sweep import check_setup, with_card
     from sweeper.trial import cuda_visible, run_trial
@@ -70,6 +71,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
         )
     finally:
         live.close()
+    # the chance of diverging at the space's long-run horizon (the trial process gives it at 400 steps)
+    derive_margin_figures(result.stress, config.learning_rate, None, space.study.confirm_steps)
     if args.json:
         payload = {**result.to_dict(), "config": config.to_dict()}
         _print(json.dumps(payload, indent=2))

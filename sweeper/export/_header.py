@@ -4,6 +4,8 @@ the batch it was measured at and what the export changes."""
 from __future__ import annotations
 
 from sweeper.export._settings import DATASET_NOTE, RUN_LENGTH_NOTE, ExportSettings, Provenance
+from sweeper.notation import format_chance
+from sweeper.stability import StabilityFigures
 from sweeper.trial import CUDA_ALLOC_CONF_NOT_APPLICABLE, MemoryReading
 
 
@@ -21,13 +23,23 @@ def _margin_sentence(p: Provenance) -> str:
         headroom = ""
     else:
         span = f">= {f.headroom_low}x" if f.headroom_high is None else f"{f.headroom_low}x-{f.headroom_high}x"
-        near = ": NEAR ITS EDGE, a long run at this rate may fail within the noise" if f.near_edge else ""
-        headroom = f" Headroom {bound}{f.headroom}x this learning rate (95%: {span}){near}."
+        headroom = f" The edge lies {bound}{f.headroom}x this learning rate (95%: {span})."
     return (
         f"Stability margin {bound}{f.stability_margin}x the learning rate{noise} (the stress phase diverged at "
-        f"lr_ceiling {ceiling}); predicted_max_lr {f.predicted_max_lr}{interval}{source}: a constant learning rate "
-        "above it is predicted to fail within a long run (benchmarks/results/validity.md says how wide that "
-        f"prediction is).{headroom}"
+        f"lr_ceiling {ceiling}); predicted_max_lr {f.predicted_max_lr}{interval}{source}: the edge, a constant "
+        f"learning rate at which a long run fails about half the time.{headroom}{_chance_sentence(f)}"
+    )
+
+
+def _chance_sentence(f: StabilityFigures) -> str:
+    """The chance of diverging within the run at this learning rate, its call, and the safe rate."""
+    if f.p_diverge is None or f.horizon_steps is None:
+        return ""
+    call = {"safe": "SAFE", "undecided": "UNDECIDED", "likely fails": "LIKELY FAILS"}.get(f.stability_call or "", "")
+    safe = "" if f.safe_learning_rate is None else f"; learning_rate <= {f.safe_learning_rate} is safe"
+    return (
+        f" Chance a {f.horizon_steps}-step run at this learning rate diverges: {format_chance(f, call=False)} "
+        f"(95%), {call}{safe} (docs/validity.md: the model and its validation)."
     )
 
 

@@ -44,8 +44,9 @@ class Envelope:
         per_device_train_batch_size (fit_peak_memory_gib its peak).
     oom_above: the smallest shape measured out of memory above it, (per_device_train_batch_size, max_seq_length,
         peak_memory_gib), or None.
-    safe_learning_rate: the low end of predicted_max_lr's 95% interval (a constant rate at or below it is predicted
-        to hold a long run), or None when not measured.
+    safe_learning_rate: the largest constant rate whose chance of diverging within the study's horizon has its
+        upper end at 5% (predicted_max_lr is the edge, where long runs fail about half the time), or None when not
+        measured.
     """
 
     peak_memory_gib: float | None
@@ -308,12 +309,12 @@ def test_max_seq_length_is_within_what_fit_at_this_batch():
 
 def test_learning_rate_is_at_most_the_safe_rate():
     if ENVELOPE.safe_learning_rate is None:
-        pytest.skip("the trial has no predicted_max_lr interval: no safe rate was measured")
+        pytest.skip("the trial has no measured margin: no safe rate was measured")
     rate = float(_value("learning_rate"))
     assert rate <= ENVELOPE.safe_learning_rate, (
-        f"learning_rate {{rate:g}} > {{ENVELOPE.safe_learning_rate:.3g}}, the safe rate: the low end of "
-        f"predicted_max_lr's 95% interval (predicted_max_lr {{ENVELOPE.predicted_max_lr}}), above which a long run "
-        f"may diverge ({{_MEASURED}})"
+        f"learning_rate {{rate:g}} > {{ENVELOPE.safe_learning_rate:.3g}}, the safe rate: the largest whose chance "
+        f"of diverging within the run has its upper end at 5% (predicted_max_lr {{ENVELOPE.predicted_max_lr:.3g}} is "
+        f"the edge, where long runs fail about half the time) ({{_MEASURED}})"
     )
 
 

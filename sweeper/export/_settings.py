@@ -201,8 +201,9 @@ class Envelope:
         fit_peak_memory_gib: That trial's measured peak (GiB), None when not measured.
         oom_above: The smallest measured out-of-memory shape above that length at this batch, or at a larger batch,
             as ``(per_device_train_batch_size, max_seq_length, peak_memory_gib or None)``; None when none ran out.
-        safe_learning_rate: The low end of ``predicted_max_lr``'s 95% interval: a constant rate at or below it is
-            predicted to hold a long run; None when the trial has no such interval.
+        safe_learning_rate: The trial's ``safe_learning_rate``: the largest constant rate whose chance of diverging
+            within the study's horizon has its upper end at 5% (:class:`sweeper.stability._chance.DivergenceChance`);
+            None when the trial has no measured margin.
     """
 
     largest_fit_max_seq_length: int
@@ -232,12 +233,12 @@ def _envelope(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Envel
         and (t.config.per_device_train_batch_size, t.config.max_seq_length) > (batch, longest)
         and t.config.per_device_train_batch_size >= batch
     )
-    low = trial.result.stress.predicted_max_lr_low if trial.result.stress is not None else None
+    safe = trial.result.stress.safe_learning_rate if trial.result.stress is not None else None
     return Envelope(
         largest_fit_max_seq_length=longest,
         fit_peak_memory_gib=round_figure(peak, 3),
         oom_above=ooms[0] if ooms else None,
-        safe_learning_rate=low,
+        safe_learning_rate=safe,
     )
 
 

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sweeper.notation import format_headroom, format_instability, format_margin_range
+from sweeper.notation import format_chance, format_headroom, format_instability, format_margin_range
 from sweeper.report._console import STATUS_WIDTH, _num, _table, format_params, margin_text, predicted_text, status_label
 from sweeper.report._records import phase_peaks_text
 from sweeper.space import TrialConfig
-from sweeper.stability import headroom_of
+from sweeper.stability import StabilityFigures, headroom_of
 from sweeper.trial import TrialResult, TrialStatus
 
 
@@ -190,8 +190,14 @@ def margin_line(result: TrialResult, learning_rate: float | None = None) -> str:
     )
     h = headroom_of(learning_rate, stress)
     headroom = "" if h is None else f", headroom {format_headroom(h)} its learning rate"
+    chance = ""
+    if h is not None and stress.p_diverge is not None:
+        figures = StabilityFigures.of(stress, h)
+        chance = f"; P(diverges within {stress.horizon_steps} steps) {format_chance(figures)}"
+        if stress.safe_learning_rate is not None:
+            chance += f", safe at learning_rate {stress.safe_learning_rate:.3g}"
     return (
         f"margin  {margin} the learning rate (lr_ceiling {ceiling}; stress {stress.stop} after {stress.steps} "
-        f"steps{share}); predicted_max_lr {predicted_text(stress)} for a long run"
-        f"{' (a lower bound)' if stress.margin_capped else ''}{headroom}; learning progress {progress}"
+        f"steps{share}); predicted_max_lr {predicted_text(stress)} (the edge: a long run there fails about half the "
+        f"time){' (a lower bound)' if stress.margin_capped else ''}{headroom}{chance}; learning progress {progress}"
     )

@@ -44,9 +44,9 @@ from sweeper.stability._margin import (
     STRESS_GROWTH,
     STRESS_STEPS,
     LrCalibration,
+    derive_margin_figures,
     edge_proximity,
     lr_calibration_of,
-    margin_from,
     margin_interval,
     margin_of,
     predicted_max_lr,
@@ -61,7 +61,6 @@ from sweeper.stability._progress import (
 
 __all__ = [
     "DEFAULT_HORIZON_STEPS",
-    "margin_from",
     "DEFAULT_LR_CALIBRATION",
     "DTYPE_MAX",
     "PROBE_ROWS",
@@ -79,6 +78,7 @@ __all__ = [
     "compute_instability",
     "critical_multiples",
     "critical_rate_of",
+    "derive_margin_figures",
     "divergence",
     "edge_proximity",
     "headroom_of",

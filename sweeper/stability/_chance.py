@@ -216,4 +216,3 @@ def divergence_chance(
         predicted_max_lr_high=None if capped else max(edges),
         safe_learning_rate=rate(m_safe, model.slope_high if m > m_safe else model.slope_low),
     )
-

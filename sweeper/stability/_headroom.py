@@ -28,7 +28,8 @@ class Headroom:
         capped: The stress phase reached its cap without diverging.
         calibrated: ``predicted_max_lr`` came from the study's own factor (``sweep calibrate``), not the built-in one.
         call: The chance of diverging's call (``safe``, ``undecided``, ``likely fails``:
-            :class:`~sweeper.stability._chance.DivergenceChance`), None for a trial stored without one (an older version).
+            :class:`~sweeper.stability._chance.DivergenceChance`), None for a trial stored without one (an older
+            version).
     """
 
     value: float

@@ -240,8 +240,9 @@ def margin_from(
 ) -> Margin:
     """The :class:`Margin` of a measured ``stability_margin`` (``capped``: a lower bound, the stress phase's cap;
     ``lr_ceiling`` the rate it diverged at, None when capped) of a trial at ``learning_rate``: its seed-noise
-    interval, its :func:`~sweeper.stability._chance.divergence_chance` at ``horizon_steps``, and ``predicted_max_lr``, the
-    chance's edge, or ``lr_ceiling`` times ``calibration``'s factor where that is a study's own."""
+    interval, its :func:`~sweeper.stability._chance.divergence_chance` at ``horizon_steps``, and
+    ``predicted_max_lr``, the chance's edge, or ``lr_ceiling`` times ``calibration``'s factor where that is a
+    study's own."""
     low, high = margin_interval(stability_margin, capped)
     chance = divergence_chance(learning_rate, stability_margin, capped, horizon_steps)
     if calibration.calibrated or chance is None:
@@ -270,6 +271,46 @@ def margin_from(
         stability_call=None if chance is None else chance.call,
         safe_learning_rate=None if chance is None else chance.safe_learning_rate,
     )
+
+
+#: The figures :func:`derive_margin_figures` derives from a stored margin (:class:`Margin`'s fields less what was
+#: measured: the margin, its cap and ``lr_ceiling``).
+MARGIN_FIGURES = (
+    "stability_margin_low", "stability_margin_high", "predicted_max_lr", "predicted_max_lr_low",
+    "predicted_max_lr_high", "predicted_max_lr_source", "predicted_max_lr_calibrated", "horizon_steps", "p_diverge",
+    "p_diverge_low", "p_diverge_high", "stability_call", "safe_learning_rate",
+)  # fmt: skip
+
+
+def derive_margin_figures(
+    stress: Any,
+    learning_rate: float | None,
+    calibration: LrCalibration | None = None,
+    horizon_steps: int | None = None,
+) -> None:
+    """Set on ``stress`` (a stored ``StressOutcome``: any object with :class:`Margin`'s fields) the figures
+    (:data:`MARGIN_FIGURES`) its measured ``stability_margin`` gives at ``learning_rate`` (:func:`margin_from`): at
+    ``horizon_steps`` (None: :data:`~sweeper.stability._chance.DEFAULT_HORIZON_STEPS`), ``predicted_max_lr`` from a
+    study's own ``calibration`` where there is one. Without a margin nothing is set; without a rate only the
+    margin's interval."""
+    margin = stress.stability_margin
+    if margin is None:
+        return
+    if learning_rate is None:
+        stress.stability_margin_low, stress.stability_margin_high = margin_interval(margin, stress.margin_capped)
+        return
+    capped = bool(stress.margin_capped)
+    ceiling = None if capped else stress.lr_ceiling or margin * learning_rate
+    found = margin_from(
+        learning_rate,
+        margin,
+        capped,
+        ceiling,
+        calibration=calibration or DEFAULT_LR_CALIBRATION,
+        horizon_steps=horizon_steps or DEFAULT_HORIZON_STEPS,
+    )
+    for name in MARGIN_FIGURES:
+        setattr(stress, name, getattr(found, name))
 
 
 def edge_proximity(stability_margin: float | None) -> float | None:

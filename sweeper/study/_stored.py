@@ -17,15 +17,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.space import TrialConfig
 from sweeper.stability import (
-    DEFAULT_HORIZON_STEPS,
-    DEFAULT_LR_CALIBRATION,
     STORED_COMPONENTS,
     Headroom,
     LrCalibration,
     StabilityFigures,
+    derive_margin_figures,
     headroom_of,
-    margin_from,
-    margin_interval,
 )
 from sweeper.storage import TrialAttr
 from sweeper.study._confirmation import Confirmation
@@ -194,38 +191,12 @@ def with_intervals(
     horizon_steps: int | None = None,
 ) -> None:
     """Derive ``result``'s stability figures from its stored margin as the study reads them
-    (:func:`sweeper.stability.margin_from`): the margin's seed-noise interval, the chance of diverging within
-    ``horizon_steps`` (the study's ``confirm_steps``; None: :data:`~sweeper.stability.DEFAULT_HORIZON_STEPS`) with
-    its call and safe rate, and ``predicted_max_lr``, the chance's edge or, where ``sweep calibrate`` stored the
-    study's own factor (``lr_calibration``), from that factor. A trial stored by an older version gets them too."""
-    stress = result.stress
-    if stress.stability_margin is None or config is None:
-        if stress.stability_margin is not None:
-            stress.stability_margin_low, stress.stability_margin_high = margin_interval(
-                stress.stability_margin, stress.margin_capped
-            )
-        return
-    capped = bool(stress.margin_capped)
-    ceiling = None if capped else stress.lr_ceiling or stress.stability_margin * config.learning_rate
-    margin = margin_from(
-        config.learning_rate,
-        stress.stability_margin,
-        capped,
-        ceiling,
-        calibration=lr_calibration or DEFAULT_LR_CALIBRATION,
-        horizon_steps=horizon_steps or DEFAULT_HORIZON_STEPS,
+    (:func:`sweeper.stability.derive_margin_figures`): at ``horizon_steps`` (the study's ``confirm_steps``), with the
+    study's own factor where ``sweep calibrate`` stored one (``lr_calibration``). A trial stored by an older version
+    gets them too."""
+    derive_margin_figures(
+        result.stress, config.learning_rate if config is not None else None, lr_calibration, horizon_steps
     )
-    for name in MARGIN_FIGURES:
-        setattr(stress, name, getattr(margin, name))
-
-
-#: The figures :func:`with_intervals` derives from a stored margin (:class:`sweeper.stability._margin.Margin`'s fields less
-#: what was measured: the margin, its cap and ``lr_ceiling``).
-MARGIN_FIGURES = (
-    "stability_margin_low", "stability_margin_high", "predicted_max_lr", "predicted_max_lr_low",
-    "predicted_max_lr_high", "predicted_max_lr_source", "predicted_max_lr_calibrated", "horizon_steps", "p_diverge",
-    "p_diverge_low", "p_diverge_high", "stability_call", "safe_learning_rate",
-)  # fmt: skip
 
 
 def stored_trial(

@@ -25,6 +25,7 @@ import optuna
 
 from sweeper.errors import SpaceError, StudyError
 from sweeper.space import TrialConfig
+from sweeper.stability import derive_margin_figures
 from sweeper.storage import StudyAttr, trial_dir
 from sweeper.study import (
     Confirmation,
@@ -153,7 +154,7 @@ def _record(
         artifact_id=artifact_id,
         effective_batch_size=config.effective_batch_size if config is not None else None,
         as_exported=as_exported,
-        **_prediction(trial, result),
+        **_prediction(trial, result, steps),
     )
     if outcome.is_outcome:
         study.set_user_attr(f"{StudyAttr.CONFIRMATION}{number}", outcome.to_dict())
@@ -162,13 +163,15 @@ def _record(
     return outcome
 
 
-def _prediction(trial: StoredTrial | None, result: TrialResult) -> dict[str, Any]:
-    """What the short trial's ``predicted_max_lr`` said of this long run, and whether the long run agreed; empty for
-    a trial without a margin or a run that did not train (``oom``, ``timeout``, ``crash``, ``error``).
+def _prediction(trial: StoredTrial | None, result: TrialResult, steps: int) -> dict[str, Any]:
+    """What the short trial's margin said of this long run of ``steps`` steps, and whether the long run agreed; empty
+    for a trial without a margin or a run that did not train (``oom``, ``timeout``, ``crash``, ``error``).
 
-    It says "holds" when the trial's learning rate is at most the low end of ``predicted_max_lr``'s 95% interval,
-    "fails" when it is above the high end, and nothing (``predicted_to_hold`` None: a tie) when the rate lies inside
-    the interval, where either outcome is within the prediction's noise."""
+    It says "holds" when the chance of diverging within ``steps`` steps is called ``safe`` (its upper end under 5%),
+    "fails" when it is called ``likely fails`` (over 50%), and nothing (``predicted_to_hold`` None) when it is
+    ``undecided``, where either outcome is within the prediction (:class:`sweeper.stability.DivergenceChance`). A
+    study calibrated by ``sweep calibrate`` keeps its own rule: "holds" at most the low end of ``predicted_max_lr``'s
+    95% interval, "fails" above its high end."""
     stress = trial.result.stress if trial is not None else None
     predicted = stress.predicted_max_lr if stress is not None else None
     if predicted is None or stress is None or trial is None or trial.config is None:
@@ -176,9 +179,15 @@ def _prediction(trial: StoredTrial | None, result: TrialResult) -> dict[str, Any
     if result.status not in (TrialStatus.COMPLETE, TrialStatus.NAN, TrialStatus.DIVERGED):
         return {"predicted_max_lr": predicted}
     rate = trial.config.learning_rate
-    low = stress.predicted_max_lr_low if stress.predicted_max_lr_low is not None else predicted
-    high = stress.predicted_max_lr_high if stress.predicted_max_lr_high is not None else math.inf
-    holds: bool | None = True if rate <= low else False if rate > high else None
+    holds: bool | None
+    if stress.predicted_max_lr_calibrated:
+        low = stress.predicted_max_lr_low if stress.predicted_max_lr_low is not None else predicted
+        high = stress.predicted_max_lr_high if stress.predicted_max_lr_high is not None else math.inf
+        holds = True if rate <= low else False if rate > high else None
+    else:
+        at = replace(stress)  # the figures at the confirmation's own length, the stored ones untouched
+        derive_margin_figures(at, rate, None, steps)
+        holds = {"safe": True, "likely fails": False}.get(at.stability_call or "")
     return {
         "predicted_max_lr": predicted,
         "predicted_to_hold": holds,

@@ -18,7 +18,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig, parse_space
-from sweeper.stability import DEFAULT_LR_CALIBRATION, margin_interval, predicted_max_lr
+from sweeper.stability import derive_margin_figures, margin_interval
 from sweeper.storage import StudyAttr
 
 # The test helpers build studies as the sweep records them, from the study package's own modules (optuna.testing's
@@ -134,20 +134,17 @@ def add_trial(
 
 def _derive_stress_figures(result: TrialResult, config: TrialConfig) -> None:
     """Fill in what a trial derives from its stability margin when the test did not give it, as the trial stores
-    it: the margin's interval, the learning-rate ceiling and ``predicted_max_lr`` with its interval."""
+    it (at the default horizon, 400 steps): the margin's interval, the learning-rate ceiling, the chance of diverging
+    and ``predicted_max_lr`` with its interval (:func:`sweeper.stability.derive_margin_figures`)."""
     stress = result.stress
-    if stress.stability_margin is not None and stress.stability_margin_low is None:
+    if stress.stability_margin is not None and stress.predicted_max_lr is None:
+        capped = bool(stress.margin_capped)
+        stress.lr_ceiling = None if capped else stress.lr_ceiling or stress.stability_margin * config.learning_rate
+        derive_margin_figures(stress, config.learning_rate)
+    elif stress.stability_margin is not None and stress.stability_margin_low is None:
         stress.stability_margin_low, stress.stability_margin_high = margin_interval(
             stress.stability_margin, stress.margin_capped
         )
-    if stress.stability_margin is not None and stress.predicted_max_lr is None:
-        capped = bool(stress.margin_capped)
-        ceiling = None if capped else stress.lr_ceiling or stress.stability_margin * config.learning_rate
-        stress.lr_ceiling = ceiling
-        stress.predicted_max_lr, stress.predicted_max_lr_low, stress.predicted_max_lr_high = predicted_max_lr(
-            config.learning_rate, ceiling, capped, cap=stress.stability_margin
-        )
-        stress.predicted_max_lr_source = DEFAULT_LR_CALIBRATION.source
 
 
 def add_configured_trials(

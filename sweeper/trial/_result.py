@@ -226,8 +226,8 @@ class StressOutcome:
             ``margin_capped``); None when not measured.
         margin_capped: The stress phase reached the cap without diverging: the margin is a lower bound.
         predicted_max_lr: The edge: the constant learning rate at which a run of ``horizon_steps`` steps diverges
-            about half the time (:class:`sweeper.stability._chance.DivergenceChance`), or, in a study ``sweep calibrate``
-            measured, ``lr_ceiling`` times the study's own factor; a lower bound when capped.
+            about half the time (:class:`sweeper.stability._chance.DivergenceChance`), or, in a study ``sweep
+            calibrate`` measured, ``lr_ceiling`` times the study's own factor; a lower bound when capped.
         stop: How the stress phase ended (``stress_stop``): ``diverged``, ``nan``, ``overflow``, ``cap``, ``oom``,
             ``error``; None when it did not run.
         steps: Stress steps finished (``stress_steps``).
@@ -248,8 +248,8 @@ class StressOutcome:
         horizon_steps: The run length the chance is for: ``study.confirm_steps``, else 400 (a trial process
             stores it at 400; the views give it at the study's).
         p_diverge, p_diverge_low, p_diverge_high: The chance that a constant-rate run of ``horizon_steps`` steps at
-            the trial's rate diverges, with its 95% interval (:class:`sweeper.stability._chance.DivergenceChance`); an upper
-            bound when capped.
+            the trial's rate diverges, with its 95% interval (:class:`sweeper.stability._chance.DivergenceChance`);
+            an upper bound when capped.
         stability_call: ``safe``, ``undecided`` or ``likely fails`` from that chance (pre-registered thresholds,
             docs/validity.md); a trial that itself failed is ``fails`` in every view.
         safe_learning_rate: The largest rate whose chance's upper end is 5% at ``horizon_steps``.

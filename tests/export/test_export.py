@@ -90,7 +90,8 @@ def test_the_typed_settings_write_the_json_exports_keys_in_order(study_and_knee,
         "margin_capped", "lr_ceiling", "predicted_max_lr", "stability_margin_low", "stability_margin_high",
         "predicted_max_lr_low", "predicted_max_lr_high", "predicted_max_lr_source", "headroom", "headroom_low",
         "headroom_high", "near_edge", "horizon_steps", "p_diverge", "p_diverge_low", "p_diverge_high",
-        "stability_call", "safe_learning_rate", "measured_effective_batch_size", "learning_progress", "confirmation", "device",
+        "stability_call", "safe_learning_rate", "measured_effective_batch_size", "learning_progress", "confirmation",
+        "device",
         "versions", "exported", "cuda_alloc_conf", "cached_share",
     ]  # fmt: skip
     # the trial's allocator setting travels with it (issue 57): the test studies are CPU-like records without one

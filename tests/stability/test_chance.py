@@ -24,7 +24,7 @@ def test_the_frozen_model_is_the_registered_fit():
     )
     from sweeper.stability._margin import MARGIN_SEED_SD_STEPS
 
-    assert MARGIN_SEED_SD_STEPS == pytest.approx(fit["margin_seed_sd_steps"], abs=5e-4)
+    assert pytest.approx(fit["margin_seed_sd_steps"], abs=5e-4) == MARGIN_SEED_SD_STEPS
 
 
 def test_the_chance_falls_with_the_margin_and_grows_with_the_horizon():
@@ -45,7 +45,9 @@ def test_the_call_follows_the_registered_thresholds():
     calls = {m: divergence_chance(1e-3, m, False, 200).call for m in (3.24, 5.832, 10.5, 18.9, 34.0, 61.2)}
     assert calls == {3.24: "likely fails", 5.832: "likely fails", 10.5: "undecided", 18.9: "undecided",
                      34.0: "safe", 61.2: "safe"}  # fmt: skip
-    assert call_of(0.02, 0.049) == "safe" and call_of(0.02, 0.05) == "undecided" and call_of(0.51, 0.9) == "likely fails"
+    assert (
+        call_of(0.02, 0.049) == "safe" and call_of(0.02, 0.05) == "undecided" and call_of(0.51, 0.9) == "likely fails"
+    )
 
 
 def test_the_edge_and_the_safe_rate_sit_where_their_chance_says():

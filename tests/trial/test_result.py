@@ -11,7 +11,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sweeper.study._stored import MARGIN_FIGURES, stored_trial
+from sweeper.stability._margin import MARGIN_FIGURES
+from sweeper.study._stored import stored_trial
 from sweeper.testing import make_study
 from sweeper.trial import MemoryReading, Provenance, StressOutcome, TrialResult, TrialStatus
 from sweeper.trial._memory_phases import PhasePeakMemory
