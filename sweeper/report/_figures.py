@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
-from sweeper.notation import format_instability, format_margin, headroom_text
+from sweeper.notation import format_chance, format_instability, format_margin, headroom_text
 from sweeper.report._analysis_records import Curve, FitMap, MemoryEffects, NotShown, ParamImportance
 from sweeper.report._console import margin_text
 from sweeper.report._records import FrontData, ImportancePart, TrialRecord
@@ -63,6 +63,8 @@ def _hover(point: TrialRecord) -> str:
             long += f" at step {confirmed.fail_step}"
     if point.stability.headroom is not None:
         long += f"<br>headroom {headroom_text(point.stability)}"
+    if point.stability.stability_call is not None:
+        long += f"<br>P(diverges within {point.stability.horizon_steps} steps) {format_chance(point.stability)}"
     return f"trial {point.number}: {point.label}<br>peak {memory}, margin {stability}{long}<br>{params}<br>{reason}"
 
 
@@ -188,8 +190,8 @@ def _complete_traces(
 
 
 def _near_edge_traces(complete: Sequence[tuple[TrialRecord, float]]) -> list[Any]:
-    """Of :func:`front_figure`: an orange square around each complete trial near its edge (headroom,
-    ``predicted_max_lr / learning_rate``, below its safety factor), the mark the front table's headroom column
+    """Of :func:`front_figure`: an orange square around each complete trial not called safe (its chance of
+    diverging within the study's horizon undecided or likely to fail), the mark the front table's headroom column
     gives it."""
     import plotly.graph_objects as go
 
@@ -201,7 +203,7 @@ def _near_edge_traces(complete: Sequence[tuple[TrialRecord, float]]) -> list[Any
             x=[p.peak_memory_gib for p, _ in group],
             y=[y for _, y in group],
             mode="markers",
-            name="near its edge (headroom below its safety factor)",
+            name="not safe (P(diverge) undecided or likely fails)",
             marker={"symbol": "square-open", "size": 22, "color": "#ff7f0e", "line": {"width": 2}},
             hovertext=[_hover(p) for p, _ in group],
             hoverinfo="text",

@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sweeper.notation import format_instability, format_rate_range, headroom_text
+from sweeper.notation import format_chance, format_instability, format_rate_range, headroom_text
 from sweeper.report import _data as data
 from sweeper.report._analysis_records import MemoryPrediction
 from sweeper.report._console import margin_text, plural
 from sweeper.report._figures import curves_figure, fit_map_figure, front_figure, importance_figure
 from sweeper.report._importance import IMPORTANCE_RESAMPLES, MIN_IMPORTANCE_TRIALS
 from sweeper.report._records import FrontRow, Report
+from sweeper.stability import DEFAULT_HORIZON_STEPS
 from sweeper.study import StudySnapshot
 
 
@@ -71,7 +72,8 @@ def _fmt_rate(x: float | None) -> str:
 
 def _front_rows(summary: Report, keys: list[str], off_front: Sequence[FrontRow] = ()) -> list[list[Any]]:
     """The HTML report's front table (:attr:`sweeper.report._records.Report.front`): a header row, then per trial its
-    searched ``keys``, peak memory, margin, ceiling, predicted max rate, progress, instability, confirmation and
+    searched ``keys``, peak memory, margin, headroom, the chance of diverging within the study's horizon with its
+    call, the safe rate, ceiling, predicted max rate (the edge), progress, instability, confirmation and
     the picks that choose it; ``off_front``, picked trials that are not on the front (the ``safe`` pick chooses among
     every complete trial), in order of peak memory among them, their picks marked ``(off the front)``."""
     from sweeper.report._console import SHORT_NAMES
@@ -85,6 +87,8 @@ def _front_rows(summary: Report, keys: list[str], off_front: Sequence[FrontRow] 
         "peak_memory_gib",
         "stability_margin (seed noise)",
         "headroom (95%)",
+        f"P(diverge within {_horizon(summary)} steps) (95%), call",
+        "safe_learning_rate",
         "tied with",
         "lr_ceiling",
         "predicted_max_lr (95%)",
@@ -99,6 +103,14 @@ def _front_rows(summary: Report, keys: list[str], off_front: Sequence[FrontRow] 
         _front_row(f, keys, [f"{p} (off the front)" if f.number in extra else p for p in by_trial.get(f.number, [])])
         for f in rows
     ]
+
+
+def _horizon(summary: Report) -> int:
+    """The horizon the front's chances are given at (one per study: its ``confirm_steps``, else 400)."""
+    return next(
+        (f.stability.horizon_steps for f in summary.front if f.stability.horizon_steps is not None),
+        DEFAULT_HORIZON_STEPS,
+    )
 
 
 def _sources(summary: Report) -> str:
@@ -118,6 +130,8 @@ def _front_row(f: FrontRow, keys: list[str], picked: list[str]) -> list[Any]:
         f"{f.peak_memory_gib:.3f}",
         margin_text(f.stability),
         headroom_text(f.stability),
+        format_chance(f.stability),
+        _fmt_rate(f.stability.safe_learning_rate),
         ", ".join(f"#{n}" for n in f.tied_with) or "-",
         _fmt_rate(f.stability.lr_ceiling),
         # its source (which factor made it) is said once under the table: in each cell it ran the table off the page

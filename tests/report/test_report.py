@@ -180,7 +180,7 @@ def test_figures_and_offline_html(tmp_path):
     fig = front_figure(report.front_data(snapshot(study)))
     names = [t.name for t in fig.data]
     assert "Pareto front" in names and "oom (no margin)" in names and "nan/data (no margin)" in names
-    assert "near its edge (headroom below its safety factor)" in names  # its trials' headroom is 0.16-0.72x
+    assert "not safe (P(diverge) undecided or likely fails)" in names  # its trials' edges lie below their rates
     # The margin on a log axis, higher is safer; the failures in a band below a margin of 1 (they failed at their rate).
     assert fig.layout.yaxis.type == "log" and "stability margin" in fig.layout.title.text
     front_trace = next(t for t in fig.data if t.name == "Pareto front")
