@@ -10,6 +10,7 @@ functions that build models.
 from sweeper.testing._cli import CliResult, run_cli, sweep
 from sweeper.testing._data import GENERATION_CHATML, TOPICS, clean_rows
 from sweeper.testing._models import (
+    OUTLASTS_ANY_TIMEOUT,
     PAD_ID,
     TINY_VOCAB,
     build_pad_token_model,
@@ -26,6 +27,7 @@ from sweeper.testing._studies import STUDY_DISTRIBUTIONS, add_configured_trials,
 __all__ = [
     "GENERATION_CHATML",
     "MEMORY_BASE",
+    "OUTLASTS_ANY_TIMEOUT",
     "PAD_ID",
     "PASSWORD",
     "REPO",

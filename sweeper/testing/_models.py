@@ -61,6 +61,13 @@ def build_tiny_model(target: Path, *, vocab_size: int = TINY_VOCAB, added_tokens
     return target
 
 
+#: Steps that outlast any trial_timeout a test sets, on any machine: a step of the tiny model costs at least a
+#: millisecond of Python (the Trainer's loop, the optimizer, the probe), so this is over a quarter of an hour. A test of
+#: a timeout makes its trial this long by construction, never by the machine being slow (issue 68: a 3-step trial
+#: finished inside 1.5 s on a quiet machine, and CI went red).
+OUTLASTS_ANY_TIMEOUT = 10**6
+
+
 def tiny_trial_config(model: Path, **overrides):
     """A short trial of the tiny Llama as the tests run it (3 steps of 2 x 64 tokens, r=4, adamw_torch, a 4 GiB cap,
     32 samples), with ``overrides`` (``TrialConfig`` field names) on top."""

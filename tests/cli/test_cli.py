@@ -10,7 +10,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import optuna
 import pytest
 
-from sweeper.testing import run_cli, sweep, tiny_space, write_space
+from sweeper.testing import OUTLASTS_ANY_TIMEOUT, run_cli, sweep, tiny_space, write_space
 
 
 def test_bad_space_is_exit_2_with_one_line_and_no_study(workdir):
@@ -224,7 +224,8 @@ def test_run_prints_front_and_dashboard_serves_the_study(tiny_model, workdir):
 
 @pytest.mark.slow
 def test_a_run_whose_every_trial_failed_exits_1(tiny_model, workdir):
-    space = tiny_space(tiny_model, name="allfail", n_trials=1, training={"trial_timeout": 1, "max_retries": 0})
+    training = {"trial_timeout": 1, "max_retries": 0, "max_steps": OUTLASTS_ANY_TIMEOUT}  # a timeout by construction
+    space = tiny_space(tiny_model, name="allfail", n_trials=1, training=training)
     out = sweep("run", str(write_space(workdir, space)), cwd=workdir)
     assert out.returncode == 1, out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()

@@ -23,7 +23,7 @@ from sweeper.study._snapshot import count_finished, pareto_front, status_counts
 from sweeper.study._storage import open_study
 from sweeper.study._stored import is_finished
 from sweeper.sweep import SweepCallback, plan_sweep, run_study
-from sweeper.testing import run_cli, tiny_space, write_space
+from sweeper.testing import OUTLASTS_ANY_TIMEOUT, run_cli, tiny_space, write_space
 from sweeper.trial import TrialResult
 
 #: Every user attribute a measured trial stores (docs/contract.md): each stored field of TrialResult (the instability
@@ -312,7 +312,7 @@ def test_timeouts_are_retried_up_to_max_retries(tiny_model, workdir):
                 tiny_model,
                 name="retry",
                 n_trials=2,
-                training={"trial_timeout": 1, "max_retries": 2},
+                training={"trial_timeout": 1, "max_retries": 2, "max_steps": OUTLASTS_ANY_TIMEOUT},
                 search={"per_device_train_batch_size": [1, 2]},
             ),
         )

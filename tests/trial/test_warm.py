@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.space import TrialConfig
-from sweeper.testing import tiny_trial_config
+from sweeper.testing import OUTLASTS_ANY_TIMEOUT, tiny_trial_config
 from sweeper.trial import TrialProcess, TrialResult, cuda_visible, run_trial
 
 pytestmark = pytest.mark.slow
@@ -159,7 +159,8 @@ def test_after_an_oom_a_kill_or_a_timeout_the_next_trial_gets_a_fresh_process(ti
 
         # A timeout kills the warm process's whole group.
         warm_pid = process.pid
-        slow = process.run(_config(tiny_model, max_steps=400, trial_timeout_s=3.0), tmp_path / "6", model_path=path)
+        slow_config = _config(tiny_model, max_steps=OUTLASTS_ANY_TIMEOUT, trial_timeout_s=3.0)  # by construction
+        slow = process.run(slow_config, tmp_path / "6", model_path=path)
         assert slow.status == "timeout" and process.pid is None
         with pytest.raises(ProcessLookupError):
             os.kill(warm_pid, 0)
