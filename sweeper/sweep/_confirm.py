@@ -169,7 +169,7 @@ def _prediction(trial: StoredTrial | None, result: TrialResult, steps: int) -> d
 
     It says "holds" when the chance of diverging within ``steps`` steps is called ``safe`` (its upper end under 5%),
     "fails" when it is called ``likely fails`` (over 50%), and nothing (``predicted_to_hold`` None) when it is
-    ``undecided``, where either outcome is within the prediction (:class:`sweeper.stability.DivergenceChance`). A
+    ``undecided``, where either outcome is within the prediction (:class:`sweeper.stability._chance.DivergenceChance`). A
     study calibrated by ``sweep calibrate`` keeps its own rule: "holds" at most the low end of ``predicted_max_lr``'s
     95% interval, "fails" above its high end."""
     stress = trial.result.stress if trial is not None else None
