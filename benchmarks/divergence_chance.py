@@ -77,7 +77,8 @@ def stored_survivors() -> list[dict[str, Any]]:
             continue
         rows.append({"set": name, "case": case.name, "seed": seed, "multiple": multiple,
                      "margin": short["stability_margin"], "capped": bool(short.get("margin_capped")),
-                     "failed": long["status"] in FAILED, "fail_step": long.get("fail_step")})  # fmt: skip
+                     "failed": long["status"] in FAILED, "fail_step": long.get("fail_step"),
+                     "learning_rate": case.learning_rate * multiple, "lora_alpha": case.lora_alpha})  # fmt: skip
     return rows
 
 
@@ -94,12 +95,13 @@ def _neg_log_likelihood(theta: Any, ln_m: Any, ln_t: Any, failed: Any) -> float:
     return float(-np.sum(np.where(failed, log_density, log_survival)))
 
 
-def fit_aft(rows: list[dict[str, Any]]) -> tuple[float, float, float]:
-    """(mu, gamma, ln sigma) of the log-logistic AFT model by maximum likelihood (scipy's Nelder-Mead)."""
+def fit_aft(rows: list[dict[str, Any]], covariate: str = "margin") -> tuple[float, float, float]:
+    """(mu, gamma, ln sigma) of the log-logistic AFT model by maximum likelihood (scipy's Nelder-Mead), in the ln of
+    each row's ``covariate`` (the margin; a baseline's safety score)."""
     import numpy as np
     from scipy.optimize import minimize
 
-    ln_m = np.log([r["margin"] for r in rows])
+    ln_m = np.log([r[covariate] for r in rows])
     failed = np.array([r["failed"] for r in rows])
     ln_t = np.log([r["fail_step"] if r["failed"] else r.get("horizon", STORED_HORIZON) for r in rows])
     res = minimize(_neg_log_likelihood, [4.0, 1.2, math.log(0.3)], args=(ln_m, ln_t, failed), method="Nelder-Mead",
@@ -283,6 +285,190 @@ class Validation:
                 held = nxt
 
 
+# --- 3. the registered scores ----------------------------------------------------------------------------------------
+
+#: The baselines (docs/validity.md): the same AFT form with ``ln margin`` replaced by ``-ln(learning_rate x
+#: lora_alpha)`` or ``-ln(learning_rate)``, fitted on the same stored survivors.
+BASELINES = {
+    "learning_rate x lora_alpha": lambda lr, alpha: 1.0 / (lr * alpha),
+    "learning_rate": lambda lr, alpha: 1.0 / lr,
+}
+
+
+def _chance(theta: tuple[float, float, float], x: float, horizon: int) -> float:
+    mu, gamma, log_sigma = theta
+    z = (math.log(horizon) - mu - gamma * math.log(x)) / math.exp(log_sigma)
+    return 1.0 / (1.0 + math.exp(-max(min(z, 700.0), -700.0)))
+
+
+def validation_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per configuration and seed with both runs stored: the short trial's outcome and margin, the long run's."""
+    rows = []
+    for case, multiple in validation_cases():
+        for seed in SEEDS:
+            short = runs.get(run_key(case, seed, multiple, "short"))
+            long = runs.get(run_key(case, seed, multiple, f"{LONG_STEPS} steps"))
+            if short is None or long is None or long["status"] not in (*FAILED, "complete"):
+                continue
+            rows.append({"case": case.name, "seed": seed, "dtype": case.bnb_4bit_compute_dtype,
+                         "short": short["status"], "margin": short.get("stability_margin"),
+                         "capped": bool(short.get("margin_capped")), "learning_rate": short["learning_rate"],
+                         "lora_alpha": case.lora_alpha, "failed": long["status"] in FAILED,
+                         "fail_step": long.get("fail_step")})  # fmt: skip
+    return rows
+
+
+def _brier(ps: list[float], ys: list[bool]) -> float:
+    return sum((p - y) ** 2 for p, y in zip(ps, ys)) / len(ps) if ps else math.nan
+
+
+def _calibration_slope(ps: list[float], ys: list[bool]) -> float:
+    """The slope of a logistic regression of the outcome on logit P (1: calibrated spread)."""
+    import numpy as np
+    from scipy.optimize import minimize
+
+    logits = np.log(np.clip(ps, 1e-6, 1 - 1e-6) / (1 - np.clip(ps, 1e-6, 1 - 1e-6)))
+    y = np.array(ys, dtype=float)
+    if y.min() == y.max():
+        return math.nan
+
+    def nll(beta: Any) -> float:
+        z = beta[0] + beta[1] * logits
+        return float(np.sum(np.logaddexp(0.0, z) - y * z))
+
+    return float(minimize(nll, [0.0, 1.0], method="Nelder-Mead").x[1])
+
+
+def score(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The registered figures (docs/validity.md) on the validation runs stored so far."""
+    from validity import auc, bootstrap
+
+    from sweeper.stability._chance import divergence_chance
+
+    stored = stored_survivors()
+    baselines = {}
+    for name, f in BASELINES.items():
+        for r in stored:
+            r[name] = f(r["learning_rate"], r["lora_alpha"])
+        baselines[name] = fit_aft(stored, name)
+    rows = validation_rows(runs)
+    survivors = [r for r in rows if r["short"] == "complete" and r["margin"]]
+    out: dict[str, Any] = {"runs": len(rows), "trial_failed": len(rows) - len(survivors),
+                           "trial_failed_long_failed": sum(r["failed"] for r in rows if r not in survivors),
+                           "survivors": len(survivors), "horizons": {}}  # fmt: skip
+    configs = sorted({r["case"] for r in survivors})
+    groups = [[i for i, r in enumerate(survivors) if r["case"] == c] for c in configs]
+    for horizon in (200, LONG_STEPS):
+        ys = [r["failed"] and (r["fail_step"] or 0) <= horizon for r in survivors]
+        found = [divergence_chance(r["learning_rate"], r["margin"], r["capped"], horizon) for r in survivors]
+        ps = [c.p_diverge for c in found]  # type: ignore[union-attr]
+
+        def by_config(stat: Any, xs: list[float], ys: list[bool] = ys) -> tuple[float, float]:
+            def resampled(picks: list[int]) -> float:
+                idx = [i for g in picks for i in groups[g]]
+                return stat([xs[i] for i in idx], [ys[i] for i in idx])
+
+            return bootstrap(resampled, len(groups))
+
+        figure: dict[str, Any] = {
+            "failed": sum(ys), "auc": auc(ps, ys), "auc_95": by_config(auc, ps), "brier": _brier(ps, ys),
+            "brier_base_rate": _brier([sum(ys) / len(ys)] * len(ys), ys) if ys else math.nan,
+            "calibration_slope": _calibration_slope(ps, ys),
+        }  # fmt: skip
+        for name, theta in baselines.items():
+            xs = [_chance(theta, BASELINES[name](r["learning_rate"], r["lora_alpha"]), horizon) for r in survivors]
+            figure[f"auc {name}"], figure[f"brier {name}"] = auc(xs, ys), _brier(xs, ys)
+        calls = [c.call for c in found]  # type: ignore[union-attr]
+        figure["calls"] = {call: calls.count(call) for call in ("safe", "undecided", "likely fails")}
+        figure["safe_that_failed"] = sum(c == "safe" and y for c, y in zip(calls, ys))
+        figure["likely_fails_that_held"] = sum(c == "likely fails" and not y for c, y in zip(calls, ys))
+        figure["undecided_share"] = calls.count("undecided") / len(calls) if calls else math.nan
+        figure["by_dtype"] = {
+            dtype: {"survivors": len(idx), "failed": sum(ys[i] for i in idx), "auc": auc([ps[i] for i in idx],
+                    [ys[i] for i in idx]), "brier": _brier([ps[i] for i in idx], [ys[i] for i in idx])}
+            for dtype in ("float32", "bfloat16") if (idx := [i for i, r in enumerate(survivors) if r["dtype"] == dtype])
+        }  # fmt: skip
+        out["horizons"][str(horizon)] = figure
+    out["late_failures"] = [
+        {"case": r["case"], "seed": r["seed"], "fail_step": r["fail_step"], "margin": r["margin"],
+         "p_200": divergence_chance(r["learning_rate"], r["margin"], r["capped"], 200).p_diverge,  # type: ignore[union-attr]
+         "p_400": divergence_chance(r["learning_rate"], r["margin"], r["capped"], 400).p_diverge}  # type: ignore[union-attr]
+        for r in survivors if r["failed"] and (r["fail_step"] or 0) > 200
+    ]  # fmt: skip
+    out["edges"] = _edges(runs)
+    return out
+
+
+def _edges(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The bisected 400-step edges stored so far, each against the seed's short trial: the edge as a rate (the
+    geometric mean of the largest multiple that held and the smallest that failed), ``safe_learning_rate`` and
+    ``predicted_max_lr``'s interval at 400 steps."""
+    from sweeper.stability._chance import divergence_chance
+
+    out = []
+    for case, multiple in validation_cases()[:EDGE_CASES]:
+        seed = SEEDS[0]
+        prefix = f"{case.name} | seed {seed} | x"
+        held, failed = [], []
+        for key, run in runs.items():
+            if key.startswith(prefix) and key.endswith(f"| {LONG_STEPS} steps"):
+                m = float(key[len(prefix) :].split(" |")[0])
+                (failed if run["status"] in FAILED else held).append(m)
+        below = [h for h in held if not failed or h < min(failed)]
+        short = runs.get(run_key(case, seed, multiple, "short"))
+        if not below or not failed or short is None or short["status"] != "complete":
+            continue
+        rate = case.learning_rate * math.sqrt(max(below) * min(failed))
+        found = divergence_chance(short["learning_rate"], short["stability_margin"], short["margin_capped"], 400)
+        assert found is not None
+        high = found.predicted_max_lr_high if found.predicted_max_lr_high is not None else math.inf
+        out.append({"case": case.name, "edge_rate": rate, "bracket": [max(below), min(failed)],
+                    "safe_learning_rate": found.safe_learning_rate, "predicted_max_lr": found.predicted_max_lr,
+                    "predicted_max_lr_low": found.predicted_max_lr_low,
+                    "predicted_max_lr_high": found.predicted_max_lr_high,
+                    "at_or_above_safe": rate >= found.safe_learning_rate,
+                    "covered": found.predicted_max_lr_low <= rate <= high})  # fmt: skip
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The scores as tables, against the registered bars."""
+
+    def f(x: Any, spec: str = ".3f") -> str:
+        return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+    lines = ["# The chance of diverging within the run: the validation (issue 66)", "",
+             "Registered in docs/validity.md before any of these runs; `python benchmarks/divergence_chance.py "
+             "--report` rewrites this file from `divergence_chance.json`.", "",
+             f"Pairs stored: {result['runs']} (of {VALIDATION_CASES * len(SEEDS)}); the short trial failed by itself "
+             f"in {result['trial_failed']} (their long run failed in {result['trial_failed_long_failed']}); "
+             f"survivors {result['survivors']}.", "",
+             "| horizon | failed | AUC (95% over configurations) | Brier | base rate's | lr x alpha's (AUC, Brier) | "
+             "lr's (AUC, Brier) | calibration slope | safe / undecided / likely fails | safe that failed | "
+             "undecided share |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for horizon, g in result["horizons"].items():
+        lo, hi = g["auc_95"]
+        c = g["calls"]
+        lines.append(
+            f"| {horizon} | {g['failed']} | {f(g['auc'])} ({f(lo, '.2f')}-{f(hi, '.2f')}) | {f(g['brier'])} | "
+            f"{f(g['brier_base_rate'])} | {f(g['auc learning_rate x lora_alpha'])}, "
+            f"{f(g['brier learning_rate x lora_alpha'])} | {f(g['auc learning_rate'])}, {f(g['brier learning_rate'])} "
+            f"| {f(g['calibration_slope'], '.2f')} | {c['safe']} / {c['undecided']} / {c['likely fails']} | "
+            f"{g['safe_that_failed']} | {f(g['undecided_share'], '.2f')} |"
+        )
+    lines += ["", "By compute dtype (not scored): " + "; ".join(
+        f"H={h} {d}: {v['survivors']} survivors, {v['failed']} failed, AUC {f(v['auc'])}, Brier {f(v['brier'])}"
+        for h, g in result["horizons"].items() for d, v in g["by_dtype"].items())]  # fmt: skip
+    lines += ["", "Failures after step 200: " + ("; ".join(
+        f"{r['case']} seed {r['seed']} at {r['fail_step']} (margin {r['margin']:.3g}: P200 {r['p_200']:.3f}, "
+        f"P400 {r['p_400']:.3f})" for r in result["late_failures"]) or "none yet")]  # fmt: skip
+    edges = result["edges"]
+    lines += ["", f"Bisected edges: {len(edges)} of {EDGE_CASES}; at or above safe_learning_rate in "
+              f"{sum(e['at_or_above_safe'] for e in edges)}, inside predicted_max_lr's interval in "
+              f"{sum(e['covered'] for e in edges)}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def run_validation(jobs: int, threads: int | None) -> None:
     """Every pair (short trial, long run) of every configuration and seed, then the registered edges."""
     runner = Validation(threads)
@@ -297,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit", action="store_true", help="fit the model on the stored runs")
     parser.add_argument("--run", action="store_true", help="run the validation (resumable)")
     parser.add_argument("--cases", action="store_true", help="print the validation set")
+    parser.add_argument("--report", action="store_true", help="score the stored validation runs; run nothing")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -312,6 +499,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"rate {multiple:g} x {STEP:g}/lora_alpha = {multiple * case.learning_rate:.3g}")  # fmt: skip
     if args.run:
         run_validation(args.jobs, args.threads)
+    if args.report:
+        runs = json.loads(OUT.read_text())["runs"] if OUT.is_file() else {}
+        result = score(runs)
+        (RESULTS / "divergence_chance_summary.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        text = markdown(result)
+        (RESULTS / "divergence_chance.md").write_text(text)
+        print(text)
     return 0
 
 
