@@ -35,7 +35,7 @@ def _data_warnings(space: SearchSpace, profile: DataProfile) -> list[str]:
     the file's, which the exports train, not only the ``max_samples`` the trials sample. The data was checked
     (:func:`sweeper.sweep.check_data`, with :func:`_dropped_rows_line`)."""
     from sweeper.audit import nan_risks
-    from sweeper.report import format_data_warnings, format_file_rows, format_same_rows
+    from sweeper.report import format_data_warnings, format_file_rows, format_same_rows, format_untrained_rows
 
     lengths = space.values_of("max_seq_length")
     report, tokenized, file = profile.report, profile.tokenized, profile.file
@@ -51,8 +51,13 @@ def _data_warnings(space: SearchSpace, profile: DataProfile) -> list[str]:
     lines = format_data_warnings(
         report, risks, several_accumulations=len(accumulation) > 1, doctor=space.doctor_command()
     )
+    if file.cut:  # the audit above is of the trials' sampled rows; the whole file's NaN rows follow
+        lines = [line.replace("data    audited at", f"data    the trials' {file.sampled} sampled rows audited at", 1)
+                 for line in lines]  # fmt: skip
     same = format_same_rows(lengths, file.longest or None, space.values_of("packing"))
-    return lines + [f"data    {line}" for line in (format_file_rows(file), same) if line]
+    # the whole file's rows that make a NaN step, which the exports train and the sampled audit cannot see
+    untrained = format_untrained_rows(file, lengths, space.doctor_command())
+    return lines + untrained + [f"data    {line}" for line in (format_file_rows(file), same) if line]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -138,6 +143,9 @@ def _planned(
     )
     if space.study.confirm_steps is not None:  # the horizon every view gives the chance of diverging at, from trial 1
         plan.study.set_user_attr(StudyAttr.CONFIRM_STEPS, space.study.confirm_steps)
+    # the whole file's rows that make a NaN step, for the exports, which train every row (issue 68)
+    untrained = {str(n): rows for n in space.values_of("max_seq_length") if (rows := file.untrained_rows(n))}
+    plan.study.set_user_attr(StudyAttr.UNTRAINED_ROWS, untrained)
     return plan, setup_lines
 
 

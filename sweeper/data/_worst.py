@@ -19,6 +19,15 @@ from sweeper.data._tokenize import tokenize_samples
 #: ``max_samples`` that reads every sample of a file (the schema's own bound).
 WHOLE_FILE = 10**9
 
+#: :attr:`FileLengths.first_targets` of a sample with no supervised token within the audit's horizon.
+NO_TARGET = 2**31
+
+
+def first_target(labels: Sequence[int]) -> int:
+    """The position of the first token a causal-LM loss predicts (labels shift left by one, so position 0 is never
+    a target: :func:`sweeper.audit._lengths.supervised_tokens`), :data:`NO_TARGET` when there is none."""
+    return next((i for i in range(1, len(labels)) if labels[i] != -100), NO_TARGET)
+
 
 @dataclass(frozen=True)
 class FileLengths:
@@ -30,11 +39,23 @@ class FileLengths:
             searched ``max_seq_length``).
         sampled: The samples the trials train on (``dataset.max_samples`` of them), ``<= len(lengths)``.
         sampled_longest: The longest of those, in tokens (0 without samples).
+        first_targets: ``(dataset index, position)`` per sample, in the order of ``lengths``: the position of its
+            first supervised token that a causal-LM loss predicts (the first ``i >= 1`` whose label is not ``-100``;
+            :data:`NO_TARGET` when none lies within the audit's horizon). A sample keeps no supervised token within
+            ``max_seq_length`` exactly when that position is ``>= max_seq_length`` (:meth:`untrained_rows`). Empty
+            for lengths recorded without it.
     """
 
     lengths: tuple[tuple[int, int], ...]
     sampled: int
     sampled_longest: int
+    first_targets: tuple[tuple[int, int], ...] = ()
+
+    def untrained_rows(self, max_seq_length: int) -> list[int]:
+        """The dataset indices of the file's samples with no supervised token within ``max_seq_length`` (their
+        reply starts at or past it, or they have none): a step made only of such samples averages its loss over
+        zero tokens, a NaN (issue 68). Ascending."""
+        return sorted(i for i, first in self.first_targets if first >= max_seq_length)
 
     @property
     def longest(self) -> int:
@@ -105,11 +126,13 @@ def file_lengths(
     taken_all = samples is not None and len(samples) < spec.max_samples
     whole = samples if taken_all and samples is not None else load_samples(replace(spec, max_samples=WHOLE_FILE))
     known = {t.index: t.n_tokens for t in sampled}
+    firsts = {t.index: first_target(t.labels) for t in sampled}
     rest = tokenize_samples([s for s in whole if s.index not in known], tokenizer, horizon)
     known.update((t.index, t.n_tokens) for t in rest)
+    firsts.update((t.index, first_target(t.labels)) for t in rest)
     # a row the chat template refuses is in no tokenized list: the trials cannot train it, nor the worst step hold it
     lengths = tuple((s.index, known[s.index]) for s in whole if s.index in known)
-    return FileLengths(lengths, len(sampled), sampled_longest)
+    return FileLengths(lengths, len(sampled), sampled_longest, tuple((i, firsts[i]) for i, _ in lengths))
 
 
 def file_samples(spec: Any, indices: Sequence[int]) -> list[Sample]:

@@ -314,7 +314,12 @@ def _settings_of(study: StudySnapshot, trial: StoredTrial) -> ExportSettings:
     if c is None or trial.values is None:
         raise KeyError("config")
     accumulation = c.as_exported().gradient_accumulation_steps
-    notes = _batch_notes(c, accumulation) + [_confirmation_note(study, trial, c)] + _model_notes(study, c)
+    notes = (
+        _batch_notes(c, accumulation)
+        + [_confirmation_note(study, trial, c)]
+        + _model_notes(study, c)
+        + _data_notes(study, c)
+    )
     provenance = _provenance(study, trial, c)
     training = _training(c, accumulation)
     name = c.model.name_or_path
@@ -392,6 +397,24 @@ def _confirmation_note(study: StudySnapshot, trial: StoredTrial, c: TrialConfig)
         f"{done.instability if done.instability is None else round(done.instability, 4)}, peak "
         f"{done.peak_memory_gib if done.peak_memory_gib is None else round(done.peak_memory_gib, 3)} GiB)"
     )
+
+
+def _data_notes(study: StudySnapshot, c: TrialConfig) -> list[str]:
+    """The dataset file's rows that keep no supervised token at the exported ``max_seq_length`` (the last ``sweep
+    run`` read them, :attr:`StudySnapshot.untrained_rows`): the exported run trains every row, and a step of only such
+    rows averages its loss over zero tokens, a NaN (issue 68)."""
+    rows = study.untrained_rows.get(c.max_seq_length)
+    if not rows:
+        return []
+    shown = ", ".join(map(str, rows[:8])) + (f" and {len(rows) - 8} more" if len(rows) > 8 else "")
+    one = len(rows) == 1
+    return [
+        f"NaN RISK in the data: row{'' if one else 's'} {shown} of the dataset file keep{'s' if one else ''} "
+        f"no supervised token at max_seq_length {c.max_seq_length} (the reply starts past the cut): a step of only "
+        f"such rows averages its loss over zero tokens, a NaN; drop {'it' if len(rows) == 1 else 'them'} from the "
+        f"file, or raise max_seq_length above {'its' if len(rows) == 1 else 'their'} reply's start (sweep doctor "
+        f"DATA --max-seq-length {c.max_seq_length} names every row)"
+    ]
 
 
 def _model_notes(study: StudySnapshot, c: TrialConfig) -> list[str]:

@@ -18,7 +18,7 @@ from sweeper.notation import format_instability
 from sweeper.report._console import format_params, margin_text, predicted_text
 from sweeper.report._dashboard import publish_study, serve
 from sweeper.report._data import report_data
-from sweeper.report._data_text import format_audit, format_data_warnings, format_dropped_rows
+from sweeper.report._data_text import format_audit, format_data_warnings, format_dropped_rows, format_untrained_rows
 from sweeper.report._html import write_html_report
 from sweeper.report._memory_text import format_cap, format_file_rows, format_same_rows
 from sweeper.report._progress import LiveProgress, progress_interval_s
@@ -35,6 +35,7 @@ __all__ = [
     "format_instability",
     "format_params",
     "format_same_rows",
+    "format_untrained_rows",
     "margin_text",
     "predicted_text",
     "progress_interval_s",

@@ -44,6 +44,9 @@ class StudyAttr:
     LR_CALIBRATION_RUN: Final = "lr_calibration_run:"
     #: The data's longest tokenized sample (tokens), set by each ``sweep run``.
     LONGEST_SAMPLE_TOKENS: Final = "longest_sample_tokens"
+    #: The whole dataset file's rows with no supervised token at each searched ``max_seq_length`` that has any
+    #: (``{"512": [280]}``), set by each ``sweep run``: the exports name them (issue 68).
+    UNTRAINED_ROWS: Final = "data_untrained_rows"
     #: The devices its sweeps ran on, by name: ``{"device", "total_memory_gib"}`` each, set by each ``sweep run``.
     CARDS: Final = "cards"
     #: Prefix of the confirmation of trial N (``sweep confirm``): ``confirmation:N``.

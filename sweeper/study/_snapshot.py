@@ -110,6 +110,8 @@ class StudySnapshot:
             version).
         cards: The devices its sweeps ran on, by name: ``(device, total_memory_gib)``; empty for a study of an older
             version or one whose device was never read.
+        untrained_rows: The whole dataset file's rows with no supervised token at a ``max_seq_length``, by that
+            length, as the last ``sweep run`` read them (``data_untrained_rows``); empty when none or unknown.
         stale_running: Its RUNNING trials that no sweep runs any more, by number, each with the line that says since
             when (:func:`sweeper.storage._recovery.stale_running`), as read.
     """
@@ -129,6 +131,7 @@ class StudySnapshot:
     longest_sample_tokens: int | None = None
     cards: Mapping[str, tuple[str, float]] = field(default_factory=dict)
     stale_running: Mapping[int, str] = field(default_factory=dict)
+    untrained_rows: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def directions(self) -> list[str]:
@@ -282,6 +285,15 @@ def _cards(raw: Any) -> dict[str, tuple[str, float]]:
     return out
 
 
+def _untrained(raw: Any) -> dict[int, tuple[int, ...]]:
+    """The ``data_untrained_rows`` study attribute, typed: ``{max_seq_length: rows}``; what is not one is left out."""
+    out: dict[int, tuple[int, ...]] = {}
+    for length, rows in raw.items() if isinstance(raw, dict) else ():
+        if str(length).isdigit() and isinstance(rows, list) and all(isinstance(r, int) for r in rows):
+            out[int(length)] = tuple(rows)
+    return out
+
+
 #: What the readers take: a snapshot (read nothing) or a study (read once for the call).
 StudyLike: TypeAlias = optuna.Study | StudySnapshot
 
@@ -314,6 +326,7 @@ def _make(
         current_setup=_int_or_none(attrs.get(StudyAttr.CURRENT_SETUP)),
         longest_sample_tokens=_int_or_none(attrs.get(StudyAttr.LONGEST_SAMPLE_TOKENS)),
         cards=_cards(attrs.get(StudyAttr.CARDS)),
+        untrained_rows=_untrained(attrs.get(StudyAttr.UNTRAINED_ROWS)),
         stale_running=stale_running(study, [t.frozen for t in trials if t.frozen is not None]) if stale else {},
     )
 

@@ -169,9 +169,9 @@ def _prediction(trial: StoredTrial | None, result: TrialResult, steps: int) -> d
 
     It says "holds" when the chance of diverging within ``steps`` steps is called ``safe`` (its upper end under 5%),
     "fails" when it is called ``likely fails`` (over 50%), and nothing (``predicted_to_hold`` None) when it is
-    ``undecided``, where either outcome is within the prediction (:class:`sweeper.stability._chance.DivergenceChance`). A
-    study calibrated by ``sweep calibrate`` keeps its own rule: "holds" at most the low end of ``predicted_max_lr``'s
-    95% interval, "fails" above its high end."""
+    ``undecided``, where either outcome is within the prediction
+    (:class:`sweeper.stability._chance.DivergenceChance`). A study calibrated by ``sweep calibrate`` keeps its own
+    rule: "holds" at most the low end of ``predicted_max_lr``'s 95% interval, "fails" above its high end."""
     stress = trial.result.stress if trial is not None else None
     predicted = stress.predicted_max_lr if stress is not None else None
     if predicted is None or stress is None or trial is None or trial.config is None:

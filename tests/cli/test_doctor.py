@@ -139,3 +139,48 @@ def test_doctor_checks_the_pad_tokens_embedding_row(workdir, tmp_path_factory):
     assert out.returncode == 1, out.stdout + out.stderr
     assert "bad_embedding_row" in out.stdout and f"'<pad>' (id {PAD_ID})" in out.stdout
     assert "holds NaN" in out.stdout and "NaN risk: bad_embedding_row (10 samples)" in out.stdout
+
+
+def late_row_file(folder: Path) -> Path:
+    """Issue 68's file: 300 chat rows, row 280 a prompt of thousands of tokens and the reply "ok": at
+    max_seq_length 512 it keeps no supervised token, and the space's 24 sampled rows do not hold it."""
+    def chat(prompt: str, reply: str) -> dict:
+        return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]}
+
+    rows = [chat(f"What is {i} plus one?", f"{i + 1}.") for i in range(300)]
+    rows[280] = chat("Summarize this log. " + "worker started, worker stopped; " * 400, "ok")
+    return write_jsonl(folder / "late.jsonl", rows)
+
+
+def test_a_late_row_that_makes_a_nan_step_is_named_before_the_first_trial(tiny_model, workdir):
+    """The sampled rows' audit said "nothing that would make a trial NaN" while the exports train the whole file:
+    `sweep doctor SPACE` names the whole file's row, and so does the line `sweep run` prints before its first trial."""
+    from sweeper.cli._common import _prepare, _profile
+    from sweeper.cli._run import _data_warnings
+    from sweeper.space import load_space
+
+    late_row_file(workdir)
+    space = tiny_space_with(tiny_model, "late.jsonl", max_samples=24, max_seq_length=512)
+    path = write_space(workdir, space)
+    out = run_cli("doctor", str(path), cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    [line] = [x for x in out.stdout.splitlines() if x.startswith("WARNING data: at max_seq_length=512")]
+    assert "1 of the file's 300 rows keeps no supervised token (row 280:" in line and "none of them among" in line
+    assert "drop it from the file, or raise max_seq_length" in line
+    # what sweep run prints before its first trial, from the same profile
+    loaded = load_space(path)
+    model_path, samples = _prepare(loaded.dataset, loaded.model)
+    warnings = _data_warnings(loaded, _profile(loaded, model_path, samples, audit=True))
+    assert any(w.startswith("WARNING data: at max_seq_length=512") and "row 280" in w for w in warnings), warnings
+    # at a length that reaches the reply, the row trains: nothing is said
+    longer = run_cli("doctor", str(path), "--max-seq-length", "8192", cwd=workdir)
+    assert longer.returncode == 0 and "row 280" not in longer.stdout
+
+
+def tiny_space_with(model: Path, data: str, *, max_samples: int, max_seq_length: int) -> dict:
+    from sweeper.testing import tiny_space
+
+    space = tiny_space(model, name="late", n_trials=1, max_samples=max_samples)
+    space["dataset"]["path"] = data
+    space["training"]["max_seq_length"] = max_seq_length
+    return space

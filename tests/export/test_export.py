@@ -873,3 +873,21 @@ def test_each_formats_file_carries_its_runs_measured_peak_as_the_committed_measu
         [path, *_] = write_export(snapshot(study), trial, fmt, tmp_path / fmt / name)
         assert f"# {line}" in path.read_text().splitlines(), fmt
     assert measured_peak_line("json") is None and measured_peak_line("policy") is None  # neither trains
+
+
+def test_every_export_names_the_files_rows_that_make_a_nan_step_at_its_length(study_and_knee, tmp_path):
+    """Issue 68: the exports train every row of the file; the rows with no supervised token at the exported
+    max_seq_length, as the last sweep run read them (``data_untrained_rows``), are named in the header with the
+    choice, and a length they do not reach is not."""
+    study, trial = study_and_knee
+    study.set_user_attr("data_untrained_rows", {"64": [280], "128": [3, 280]})
+    for fmt, name in (("axolotl", "ax"), ("llama-factory", "lf.yaml"), ("hf", "hf.py")):
+        [path, *_] = write_export(snapshot(study), trial, fmt, tmp_path / name)
+        text = path.read_text()
+        assert (
+            "NaN RISK in the data: row 280 of the dataset file keeps no supervised token at max_seq_length 64" in text
+        )
+        assert "drop it from the file, or raise max_seq_length" in text and "3, 280" not in text
+    study.set_user_attr("data_untrained_rows", {"128": [3, 280]})  # only at a length the trial did not train
+    [path, *_] = write_export(snapshot(study), trial, "axolotl", tmp_path / "ax2")
+    assert "NaN RISK" not in path.read_text()
