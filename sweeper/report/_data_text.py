@@ -114,31 +114,28 @@ def format_audit(report: AuditReport) -> str:
 
 
 def format_untrained_rows(file: Any, max_seq_lengths: Sequence[int], doctor: str) -> list[str]:
-    """The whole file's rows that would make a NaN step, which the ``max_samples`` audit cannot see (issue 68): one
-    ``WARNING data:`` line per searched ``max_seq_length`` at which some row of the file (``file``, a
-    :class:`sweeper.data.FileLengths`) keeps no supervised token, naming the rows, saying whether the trials'
-    sampled rows hold them (the exports train every row), and the choice: drop them, or raise the length. Empty when
-    there are none, or the lengths were recorded without the rows' first targets."""
+    """The whole file's rows that would make a NaN step and that the ``max_samples`` audit cannot see, as it did not
+    sample them (issue 68): one ``WARNING data:`` line per searched ``max_seq_length`` at which some row of the file
+    (``file``, a :class:`sweeper.data.FileLengths`) outside the trials' sampled rows keeps no supervised token,
+    naming the rows (the sampled ones among them have the sampled audit's own line), and the choice: drop them, or
+    raise the length. Empty when the trials sample the whole file, or no such row lies outside their sample."""
+    if not file.cut:
+        return []
     lines = []
     trials = {i for i, _ in file.lengths[: file.sampled]}  # the file's rows in the trials' order: theirs first
     for length in sorted(set(max_seq_lengths)):
-        rows = file.untrained_rows(length)
+        rows = [i for i in file.untrained_rows(length) if i not in trials]
         if not rows:
             continue
+        one = len(rows) == 1
         shown = ", ".join(map(str, rows[:8])) + (f" and {len(rows) - 8} more" if len(rows) > 8 else "")
-        held = len(trials.intersection(rows))
-        seen = (
-            f"{held or 'none'} of them among the trials' {file.sampled} sampled rows (dataset.max_samples)"
-            if file.cut
-            else "the trials sample every row"
-        )
         lines.append(
-            f"WARNING data: at max_seq_length={length}, {len(rows)} of the file's {len(file.lengths)} rows "
-            f"keep{'s' if len(rows) == 1 else ''} no "
-            f"supervised token (row{'s' if len(rows) != 1 else ''} {shown}: the reply starts past the cut, or there "
-            f"is none); a step of only such rows averages its loss over zero tokens, a NaN; {seen}, the exports "
-            f"train every row: drop {'it' if len(rows) == 1 else 'them'} from the file, or raise max_seq_length above "
-            f"{'its' if len(rows) == 1 else 'their'} reply's start ({doctor})"
+            f"WARNING data: at max_seq_length={length}, {len(rows)} of the file's {len(file.lengths)} rows outside "
+            f"the trials' {file.sampled} sampled rows (dataset.max_samples) keep{'s' if one else ''} no supervised "
+            f"token (row{'' if one else 's'} {shown}: the reply starts past the cut, or there is none); a step of "
+            "only such rows averages its loss over zero tokens, a NaN; no trial trains "
+            f"{'it' if one else 'them'}, the exports train every row: drop {'it' if one else 'them'} from the file, "
+            f"or raise max_seq_length above {'its' if one else 'their'} reply's start ({doctor})"
         )
     return lines
 

@@ -93,7 +93,9 @@ def test_sweep_whose_only_nans_come_from_the_data_says_so(tiny_model, workdir):
     out = sweep("run", str(write_space(workdir, data_nan_space(tiny_model))), cwd=workdir)
     assert out.returncode == 0, out.stderr
     warning = [ln for ln in out.stdout.splitlines() if ln.startswith("WARNING data: at max_seq_length=16")]
-    assert len(warning) == 1 and "no supervised token" in warning[0] and "step 1" in warning[0]
+    # the sampled rows' audit (where the trials strike it), then the rest of the file, which the exports train
+    assert len(warning) == 2 and "no supervised token" in warning[0] and "step 1" in warning[0]
+    assert "rows outside the trials' 32 sampled rows (dataset.max_samples) keep no supervised token" in warning[1]
     assert "nan/data" in out.stdout
     assert "nan 1 (data 1)" in out.stdout
     assert "the NaN trial was caused by the data, not the hyperparameters" in out.stdout
@@ -144,6 +146,7 @@ def test_doctor_checks_the_pad_tokens_embedding_row(workdir, tmp_path_factory):
 def late_row_file(folder: Path) -> Path:
     """Issue 68's file: 300 chat rows, row 280 a prompt of thousands of tokens and the reply "ok": at
     max_seq_length 512 it keeps no supervised token, and the space's 24 sampled rows do not hold it."""
+
     def chat(prompt: str, reply: str) -> dict:
         return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]}
 
@@ -165,7 +168,8 @@ def test_a_late_row_that_makes_a_nan_step_is_named_before_the_first_trial(tiny_m
     out = run_cli("doctor", str(path), cwd=workdir)
     assert out.returncode == 0, out.stderr
     [line] = [x for x in out.stdout.splitlines() if x.startswith("WARNING data: at max_seq_length=512")]
-    assert "1 of the file's 300 rows keeps no supervised token (row 280:" in line and "none of them among" in line
+    assert "1 of the file's 300 rows outside the trials' 24 sampled rows (dataset.max_samples) keeps no" in line
+    assert "(row 280: the reply starts past the cut" in line and "no trial trains it" in line
     assert "drop it from the file, or raise max_seq_length" in line
     # what sweep run prints before its first trial, from the same profile
     loaded = load_space(path)
