@@ -231,13 +231,15 @@ class _NotText:
 
 
 def _content_text(content: Any) -> str | _NotText:
-    """A message's content as text: a string as is, a number as its digits, OpenAI-style text parts (``[{"type":
-    "text", "text": ...}]``) joined. Anything else is not text a model of this tool can train on and drops the row:
-    null (often a tool-call turn), parts that are not text (an image), a mapping, a boolean."""
+    """A message's content as text: a string as is, OpenAI-style text parts (``[{"type": "text", "text": ...}]``)
+    joined. Anything else is not text a model of this tool can train on and drops the row, counted with its reason
+    (docs/data.md): null (often a tool-call turn), a number (``"content": 12345``: a JSON number where the tools'
+    chat templates expect a string; which text it stands for, ``12345`` or ``12345.0``, is the writer's guess, issue
+    68), parts that are not text (an image), a mapping, a boolean."""
     if isinstance(content, str):
         return content
     if isinstance(content, (int, float)) and not isinstance(content, bool):
-        return str(content)
+        return _NotText(f"a turn whose content is a number ({content!r}), not text; write it as a string")
     if content is None:
         return _NotText("a turn whose content is null")
     if isinstance(content, list) and all(isinstance(p, Mapping) and isinstance(p.get("text"), str) for p in content):
