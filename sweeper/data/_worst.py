@@ -64,6 +64,11 @@ class FileLengths:
         return max((n for _, n in self.lengths), default=0)
 
     @property
+    def longest_row(self) -> int | None:
+        """The dataset index of the file's longest sample (the first of equals), None without samples."""
+        return max(self.lengths, key=lambda row: row[1])[0] if self.lengths else None
+
+    @property
     def tokens(self) -> int:
         """The file's tokens in all (each sample up to the audit's horizon): the most a packed row can hold."""
         return sum(n for _, n in self.lengths)

@@ -63,11 +63,12 @@ def format_same_rows(
 def format_file_rows(file: FileLengths) -> str | None:
     """One line saying that the worst step is the whole file's when ``dataset.max_samples`` sampled fewer rows than
     it holds and its longest sample is longer than theirs (``the worst step is the whole file's, which the exports
-    train: its longest sample 1,320 tokens, the trials' 16 sampled rows' longest 609``); None otherwise."""
+    train: its longest sample 1,320 tokens (row 280), the trials' 16 sampled rows' longest 609``); None otherwise."""
     if not file.cut or file.longest <= file.sampled_longest:
         return None
     return (
-        f"the worst step is the whole file's, which the exports train: its longest sample {file.longest:,} tokens, "
+        f"the worst step is the whole file's, which the exports train: its longest sample {file.longest:,} tokens "
+        f"(row {file.longest_row}), "
         f"the trials' {file.sampled} sampled rows' (dataset.max_samples) longest {file.sampled_longest:,}; each "
         "trial runs the file's longest rows as its worst-case step"
     )

@@ -671,3 +671,8 @@ def test_a_journal_with_a_garbled_entry_names_its_line(tmp_path, monkeypatch):
     path.write_bytes(b"".join([*lines[:3], garbled, *lines[3:]]))
     with pytest.raises(StudyError, match=r"cannot read it as an Optuna journal at line 4 .*cut line 4 and what"):
         load_existing_study(str(path))
+    # issue 68: a line that is not JSON at all was named one line late (Optuna skips a last line it cannot parse, a
+    # write under way, so the prefix that ends with it read)
+    path.write_bytes(b"".join([*lines[:1], b'{"op_code": 6, "worker_id\n', *lines[1:]]))
+    with pytest.raises(StudyError, match=r"cannot read it as an Optuna journal at line 2 .*cut line 2 and what"):
+        load_existing_study(str(path))
