@@ -75,13 +75,21 @@ def format_data_nan_summary(
     )
 
 
+def _tokens(value: float) -> str:
+    """A token count as the audit shows it: from 10,000 on whole, with thousands separators (``1,300,000``, never
+    ``1.3e+06``: issue 68); below, as it is (``2048``, ``80.5``, ``101.25``)."""
+    if value >= 10_000:
+        return f"{value:,.0f}"
+    return f"{value:g}"
+
+
 def format_audit(report: AuditReport) -> str:
     """``sweep doctor``'s table: token-length percentiles, then one row per finding (kind, max_seq_length, number of
     samples, detail), then whether anything would make a trial NaN."""
     p = report.length_percentiles
     lines = [
         "tokens per sample (chat template included, before truncation): "
-        + "  ".join(f"{k} {v:g}" for k, v in p.items())
+        + "  ".join(f"{k} {_tokens(v)}" for k, v in p.items())
     ]
     lengths = ", ".join(str(n) for n in report.max_seq_lengths)
     if report.findings:

@@ -51,8 +51,9 @@ JOURNAL_LOCK_GRACE_S = 30
 JOURNAL_LOCK_AGE_S = 120
 
 
-def journal_file(url: str) -> str | None:
-    """The file of a ``journal:///PATH`` URL, or None for any other URL.
+def journal_file(url: str, key: str = "study.storage") -> str | None:
+    """The file of a ``journal:///PATH`` URL, or None for any other URL; ``key`` names where the URL was given in
+    the error: the space's ``study.storage`` (``sweep run``) or a reading command's ``STUDY``.
 
     Raises:
         StudyError: A ``journal:`` URL that is not ``journal:///`` and a path (two slashes, no path).
@@ -62,7 +63,7 @@ def journal_file(url: str) -> str | None:
     path = url[len(JOURNAL_SCHEME) :] if url.startswith(JOURNAL_SCHEME) else ""
     if not path.strip("/"):
         raise StudyError(
-            f"{url}: study.storage: a journal is journal:/// and the file's path (journal:///studies/night.log "
+            f"{url}: {key}: a journal is journal:/// and the file's path (journal:///studies/night.log "
             "relative to this folder, journal:////shared/night.log absolute)"
         )
     return path

@@ -245,7 +245,7 @@ def read_storage(url: str) -> tuple[optuna.storages.BaseStorage, list[str]]:
     """
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         raise StudyError(f"{url}: STUDY: no such study file; give a study name, a .db path or a storage URL")
-    journal = journal_file(url)
+    journal = journal_file(url, "STUDY")
     if journal is not None and not Path(journal).is_file():
         raise StudyError(f"{url}: STUDY: no such journal file; give the journal:///PATH.log that 'sweep run' wrote")
     if journal is not None:

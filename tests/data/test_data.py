@@ -651,4 +651,3 @@ def test_a_data_path_that_is_there_but_no_regular_file_says_what_it_is(tmp_path)
     ]:
         with pytest.raises(DataError, match=re.escape(f"{path}: dataset.path: {what}")):
             load_samples(DatasetSpec(path=str(path)))
-

@@ -328,6 +328,13 @@ def audit(*findings):
     )
 
 
+def test_a_huge_rows_tokens_are_written_whole():
+    """Issue 68: a 1.3M-token row read ``p99 1.04e+06 max 1.3e+06``."""
+    report = AuditReport(samples=3, length_percentiles={"p99": 1_040_000.0, "max": 1_300_000.0, "mean": 433_350.5},
+                         max_seq_lengths=[512], vocab_size=None)  # fmt: skip
+    assert format_audit(report).splitlines()[0].endswith("p99 1,040,000  max 1,300,000  mean 433,350")
+
+
 def test_audit_table_and_nan_risk_line():
     assert format_audit(audit(NO_SUPERVISED, INVALID_ID, TOO_LONG)).splitlines() == [
         "tokens per sample (chat template included, before truncation): min 12  p50 80.5  max 2048  mean 101.25",

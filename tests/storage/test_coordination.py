@@ -576,8 +576,13 @@ def test_a_journal_url_without_a_path_says_the_form(tmp_path, monkeypatch, url):
     from sweeper.errors import StudyError
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(StudyError, match="a journal is journal:/// and the file's path"):
+    with pytest.raises(StudyError, match="study.storage: a journal is journal:/// and the file's path"):
         _open(url)
+    # a reading command names its own argument, STUDY, as its other errors do (issue 68)
+    from sweeper.storage._open import read_storage
+
+    with pytest.raises(StudyError, match=r"^\S+: STUDY: a journal is journal:/// and the file's path"):
+        read_storage(url)
 
 
 def test_a_full_disk_under_a_journal_is_the_storage_failing(tmp_path, monkeypatch):
