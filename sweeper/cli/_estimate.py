@@ -116,12 +116,19 @@ def _longest_sample(space: SearchSpace) -> tuple[int | None, int | None, str]:
     """The space's data tokenized as the trials tokenize it: its longest sample's tokens, the file's tokens in all
     (the most a packed row holds), and the line that says what the predictions are of. When the data or the
     tokenizer cannot be read, None, None and a line saying the predictions are at ``max_seq_length`` (each row as
-    long as it: an upper bound)."""
+    long as it: an upper bound).
+
+    Raises:
+        SpaceError: Data the trials refuse (:func:`sweeper.sweep.check_data`: fewer rows, or packed rows, than a
+            searched batch), as ``sweep trial`` and ``sweep run`` refuse it: no prediction of a step never run.
+    """
     from sweeper.cli._common import _prepare, _profile
+    from sweeper.sweep import check_data
 
     try:
         model_path, samples = _prepare(space.dataset, space.model)
-        file = _profile(space, model_path, samples, audit=False).file
+        profile = _profile(space, model_path, samples, audit=False)
+        file = profile.file
     except SweeperError as exc:
         why = "; ".join(exc.problems)[:200]
         return (
@@ -132,6 +139,7 @@ def _longest_sample(space: SearchSpace) -> tuple[int | None, int | None, str]:
                 "(an upper bound: a trial pads each micro-batch to its longest row)"
             ),
         )
+    check_data(space, profile)  # what the trials would refuse is refused here too (issue 68), outside the try above
     longest = file.longest
     if not longest:
         return None, None, f"data    {space.dataset.path}: no sample to train on; predicted at max_seq_length"

@@ -330,6 +330,14 @@ def test_estimate_predicts_the_worst_step_on_the_data(tiny_model, tmp_path):
     space["search"]["max_seq_length"] = [524_288]
     huge = json.loads(run_cli("estimate", str(write_space(tmp_path, space)), "--json", cwd=tmp_path).stdout)
     assert [p["worst_case_length"] for p in huge["points"]] == [tokens]
+    # issue 68: data that packs into fewer rows than the batch: estimate predicted "nothing fits" where sweep trial
+    # refuses the setting; now both refuse it in the same line
+    space["search"] = {"r": [4, 8]}
+    space["training"].update(max_seq_length=4096, per_device_train_batch_size=4)
+    path = str(write_space(tmp_path, space))
+    refused = [run_cli(command, path, cwd=tmp_path) for command in ("estimate", "trial")]
+    assert [r.returncode for r in refused] == [2, 2], [r.stderr for r in refused]
+    assert refused[0].stderr == refused[1].stderr and "pack into 1 row of max_seq_length 4096" in refused[0].stderr
 
 
 def test_dominance_rule():
