@@ -21,6 +21,7 @@ from sweeper.report.text import (
     legacy_instability_warning,
     picks_block,
     plural,
+    worst_case_data_line,
 )
 from sweeper.report.text import format_trial_line as _trial_line
 from sweeper.storage import TrialAttr, redact_url
@@ -145,6 +146,7 @@ class SweepConsole(SweepCallback):
         )
         self.write = write or self.live.line
         self.statuses: list[TrialStatus] = []  # of the trials this run measured
+        self.said: set[str] = set()  # the warnings written once a run (a worst-case step of zero tokens)
 
     def trial_progress(self, number: int, slot: int, progress: TrialProgress) -> None:
         """The live display's line of ``slot``: the trial's phase, step, loss, peak so far and time."""
@@ -182,6 +184,11 @@ class SweepConsole(SweepCallback):
         if trial.retried:
             line += "  (its configuration runs again: max_retries)"
         self.write(line)
+        if not trial.is_repeat and trial.config is not None:
+            zero = worst_case_data_line(trial.result, trial.config.max_seq_length)  # a step over zero tokens
+            if zero is not None and zero not in self.said:
+                self.said.add(zero)
+                self.write(zero)
         self.live.end_trial(trial.number, finished=event.finished)
 
     def note(self, text: str) -> None:

@@ -145,6 +145,8 @@ def trial_result_lines(result: TrialResult, config: TrialConfig, folder: Path) -
             f"max_seq_length={config.max_seq_length}; fewest supervised tokens in a step: "
             f"{result.data.min_supervised_tokens}"
         )
+    if (line := worst_case_data_line(result, config.max_seq_length)) is not None:
+        lines.append(line)
     if result.memory.peak_memory_gib is not None:
         lines.append(memory_line(result))
         if (cached := cached_memory_line(result)) is not None:
@@ -170,6 +172,19 @@ def trial_result_lines(result: TrialResult, config: TrialConfig, folder: Path) -
         times.append(f"total {result.provenance.wall_time_s:.1f} s")
     lines.append("time    " + ", ".join(times))
     return lines
+
+
+def worst_case_data_line(result: TrialResult, max_seq_length: int) -> str | None:
+    """What the worst-case step trained when its loss was over zero tokens (issue 68): ``WARNING data: the
+    worst-case step (rows 280) keeps no supervised token at max_seq_length 512: ...``; None otherwise."""
+    if result.data.worst_case_supervised_tokens != 0:
+        return None
+    rows = ", ".join(map(str, result.data.worst_case_rows)) or "-"
+    return (
+        f"WARNING data: the worst-case step (the data's longest rows: {rows}) keeps no supervised token at "
+        f"max_seq_length {max_seq_length}: its loss was computed over zero tokens, so a step of these rows alone is "
+        "a NaN in a run over this file; drop them, or raise max_seq_length above their reply's start"
+    )
 
 
 def margin_line(result: TrialResult, learning_rate: float | None = None) -> str:

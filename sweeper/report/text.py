@@ -12,7 +12,7 @@ from sweeper.report._data_text import format_counts, format_data_nan_summary
 from sweeper.report._front_text import format_front, front_axis, legacy_instability_warning
 from sweeper.report._picks_data import picks_block
 from sweeper.report._progress import format_duration
-from sweeper.report._trial_text import format_trial_line
+from sweeper.report._trial_text import format_trial_line, worst_case_data_line
 
 __all__ = [
     "format_counts",
@@ -25,4 +25,5 @@ __all__ = [
     "legacy_instability_warning",
     "picks_block",
     "plural",
+    "worst_case_data_line",
 ]

@@ -305,6 +305,11 @@ class DataReading:
         longest_sample_tokens: Tokens (before truncation) of the longest sample the trial trained on.
         longest_sample_index: Its dataset index.
         truncated_sample_fraction: Share of the samples trained on that ``max_seq_length`` cut, 0-1.
+        worst_case_rows: The dataset indices of the rows the worst-case step trained (the data's longest), empty
+            when it did not run.
+        worst_case_supervised_tokens: The tokens its loss was computed on; 0 is a step of rows whose replies lie
+            past ``max_seq_length``, a NaN in a run that trains them in a step alone (issue 68); None when it did
+            not run.
     """
 
     supervised_tokens_trace: list[int] = _stored(factory=list)
@@ -312,6 +317,8 @@ class DataReading:
     longest_sample_tokens: int | None = _stored()
     longest_sample_index: int | None = _stored()
     truncated_sample_fraction: float | None = _stored()
+    worst_case_rows: list[int] = _stored(factory=list)
+    worst_case_supervised_tokens: int | None = _stored()
 
 
 @dataclass(kw_only=True)

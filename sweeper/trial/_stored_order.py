@@ -96,4 +96,6 @@ STORED_ORDER: tuple[str, ...] = (
     "p_diverge_high",
     "stability_call",
     "safe_learning_rate",
+    "worst_case_rows",
+    "worst_case_supervised_tokens",
 )

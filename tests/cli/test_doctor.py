@@ -188,3 +188,23 @@ def tiny_space_with(model: Path, data: str, *, max_samples: int, max_seq_length:
     space["dataset"]["path"] = data
     space["training"]["max_seq_length"] = max_seq_length
     return space
+
+
+@pytest.mark.slow  # one trial of the tiny model: seconds
+def test_the_worst_case_step_says_it_trained_zero_supervised_tokens(tiny_model, workdir):
+    """Issue 68: the trial's worst-case step trained the late row (its longest) at max_seq_length 512 and said
+    nothing of its zero tokens; now the result names its rows and their supervised tokens, and the text warns."""
+    late_row_file(workdir)
+    path = write_space(workdir, tiny_space_with(tiny_model, "late.jsonl", max_samples=24, max_seq_length=512))
+    out = run_cli("trial", str(path), "--json", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["status"] == "complete" and result["worst_case_shape"] == [1, 512]
+    assert result["worst_case_rows"] == [280] and result["worst_case_supervised_tokens"] == 0
+    text = run_cli("trial", str(path), cwd=workdir).stdout
+    assert "WARNING data: the worst-case step (the data's longest rows: 280) keeps no supervised token" in text
+    # a length that reaches the reply trains it: the step's tokens are counted, and nothing is said
+    longer = tiny_space_with(tiny_model, "late.jsonl", max_samples=24, max_seq_length=8192)
+    longer["training"]["max_steps"] = 1
+    again = json.loads(run_cli("trial", str(write_space(workdir, longer)), "--json", cwd=workdir).stdout)
+    assert again["worst_case_rows"] == [280] and again["worst_case_supervised_tokens"] > 0

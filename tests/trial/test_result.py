@@ -40,6 +40,7 @@ STORED_ORDER = (
     "line_search_time_s", "line_search_time_share", "line_search_forwards", "line_search_skipped",
     "critical_lr_step_multiple", "critical_lr_step_readings", "cuda_alloc_conf", "peak_allocated_gib",
     "horizon_steps", "p_diverge", "p_diverge_low", "p_diverge_high", "stability_call", "safe_learning_rate",
+    "worst_case_rows", "worst_case_supervised_tokens",
 )  # fmt: skip
 
 
@@ -129,6 +130,8 @@ def _full() -> TrialResult:
             longest_sample_tokens=300,
             longest_sample_index=6,
             truncated_sample_fraction=0.5,
+            worst_case_rows=[280],
+            worst_case_supervised_tokens=0,
         ),
         provenance=Provenance(
             wall_time_s=9.0,

@@ -212,8 +212,9 @@ def run_worst_case_step(trainer: Any, record: TrainingRecord) -> None:
     undone: its gradients are dropped before any optimizer step, the random number generators (dropout's) are
     restored, and nothing is recorded in the traces, so the trial trains exactly as it would without it. Run after
     step 1, once the optimizer's state exists, so that its peak holds everything a training step of that shape
-    holds. Sets ``record.worst_case_shape`` (``(rows, tokens)``) and ``record.worst_case_time_s`` (seconds, memory
-    phase changes included: what the trial's ``train_time_s`` leaves out, as the step leaves out its training).
+    holds. Sets ``record.worst_case_shape`` (``(rows, tokens)``), ``record.worst_case_supervised_tokens`` (the
+    tokens its loss was computed on) and ``record.worst_case_time_s`` (seconds, memory phase changes included: what
+    the trial's ``train_time_s`` leaves out, as the step leaves out its training).
 
     Raises:
         Exception: What the step raises (an out-of-memory error under the cap: the configuration's OOM, with
@@ -247,6 +248,9 @@ def run_worst_case_step(trainer: Any, record: TrainingRecord) -> None:
         record.worst_case_time_s = time.monotonic() - start
     rows, tokens = batch["input_ids"].shape
     record.worst_case_shape = (int(rows), int(tokens))
+    # what its loss was computed on (labels shift left by one: transformers' ForCausalLMLoss): 0 is a step of rows
+    # whose replies lie past the cut, a NaN in a run that trains them alone (issue 68), not a silent 0 loss
+    record.worst_case_supervised_tokens = int((batch["labels"][..., 1:] != -100).sum())
     record.fail_phase, record.in_worst_case = fail_phase, False
     if before is not None:
         record.enter_memory_phase(before)

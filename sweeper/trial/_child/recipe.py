@@ -186,6 +186,14 @@ def _worst_case_rows(trial: TrialContext, rows: list[dict[str, Any]], tokenizer:
     return worst_case_rows(rows, config.per_device_train_batch_size)
 
 
+def _row_indices(row: dict[str, Any]) -> list[int]:
+    """The dataset indices a row of the trial holds: its sample's ``index``, or a packed row's list of them."""
+    index = row.get("index")
+    if index is None:
+        return []
+    return list(index) if isinstance(index, list) else [index]
+
+
 def _tokenized(config: TrialConfig, model_path: str, warm: WarmState) -> tuple[Any, list[Any], list[Any]]:
     """The tokenizer, the samples and their tokenization at ``config.max_seq_length``; the tokenizer and the samples
     kept in ``warm`` for the next trial of this process that reads the
@@ -209,7 +217,9 @@ def _arm_measures(trial: TrialContext, rows: list[dict[str, Any]], collate: Any,
     the stress phase's steps at most (0 without one), which the training arguments add to ``max_steps``."""
     config, record = trial.config, trial.record
     if rows and trial.measures.worst_case:
-        record.worst_case_batch = collate(_worst_case_rows(trial, rows, tokenizer))
+        worst = _worst_case_rows(trial, rows, tokenizer)
+        record.worst_case_batch = collate(worst)
+        record.worst_case_rows = sorted({int(i) for row in worst for i in _row_indices(row)})
     if probe is not None and trial.measures.line_search:
         record.line_search_steps = line_search_points(config.max_steps)
     stress = trial.measures.stress

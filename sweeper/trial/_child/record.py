@@ -87,6 +87,9 @@ class TrainingRecord:
         self.peaks: Any = None
         self.worst_case_batch: dict[str, Any] | None = None
         self.worst_case_shape: StepShape | None = None
+        # ...its rows' dataset indices (set with its batch) and, once it ran, the tokens its loss was computed on.
+        self.worst_case_rows: list[int] = []
+        self.worst_case_supervised_tokens: int | None = None
         self.in_worst_case = False
         # The critical learning rate's line searches (sweeper.trial._child.line_search): the steps before whose
         # update they run, their readings (step, row, multiple, censored), forwards, seconds, why one did not run,

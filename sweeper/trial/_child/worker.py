@@ -152,6 +152,9 @@ def _end(result: TrialResult, warm: WarmState, record: TrainingRecord) -> None:
     result.memory.peak_memory_gib = judged if judged is not None else peak_memory_gib(device_type)
     result.memory.peak_allocated_gib = peaks.judged_allocated_gib() if peaks is not None else None
     result.memory.worst_case_shape = record.worst_case_shape
+    if record.worst_case_shape is not None:
+        result.data.worst_case_rows = list(record.worst_case_rows)
+        result.data.worst_case_supervised_tokens = record.worst_case_supervised_tokens
     result.memory.memory_kind = "cuda_max_reserved" if device_type == "cuda" else "cpu_peak_rss"
     result.provenance.device = device_type
     result.provenance.cuda_alloc_conf = (
