@@ -55,14 +55,26 @@ from sweeper.trial import (
     device_kind,
 )
 
+#: Settings that move only the CUDA allocator: on the CPU two configurations that differ in them alone are one
+#: measurement (issue 68: ``expandable_segments`` searched on the CPU was warned about, then measured twice).
+CUDA_ONLY_KEYS = ("expandable_segments",)
 
-def _same_rows(params: Mapping[str, Any], config: TrialConfig | None, longest: int | None) -> dict[str, Any]:
+
+def _same_rows(
+    params: Mapping[str, Any], config: TrialConfig | None, longest: int | None, cpu: bool = False
+) -> dict[str, Any]:
     """``params`` with a searched ``max_seq_length`` at the length its rows are trained at
-    (:meth:`TrialConfig.worst_case_length`): values at or above the data's longest sample compare equal."""
-    out = dict(params)
+    (:meth:`TrialConfig.worst_case_length`): values at or above the data's longest sample compare equal; on the
+    ``cpu``, without :data:`CUDA_ONLY_KEYS`."""
+    out = {k: v for k, v in params.items() if not (cpu and k in CUDA_ONLY_KEYS)}
     if config is not None and "max_seq_length" in out:
         out["max_seq_length"] = config.worst_case_length(longest)
     return out
+
+
+def _on_device(config: TrialConfig, cpu: bool) -> TrialConfig:
+    """``config`` as the device trains it: on the ``cpu``, :data:`CUDA_ONLY_KEYS` at their defaults."""
+    return replace(config, expandable_segments=False) if cpu else config
 
 
 def find_duplicate(
@@ -71,9 +83,11 @@ def find_duplicate(
     config: TrialConfig | None = None,
     setup: int | None = None,
     longest_sample_tokens: int | None = None,
+    cpu: bool = False,
 ) -> FrozenTrial | None:
     """A COMPLETE or PRUNED trial with these params (or params that train the same rows) and a result of its own, or
-    None.
+    None. On the ``cpu`` (trials measured there), settings that move only the CUDA allocator
+    (:data:`CUDA_ONLY_KEYS`) are left out of the comparison: they change nothing a CPU trial measures.
 
     TPE re-proposes configurations it already measured, often in small categorical spaces; a trial's outcome is
     deterministic up to measurement noise (fixed seed, same samples), so a repeat costs GPU time and teaches nothing.
@@ -88,12 +102,15 @@ def find_duplicate(
     at the same shapes (not when samples are packed: a packed row fills up to ``max_seq_length``).
     """
     longest = longest_sample_tokens if config is not None else None
-    want = config.as_trained(longest).measured() if config is not None else None
-    mine = _same_rows(params, config, longest)
+    want = _on_device(config.as_trained(longest).measured(), cpu) if config is not None else None
+    mine = _same_rows(params, config, longest, cpu)
     for t in snapshot(study).trials_in((TrialState.COMPLETE, TrialState.PRUNED)):
         if TrialAttr.STATUS not in t.user_attrs or t.frozen is None:
             continue
-        if t.params != params and (longest is None or _same_rows(t.params, t.config, longest) != mine):
+        exact = t.params == params or (
+            cpu and _same_rows(t.params, None, None, cpu) == _same_rows(params, None, None, cpu)
+        )
+        if not exact and (longest is None or _same_rows(t.params, t.config, longest, cpu) != mine):
             continue
         if setup is not None and t.user_attrs.get(TrialAttr.SETUP, setup) != setup:
             continue
@@ -109,7 +126,7 @@ def find_duplicate(
                     dataset=replace(theirs.dataset, path=config.dataset.path),
                     model=replace(theirs.model, name_or_path=config.model.name_or_path),
                 )
-            if theirs.as_trained(longest).measured() != want:
+            if _on_device(theirs.as_trained(longest).measured(), cpu) != want:
                 continue
         return t.frozen
     return None
@@ -191,7 +208,8 @@ def settle_repeat(sweep: RunningSweep, trial: optuna.Trial, view: StudySnapshot)
         Whether ``trial`` was a repeat (and is now told).
     """
     longest = sweep.plan.longest_sample_tokens
-    same = find_duplicate(view, trial.params, sweep.space.trial_config(trial.params), sweep.plan.setup, longest)
+    cpu = device_kind() == "cpu_peak_rss"
+    same = find_duplicate(view, trial.params, sweep.space.trial_config(trial.params), sweep.plan.setup, longest, cpu)
     with sweep.mutex:
         sweep.repeats = sweep.repeats + 1 if same is not None else 0
     if same is None:
@@ -201,7 +219,11 @@ def settle_repeat(sweep: RunningSweep, trial: optuna.Trial, view: StudySnapshot)
             trial.set_user_attr(key, value)
     trial.set_user_attr(TrialAttr.DUPLICATE_OF, same.number)
     mine, theirs = trial.params.get("max_seq_length"), same.params.get("max_seq_length")
-    trial.set_user_attr(TrialAttr.REASON, repeat_reason(same.number, mine, theirs, longest))
+    reason = repeat_reason(same.number, mine, theirs, longest)
+    moved = [k for k in CUDA_ONLY_KEYS if trial.params.get(k) != same.params.get(k)]
+    if cpu and moved:  # the same measurement on the CPU: say why, not "the same configuration"
+        reason = f"{', '.join(moved)} moves only the CUDA allocator, nothing on the CPU: " + reason
+    trial.set_user_attr(TrialAttr.REASON, reason)
     trial.set_user_attr(TrialAttr.WALL_TIME_S, 0.0)
     set_failure_constraint(trial, same.user_attrs[TrialAttr.STATUS])
     frozen = sweep.study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)

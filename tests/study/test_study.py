@@ -391,6 +391,23 @@ def test_max_seq_lengths_at_or_above_the_longest_sample_are_one_configuration():
     assert dataclasses.replace(at_128, packing=True).worst_case_length(50) == 128
 
 
+def test_on_the_cpu_an_allocator_only_setting_is_one_measurement():
+    """Issue 68: expandable_segments searched on the CPU (which the sweep warns moves nothing there) was measured as
+    two trials; on the CPU the second is a repeat of the first, on a card it is measured."""
+    from sweeper.study._stored import stored_trial
+    from sweeper.sweep._trial_steps import find_duplicate
+    from sweeper.testing import add_trial
+
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    add_trial(study, r=8, batch=2, seq=64, status="complete", peak=1.0, instability=0.1)
+    measured = stored_trial(study.trials[0]).config
+    params = {**study.trials[0].params, "expandable_segments": True}
+    on = dataclasses.replace(measured, expandable_segments=True)
+    assert find_duplicate(study, params, on, cpu=True).number == 0
+    assert find_duplicate(study, params, on) is None  # on a card the allocator's setting moves the peak
+    assert find_duplicate(study, params, dataclasses.replace(on, r=16), cpu=True) is None
+
+
 @pytest.mark.slow
 def test_a_sweep_settles_a_longer_max_seq_length_that_trains_the_same_rows_as_a_repeat(tiny_model, workdir):
     """On data no longer than ~40 tokens, max_seq_length 256 trains the rows 128 trains: `sweep run` settles it as a
