@@ -49,7 +49,6 @@ from sweeper.stability._margin import (
     lr_calibration_of,
     margin_interval,
     margin_of,
-    predicted_max_lr,
     stress_lr,
 )
 from sweeper.stability._progress import (
@@ -88,7 +87,6 @@ __all__ = [
     "lr_calibration_of",
     "margin_interval",
     "margin_of",
-    "predicted_max_lr",
     "probe_interval_steps",
     "projected_fail_step",
     "stress_lr",

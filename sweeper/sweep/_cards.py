@@ -74,8 +74,10 @@ def _allocator_warnings(space: SearchSpace, device: str) -> list[str]:
     """What the trials' ``expandable_segments`` (:attr:`sweeper.space.TrialConfig.expandable_segments`) overrides or
     cannot do: on CUDA, an ``expandable_segments`` option in the environment (each trial runs under the space's
     value instead); on the CPU, the key searched (the CUDA allocator moves nothing there: its values measure the
-    same)."""
-    from sweeper.trial import environment_expandable_segments
+    same, and the sweep reuses one as the other's repeat), and the allocator options the environment gives under
+    either of torch's names (none reaches a CPU trial, and the exports carry only the trial's
+    ``expandable_segments``: issue 68)."""
+    from sweeper.trial import environment_alloc_conf, environment_expandable_segments
 
     values = space.values_of("expandable_segments")
     if device == "cuda" and (given := environment_expandable_segments()) is not None:
@@ -85,9 +87,17 @@ def _allocator_warnings(space: SearchSpace, device: str) -> list[str]:
             f"runs under the space's expandable_segments ({said}); set it in {space.path} (training: "
             "expandable_segments: true) to measure with it"
         ]
+    out = []
     if device != "cuda" and "expandable_segments" in space.search:
-        return [
+        out.append(
             f"WARNING memory: {space.path}: search: expandable_segments is a CUDA allocator setting; on the CPU it "
-            "moves nothing, so its values measure the same (each trial records it as not applicable)"
-        ]
-    return []
+            "moves nothing, so its values measure the same (each trial records it as not applicable, and a "
+            "configuration that differs only in it is a repeat of the one measured)"
+        )
+    if device != "cuda" and (given := environment_alloc_conf()):
+        out.append(
+            f"note    the environment gives the CUDA allocator {given} (PYTORCH_CUDA_ALLOC_CONF or "
+            "PYTORCH_ALLOC_CONF): it moves nothing on the CPU, so no trial measures it, and the exports' environment "
+            "carries only the trial's expandable_segments; on the card, set these options yourself"
+        )
+    return out

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         cuda_alloc_conf,
         cuda_visible,
         device_kind,
+        environment_alloc_conf,
         environment_expandable_segments,
         visible_gpus,
     )
@@ -62,6 +63,7 @@ _HOMES = {
     "cuda_alloc_conf": "sweeper.trial._devices",
     "cuda_visible": "sweeper.trial._devices",
     "device_kind": "sweeper.trial._devices",
+    "environment_alloc_conf": "sweeper.trial._devices",
     "environment_expandable_segments": "sweeper.trial._devices",
     "run_trial": "sweeper.trial._launch",
     "visible_gpus": "sweeper.trial._devices",
@@ -86,6 +88,7 @@ __all__ = [
     "cuda_alloc_conf",
     "cuda_visible",
     "device_kind",
+    "environment_alloc_conf",
     "environment_expandable_segments",
     "prestart",
     "read_cards",

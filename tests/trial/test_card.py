@@ -101,10 +101,20 @@ def test_the_trials_allocator_options_keep_the_environments_others_and_say_what_
     _, _, said = with_card(searched, "cpu")
     assert [w for w in said if "expandable_segments" in w] == [
         f"WARNING memory: {searched.path}: search: expandable_segments is a CUDA allocator setting; on the CPU it "
-        "moves nothing, so its values measure the same (each trial records it as not applicable)"
+        "moves nothing, so its values measure the same (each trial records it as not applicable, and a "
+        "configuration that differs only in it is a repeat of the one measured)"
     ]
     fixed = load_space(write_space(tmp_path, tiny_space(tiny_model), name="fixed.yaml"))
     assert not [w for w in with_card(fixed, "cpu")[2] if "expandable_segments" in w]
+    # issue 68: the user's own allocator options, under either of torch's names, are said to reach no CPU trial
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False,max_split_size_mb:128")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "garbage_collection_threshold:0.6")
+    [note] = [w for w in with_card(fixed, "cpu")[2] if "allocator" in w]
+    assert note.startswith(
+        "note    the environment gives the CUDA allocator garbage_collection_threshold:0.6,expandable_segments:False,"
+        "max_split_size_mb:128 (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF): it moves nothing on the CPU"
+    )
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF")
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     said = [w for w in with_card(fixed, "cuda")[2] if "expandable_segments" in w]
     assert said == [
