@@ -17,6 +17,7 @@ equal-step block: median 1.87, 1.00-2.44), so at ``k`` times its rate a configur
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -96,9 +97,11 @@ class DivergenceModel:
         z, sd = self._z(margin, horizon_steps)
         return _logistic(z), _logistic(z - Z95 * sd), _logistic(z + Z95 * sd)
 
+    @functools.lru_cache(maxsize=64)  # noqa: B019 (a frozen model of module lifetime: one bisection per horizon)
     def safe_margin(self, horizon_steps: float, upper: float = SAFE_UPPER) -> float:
         """The margin at which P's upper end at ``horizon_steps`` is ``upper`` (P falls with the margin: a larger
-        margin is safe), by bisection on ``ln m`` over [1e-3, 1e9]."""
+        margin is safe), by bisection on ``ln m`` over [1e-3, 1e9]; cached per horizon (a view derives it for
+        every stored trial)."""
         lo, hi = math.log(1e-3), math.log(1e9)
         for _ in range(80):
             mid = (lo + hi) / 2
