@@ -101,4 +101,34 @@ def profile_data(
             **checks,
         )
     file = file_lengths(dataset, tokenizer, horizon, tokenized, samples)
+    if audit and file.cut:
+        file = _with_repeated_spans(file, dataset, tokenizer, horizon)
     return DataProfile(samples, tokenized, unused, file, report)
+
+
+#: How many of the file's longest rows outside the trials' sample :func:`profile_data` checks for a repeated span:
+#: the rows that set the worst step, read again (a few rows, not the file: a span check is 8 passes over a row).
+LONGEST_ROWS_CHECKED = 5
+
+
+def _with_repeated_spans(file: Any, dataset: Any, tokenizer: Any, horizon: int) -> Any:
+    """``file`` with its :attr:`~sweeper.data.FileLengths.repeated_spans`: of its :data:`LONGEST_ROWS_CHECKED`
+    longest rows outside the trials' sample and longer than any sampled row, those that repeat one unit over
+    :data:`~sweeper.audit._lengths.MIN_SPAN_TOKENS`+ tokens (the audit's ``repeated_span`` rule, issue 68: a reply of
+    one token repeated 5,000 times was named only by ``sweep doctor FILE``)."""
+    from dataclasses import replace
+
+    from sweeper.audit._lengths import MIN_REPEATS, MIN_SPAN_TOKENS, longest_repeated_span
+    from sweeper.data import file_samples, tokenize_samples
+
+    sampled = {i for i, _ in file.lengths[: file.sampled]}
+    outside = [(n, i) for i, n in file.lengths if i not in sampled and n > file.sampled_longest]
+    longest = [i for _, i in sorted(outside, reverse=True)[:LONGEST_ROWS_CHECKED]]
+    if not longest:
+        return file
+    spans = []
+    for t in tokenize_samples(file_samples(dataset, longest), tokenizer, horizon):
+        span, period, _ = longest_repeated_span(t.input_ids)
+        if span >= MIN_SPAN_TOKENS and span // period >= MIN_REPEATS:
+            spans.append((t.index, span))
+    return replace(file, repeated_spans=tuple(sorted(spans, key=lambda s: -s[1])))

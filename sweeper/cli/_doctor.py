@@ -30,7 +30,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """``sweep doctor SPACE.yaml | DATA``: audit the dataset as the trials would tokenize it; exit 1 with
     ``--strict`` when a finding would make a trial NaN."""
     from sweeper.audit import profile_data
-    from sweeper.report import format_audit, format_same_rows, format_untrained_rows
+    from sweeper.report import format_audit, format_file_rows, format_same_rows, format_untrained_rows
 
     dataset, model, lengths, dtypes, packing = _doctor_inputs(args)
     model_path, samples = _prepare(dataset, model)
@@ -56,6 +56,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if profile.file.cut:  # the whole file's rows beyond the space's max_samples, which the exports train
             for line in format_untrained_rows(profile.file, lengths, f"sweep doctor {dataset.path}"):
                 _print(line)
+            if (whole := format_file_rows(profile.file)) is not None:
+                _print(whole)
         if same:
             _print(same)
     return 1 if args.strict and report.nan_findings else 0

@@ -44,12 +44,17 @@ class FileLengths:
             :data:`NO_TARGET` when none lies within the audit's horizon). A sample keeps no supervised token within
             ``max_seq_length`` exactly when that position is ``>= max_seq_length`` (:meth:`untrained_rows`). Empty
             for lengths recorded without it.
+        repeated_spans: ``(dataset index, tokens)`` of the file's longest rows outside the trials' sample that repeat
+            one unit over that many tokens (the audit's ``repeated_span``, checked by
+            :func:`sweeper.audit.profile_data` on the few longest such rows: what sets the worst step); empty when
+            none was found or checked.
     """
 
     lengths: tuple[tuple[int, int], ...]
     sampled: int
     sampled_longest: int
     first_targets: tuple[tuple[int, int], ...] = ()
+    repeated_spans: tuple[tuple[int, int], ...] = ()
 
     def untrained_rows(self, max_seq_length: int) -> list[int]:
         """The dataset indices of the file's samples with no supervised token within ``max_seq_length`` (their

@@ -66,9 +66,15 @@ def format_file_rows(file: FileLengths) -> str | None:
     train: its longest sample 1,320 tokens (row 280), the trials' 16 sampled rows' longest 609``); None otherwise."""
     if not file.cut or file.longest <= file.sampled_longest:
         return None
+    spans = dict(file.repeated_spans)
+    first = f": one unit repeated over {spans[file.longest_row]:,} tokens" if file.longest_row in spans else ""
+    others = "".join(
+        f"; row {row} repeats one unit over {span:,} tokens" for row, span in file.repeated_spans[:3]
+        if row != file.longest_row
+    )  # fmt: skip
     return (
         f"the worst step is the whole file's, which the exports train: its longest sample {file.longest:,} tokens "
-        f"(row {file.longest_row}), "
+        f"(row {file.longest_row}{first}{others}), "
         f"the trials' {file.sampled} sampled rows' (dataset.max_samples) longest {file.sampled_longest:,}; each "
         "trial runs the file's longest rows as its worst-case step"
     )

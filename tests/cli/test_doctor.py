@@ -178,7 +178,27 @@ def test_a_late_row_that_makes_a_nan_step_is_named_before_the_first_trial(tiny_m
     assert any(w.startswith("WARNING data: at max_seq_length=512") and "row 280" in w for w in warnings), warnings
     # at a length that reaches the reply, the row trains: nothing is said
     longer = run_cli("doctor", str(path), "--max-seq-length", "8192", cwd=workdir)
-    assert longer.returncode == 0 and "row 280" not in longer.stdout
+    assert longer.returncode == 0 and "keeps no supervised token" not in longer.stdout
+
+
+def test_a_late_repeated_reply_is_named_by_row(tiny_model, workdir):
+    """Issue 68: a reply of one token repeated 5,000 times at row 280 was named only by `sweep doctor FILE`; the
+    sweep's data line said "its longest sample 5,044 tokens", not which row or what it is."""
+    from sweeper.cli._common import _prepare, _profile
+    from sweeper.cli._run import _data_warnings
+    from sweeper.space import load_space
+
+    rows = [{"prompt": f"What is {i} plus one?", "completion": f"{i + 1}."} for i in range(300)]
+    rows[280] = {"prompt": "Say it again.", "completion": "again " * 5000}
+    write_jsonl(workdir / "repeat.jsonl", rows)
+    path = write_space(workdir, tiny_space_with(tiny_model, "repeat.jsonl", max_samples=24, max_seq_length=512))
+    out = run_cli("doctor", str(path), cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    assert "its longest sample" in out.stdout and "(row 280: one unit repeated over" in out.stdout
+    loaded = load_space(path)
+    model_path, samples = _prepare(loaded.dataset, loaded.model)
+    lines = _data_warnings(loaded, _profile(loaded, model_path, samples, audit=True))
+    assert any("(row 280: one unit repeated over" in line for line in lines), lines
 
 
 def tiny_space_with(model: Path, data: str, *, max_samples: int, max_seq_length: int) -> dict:
