@@ -14,6 +14,7 @@ traces and can be recomputed for stored trials.
 
 from sweeper.stability._chance import (
     DEFAULT_HORIZON_STEPS,
+    refit_mu,
 )
 from sweeper.stability._critical import (
     critical_multiples,
@@ -89,5 +90,6 @@ __all__ = [
     "margin_of",
     "probe_interval_steps",
     "projected_fail_step",
+    "refit_mu",
     "stress_lr",
 ]

@@ -17,8 +17,11 @@ equal-step block: median 1.87, 1.00-2.44), so at ``k`` times its rate a configur
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: P's 95% interval: ``z +- Z95 sd(z)`` on the logit.
@@ -111,6 +114,13 @@ class DivergenceModel:
                 hi = mid
         return math.exp(hi)
 
+    def with_mu(self, mu: float, mu_se: float, source: str) -> DivergenceModel:
+        """This model with ``mu`` refitted on a study's own model (:func:`refit_mu`), its standard error ``mu_se``
+        replacing ``mu``'s row and column of the covariance (gamma, sigma and the slopes as fitted)."""
+        c = self.covariance
+        covariance = ((mu_se**2, 0.0, 0.0), (0.0, c[1][1], c[1][2]), (0.0, c[2][1], c[2][2]))
+        return dataclasses.replace(self, mu=mu, covariance=covariance, source=source)
+
     def edge_margin(self, horizon_steps: float) -> tuple[float, float, float]:
         """``(m50, low, high)``: the margin at which P = 50% at ``horizon_steps``, ``exp((ln H - mu) / gamma)``,
         with its 95% interval (delta method over :attr:`covariance`)."""
@@ -137,6 +147,29 @@ DIVERGENCE_MODEL = DivergenceModel(
     slope_high=2.435291679610255,
     source="fitted on SmolLM2-135M's stored 200-step runs (102 runs, 32 configurations); 400 steps extrapolated",
 )
+
+
+def refit_mu(
+    edges: Sequence[tuple[float, float, int]], model: DivergenceModel = DIVERGENCE_MODEL
+) -> tuple[float, float]:
+    """``(mu, its standard error)`` from a study's bisected long-run edges (``sweep calibrate``), each ``(margin,
+    edge multiple, horizon steps)``: the trial's margin, the multiple of its rate at which a run of that many steps
+    fails about half the time, and that run's length. At the edge the model's P is 50%, so each edge gives
+    ``mu_i = ln H - gamma (ln margin - s ln multiple)`` (the margin at ``multiple`` times the rate being
+    ``margin * multiple**-s``); ``mu`` is their mean. Its standard error is their standard deviation over
+    ``sqrt(n)``, at least the fit's own (one edge says nothing of the spread).
+
+    Raises:
+        ValueError: No edges, or one with a margin, multiple or horizon that is not positive.
+    """
+    if not edges:
+        raise ValueError("no edge to refit mu on")
+    if any(not (m > 0 and e > 0 and h > 0) for m, e, h in edges):
+        raise ValueError(f"edges need a positive margin, multiple and horizon, but got {list(edges)!r}")
+    mus = [math.log(h) - model.gamma * (math.log(m) - model.slope * math.log(e)) for m, e, h in edges]
+    own = math.sqrt(model.covariance[0][0])
+    se = statistics.stdev(mus) / math.sqrt(len(mus)) if len(mus) >= 2 else own
+    return statistics.fmean(mus), max(se, own / math.sqrt(len(mus)))
 
 
 @dataclass(frozen=True, kw_only=True)

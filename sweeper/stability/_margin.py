@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sweeper.stability._chance import DEFAULT_HORIZON_STEPS, DIVERGENCE_MODEL, divergence_chance
+from sweeper.stability._chance import DEFAULT_HORIZON_STEPS, DIVERGENCE_MODEL, DivergenceModel, divergence_chance
 
 # -----------------------------------------
 
@@ -87,6 +87,9 @@ class LrCalibration:
             study's model (n edges, spread x)``.
         calibrated: Measured on the study's own model by ``sweep calibrate`` (its trials then need only their
             interval's low end above their rate: :class:`~sweeper.stability.Headroom`), not the built-in factor.
+        mu, mu_se: The chance model's intercept refitted on the same edges, and its standard error
+            (:func:`sweeper.stability._chance.refit_mu`): what varies by model (issue 66); None for a calibration
+            stored before it, where the chance stays the built-in model's.
     """
 
     factor: float
@@ -94,6 +97,15 @@ class LrCalibration:
     edges: int
     source: str
     calibrated: bool = False
+    mu: float | None = None
+    mu_se: float | None = None
+
+    @property
+    def chance_model(self) -> DivergenceModel:
+        """The chance model this calibration gives: the built-in one with :attr:`mu` refitted where there is one."""
+        if self.mu is None or self.mu_se is None:
+            return DIVERGENCE_MODEL
+        return DIVERGENCE_MODEL.with_mu(self.mu, self.mu_se, f"{DIVERGENCE_MODEL.source}; mu refitted: {self.source}")
 
     @property
     def spread(self) -> float:
@@ -157,11 +169,15 @@ def lr_calibration_of(raw: Any) -> LrCalibration | None:
         return None
     try:
         factor, gsd, edges, source = float(raw["factor"]), float(raw["gsd"]), int(raw["edges"]), str(raw["source"])
+        mu, mu_se = raw.get("mu"), raw.get("mu_se")
+        mu, mu_se = (float(mu), float(mu_se)) if mu is not None and mu_se is not None else (None, None)
     except (KeyError, TypeError, ValueError):
         return None
     if not (math.isfinite(factor) and factor > 0 and math.isfinite(gsd) and gsd >= 1 and edges > 0):
         return None
-    return LrCalibration(factor=factor, gsd=gsd, edges=edges, source=source, calibrated=True)
+    if mu is not None and not (math.isfinite(mu) and mu_se is not None and math.isfinite(mu_se) and mu_se > 0):
+        mu, mu_se = None, None
+    return LrCalibration(factor=factor, gsd=gsd, edges=edges, source=source, calibrated=True, mu=mu, mu_se=mu_se)
 
 
 def margin_interval(
@@ -244,7 +260,7 @@ def margin_from(
     ``predicted_max_lr``, the chance's edge, or ``lr_ceiling`` times ``calibration``'s factor where that is a
     study's own."""
     low, high = margin_interval(stability_margin, capped)
-    chance = divergence_chance(learning_rate, stability_margin, capped, horizon_steps)
+    chance = divergence_chance(learning_rate, stability_margin, capped, horizon_steps, calibration.chance_model)
     if calibration.calibrated or chance is None:
         predicted, p_low, p_high = predicted_max_lr(
             learning_rate, lr_ceiling, capped, calibration, cap=stability_margin

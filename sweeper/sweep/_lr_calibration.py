@@ -27,7 +27,7 @@ from typing import Any
 import optuna
 
 from sweeper.errors import StudyError
-from sweeper.stability import DEFAULT_LR_CALIBRATION, LrCalibration
+from sweeper.stability import DEFAULT_LR_CALIBRATION, LrCalibration, refit_mu
 from sweeper.storage import StudyAttr, trial_dir
 from sweeper.study import StoredTrial, StudyLike, by_knee_distance, snapshot
 from sweeper.sweep._confirm import DEFAULT_HORIZON_FACTOR, horizon, long_config
@@ -83,6 +83,7 @@ class Edge:
         held: The largest multiple of it that held the horizon.
         failed: The smallest multiple that failed.
         lr_ceiling: The trial's stress-phase ceiling.
+        steps: The horizon the runs bracketing it were of (None: not recorded).
     """
 
     trial: int
@@ -90,6 +91,7 @@ class Edge:
     held: float
     failed: float
     lr_ceiling: float
+    steps: int | None = None
 
     @property
     def edge_lr(self) -> float:
@@ -110,6 +112,7 @@ class Edge:
             "edge_lr": self.edge_lr,
             "lr_ceiling": self.lr_ceiling,
             "factor": self.factor,
+            "steps": self.steps,
         }
 
 
@@ -154,7 +157,13 @@ def calibration_from(edges: Sequence[Edge], resolution: float) -> LrCalibration:
     if len(edges) < 3:
         gsd = max(gsd, DEFAULT_LR_CALIBRATION.gsd)
     n = len(edges)
-    fitted = LrCalibration(factor=factor, gsd=gsd, edges=n, source="", calibrated=True)
+    # the chance model's intercept, what varies by model (issue 66), refitted on the same edges where their horizon
+    # is known: each edge is where a run of its length fails about half the time
+    mu = mu_se = None
+    if all(e.steps for e in edges):
+        mu, mu_se = refit_mu([(e.lr_ceiling / e.learning_rate, e.edge_lr / e.learning_rate, e.steps or 0)
+                              for e in edges])  # fmt: skip
+    fitted = LrCalibration(factor=factor, gsd=gsd, edges=n, source="", calibrated=True, mu=mu, mu_se=mu_se)
     source = f"calibrated on this study's model ({n} edge{'s' if n != 1 else ''}, spread x{fitted.spread:.2g})"
     return replace(fitted, source=source)
 
@@ -322,6 +331,8 @@ def calibrate_study(
             "gsd": calibration.gsd,
             "edges": calibration.edges,
             "source": calibration.source,
+            "mu": calibration.mu,
+            "mu_se": calibration.mu_se,
             "resolution": resolution,
             "measured": [e.to_dict() for e in edges],
         },
@@ -371,6 +382,7 @@ def measured_edges(study: optuna.Study, resolution: float, steps: int | None = N
                     held=held,
                     failed=failed,
                     lr_ceiling=t.result.stress.lr_ceiling,
+                    steps=n,
                 )
             )
     return out

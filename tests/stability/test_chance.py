@@ -75,3 +75,24 @@ def test_a_capped_margin_gives_upper_bounds_and_unknowns_give_nothing():
     assert divergence_chance(2e-4, math.nan, False) is None
     with pytest.raises(ValueError, match="horizon_steps"):
         divergence_chance(2e-4, 10.0, False, 0)
+
+
+def test_sweep_calibrate_refits_the_intercept_from_the_users_edges():
+    """Issue 66, item 4: what varies by model is the intercept; edges bisected on the user's model give it back, and
+    the study's chance moves with it (a model whose runs fail later: a smaller P at the same margin)."""
+    from sweeper.stability import refit_mu
+    from sweeper.stability._margin import LrCalibration
+
+    model, later = DIVERGENCE_MODEL, DIVERGENCE_MODEL.mu + 0.5
+
+    def edge(margin: float, horizon: int) -> tuple[float, float, int]:  # where P = 50% under mu = later
+        ln_e = (later + model.gamma * math.log(margin) - math.log(horizon)) / (model.gamma * model.slope)
+        return margin, math.exp(ln_e), horizon
+
+    mu, se = refit_mu([edge(10.5, 200), edge(34.0, 400), edge(61.2, 120)])
+    assert mu == pytest.approx(later) and se == pytest.approx(math.sqrt(model.covariance[0][0]) / math.sqrt(3))
+    calibrated = LrCalibration(factor=0.1, gsd=1.2, edges=3, source="calibrated (3)", calibrated=True, mu=mu, mu_se=se)
+    p_built_in = model.chance(18.9, 400)[0]
+    assert calibrated.chance_model.chance(18.9, 400)[0] < p_built_in and "mu refitted" in calibrated.chance_model.source
+    with pytest.raises(ValueError, match="no edge"):
+        refit_mu([])

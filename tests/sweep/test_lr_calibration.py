@@ -190,3 +190,12 @@ def test_a_studys_calibration_remakes_every_predicted_max_lr_and_says_so(tmp_pat
     )
     assert stress.predicted_max_lr_source == "calibrated on this study's model (3)"
     assert after.result.stress.stability_margin == before.result.stress.stability_margin  # the margin stays
+    assert after.result.stress.p_diverge == pytest.approx(before.result.stress.p_diverge)  # no mu stored: built-in
+    # a calibration that refitted the chance's intercept (issue 66): every trial's chance from the study's own model
+    study.set_user_attr(
+        "lr_calibration",
+        {"factor": 0.05, "gsd": 1.2, "edges": 3, "source": "calibrated on this study's model (3)", "mu": 4.0,
+         "mu_se": 0.2},
+    )  # fmt: skip
+    [refit] = snapshot(study).trials
+    assert refit.result.stress.p_diverge < before.result.stress.p_diverge  # runs fail later on this model
