@@ -59,12 +59,10 @@ ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assi
 
 
 def _text(content):
-    """A turn's content as the trial read it: text, a number's digits, or OpenAI-style text parts joined; None for
-    what the trial did not train on (null, an image part, a mapping)."""
+    """A turn's content as the trial read it: text, or OpenAI-style text parts joined; None for what the trial did
+    not train on (null, a number, an image part, a mapping)."""
     if isinstance(content, str):
         return content
-    if isinstance(content, (int, float)) and not isinstance(content, bool):
-        return str(content)
     if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
         return "".join(p["text"] for p in content)
     return None
