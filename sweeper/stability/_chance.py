@@ -145,7 +145,7 @@ DIVERGENCE_MODEL = DivergenceModel(
     slope=1.8657878573550475,
     slope_low=0.9977898556505339,
     slope_high=2.435291679610255,
-    source="fitted on SmolLM2-135M's stored 200-step runs (102 runs, 32 configurations); 400 steps extrapolated",
+    source="fitted on SmolLM2-135M's stored 200-step runs (102 runs, 32 configurations); other horizons extrapolated",
 )
 
 
