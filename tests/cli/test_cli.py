@@ -163,6 +163,10 @@ def test_trial_json_with_set(tiny_model, workdir):
     # The stress phase's margin, as the held-back checks of benchmarks/validity.py read it.
     assert result["stability_margin"] > 1 and result["stress_stop"] in ("diverged", "nan", "overflow", "cap")
     assert result["predicted_max_lr"] > 0 and ("lr_ceiling" in result) and result["stress_steps"] >= 1
+    # the chance of diverging within the run (issue 66): at 400 steps where the space names no horizon
+    assert result["horizon_steps"] == 400 and 0 <= result["p_diverge_low"] <= result["p_diverge"] <= 1
+    assert result["stability_call"] in ("safe", "undecided", "likely fails") and result["safe_learning_rate"] > 0
+    assert "P(diverges within 400 steps)" in text.stdout
     assert text.returncode == 0 and "grad_norm" in text.stdout and "status  complete" in text.stdout
     assert "margin  " in text.stdout and "predicted_max_lr" in text.stdout
     assert len(list((workdir / "studies").glob("*/manual/*"))) == 2
