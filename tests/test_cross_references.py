@@ -101,3 +101,13 @@ def test_a_reference_to_nothing_is_caught():
 
     assert resolve("sweeper.study._front.non_dominated", module) and resolve("StudySnapshot.current", module)
     assert not resolve("sweeper.study.non_dominated", module) and not resolve("in_current_setup", module)
+
+
+def test_the_benchmarks_index_names_every_script_and_every_name_is_a_script():
+    """benchmarks/README.md (issue 69: 28 scripts in one folder, two named by nothing) names each script once, and
+    names no script that is not there."""
+    index = (REPO / "benchmarks" / "README.md").read_text()
+    scripts = {p.name for p in (REPO / "benchmarks").iterdir() if p.suffix in (".py", ".sh")}
+    named = set(re.findall(r"^\| `([\w.-]+\.(?:py|sh))` \|", index, flags=re.MULTILINE))
+    assert scripts - named == set(), f"benchmarks/README.md does not name {sorted(scripts - named)}"
+    assert named - scripts == set(), f"benchmarks/README.md names scripts that are not there: {sorted(named - scripts)}"
