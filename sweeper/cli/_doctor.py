@@ -52,7 +52,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             + ", tokenized as the trials do with "
             f"{model.name_or_path}'s tokenizer" + (f" (vocabulary {report.vocab_size})" if report.vocab_size else "")
         )
-        _print(format_audit(report))
+        audit = format_audit(report)
+        if profile.file.cut:  # the table is of the trials' sampled rows; the whole file's rows follow
+            audit = audit.replace(
+                "no finding would make a trial NaN at",
+                f"in the trials' {profile.file.sampled} sampled rows, no finding would make a trial NaN at",
+            )
+        _print(audit)
         if profile.file.cut:  # the whole file's rows beyond the space's max_samples, which the exports train
             for line in format_untrained_rows(profile.file, lengths, f"sweep doctor {dataset.path}"):
                 _print(line)

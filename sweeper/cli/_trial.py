@@ -38,7 +38,13 @@ def manual_trial_folder(parent: Path) -> Path:
 
 def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
-    from sweeper.report import LiveProgress, format_file_rows, trial_header, trial_result_lines
+    from sweeper.report import (
+        LiveProgress,
+        format_file_rows,
+        format_untrained_rows,
+        trial_header,
+        trial_result_lines,
+    )
     from sweeper.stability import derive_margin_figures
     from sweeper.storage import study_dir
     from sweeper.sweep import check_setup, with_card
@@ -57,7 +63,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
     folder = manual_trial_folder(study_dir(space.study.name) / "manual")
     header = [] if args.json else trial_header(config, _describe_setup(space, model_path, len(samples), card), folder)
     whole = format_file_rows(profile.file)
-    _say(header, [*card_warnings, dropped, f"data    {whole}" if whole else None], json_out=args.json)
+    # the whole file's rows that make a NaN step, before the trial (issue 68): its worst-case step may train them
+    untrained = format_untrained_rows(profile.file, [config.max_seq_length], space.doctor_command())
+    _say(header, [*card_warnings, dropped, f"data    {whole}" if whole else None, *untrained], json_out=args.json)
     # The live display goes where the lines go; with --json, stdout is one JSON document: the display goes to stderr.
     live = LiveProgress(1, stream=sys.stderr if args.json else sys.stdout)
     live.begin(0, 0)

@@ -36,10 +36,16 @@ def _chance_sentence(f: StabilityFigures) -> str:
     if f.p_diverge is None or f.horizon_steps is None:
         return ""
     call = {"safe": "SAFE", "undecided": "UNDECIDED", "likely fails": "LIKELY FAILS"}.get(f.stability_call or "", "")
-    safe = "" if f.safe_learning_rate is None else f"; learning_rate <= {f.safe_learning_rate} is safe"
+    safe = (
+        ""
+        if f.safe_learning_rate is None
+        else f"; learning_rate <= {f.safe_learning_rate} is safe for {f.horizon_steps} steps"
+    )
     return (
         f" Chance a {f.horizon_steps}-step run at this learning rate diverges: {format_chance(f, call=False)} "
-        f"(95%), {call}{safe} (docs/validity.md: the model and its validation)."
+        f"(95%), {call}{safe}. The chance grows with the run's length: these figures are for {f.horizon_steps} "
+        "steps (the study's confirm_steps, else 400), a longer run is riskier at the same rate; give the space your "
+        "run's length as study.confirm_steps before sweep run (docs/validity.md: the model and its validation)."
     )
 
 

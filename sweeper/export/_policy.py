@@ -17,6 +17,7 @@ import pprint
 from sweeper.export._dataset import ExportData
 from sweeper.export._format import ExportFormat
 from sweeper.export._settings import ExportSettings
+from sweeper.stability import DEFAULT_HORIZON_STEPS
 
 #: The environment variable naming the production config the guard checks.
 PRODUCTION_ENV = "SWEEPER_PRODUCTION_CONFIG"
@@ -312,9 +313,10 @@ def test_learning_rate_is_at_most_the_safe_rate():
         pytest.skip("the trial has no measured margin: no safe rate was measured")
     rate = float(_value("learning_rate"))
     assert rate <= ENVELOPE.safe_learning_rate, (
-        f"learning_rate {{rate:g}} > {{ENVELOPE.safe_learning_rate:.3g}}, the safe rate: the largest whose chance "
-        f"of diverging within the run has its upper end at 5% (predicted_max_lr {{ENVELOPE.predicted_max_lr:.3g}} is "
-        f"the edge, where long runs fail about half the time) ({{_MEASURED}})"
+        f"learning_rate {{rate:g}} > {{ENVELOPE.safe_learning_rate:.3g}}, the safe rate for a {horizon}-step run: the "
+        f"largest whose chance of diverging within {horizon} steps has its upper end at 5% (predicted_max_lr "
+        f"{{ENVELOPE.predicted_max_lr:.3g}} is the edge, where {horizon}-step runs fail about half the time; a longer "
+        f"run is riskier) ({{_MEASURED}})"
     )
 
 
@@ -398,7 +400,8 @@ def render_policy(s: ExportSettings) -> tuple[str, str]:
         device=p.device,
         fields="\n".join(lines),
     )
-    test = _TEST.format(study=p.study, trial=p.trial, env=PRODUCTION_ENV)
+    horizon = p.stability.horizon_steps or DEFAULT_HORIZON_STEPS
+    test = _TEST.format(study=p.study, trial=p.trial, env=PRODUCTION_ENV, horizon=horizon)
     return module, test
 
 

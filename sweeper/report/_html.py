@@ -218,9 +218,9 @@ def _front_section(study: StudySnapshot, summary: Report) -> str:
     }</p>
 <p>Picks (<code>sweep export {html.escape(study.name)}</code> writes <code>safe</code>; <code>--pick NAME</code>
 another): {"".join(f"<br>{html.escape(line)}" for line in summary.pick_lines.values()) or "none"}.<br>safe: the least
-memory among the trials safely below their edge (headroom, predicted_max_lr / learning_rate, at or above its safety
-factor) that learn at least half as fast as the fastest of them, within 10% of that memory (the seed's noise on
-the measured peak) the one that learns most.
+memory among the trials called safe (the 95% upper end of their chance of diverging within the study's horizon under
+5%) that learn at least half as fast as the fastest of them, within 10% of that memory (the seed's noise on the
+measured peak) the one that learns most.
 The knee is the front's point nearest the ideal after scaling both objectives to [0, 1]. Picks prefer a confirmed
 trial when it is as good within the noise, and say so.</p>"""
 
