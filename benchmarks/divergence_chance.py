@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from critical_lr import heldout_cases, long_key, long_runs, short_key
 from validity import FAILED
-from validity_block import STEP, BlockCase
+from validity_block import STEP, BlockCase, edge_of
 
 from sweeper.model import resolve_model
 from sweeper.trial import run_trial
@@ -408,21 +408,16 @@ def _edges(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for case, multiple in validation_cases()[:EDGE_CASES]:
         seed = SEEDS[0]
-        prefix = f"{case.name} | seed {seed} | x"
-        held, failed = [], []
-        for key, run in runs.items():
-            if key.startswith(prefix) and key.endswith(f"| {LONG_STEPS} steps"):
-                m = float(key[len(prefix) :].split(" |")[0])
-                (failed if run["status"] in FAILED else held).append(m)
-        below = [h for h in held if not failed or h < min(failed)]
+        bracket = edge_of(runs, case, seed, LONG_STEPS)  # the block's reading of the same keys
         short = runs.get(run_key(case, seed, multiple, "short"))
-        if not below or not failed or short is None or short["status"] != "complete":
+        if bracket is None or short is None or short["status"] != "complete":
             continue
-        rate = case.learning_rate * math.sqrt(max(below) * min(failed))
-        found = divergence_chance(short["learning_rate"], short["stability_margin"], short["margin_capped"], 400)
+        below, failed = bracket
+        rate = case.learning_rate * math.sqrt(below * failed)
+        found = divergence_chance(short["learning_rate"], short["stability_margin"], short["margin_capped"], LONG_STEPS)
         assert found is not None
         high = found.predicted_max_lr_high if found.predicted_max_lr_high is not None else math.inf
-        out.append({"case": case.name, "edge_rate": rate, "bracket": [max(below), min(failed)],
+        out.append({"case": case.name, "edge_rate": rate, "bracket": [below, failed],
                     "safe_learning_rate": found.safe_learning_rate, "predicted_max_lr": found.predicted_max_lr,
                     "predicted_max_lr_low": found.predicted_max_lr_low,
                     "predicted_max_lr_high": found.predicted_max_lr_high,
