@@ -18,6 +18,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from sweeper.study import load_existing_study, snapshot
 
     loaded, url = load_existing_study(args.study)
+    if args.onto:
+        return _onto(snapshot(loaded), args)
     if not args.output:
         _check_owner(loaded, url, "to write the export elsewhere, give -o PATH")
     study = snapshot(loaded)
@@ -40,6 +42,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     )
     for line in warnings:
         _print(f"WARNING export: {line}")
+    return 0
+
+
+def _onto(study: Any, args: argparse.Namespace) -> int:
+    """``sweep export STUDY --onto FILE``: the chosen trial's measured keys written onto the user's own config, the
+    diff and what changed printed."""
+    from sweeper.export import write_onto
+
+    trial, how = _chosen(study, args)
+    _refuse_unmatched_targets(study, trial)
+    done = write_onto(study, trial, args.onto, args.output)
+    _print(done.diff.rstrip("\n") if done.diff else f"{args.onto}: already as measured")
+    changed = ", ".join(f"{k} {before!r} -> {after!r}" for k, (before, after) in done.changed.items())
+    _print(
+        f"export  {how} onto {args.onto}: {done.path}"
+        + (f" (the original kept as {done.backup})" if done.backup else "")
+        + (f"; changed {changed}" if changed else "; no key changed")
+    )
     return 0
 
 

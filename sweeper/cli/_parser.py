@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> subparser, for usage errors
     commands = (
+        _add_init,
         _add_run,
         _add_trial,
         _add_doctor,
@@ -72,6 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
     for add_command in commands:  # in the order of `sweep --help`
         add_command(sub)
     return parser
+
+
+def _add_init(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from sweeper.cli._init import cmd_init
+
+    init = sub.add_parser(
+        "init",
+        help="a space file from your own training config (axolotl, LLaMA-Factory or TRL YAML, or a JSON of keyword "
+        "arguments), every key of it accounted for",
+    )
+    init.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="FILE",
+        help="your training config: an axolotl, LLaMA-Factory or TRL --config .yaml, or a .json of keyword arguments",
+    )
+    init.add_argument("-o", "--output", metavar="PATH", help="the space file to write (default space.yaml)")
+    init.add_argument("--force", action="store_true", help="replace the space file if it exists")
+    init.set_defaults(func=cmd_init)
 
 
 def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -227,6 +248,13 @@ def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--output",
         metavar="PATH",
         help="file to write; its suffix is set by the format (default studies/<study>/exports/)",
+    )
+    export.add_argument(
+        "--onto",
+        metavar="FILE",
+        help="write the trial's measured keys onto your own training config (axolotl, LLaMA-Factory or TRL YAML, or "
+        "JSON): the same file with only those keys changed, its comments and order kept, the diff printed; -o names "
+        "where (default FILE itself, the original kept as FILE.orig)",
     )
     export.add_argument(
         "--force", action="store_true", help="replace an earlier export even if it was edited since it was written"

@@ -20,19 +20,27 @@ One module a step, and one a target format:
   format is its module and one line there;
 - :mod:`.trl_rows`: the ``trl`` file's row reader, a Python file copied into it as text (the file never imports
   sweeper);
-- :mod:`._write`: where ``-o`` puts the files and the write.
+- :mod:`._write`: where ``-o`` puts the files and the write;
+- :mod:`.production`: the one reader of the user's own training config (axolotl, LLaMA-Factory, TRL, JSON), each
+  tool's keys and defaults declared once; the policy guard carries it as a file; :mod:`._from` makes a space of it
+  (``sweep init --from``) and :mod:`._onto` writes a trial's measured keys back onto it (``sweep export --onto``).
 """
 
+from sweeper.export._from import SpaceFrom, space_from
+from sweeper.export._onto import write_onto
 from sweeper.export._pick import choose_for_format, inexpressible, pick_trial
 from sweeper.export._registry import EXPORT_FORMATS, format_names
 from sweeper.export._write import export_path, write_export
 
 __all__ = [
     "EXPORT_FORMATS",
+    "SpaceFrom",
     "choose_for_format",
     "export_path",
     "format_names",
     "inexpressible",
     "pick_trial",
+    "space_from",
     "write_export",
+    "write_onto",
 ]

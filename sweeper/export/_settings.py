@@ -5,7 +5,7 @@ run, and where the numbers come from (the header every format carries)."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import metadata
 from typing import Any
 
@@ -193,12 +193,20 @@ class Provenance:
 @dataclass(frozen=True, kw_only=True)
 class Envelope:
     """What the study measured around the exported configuration: the bounds a production config must stay inside
-    for the trial's figures to hold (the ``policy`` export's guard, issue 58).
+    for the trial's figures to hold (the ``policy`` export's guard, issues 58 and 67).
+
+    The fits and the out-of-memory shapes are of the study's trials whose memory compares with this one's by the
+    dominance rule (:func:`sweeper.memory.at_least_as_large`, each trial's length aside): a trial at least as large
+    as the exported one that fit at a length says it fits there too; one no larger that ran out says the exported
+    one runs out. A trial of another dtype, optimizer, packing or smaller r says nothing of this configuration.
 
     Attributes:
-        largest_fit_max_seq_length: The largest ``max_seq_length`` a trial of the study ran within its cap at this
-            ``per_device_train_batch_size`` (``complete`` or ``nan``: it ran a step), at least the trial's own.
-        fit_peak_memory_gib: That trial's measured peak (GiB), None when not measured.
+        largest_fit_max_seq_length: The largest ``max_seq_length`` such a trial ran within its cap (``complete`` or
+            ``nan``: it ran a step), at least the trial's own.
+        largest_fit_row_tokens: The longest rows those trials' worst-case steps measured (tokens a row,
+            ``worst_case_shape``): the data's longest rows, so at most the configured length; None when no trial
+            recorded its shape. A production run padding every row to a longer length was not measured.
+        fit_peak_memory_gib: The peak of the trial that ran those rows (GiB), None when not measured.
         oom_above: The smallest measured out-of-memory shape above that length at this batch, or at a larger batch,
             as ``(per_device_train_batch_size, max_seq_length, peak_memory_gib or None)``; None when none ran out.
         safe_learning_rate: The trial's ``safe_learning_rate``: the largest constant rate whose chance of diverging
@@ -207,6 +215,7 @@ class Envelope:
     """
 
     largest_fit_max_seq_length: int
+    largest_fit_row_tokens: int | None
     fit_peak_memory_gib: float | None
     oom_above: tuple[int, int, float | None] | None
     safe_learning_rate: float | None
@@ -216,27 +225,51 @@ class Envelope:
         return asdict(self)
 
 
+def _row_tokens(t: StoredTrial) -> int | None:
+    """The tokens a row of ``t``'s measured worst-case step (None when it recorded no shape)."""
+    shape = t.result.memory.worst_case_shape
+    return int(shape[1]) if shape is not None else None
+
+
 def _envelope(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Envelope:
-    """The :class:`Envelope` of ``trial`` in ``study``: its batch's largest fitting length and what ran out above."""
-    batch = c.per_device_train_batch_size
+    """The :class:`Envelope` of ``trial`` in ``study``: the longest rows that fit among the trials at least as large
+    as it but for their length, and the smallest that ran out among those no larger."""
+    from sweeper.memory import at_least_as_large
+
+    def shaped(config: TrialConfig) -> TrialConfig:
+        return replace(config.measured(), max_seq_length=c.max_seq_length)
+
+    own = shaped(c)
     fits = [
-        (t.config.max_seq_length, t.result.memory.peak_memory_gib)
+        (t.config.max_seq_length, _row_tokens(t), t.result.memory.peak_memory_gib)
         for t in study.measured
-        if t.config is not None and t.status.fits and t.config.per_device_train_batch_size == batch
+        if t.config is not None and t.status.fits and at_least_as_large(shaped(t.config), own)
     ]
-    longest, peak = max([(c.max_seq_length, trial.result.memory.peak_memory_gib), *fits], key=lambda f: f[0])
+    longest = max([c.max_seq_length, *(f[0] for f in fits)])
+    rows = [f for f in fits if f[1] is not None]
+    widest = max(rows, key=lambda f: (f[1], f[0])) if rows else None
+    own_peak = trial.result.memory.peak_memory_gib
     ooms = sorted(
         (t.config.per_device_train_batch_size, t.config.max_seq_length, t.result.memory.peak_memory_gib)
         for t in study.measured
         if t.config is not None
         and t.status.fits is False
-        and (t.config.per_device_train_batch_size, t.config.max_seq_length) > (batch, longest)
-        and t.config.per_device_train_batch_size >= batch
+        and at_least_as_large(own, shaped(t.config))
+        and t.config.max_seq_length > longest
+    ) + sorted(
+        (t.config.per_device_train_batch_size, t.config.max_seq_length, t.result.memory.peak_memory_gib)
+        for t in study.measured
+        if t.config is not None
+        and t.status.fits is False
+        and t.config.per_device_train_batch_size > c.per_device_train_batch_size
+        and t.config.max_seq_length >= c.max_seq_length
+        and at_least_as_large(shaped(t.config), own)
     )
     safe = trial.result.stress.safe_learning_rate if trial.result.stress is not None else None
     return Envelope(
         largest_fit_max_seq_length=longest,
-        fit_peak_memory_gib=round_figure(peak, 3),
+        largest_fit_row_tokens=widest[1] if widest else _row_tokens(trial),
+        fit_peak_memory_gib=round_figure(widest[2] if widest else own_peak, 3),
         oom_above=ooms[0] if ooms else None,
         safe_learning_rate=safe,
     )
@@ -262,6 +295,8 @@ class ExportSettings:
         notes: Comments every format carries (how the trial differs from a production run).
         environment: The environment variables the exported run starts with, as the trial ran
             (:func:`run_environment`: the CUDA allocator's options); empty for none.
+        model_aliases: Other names of the measured model: the study's own spelling where ``model`` is its hub id
+            (``builtin:...``), and the local conversion the trials loaded.
     """
 
     model: str
@@ -276,6 +311,7 @@ class ExportSettings:
     notes: list[str]
     envelope: Envelope | None = None
     environment: dict[str, str] = field(default_factory=dict)
+    model_aliases: tuple[str, ...] = ()
 
 
 def run_environment(cuda_alloc_conf: str | None, expandable_segments: bool) -> dict[str, str]:
@@ -343,6 +379,7 @@ def _settings_of(study: StudySnapshot, trial: StoredTrial) -> ExportSettings:
         notes=notes,
         envelope=_envelope(study, trial, c),
         environment=run_environment(provenance.cuda_alloc_conf, c.expandable_segments),
+        model_aliases=tuple(n for n in dict.fromkeys((name, study.model_path)) if n and n != HUB_IDS.get(name, name)),
     )
 
 

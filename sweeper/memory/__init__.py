@@ -22,7 +22,7 @@ from sweeper.memory._calibration import (
     group_of,
     median_abs,
 )
-from sweeper.memory._dominance import Known, preflight
+from sweeper.memory._dominance import Known, at_least_as_large, preflight
 from sweeper.memory._grid import estimate_space, frontier, nothing_fits, smallest_predicted
 from sweeper.memory._model import GIB, memory_predictor
 from sweeper.memory._shapes import ModelShape, known_shape
@@ -34,6 +34,7 @@ __all__ = [
     "CalibrationPoint",
     "Known",
     "ModelShape",
+    "at_least_as_large",
     "estimate_space",
     "fit_calibration",
     "frontier",

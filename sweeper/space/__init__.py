@@ -8,6 +8,7 @@ from sweeper.space._overrides import apply_overrides
 from sweeper.space._parse import load_space, parse_space
 from sweeper.space._schema import (
     MAX_STEPS,
+    OPTIMIZERS,
     RUN_POLICY_KEYS,
     Categorical,
     DatasetSpec,
@@ -22,6 +23,7 @@ from sweeper.space._values import TRIAL_KEYS, name_problem, parse_duration_s, ya
 
 __all__ = [
     "MAX_STEPS",
+    "OPTIMIZERS",
     "RUN_POLICY_KEYS",
     "TRIAL_KEYS",
     "Categorical",

@@ -1,0 +1,41 @@
+"""``sweep init --from FILE``: a space file from the user's own training config, with the table of what became of
+each of its keys (:func:`sweeper.export.space_from`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from sweeper.cli._common import _print
+from sweeper.errors import SpaceError
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Read ``--from``, print each of its keys (carried, translated, a tool default, not carried with the reason),
+    write the space (refusing to replace one without ``--force``) and check that it loads."""
+    from sweeper.export import space_from
+    from sweeper.export.production import ProductionConfigError, read_production
+    from sweeper.space import load_space
+
+    out = Path(args.output or "space.yaml")
+    if out.exists() and not args.force:
+        raise SpaceError(f"{out}: exists; pass --force to replace it, or -o another path")
+    try:
+        reading = read_production(args.source)
+        made = space_from(reading)
+    except (ProductionConfigError, ValueError) as exc:
+        raise SpaceError(f"--from: {exc}") from None
+    width = max(len(row[0]) for row in made.table) if made.table else 10
+    _print(f"{args.source}: read as {reading.tool}; {len(made.table)} keys")
+    for key, value, what, where in made.table:
+        _print(f"  {key:<{width}}  {value:<24}  {what:<12}  {where}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(made.text)
+    os.replace(tmp, out)
+    load_space(out)  # the space validates as written
+    for line in made.warnings:
+        _print(f"note: {line}")
+    _print(f"wrote {out}: 'sweep trial {out}' runs the file's own settings, 'sweep run {out}' the sweep")
+    return 0

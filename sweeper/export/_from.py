@@ -1,0 +1,290 @@
+"""``sweep init --from FILE``: a space from the user's own training config (issue 67), read by
+:mod:`sweeper.export.production` (the reader the policy guard carries), and the table of what became of each of its
+keys.
+
+The space keeps the user's run as the fixed part (model, data, learning rate, warmup, weight decay, clipping,
+optimizer, checkpointing, the effective batch, target modules spelled out, dropout, packing, attention) and searches
+the card's settings around the user's own values, the user's value first (what ``sweep trial`` runs when nothing is
+set): ``r``, ``lora_alpha / r``, compute dtype, double quant, quant type, batch and ``max_seq_length``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sweeper.export.production import INFERRED_PRECISION, KeyLine, Reading
+from sweeper.space import OPTIMIZERS, TrialConfig, name_problem
+
+#: What ``all-linear`` (peft's, axolotl's ``lora_target_linear``, LLaMA-Factory's ``all``) spells out to: the linear
+#: layers of the decoder blocks of Llama, Mistral, Qwen and Gemma (peft leaves the output layer out).
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+#: axolotl's dataset ``type`` and TRL/LLaMA-Factory's formatting, as sweeper's ``dataset.format``.
+_DATA_FORMATS = {
+    "alpaca": "alpaca",
+    "chat_template": "chat",
+    "sharegpt": "sharegpt",
+    "completion": "text",
+    "pretrain": "text",
+    "input_output": "prompt_completion",
+}
+
+#: The compute dtypes a GPU search tries, the user's first.
+_DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class SpaceFrom:
+    """A space made from a production config.
+
+    Attributes:
+        text: The space file's text (YAML with comments).
+        table: Each key of the file and what became of it: ``(key, value, what, where)``, ``what`` one of
+            ``carried``, ``translated``, ``tool default``, ``not carried``, ``unread``; ``where`` the space key it
+            went to (with the translation), or the reason it did not.
+        warnings: What the user must know before running it (a memory-moving key not carried, a model or data that is
+            not local, the card's size to set).
+    """
+
+    text: str
+    table: list[tuple[str, str, str, str]]
+    warnings: list[str]
+
+
+def _halves(value: int, low: int) -> list[int]:
+    """``[value, value / 2, value * 2]`` without repeats or values below ``low``: the user's first."""
+    out = [value]
+    for v in (value // 2, value * 2):
+        if v >= low and v not in out:
+            out.append(v)
+    return out
+
+
+def _number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else round(value, 6)
+
+
+def _study_name(path: str) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", path.rsplit("/", 1)[-1].rsplit(".", 1)[0]).strip("-.") or "sweep"
+    return stem if name_problem(stem) is None else "sweep"
+
+
+def space_from(reading: Reading) -> SpaceFrom:
+    """The space of ``reading`` (see the module's docstring) and its table.
+
+    Raises:
+        ValueError: The file trains no LoRA adapter of a 4-bit or 16-bit model sweeper can search (none of ``r`` and
+            ``lora_alpha`` and no model): the message names what is missing.
+    """
+    s = reading.settings
+    if not s.get("model"):
+        raise ValueError(f"{reading.path}: names no model ({reading.key('model')}); a space needs one")
+    warnings: list[str] = []
+    where: dict[str, str] = {}
+    defaults = TrialConfig()
+
+    def pick(setting: str, fallback: Any) -> Any:
+        value = s.get(setting)
+        return fallback if value is None else value
+
+    # The searched part, around the user's values.
+    r = int(pick("r", defaults.r))
+    alpha = pick("lora_alpha", 2 * r)
+    ratio = _number(float(alpha) / r)
+    dtype = pick("bnb_4bit_compute_dtype", "bfloat16")
+    if dtype == INFERRED_PRECISION:
+        dtype = "bfloat16"
+        warnings.append(
+            f"{reading.path}: sets neither bf16 nor fp16: LLaMA-Factory then picks bfloat16 or float16 from the GPU "
+            "and the checkpoint; the space searches bfloat16 first (set bf16: true in the file to run what was "
+            "measured)"
+        )
+    if dtype not in _DTYPES:
+        warnings.append(f"{reading.path}: compute dtype {dtype!r} is not one sweeper runs; searched from bfloat16")
+        dtype = "bfloat16"
+    double_quant = bool(pick("bnb_4bit_use_double_quant", True))
+    quant_type = pick("bnb_4bit_quant_type", "nf4")
+    quant_type = quant_type if quant_type in ("nf4", "fp4") else "nf4"
+    batch = int(pick("per_device_train_batch_size", 1))
+    length = int(pick("max_seq_length", defaults.max_seq_length))
+    search = {
+        "r": _halves(r, 1),
+        "lora_alpha_ratio": [ratio, *[_number(ratio * f) for f in (0.5, 2) if _number(ratio * f) != ratio]],
+        "bnb_4bit_compute_dtype": [dtype, *[d for d in _DTYPES if d != dtype]],
+        "bnb_4bit_use_double_quant": [double_quant, not double_quant],
+        "bnb_4bit_quant_type": [quant_type, "fp4" if quant_type == "nf4" else "nf4"],
+        "per_device_train_batch_size": _halves(batch, 1),
+        "max_seq_length": [length, *([length // 2] if length // 2 >= 8 else [])],
+    }
+    for setting, space_key in (("r", "r"), ("lora_alpha", "lora_alpha_ratio"), ("bnb_4bit_compute_dtype", "")):
+        where[setting] = f"search.{space_key or setting}"
+    where["lora_alpha"] = f"search.lora_alpha_ratio ({alpha} / {r} = {ratio})"
+    for setting in ("bnb_4bit_use_double_quant", "bnb_4bit_quant_type", "per_device_train_batch_size",
+                    "max_seq_length"):  # fmt: skip
+        where[setting] = f"search.{setting}"
+    where["mixed_precision"] = "search.bnb_4bit_compute_dtype (bf16/fp16 follow it)"
+
+    # The fixed part: the user's run.
+    training: dict[str, Any] = {}
+    comments: dict[str, str] = {}
+    for setting in ("learning_rate", "warmup_steps", "weight_decay", "max_grad_norm", "gradient_checkpointing",
+                    "lora_dropout", "packing", "seed"):  # fmt: skip
+        if s.get(setting) is not None:
+            training[setting] = s[setting]
+            where[setting] = f"training.{setting}"
+    optim = s.get("optim")
+    if optim in OPTIMIZERS:
+        training["optim"] = optim
+        where["optim"] = "training.optim"
+    elif optim is not None:
+        where["optim"] = f"not carried: {optim!r} is not an optimizer sweeper runs ({', '.join(OPTIMIZERS)})"
+        warnings.append(
+            f"{reading.key('optim')} {optim!r}: not an optimizer sweeper runs; the space keeps its default "
+            f"{defaults.optim} (optimizer state is part of the peak: the measured peak differs from the run's)"
+        )
+    targets = s.get("target_modules")
+    if targets == "all-linear":
+        training["target_modules"] = list(ALL_LINEAR)
+        comments["target_modules"] = "all-linear spelled out: the decoder's linear layers of Llama/Mistral/Qwen/Gemma"
+        where["target_modules"] = "training.target_modules (all-linear spelled out)"
+    elif isinstance(targets, str) and targets.startswith("re:"):
+        where["target_modules"] = "not carried: a pattern; list the module names it matches in training.target_modules"
+        warnings.append(
+            f"{reading.key('target_modules')} is a pattern ({targets[3:]}): write the module names it matches into "
+            "training.target_modules (the space keeps q/k/v/o_proj, fewer adapters: a lower peak than the run's)"
+        )
+    elif targets:
+        training["target_modules"] = list(targets)
+        where["target_modules"] = "training.target_modules"
+    accumulation = int(pick("gradient_accumulation_steps", 1))
+    training["target_effective_batch_size"] = batch * accumulation
+    comments["target_effective_batch_size"] = (
+        f"the file's {reading.key('per_device_train_batch_size')} {batch} x "
+        f"{reading.key('gradient_accumulation_steps')} {accumulation}: sweep export keeps it through "
+        "gradient_accumulation_steps"
+    )
+    where["gradient_accumulation_steps"] = (
+        f"training.target_effective_batch_size ({batch} x {accumulation} = {batch * accumulation})"
+    )
+    training["memory_limit_gib"] = defaults.memory_limit_gib
+    comments["memory_limit_gib"] = "YOUR CARD'S GiB: the cap every trial runs under (sweep doctor shows the card's)"
+    warnings.append("set training.memory_limit_gib to your card's memory in GiB (the space says 24)")
+    if s.get("pad_to_max_length") and not s.get("packing"):
+        where["pad_to_max_length"] = (
+            "not carried: trials pad each micro-batch to its longest row; every row padded to max_seq_length has "
+            "a HIGHER peak than measured on shorter data"
+        )
+
+    model: dict[str, Any] = {"name_or_path": str(s["model"])}
+    attn = s.get("attn_implementation")
+    if attn == "flash_attention_2" and s.get("packing") and search["per_device_train_batch_size"] != [1]:
+        search["per_device_train_batch_size"] = [1]
+        warnings.append(
+            f"{reading.key('per_device_train_batch_size')} {batch} with packing and flash_attention_2: transformers "
+            "keeps packed samples apart only at batch 1, so the space searches batch 1 (the effective batch kept "
+            "through gradient_accumulation_steps); --set model.attn_implementation=sdpa searches the file's batch"
+        )
+    if attn in ("sdpa", "eager", "flash_attention_2"):
+        model["attn_implementation"] = attn
+        where["attn_implementation"] = "model.attn_implementation"
+    where["model"] = "model.name_or_path"
+    if s.get("load_in_4bit"):
+        where["load_in_4bit"] = "every trial loads the model in 4-bit"
+    elif s.get("load_in_4bit") is None:
+        where["load_in_4bit"] = "the file does not say how the model loads; every trial loads it in 4-bit"
+    else:
+        where["load_in_4bit"] = (
+            "not carried: every trial loads the model in 4-bit; this file trains it in 16 or 8 bits (a HIGHER peak "
+            "than measured)"
+        )
+        warnings.append(f"{reading.path}: loads the model in 16 or 8 bits; every trial loads it in 4-bit (QLoRA)")
+    where["load_in_8bit"] = where["load_in_4bit"] if not s.get("load_in_8bit") else "not carried: 8-bit weights"
+    dataset: dict[str, Any] = {}
+    data = s.get("dataset")
+    if data:
+        dataset["path"] = str(data)
+        where["dataset"] = "dataset.path"
+        kind = _dataset_type(reading)
+        if kind:
+            dataset["format"] = kind
+    else:
+        dataset["path"] = "builtin:pydoc-topics"
+        comments["dataset"] = "the file names no dataset sweeper reads: your rows' file here"
+        warnings.append(f"{reading.path}: names no dataset file; the space uses the built-in rows until you set one")
+    if reading.tool == "llama-factory" and data:
+        warnings.append(
+            f"dataset {data!r} is a name in LLaMA-Factory's dataset_info.json: set dataset.path to its file"
+        )
+    for key, why in reading.not_measured.items():
+        warnings.append(f"{key}: not carried: {why}")
+
+    raw = {
+        "study": {"name": _study_name(reading.path), "n_trials": 24},
+        "model": model,
+        "dataset": dataset,
+        "training": training,
+        "search": search,
+    }
+    text = _yaml(reading, raw, comments)
+    return SpaceFrom(text=text, table=_table(reading, where), warnings=warnings)
+
+
+def _dataset_type(reading: Reading) -> str | None:
+    """sweeper's ``dataset.format`` of the file's first dataset entry's ``type`` (axolotl), or None (auto)."""
+    line = next((ln for ln in reading.lines if ln.setting == "dataset"), None)
+    entry = line.value[0] if line is not None and isinstance(line.value, list) and line.value else None
+    kind = entry.get("type") if isinstance(entry, dict) else None
+    return _DATA_FORMATS.get(str(kind).split(".")[0]) if kind else None
+
+
+def _table(reading: Reading, where: dict[str, str]) -> list[tuple[str, str, str, str]]:
+    """Each key of the file (then each tool default used), what became of it and where it went."""
+    out = []
+
+    def shown(v: Any) -> str:
+        return repr(v) if not isinstance(v, list | dict) else f"{type(v).__name__} of {len(v)}"
+
+    for line in reading.lines:
+        status, to = _status(line, where)
+        out.append((line.key, shown(line.value)[:40], status, to))
+    return out
+
+
+def _status(line: KeyLine, where: dict[str, str]) -> tuple[str, str]:
+    """The table's ``what`` and ``where`` of one key."""
+    if line.setting is None or line.status in ("unread", "not carried"):
+        return line.status, line.note
+    target = where.get(line.setting)
+    if target is None:
+        return "not carried", f"{line.setting}: no space key for it"
+    if target.startswith("not carried"):
+        return "not carried", target.removeprefix("not carried: ")
+    status = "tool default" if line.status == "default" else line.status
+    if status == "carried" and target.split(" ")[0].rsplit(".", 1)[-1] != line.key:
+        status = "translated"
+    how = f" ({line.note})" if line.note and line.status == "translated" else ""
+    return status, target + how
+
+
+def _yaml(reading: Reading, raw: dict[str, Any], comments: dict[str, str]) -> str:
+    """The space's YAML, with a header saying where it came from and comments on the keys that need them."""
+    import yaml
+
+    lines = [
+        f"# sweep init --from {reading.path} ({reading.tool}): the file's run as the fixed part, a search of the",
+        "# card's settings around its own values (each list's first value is the file's: 'sweep trial' runs it).",
+        "# Before 'sweep run': set training.memory_limit_gib to your card; the model and the dataset must be local",
+        "# or reachable ('sweep trial THIS --set model.name_or_path=... --set dataset.path=...' tries another).",
+    ]
+    for section, body in raw.items():
+        lines.append(f"{section}:")
+        for key, value in body.items():
+            if isinstance(value, list):
+                text = f"{key}: " + yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+            else:
+                text = yaml.safe_dump({key: value}, default_flow_style=False, sort_keys=False, width=1000).rstrip("\n")
+            comment = comments.get(key) or (comments.get("dataset") if section == "dataset" and key == "path" else None)
+            lines.append(f"  {text}" + (f"  # {comment}" if comment else ""))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,217 @@
+"""``sweep export --onto FILE``: a trial's measured keys written back onto the user's own training config (issue 67):
+the same file with only the keys whose value differs from what the trial measured changed, each under the file's own
+key (or its tool's, for a key the file leaves at its default), comments, order and quoting kept (YAML through
+ruamel.yaml's round trip), a header of what was measured on a YAML, and the diff.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sweeper.errors import StudyError
+from sweeper.export._settings import ExportSettings, settings_of
+from sweeper.export.production import ProductionConfigError, Reading, read_production, written
+from sweeper.study import StoredTrial, StudySnapshot
+
+#: The first line of the header ``--onto`` writes at the top of a YAML (a later ``--onto`` replaces the block).
+HEADER_MARK = "# sweeper --onto:"
+
+
+@dataclass(frozen=True)
+class Onto:
+    """What ``--onto`` wrote.
+
+    Attributes:
+        path: The file written.
+        backup: The original kept beside it (None when written elsewhere than the file read, or kept already).
+        changed: The file's keys changed, ``{key: (before, after)}``; an empty dict when the file was as measured.
+        diff: The unified diff of the file's text.
+    """
+
+    path: Path
+    backup: Path | None
+    changed: dict[str, tuple[Any, Any]]
+    diff: str
+
+
+def measured_settings(s: ExportSettings) -> dict[str, Any]:
+    """The settings of :data:`sweeper.export.production.SETTINGS` the trial measured, as exported (the accumulation
+    keeping ``target_effective_batch_size``)."""
+    t, q, lora = s.training, s.quantization, s.lora
+    return {
+        "load_in_4bit": True,
+        "load_in_8bit": False,
+        "bnb_4bit_quant_type": q.bnb_4bit_quant_type,
+        "bnb_4bit_use_double_quant": q.bnb_4bit_use_double_quant,
+        "bnb_4bit_compute_dtype": q.bnb_4bit_compute_dtype,
+        "mixed_precision": {"bfloat16": "bf16", "float16": "fp16"}.get(q.bnb_4bit_compute_dtype),
+        "r": lora.r,
+        "lora_alpha": lora.lora_alpha,
+        "lora_dropout": lora.lora_dropout,
+        "target_modules": tuple(lora.target_modules),
+        "per_device_train_batch_size": t.per_device_train_batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "learning_rate": t.learning_rate,
+        "optim": t.optim,
+        "gradient_checkpointing": t.gradient_checkpointing,
+        "max_grad_norm": t.max_grad_norm,
+        "max_seq_length": s.max_seq_length,
+        "packing": s.collation.packing,
+        "pad_to_max_length": s.collation.packing,
+    }
+
+
+def _differs(setting: str, got: Any, want: Any) -> bool:
+    if setting == "target_modules" and isinstance(got, tuple | list):
+        return set(got) != set(want)
+    if isinstance(want, float) and isinstance(got, int | float) and not isinstance(got, bool):
+        return abs(float(got) - want) > 1e-12 * max(1.0, abs(want))
+    return bool(got != want)
+
+
+def changes(reading: Reading, measured: dict[str, Any]) -> dict[str, Any]:
+    """The file's keys and the values to write so that the file runs ``measured``: for each setting whose value in
+    the file (or its tool's default) differs, :func:`sweeper.export.production.written` under the file's key.
+
+    Raises:
+        ValueError: The tool cannot express a measured value (LLaMA-Factory and a float32 compute dtype).
+    """
+    out: dict[str, Any] = {}
+    for setting, want in measured.items():
+        got = reading.settings.get(setting)
+        if setting == "pad_to_max_length" and not got and not want:
+            continue
+        if setting == "bnb_4bit_compute_dtype" and reading.tool == "llama-factory":
+            continue  # bf16/fp16 (mixed_precision) choose it
+        if setting == "load_in_8bit" and not got:
+            continue
+        if got is None or _differs(setting, got, want):
+            out.update(written(reading.tool, setting, want, reading))
+    return out
+
+
+def _set_yaml(data: Any, key: str, value: Any) -> None:
+    """Set a dotted key in a ruamel mapping (creating the nested map), or remove it for None."""
+    *parents, leaf = key.split(".")
+    node = data
+    for parent in parents:
+        if parent not in node or not isinstance(node[parent], dict):
+            node[parent] = {}
+        node = node[parent]
+    if value is None:
+        node.pop(leaf, None)
+    elif isinstance(value, tuple | list):
+        from ruamel.yaml.comments import CommentedSeq
+
+        seq = CommentedSeq(list(value))
+        seq.fa.set_flow_style()
+        node[leaf] = seq
+    else:
+        node[leaf] = value
+
+
+def _yaml_onto(text: str, edits: dict[str, Any], header: list[str]) -> str:
+    from ruamel.yaml import YAML
+
+    yaml = YAML()  # round trip: comments, order and quoting kept
+    yaml.preserve_quotes = True
+    yaml.width = 4096
+    data = yaml.load(text)
+    for key, value in edits.items():
+        _set_yaml(data, key, value)
+    buffer = io.StringIO()
+    yaml.dump(data, buffer)
+    body = buffer.getvalue()
+    lines = body.split("\n")
+    if lines and lines[0].startswith(HEADER_MARK):  # a header of an earlier --onto: replaced
+        while lines and lines[0].startswith("#"):
+            lines.pop(0)
+    return "\n".join(header + lines)
+
+
+def _json_onto(text: str, edits: dict[str, Any]) -> str:
+    data = json.loads(text)
+    for key, value in edits.items():
+        holder = data
+        for nest in ("bnb_config", "lora_config", "training_args"):
+            if isinstance(data.get(nest), dict) and key in data[nest]:
+                holder = data[nest]
+        top = key.split(".")[0]
+        if "." in key and isinstance(holder.get(top), dict):
+            holder = holder[top]
+            key = key.split(".", 1)[1]
+        if value is None:
+            holder.pop(key, None)
+        else:
+            holder[key] = list(value) if isinstance(value, tuple) else value
+    indent = 2 if "\n " in text else None
+    return json.dumps(data, indent=indent) + ("\n" if text.endswith("\n") else "")
+
+
+def _header(s: ExportSettings, edits: dict[str, Any]) -> list[str]:
+    p = s.provenance
+    stability = p.stability
+    keys = ", ".join(edits) or "none: the file was as measured"
+    return [
+        f"{HEADER_MARK} study {p.study!r}, trial {p.trial} (sweeper {dict(p.versions).get('sweeper')}, {p.exported}): "
+        f"peak {p.peak_memory_gib} GiB ({p.memory_kind}) under a {p.memory_limit_gib} GiB cap on {p.device}; "
+        f"P(diverge within {stability.horizon_steps} steps) {stability.p_diverge}, safe learning_rate "
+        f"{stability.safe_learning_rate}.",
+        f"# Keys written from what it measured: {keys}. 'sweep export {p.study} --format policy' writes the guard.",
+    ]
+
+
+def write_onto(study: StudySnapshot, trial: StoredTrial, source: str | Path, output: str | Path | None = None) -> Onto:
+    """Write ``trial``'s measured keys onto the config at ``source`` (see the module's docstring), to ``output``
+    (default: ``source`` itself, the original kept once as ``SOURCE.orig``). The file is written to a temporary name
+    and renamed: a crash leaves the original whole.
+
+    Raises:
+        StudyError: ``source`` cannot be read as a production config, its tool cannot express the trial, or the
+            output cannot be written.
+    """
+    try:
+        reading = read_production(source)
+    except ProductionConfigError as exc:
+        raise StudyError(f"--onto: {exc}") from None
+    if reading.tool == "policy":
+        raise StudyError(f"--onto: {source}: a policy's fields are written by --format policy, not --onto")
+    s = settings_of(study, trial)
+    try:
+        edits = changes(reading, measured_settings(s))
+    except ValueError as exc:
+        raise StudyError(
+            f"--onto: {source}: {exc}: trial {trial.number} cannot be written onto this {reading.tool} file; choose "
+            "a trial that computed in bfloat16 or float16 (--trial N)"
+        ) from None
+    before = Path(source).read_text(encoding="utf-8")
+    after = _json_onto(before, edits) if reading.tool == "json" else _yaml_onto(before, edits, _header(s, edits))
+    target = Path(output) if output else Path(source)
+    backup = None
+    if target.resolve() == Path(source).resolve():
+        backup = Path(str(source) + ".orig")
+        if not backup.exists():
+            backup.write_text(before, encoding="utf-8")
+        else:
+            backup = None
+    diff = "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True), after.splitlines(keepends=True), str(source), str(target)
+        )
+    )
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(after, encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise StudyError(f"{target}: --onto: cannot write ({exc.strerror}); choose a writable path with -o") from None
+    raw = {line.key: line.value for line in reading.lines if line.status != "default"}
+    changed = {key: (raw.get(key), value) for key, value in edits.items()}
+    return Onto(path=target, backup=backup, changed=changed, diff=diff)

@@ -1,0 +1,209 @@
+"""The one reader of production configs (issue 67), on the tools' published example configs
+(``tests/fixtures/production``, verbatim, sources in its SOURCES.md) and on what users write by hand: every key of a
+file accounted for, each tool's defaults as the tool itself has them (TRL and transformers, installed here), bad
+input as one line; and ``sweep init --from`` on each input kind: a space that loads, every key in its table."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sweeper.export import space_from
+from sweeper.export.production import (
+    INFERRED_PRECISION,
+    TOOL_KEYS,
+    ProductionConfigError,
+    as_file_says,
+    read_production,
+    written,
+)
+from sweeper.space import load_space
+from sweeper.testing import run_cli
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "production"
+PUBLISHED = sorted(p for p in FIXTURES.iterdir() if p.suffix in (".yaml", ".json"))
+
+
+def _top_keys(path: Path) -> set[str]:
+    config = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+    return set(config)
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=lambda p: p.name)
+def test_every_key_of_a_published_config_is_accounted_for(path):
+    reading = read_production(path)
+    said = {line.key.split(".")[0] for line in reading.lines}
+    assert _top_keys(path) <= said, _top_keys(path) - said
+    for line in reading.lines:
+        assert line.status in ("carried", "translated", "default", "not carried", "unread"), line
+        assert line.status not in ("not carried", "unread") or line.note, line  # a reason with every one
+
+
+def test_the_published_configs_read_as_their_tools_run_them():
+    llama = read_production(FIXTURES / "axolotl_llama3-8b_qlora.yaml").settings
+    assert (llama["model"], llama["r"], llama["lora_alpha"], llama["target_modules"]) == (
+        "NousResearch/Meta-Llama-3-8B", 32, 16, "all-linear"
+    )
+    assert (llama["per_device_train_batch_size"], llama["gradient_accumulation_steps"], llama["max_seq_length"]) == (
+        2, 4, 4096
+    )
+    # axolotl: nf4 with double quant by default, compute dtype from bf16: auto, pad_to_sequence_len on with packing
+    assert (llama["bnb_4bit_quant_type"], llama["bnb_4bit_use_double_quant"], llama["bnb_4bit_compute_dtype"]) == (
+        "nf4", True, "bfloat16"
+    )
+    assert llama["packing"] is True and llama["pad_to_max_length"] is True and llama["optim"] == "paged_adamw_32bit"
+    eight = read_production(FIXTURES / "axolotl_llama3-8b_lora-8bit.yaml")
+    assert eight.settings["load_in_8bit"] is True and "lora_modules_to_save" in eight.not_measured
+    qwen = read_production(FIXTURES / "axolotl_qwen3-32b_qlora.yaml")
+    assert qwen.settings["gradient_checkpointing"] is True and "gradient_checkpointing" in qwen.not_measured  # offload
+    assert "plugins" in qwen.not_measured
+    gemma = read_production(FIXTURES / "axolotl_gemma4-31b_qlora.yaml").settings
+    assert gemma["target_modules"].startswith("re:")  # a pattern, never split into names
+    # LLaMA-Factory: quantization_bit 4, lora_alpha defaults to 2 x lora_rank, lora_target all
+    otfq = read_production(FIXTURES / "llamafactory_qwen3_lora_sft_otfq.yaml")
+    assert otfq.tool == "llama-factory" and otfq.settings["load_in_4bit"] is True
+    assert otfq.settings["lora_alpha"] == 16 and otfq.defaulted("lora_alpha")
+    assert otfq.settings["target_modules"] == "all-linear" and otfq.settings["mixed_precision"] == "bf16"
+    npu = read_production(FIXTURES / "llamafactory_qwen3_lora_sft_bnb_npu.yaml").settings
+    assert npu["bnb_4bit_use_double_quant"] is False
+    # TRL 1.x: no torch_dtype field (dropped by its parser): the 4-bit layers compute in dtype's default, float32
+    zephyr = read_production(FIXTURES / "trl_zephyr-7b-beta_sft_config_qlora.yaml")
+    assert zephyr.tool == "trl" and zephyr.settings["bnb_4bit_compute_dtype"] == "float32"
+    assert "torch_dtype" in zephyr.not_measured and zephyr.settings["max_seq_length"] == 2048
+    adapter = read_production(FIXTURES / "peft_adapter_config.json").settings
+    assert (adapter["model"], adapter["r"], adapter["lora_alpha"]) == ("google/gemma-2-9b-it", 16, 32)
+
+
+def test_the_trl_and_transformers_defaults_are_the_tools_own():
+    trl = pytest.importorskip("trl")
+    from transformers import TrainingArguments
+
+    def defaults(cls):
+        return {f.name: f.default for f in dataclasses.fields(cls)}
+
+    model, sft, args = defaults(trl.ModelConfig), defaults(trl.SFTConfig), defaults(TrainingArguments)
+    ours = TOOL_KEYS["trl"].defaults
+    assert (ours["r"], ours["lora_alpha"], ours["lora_dropout"]) == (
+        model["lora_r"], model["lora_alpha"], model["lora_dropout"]
+    )
+    assert (ours["bnb_4bit_quant_type"], ours["bnb_4bit_use_double_quant"], ours["bnb_4bit_compute_dtype"]) == (
+        model["bnb_4bit_quant_type"], model["use_bnb_nested_quant"], model["dtype"]
+    )
+    for ours_key, theirs in (("max_seq_length", "max_length"), ("packing", "packing"),
+                             ("gradient_checkpointing", "gradient_checkpointing"), ("learning_rate", "learning_rate"),
+                             ("per_device_train_batch_size", "per_device_train_batch_size"), ("optim", "optim"),
+                             ("max_grad_norm", "max_grad_norm"), ("seed", "seed")):  # fmt: skip
+        assert ours[ours_key] == sft[theirs], ours_key
+    assert sft["bf16"] is None  # TRL: None is `not fp16`, bf16 on
+    plain = TOOL_KEYS["json"].defaults
+    for key in ("per_device_train_batch_size", "optim", "max_grad_norm", "warmup_steps", "weight_decay"):
+        assert plain[key] == args[key], key
+    assert bool(args["gradient_checkpointing"]) is plain["gradient_checkpointing"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        ("train.py", "x = 1\n", "a Python script is not read"),
+        ("train.toml", "[a]\n", "a .toml file is not read"),
+        ("empty.yaml", "", "not a config of keys"),
+        ("list.yaml", "- a\n- b\n", "not a config of keys"),
+        ("broken.json", "{", "does not parse as JSON"),
+        ("bad.yaml", "micro_batch_size: two\nbase_model: m\n", "micro_batch_size: could not convert"),
+        ("space.yaml", "study: {name: x}\nsearch: {r: [4]}\n", "this is a sweeper space"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_file(tmp_path, name, text, said):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ProductionConfigError) as raised:
+        read_production(path)
+    message = str(raised.value)
+    assert "\n" not in message and str(path) in message and said in message, message
+
+
+def test_string_values_of_an_argv_dump_read_as_their_types(tmp_path):
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({
+        "model_name_or_path": "m", "use_4bit_quantization": "True", "use_nested_quant": "false", "lora_r": "16",
+        "lora_alpha": "32", "per_device_train_batch_size": "2", "gradient_accumulation_steps": "8",
+        "learning_rate": "2e-4", "max_seq_len": "2048", "max_length": None, "bf16": "true",
+    }))  # fmt: skip
+    s = read_production(path).settings
+    assert (s["load_in_4bit"], s["bnb_4bit_use_double_quant"], s["r"], s["lora_alpha"]) == (True, False, 16, 32)
+    assert (s["per_device_train_batch_size"], s["gradient_accumulation_steps"], s["max_seq_length"]) == (2, 8, 2048)
+    assert s["learning_rate"] == 2e-4 and s["mixed_precision"] == "bf16"
+
+
+def test_llama_factory_without_bf16_or_fp16_is_left_to_the_gpu(tmp_path):
+    text = (FIXTURES / "llamafactory_qwen3_lora_sft_otfq.yaml").read_text().replace("bf16: true", "")
+    (tmp_path / "lf.yaml").write_text(text)
+    s = read_production(tmp_path / "lf.yaml").settings
+    assert s["mixed_precision"] == INFERRED_PRECISION and s["bnb_4bit_compute_dtype"] == INFERRED_PRECISION
+
+
+def test_a_setting_is_written_under_each_tools_own_keys():
+    assert written("llama-factory", "gradient_checkpointing", True) == {"disable_gradient_checkpointing": False}
+    assert written("llama-factory", "target_modules", ("q_proj", "v_proj")) == {"lora_target": "q_proj,v_proj"}
+    assert written("axolotl", "per_device_train_batch_size", 2) == {"micro_batch_size": 2}
+    assert written("axolotl", "bnb_4bit_compute_dtype", "bfloat16") == {
+        "bnb_config_kwargs.bnb_4bit_compute_dtype": "bfloat16"
+    }
+    assert written("trl", "bnb_4bit_compute_dtype", "bfloat16") == {"dtype": "bfloat16"}
+    assert as_file_says("axolotl", "mixed_precision", "bf16") == "bf16: true, fp16: false"
+    with pytest.raises(ValueError, match="float32"):
+        written("llama-factory", "mixed_precision", None)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "axolotl_llama3-8b_qlora.yaml",
+        "llamafactory_qwen3_lora_sft_otfq.yaml",
+        "trl_zephyr-7b-beta_sft_config_qlora.yaml",
+        "peft_adapter_config.json",
+        "args.json",
+    ],
+)
+def test_init_from_each_input_kind_writes_a_space_that_loads_with_every_key_in_its_table(workdir, name):
+    if name == "args.json":  # a JSON of SFTConfig/LoraConfig keyword arguments, as a script dumps them
+        source = workdir / name
+        source.write_text(json.dumps({
+            "model_name_or_path": "Qwen/Qwen2.5-7B", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+            "r": 16, "lora_alpha": 32, "target_modules": "all-linear", "per_device_train_batch_size": 4,
+            "gradient_accumulation_steps": 4, "learning_rate": 1e-4, "max_length": 1024, "bf16": True,
+            "optim": "paged_adamw_8bit", "gradient_checkpointing": True, "output_dir": "out",
+        }))  # fmt: skip
+    else:
+        source = FIXTURES / name
+    out = run_cli("init", "--from", str(source), "-o", "space.yaml")
+    assert out.returncode == 0, out.stderr
+    space = load_space(workdir / "space.yaml")
+    reading = read_production(source)
+    for key in _top_keys(source):
+        assert f"  {key} " in out.stdout, key  # every key of the file, in the table
+    assert space.model.name_or_path == reading.settings["model"]
+    base = space.base
+    if reading.settings.get("learning_rate"):
+        assert base.learning_rate == pytest.approx(reading.settings["learning_rate"])
+    batch = reading.settings["per_device_train_batch_size"] * reading.settings["gradient_accumulation_steps"]
+    assert base.target_effective_batch_size == batch  # the user's effective batch, never the default 16
+    first = {key: dim.choices[0] for key, dim in space.search.items()}
+    assert first["r"] == reading.settings["r"]
+    assert first["lora_alpha_ratio"] == pytest.approx(reading.settings["lora_alpha"] / reading.settings["r"])
+    if reading.settings.get("target_modules") == "all-linear":
+        assert len(base.target_modules) == 7  # spelled out
+    again = run_cli("init", "--from", str(source), "-o", "space.yaml")
+    assert again.returncode != 0 and "exists" in again.stderr  # never replaced without --force
+
+
+def test_init_says_which_way_an_unmeasured_key_moves_the_peak(workdir):
+    out = run_cli("init", "--from", str(FIXTURES / "axolotl_llama3-8b_lora-8bit.yaml"), "-o", "s.yaml")
+    assert out.returncode == 0, out.stderr
+    assert "lora_modules_to_save: not carried" in out.stdout and "HIGHER than measured" in out.stdout
+    made = space_from(read_production(FIXTURES / "axolotl_gemma4-31b_qlora.yaml"))
+    assert any("activation_offloading" in w and "LOWER" in w for w in made.warnings)
