@@ -1,7 +1,8 @@
-"""The ``policy`` export (issue 58): a frozen policy module and a pytest guard beside it, run here as a user's CI runs
-them: the guard passes on the policy's own fields and on the axolotl and LLaMA-Factory exports of the same trial, and
-each one-field edit of a production config out of the measured envelope fails exactly its check, with the measured
-figure in its message."""
+"""The ``policy`` export (issues 58 and 67): a frozen policy module, its pytest guard and the production config reader
+beside them, run here as a user's CI runs them. The guard passes on the same trial's axolotl, LLaMA-Factory and json
+exports; each edit of a real production file out of what was measured (in the file's own keys, a deleted key being
+its tool's default) fails exactly its check, naming the file's key and the measured figure; without a production
+file nothing is said to be checked; a file it cannot read is one line; a hand-edited policy fails its seal."""
 
 from __future__ import annotations
 
@@ -18,31 +19,40 @@ import yaml
 from sweeper.testing import run_cli
 from sweeper.testing._studies import add_trial, make_study
 
+#: rep's trial 7: r 16, batch 2, max_seq_length 128 on rows of at most 55 tokens (its worst-case step's shape).
+_LONG = {"worst_case_shape": [2, 55]}
 
-@pytest.fixture
-def exported(workdir, tiny_model):
-    """``rep`` (:func:`make_study`) with a trial well below its edge (#6: batch 2 x 64, margin 50x), exported as
-    policy, axolotl and LLaMA-Factory; returns the folder."""
-    make_study(workdir, model=str(tiny_model))
-    (workdir / "studies").mkdir(exist_ok=True)
-    os.replace(workdir / "rep.db", workdir / "studies" / "rep.db")
-    study = optuna.load_study(study_name="rep", storage="sqlite:///studies/rep.db")
-    add_trial(study, r=8, batch=2, seq=64, status="complete", peak=1.4, instability=0.02, model=str(tiny_model))
-    for fmt in ("policy", "axolotl", "llama-factory"):
-        out = run_cli("export", "rep", "--trial", "6", "--format", fmt, "-o", "out/", cwd=workdir)
-        assert out.returncode == 0, out.stderr
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, tiny_model):
+    """``rep`` (:func:`make_study`) with a trial well below its edge (#6: r 8, batch 2 x 64, margin 50x) and one at
+    least as large that fit at max_seq_length 128 on rows of 55 tokens (#7), exported as policy, axolotl, json and
+    LLaMA-Factory; returns the folder."""
+    workdir = tmp_path_factory.mktemp("policy")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(workdir)
+        patch.setenv("SWEEPER_CACHE", str(workdir / "cache"))
+        make_study(workdir, model=str(tiny_model))
+        (workdir / "studies").mkdir(exist_ok=True)
+        os.replace(workdir / "rep.db", workdir / "studies" / "rep.db")
+        study = optuna.load_study(study_name="rep", storage="sqlite:///studies/rep.db")
+        add_trial(study, r=8, batch=2, seq=64, status="complete", peak=1.4, instability=0.02, model=str(tiny_model))
+        add_trial(study, r=16, batch=2, seq=128, status="complete", peak=1.6, instability=0.5,
+                  model=str(tiny_model), extra=_LONG)  # fmt: skip
+        for fmt in ("policy", "axolotl", "llama-factory", "json"):
+            out = run_cli("export", "rep", "--trial", "6", "--format", fmt, "-o", "out/", cwd=workdir)
+            assert out.returncode == 0, out.stderr
     return workdir / "out"
 
 
 def _guard(folder: Path, production: Path | None = None) -> dict[str, str]:
-    """Run the guard as a user's CI does; each test's outcome by name (``passed``, ``failed``, ``skipped``) and the
-    failures' messages under ``"messages"``."""
+    """Run the guard as a user's CI does; each test's outcome by name (``passed``, ``failed``, ``skipped``), the
+    output under ``"messages"`` and the exit code under ``"rc"``."""
     env = {k: v for k, v in os.environ.items() if k != "SWEEPER_PRODUCTION_CONFIG"}
     if production is not None:
         env["SWEEPER_PRODUCTION_CONFIG"] = str(production)
-    report = folder / "report.json"
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", str(folder / "trial6-policy_test.py"),
+        [sys.executable, "-m", "pytest", "-v", "-rsw", "-p", "no:cacheprovider", str(folder / "trial6-policy_test.py"),
          "--tb=line"],
         capture_output=True, text=True, cwd=folder, env=env, timeout=120,
     )  # fmt: skip
@@ -51,8 +61,8 @@ def _guard(folder: Path, production: Path | None = None) -> dict[str, str]:
         for word in ("PASSED", "FAILED", "SKIPPED"):
             if "::" in line and f" {word}" in line:
                 outcomes[line.split("::", 1)[1].split(" ")[0]] = word.lower()
-    report.write_text(out.stdout)
-    outcomes["messages"] = out.stdout
+    outcomes["messages"] = out.stdout + out.stderr
+    outcomes["rc"] = str(out.returncode)
     return outcomes
 
 
@@ -60,43 +70,111 @@ def _failed(outcomes: dict[str, str]) -> list[str]:
     return sorted(name for name, what in outcomes.items() if what == "failed")
 
 
+def _edited(folder: Path, name: str, edit: dict, drop: tuple[str, ...] = ()) -> Path:
+    """A copy of the export ``name`` with ``edit``'s keys set and ``drop``'s removed."""
+    source = folder / name
+    config = yaml.safe_load(source.read_text()) if source.suffix == ".yaml" else json.loads(source.read_text())
+    config.update(edit)
+    for key in drop:
+        config.pop(key)
+    path = folder / f"edited{source.suffix}"
+    path.write_text(yaml.safe_dump(config) if source.suffix == ".yaml" else json.dumps(config))
+    return path
+
+
 @pytest.mark.slow
-def test_the_policy_guard_passes_the_measured_config_and_fails_each_step_out_of_the_envelope(exported):
+def test_the_guard_passes_the_studys_own_exports_and_says_when_production_is_not_checked(exported):
     module = (exported / "trial6-policy.py").read_text()
     assert "import torch" not in module.split("class Policy")[0]  # the standard library at import
-    policy = _guard(exported)
-    assert _failed(policy) == [] and policy["test_the_model_loads_in_4bit"] == "skipped", policy["messages"]
-    # The same trial's axolotl and LLaMA-Factory exports, as the production files they are, pass the same checks.
-    for name in ("trial6-axolotl.yaml", "trial6-llama-factory.yaml"):
-        assert _failed(_guard(exported, exported / name)) == [], name
-    # One field at a time out of the envelope: exactly its check fails, its message saying what was measured.
-    flat = json.loads(subprocess.run(
-        [sys.executable, "-c", "import importlib.util, json, sys; s = importlib.util.spec_from_file_location('p', "
-         f"{str(exported / 'trial6-policy.py')!r}); m = importlib.util.module_from_spec(s); sys.modules['p'] = m; "
-         "s.loader.exec_module(m); print(json.dumps(m.POLICY.as_flat()))"],
-        capture_output=True, text=True, check=True,
-    ).stdout)  # fmt: skip
-    envelope_seq = 128  # rep's largest max_seq_length that fit at batch 2 (trial 2, 2 x 128)
-    edits = {
-        "test_the_batch_is_the_measured_one": ({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4},
-                                              "per_device_train_batch_size 4 > 2: the measured envelope is batch 2 x "
-                                              "128 tokens at most; batch 4 x 128 ran out of memory (3.9 GiB)"),
-        "test_max_seq_length_is_within_what_fit_at_this_batch": ({"max_seq_length": 2 * envelope_seq},
-                                                                 "max_seq_length 256 > 128: the longest measured to "
-                                                                 "fit at batch 2"),
-        "test_learning_rate_is_at_most_the_safe_rate": ({"learning_rate": 1.0}, "learning_rate 1 > "),
-        "test_4bit_loading_is_on_as_measured": ({"load_in_4bit": False}, "load_in_4bit is off"),
-        "test_quantization_is_as_measured[bnb_4bit_compute_dtype]": ({"bnb_4bit_compute_dtype": "float16"},
-                                                                     "bnb_4bit_compute_dtype float16 != bfloat16"),
-    }  # fmt: skip
-    for check, (edit, said) in edits.items():
-        production = exported / "production.json"
-        production.write_text(json.dumps({**flat, **edit}))
-        outcomes = _guard(exported, production)
-        assert _failed(outcomes) == [check], (check, _failed(outcomes), outcomes["messages"][-3000:])
-        assert said in outcomes["messages"], (said, outcomes["messages"][-3000:])
-    # And in the real production file: the axolotl YAML with its micro_batch_size doubled (accumulation halved).
-    axolotl = yaml.safe_load((exported / "trial6-axolotl.yaml").read_text())
-    axolotl.update(micro_batch_size=4, gradient_accumulation_steps=axolotl["gradient_accumulation_steps"] // 2)
-    (exported / "production.yaml").write_text(yaml.safe_dump(axolotl))
-    assert _failed(_guard(exported, exported / "production.yaml")) == ["test_the_batch_is_the_measured_one"]
+    alone = _guard(exported)
+    assert _failed(alone) == [] and alone["test_the_policy_is_as_exported"] == "passed", alone["messages"]
+    assert "production not checked: SWEEPER_PRODUCTION_CONFIG is unset" in alone["messages"]
+    assert alone["test_the_batch_is_the_measured_one"] == "skipped"
+    for name in ("trial6-axolotl.yaml", "trial6-llama-factory.yaml", "trial6-json.json"):
+        outcomes = _guard(exported, exported / name)
+        assert _failed(outcomes) == [] and outcomes["test_the_model_is_the_measured_one"] == "passed", (
+            name, outcomes["messages"][-3000:]
+        )
+
+
+#: Each edit of the axolotl export, in axolotl's keys: the one check it fails and what its message says.
+_AXOLOTL_EDITS = {
+    "another model": ({"base_model": "meta-llama/Meta-Llama-3-8B"}, (), ["test_the_model_is_the_measured_one"],
+                      "base_model 'meta-llama/Meta-Llama-3-8B' is not the measured model"),
+    "r doubled": ({"lora_r": 16}, (), ["test_the_adapter_is_as_measured[r]"], "lora_r 16: the adapter measured has r 8"),
+    "lora_alpha 1024": ({"lora_alpha": 1024}, (), ["test_the_adapter_is_as_measured[lora_alpha]"],
+                        "lora_alpha 1024: the adapter measured has lora_alpha 16"),
+    "all-linear targets": ({"lora_target_linear": True}, (), ["test_the_adapter_is_as_measured[target_modules]"],
+                           "lora_target_linear True"),
+    "8-bit loading": ({"load_in_4bit": False, "load_in_8bit": True}, (), ["test_4bit_loading_is_on_as_measured"],
+                      "load_in_4bit False, load_in_8bit True"),
+    "fp16 flag": ({"bf16": False, "fp16": True}, (), ["test_quantization_and_precision_are_as_measured[mixed_precision]"],
+                  "fp16 True: the memory and stability figures were measured at mixed_precision bf16"),
+    "checkpointing deleted": ({}, ("gradient_checkpointing",),
+                              ["test_memory_moving_settings_are_as_measured[gradient_checkpointing]"],
+                              "gradient_checkpointing (unset: axolotl's default False)"),
+    "optimizer deleted": ({}, ("optimizer",), ["test_memory_moving_settings_are_as_measured[optim]"],
+                          "optimizer (unset: axolotl's default 'adamw_torch_fused')"),
+    "batch doubled": ({"micro_batch_size": 4, "gradient_accumulation_steps": 4}, (),
+                      ["test_the_batch_is_the_measured_one"],
+                      "micro_batch_size 4 > 2: the measured envelope is batch 2 x 128 tokens at most; batch 4 x 128 "
+                      "ran out of memory (3.9 GiB)"),
+    "rows padded past the measured": ({"sequence_len": 128, "pad_to_sequence_len": True}, (),
+                                      ["test_max_seq_length_is_within_what_was_measured"],
+                                      "every row is 128 tokens long, but the longest rows measured to fit at batch 2 "
+                                      "were 55 tokens"),
+    "longer than any fit": ({"sequence_len": 256}, (), ["test_max_seq_length_is_within_what_was_measured"],
+                            "sequence_len 256 > 128"),
+    "embeddings trained": ({"lora_modules_to_save": ["embed_tokens", "lm_head"]}, (),
+                           ["test_nothing_unmeasured_moves_memory"], "lora_modules_to_save: trains embed_tokens"),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_each_edit_of_a_real_production_file_fails_its_check_in_the_files_own_keys(exported):
+    for what, (edit, drop, checks, said) in _AXOLOTL_EDITS.items():
+        outcomes = _guard(exported, _edited(exported, "trial6-axolotl.yaml", edit, drop))
+        assert _failed(outcomes) == checks, (what, _failed(outcomes), outcomes["messages"][-3000:])
+        assert said in outcomes["messages"], (what, said, outcomes["messages"][-3000:])
+    # another model: no figure of the study is said to hold for it
+    other = _guard(exported, _edited(exported, "trial6-axolotl.yaml", _AXOLOTL_EDITS["another model"][0]))
+    assert other["test_learning_rate_is_at_most_the_safe_rate"] == "skipped"
+    assert "no figure for meta-llama/Meta-Llama-3-8B" in other["messages"]
+    # LLaMA-Factory's own keys: neat packing, bf16 unset (the GPU then chooses), checkpointing disabled
+    for edit, drop, check in (
+        ({"packing": True, "neat_packing": True}, (), "test_memory_moving_settings_are_as_measured[packing]"),
+        ({}, ("bf16",), "test_quantization_and_precision_are_as_measured[mixed_precision]"),
+        ({"disable_gradient_checkpointing": True}, (),
+         "test_memory_moving_settings_are_as_measured[gradient_checkpointing]"),
+    ):  # fmt: skip
+        outcomes = _guard(exported, _edited(exported, "trial6-llama-factory.yaml", edit, drop))
+        assert check in _failed(outcomes), (edit, drop, outcomes["messages"][-3000:])
+    # a TRL --config YAML at its own batch 8 (TRL's keys: not axolotl's)
+    trl = exported / "trl.yaml"
+    policy = json.loads((exported / "trial6-json.json").read_text())
+    trl.write_text(yaml.safe_dump({
+        "model_name_or_path": policy["model"], "load_in_4bit": True, "use_peft": True, "lora_r": 8,
+        "lora_alpha": 16, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "max_length": 64,
+        "learning_rate": 1e-4,
+    }))  # fmt: skip
+    outcomes = _guard(exported, trl)
+    assert "test_the_batch_is_the_measured_one" in _failed(outcomes), outcomes["messages"][-3000:]
+    assert "per_device_train_batch_size 8 > 2" in outcomes["messages"]
+
+
+@pytest.mark.slow
+def test_a_file_the_guard_cannot_read_is_one_line_and_a_hand_edited_policy_fails_its_seal(exported):
+    for name, text in (("train.py", "x = 1\n"), ("empty.yaml", ""), ("list.yaml", "- 1\n"), ("c.toml", "[a]\n")):
+        (exported / name).write_text(text)
+        outcomes = _guard(exported, exported / name)
+        assert outcomes["rc"] != "0" and "Traceback" not in outcomes["messages"], outcomes["messages"]
+        assert f"SWEEPER_PRODUCTION_CONFIG: {exported / name}:" in outcomes["messages"], outcomes["messages"]
+    policy = exported / "trial6-policy.py"
+    text = policy.read_text()
+    try:
+        policy.write_text(text.replace("'r': 8,", "'r': 16,"))
+        outcomes = _guard(exported, exported / "trial6-axolotl.yaml")
+        assert "test_the_policy_is_as_exported" in _failed(outcomes), outcomes["messages"][-2000:]
+        assert "was edited since sweep exported it" in outcomes["messages"]
+    finally:
+        policy.write_text(text)
