@@ -9,7 +9,9 @@ from __future__ import annotations
 import difflib
 import io
 import json
+import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ from sweeper.study import StoredTrial, StudySnapshot
 
 #: The first line of the header ``--onto`` writes at the top of a YAML (a later ``--onto`` replaces the block).
 HEADER_MARK = "# sweeper --onto:"
+#: Its second line.
+HEADER_KEYS = "# Keys written from what it measured:"
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,11 @@ class Onto:
 
 def measured_settings(s: ExportSettings) -> dict[str, Any]:
     """The settings of :data:`sweeper.export.production.SETTINGS` the trial measured, as exported (the accumulation
-    keeping ``target_effective_batch_size``)."""
+    keeping ``target_effective_batch_size``), the learning rate at most the trial's safe rate (the largest whose
+    chance of diverging within the study's horizon has its upper end at 5%) where one was measured."""
     t, q, lora = s.training, s.quantization, s.lora
+    safe = s.envelope.safe_learning_rate if s.envelope is not None else None
+    rate = min(t.learning_rate, _round_down(safe)) if safe is not None else t.learning_rate
     return {
         "load_in_4bit": True,
         "load_in_8bit": False,
@@ -57,7 +64,7 @@ def measured_settings(s: ExportSettings) -> dict[str, Any]:
         "target_modules": tuple(lora.target_modules),
         "per_device_train_batch_size": t.per_device_train_batch_size,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
-        "learning_rate": t.learning_rate,
+        "learning_rate": rate,
         "optim": t.optim,
         "gradient_checkpointing": t.gradient_checkpointing,
         "max_grad_norm": t.max_grad_norm,
@@ -65,6 +72,12 @@ def measured_settings(s: ExportSettings) -> dict[str, Any]:
         "packing": s.collation.packing,
         "pad_to_max_length": s.collation.packing,
     }
+
+
+def _round_down(value: float, digits: int = 3) -> float:
+    """``value`` cut (never rounded up) to ``digits`` significant digits: 0.0024668 -> 0.00246."""
+    scale = 10 ** (math.floor(math.log10(value)) - digits + 1)
+    return float(f"{math.floor(value / scale * (1 + 1e-12)) * scale:.{digits}g}")
 
 
 def _differs(setting: str, got: Any, want: Any) -> bool:
@@ -91,37 +104,78 @@ def changes(reading: Reading, measured: dict[str, Any]) -> dict[str, Any]:
             continue  # bf16/fp16 (mixed_precision) choose it
         if setting == "load_in_8bit" and not got:
             continue
+        if setting == "mixed_precision" and got == want:
+            continue
         if got is None or _differs(setting, got, want):
             out.update(written(reading.tool, setting, want, reading))
     return out
 
 
+#: Where a key the file lacks goes: after the first of these the file has (else at the end).
+_ANCHORS = {
+    "lora_target_modules": ("lora_target_linear", "lora_dropout", "lora_alpha", "lora_r"),
+    "bnb_config_kwargs": ("load_in_4bit", "adapter", "load_in_8bit"),
+    "fp16": ("bf16",),
+    "bf16": ("fp16",),
+    "neat_packing": ("packing",),
+    "pad_to_sequence_len": ("sample_packing", "sequence_len"),
+    "sample_packing": ("sequence_len",),
+    "optim": ("learning_rate",),
+    "optimizer": ("learning_rate",),
+    "gradient_checkpointing": ("optimizer", "optim", "learning_rate"),
+    "disable_gradient_checkpointing": ("optim", "learning_rate"),
+    "dtype": ("load_in_4bit", "model_name_or_path"),
+    "double_quantization": ("quantization_bit",),
+    "quantization_type": ("quantization_bit",),
+}
+
+
 def _set_yaml(data: Any, key: str, value: Any) -> None:
-    """Set a dotted key in a ruamel mapping (creating the nested map), or remove it for None."""
+    """Set a dotted key in a ruamel mapping, a new key after its anchor (:data:`_ANCHORS`) and a new nested map
+    where its parent is missing; None switches a key off where the file has it (the line and its comment kept)."""
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
     *parents, leaf = key.split(".")
     node = data
     for parent in parents:
         if parent not in node or not isinstance(node[parent], dict):
-            node[parent] = {}
+            _insert(node, parent, CommentedMap())
         node = node[parent]
     if value is None:
-        node.pop(leaf, None)
-    elif isinstance(value, tuple | list):
-        from ruamel.yaml.comments import CommentedSeq
-
+        if leaf in node:
+            node[leaf] = False
+        return
+    if isinstance(value, tuple | list):
         seq = CommentedSeq(list(value))
         seq.fa.set_flow_style()
-        node[leaf] = seq
-    else:
+        value = seq
+    if leaf in node:
         node[leaf] = value
+    else:
+        _insert(node, leaf, value)
+
+
+def _insert(node: Any, key: str, value: Any) -> None:
+    """Insert ``key`` after the first of its anchors ``node`` has, or at its end."""
+    keys = list(node)
+    anchor = next((a for a in _ANCHORS.get(key, ()) if a in node), None)
+    if anchor is None or not hasattr(node, "insert"):
+        node[key] = value
+        return
+    node.insert(keys.index(anchor) + 1, key, value)
 
 
 def _yaml_onto(text: str, edits: dict[str, Any], header: list[str]) -> str:
     from ruamel.yaml import YAML
+    from ruamel.yaml.util import load_yaml_guess_indent
 
-    yaml = YAML()  # round trip: comments, order and quoting kept
+    _, indent, block_seq_indent = load_yaml_guess_indent(text)
+    nested = [len(line) - len(line.lstrip(" ")) for line in text.splitlines() if re.match(r" +[\w.-]+:", line)]
+    mapping = min(nested, default=2)
+    yaml = YAML()  # round trip: comments, order and quoting kept, the file's own indentation
     yaml.preserve_quotes = True
     yaml.width = 4096
+    yaml.indent(mapping=mapping, sequence=indent or mapping, offset=block_seq_indent or 0)
     data = yaml.load(text)
     for key, value in edits.items():
         _set_yaml(data, key, value)
@@ -129,8 +183,9 @@ def _yaml_onto(text: str, edits: dict[str, Any], header: list[str]) -> str:
     yaml.dump(data, buffer)
     body = buffer.getvalue()
     lines = body.split("\n")
-    if lines and lines[0].startswith(HEADER_MARK):  # a header of an earlier --onto: replaced
-        while lines and lines[0].startswith("#"):
+    if lines and lines[0].startswith(HEADER_MARK):  # the header of an earlier --onto: replaced
+        lines.pop(0)
+        if lines and lines[0].startswith(HEADER_KEYS):
             lines.pop(0)
     return "\n".join(header + lines)
 
@@ -158,12 +213,14 @@ def _header(s: ExportSettings, edits: dict[str, Any]) -> list[str]:
     p = s.provenance
     stability = p.stability
     keys = ", ".join(edits) or "none: the file was as measured"
+    chance = "" if stability.p_diverge is None else f"{100 * stability.p_diverge:.1f}%"
+    safe = "" if stability.safe_learning_rate is None else f", safe learning_rate {stability.safe_learning_rate:.3g}"
     return [
         f"{HEADER_MARK} study {p.study!r}, trial {p.trial} (sweeper {dict(p.versions).get('sweeper')}, {p.exported}): "
-        f"peak {p.peak_memory_gib} GiB ({p.memory_kind}) under a {p.memory_limit_gib} GiB cap on {p.device}; "
-        f"P(diverge within {stability.horizon_steps} steps) {stability.p_diverge}, safe learning_rate "
-        f"{stability.safe_learning_rate}.",
-        f"# Keys written from what it measured: {keys}. 'sweep export {p.study} --format policy' writes the guard.",
+        f"peak {p.peak_memory_gib} GiB ({p.memory_kind}) under a {p.memory_limit_gib} GiB cap on {p.device}"
+        + (f"; P(diverge within {stability.horizon_steps} steps) {chance}{safe}" if chance else "")
+        + ".",
+        f"{HEADER_KEYS} {keys}. 'sweep export {p.study} --format policy' writes the guard.",
     ]
 
 
