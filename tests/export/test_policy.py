@@ -93,7 +93,8 @@ def test_the_guard_passes_the_studys_own_exports_and_says_when_production_is_not
     for name in ("trial6-axolotl.yaml", "trial6-llama-factory.yaml", "trial6-json.json"):
         outcomes = _guard(exported, exported / name)
         assert _failed(outcomes) == [] and outcomes["test_the_model_is_the_measured_one"] == "passed", (
-            name, outcomes["messages"][-3000:]
+            name,
+            outcomes["messages"][-3000:],
         )
 
 

@@ -46,14 +46,21 @@ def test_every_key_of_a_published_config_is_accounted_for(path):
 def test_the_published_configs_read_as_their_tools_run_them():
     llama = read_production(FIXTURES / "axolotl_llama3-8b_qlora.yaml").settings
     assert (llama["model"], llama["r"], llama["lora_alpha"], llama["target_modules"]) == (
-        "NousResearch/Meta-Llama-3-8B", 32, 16, "all-linear"
+        "NousResearch/Meta-Llama-3-8B",
+        32,
+        16,
+        "all-linear",
     )
     assert (llama["per_device_train_batch_size"], llama["gradient_accumulation_steps"], llama["max_seq_length"]) == (
-        2, 4, 4096
+        2,
+        4,
+        4096,
     )
     # axolotl: nf4 with double quant by default, compute dtype from bf16: auto, pad_to_sequence_len on with packing
     assert (llama["bnb_4bit_quant_type"], llama["bnb_4bit_use_double_quant"], llama["bnb_4bit_compute_dtype"]) == (
-        "nf4", True, "bfloat16"
+        "nf4",
+        True,
+        "bfloat16",
     )
     assert llama["packing"] is True and llama["pad_to_max_length"] is True and llama["optim"] == "paged_adamw_32bit"
     eight = read_production(FIXTURES / "axolotl_llama3-8b_lora-8bit.yaml")
@@ -88,10 +95,14 @@ def test_the_trl_and_transformers_defaults_are_the_tools_own():
     model, sft, args = defaults(trl.ModelConfig), defaults(trl.SFTConfig), defaults(TrainingArguments)
     ours = TOOL_KEYS["trl"].defaults
     assert (ours["r"], ours["lora_alpha"], ours["lora_dropout"]) == (
-        model["lora_r"], model["lora_alpha"], model["lora_dropout"]
+        model["lora_r"],
+        model["lora_alpha"],
+        model["lora_dropout"],
     )
     assert (ours["bnb_4bit_quant_type"], ours["bnb_4bit_use_double_quant"], ours["bnb_4bit_compute_dtype"]) == (
-        model["bnb_4bit_quant_type"], model["use_bnb_nested_quant"], model["dtype"]
+        model["bnb_4bit_quant_type"],
+        model["use_bnb_nested_quant"],
+        model["dtype"],
     )
     for ours_key, theirs in (("max_seq_length", "max_length"), ("packing", "packing"),
                              ("gradient_checkpointing", "gradient_checkpointing"), ("learning_rate", "learning_rate"),
