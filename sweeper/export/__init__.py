@@ -26,7 +26,7 @@ One module a step, and one a target format:
   (``sweep init --from``) and :mod:`._onto` writes a trial's measured keys back onto it (``sweep export --onto``).
 """
 
-from sweeper.export._from import SpaceFrom, space_from
+from sweeper.export._from import space_from
 from sweeper.export._onto import write_onto
 from sweeper.export._pick import choose_for_format, inexpressible, pick_trial
 from sweeper.export._registry import EXPORT_FORMATS, format_names
@@ -34,7 +34,6 @@ from sweeper.export._write import export_path, write_export
 
 __all__ = [
     "EXPORT_FORMATS",
-    "SpaceFrom",
     "choose_for_format",
     "export_path",
     "format_names",

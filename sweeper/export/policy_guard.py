@@ -44,8 +44,15 @@ def _load(name: str, path: Path) -> ModuleType:
 
 
 _POLICY_FILE = _HERE.with_name(_STEM + ".py")
-_read: Any = _load("sweeper_production_reader", _HERE.with_name(_STEM + "_read.py"))
-POLICY: Any = _load("sweeper_policy", _POLICY_FILE).POLICY
+_read: Any
+POLICY: Any
+if _HERE.name.endswith("_test.py"):  # the exported guard: its two files beside it
+    _read = _load("sweeper_production_reader", _HERE.with_name(_STEM + "_read.py"))
+    POLICY = _load("sweeper_policy", _POLICY_FILE).POLICY
+else:  # inside sweeper's package, where it is linted and its references checked: the package's own modules
+    from sweeper.export import policy_module, production
+
+    _read, POLICY, _POLICY_FILE = production, policy_module.POLICY, Path(policy_module.__file__)
 ENVELOPE: Any = POLICY.envelope
 
 
