@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,39 @@ def test_init_says_which_way_an_unmeasured_key_moves_the_peak(workdir):
     assert "lora_modules_to_save: not carried" in out.stdout and "HIGHER than measured" in out.stdout
     made = space_from(read_production(FIXTURES / "axolotl_gemma4-31b_qlora.yaml"))
     assert any("activation_offloading" in w and "LOWER" in w for w in made.warnings)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        "axolotl_llama3-8b_qlora.yaml",
+        "llamafactory_qwen3_lora_sft_otfq.yaml",
+        "trl_zephyr-7b-beta_sft_config_qlora.yaml",
+        "peft_adapter_config.json",
+        "trial-json.json",
+    ],
+)
+def test_a_space_from_each_input_kind_runs_a_trial(workdir, tiny_model, name):
+    """``sweep trial`` runs the space ``sweep init --from`` writes, with ``--set`` of what is not local here: the
+    model and the data (the tiny model and the built-in rows), a card, and a CPU's compute dtype and a short run."""
+    source = FIXTURES / name if name != "trial-json.json" else workdir / name
+    if name == "trial-json.json":  # the json export's nesting, as sweep writes it
+        source.write_text(json.dumps({
+            "model": "m", "max_seq_length": 64, "collation": {"packing": False, "attn_implementation": "sdpa"},
+            "bnb_config": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                           "bnb_4bit_compute_dtype": "bfloat16"},
+            "lora_config": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"]},
+            "training_args": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8,
+                              "learning_rate": 2e-4, "optim": "adamw_torch", "gradient_checkpointing": True},
+        }))  # fmt: skip
+    out = run_cli("init", "--from", str(source), "-o", "space.yaml")
+    assert out.returncode == 0, out.stderr
+    sets = {
+        "model.name_or_path": str(tiny_model), "model.attn_implementation": "sdpa",
+        "dataset.path": "builtin:pydoc-topics", "dataset.format": "auto", "dataset.max_samples": "16",
+        "training.memory_limit_gib": "4", "training.max_steps": "2", "training.packing": "false",
+        "max_seq_length": "128", "per_device_train_batch_size": "1", "bnb_4bit_compute_dtype": "float32",
+    }  # fmt: skip
+    out = run_cli("trial", "space.yaml", *[arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")])
+    assert out.returncode == 0 and re.search(r"(?m)^status +complete", out.stdout), (out.stdout[-2000:], out.stderr)
