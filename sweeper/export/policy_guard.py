@@ -28,6 +28,28 @@ import pytest
 #: The environment variable naming the production config the guard checks.
 PRODUCTION_ENV = "SWEEPER_PRODUCTION_CONFIG"
 
+#: The settings each parametrized check compares with the measured value (sweeper's names; the messages use the
+#: file's). ``tests/export/test_production.py`` checks that every key of the trial schema that moves memory (its
+#: memory role, ``grows``, ``shrinks`` or ``same``) or the stability measured is checked here or named there as not a
+#: production file's key.
+QUANTIZATION = ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype", "mixed_precision")
+ADAPTER = ("r", "lora_alpha", "lora_dropout", "target_modules")
+MEASURED_AS_IS = ("gradient_checkpointing", "optim", "packing", "max_grad_norm")
+#: Every setting the guard checks: the lists above and those with a check of their own.
+CHECKED = (
+    *QUANTIZATION,
+    *ADAPTER,
+    *MEASURED_AS_IS,
+    "model",
+    "load_in_4bit",
+    "load_in_8bit",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_seq_length",
+    "pad_to_max_length",
+    "learning_rate",
+)
+
 _HERE = Path(__file__)
 _STEM = _HERE.name.removesuffix("_test.py")
 
@@ -155,9 +177,7 @@ def test_4bit_loading_is_on_as_measured() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "setting", ["bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype", "mixed_precision"]
-)
+@pytest.mark.parametrize("setting", QUANTIZATION)
 def test_quantization_and_precision_are_as_measured(setting: str) -> None:
     reading = _production()
     got = reading.settings.get(setting) if setting == "mixed_precision" else _value(setting)
@@ -168,7 +188,7 @@ def test_quantization_and_precision_are_as_measured(setting: str) -> None:
     )
 
 
-@pytest.mark.parametrize("setting", ["r", "lora_alpha", "lora_dropout", "target_modules"])
+@pytest.mark.parametrize("setting", ADAPTER)
 def test_the_adapter_is_as_measured(setting: str) -> None:
     got, want = _value(setting), getattr(POLICY, setting)
     same = set(got) == set(want) if setting == "target_modules" and not isinstance(got, str) else got == want
@@ -245,12 +265,13 @@ def test_learning_rate_is_at_most_the_safe_rate() -> None:
     )
 
 
-@pytest.mark.parametrize("setting", ["gradient_checkpointing", "optim", "packing"])
+@pytest.mark.parametrize("setting", MEASURED_AS_IS)
 def test_memory_moving_settings_are_as_measured(setting: str) -> None:
     reading = _production()
     got, want = _value(setting), getattr(POLICY, setting)
     assert got == want, (
-        f"{_said(setting)}: the peak was measured with {setting} {want!r}; write {_fix(setting, want)} ({_MEASURED})"
+        f"{_said(setting)}: the peak and the margin were measured with {setting} {want!r}; write "
+        f"{_fix(setting, want)} ({_MEASURED})"
     )
     if setting == "packing" and reading.settings.get("packing_across_samples"):
         pytest.fail(

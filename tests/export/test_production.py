@@ -16,6 +16,7 @@ import yaml
 from sweeper.export import space_from
 from sweeper.export.production import (
     INFERRED_PRECISION,
+    SETTINGS,
     TOOL_KEYS,
     ProductionConfigError,
     as_file_says,
@@ -255,3 +256,27 @@ def test_a_space_from_each_input_kind_runs_a_trial(workdir, tiny_model, name):
     }  # fmt: skip
     out = run_cli("trial", "space.yaml", *[arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")])
     assert out.returncode == 0 and re.search(r"(?m)^status +complete", out.stdout), (out.stdout[-2000:], out.stderr)
+
+
+#: Keys of the trial schema that move memory or the stability measured and are no key of a production config, each
+#: with where the policy keeps it instead.
+NOT_A_PRODUCTION_KEY = {
+    "memory_limit_gib": "the card the trials ran under: the policy's envelope",
+    "expandable_segments": "an allocator option of the environment: Policy.environment, the guard's warning",
+    "dataset": "the rows: the exports write the trial's rows beside the file",
+    "lora_alpha_ratio": "lora_alpha / r: checked as lora_alpha and r",
+    "seed": "a seed: its noise is in every figure's interval",
+    "max_steps": "the short trial's length: the horizon of the chance of diverging",
+    "warmup_steps": "a longer warmup only lowers the early steps' rate",
+    "weight_decay": "AdamW's decay: no part of the measured margin's model",
+}
+
+
+def test_every_memory_or_stability_key_of_the_schema_is_guarded():
+    from sweeper.export import policy_guard
+    from sweeper.space import RUN_POLICY_KEYS, TrialConfig, memory_roles
+
+    keys = set(memory_roles(TrialConfig)) - set(RUN_POLICY_KEYS)
+    unguarded = keys - set(policy_guard.CHECKED) - set(NOT_A_PRODUCTION_KEY)
+    assert not unguarded, f"keys of TrialConfig the policy guard does not check: {sorted(unguarded)}"
+    assert set(policy_guard.CHECKED) <= set(SETTINGS)  # each read from a production file
