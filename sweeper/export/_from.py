@@ -109,6 +109,11 @@ def space_from(reading: Reading) -> SpaceFrom:
     quant_type = quant_type if quant_type in ("nf4", "fp4") else "nf4"
     batch = int(pick("per_device_train_batch_size", 1))
     length = int(pick("max_seq_length", defaults.max_seq_length))
+    if s.get("max_seq_length") is None and "max_seq_length" in reading.keys:
+        warnings.append(
+            f"{reading.key('max_seq_length')}: null truncates nothing (rows as long as the data's): the space "
+            f"searches max_seq_length {length}; set it to your longest rows (sweep doctor shows their lengths)"
+        )
     search = {
         "r": _halves(r, 1),
         "lora_alpha_ratio": [ratio, *[_number(ratio * f) for f in (0.5, 2) if _number(ratio * f) != ratio]],

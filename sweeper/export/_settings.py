@@ -270,7 +270,7 @@ def _envelope(study: StudySnapshot, trial: StoredTrial, c: TrialConfig) -> Envel
         largest_fit_max_seq_length=longest,
         largest_fit_row_tokens=widest[1] if widest else _row_tokens(trial),
         fit_peak_memory_gib=round_figure(widest[2] if widest else own_peak, 3),
-        oom_above=ooms[0] if ooms else None,
+        oom_above=(ooms[0][0], ooms[0][1], round_figure(ooms[0][2], 3)) if ooms else None,
         safe_learning_rate=safe,
     )
 
