@@ -654,7 +654,7 @@ def read_config(config: Any, path: str, suffix: str) -> Reading:
                 converted = spec.convert(value) if value is not None or spec.setting == "max_seq_length" else None
             except (TypeError, ValueError) as exc:
                 raise ProductionConfigError(f"{path}: {key}: {exc}; write it as {_example(spec)}") from None
-            if converted is None and spec.setting == "max_seq_length" and value is None:
+            if converted is None and spec.setting == "max_seq_length" and value is None and spec.setting not in keys:
                 # TRL's max_length: null truncates nothing: rows as long as the data's, no measured bound
                 settings[spec.setting], keys[spec.setting] = None, key
                 lines.append(KeyLine(key, value, "translated", spec.setting, "null: no truncation"))
