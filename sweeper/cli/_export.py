@@ -48,8 +48,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _onto(study: Any, args: argparse.Namespace) -> int:
     """``sweep export STUDY --onto FILE``: the chosen trial's measured keys written onto the user's own config, the
     diff and what changed printed."""
+    from sweeper.errors import StudyError
     from sweeper.export import write_onto
+    from sweeper.export.production import ProductionConfigError, read_production
 
+    try:  # the trial must be one the file's own tool can express (a packed trial onto axolotl, not hf)
+        tool = read_production(args.onto).tool
+    except ProductionConfigError as exc:
+        raise StudyError(f"--onto: {exc}") from None
+    args.format = {"axolotl": "axolotl", "llama-factory": "llama-factory", "trl": "trl"}.get(tool, "json")
     trial, how = _chosen(study, args)
     _refuse_unmatched_targets(study, trial)
     done = write_onto(study, trial, args.onto, args.output)

@@ -96,8 +96,12 @@ def changes(reading: Reading, measured: dict[str, Any]) -> dict[str, Any]:
         ValueError: The tool cannot express a measured value (LLaMA-Factory and a float32 compute dtype).
     """
     out: dict[str, Any] = {}
+    raw = {line.key: line.value for line in reading.lines if line.status != "default"}
     for setting, want in measured.items():
         got = reading.settings.get(setting)
+        if setting == "mixed_precision" and str(raw.get("bf16")).lower() == "auto":
+            out.update(written(reading.tool, setting, want, reading))  # auto: the card decides, not the file
+            continue
         if setting == "pad_to_max_length" and not got and not want:
             continue
         if setting == "bnb_4bit_compute_dtype" and reading.tool == "llama-factory":
@@ -108,6 +112,8 @@ def changes(reading: Reading, measured: dict[str, Any]) -> dict[str, Any]:
             continue
         if got is None or _differs(setting, got, want):
             out.update(written(reading.tool, setting, want, reading))
+            if setting == "r" and "lora_alpha" not in reading.keys:  # a default derived from the rank (LLaMA-Factory)
+                out.update(written(reading.tool, "lora_alpha", measured["lora_alpha"], reading))
     return out
 
 
@@ -165,6 +171,15 @@ def _insert(node: Any, key: str, value: Any) -> None:
     node.insert(keys.index(anchor) + 1, key, value)
 
 
+def _float_yaml(representer: Any, value: float) -> Any:
+    """A float as YAML 1.1 reads it back as one (PyYAML reads ``1e-05`` as a string; ``1.0e-05`` is a float)."""
+    text = repr(value)
+    if "e" in text and "." not in text.split("e")[0]:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}.0e{exponent}"
+    return representer.represent_scalar("tag:yaml.org,2002:float", text)
+
+
 def _yaml_onto(text: str, edits: dict[str, Any], header: list[str]) -> str:
     from ruamel.yaml import YAML
     from ruamel.yaml.util import load_yaml_guess_indent
@@ -176,6 +191,7 @@ def _yaml_onto(text: str, edits: dict[str, Any], header: list[str]) -> str:
     yaml.preserve_quotes = True
     yaml.width = 4096
     yaml.indent(mapping=mapping, sequence=indent or mapping, offset=block_seq_indent or 0)
+    yaml.representer.add_representer(float, _float_yaml)
     data = yaml.load(text)
     for key, value in edits.items():
         _set_yaml(data, key, value)

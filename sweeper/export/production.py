@@ -828,6 +828,7 @@ def written(tool: str, setting: str, value: Any, reading: Reading | None = None)
             "target_modules": lambda v: {"lora_target": ",".join(v)},
             "packing": lambda v: {"packing": v, "neat_packing": v},
             "bnb_4bit_compute_dtype": lambda v: {},  # set by bf16/fp16 (mixed_precision)
+            "pad_to_max_length": lambda v: {},  # no key: its packing pads rows to cutoff_len, its padding to the batch
             "attn_implementation": lambda v: {
                 "flash_attn": {"flash_attention_2": "fa2", "sdpa": "sdpa", "eager": "disabled"}.get(v, "auto")
             },
@@ -845,6 +846,8 @@ def written(tool: str, setting: str, value: Any, reading: Reading | None = None)
             return {"pad_to_sequence_len": value}
     if tool == "trl" and setting == "bnb_4bit_compute_dtype":
         return {"dtype": value}
+    if tool in ("trl", "json") and setting == "pad_to_max_length":
+        return {}  # no key: TRL pads each batch to its longest row, or packs
     if setting == "target_modules":
         value = list(value)
     key = reading.keys.get(setting) if reading is not None else None

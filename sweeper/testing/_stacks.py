@@ -4,6 +4,7 @@ script in one."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -48,12 +49,30 @@ def stack_venv(name: str, tmp_path_factory: Any) -> Path:
     ARGS`` line of the file in order, as ``pip install -c FILE ARGS`` (without such lines: this package and TRL), by
     uv where it can (:func:`_installer`); then the packages of ``# pip uninstall: NAMES`` lines are removed. Nothing
     is byte-compiled at install (what is imported compiles on first use). The file's hash is the venv's stamp, so a
-    changed recipe or pin rebuilds it."""
+    changed recipe or pin rebuilds it.
+
+    Without ``$SWEEPER_STACK_VENVS``, the venvs of one test run are kept in its base temporary folder's parent, which
+    the pytest-xdist workers of the run share: the first test module (of any worker) to ask builds one, under a file
+    lock, and every other module of the run reuses it (two modules of the export tests each use both stacks)."""
     constraints = STACKS / f"{name}.txt"
-    text = constraints.read_text()
     stamp = hashlib.sha256(constraints.read_bytes()).hexdigest()[:16]
     root = os.environ.get("SWEEPER_STACK_VENVS")
-    venv = Path(root) / name if root else tmp_path_factory.mktemp(f"venv-{name}")
+    if root is None:
+        base = tmp_path_factory.getbasetemp()
+        shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+        root = str(shared / "stack-venvs")
+    Path(root).mkdir(parents=True, exist_ok=True)
+    with open(Path(root) / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others wait and reuse it
+        return _build(name, Path(root), stamp)
+
+
+def _build(name: str, root: Path, stamp: str) -> Path:
+    """The venv ``root/name`` of ``tests/fixtures/stacks/<name>.txt`` (:func:`stack_venv`), built unless its stamp
+    says it is."""
+    constraints = STACKS / f"{name}.txt"
+    text = constraints.read_text()
+    venv = root / name
     python = venv / "bin" / "python"
     if (venv / ".stamp").is_file() and (venv / ".stamp").read_text() == stamp:
         return python
@@ -65,7 +84,9 @@ def stack_venv(name: str, tmp_path_factory: Any) -> Path:
             if line.startswith(f"# pip {kind}:"):
                 found.append(line.split(":", 1)[1].split())
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
-    wheel = _torch_wheel(pins["torch"], Path(root) if root else tmp_path_factory.getbasetemp())
+    with open(root / "torch-wheel.lock", "w") as lock:  # the stacks share one download of the wheel
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        wheel = _torch_wheel(pins["torch"], root)
     subprocess.run(_installer(python, [str(wheel)]), check=True, timeout=900)
     for args in steps["install"] or [["-e", str(REPO), "trl"]]:
         subprocess.run(_installer(python, ["-c", str(constraints), *args]), check=True, timeout=900)
