@@ -59,7 +59,7 @@ def _onto(study: Any, args: argparse.Namespace) -> int:
     args.format = {"axolotl": "axolotl", "llama-factory": "llama-factory", "trl": "trl"}.get(tool, "json")
     trial, how = _chosen(study, args)
     _refuse_unmatched_targets(study, trial)
-    done = write_onto(study, trial, args.onto, args.output)
+    done = write_onto(study, trial, args.onto, args.output, force=args.force)
     _print(done.diff.rstrip("\n") if done.diff else f"{args.onto}: already as measured")
     changed = ", ".join(f"{k} {before!r} -> {after!r}" for k, (before, after) in done.changed.items())
     _print(

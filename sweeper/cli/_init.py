@@ -27,7 +27,11 @@ def cmd_init(args: argparse.Namespace) -> int:
     except (ProductionConfigError, ValueError) as exc:
         raise SpaceError(f"--from: {exc}") from None
     width = max(len(row[0]) for row in made.table) if made.table else 10
-    _print(f"{args.source}: read as {reading.tool}; {len(made.table)} keys")
+    defaults = sum(1 for row in made.table if row[2] == "tool default")
+    _print(
+        f"{args.source}: read as {reading.tool}; {len(made.table) - defaults} keys, and {defaults} settings it leaves "
+        f"at {reading.tool}'s defaults"
+    )
     for key, value, what, where in made.table:
         _print(f"  {key:<{width}}  {value:<24}  {what:<12}  {where}")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -37,5 +41,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     load_space(out)  # the space validates as written
     for line in made.warnings:
         _print(f"note: {line}")
-    _print(f"wrote {out}: 'sweep trial {out}' runs the file's own settings, 'sweep run {out}' the sweep")
+    study = load_space(out).study.name
+    _print(
+        f"wrote {out} (study {study}): 'sweep run {out}' measures the file's own settings first, then searches; "
+        f"'sweep export {study} --onto {args.source}' writes the answer back"
+    )
     return 0

@@ -253,8 +253,9 @@ def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--onto",
         metavar="FILE",
         help="write the trial's measured keys onto your own training config (axolotl, LLaMA-Factory or TRL YAML, or "
-        "JSON): the same file with only those keys changed, its comments and order kept, the diff printed; -o names "
-        "where (default FILE itself, the original kept as FILE.orig)",
+        "JSON; the file's tool is the format): the same file with only those keys changed, its comments and order "
+        "kept, the diff printed; -o names where (default FILE itself, the original kept as FILE.orig); a file of "
+        "another model is refused unless --force",
     )
     export.add_argument(
         "--force", action="store_true", help="replace an earlier export even if it was edited since it was written"

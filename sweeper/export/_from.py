@@ -14,12 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sweeper.export.production import INFERRED_PRECISION, KeyLine, Reading
+from sweeper.export.production import ALL_LINEAR, INFERRED_PRECISION, KeyLine, Reading
 from sweeper.space import OPTIMIZERS, TrialConfig, name_problem
-
-#: What ``all-linear`` (peft's, axolotl's ``lora_target_linear``, LLaMA-Factory's ``all``) spells out to: the linear
-#: layers of the decoder blocks of Llama, Mistral, Qwen and Gemma (peft leaves the output layer out).
-ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 #: axolotl's dataset ``type`` and TRL/LLaMA-Factory's formatting, as sweeper's ``dataset.format``.
 _DATA_FORMATS = {
@@ -173,9 +169,8 @@ def space_from(reading: Reading) -> SpaceFrom:
     where["gradient_accumulation_steps"] = (
         f"training.target_effective_batch_size ({batch} x {accumulation} = {batch * accumulation})"
     )
-    training["memory_limit_gib"] = defaults.memory_limit_gib
-    comments["memory_limit_gib"] = "YOUR CARD'S GiB: the cap every trial runs under (sweep doctor shows the card's)"
-    warnings.append("set training.memory_limit_gib to your card's memory in GiB (the space says 24)")
+    training["memory_limit_gib"] = "auto"
+    comments["memory_limit_gib"] = "the card sweep runs on; your production card's GiB if it is smaller"
     if s.get("pad_to_max_length") and not s.get("packing"):
         where["pad_to_max_length"] = (
             "not carried: trials pad each micro-batch to its longest row; every row padded to max_seq_length has "
@@ -189,7 +184,8 @@ def space_from(reading: Reading) -> SpaceFrom:
         warnings.append(
             f"{reading.key('per_device_train_batch_size')} {batch} with packing and flash_attention_2: transformers "
             "keeps packed samples apart only at batch 1, so the space searches batch 1 (the effective batch kept "
-            "through gradient_accumulation_steps); --set model.attn_implementation=sdpa searches the file's batch"
+            f"through gradient_accumulation_steps); to search the file's batch, edit the space: model."
+            f"attn_implementation: sdpa and search.per_device_train_batch_size: {_halves(batch, 1)}"
         )
     if attn in ("sdpa", "eager", "flash_attention_2"):
         model["attn_implementation"] = attn
@@ -226,7 +222,7 @@ def space_from(reading: Reading) -> SpaceFrom:
         warnings.append(f"{key}: not carried: {why}")
 
     raw = {
-        "study": {"name": _study_name(reading.path), "n_trials": 24},
+        "study": {"name": _study_name(reading.path), "n_trials": 24, "baseline": True},
         "model": model,
         "dataset": dataset,
         "training": training,
@@ -280,16 +276,22 @@ def _yaml(reading: Reading, raw: dict[str, Any], comments: dict[str, str]) -> st
     lines = [
         f"# sweep init --from {reading.path} ({reading.tool}): the file's run as the fixed part, a search of the",
         "# card's settings around its own values (each list's first value is the file's: 'sweep trial' runs it).",
-        "# Before 'sweep run': set training.memory_limit_gib to your card; the model and the dataset must be local",
-        "# or reachable ('sweep trial THIS --set model.name_or_path=... --set dataset.path=...' tries another).",
+        "# The model and the dataset must be local or reachable ('sweep trial THIS --set model.name_or_path=... --set",
+        "# dataset.path=...' tries others). study.baseline runs the file's own settings as the first trial.",
     ]
+
+    def comment_of(section: str, key: str) -> str | None:
+        if section == "study" and key == "baseline":
+            return "the file's own settings (each list's first value) are the study's first trial"
+        return comments.get(key) or (comments.get("dataset") if section == "dataset" and key == "path" else None)
+
     for section, body in raw.items():
         lines.append(f"{section}:")
         for key, value in body.items():
+            comment = comment_of(section, key)
             if isinstance(value, list):
                 text = f"{key}: " + yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
             else:
                 text = yaml.safe_dump({key: value}, default_flow_style=False, sort_keys=False, width=1000).rstrip("\n")
-            comment = comments.get(key) or (comments.get("dataset") if section == "dataset" and key == "path" else None)
             lines.append(f"  {text}" + (f"  # {comment}" if comment else ""))
     return "\n".join(lines) + "\n"

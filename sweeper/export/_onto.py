@@ -19,6 +19,7 @@ from typing import Any
 from sweeper.errors import StudyError
 from sweeper.export._settings import ExportSettings, settings_of
 from sweeper.export.production import ProductionConfigError, Reading, read_production, written
+from sweeper.notation import format_chance
 from sweeper.study import StoredTrial, StudySnapshot
 
 #: The first line of the header ``--onto`` writes at the top of a YAML (a later ``--onto`` replaces the block).
@@ -71,6 +72,7 @@ def measured_settings(s: ExportSettings) -> dict[str, Any]:
         "max_seq_length": s.max_seq_length,
         "packing": s.collation.packing,
         "pad_to_max_length": s.collation.packing,
+        "attn_implementation": s.collation.attn_implementation,
     }
 
 
@@ -229,7 +231,7 @@ def _header(s: ExportSettings, edits: dict[str, Any]) -> list[str]:
     p = s.provenance
     stability = p.stability
     keys = ", ".join(edits) or "none: the file was as measured"
-    chance = "" if stability.p_diverge is None else f"{100 * stability.p_diverge:.1f}%"
+    chance = "" if stability.p_diverge is None else format_chance(stability)
     safe = "" if stability.safe_learning_rate is None else f", safe learning_rate {stability.safe_learning_rate:.3g}"
     return [
         f"{HEADER_MARK} study {p.study!r}, trial {p.trial} (sweeper {dict(p.versions).get('sweeper')}, {p.exported}): "
@@ -240,14 +242,29 @@ def _header(s: ExportSettings, edits: dict[str, Any]) -> list[str]:
     ]
 
 
-def write_onto(study: StudySnapshot, trial: StoredTrial, source: str | Path, output: str | Path | None = None) -> Onto:
+def _same_model(s: ExportSettings, model: Any) -> bool:
+    """Whether the file's model names the measured one (its id, the study's spelling, its local conversion, or the
+    same last path part)."""
+    names = {s.model, *s.model_aliases}
+    last = {str(n).rstrip("/").split("/")[-1].lower() for n in names}
+    return model is None or str(model) in names or str(model).rstrip("/").split("/")[-1].lower() in last
+
+
+def write_onto(
+    study: StudySnapshot,
+    trial: StoredTrial,
+    source: str | Path,
+    output: str | Path | None = None,
+    force: bool = False,
+) -> Onto:
     """Write ``trial``'s measured keys onto the config at ``source`` (see the module's docstring), to ``output``
     (default: ``source`` itself, the original kept once as ``SOURCE.orig``). The file is written to a temporary name
     and renamed: a crash leaves the original whole.
 
     Raises:
-        StudyError: ``source`` cannot be read as a production config, its tool cannot express the trial, or the
-            output cannot be written.
+        StudyError: ``source`` cannot be read as a production config, trains another model than the study measured
+            (unless ``force``: its figures are not of that model), its tool cannot express the trial, or the output
+            cannot be written.
     """
     try:
         reading = read_production(source)
@@ -256,6 +273,13 @@ def write_onto(study: StudySnapshot, trial: StoredTrial, source: str | Path, out
     if reading.tool == "policy":
         raise StudyError(f"--onto: {source}: a policy's fields are written by --format policy, not --onto")
     s = settings_of(study, trial)
+    model = reading.settings.get("model")
+    if not force and not _same_model(s, model):
+        raise StudyError(
+            f"--onto: {source}: trains {model}, but study {study.name!r} measured {s.model}: its peak and safe rate "
+            f"are not of {model}; sweep {model} itself ('sweep init --from {source}'), or pass --force to write them "
+            "anyway"
+        )
     try:
         edits = changes(reading, measured_settings(s))
     except ValueError as exc:
@@ -286,5 +310,5 @@ def write_onto(study: StudySnapshot, trial: StoredTrial, source: str | Path, out
     except OSError as exc:
         raise StudyError(f"{target}: --onto: cannot write ({exc.strerror}); choose a writable path with -o") from None
     raw = {line.key: line.value for line in reading.lines if line.status != "default"}
-    changed = {key: (raw.get(key), value) for key, value in edits.items()}
+    changed = {key: (raw.get(key), False if value is None else value) for key, value in edits.items()}
     return Onto(path=target, backup=backup, changed=changed, diff=diff)

@@ -34,7 +34,7 @@ PRODUCTION_ENV = "SWEEPER_PRODUCTION_CONFIG"
 #: production file's key.
 QUANTIZATION = ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype", "mixed_precision")
 ADAPTER = ("r", "lora_alpha", "lora_dropout", "target_modules")
-MEASURED_AS_IS = ("gradient_checkpointing", "optim", "packing", "max_grad_norm")
+MEASURED_AS_IS = ("gradient_checkpointing", "optim", "packing", "max_grad_norm", "attn_implementation")
 #: Every setting the guard checks: the lists above and those with a check of their own.
 CHECKED = (
     *QUANTIZATION,
@@ -182,16 +182,27 @@ def test_quantization_and_precision_are_as_measured(setting: str) -> None:
     reading = _production()
     got = reading.settings.get(setting) if setting == "mixed_precision" else _value(setting)
     want = getattr(POLICY, setting)
+    why = {
+        "bnb_4bit_quant_type": "the 4-bit weights' code (nf4 or fp4) moves the numerics",
+        "bnb_4bit_use_double_quant": "double quant moves the 4-bit weights' bytes",
+        "bnb_4bit_compute_dtype": "the compute dtype moves the peak and the precision (float16 overflows)",
+        "mixed_precision": "the autocast moves the peak and the precision (an fp16 autocast is the precision NaN)",
+    }[setting]
     assert got == want, (
-        f"{_said(setting)}: the memory and stability figures were measured at {setting} {want} (an fp16 autocast "
-        f"is the precision NaN; bf16 against float32 moves the peak); write {_fix(setting, want)} ({_MEASURED})"
+        f"{_said(setting)}: the figures were measured at {setting} {want} ({why}); write {_fix(setting, want)} "
+        f"({_MEASURED})"
     )
 
 
 @pytest.mark.parametrize("setting", ADAPTER)
 def test_the_adapter_is_as_measured(setting: str) -> None:
     got, want = _value(setting), getattr(POLICY, setting)
-    same = set(got) == set(want) if setting == "target_modules" and not isinstance(got, str) else got == want
+    if setting == "target_modules" and got == "all-linear":  # the decoder's linear layers of Llama-family models
+        same = set(want) == set(_read.ALL_LINEAR)
+    elif setting == "target_modules" and not isinstance(got, str):
+        same = set(got) == set(want)
+    else:
+        same = got == want
     assert same, (
         f"{_said(setting)}: the adapter measured has {setting} {want!r} (lora_alpha / r scales its step: "
         f"{POLICY.lora_alpha / POLICY.r:g} measured); write {_fix(setting, want)} ({_MEASURED})"

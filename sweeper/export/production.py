@@ -55,6 +55,10 @@ SETTINGS = (
     "seed",
 )
 
+#: What ``all-linear`` (peft's, axolotl's ``lora_target_linear``, LLaMA-Factory's ``all``) means for the decoders of
+#: Llama, Mistral, Qwen and Gemma: their linear layers (peft leaves the output layer out).
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
 #: The formats :func:`read_production` reads, for the one line that names them.
 FORMATS = (
     "an axolotl, LLaMA-Factory or TRL --config .yaml, a .json of keyword arguments (SFTConfig, TrainingArguments, "
@@ -254,6 +258,7 @@ _AXOLOTL = Tool(
         "packing": False,
         "pad_to_max_length": False,
         "mixed_precision": "bf16",
+        "attn_implementation": "sdpa",
     },
     default_source="axolotl's defaults (utils/schemas/training.py, config.py, peft.py; loaders/model.py builds nf4 "
     "with double quant; bf16: auto is bf16 on a card with it), read at v0.18.0, unchanged to its main",
@@ -314,6 +319,7 @@ _LLAMA_FACTORY = Tool(
         "packing": False,
         "pad_to_max_length": False,
         "mixed_precision": INFERRED_PRECISION,
+        "attn_implementation": "sdpa",
         "seed": 42,
     },
     default_source="LLaMA-Factory 0.9.5's defaults (hparams/model_args.py, finetuning_args.py, data_args.py; "
@@ -374,6 +380,7 @@ _TRL = Tool(
         "packing": False,
         "pad_to_max_length": False,
         "mixed_precision": "bf16",
+        "attn_implementation": "sdpa",
         "seed": 42,
     },
     default_source="TRL's defaults (trainer/model_config.py: dtype float32, which its get_quantization_config passes "
@@ -444,6 +451,7 @@ _JSON = Tool(
         "packing": False,
         "pad_to_max_length": False,
         "mixed_precision": None,
+        "attn_implementation": "sdpa",
     },
     default_source="transformers 5 TrainingArguments, peft LoraConfig, bitsandbytes' BitsAndBytesConfig",
 )
@@ -479,6 +487,17 @@ NOT_MEASURED: dict[str, str] = {
     "unfrozen_parameters": "trains the matched parameters in full: the run's peak is HIGHER than measured",
 }
 
+#: Keys of a run's length and schedule: not carried into a short trial, each with what stands for it.
+SCHEDULE: dict[str, str] = {
+    "warmup_ratio": "a share of the long run's steps: the trials probe the peak rate at a constant rate after "
+    "training.warmup_steps (set it to the warmup you want the trials to run)",
+    "lr_scheduler": "the trials hold the peak rate constant to probe it; a schedule lowers it later in the run",
+    "lr_scheduler_type": "the trials hold the peak rate constant to probe it; a schedule lowers it later in the run",
+    "num_epochs": "the run's length: the chance of diverging is of the study's horizon (study.confirm_steps)",
+    "num_train_epochs": "the run's length: the chance of diverging is of the study's horizon (study.confirm_steps)",
+    "max_steps": "the run's length: the chance of diverging is of the study's horizon (study.confirm_steps)",
+}
+
 #: What a ``tf32`` key changes: only a float32 compute dtype's matmuls (TF32 on Ampere and newer cards).
 TF32 = "TF32 matmuls change only float32 compute (the trials ran float32 matmuls in full float32)"
 
@@ -493,17 +512,17 @@ IGNORED_BY_TOOL: dict[str, dict[str, str]] = {
 #: Keys of a run's bookkeeping that change neither the memory nor the stability sweeper measures.
 _BOOKKEEPING = re.compile(
     r"^(output_dir|logging_.*|report_to|run_name|wandb_.*|hub_.*|push_to_hub.*|save_.*|eval_.*|evals_.*|"
-    r"do_train|do_eval|do_predict|overwrite_.*|plot_loss|num_train_epochs|max_steps|lr_scheduler_.*|"
+    r"do_train|do_eval|do_predict|overwrite_.*|plot_loss|"
     r"dataset_dir|dataset_prepared_path|val_set_size|template|chat_template|stage|finetuning_type|adapter|"
     r"strict|special_tokens|tokenizer_.*|model_type|trust_remote_code|preprocessing_num_workers|"
     r"dataloader_.*|ddp_.*|resume_from_checkpoint|trust_remote_code|dataset_num_proc|dataset_text_field|"
     r"early_stopping_patience|debug|deepspeed_config|xformers_attention|group_by_length|"
-    r"train_on_inputs|warmup_ratio|saves_per_epoch|evals_per_epoch|bnb_config_kwargs|lora_fan_in_fan_out|"
+    r"train_on_inputs|saves_per_epoch|evals_per_epoch|bnb_config_kwargs|lora_fan_in_fan_out|"
     r"local_rank|max_samples|overwrite_cache|use_peft|bf16|fp16|bf16_full_eval|fp16_full_eval|"
     r"quantization_method|torch_compile|task_type|bias|inference_mode|base_model_config|"
     r"auto_mapping|revision|peft_type|sweeper_sha256|provenance|notes|environment|effective_batch_size|"
     r"target_effective_batch_size|training_args|bnb_config|lora_config|collation|dataset_kwargs|"
-    r"num_epochs|lr_scheduler|eot_tokens|model_revision|per_device_eval_batch_size|log_level|"
+    r"eot_tokens|model_revision|per_device_eval_batch_size|log_level|"
     r"init_lora_weights|fan_in_fan_out|lora_bias|peft_version|base_model_ignore_patterns|"
     r"gradient_checkpointing_kwargs|is_llama_derived_model|tokenizer_type|lora_model_dir)$"
 )
@@ -692,6 +711,8 @@ def read_config(config: Any, path: str, suffix: str) -> Reading:
             continue  # read together below
         elif key == "tf32":
             lines.append(KeyLine(key, value, "not carried", None, TF32))
+        elif key in SCHEDULE:
+            lines.append(KeyLine(key, value, "not carried", None, SCHEDULE[key]))
         elif key.startswith(("bnb_config_kwargs.", "collation.")) or _BOOKKEEPING.match(key):
             if key in ("bnb_config_kwargs", "collation"):
                 continue  # its keys are read one by one
@@ -778,6 +799,8 @@ def read_production(path: str | Path) -> Reading:
     if not p.is_file():
         raise ProductionConfigError(f"{path}: no such file; give {FORMATS}")
     suffix = p.suffix.lower()
+    if suffix == ".orig":  # the original sweep export --onto keeps: read as the file it was
+        suffix = Path(p.stem).suffix.lower()
     if suffix == ".py":
         raise ProductionConfigError(
             f"{path}: a Python script is not read (its values are code); give the .json beside sweep's hf/trl export, "
@@ -844,6 +867,8 @@ def written(tool: str, setting: str, value: Any, reading: Reading | None = None)
             return {"sample_packing": value}
         if setting == "pad_to_max_length":
             return {"pad_to_sequence_len": value}
+        if setting == "attn_implementation":  # its older switches off, where the file has them
+            return {"attn_implementation": value, "flash_attention": None, "sdp_attention": None}
     if tool == "trl" and setting == "bnb_4bit_compute_dtype":
         return {"dtype": value}
     if tool in ("trl", "json") and setting == "pad_to_max_length":

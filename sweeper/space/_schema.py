@@ -144,6 +144,9 @@ class StudySpec:
         confirm_steps: Steps of a confirmation run (``sweep confirm``); None for 10x the trial's ``max_steps``.
         confirm_top: At the end of ``sweep run``, confirm this many of the front's trials, the safe pick first (0:
             none).
+        baseline: Run the space's first choices first (each searched key's first value, its other keys as fixed):
+            ``sweep init --from`` puts the user's own settings first, so that the study measures them beside what it
+            searches. Queued once, when the study is created.
         objectives: A new study's objectives, in order (registered names: ``peak_memory_gib`` first, then a
             stability objective, ``edge_proximity``, then optionally ``learning_progress``); None for the default
             two, ``peak_memory_gib`` and ``edge_proximity``. A study keeps the objectives it was created with.
@@ -157,6 +160,7 @@ class StudySpec:
     storage: str | None = _key(None, "str", optional=True)
     confirm_steps: int | None = _key(None, "int", low=1, high=MAX_STEPS, optional=True)
     confirm_top: int = _key(0, "int", low=0, high=100)
+    baseline: bool = _key(False, "bool")
     objectives: tuple[str, ...] | None = _key(
         None, "str_list", optional=True, example="[peak_memory_gib, edge_proximity, learning_progress]"
     )

@@ -88,6 +88,8 @@ def open_study(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([o.name for o in wanted])
+    if space.study.baseline and not study.trials:  # a new study measures the space's first choices first
+        study.enqueue_trial(space.first_choices(), skip_if_exists=True)
     _check_same_objectives(study, wanted if objectives is not None else None, url)
     _check_same_search(study, space, url)
     identity = study_identity(study)

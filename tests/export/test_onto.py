@@ -26,6 +26,7 @@ MEASURED_KEYS = {
     "bnb_4bit_compute_dtype", "bf16", "fp16", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
     "lora_target_linear", "micro_batch_size", "gradient_accumulation_steps", "learning_rate", "optimizer",
     "gradient_checkpointing", "max_grad_norm", "sequence_len", "sample_packing", "pad_to_sequence_len",
+    "attn_implementation", "flash_attention", "sdp_attention",
 }  # fmt: skip
 
 

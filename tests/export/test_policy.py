@@ -112,7 +112,7 @@ _AXOLOTL_EDITS = {
                       "load_in_4bit False, load_in_8bit True"),
     "fp16 flag": ({"bf16": False, "fp16": True}, (),
                   ["test_quantization_and_precision_are_as_measured[mixed_precision]"],
-                  "fp16 True: the memory and stability figures were measured at mixed_precision bf16"),
+                  "fp16 True: the figures were measured at mixed_precision bf16"),
     "checkpointing deleted": ({}, ("gradient_checkpointing",),
                               ["test_memory_moving_settings_are_as_measured[gradient_checkpointing]"],
                               "gradient_checkpointing (unset: axolotl's default False)"),
