@@ -19,6 +19,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     from sweeper.space import load_space
 
     out = Path(args.output or "space.yaml")
+    if out.exists() and out.resolve() == Path(args.source).resolve():
+        raise SpaceError(f"{out}: -o names the config read (--from); write the space to another path")
     if out.exists() and not args.force:
         raise SpaceError(f"{out}: exists; pass --force to replace it, or -o another path")
     try:
@@ -35,10 +37,15 @@ def cmd_init(args: argparse.Namespace) -> int:
     for key, value, what, where in made.table:
         _print(f"  {key:<{width}}  {value:<24}  {what:<12}  {where}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(out.name + ".tmp.yaml")
     tmp.write_text(made.text)
+    try:
+        load_space(tmp)  # the space validates before it replaces anything
+    except SpaceError as exc:
+        tmp.unlink()
+        first = str(exc).split(": ", 1)[-1]
+        raise SpaceError(f"--from: {args.source}: its values make no valid space ({first}); fix the file") from None
     os.replace(tmp, out)
-    load_space(out)  # the space validates as written
     for line in made.warnings:
         _print(f"note: {line}")
     study = load_space(out).study.name

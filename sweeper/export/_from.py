@@ -87,6 +87,10 @@ def space_from(reading: Reading) -> SpaceFrom:
 
     # The searched part, around the user's values.
     r = int(pick("r", defaults.r))
+    for setting, low in (("r", 1), ("per_device_train_batch_size", 1), ("max_seq_length", 8)):
+        value = s.get(setting)
+        if isinstance(value, int) and value < low:
+            raise ValueError(f"{reading.path}: {reading.key(setting)}: {value} is below {low}; fix the file's value")
     alpha = pick("lora_alpha", 2 * r)
     ratio = _number(float(alpha) / r)
     dtype = pick("bnb_4bit_compute_dtype", "bfloat16")
@@ -218,7 +222,7 @@ def space_from(reading: Reading) -> SpaceFrom:
         warnings.append(
             f"dataset {data!r} is a name in LLaMA-Factory's dataset_info.json: set dataset.path to its file"
         )
-    for key, why in reading.not_measured.items():
+    for key, why in {**reading.not_measured, **reading.noted}.items():
         warnings.append(f"{key}: not carried: {why}")
 
     raw = {

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,7 @@ def _yaml_onto(text: str, edits: dict[str, Any], header: list[str]) -> str:
     yaml.width = 4096
     yaml.indent(mapping=mapping, sequence=indent or mapping, offset=block_seq_indent or 0)
     yaml.representer.add_representer(float, _float_yaml)
+    yaml.allow_duplicate_keys = True  # as PyYAML and the tools read a file: the last value wins
     data = yaml.load(text)
     for key, value in edits.items():
         _set_yaml(data, key, value)
@@ -208,13 +210,27 @@ def _yaml_onto(text: str, edits: dict[str, Any], header: list[str]) -> str:
     return "\n".join(header + lines)
 
 
+#: Where the json export's nesting keeps each keyword: BitsAndBytesConfig's and LoraConfig's, the rest in
+#: ``training_args`` (a key the file lacks goes into its object's nest, as the object reads it).
+_NESTS = {
+    "bnb_config": ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+                   "bnb_4bit_compute_dtype"),
+    "lora_config": ("r", "lora_alpha", "lora_dropout", "target_modules"),
+}  # fmt: skip
+_TOP = ("max_seq_length", "model")
+
+
 def _json_onto(text: str, edits: dict[str, Any]) -> str:
     data = json.loads(text)
+    nested = any(isinstance(data.get(n), dict) for n in ("bnb_config", "lora_config", "training_args"))
     for key, value in edits.items():
         holder = data
         for nest in ("bnb_config", "lora_config", "training_args"):
             if isinstance(data.get(nest), dict) and key in data[nest]:
                 holder = data[nest]
+        if nested and holder is data and key not in data and key not in _TOP:
+            nest = next((n for n, names in _NESTS.items() if key in names), "training_args")
+            holder = data.setdefault(nest, {})
         top = key.split(".")[0]
         if "." in key and isinstance(holder.get(top), dict):
             holder = holder[top]
@@ -223,8 +239,9 @@ def _json_onto(text: str, edits: dict[str, Any]) -> str:
             holder.pop(key, None)
         else:
             holder[key] = list(value) if isinstance(value, tuple) else value
-    indent = 2 if "\n " in text else None
-    return json.dumps(data, indent=indent) + ("\n" if text.endswith("\n") else "")
+    found = re.search(r"\n( +)\S", text)
+    indent = len(found.group(1)) if found else None
+    return json.dumps(data, indent=indent, ensure_ascii=False) + ("\n" if text.endswith("\n") else "")
 
 
 def _header(s: ExportSettings, edits: dict[str, Any]) -> list[str]:
@@ -272,6 +289,11 @@ def write_onto(
         raise StudyError(f"--onto: {exc}") from None
     if reading.tool == "policy":
         raise StudyError(f"--onto: {source}: a policy's fields are written by --format policy, not --onto")
+    if reading.adapter:
+        raise StudyError(
+            f"--onto: {source}: a peft adapter_config.json describes trained weights; --onto writes training configs "
+            "(sweep init --from reads it; write the answer onto the run's training config)"
+        )
     s = settings_of(study, trial)
     model = reading.settings.get("model")
     if not force and not _same_model(s, model):
@@ -287,25 +309,29 @@ def write_onto(
             f"--onto: {source}: {exc}: trial {trial.number} cannot be written onto this {reading.tool} file; choose "
             "a trial that computed in bfloat16 or float16 (--trial N)"
         ) from None
-    before = Path(source).read_text(encoding="utf-8")
+    raw_bytes = Path(source).read_bytes()
+    before = raw_bytes.decode("utf-8").replace("\r\n", "\n")
     after = _json_onto(before, edits) if reading.tool == "json" else _yaml_onto(before, edits, _header(s, edits))
-    target = Path(output) if output else Path(source)
+    if b"\r\n" in raw_bytes:  # the file's own line ends
+        after = after.replace("\n", "\r\n")
+    target = (Path(output) if output else Path(source)).resolve()  # a link's target is the file written
+    if target.is_dir():
+        raise StudyError(f"{target}: -o names a folder; give the file to write")
     backup = None
-    if target.resolve() == Path(source).resolve():
-        backup = Path(str(source) + ".orig")
-        if not backup.exists():
-            backup.write_text(before, encoding="utf-8")
-        else:
-            backup = None
     diff = "".join(
         difflib.unified_diff(
             before.splitlines(keepends=True), after.splitlines(keepends=True), str(source), str(target)
         )
     )
     try:
+        if target == Path(source).resolve() and not Path(str(source) + ".orig").exists():
+            backup = Path(str(source) + ".orig")
+            shutil.copy2(target, backup)  # the original, byte for byte
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(after, encoding="utf-8")
+        tmp.write_bytes(after.encode("utf-8"))
+        if target.exists():
+            shutil.copymode(target, tmp)  # the file's own permissions
         os.replace(tmp, target)
     except OSError as exc:
         raise StudyError(f"{target}: --onto: cannot write ({exc.strerror}); choose a writable path with -o") from None

@@ -300,6 +300,8 @@ def test_nothing_unmeasured_moves_memory() -> None:
 
 def test_every_key_is_read() -> None:
     reading = _production()
+    for key, why in reading.noted.items():
+        warnings.warn(f"{reading.path}: {key}: {why}", stacklevel=1)
     unread = [line.key for line in reading.lines if line.status == "unread"]
     if unread:
         warnings.warn(

@@ -78,8 +78,8 @@ class ProductionConfigError(ValueError):
 
 # -- values ---------------------------------------------------------------------------------------------------------
 
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0", "none", "null", ""}
+_TRUE = {"true", "yes", "on", "1", "y", "t", "1.0"}
+_FALSE = {"false", "no", "off", "0", "none", "null", "", "n", "f", "0.0"}
 
 
 def _bool(value: Any) -> bool:
@@ -353,9 +353,9 @@ _TRL = Tool(
         ("warmup_steps", "warmup_steps", _int),
         ("weight_decay", "weight_decay", _float),
         ("max_length", "max_seq_length", lambda v: None if v is None else _int(v), "max_length -> max_seq_length"),
-        ("max_seq_length", "max_seq_length", lambda v: None if v is None else _int(v)),
         ("packing", "packing", _bool),
         ("attn_implementation", "attn_implementation", _text),
+        ("activation_checkpointing", "gradient_checkpointing", _bool, "transformers 5's name, over the old one"),
         ("dataset_name", "dataset", _dataset),
         ("seed", "seed", _int),
     ),
@@ -422,6 +422,7 @@ _JSON = Tool(
         ("learning_rate", "learning_rate", _float),
         ("optim", "optim", _text),
         ("gradient_checkpointing", "gradient_checkpointing", _checkpointing),
+        ("activation_checkpointing", "gradient_checkpointing", _bool, "transformers 5's name, over the old one"),
         ("max_grad_norm", "max_grad_norm", _float),
         ("warmup_steps", "warmup_steps", _int),
         ("weight_decay", "weight_decay", _float),
@@ -458,6 +459,8 @@ _JSON = Tool(
 
 TOOL_KEYS: dict[str, Tool] = {t.name: t for t in (_AXOLOTL, _LLAMA_FACTORY, _TRL, _JSON)}
 
+_KERNELS = "axolotl's fused LoRA kernels: memory and numerics other than peft's layers the trials ran"
+
 #: Keys that move the peak memory or the numerics which no trial expresses, by tool: each a reason, and which way
 #: the run's peak differs from the one measured.
 NOT_MEASURED: dict[str, str] = {
@@ -484,6 +487,19 @@ NOT_MEASURED: dict[str, str] = {
     "use_unsloth": "unsloth's kernels: the run's peak is LOWER than measured, with other numerics",
     "unsloth": "unsloth's kernels: the run's peak is LOWER than measured, with other numerics",
     "layers_to_transform": "adapters on some layers only: the run's peak is LOWER than measured",
+    "peft_use_rslora": "rank-stabilised scaling lora_alpha/sqrt(r): the adapter's step differs from the measured one",
+    "loraplus_lr_ratio": "LoRA+ trains B at a higher rate than A: the adapter's step differs from the measured one",
+    "lora_qkv_kernel": _KERNELS,
+    "lora_mlp_kernel": _KERNELS,
+    "lora_o_kernel": _KERNELS,
+    "lora_embedding_kernel": _KERNELS,
+    "padding_free": "rows concatenated without padding: the run's peak differs from the padded rows measured",
+    "rank_pattern": "another rank for some modules: the adapter differs from the measured one",
+    "alpha_pattern": "another lora_alpha for some modules: the adapter's step differs from the measured one",
+    "pure_bf16": "the whole model in bf16 (no float32 master weights): other numerics than measured",
+    "rl": "preference training (DPO, ORPO, ...): not the supervised fine-tuning the trials measured",
+    "bnb_config_kwargs.llm_int8_skip_modules": "modules left unquantized: the run's peak is HIGHER than measured",
+    "llm_int8_skip_modules": "modules left unquantized: the run's peak is HIGHER than measured",
     "unfrozen_parameters": "trains the matched parameters in full: the run's peak is HIGHER than measured",
 }
 
@@ -498,6 +514,16 @@ SCHEDULE: dict[str, str] = {
     "max_steps": "the run's length: the chance of diverging is of the study's horizon (study.confirm_steps)",
 }
 
+#: Keys that change what the trials did not measure: noted (a warning in the guard), never a failure, each with why;
+#: and the keys a tool ignores (:data:`IGNORED_BY_TOOL`) are noted the same way.
+NOTED: dict[str, str] = {
+    "per_device_eval_batch_size": "evaluation, which the trials do not run: an eval batch larger than the training "
+    "batch may raise the run's peak during evaluation",
+    "eval_batch_size": "evaluation, which the trials do not run: an eval batch larger than the training batch may "
+    "raise the run's peak during evaluation",
+    "torch_compile": "a compiled model: other kernels, memory and speed than the trials ran",
+}
+
 #: What a ``tf32`` key changes: only a float32 compute dtype's matmuls (TF32 on Ampere and newer cards).
 TF32 = "TF32 matmuls change only float32 compute (the trials ran float32 matmuls in full float32)"
 
@@ -506,6 +532,8 @@ IGNORED_BY_TOOL: dict[str, dict[str, str]] = {
     "trl": {
         "torch_dtype": "TRL 1.x reads dtype, not torch_dtype (its parser drops unknown keys): the model loads and the "
         "4-bit layers compute in dtype's default, float32; write dtype instead",
+        "max_seq_length": "TRL 1.x reads max_length, not max_seq_length (its parser drops unknown keys): rows are cut "
+        "at max_length (default 1024); write max_length instead",
     },
 }
 
@@ -513,16 +541,16 @@ IGNORED_BY_TOOL: dict[str, dict[str, str]] = {
 _BOOKKEEPING = re.compile(
     r"^(output_dir|logging_.*|report_to|run_name|wandb_.*|hub_.*|push_to_hub.*|save_.*|eval_.*|evals_.*|"
     r"do_train|do_eval|do_predict|overwrite_.*|plot_loss|"
-    r"dataset_dir|dataset_prepared_path|val_set_size|template|chat_template|stage|finetuning_type|adapter|"
+    r"dataset_dir|dataset_prepared_path|val_set_size|template|chat_template|finetuning_type|adapter|"
     r"strict|special_tokens|tokenizer_.*|model_type|trust_remote_code|preprocessing_num_workers|"
     r"dataloader_.*|ddp_.*|resume_from_checkpoint|trust_remote_code|dataset_num_proc|dataset_text_field|"
     r"early_stopping_patience|debug|deepspeed_config|xformers_attention|group_by_length|"
     r"train_on_inputs|saves_per_epoch|evals_per_epoch|bnb_config_kwargs|lora_fan_in_fan_out|"
     r"local_rank|max_samples|overwrite_cache|use_peft|bf16|fp16|bf16_full_eval|fp16_full_eval|"
-    r"quantization_method|torch_compile|task_type|bias|inference_mode|base_model_config|"
+    r"task_type|bias|inference_mode|base_model_config|"
     r"auto_mapping|revision|peft_type|sweeper_sha256|provenance|notes|environment|effective_batch_size|"
     r"target_effective_batch_size|training_args|bnb_config|lora_config|collation|dataset_kwargs|"
-    r"eot_tokens|model_revision|per_device_eval_batch_size|log_level|"
+    r"eot_tokens|model_revision|log_level|"
     r"init_lora_weights|fan_in_fan_out|lora_bias|peft_version|base_model_ignore_patterns|"
     r"gradient_checkpointing_kwargs|is_llama_derived_model|tokenizer_type|lora_model_dir)$"
 )
@@ -565,7 +593,11 @@ class Reading:
         lines: Every key of the file and what became of it (:class:`KeyLine`), then each default that stands for a
             key the file leaves out.
         not_measured: The file's keys that move memory or numerics and that no trial expresses, each with its
-            reason (:data:`NOT_MEASURED`).
+            reason (:data:`NOT_MEASURED`): the guard fails on them.
+        noted: The file's keys to know of that the guard only warns of: a key its tool ignores
+            (:data:`IGNORED_BY_TOOL`), evaluation (:data:`NOTED`), a JSON boolean written as a string.
+        adapter: The file is a peft ``adapter_config.json`` (it names its ``peft_type``): a trained adapter's record,
+            read by ``init --from``, never written onto.
     """
 
     path: str
@@ -574,6 +606,8 @@ class Reading:
     keys: dict[str, str]
     lines: list[KeyLine] = field(default_factory=list)
     not_measured: dict[str, str] = field(default_factory=dict)
+    noted: dict[str, str] = field(default_factory=dict)
+    adapter: bool = False
 
     def key(self, setting: str) -> str:
         """The file's key for ``setting``, or the tool's key for it when the file leaves it out (``micro_batch_size``
@@ -607,7 +641,7 @@ def detect_tool(config: Mapping[str, Any], suffix: str) -> str:
     arguments), ``llama-factory``, ``axolotl`` or ``trl``; ``space`` for a sweeper space file. A YAML is
     LLaMA-Factory's when it has one of its own keys (``stage``, ``finetuning_type``, ``quantization_bit``,
     ``cutoff_len``, ``lora_rank``, ``lora_target``, ``template``), axolotl's with ``base_model`` or one of its own
-    (``micro_batch_size``, ``sequence_len``, ``adapter``, ``sample_packing``, ``datasets``), TRL's otherwise."""
+    (``micro_batch_size``, ``sequence_len``, ``adapter``, ``sample_packing``), TRL's otherwise."""
     if "envelope" in config and "study" in config:
         return "policy"
     if "search" in config or ("training" in config and "study" in config):
@@ -618,34 +652,49 @@ def detect_tool(config: Mapping[str, Any], suffix: str) -> str:
         config
     ):
         return "llama-factory"
-    if {"base_model", "micro_batch_size", "sequence_len", "adapter", "sample_packing", "datasets"} & set(config):
+    if {"base_model", "micro_batch_size", "sequence_len", "adapter", "sample_packing"} & set(config):
         return "axolotl"
     return "trl"
 
 
-def _json_flat(config: Mapping[str, Any]) -> dict[str, Any]:
+def _json_flat(config: Mapping[str, Any], lines: list[KeyLine] | None = None) -> dict[str, Any]:
     """A JSON of keyword arguments, flat: the json export's ``bnb_config``, ``lora_config`` and ``training_args``
-    merged into the top level (their keys are the objects' own)."""
+    merged into the top level (their keys are the objects' own, and win: a top-level key they also set is said in
+    ``lines`` as not carried, never dropped)."""
     flat = dict(config)
     for nest in ("bnb_config", "lora_config", "training_args"):
         inner = config.get(nest)
         if isinstance(inner, dict):
-            flat.update(inner)
+            for key, value in inner.items():
+                if key in config and lines is not None:
+                    why = f"{nest}.{key} sets it (the object's own keyword)"
+                    lines.append(KeyLine(key, config[key], "not carried", None, why))
+                flat[key] = value
     if isinstance(config.get("collation"), dict):
         flat.update({f"collation.{k}": v for k, v in config["collation"].items()})
     return flat
 
 
+def _on(value: Any) -> bool:
+    """A flag's value as pydantic and TRL's parser read it: ``true``, ``yes``, ``on``, ``1``... (and axolotl's
+    ``auto``) are on."""
+    return value is True or (value is not None and str(value).strip().lower() in _TRUE | {"auto"})
+
+
 def _mixed_precision(raw: Mapping[str, Any], tool: Tool) -> tuple[str | None, str | None]:
     """The autocast precision the file's ``bf16``/``fp16`` flags choose (``bf16``, ``fp16`` or None for float32),
-    and the key that chose it (None: the tool's default). axolotl's ``bf16: auto`` is bf16 on a card with it."""
+    and the key that chose it (None: the tool's default). axolotl's ``bf16: auto`` is bf16 on a card with it;
+    LLaMA-Factory with neither flag on chooses from the GPU and the checkpoint (:data:`INFERRED_PRECISION`)."""
     bf16, fp16 = raw.get("bf16"), raw.get("fp16")
-    if bf16 is not None and str(bf16).lower() in ("true", "auto", "1"):
+    if _on(bf16):
         return "bf16", "bf16"
-    if fp16 is not None and str(fp16).lower() in ("true", "1"):
+    if _on(fp16):
         return "fp16", "fp16"
-    if bf16 is not None or fp16 is not None:
-        return None, "bf16" if bf16 is not None else "fp16"
+    said = "bf16" if bf16 is not None else "fp16" if fp16 is not None else None
+    if tool.name == "llama-factory":
+        return INFERRED_PRECISION, said
+    if said is not None:
+        return None, said
     return tool.defaults.get("mixed_precision"), None
 
 
@@ -661,11 +710,12 @@ def read_config(config: Any, path: str, suffix: str) -> Reading:
     if tool_name == "policy":
         return _read_policy(config, path)
     tool = TOOL_KEYS[tool_name]
-    raw = _json_flat(config) if tool_name == "json" else _flatten(config)
+    lines: list[KeyLine] = []
+    raw = _json_flat(config, lines) if tool_name == "json" else _flatten(config)
     settings: dict[str, Any] = {}
     keys: dict[str, str] = {}
-    lines: list[KeyLine] = []
     not_measured: dict[str, str] = {}
+    noted: dict[str, str] = {}
     for key, value in raw.items():
         spec = tool.keys.get(key)
         if spec is not None:
@@ -681,7 +731,18 @@ def read_config(config: Any, path: str, suffix: str) -> Reading:
             if converted is None:
                 lines.append(KeyLine(key, value, "not carried", spec.setting, "unset (null or false)"))
                 continue
+            if tool_name == "json" and spec.convert in (_bool, _checkpointing) and isinstance(value, str):
+                noted[key] = (
+                    f"{value!r} is a string: TrainingArguments(**json) and HfArgumentParser.parse_json_file keep it, "
+                    "and any non-empty string is true; write true or false"
+                )
             if spec.setting in keys:
+                if key == "activation_checkpointing":  # transformers 5: it overrides gradient_checkpointing
+                    lines.append(KeyLine(keys[spec.setting], raw[keys[spec.setting]], "not carried", spec.setting,
+                                         f"{key} overrides it"))  # fmt: skip
+                    settings[spec.setting], keys[spec.setting] = converted, key
+                    lines.append(KeyLine(key, value, "translated", spec.setting, spec.how))
+                    continue
                 if spec.setting == "target_modules" and converted == "all-linear":
                     # axolotl adds every linear layer to lora_target_modules: all-linear wins
                     settings[spec.setting], keys[spec.setting] = converted, key
@@ -699,7 +760,22 @@ def read_config(config: Any, path: str, suffix: str) -> Reading:
             lines.append(KeyLine(key, value, "carried" if same else "translated", spec.setting, spec.how))
         elif key in IGNORED_BY_TOOL.get(tool.name, {}):
             lines.append(KeyLine(key, value, "not carried", None, IGNORED_BY_TOOL[tool.name][key]))
-            not_measured[key] = IGNORED_BY_TOOL[tool.name][key]
+            noted[key] = IGNORED_BY_TOOL[tool.name][key]
+        elif key in NOTED and value not in (None, False):
+            lines.append(KeyLine(key, value, "not carried", None, NOTED[key]))
+            noted[key] = NOTED[key]
+        elif tool.name == "llama-factory" and key in ("stage", "quantization_method"):
+            expected = {"stage": "sft", "quantization_method": "bnb"}[key]
+            if str(value).lower() == expected:
+                lines.append(KeyLine(key, value, "carried", None, f"{value}: what the trials ran"))
+            else:
+                why = {
+                    "stage": f"stage {value}: not the supervised fine-tuning (sft) the trials measured"
+                    + ("; pt packs rows by default" if value == "pt" else ""),
+                    "quantization_method": f"{value}: not the bitsandbytes 4-bit weights the trials measured",
+                }[key]
+                lines.append(KeyLine(key, value, "not carried", None, why))
+                not_measured[key] = why
         elif key == "fsdp_config" and not raw.get("fsdp"):
             lines.append(KeyLine(key, value, "not carried", None, "fsdp is off"))
         elif key in NOT_MEASURED and value not in (None, False, [], "", {}):
@@ -708,13 +784,18 @@ def read_config(config: Any, path: str, suffix: str) -> Reading:
         elif key in NOT_MEASURED:
             lines.append(KeyLine(key, value, "not carried", None, "off, as in the trials"))
         elif key in ("bf16", "fp16"):
+            if tool_name == "json" and isinstance(value, str) and value:
+                noted[key] = (
+                    f"{value!r} is a string: TrainingArguments(**json) and HfArgumentParser.parse_json_file keep it, "
+                    "and any non-empty string is true; write true or false"
+                )
             continue  # read together below
         elif key == "tf32":
             lines.append(KeyLine(key, value, "not carried", None, TF32))
         elif key in SCHEDULE:
             lines.append(KeyLine(key, value, "not carried", None, SCHEDULE[key]))
         elif key.startswith(("bnb_config_kwargs.", "collation.")) or _BOOKKEEPING.match(key):
-            if key in ("bnb_config_kwargs", "collation"):
+            if key in ("bnb_config_kwargs", "collation") and isinstance(value, dict):
                 continue  # its keys are read one by one
             lines.append(KeyLine(key, value, "not carried", None, "moves neither memory nor stability as measured"))
         elif value is None or value == {} or value == [] or value == "":
@@ -725,13 +806,24 @@ def read_config(config: Any, path: str, suffix: str) -> Reading:
     settings["mixed_precision"] = precision
     if precision_key is not None:
         keys["mixed_precision"] = precision_key
-        for flag in ("bf16", "fp16"):
-            if flag in raw:
-                lines.append(
-                    KeyLine(flag, raw[flag], "translated", "mixed_precision", f"{flag} -> mixed precision {precision}")
-                )
+    for flag in ("bf16", "fp16"):
+        if flag in raw:
+            lines.append(
+                KeyLine(flag, raw[flag], "translated", "mixed_precision", f"{flag} -> mixed precision {precision}")
+            )
+    if tool_name == "llama-factory" and str(raw.get("stage", "sft")).lower() == "pt" and "packing" not in keys:
+        settings["packing"] = True  # LLaMA-Factory packs pretraining rows unless told not to
     _derive(settings, keys, raw, tool, lines, not_measured)
-    return Reading(path=path, tool=tool_name, settings=settings, keys=keys, lines=lines, not_measured=not_measured)
+    return Reading(
+        path=path,
+        tool=tool_name,
+        settings=settings,
+        keys=keys,
+        lines=lines,
+        not_measured=not_measured,
+        noted=noted,
+        adapter=tool_name == "json" and "peft_type" in config,
+    )
 
 
 def _derive(

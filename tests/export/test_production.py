@@ -79,10 +79,10 @@ def test_the_published_configs_read_as_their_tools_run_them():
     assert otfq.settings["target_modules"] == "all-linear" and otfq.settings["mixed_precision"] == "bf16"
     npu = read_production(FIXTURES / "llamafactory_qwen3_lora_sft_bnb_npu.yaml").settings
     assert npu["bnb_4bit_use_double_quant"] is False
-    # TRL 1.x: no torch_dtype field (dropped by its parser): the 4-bit layers compute in dtype's default, float32
+    # TRL 1.x: no torch_dtype or max_seq_length field (its parser drops them): float32 compute, rows cut at 1024
     zephyr = read_production(FIXTURES / "trl_zephyr-7b-beta_sft_config_qlora.yaml")
     assert zephyr.tool == "trl" and zephyr.settings["bnb_4bit_compute_dtype"] == "float32"
-    assert "torch_dtype" in zephyr.not_measured and zephyr.settings["max_seq_length"] == 2048
+    assert {"torch_dtype", "max_seq_length"} <= set(zephyr.noted) and zephyr.settings["max_seq_length"] == 1024
     adapter = read_production(FIXTURES / "peft_adapter_config.json").settings
     assert (adapter["model"], adapter["r"], adapter["lora_alpha"]) == ("google/gemma-2-9b-it", 16, 32)
 
@@ -280,3 +280,60 @@ def test_every_memory_or_stability_key_of_the_schema_is_guarded():
     unguarded = keys - set(policy_guard.CHECKED) - set(NOT_A_PRODUCTION_KEY)
     assert not unguarded, f"keys of TrialConfig the policy guard does not check: {sorted(unguarded)}"
     assert set(policy_guard.CHECKED) <= set(SETTINGS)  # each read from a production file
+
+
+def _read_text(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return read_production(path)
+
+
+def test_the_reader_reads_what_the_tools_run_not_what_the_file_seems_to_say(tmp_path):
+    # TRL 1.x has no max_seq_length (its parser drops it): the rows are cut at max_length's default
+    trl = _read_text(tmp_path, "trl.yaml", "model_name_or_path: m\nuse_peft: true\nmax_seq_length: 64\n")
+    assert trl.settings["max_seq_length"] == 1024 and "max_seq_length" in trl.noted
+    # LLaMA-Factory with both flags off: the GPU and the checkpoint choose the precision, not float32
+    lf = _read_text(tmp_path, "lf.yaml", "model_name_or_path: m\nstage: sft\nbf16: false\nfp16: false\n")
+    assert lf.settings["mixed_precision"] == INFERRED_PRECISION
+    # flags as pydantic and TRL's parser read them
+    for text in ("yes", "on", "'y'", "1"):
+        ax = _read_text(tmp_path, "ax.yaml", f"base_model: m\nbf16: {text}\n")
+        assert ax.settings["mixed_precision"] == "bf16", text
+    # transformers 5's activation_checkpointing overrides gradient_checkpointing
+    off = _read_text(tmp_path, "t2.yaml", "model_name_or_path: m\ngradient_checkpointing: true\n"
+                     "activation_checkpointing: false\n")  # fmt: skip
+    assert off.settings["gradient_checkpointing"] is False and off.keys["gradient_checkpointing"] == (
+        "activation_checkpointing"
+    )
+    # LLaMA-Factory's stage and quantization method: other than sft and bnb is not what was measured
+    dpo = _read_text(tmp_path, "lf2.yaml", "model_name_or_path: m\nstage: dpo\nquantization_method: hqq\n")
+    assert {"stage", "quantization_method"} <= set(dpo.not_measured)
+    pt = _read_text(tmp_path, "lf3.yaml", "model_name_or_path: m\nstage: pt\n")
+    assert pt.settings["packing"] is True
+    # a top-level keyword beside the json export's nest is said, never dropped; string booleans in JSON are noted
+    js = tmp_path / "x.json"
+    js.write_text(json.dumps({"learning_rate": 0.5, "training_args": {"learning_rate": 0.002}, "packing": "false"}))
+    reading = read_production(js)
+    assert reading.settings["learning_rate"] == 0.002 and "packing" in reading.noted
+    assert any(line.key == "learning_rate" and line.status == "not carried" for line in reading.lines)
+    # a TRL --config with a datasets mixture is TRL's, not axolotl's
+    assert _read_text(tmp_path, "t3.yaml", "model_name_or_path: m\ndatasets:\n  - path: d\n").tool == "trl"
+    # keys that move memory or the adapter's step are never 'moves neither'
+    ax = _read_text(tmp_path, "ax2.yaml", "base_model: m\npeft_use_rslora: true\nloraplus_lr_ratio: 16\n"
+                    "lora_qkv_kernel: true\nbnb_config_kwargs:\n  llm_int8_skip_modules: [mlp]\n")  # fmt: skip
+    assert {
+        "peft_use_rslora",
+        "loraplus_lr_ratio",
+        "lora_qkv_kernel",
+        "bnb_config_kwargs.llm_int8_skip_modules",
+    } <= set(ax.not_measured)
+
+
+def test_init_refuses_to_write_over_its_source_and_names_the_files_key_for_a_bad_value(workdir):
+    source = workdir / "qlora.yml"
+    source.write_text("base_model: m\nlora_r: 0\n")
+    out = run_cli("init", "--from", str(source), "-o", str(source), "--force")
+    assert out.returncode == 2 and "names the config read" in out.stderr and source.read_text().startswith("base")
+    out = run_cli("init", "--from", str(source), "-o", "space.yaml")
+    assert out.returncode == 2 and "lora_r: 0 is below 1" in out.stderr and "Traceback" not in out.stderr
+    assert not (workdir / "space.yaml").exists()
