@@ -181,3 +181,36 @@ def test_a_file_the_guard_cannot_read_is_one_line_and_a_hand_edited_policy_fails
         assert "was edited since sweep exported it" in outcomes["messages"]
     finally:
         policy.write_text(text)
+
+
+@pytest.mark.slow
+def test_onto_keeps_the_files_own_form_and_refuses_what_it_must_not_write(exported):
+    cwd = exported.parent
+    # a CRLF file keeps its line ends; only the changed key differs
+    text = (exported / "trial6-axolotl.yaml").read_text().replace("lora_r: 8", "lora_r: 16")
+    crlf = exported / "crlf.yaml"
+    crlf.write_bytes(text.replace("\n", "\r\n").encode())
+    out = run_cli("export", "rep", "--trial", "6", "--onto", str(crlf), cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    written = crlf.read_bytes()
+    assert b"lora_r: 8\r\n" in written and b"\n" not in written.replace(b"\r\n", b"")
+    assert (exported / "crlf.yaml.orig").read_bytes() == text.replace("\n", "\r\n").encode()
+    # the json export's nesting: a keyword deleted from training_args is written back there, its indent kept
+    nested = json.loads((exported / "trial6-json.json").read_text())
+    del nested["training_args"]["gradient_checkpointing"]
+    js = exported / "nested.json"
+    js.write_text(json.dumps(nested, indent=4, ensure_ascii=False))
+    out = run_cli("export", "rep", "--trial", "6", "--onto", str(js), cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    back = json.loads(js.read_text())
+    assert back["training_args"]["gradient_checkpointing"] is True and "gradient_checkpointing" not in back
+    assert js.read_text().startswith('{\n    "')
+    # a peft adapter_config and another model's file are refused, the files left as they were
+    adapter = exported / "adapter_config.json"
+    adapter.write_text(json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "base_model_name_or_path": "m"}))
+    other = exported / "other.yaml"
+    other.write_text(text.replace("base_model:", "base_model: meta-llama/Meta-Llama-3-8B\n_was:"))
+    for path, said in ((adapter, "describes trained weights"), (other, "pass --force")):
+        before = path.read_text()
+        out = run_cli("export", "rep", "--trial", "6", "--onto", str(path), cwd=cwd)
+        assert out.returncode == 2 and said in out.stderr and path.read_text() == before, out.stderr
