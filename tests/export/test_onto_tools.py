@@ -75,12 +75,13 @@ WRITABLE = {
         "load_in_4bit", "load_in_8bit", "bnb_config_kwargs", "bf16", "fp16", "lora_r", "lora_alpha", "lora_dropout",
         "lora_target_modules", "lora_target_linear", "micro_batch_size", "gradient_accumulation_steps",
         "learning_rate", "optimizer", "gradient_checkpointing", "max_grad_norm", "sequence_len", "sample_packing",
-        "pad_to_sequence_len",
+        "pad_to_sequence_len", "attn_implementation", "flash_attention", "sdp_attention",
     },
     "llama-factory": {
         "quantization_bit", "quantization_type", "double_quantization", "bf16", "fp16", "lora_rank", "lora_alpha",
         "lora_dropout", "lora_target", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
         "optim", "disable_gradient_checkpointing", "max_grad_norm", "cutoff_len", "packing", "neat_packing",
+        "flash_attn",
     },
 }  # fmt: skip
 
@@ -303,7 +304,7 @@ def test_axolotl_reads_the_trials_measured_keys_off_its_own_example_written_onto
         assert everything["num_epochs"] == 4 and everything["lr_scheduler"] == "cosine"
         assert everything["warmup_ratio"] == 0.1 and everything["weight_decay"] == 0.0
         assert everything["logging_steps"] == 1 and everything["saves_per_epoch"] == 1
-        assert everything["attn_implementation"] == "flash_attention_2"
+        assert everything["attn_implementation"] == c.model.attn_implementation == "sdpa"  # the measured attention
         assert everything["special_tokens"] == {"pad_token": "<|end_of_text|>"}
     assert [r["bnb"]["bnb_4bit_compute_dtype"] for r in results] == [
         "float16", "float32", "bfloat16", "bfloat16", "float16"
