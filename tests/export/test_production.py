@@ -225,8 +225,7 @@ def test_init_says_which_way_an_unmeasured_key_moves_the_peak(workdir):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
-    [
-        "axolotl_llama3-8b_qlora.yaml",
+    [  # the fifth kind, axolotl's YAML, runs a whole sweep from its space in tests/export/test_onto.py
         "llamafactory_qwen3_lora_sft_otfq.yaml",
         "trl_zephyr-7b-beta_sft_config_qlora.yaml",
         "peft_adapter_config.json",
