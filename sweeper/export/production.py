@@ -863,7 +863,15 @@ def _derive(
 
 
 def _example(spec: ToolKey) -> str:
-    examples = {"_bool": "true or false", "_int": "a whole number", "_float": "a number", "_alpha": "a number"}
+    examples = {
+        "_bool": "true or false",
+        "_checkpointing": "true, false or offload",
+        "_int": "a whole number",
+        "_float": "a number",
+        "_alpha": "a number",
+        "_modules": "a list of module names, or all-linear",
+        "_dtype": "bfloat16, float16 or float32",
+    }
     return examples.get(getattr(spec.convert, "__name__", ""), "in its tool's documented form")
 
 

@@ -226,3 +226,37 @@ def test_onto_keeps_the_files_own_form_and_refuses_what_it_must_not_write(export
         before = path.read_text()
         out = run_cli("export", "rep", "--trial", "6", "--onto", str(path), cwd=cwd)
         assert out.returncode == 2 and said in out.stderr and path.read_text() == before, out.stderr
+
+
+@pytest.mark.slow
+def test_a_trl_config_written_onto_is_what_trls_own_parser_reads_and_the_guard_passes_it(exported):
+    """A TRL ``--config`` YAML (the keys of TRL 1.x's ModelConfig, ScriptArguments and SFTConfig), written onto with
+    trial 6's measured keys, parsed by ``trl.TrlParser`` as ``trl sft --config`` parses it: TRL reads the trial's
+    values; the guard passes the file."""
+    trl = pytest.importorskip("trl")
+    settings = json.loads((exported / "trial6-json.json").read_text())
+    path = exported / "sft.yaml"
+    path.write_text(
+        f"# the user's TRL recipe\nmodel_name_or_path: {settings['model']}\nload_in_4bit: true\nuse_peft: true\n"
+        "lora_r: 32  # was tried first\nlora_alpha: 16\nper_device_train_batch_size: 8\nmax_length: 512\n"
+        "learning_rate: 2.0e-4\noutput_dir: out\nuse_cpu: true\n"
+    )  # fmt: skip
+    out = run_cli("export", "rep", "--trial", "6", "--onto", str(path), cwd=exported.parent)
+    assert out.returncode == 0, out.stderr
+    assert "# the user's TRL recipe" in path.read_text() and "# was tried first" in path.read_text()
+    parser = trl.TrlParser((trl.ScriptArguments, trl.SFTConfig, trl.ModelConfig))
+    _, sft, model = parser.parse_args_and_config(["--config", str(path), "--dataset_name", "rows"])
+    bnb, lora, args = settings["bnb_config"], settings["lora_config"], settings["training_args"]
+    assert (model.lora_r, model.lora_alpha, model.lora_dropout) == (lora["r"], lora["lora_alpha"], lora["lora_dropout"])
+    assert sorted(model.lora_target_modules) == sorted(lora["target_modules"])
+    assert (model.bnb_4bit_quant_type, model.use_bnb_nested_quant, model.dtype) == (
+        bnb["bnb_4bit_quant_type"], bnb["bnb_4bit_use_double_quant"], bnb["bnb_4bit_compute_dtype"]
+    )  # fmt: skip
+    assert (sft.per_device_train_batch_size, sft.gradient_accumulation_steps) == (
+        args["per_device_train_batch_size"], args["gradient_accumulation_steps"]
+    )  # fmt: skip
+    assert sft.max_length == settings["max_seq_length"] and sft.bf16 is args["bf16"]
+    assert str(sft.optim).removeprefix("OptimizerNames.").lower() == args["optim"]
+    assert bool(sft.gradient_checkpointing) is args["gradient_checkpointing"]
+    assert sft.learning_rate <= args["learning_rate"]
+    assert _failed(_guard(exported, path)) == []
