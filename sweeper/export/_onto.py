@@ -19,7 +19,13 @@ from typing import Any
 
 from sweeper.errors import StudyError
 from sweeper.export._settings import ExportSettings, settings_of
-from sweeper.export.production import ProductionConfigError, Reading, read_production, written
+from sweeper.export.production import (
+    PRECISION_OF_DTYPE,
+    ProductionConfigError,
+    Reading,
+    read_production,
+    written,
+)
 from sweeper.notation import format_chance
 from sweeper.study import StoredTrial, StudySnapshot
 
@@ -59,7 +65,7 @@ def measured_settings(s: ExportSettings) -> dict[str, Any]:
         "bnb_4bit_quant_type": q.bnb_4bit_quant_type,
         "bnb_4bit_use_double_quant": q.bnb_4bit_use_double_quant,
         "bnb_4bit_compute_dtype": q.bnb_4bit_compute_dtype,
-        "mixed_precision": {"bfloat16": "bf16", "float16": "fp16"}.get(q.bnb_4bit_compute_dtype),
+        "mixed_precision": PRECISION_OF_DTYPE.get(q.bnb_4bit_compute_dtype),
         "r": lora.r,
         "lora_alpha": lora.lora_alpha,
         "lora_dropout": lora.lora_dropout,

@@ -59,6 +59,9 @@ SETTINGS = (
 #: Llama, Mistral, Qwen and Gemma: their linear layers (peft leaves the output layer out).
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
+#: The Trainer's mixed precision each 4-bit compute dtype runs under (float32: none), as the trials ran it.
+PRECISION_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
+
 #: The formats :func:`read_production` reads, for the one line that names them.
 FORMATS = (
     "an axolotl, LLaMA-Factory or TRL --config .yaml, a .json of keyword arguments (SFTConfig, TrainingArguments, "
@@ -878,9 +881,7 @@ def _example(spec: ToolKey) -> str:
 def _read_policy(config: Mapping[str, Any], path: str) -> Reading:
     """The ``policy`` export's own fields (``Policy.as_flat()`` with its envelope), by its own names."""
     settings = {k: v for k, v in config.items() if k in SETTINGS}
-    settings.setdefault(
-        "mixed_precision", {"bfloat16": "bf16", "float16": "fp16"}.get(config.get("bnb_4bit_compute_dtype", ""))
-    )
+    settings.setdefault("mixed_precision", PRECISION_OF_DTYPE.get(config.get("bnb_4bit_compute_dtype", "")))
     settings.setdefault("load_in_8bit", False)
     settings.setdefault("pad_to_max_length", False)
     keys = {k: k for k in settings}
