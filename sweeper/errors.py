@@ -63,3 +63,8 @@ class Interrupted(KeyboardInterrupt):
 #: What stopped this process last: ``Ctrl-C`` unless a handled signal did (set by the CLI's handler); the reason
 #: an interrupted trial records.
 STOP_CAUSE = {"by": "Ctrl-C"}
+
+
+class ExperimentalWarning(UserWarning):
+    """A measurement or setting that is experimental was used: it has no interface promise until promoted, and its
+    figures are stored outside the stable stored attributes (optuna's ``ExperimentalWarning`` is the model)."""

@@ -48,7 +48,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from sweeper.stability import derive_margin_figures
     from sweeper.storage import study_dir
     from sweeper.sweep import check_setup, with_card
-    from sweeper.trial import cuda_visible, run_trial
+    from sweeper.trial import Measures, cuda_visible, run_trial
 
     _check_trial_environment()  # a bad SWEEPER_TRIAL_START or SWEEPER_WARM is one line, never ignored
     space, card, card_warnings = with_card(_load(args), "cuda" if cuda_visible() else "cpu")
@@ -75,7 +75,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
             folder,
             model_path=model_path,
             on_progress=lambda progress: live.report(0, progress),
-            worst_case=worst or True,
+            measures=Measures(worst_case_samples=worst or ()),
         )
     finally:
         live.close()

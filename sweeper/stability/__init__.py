@@ -1,7 +1,6 @@
 """The stability science: numbers, no text (how they are written is :mod:`sweeper.notation`). One module per measure:
 
 - :mod:`~sweeper.stability._instability`: the probe, the instability and its terms, the divergence rule;
-- :mod:`~sweeper.stability._critical`: the critical learning rate, its line search and its trend;
 - :mod:`~sweeper.stability._margin`: the stress phase, the stability margin, ``predicted_max_lr`` and its calibration;
 - :mod:`~sweeper.stability._chance`: the chance of diverging within the run, its call, the edge and the safe rate;
 - :mod:`~sweeper.stability._headroom`: how many times its own rate a long run is predicted to hold;
@@ -9,17 +8,13 @@
 - :mod:`~sweeper.stability._figures`: the figures every view holds (:class:`StabilityFigures`).
 
 Pure (no torch import): it runs on the JSON trace a trial process returns, so it tests in milliseconds on synthetic
-traces and can be recomputed for stored trials.
+traces and can be recomputed for stored trials. :mod:`sweeper.stability.experimental` holds what is measured
+but not promised (the critical learning rate).
 """
 
 from sweeper.stability._chance import (
     DEFAULT_HORIZON_STEPS,
     refit_mu,
-)
-from sweeper.stability._critical import (
-    critical_multiples,
-    critical_rate_of,
-    line_search_points,
 )
 from sweeper.stability._figures import (
     StabilityFigures,
@@ -76,15 +71,12 @@ __all__ = [
     "StabilityFigures",
     "barely_learns",
     "compute_instability",
-    "critical_multiples",
-    "critical_rate_of",
     "derive_margin_figures",
     "divergence",
     "edge_proximity",
     "headroom_of",
     "learning_progress",
     "learning_progress_noise",
-    "line_search_points",
     "lr_calibration_of",
     "margin_interval",
     "margin_of",

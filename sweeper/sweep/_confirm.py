@@ -38,7 +38,7 @@ from sweeper.study import (
     snapshot,
 )
 from sweeper.study.picks import safe_choice
-from sweeper.trial import TrialProgress, TrialResult, TrialStatus, run_trial
+from sweeper.trial import Measures, TrialProgress, TrialResult, TrialStatus, run_trial
 
 #: A confirmation runs this many times the trial's own ``max_steps`` unless told otherwise.
 DEFAULT_HORIZON_FACTOR = 10
@@ -263,7 +263,7 @@ def confirm_trials(
             config,
             folder,
             model_path=model_path,
-            stress=False,
+            measures=Measures(stress=None),
             on_progress=functools.partial(tell.confirmation_progress, t),
         )
         out[t.number] = _record(study, t.number, n, result, folder, t, config, as_exported)

@@ -138,12 +138,12 @@ def measure_smallest(config: TrialConfig, model_path: str, cap_gib: float | None
     them. Two, not one: the optimizer allocates its states in the first step's update, so only the second step's
     backward runs beside them (advice from one step ran out of memory in step 2's backward at 0.63 GiB:
     tests/sweep/test_setup_checks.py)."""
-    from sweeper.trial import run_trial
+    from sweeper.trial import Measures, run_trial
 
     cap = min(cap_gib if cap_gib is not None else math.inf, machine_available_gib())
     two = dataclasses.replace(config, max_steps=2, warmup_steps=0, memory_limit_gib=cap, trial_timeout_s=600.0)
     with tempfile.TemporaryDirectory(prefix="sweeper-measure-") as folder:
-        result = run_trial(two, folder, model_path=model_path, stress=False)
+        result = run_trial(two, folder, model_path=model_path, measures=Measures(stress=None))
     if (
         result.memory.peak_memory_gib is None
         or result.memory.load_peak_memory_gib is None

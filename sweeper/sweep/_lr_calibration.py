@@ -31,7 +31,7 @@ from sweeper.stability import DEFAULT_LR_CALIBRATION, LrCalibration, refit_mu
 from sweeper.storage import StudyAttr, trial_dir
 from sweeper.study import StoredTrial, StudyLike, by_knee_distance, snapshot
 from sweeper.sweep._confirm import DEFAULT_HORIZON_FACTOR, horizon, long_config
-from sweeper.trial import TrialProgress, TrialResult, TrialStatus, run_trial
+from sweeper.trial import Measures, TrialProgress, TrialResult, TrialStatus, run_trial
 
 #: Default bracket: the edge is known to within this factor (the largest multiple that held and the smallest that
 #: failed are at most this far apart).
@@ -351,7 +351,11 @@ def _run_at(
     config = replace(long_config(t.config, n), learning_rate=t.config.learning_rate * multiple)
     folder = trial_dir(study.study_name, t.number) / f"calibrate-{n}-x{multiple:g}"
     result: TrialResult = run_trial(
-        config, folder, model_path=model_path, stress=False, on_progress=functools.partial(tell.run_progress, t)
+        config,
+        folder,
+        model_path=model_path,
+        measures=Measures(stress=None),
+        on_progress=functools.partial(tell.run_progress, t),
     )
     run = EdgeRun(trial=t.number, multiple=multiple, steps=n, status=str(result.status), fail_step=result.fail_step)
     study.set_user_attr(

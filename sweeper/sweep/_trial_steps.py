@@ -46,6 +46,7 @@ from sweeper.sweep._preflight import known_memory, trial_device
 from sweeper.sweep._slots import slot_env
 from sweeper.sweep._state import POLL_S, RunningSweep, SweepStop
 from sweeper.trial import (
+    Measures,
     MemoryReading,
     Provenance,
     TrialProcess,
@@ -292,7 +293,7 @@ def measure(sweep: RunningSweep, trial: optuna.Trial, config: TrialConfig) -> Tr
             model_path=sweep.model_path,
             on_start=started,
             on_progress=lambda progress: sweep.progress(trial.number, progress),
-            worst_case=sweep.plan.worst_case_samples(config) or True,
+            measures=Measures(worst_case_samples=sweep.plan.worst_case_samples(config) or ()),
         )
     except KeyboardInterrupt:  # one slot, in the main thread: the trial process was killed
         record_interrupted(sweep, trial)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
         environment_expandable_segments,
         visible_gpus,
     )
-    from sweeper.trial._job import TrialProgress
+    from sweeper.trial._job import Measures, TrialProgress
     from sweeper.trial._launch import TrialProcess, TrialStartError, prestart, run_trial
     from sweeper.trial._result import (
         CUDA_ALLOC_CONF_NOT_APPLICABLE,
@@ -57,6 +57,7 @@ _HOMES = {
     "TrialStartError": "sweeper.trial._launch",
     "prestart": "sweeper.trial._launch",
     "TrialProgress": "sweeper.trial._job",
+    "Measures": "sweeper.trial._job",
     "TrialResult": "sweeper.trial._result",
     "TrialStatus": "sweeper.trial._status",
     "cpu_has_bfloat16": "sweeper.trial._devices",
@@ -76,6 +77,7 @@ __all__ = [
     "FAIL_STATUSES",
     "Card",
     "CardError",
+    "Measures",
     "MemoryReading",
     "Provenance",
     "StressOutcome",

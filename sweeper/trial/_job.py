@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
+from sweeper.errors import ExperimentalWarning
 from sweeper.stability import STRESS_GROWTH, STRESS_STEPS
+
+#: The experimental instruments a job may name (:attr:`Measures.experimental`).
+EXPERIMENTAL_MEASURES = ("critical_lr",)
 
 
 @dataclass(frozen=True)
@@ -81,23 +87,42 @@ class Measures:
             confirmation, the validity benchmark's long runs). It needs the probe: without one there is none.
         probe: The probe, or None for none (a diagnostic: the tests compare training with and without it; the trial
             then has no instability, projected failing step, learning progress or stress phase).
-        worst_case: Measure the worst-case step after step 1 (:func:`sweeper.trial._child.instrumented.
-            run_worst_case_step`); False is a diagnostic (the tests compare training with and without it).
+        worst_case: Measure the worst-case step after step 1 (:class:`sweeper.trial._child.instruments.worst_case.
+            WorstCase`); False is a diagnostic (the tests compare training with and without it).
         worst_case_samples: The dataset indices of the whole file's worst step, a row at a time, the longest first
             (:meth:`sweeper.data.FileLengths.worst_step`), when ``dataset.max_samples`` sampled fewer rows than the
             file the exports train: the worst-case step is built from these samples of the file instead of the
             trial's own rows. Empty: the trial's own rows.
-        line_search: Read the critical learning rate by line searches in the constant phase (:mod:`sweeper.trial.
-            _child.line_search`; it needs the probe's rows). Off by default: it costs 13-37% of the constant phase
-            and predicted the long run worse than the margin (docs/validity.md); ``benchmarks/critical_lr.py``
-            turns it on.
+        experimental: The experimental instruments to run, by name (:data:`EXPERIMENTAL_MEASURES`: ``critical_lr``,
+            the critical learning rate's line searches, :mod:`sweeper.stability.experimental`; it needs the probe's
+            rows). None by default; naming one warns :class:`sweeper.errors.ExperimentalWarning`: the critical rate
+            costs 13-37% of the constant phase and predicted the long run worse than the margin (docs/validity.md),
+            and its figures are stored under ``experimental``, outside the stable stored attributes.
+
+    Raises:
+        ValueError: ``experimental`` names none of :data:`EXPERIMENTAL_MEASURES`.
     """
 
     stress: StressSettings | None = DEFAULT_STRESS
     probe: ProbeSettings | None = DEFAULT_PROBE
     worst_case: bool = True
-    worst_case_samples: tuple[tuple[int, ...], ...] = ()
-    line_search: bool = False
+    worst_case_samples: Sequence[Sequence[int]] = ()  # held as tuples (__post_init__)
+    experimental: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # any sequences of sequences (a list read from JSON, sweeper.data.FileLengths.worst_step's) as tuples
+        object.__setattr__(self, "worst_case_samples", tuple(tuple(int(i) for i in r) for r in self.worst_case_samples))
+        object.__setattr__(self, "experimental", tuple(self.experimental))
+        unknown = sorted(set(self.experimental) - set(EXPERIMENTAL_MEASURES))
+        if unknown:
+            raise ValueError(f"experimental measures must be among {list(EXPERIMENTAL_MEASURES)}, but got {unknown}")
+        if self.experimental:
+            warnings.warn(
+                f"{', '.join(self.experimental)}: experimental, no interface promise; its figures are stored under "
+                "'experimental', outside the stable stored attributes",
+                ExperimentalWarning,
+                stacklevel=3,
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Measures:
@@ -107,13 +132,15 @@ class Measures:
             ValueError: Settings out of range. TypeError: Keys missing or unknown.
         """
         stress, probe = data.get("stress"), data.get("probe")
-        return cls(
-            stress=StressSettings(**stress) if stress is not None else None,
-            probe=ProbeSettings(**probe) if probe is not None else None,
-            worst_case=data.get("worst_case", True),
-            worst_case_samples=tuple(tuple(int(i) for i in row) for row in data.get("worst_case_samples", ())),
-            line_search=data.get("line_search", False),
-        )
+        with warnings.catch_warnings():  # the job's sender was warned; the trial process's log needs no copy
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            return cls(
+                stress=StressSettings(**stress) if stress is not None else None,
+                probe=ProbeSettings(**probe) if probe is not None else None,
+                worst_case=data.get("worst_case", True),
+                worst_case_samples=data.get("worst_case_samples", ()),
+                experimental=tuple(str(name) for name in data.get("experimental", ())),
+            )
 
 
 #: What a trial measures unless its job says otherwise: today's stress phase, probe and worst-case step.

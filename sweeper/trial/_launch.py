@@ -19,9 +19,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
 
 from sweeper.space import TrialConfig
 from sweeper.trial._ended import (
@@ -32,12 +31,10 @@ from sweeper.trial._ended import (
     mentions_allocation_abort,
     signal_name,
 )
-from sweeper.trial._job import Measures, ProbeSettings, StressSettings, TrialDone, TrialJob, TrialProgress
+from sweeper.trial._job import DEFAULT_MEASURES, Measures, TrialDone, TrialJob, TrialProgress
 from sweeper.trial._result import Provenance, TrialResult
 from sweeper.trial._status import TrialStatus
 from sweeper.trial._zygote import ForkedProcess, fork_trial_process, start_zygote
-
-T = TypeVar("T", StressSettings, ProbeSettings)
 
 #: The module the trial process runs (``python -m``).
 CHILD_MODULE = "sweeper.trial._child.worker"
@@ -252,10 +249,7 @@ class TrialProcess:
         model_path: str,
         on_start: Callable[[int], None] | None = None,
         on_progress: Callable[[TrialProgress], None] | None = None,
-        stress: bool | StressSettings = True,
-        probe: bool | ProbeSettings = True,
-        worst_case: bool | Sequence[Sequence[int]] = True,
-        line_search: bool = False,
+        measures: Measures = DEFAULT_MEASURES,
     ) -> TrialResult:
         """Run one trial in this trial process (started first when there is none) and return what it measured.
 
@@ -270,18 +264,11 @@ class TrialProcess:
             on_progress: Called in this thread with each :class:`~sweeper.trial._job.TrialProgress` of the running
                 trial (its phase, the phase's steps done and of, the last loss, the peak memory so far), at most a few
                 times a second; None to ignore them.
-            stress: Run the stress phase after the constant one (the stability margin): True with the default
-                :class:`~sweeper.trial._job.StressSettings`, or these settings; False for a constant-rate run only (a
-                confirmation, the validity benchmark's long runs). Travels in the job: a warm process takes it per
-                trial.
-            probe: Evaluate the probe: True at the default interval, a :class:`~sweeper.trial._job.ProbeSettings`,
-                or False for none (a diagnostic; then no stress phase either).
-            worst_case: Measure the worst-case step (:attr:`sweeper.trial._job.Measures.worst_case`): True on the
-                trial's own rows; the dataset indices of the whole file's worst step, a row at a time
-                (:meth:`sweeper.data.FileLengths.worst_step`), when ``dataset.max_samples`` sampled fewer rows than
-                the file the exports train; False is a diagnostic.
-            line_search: Read the critical learning rate (:attr:`sweeper.trial._job.Measures.line_search`; off by
-                default).
+            measures: What it measures besides training (:class:`~sweeper.trial._job.Measures`, whole: it travels
+                in the job, and a warm process takes it per trial): the stress phase (``stress=None``: a
+                constant-rate run only, a confirmation or the validity benchmark's long runs), the probe, the
+                worst-case step (on the whole file's worst rows with ``worst_case_samples``) and experimental
+                instruments.
 
         Returns:
             The worker's result, or a ``timeout``/``crash`` result made here. An ``oom`` while loading in a warm
@@ -296,7 +283,7 @@ class TrialProcess:
             KeyboardInterrupt: After killing the trial process, so the caller can record the trial as interrupted.
             OSError: The trial's files cannot be written.
         """
-        args = (config, trial_dir, model_path, on_start, on_progress, stress, probe, worst_case, line_search)
+        args = (config, trial_dir, model_path, on_start, on_progress, measures)
         result = self._run_once(*args)
         log = Path(trial_dir) / "worker.log"
         load_oom = result.status == TrialStatus.OOM and result.fail_phase == "load"
@@ -314,22 +301,11 @@ class TrialProcess:
         model_path: str,
         on_start: Callable[[int], None] | None,
         on_progress: Callable[[TrialProgress], None] | None,
-        stress: bool | StressSettings,
-        probe: bool | ProbeSettings,
-        worst_case: bool | Sequence[Sequence[int]],
-        line_search: bool,
+        measures: Measures,
     ) -> TrialResult:
         """One try of :meth:`run`."""
         self._on_progress, self._last_progress = on_progress, None
-        job = _write_job(
-            config,
-            Path(trial_dir),
-            model_path,
-            _settings(stress, StressSettings),
-            _settings(probe, ProbeSettings),
-            worst_case,
-            line_search,
-        )
+        job = _write_job(config, Path(trial_dir), model_path, measures)
         log_path, result_path = Path(job.log_path), Path(job.result_path)
         start = time.monotonic()
         proc = self._hand_over(job, log_path, config.trial_timeout_s)
@@ -375,37 +351,18 @@ def _read_result(config: TrialConfig, result_path: Path, wall: float, warm: bool
     return result
 
 
-def _settings(asked: bool | T, kind: type[T]) -> T | None:
-    """``kind``'s defaults for True, None for False, else ``asked`` itself."""
-    if isinstance(asked, bool):
-        return kind() if asked else None
-    return asked
-
-
 def _write_job(
-    config: TrialConfig,
-    trial_dir: Path,
-    model_path: str,
-    stress: StressSettings | None,
-    probe: ProbeSettings | None,
-    worst_case: bool | Sequence[Sequence[int]] = True,
-    line_search: bool = False,
+    config: TrialConfig, trial_dir: Path, model_path: str, measures: Measures = DEFAULT_MEASURES
 ) -> TrialJob:
     """Create ``trial_dir`` with the trial's ``config.json`` and an empty ``worker.log`` (no ``result.json``), and
-    return the job naming them, with its stress and probe settings."""
+    return the job naming them, with what it measures."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     job = TrialJob(
         config_path=str(trial_dir / "config.json"),
         result_path=str(trial_dir / "result.json"),
         log_path=str(trial_dir / "worker.log"),
         trial_dir=str(trial_dir),
-        measures=Measures(
-            stress=stress,
-            probe=probe,
-            worst_case=worst_case if isinstance(worst_case, bool) else True,
-            worst_case_samples=() if isinstance(worst_case, bool) else tuple(tuple(row) for row in worst_case),
-            line_search=line_search,
-        ),
+        measures=measures,
     )
     Path(job.result_path).unlink(missing_ok=True)
     Path(job.config_path).write_text(json.dumps({"config": config.to_dict(), "model_path": model_path}, indent=1))
@@ -420,11 +377,8 @@ def run_trial(
     model_path: str,
     env: Mapping[str, str] | None = None,
     on_start: Callable[[int], None] | None = None,
-    stress: bool | StressSettings = True,
     on_progress: Callable[[TrialProgress], None] | None = None,
-    probe: bool | ProbeSettings = True,
-    worst_case: bool | Sequence[Sequence[int]] = True,
-    line_search: bool = False,
+    measures: Measures = DEFAULT_MEASURES,
 ) -> TrialResult:
     """Run one trial in a fresh trial process and return what it measured (:meth:`TrialProcess.run`); the process
     ends with it.
@@ -435,14 +389,8 @@ def run_trial(
         model_path: Resolved by :func:`sweeper.model.resolve_model`.
         env: Environment of the trial process (default: this process's).
         on_start: Called with the trial process's pid once it runs (for bookkeeping), or None.
-        stress: Run the stress phase after the constant one (the stability margin): True for the default
-            :class:`~sweeper.trial._job.StressSettings`, or these; False for a constant-rate run only (a
-            confirmation, the validity benchmark's long runs).
         on_progress: The running trial's progress reports (:meth:`TrialProcess.run`), or None.
-        probe: Evaluate the probe (:meth:`TrialProcess.run`): True, a :class:`~sweeper.trial._job.ProbeSettings`, or
-            False for none.
-        worst_case: Measure the worst-case step (:meth:`TrialProcess.run`).
-        line_search: Read the critical learning rate (:meth:`TrialProcess.run`).
+        measures: What it measures besides training (:meth:`TrialProcess.run`).
 
     Returns:
         The worker's result, or a ``timeout``/``crash`` result made here.
@@ -458,10 +406,7 @@ def run_trial(
             model_path=model_path,
             on_start=on_start,
             on_progress=on_progress,
-            stress=stress,
-            probe=probe,
-            worst_case=worst_case,
-            line_search=line_search,
+            measures=measures,
         )
     finally:
         process.close()

@@ -28,6 +28,10 @@ _NAME = "stored_name"
 _READ = "read_stored"
 _WRITE = "write_stored"
 
+#: The one stored attribute that holds the experimental instruments' figures (:attr:`TrialResult.experimental`),
+#: outside the stable stored order.
+EXPERIMENTAL = "experimental"
+
 #: ``cuda_alloc_conf`` of a CPU trial: the CUDA allocator's configuration moves nothing there.
 CUDA_ALLOC_CONF_NOT_APPLICABLE = "not applicable (cpu)"
 
@@ -141,7 +145,7 @@ class ConstantPhase:
             learning_progress`); about 0 for a run that learns nothing.
         update_ratio_trace: At each probe, the LoRA update's size over the base weights',
             ``sqrt(sum ||scaling * B A||_F^2) / sqrt(sum ||W||_F^2)`` over the adapted layers
-            (:func:`sweeper.trial._child.instrumented.update_to_weight_ratio`); 0 before the first step (B starts
+            (:func:`sweeper.trial._child.instruments.probe.update_to_weight_ratio`); 0 before the first step (B starts
             at 0). A candidate early sign of divergence: failed LoRA solutions are high-norm (Kim et al. 2025).
     """
 
@@ -164,51 +168,6 @@ class ConstantPhase:
     projected_fail_step: int | None = _stored()
     learning_progress: float | None = _stored()
     update_ratio_trace: list[float | None] = _stored(factory=list)
-
-
-@dataclass(kw_only=True)
-class CriticalLr:
-    """The critical learning rate (:mod:`sweeper.stability._critical`, after Kalra et al., arXiv 2601.16979): at a
-    few points of the constant phase, the smallest multiple of the trial's learning rate at which a step along the
-    optimizer's own next update (computed, not applied) raises a probe row's loss. Empty (all None) where no line
-    search ran: a trial that ended before its first point, one without a probe, or one whose search could not run
-    (``line_search_skipped`` says why).
-
-    Attributes:
-        critical_lr_multiple: The median reading over every point and row, x the trial's learning rate.
-        critical_lr_multiple_low, critical_lr_multiple_high: The last point's readings' spread, widened to the
-            search's resolution (``sqrt(2)``) each side.
-        critical_lr_slope_per_step: The trend of the reading's logarithm per optimizer step (least squares);
-            negative: the critical rate falls (progressive sharpening).
-        critical_lr_projected_step: The optimizer step at which the trend meets the trial's own rate, None when it
-            does not within 20 times the constant phase; ``_low``/``_high`` its 95% interval (``_high`` None: beyond
-            that horizon).
-        critical_lr_readings: ``[step, row, multiple, censored]`` per reading (``censored``: the search's range
-            ended before the bracket closed, so the multiple is a bound).
-        line_search_time_s: Seconds the line searches took (outside ``train_time_s``).
-        line_search_time_share: That over ``train_time_s``.
-        line_search_forwards: Forward passes they took.
-        line_search_skipped: Why a line search did not run (out of memory under the cap, a non-finite gradient), None
-            when every point ran.
-        critical_lr_step_multiple, critical_lr_step_readings: The same, read on the mean loss of the step's own
-            micro-batches (the batches the update was computed on) instead of the probe rows: the median and
-            ``[step, micro-batch, multiple, censored]`` per reading.
-    """
-
-    critical_lr_multiple: float | None = _stored()
-    critical_lr_multiple_low: float | None = _stored()
-    critical_lr_multiple_high: float | None = _stored()
-    critical_lr_slope_per_step: float | None = _stored()
-    critical_lr_projected_step: int | None = _stored()
-    critical_lr_projected_step_low: int | None = _stored()
-    critical_lr_projected_step_high: int | None = _stored()
-    critical_lr_readings: list[list[Any]] = _stored(factory=list)
-    line_search_time_s: float | None = _stored()
-    line_search_time_share: float | None = _stored()
-    line_search_forwards: int | None = _stored()
-    line_search_skipped: str | None = _stored()
-    critical_lr_step_multiple: float | None = _stored()
-    critical_lr_step_readings: list[list[Any]] = _stored(factory=list)
 
 
 @dataclass(kw_only=True)
@@ -376,10 +335,13 @@ class TrialResult:
         memory: Its memory, measured and predicted (:class:`MemoryReading`).
         constant: Its constant phase: traces, probe, instability (:class:`ConstantPhase`).
         stress: Its stress phase and stability margin (:class:`StressOutcome`).
-        critical: Its critical learning rate, read by line searches in the constant phase (:class:`CriticalLr`).
         nan: After a NaN, the diagnosis (:class:`NanFindings`).
         data: The samples it trained on (:class:`DataReading`).
         provenance: Timings, process, derived settings, device and versions (:class:`Provenance`).
+        experimental: What experimental instruments measured, by instrument name (``critical_lr``:
+            :mod:`sweeper.stability.experimental`): outside the stable stored attributes and docs/contract.md,
+            stored under the one attribute :data:`EXPERIMENTAL` only when an instrument wrote something; no
+            promise of its keys until promoted.
     """
 
     status: TrialStatus = _stored(required=True)
@@ -389,17 +351,18 @@ class TrialResult:
     memory: MemoryReading = field(default_factory=MemoryReading)
     constant: ConstantPhase = field(default_factory=ConstantPhase)
     stress: StressOutcome = field(default_factory=StressOutcome)
-    critical: CriticalLr = field(default_factory=CriticalLr)
     nan: NanFindings = field(default_factory=NanFindings)
     data: DataReading = field(default_factory=DataReading)
     provenance: Provenance = field(default_factory=Provenance)
+    experimental: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.status = TrialStatus(self.status)  # a value read back from JSON or a user attribute
 
     def to_dict(self) -> dict[str, Any]:
         """The flat dict stored as user attributes and written as JSON: every field under its stored name, in the
-        stored order (``docs/contract.md``), the status as its value; lists and dicts are copies."""
+        stored order (``docs/contract.md``), the status as its value, then :data:`EXPERIMENTAL` when an experimental
+        instrument wrote something; lists and dicts are copies."""
         out: dict[str, Any] = {}
         for slot in _LAYOUT:
             owner = self if slot.part is None else getattr(self, slot.part)
@@ -408,6 +371,8 @@ class TrialResult:
                 slot.write(value) if slot.write is not None and value is not None else copy.deepcopy(value)
             )
         out["status"] = self.status.value
+        if self.experimental:
+            out[EXPERIMENTAL] = copy.deepcopy(self.experimental)
         return out
 
     @classmethod
@@ -422,7 +387,10 @@ class TrialResult:
         if "status" not in data:
             raise TypeError("a TrialResult needs its status")
         result = cls(status=data["status"])
-        result.update(data, strict=False)
+        result.update({k: v for k, v in data.items() if k != EXPERIMENTAL}, strict=False)
+        experimental = data.get(EXPERIMENTAL)
+        if isinstance(experimental, Mapping):
+            result.experimental = {str(k): dict(v) for k, v in experimental.items() if isinstance(v, Mapping)}
         return result
 
     def update(self, values: Mapping[str, Any], *, strict: bool = True) -> None:
@@ -468,6 +436,8 @@ def _layout() -> tuple[_Slot, ...]:
     """
     slots = []
     for top in fields(TrialResult):
+        if top.name == EXPERIMENTAL:
+            continue  # stored under one attribute of its own, outside the stable order (TrialResult.to_dict)
         part_type = top.default_factory
         if not is_dataclass(part_type):
             meta = top.metadata

@@ -1,11 +1,11 @@
-"""The critical learning rate's line search and its summary (sweeper.stability._critical), on losses whose critical
+"""The critical learning rate's line search and its summary (sweeper.stability.experimental), on losses whose critical
 multiple is known: a quadratic along the update, ``L(m) = L0 - a m + b m^2``, rises above ``L0`` from ``m = a / b``."""
 
 import math
 
 import pytest
 
-from sweeper.stability import critical_multiples, critical_rate_of, line_search_points
+from sweeper.stability.experimental import critical_multiples, critical_rate_of, line_search_points
 
 
 def _quadratics(*critical: float):

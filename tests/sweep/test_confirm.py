@@ -175,11 +175,13 @@ def test_the_probe_does_not_change_training(tiny_model, tmp_path):
     # The same trial with the probe turned off (a diagnostic setting of the job) and with it at every step: the
     # training trace must be the same bit for bit (a probe in eval mode made bitsandbytes repack its CPU weights and
     # changed it).
+    from sweeper.trial import Measures
     from sweeper.trial._job import ProbeSettings
 
     config = _config(tiny_model, learning_rate=2e-3, bnb_4bit_compute_dtype="bfloat16", max_steps=6)
-    off = run_trial(config, tmp_path / "off", model_path=str(tiny_model), probe=False)
-    on = run_trial(config, tmp_path / "on", model_path=str(tiny_model), probe=ProbeSettings(interval_steps=1))
+    off = run_trial(config, tmp_path / "off", model_path=str(tiny_model), measures=Measures(probe=None))
+    every = Measures(probe=ProbeSettings(interval_steps=1))
+    on = run_trial(config, tmp_path / "on", model_path=str(tiny_model), measures=every)
     assert off.status == on.status == "complete", (off.reason, on.reason)
     assert off.constant.probe_steps == [] and off.constant.instability is None
     assert on.constant.probe_steps == [0, 1, 2, 3, 4, 5, 6]

@@ -160,7 +160,7 @@ EXACT_RSS = {"MALLOC_MMAP_THRESHOLD_": "262144", "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
 def _peak(model: Path, folder: Path, *, env: dict[str, str] | None = None, **kw) -> float:
-    from sweeper.trial import run_trial
+    from sweeper.trial import Measures, run_trial
 
     base = dict(
         max_steps=1,
@@ -178,7 +178,9 @@ def _peak(model: Path, folder: Path, *, env: dict[str, str] | None = None, **kw)
     environ = {**os.environ, **env} if env else None
     # No stress phase: the peak is the constant phase's either way, and on a CPU without bfloat16 instructions 11
     # more steps of 16 x 512 tokens outlast trial_timeout (measured on an AVX2-only EPYC).
-    result = run_trial(TrialConfig(**{**base, **kw}), folder, model_path=str(model), env=environ, stress=False)
+    result = run_trial(
+        TrialConfig(**{**base, **kw}), folder, model_path=str(model), env=environ, measures=Measures(stress=None)
+    )
     assert result.status == "complete", result.reason
     assert result.memory.memory_kind == "cpu_peak_rss"
     return result.memory.peak_memory_gib

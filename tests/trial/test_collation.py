@@ -92,7 +92,7 @@ def _short_rows(n: int) -> list[dict]:
 @pytest.mark.slow
 def test_a_trial_trains_on_its_tokens_and_measures_the_worst_step_apart(tiny_model, tmp_path):
     from sweeper.space import DatasetSpec
-    from sweeper.trial import run_trial
+    from sweeper.trial import Measures, run_trial
     from sweeper.trial._job import StressSettings
 
     data = write_jsonl(tmp_path / "train.jsonl", _short_rows(24))
@@ -104,8 +104,9 @@ def test_a_trial_trains_on_its_tokens_and_measures_the_worst_step_apart(tiny_mod
         learning_rate=2e-3,
     )
     stress = StressSettings(steps=4)  # a short stress phase: its margin is compared too
-    on = run_trial(config, tmp_path / "on", model_path=str(tiny_model), stress=stress)
-    off = run_trial(config, tmp_path / "off", model_path=str(tiny_model), stress=stress, worst_case=False)
+    on = run_trial(config, tmp_path / "on", model_path=str(tiny_model), measures=Measures(stress=stress))
+    without = Measures(stress=stress, worst_case=False)
+    off = run_trial(config, tmp_path / "off", model_path=str(tiny_model), measures=without)
     assert on.status == off.status == "complete", (on.reason, off.reason)
     # The worst-case step leaves training exactly as it was: the same losses, gradient norms and probe, bit for bit.
     assert on.constant.loss_trace == off.constant.loss_trace
@@ -129,16 +130,18 @@ def test_a_trial_trains_on_its_tokens_and_measures_the_worst_step_apart(tiny_mod
 @pytest.mark.slow
 def test_packing_trains_full_rows_end_to_end(tiny_model, tmp_path):
     from sweeper.space import DatasetSpec
-    from sweeper.trial import run_trial
+    from sweeper.trial import Measures, run_trial
     from sweeper.trial._job import StressSettings
 
     data = write_jsonl(tmp_path / "train.jsonl", _short_rows(40))
     base = dict(dataset=DatasetSpec(path=str(data), max_samples=40, seed=0), max_seq_length=512, max_steps=3)
     path, stress = str(tiny_model), StressSettings(steps=3)  # a short stress phase: packed trials get a margin too
     packed = run_trial(
-        tiny_trial_config(tiny_model, packing=True, **base), tmp_path / "p", model_path=path, stress=stress
+        tiny_trial_config(tiny_model, packing=True, **base), tmp_path / "p", model_path=path, measures=Measures(stress)
     )
-    padded = run_trial(tiny_trial_config(tiny_model, **base), tmp_path / "d", model_path=path, stress=False)
+    padded = run_trial(
+        tiny_trial_config(tiny_model, **base), tmp_path / "d", model_path=path, measures=Measures(stress=None)
+    )
     assert packed.status == padded.status == "complete", (packed.reason, padded.reason)
     assert packed.constant.data_token_share > 0.8, packed.constant.data_token_share
     # A packed step holds several samples a row: several times the supervised tokens of a padded one.

@@ -75,8 +75,12 @@ def test_an_allocation_failure_during_a_step_is_an_oom_naming_the_steps_shape():
         "(rows; per_device_train_batch_size=4, max_seq_length=256)"
     )
     # The worst-case step: the data's longest rows, after step 1.
+    from sweeper.trial._child.instruments.worst_case import WorstCase
+
     record = _record("forward", 1)
-    record.worst_case_batch, record.in_worst_case = {"input_ids": torch.zeros((4, 256), dtype=torch.long)}, True
+    worst = WorstCase()
+    worst.record, worst.batch = record, {"input_ids": torch.zeros((4, 256), dtype=torch.long)}
+    record.running = worst  # as the instrument leaves it after a failure inside it (it owns its failure)
     out = outcome_of(MemoryError(), record, CONFIG)
     assert out.reason == (
         "out of memory at the worst-case step, after step 1 (forward) under memory_limit_gib=1.5 on a step of "

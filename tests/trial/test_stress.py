@@ -8,7 +8,7 @@ import pytest
 from sweeper.stability import STRESS_GROWTH, STRESS_STEPS
 from sweeper.stability._margin import STRESS_CAP
 from sweeper.testing import tiny_trial_config
-from sweeper.trial import TrialProcess, TrialProgress, run_trial
+from sweeper.trial import Measures, TrialProcess, TrialProgress, run_trial
 from sweeper.trial._job import ProbeSettings, StressSettings
 
 pytestmark = pytest.mark.slow
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_stress_phase_measures_a_margin_without_changing_the_constant_phase(tiny_model, tmp_path):
     config = tiny_trial_config(tiny_model, max_steps=8, learning_rate=1e-3)
-    plain = run_trial(config, tmp_path / "plain", model_path=str(tiny_model), stress=False)
+    plain = run_trial(config, tmp_path / "plain", model_path=str(tiny_model), measures=Measures(stress=None))
     reports: list[TrialProgress] = []
     stressed = run_trial(config, tmp_path / "stressed", model_path=str(tiny_model), on_progress=reports.append)
     assert plain.status == stressed.status == "complete", (plain.reason, stressed.reason)
@@ -108,10 +108,11 @@ def test_a_warm_process_runs_each_job_with_its_own_stress_and_probe_settings(tin
     config = tiny_trial_config(tiny_model, max_steps=4, learning_rate=1e-9)
     process = TrialProcess()
     try:
-        short = process.run(config, tmp_path / "short", model_path=path, stress=StressSettings(steps=3, growth=3.0))
+        short_stress = Measures(stress=StressSettings(steps=3, growth=3.0))
+        short = process.run(config, tmp_path / "short", model_path=path, measures=short_stress)
         pid = process.pid
         every_step = ProbeSettings(interval_steps=1)
-        off = process.run(config, tmp_path / "off", model_path=path, stress=False, probe=every_step)
+        off = process.run(config, tmp_path / "off", model_path=path, measures=Measures(stress=None, probe=every_step))
         default = process.run(config, tmp_path / "default", model_path=path)
         assert process.pid == pid  # one process served the three
     finally:

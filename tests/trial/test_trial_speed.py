@@ -25,14 +25,14 @@ import json, resource, sys
 from pathlib import Path
 from sweeper.space import DatasetSpec
 from sweeper.testing import tiny_trial_config
-from sweeper.trial import run_trial
+from sweeper.trial import Measures, run_trial
 
 model, folder = Path(sys.argv[1]), Path(sys.argv[2])
 # Tensors of the tiny model above 128 KiB: a step of 8 x 512 tokens holds activations of 1 MiB.
 config = tiny_trial_config(
     model, per_device_train_batch_size=8, max_seq_length=512, max_steps=20, dataset=DatasetSpec(max_samples=64)
 )
-result = run_trial(config, folder, model_path=str(model), stress=False)
+result = run_trial(config, folder, model_path=str(model), measures=Measures(stress=None))
 times = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"status": result.status.value, "reason": result.reason, "user_s": times.ru_utime,
                   "system_s": times.ru_stime}))

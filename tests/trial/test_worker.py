@@ -14,7 +14,7 @@ import pytest
 
 from sweeper.space import TrialConfig
 from sweeper.testing import OUTLASTS_ANY_TIMEOUT, tiny_trial_config
-from sweeper.trial import run_trial
+from sweeper.trial import Measures, run_trial
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +93,7 @@ def test_oom_inside_transformers_weight_conversion_is_an_oom(tmp_path):
             per_device_train_batch_size=1,
             max_seq_length=32,
         )
-        result = run_trial(config, tmp_path / str(cap_gib), model_path=path, stress=False)
+        result = run_trial(config, tmp_path / str(cap_gib), model_path=path, measures=Measures(stress=None))
         outcomes.append((cap_gib, result.status, result.fail_phase, result.reason))
     assert not any(status == "error" for _, status, _, _ in outcomes), outcomes
     assert any(status == "oom" and phase == "load" for _, status, phase, _ in outcomes), outcomes

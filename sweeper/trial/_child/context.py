@@ -4,8 +4,9 @@ for and where the trial's measurements go, handed by :func:`sweeper.trial._child
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sweeper.space import TrialConfig
 from sweeper.trial._child.measurements import Measurements
@@ -29,6 +30,8 @@ class TrialContext:
         progress: Where the trial's progress lines go.
         measures: The stress phase, probe and worst-case step the job asked for (:class:`sweeper.trial._job.
             Measures`).
+        instruments: The instruments it runs (:mod:`sweeper.trial._child.instruments`), made by the recipe's setup
+            from ``measures``; empty before.
     """
 
     config: TrialConfig
@@ -39,3 +42,4 @@ class TrialContext:
     warm: WarmState
     progress: ProgressSender
     measures: Measures = DEFAULT_MEASURES
+    instruments: list[Any] = field(default_factory=list)

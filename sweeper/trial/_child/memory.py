@@ -201,7 +201,7 @@ def oom_cause_chain(exc: BaseException, cpu_capped: bool = False) -> Any:
 
 #: The phases of a trial whose peaks are recorded apart (``phase_peak_memory_gib``): loading; the training steps
 #: (the constant phase's); the worst-case step (one step of the data's longest rows,
-#: :func:`sweeper.trial._child.instrumented.run_worst_case_step`); the probe's forwards; the stress phase's steps. Only
+#: :class:`sweeper.trial._child.instruments.worst_case.WorstCase`); the probe's forwards; the stress phase's steps. Only
 #: ``train`` and ``worst_case`` are steps the user's run takes: the trial's ``peak_memory_gib`` is their maximum.
 MEMORY_PHASES = PhasePeakMemory.phases()
 #: The probe's phase: entering or leaving it keeps the allocator's cache (:class:`PhasePeaks`).

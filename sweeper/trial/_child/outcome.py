@@ -68,8 +68,10 @@ def _unexpected(
     loading = record.fail_phase == "load"
     step = 0 if loading else record.step + 1
     where = "while loading" if loading else f"at step {step} ({record.fail_phase})"
-    if record.in_worst_case:
-        where = f"at the worst-case step, after step {record.step} ({record.fail_phase})"
+    running = record.running  # the instrument whose work failed, if one owns its failure (the worst-case step)
+    in_instrument = running is not None and running.owns_failure
+    if in_instrument:
+        where = running.failure_where() or where
     cause = oom_cause_chain(exc, cpu_capped)
     if cause is not None or (loading and load_oom):
         reason = f"out of memory {where} under memory_limit_gib={config.memory_limit_gib:g}"
@@ -86,7 +88,7 @@ def _unexpected(
                 f"per_device_train_batch_size={config.per_device_train_batch_size}, "
                 f"max_seq_length={config.max_seq_length}"
             )
-            what = f"the data's {rows} longest {what}" if record.in_worst_case else what
+            what = f"the data's {rows} longest {what}" if in_instrument else what
             reason += f" ({what}; {settings})"
         return Outcome(status=TrialStatus.OOM, reason=reason, fail_phase=record.fail_phase, fail_step=step)
     first = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -95,12 +97,13 @@ def _unexpected(
 
 
 def _failing_shape(record: TrainingRecord) -> tuple[int, int] | None:
-    """``(rows, tokens)`` of the micro-batch that was running when the trial failed: the worst-case step's, or the
-    current step's last micro-batch; None while loading or before any batch."""
+    """``(rows, tokens)`` of the micro-batch that was running when the trial failed: the failing instrument's (the
+    worst-case step's), or the current step's last micro-batch; None while loading or before any batch."""
     if record.fail_phase == "load":
         return None
-    batch = record.worst_case_batch if record.in_worst_case else None
-    if batch is None and record.step_batches and not record.in_worst_case:
+    running = record.running if record.running is not None and record.running.owns_failure else None
+    batch = running.failure_batch() if running is not None else None
+    if batch is None and record.step_batches and running is None:
         batch = record.step_batches[-1]
     if batch is None:
         return None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -20,31 +19,19 @@ from typing import Any
 import torch
 
 from sweeper.space import TrialConfig
-from sweeper.stability import PROBE_ROWS, line_search_points, probe_interval_steps
 from sweeper.trial._child.checks import check_block_diagonal, check_lora_targets, check_quantization
-from sweeper.trial._child.collate import make_collator, model_inputs, pack_rows, worst_case_rows
+from sweeper.trial._child.collate import make_collator, pack_rows
 from sweeper.trial._child.context import TrialContext
 from sweeper.trial._child.diagnosis import NanDiagnosis, diagnose_nan
-from sweeper.trial._child.instrumented import make_trainer, track_activations
+from sweeper.trial._child.instrumented import make_trainer
+from sweeper.trial._child.instruments import Arming, make_instruments, track_activations
+from sweeper.trial._child.instruments.phase_memory import PhaseMemory
+from sweeper.trial._child.instruments.stress import Stress
 from sweeper.trial._child.load import load_model
 from sweeper.trial._child.measurements import Measurements
-from sweeper.trial._child.memory import (
-    PhasePeaks,
-    is_oom,
-    peak_memory_gib,
-    set_cuda_allocator,
-    set_cuda_memory_cap,
-)
-from sweeper.trial._child.record import (
-    DivergedError,
-    NonFiniteError,
-    Probe,
-    StressOverflow,
-    StressPhase,
-    TrainingRecord,
-)
+from sweeper.trial._child.memory import peak_memory_gib, set_cuda_allocator, set_cuda_memory_cap
+from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord
 from sweeper.trial._child.warm import WarmState, model_key, release_memory, restore_base
-from sweeper.trial._job import ProbeSettings
 
 
 @dataclass
@@ -66,30 +53,6 @@ class Run:
     key: tuple[Any, ...]
     samples: dict[int, Any]
     n_tokens: dict[int, int]
-
-
-def _probe(
-    rows: list[dict[str, Any]], collate: Any, config: TrialConfig, settings: ProbeSettings | None
-) -> Probe | None:
-    """The probe: the first :data:`~sweeper.stability.PROBE_ROWS` samples of the trial's data that keep a supervised
-    token after truncation, collated as training collates them (packed into rows when training packs), in one batch
-    when the trial's micro-batch holds that many rows, else one batch per row (a probe forward never holds more rows
-    than a training step); evaluated every ``settings.interval_steps`` steps (None:
-    :func:`~sweeper.stability.probe_interval_steps` of the batch). None when no sample has a supervised token, or
-    when the job asked for none (``settings`` None: a diagnostic, the tests compare training with and without it)."""
-    if settings is None:
-        return None
-    chosen = [row for row in rows if any(label != -100 for label in row["labels"][1:])][:PROBE_ROWS]
-    if not chosen:
-        return None
-    if config.packing:
-        chosen = pack_rows(chosen, config.max_seq_length)
-    per_batch = len(chosen) if config.per_device_train_batch_size >= len(chosen) else 1
-    batches = [model_inputs(collate(chosen[i : i + per_batch])) for i in range(0, len(chosen), per_batch)]
-    interval = settings.interval_steps
-    if interval is None:
-        interval = probe_interval_steps(config.per_device_train_batch_size, config.gradient_accumulation_steps)
-    return Probe(batches=batches, interval_steps=interval, max_steps=config.max_steps)
 
 
 def _training_arguments(config: TrialConfig, trial_dir: Path, cuda: bool, stress_steps: int = 0) -> Any:
@@ -161,39 +124,6 @@ def _adapted_model(
     return model
 
 
-def _worst_case_rows(trial: TrialContext, rows: list[dict[str, Any]], tokenizer: Any) -> list[dict[str, Any]]:
-    """The rows of the worst-case step: the trial's own longest (:func:`sweeper.trial._child.collate.
-    worst_case_rows`), or, when its job names the whole file's worst step (``Measures.worst_case_samples``: the
-    trial samples fewer rows than the file the exports train), those samples of the file, tokenized as the trial's
-    and packed a group to a row when packing. A named sample the file no longer holds is left out (the trial's own
-    rows stand in when none is left)."""
-    from sweeper.data import file_samples, tokenize_samples
-
-    config, groups = trial.config, trial.measures.worst_case_samples
-    if groups:
-        samples = file_samples(config.dataset, [i for group in groups for i in group])
-        tokenized = {t.index: t for t in tokenize_samples(samples, tokenizer, config.max_seq_length)}
-        file_rows: list[dict[str, Any]] = []
-        for group in groups:
-            members = [
-                {"input_ids": t.input_ids, "labels": t.labels, "index": t.index}
-                for t in (tokenized.get(i) for i in group)
-                if t is not None and t.input_ids
-            ]
-            file_rows += pack_rows(members, config.max_seq_length) if config.packing and members else members
-        if file_rows:
-            rows = file_rows
-    return worst_case_rows(rows, config.per_device_train_batch_size)
-
-
-def _row_indices(row: dict[str, Any]) -> list[int]:
-    """The dataset indices a row of the trial holds: its sample's ``index``, or a packed row's list of them."""
-    index = row.get("index")
-    if index is None:
-        return []
-    return list(index) if isinstance(index, list) else [index]
-
-
 def _tokenized(config: TrialConfig, model_path: str, warm: WarmState) -> tuple[Any, list[Any], list[Any]]:
     """The tokenizer, the samples and their tokenization at ``config.max_seq_length``; the tokenizer and the samples
     kept in ``warm`` for the next trial of this process that reads the
@@ -211,29 +141,11 @@ def _tokenized(config: TrialConfig, model_path: str, warm: WarmState) -> tuple[A
     return tokenizer, samples, tokenize_samples(samples, tokenizer, config.max_seq_length)
 
 
-def _arm_measures(trial: TrialContext, rows: list[dict[str, Any]], collate: Any, probe: Any, tokenizer: Any) -> int:
-    """Give ``trial.record`` what the trial measures besides training, as ``trial.measures`` asks: the worst-case
-    step's batch, the line search's steps and the stress phase (those two read the probe, so only with one); returns
-    the stress phase's steps at most (0 without one), which the training arguments add to ``max_steps``."""
-    config, record = trial.config, trial.record
-    if rows and trial.measures.worst_case:
-        worst = _worst_case_rows(trial, rows, tokenizer)
-        record.worst_case_batch = collate(worst)
-        record.worst_case_rows = sorted({int(i) for row in worst for i in _row_indices(row)})
-    if probe is not None and trial.measures.line_search:
-        record.line_search_steps = line_search_points(config.max_steps)
-    stress = trial.measures.stress
-    if stress is None or probe is None:  # the stress phase reads the probe after each step
-        return 0
-    record.stress = StressPhase(
-        after_step=config.max_steps, steps=stress.steps, learning_rate=config.learning_rate, growth=stress.growth
-    )
-    return stress.steps
-
-
 def setup(trial: TrialContext) -> Run:
-    """Read the data, load (or reuse), check and adapt the model, and build the trainer; sets ``trial.measured``'s
-    ``device``, ``model_reused``, ``quantized_linear_count``, ``load_time_s`` and ``load_peak_memory_gib``.
+    """Read the data, load (or reuse), check and adapt the model, arm the instruments the job wants
+    (``trial.instruments``, made first, so that a trial that fails while loading still writes what they hold) and
+    build the trainer; sets ``trial.measured``'s ``device``, ``model_reused``, ``quantized_linear_count``,
+    ``load_time_s`` and ``load_peak_memory_gib``.
 
     Raises:
         SetupCheckError: The model is not quantized or adapted as asked, or packed samples see each other.
@@ -246,6 +158,7 @@ def setup(trial: TrialContext) -> Run:
         trial.record,
         trial.measured,
     )
+    trial.instruments = make_instruments(trial.measures)
     t_load = time.monotonic()
     cuda = torch.cuda.is_available()
     if cuda:
@@ -258,26 +171,22 @@ def setup(trial: TrialContext) -> Run:
     model = _adapted_model(config, model_path, key, cuda, warm, measured)
     hooks = track_activations(model, record) if config.bnb_4bit_compute_dtype != "float32" else []
     collate = make_collator(tokenizer.pad_token_id, config.packing)
-    probe = _probe(rows, collate, config, trial.measures.probe)
+    unpacked = rows
     if config.packing:
         rows = pack_rows(rows, config.max_seq_length)
         check_block_diagonal(model, rows, collate)  # the packed samples kept apart, or the trial fails (issue 55)
-    stress_steps = _arm_measures(trial, rows, collate, probe, tokenizer)
-    args = _training_arguments(config, trial.trial_dir, cuda, stress_steps)
-    trainer = make_trainer(
-        model,
-        args,
-        rows,
-        collate,
-        record,
-        probe,
-        on_constant_end=lambda: _end_constant(record, measured),
-        progress=trial.progress,
-    )
+    arming = Arming(trial, rows, unpacked, collate, tokenizer)
+    added_steps = 0
+    for instrument in trial.instruments:
+        added_steps += instrument.arm(arming)
+        arming.armed[instrument.name] = instrument
+    args = _training_arguments(config, trial.trial_dir, cuda, added_steps)
+    trainer = make_trainer(model, args, rows, collate, record, trial.instruments)
     measured.load_time_s = time.monotonic() - t_load
     measured.load_peak_memory_gib = peak_memory_gib("cuda" if cuda else "cpu")
-    record.peaks = PhasePeaks("cuda" if cuda else "cpu", cap_gib=config.memory_limit_gib)
-    record.peaks.peaks["load"] = measured.load_peak_memory_gib
+    for instrument in trial.instruments:
+        if isinstance(instrument, PhaseMemory):
+            instrument.start("cuda" if cuda else "cpu", measured.load_peak_memory_gib)
     trial.progress.peaks = record.peaks
     return Run(
         trainer=trainer,
@@ -289,50 +198,21 @@ def setup(trial: TrialContext) -> Run:
     )
 
 
-def _end_constant(record: TrainingRecord, measured: Measurements) -> None:
-    """The constant phase has ended: its training time is the trial's, and the stress phase's memory is measured
-    apart from it."""
-    assert record.stress is not None
-    if measured.train_start is not None:
-        measured.train_time_s = time.monotonic() - measured.train_start
-    record.enter_memory_phase("stress")
-
-
-def _end_stress(record: TrainingRecord, exc: BaseException | None) -> bool:
-    """Close the stress phase that ``exc`` ended (None: it reached its cap); True when the process is as fit for
-    another trial as after a complete one (not after an out-of-memory error or another failure)."""
-    stress = record.stress
-    assert stress is not None
-    stress.time_s = time.monotonic() - (stress.started or time.monotonic())
-    fit = True
-    if exc is None:
-        stress.stop = "cap"
-    elif isinstance(exc, DivergedError):
-        stress.stop, stress.stop_step = "diverged", exc.divergence.first_step - stress.after_step
-    elif isinstance(exc, NonFiniteError) and exc.what != "input id":
-        stress.stop, stress.stop_step = "nan", stress.done + (0 if exc.what == "gradient norm" else 1)
-    elif isinstance(exc, StressOverflow):
-        stress.stop, stress.stop_step = "overflow", stress.done
-    else:
-        stress.stop, fit = ("oom" if is_oom(exc) else "error"), False
-        print(f"sweeper: the stress phase ended in {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-    return fit
-
-
 def train(run: Run, trial: TrialContext) -> None:
-    """Train ``run`` for ``config.max_steps`` optimizer steps, then its stress phase when ``record.stress`` is set
-    (its end, whatever ended it, is recorded by :func:`_end_stress` and never raised); sets ``trial.measured``'s
-    ``train_start``, ``train_time_s`` (the constant phase's) and the seen-sample lengths. After a NaN in the constant
-    phase, diagnoses it on the weights it failed on (the diagnosis goes on the :class:`NonFiniteError`) and writes
-    ``nan_batch.jsonl`` into ``trial_dir``. After ``complete`` or ``diverged``, keeps the restored base model in
-    ``trial.warm`` for the next trial (not after a stress phase that ran out of memory); ``run.trainer`` is None
-    afterwards either way.
+    """Train ``run`` for ``config.max_steps`` optimizer steps, then its stress phase when one is armed (its end,
+    whatever ended it, is recorded by :meth:`~sweeper.trial._child.instruments.stress.Stress.end`, never raised);
+    sets ``trial.measured``'s ``train_start``, ``train_time_s`` (the constant phase's) and the seen-sample lengths.
+    After a NaN in the constant phase, diagnoses it on the weights it failed on (the diagnosis goes on the
+    :class:`NonFiniteError`) and writes ``nan_batch.jsonl`` into ``trial_dir``. After ``complete`` or ``diverged``,
+    keeps the restored base model in ``trial.warm`` for the next trial (not after a stress phase that ran out of
+    memory); ``run.trainer`` is None afterwards either way.
 
     Raises:
         NonFiniteError, DivergedError: Training stopped early.
         Exception: What training raises (an out-of-memory error under the cap among them).
     """
     config, record, measured, warm = trial.config, trial.record, trial.measured, trial.warm
+    stress = next((i for i in trial.instruments if isinstance(i, Stress)), None)
     if not torch.cuda.is_available():
         # See sweeper.trial._child.memory: on the CPU the training-phase peak stands for the card. What loading freed
         # is handed back first, so the peak starts from what the process holds, not from when glibc last trimmed.
@@ -344,8 +224,8 @@ def train(run: Run, trial: TrialContext) -> None:
     try:
         run.trainer.train()
         kept = True
-        if record.stressing:
-            kept = _end_stress(record, None)
+        if stress is not None and record.stressing:
+            kept = stress.end(None)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
@@ -354,7 +234,8 @@ def train(run: Run, trial: TrialContext) -> None:
             if isinstance(exc, NonFiniteError):
                 _on_nan(exc, run, config, record, measured, trial.trial_dir, t_train)
             raise
-        kept = _end_stress(record, exc)  # the constant phase completed: the edge is a measurement, not a failure
+        assert stress is not None
+        kept = stress.end(exc)  # the constant phase completed: the edge is a measurement, not a failure
     finally:
         if record.peaks is not None:
             record.peaks.close()

@@ -43,7 +43,6 @@ import traceback
 from pathlib import Path
 
 from sweeper.space import TrialConfig
-from sweeper.stability import compute_instability, critical_rate_of, learning_progress, projected_fail_step
 from sweeper.trial._child.checks import SetupCheckError
 from sweeper.trial._child.context import TrialContext
 from sweeper.trial._child.load import LOAD_REPORT, versions
@@ -60,7 +59,6 @@ from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingR
 from sweeper.trial._child.warm import WarmState, release_memory
 from sweeper.trial._devices import cuda_visible
 from sweeper.trial._job import DEFAULT_MEASURES, Measures, TrialDone, TrialJob
-from sweeper.trial._memory_phases import PhasePeakMemory
 from sweeper.trial._result import CUDA_ALLOC_CONF_NOT_APPLICABLE, Provenance, TrialResult
 from sweeper.trial._status import TrialStatus
 
@@ -128,10 +126,11 @@ def _train(trial: TrialContext) -> None:
     recipe.train(recipe.setup(trial), trial)
 
 
-def _end(result: TrialResult, warm: WarmState, record: TrainingRecord) -> None:
+def _end(result: TrialResult, warm: WarmState, trial: TrialContext) -> None:
     """Lift the CPU cap, count the trial, decide whether the process stays warm (dropping the kept model when it
-    does not), then read the peaks: the result's memory fields (the judged peak, each phase's, the worst-case
-    step's shape), device type and versions."""
+    does not); then each instrument writes its part of the result (:meth:`~sweeper.trial._child.instruments.
+    Instrument.write`), after the step traces and the measurements (:func:`_fill`), and the device and versions.
+    Before training began (loading failed), the peak since the trial began is the trial's."""
     if not cuda_visible():
         lift_cpu_memory_cap()
     warm.cap_gib = None
@@ -142,19 +141,10 @@ def _end(result: TrialResult, warm: WarmState, record: TrainingRecord) -> None:
     gc.collect()
     torch = sys.modules.get("torch")
     device_type = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
-    peaks = record.peaks
-    if peaks is not None:
-        peaks.close()
-        result.memory.phase_peak_memory_gib = PhasePeakMemory.of(peaks.peaks)
-        result.memory.stress_peak_memory_gib = peaks.peaks.get("stress")
-    judged = peaks.judged_gib() if peaks is not None else None
-    # Before training began (loading failed), the peak since the trial began is the trial's.
-    result.memory.peak_memory_gib = judged if judged is not None else peak_memory_gib(device_type)
-    result.memory.peak_allocated_gib = peaks.judged_allocated_gib() if peaks is not None else None
-    result.memory.worst_case_shape = record.worst_case_shape
-    if record.worst_case_shape is not None:
-        result.data.worst_case_rows = list(record.worst_case_rows)
-        result.data.worst_case_supervised_tokens = record.worst_case_supervised_tokens
+    for instrument in trial.instruments:
+        instrument.write(result, trial.config)
+    if result.memory.peak_memory_gib is None:
+        result.memory.peak_memory_gib = peak_memory_gib(device_type)
     result.memory.memory_kind = "cuda_max_reserved" if device_type == "cuda" else "cpu_peak_rss"
     result.provenance.device = device_type
     result.provenance.cuda_alloc_conf = (
@@ -164,9 +154,11 @@ def _end(result: TrialResult, warm: WarmState, record: TrainingRecord) -> None:
         result.provenance.versions = versions()
 
 
-def _fill(result: TrialResult, record: TrainingRecord, measured: Measurements, t_setup: float) -> None:
-    """The step and probe traces from ``record`` (for a NaN, with the failing step's values), the measurements, and
-    what is derived from them (setup time, tokens per second, the probe's share of training)."""
+def _fill(result: TrialResult, trial: TrialContext, t_setup: float) -> None:
+    """The step traces from the record (for a NaN, with the failing step's values), the measurements, and what is
+    derived from them (setup time, tokens per second); the instruments' undone seconds are taken out of the
+    training time (:attr:`~sweeper.trial._child.instruments.Instrument.undone`)."""
+    record, measured = trial.record, trial.measured
     constant = result.constant
     constant.steps_done = record.step
     constant.loss_trace, constant.grad_norm_trace = record.loss, record.grad_norm
@@ -175,82 +167,14 @@ def _fill(result: TrialResult, record: TrainingRecord, measured: Measurements, t
         constant.loss_trace = record.loss + [finite_or_none(record.step_loss)]
         constant.grad_norm_trace = record.grad_norm + [finite_or_none(record.step_grad_norm)]
     if measured.train_time_s is not None:  # the worst-case step and the line searches are undone: their time is not
-        measured.train_time_s -= record.worst_case_time_s + record.line_search_time_s  # the training's
+        measured.train_time_s -= sum(i.time_s for i in trial.instruments if i.undone)  # the training's
     copy_onto(result, measured)
-    constant.worst_case_time_s = record.worst_case_time_s if record.worst_case_shape is not None else None
     if measured.load_time_s is not None and measured.train_start is not None:
         result.provenance.setup_time_s = measured.train_start - t_setup
     if measured.train_time_s:
         constant.tokens_per_s = record.tokens / measured.train_time_s
     if record.processed_tokens:
         constant.data_token_share = record.tokens / record.processed_tokens
-    constant.probe_steps, constant.probe_loss_trace = record.probe_steps, record.probe_loss
-    constant.probe_max_activation_trace = record.probe_max_activation
-    constant.update_ratio_trace = record.update_ratio
-    constant.probe_time_s = record.probe_time_s
-    training_s = (measured.train_time_s or 0.0) - record.probe_time_s
-    constant.probe_time_share = record.probe_time_s / training_s if training_s > 0 and record.probe_steps else None
-
-
-def _instability(result: TrialResult, record: TrainingRecord, config: TrialConfig) -> None:
-    """The instability terms (:func:`sweeper.stability.compute_instability`) and the projected failing step, for a
-    trial that trained (``complete``, ``nan``, ``diverged``) on the configuration's own terms (not a ``data`` NaN)
-    with a probe."""
-    if result.status not in (TrialStatus.COMPLETE, TrialStatus.NAN, TrialStatus.DIVERGED):
-        return  # too few steps for the instability terms to mean anything
-    if result.nan.cause == "data":
-        return  # the data failed, not the configuration: its trace says nothing about stability
-    if not record.probe_steps:
-        return  # no probe (no row keeps a supervised token, or turned off): no instability to measure
-    constant = result.constant
-    constant.projected_fail_step = projected_fail_step(record.probe_steps, record.probe_loss)
-    components = compute_instability(
-        probe_loss=record.probe_loss,
-        probe_max_activation=record.probe_max_activation,
-        skipped=[s in record.skipped for s in range(1, len(constant.loss_trace) + 1)],
-        steps=len(constant.loss_trace),
-        compute_dtype=config.bnb_4bit_compute_dtype,
-        loss=constant.loss_trace,
-        grad_norm=constant.grad_norm_trace,
-    )
-    constant.instability = components.instability
-    constant.instability_components = {k: v for k, v in components.to_dict().items() if k != "instability"}
-
-
-def _critical(result: TrialResult, record: TrainingRecord, config: TrialConfig) -> None:
-    """The critical learning rate from the line searches' readings (:func:`sweeper.stability.critical_rate_of`),
-    their cost, and why one did not run."""
-    critical = result.critical
-    critical.line_search_skipped = record.line_search_skipped
-    if not record.line_search_forwards:
-        return
-    rate = critical_rate_of(record.line_search_readings, config.max_steps, record.line_search_forwards)
-    critical.critical_lr_multiple = rate.multiple
-    critical.critical_lr_multiple_low, critical.critical_lr_multiple_high = rate.multiple_low, rate.multiple_high
-    critical.critical_lr_slope_per_step = rate.slope_per_step
-    critical.critical_lr_projected_step = rate.projected_step
-    critical.critical_lr_projected_step_low = rate.projected_step_low
-    critical.critical_lr_projected_step_high = rate.projected_step_high
-    critical.critical_lr_readings = [list(r) for r in rate.readings]
-    own = critical_rate_of(record.line_search_step_readings, config.max_steps)
-    critical.critical_lr_step_multiple = own.multiple
-    critical.critical_lr_step_readings = [list(r) for r in own.readings]
-    critical.line_search_forwards = rate.forwards
-    critical.line_search_time_s = record.line_search_time_s
-    train_s = result.constant.train_time_s
-    critical.line_search_time_share = record.line_search_time_s / train_s if train_s else None
-
-
-def _margin(result: TrialResult, record: TrainingRecord) -> None:
-    """The learning progress of a trial with a probe, and the stress phase's outcome
-    (:meth:`~sweeper.trial._child.record.StressPhase.outcome`: margin, traces, cost) and peak of one that completed
-    its constant phase (its peak memory is read apart, :func:`_end`)."""
-    if record.probe_steps and result.nan.cause != "data":
-        result.constant.learning_progress = learning_progress(record.probe_loss)
-    stress = record.stress
-    if stress is None or not stress.active or result.status is not TrialStatus.COMPLETE:
-        return
-    result.stress = stress.outcome(result.constant.train_time_s)
 
 
 def run(
@@ -311,11 +235,8 @@ def run(
         provenance=Provenance(lora_alpha=config.lora_alpha, effective_batch_size=config.effective_batch_size),
     )
     copy_onto(result, outcome)
-    _end(result, warm, record)
-    _fill(result, record, measured, t_setup)
-    _instability(result, record, config)
-    _margin(result, record)
-    _critical(result, record, config)
+    _fill(result, trial, t_setup)
+    _end(result, warm, trial)
     return result
 
 
