@@ -1,5 +1,5 @@
-"""``benchmarks/gpu_check.sh`` in its CPU dry run (``GPU_CHECK_DRY_RUN=1``): every part of the GPU check runs, shrunk,
-so that the one call a lent GPU gets does not fail on a typo (the figures are the GPU's only on a GPU)."""
+"""``benchmarks/gpu/gpu_check.sh`` in its CPU dry run (``GPU_CHECK_DRY_RUN=1``): every part of the GPU check runs,
+shrunk, so that the one call a lent GPU gets does not fail on a typo (the figures are the GPU's only on a GPU)."""
 
 from __future__ import annotations
 
