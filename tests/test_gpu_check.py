@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_the_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), str(out)],
+        ["bash", str(REPO / "benchmarks" / "gpu" / "gpu_check.sh"), str(out)],
         env={**os.environ, "GPU_CHECK_DRY_RUN": "1"},
         capture_output=True,
         text=True,

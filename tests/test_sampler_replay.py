@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks" / "samplers"))
 
 pytest.importorskip("scipy")  # the replay's Mann-Whitney test; GPSampler needs it too
 
