@@ -22,8 +22,7 @@ the run: pre-registration (issue 66)", committed before any validation run below
 3. ``--report``: the registered scores (``results/divergence_chance.md``).
 
     python benchmarks/stability/divergence_chance.py --fit
-    setsid nice -n 19 python benchmarks/stability/divergence_chance.py --run --jobs 2 --threads 1   # many hours;
-    resumable
+    setsid nice -n 19 python benchmarks/stability/divergence_chance.py --run --jobs 2 --threads 1  # hours, resumable
     python benchmarks/stability/divergence_chance.py --report
 
 Run nothing else that trains at full priority while it runs (see ``validity.py``).
