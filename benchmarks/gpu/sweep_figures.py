@@ -1,8 +1,7 @@
 """The figures of one sweep, for the GPU check: trials per hour, each trial's phase peaks against the memory model's
 prediction, the preflight's decisions, and the share of each trial's tokens that were the data's own.
 
-    python benchmarks/gpu/sweep_figures.py STUDY [--wall-s SECONDS] [--json OUT.json]    # STUDY: as 'sweep report'
-    takes it
+    python benchmarks/gpu/sweep_figures.py STUDY [--wall-s SECONDS] [--json OUT.json]  # STUDY as sweep report takes it
 
 ``--wall-s`` is the sweep's wall time (``sweep run`` from start to end, as the caller timed it); without it trials
 per hour are over the trials' own wall times (no model loading between trials is counted then). Run it from the

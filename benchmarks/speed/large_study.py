@@ -4,8 +4,8 @@ a freshly loaded study), the sweep loop's bookkeeping per trial (its one read un
 whose finished trials Optuna caches, and the view updated with the trial it told), and ``sweep report`` (terminal,
 ``--json``, ``--html``) timed as a user runs them; medians of 3 for the reads.
 
-    python benchmarks/speed/large_study.py STUDIES_DIR [STUDY] [--trials 2000] [--storage sqlite|journal] [--sweeper
-    PATH]
+    python benchmarks/speed/large_study.py STUDIES_DIR [STUDY] [--trials 2000] \\
+        [--storage sqlite|journal] [--sweeper PATH]
         [--out FILE.json]
 
 STUDIES_DIR is a ``studies/`` folder (the demo's after ``make demo``); it is read, never written. ``--sweeper PATH``

@@ -8,8 +8,8 @@ train_time_s``) and inside it (``train_time_s``), their ratio, warm and cold, an
 warm process must not change it); then the medians over all trials (the warm sweep's cold first trial and the trials
 after a replaced process included) and the share of warm trials.
 
-    .venv/bin/python benchmarks/speed/trial_overhead.py [--space search_spaces/demo.yaml] [--set study.n_trials=10]
-    [--json F]
+    .venv/bin/python benchmarks/speed/trial_overhead.py [--space search_spaces/demo.yaml] \\
+        [--set study.n_trials=10] [--json F]
 
 The sweep runs in a temporary folder (its own study); nothing is written under ``studies/``.
 """

@@ -12,8 +12,7 @@ whose short trial completed (where the formula cannot rank by a failure it alrea
 
 The update-to-weight ratio was not recorded by that benchmark, so only the first combination can be checked here.
 
-    python benchmarks/stability/combination_heldout.py      # prints the table; writes
-    benchmarks/stability/results/combination_heldout.md
+    python benchmarks/stability/combination_heldout.py  # prints the table; writes results/combination_heldout.md
 
 It reads committed results and runs no training (a second).
 """

@@ -14,8 +14,7 @@ equal-step block (``benchmarks/stability/results/validity_block.json``: 11 float
 - whether every recomputed instability of the current schedule equals the stored one (the check that the recomputation
   is the product's).
 
-    python benchmarks/stability/probe_schedule.py       # prints the table; writes
-    benchmarks/stability/results/probe_schedule.md
+    python benchmarks/stability/probe_schedule.py  # prints the table; writes results/probe_schedule.md
 
 It reads committed results and runs no training (seconds).
 """
