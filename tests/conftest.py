@@ -27,7 +27,7 @@ _COSTLY = ("browser", "postgres", "network", "demo")
 def pytest_collection_modifyitems(config, items):
     """Mark ``browser``, ``postgres``, ``network`` and ``demo`` tests ``slow`` as well; run the demo and then the
     ``network`` tests first (the sort is stable: the rest keep their order); skip the tests marked ``gpu``
-    where no CUDA device is visible (CI, this project's CPU machines): they run in ``benchmarks/gpu_check.sh`` on a
+    where no CUDA device is visible (CI, this project's CPU machines): they run in ``benchmarks/gpu/gpu_check.sh`` on a
     GPU. Whether CUDA is visible is asked of the driver without importing torch."""
     from sweeper.trial import cuda_visible
 
@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: 0 if "demo" in item.keywords else 1 if "network" in item.keywords else 2)
     if cuda_visible():
         return
-    skip = pytest.mark.skip(reason="needs CUDA (run benchmarks/gpu_check.sh on a GPU)")
+    skip = pytest.mark.skip(reason="needs CUDA (run benchmarks/gpu/gpu_check.sh on a GPU)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -28,6 +28,7 @@ HEAVY = ("torch", "transformers", "peft", "bitsandbytes", "datasets")
         "sweeper.checkpoint",
         "sweeper.audit",
         "sweeper.stability",
+        "sweeper.benchmarking",
     ],
 )
 def test_the_sweep_side_imports_no_torch(module):
@@ -188,3 +189,83 @@ def test_the_readme_stays_a_readme():
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
         if "://" not in target:
             assert (REPO / target).exists(), f"README.md links {target}, which is not in the repository"
+
+
+def private_sweeper_imports(path: Path) -> list[str]:
+    """``file:line: name`` for each import in ``path`` (a Python file, or a shell script's embedded Python) of a
+    private module of sweeper (a dotted part that starts with ``_``: ``sweeper.memory._model``) or of a private name
+    from one (``from sweeper.memory import _model``); dunders (``sweeper.__file__``) are not private."""
+    import ast
+    import re
+
+    def private(dotted: str) -> bool:
+        return any(p.startswith("_") and not (p.startswith("__") and p.endswith("__")) for p in dotted.split("."))
+
+    text = path.read_text()
+    found = []
+    if path.suffix == ".sh":  # the Python a shell script runs (python -c, heredocs): read as text
+        for n, line in enumerate(text.splitlines(), 1):
+            for m in re.finditer(r"\bfrom\s+(sweeper[\w.]*)\s+import\s+([\w, ()]+)|\bimport\s+(sweeper[\w.]*)", line):
+                module = m.group(1) or m.group(3)
+                names = [f"{module}.{a.strip()}" for a in (m.group(2) or "").strip("() ").split(",") if a.strip()]
+                for dotted in [module] if private(module) else names:
+                    if private(dotted):
+                        found.append(f"{path}:{n}: {dotted}")
+        return found
+    for node in ast.walk(ast.parse(text, str(path))):
+        dotted = []
+        if isinstance(node, ast.Import):
+            dotted = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # a private module once; else each private name imported from a public one
+            private_module = private(node.module)
+            dotted = [node.module] if private_module else [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in dotted:
+            if name.split(".")[0] == "sweeper" and private(name):
+                found.append(f"{path}:{node.lineno}: {name}")
+    return found
+
+
+def test_the_benchmarks_import_only_public_names_of_sweeper():
+    """Issue 69: 11 benchmark scripts made 20 imports of private modules, outside the import contracts and mypy, so a
+    refactor broke them silently. A benchmark reaches sweeper through a package face or the benchmarks' door,
+    :mod:`sweeper.benchmarking` (which the ``private_modules`` contract lets reach the private modules it names)."""
+    files = sorted(p for p in (REPO / "benchmarks").rglob("*") if p.suffix in (".py", ".sh"))
+    assert len(files) > 25  # the scan sees the scripts
+    found = [use for path in files for use in private_sweeper_imports(path)]
+    assert found == [], "benchmarks import private names of sweeper (use sweeper.benchmarking):\n" + "\n".join(found)
+
+
+def test_a_private_import_in_a_benchmark_is_caught(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text(
+        "import sweeper\nfrom sweeper.memory import ModelShape\nfrom sweeper.benchmarking import estimate_memory\n"
+        "from sweeper.memory._model import MemorySettings\nfrom sweeper.memory import _model as m\n"
+        "def f():\n    import sweeper.trial._child.memory\nprint(sweeper.__file__)\n"
+    )
+    shell = tmp_path / "bad.sh"
+    shell.write_text('python -c "from sweeper.cli import main; from sweeper.study._snapshot import stored_trials"\n')
+    assert [use.split(": ", 1)[1] for use in private_sweeper_imports(script)] == [
+        "sweeper.memory._model",
+        "sweeper.memory._model",
+        "sweeper.trial._child.memory",
+    ]
+    assert [use.split(": ", 1)[1] for use in private_sweeper_imports(shell)] == [
+        "sweeper.study._snapshot",
+    ]
+    assert private_sweeper_imports(script)[0].startswith(f"{script}:4: ")
+
+
+def test_the_benchmarks_door_keeps_its_names_and_imports_nothing_behind_it():
+    """Every name of :mod:`sweeper.benchmarking` resolves (a move behind it fails here, not in a night's benchmark),
+    and importing it loads no module behind it."""
+    code = (
+        "import sys, json, sweeper.benchmarking as door\n"
+        "before = sorted(m for m in sys.modules if m.startswith('sweeper.') and m not in ('sweeper._lazy', "
+        "'sweeper.benchmarking'))\n"
+        "missing = [n for n in door.__all__ if getattr(door, n, None) is None]\n"
+        "print(json.dumps([before, missing, sorted(set(door.__all__) - set(dir(door)))]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    before, missing, undirred = json.loads(out.stdout)
+    assert before == [] and missing == [] and undirred == []

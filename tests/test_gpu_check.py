@@ -1,5 +1,5 @@
-"""``benchmarks/gpu_check.sh`` in its CPU dry run (``GPU_CHECK_DRY_RUN=1``): every part of the GPU check runs, shrunk,
-so that the one call a lent GPU gets does not fail on a typo (the figures are the GPU's only on a GPU)."""
+"""``benchmarks/gpu/gpu_check.sh`` in its CPU dry run (``GPU_CHECK_DRY_RUN=1``): every part of the GPU check runs,
+shrunk, so that the one call a lent GPU gets does not fail on a typo (the figures are the GPU's only on a GPU)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_the_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), str(out)],
+        ["bash", str(REPO / "benchmarks" / "gpu" / "gpu_check.sh"), str(out)],
         env={**os.environ, "GPU_CHECK_DRY_RUN": "1"},
         capture_output=True,
         text=True,

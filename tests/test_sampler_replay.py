@@ -1,4 +1,4 @@
-"""The sampler replay's bookkeeping (``benchmarks/sampler_replay.py``): what each asked trial costs, and the
+"""The sampler replay's bookkeeping (``benchmarks/samplers/sampler_replay.py``): what each asked trial costs, and the
 hypervolume it reports. The table here is SYNTHETIC (made-up peaks, margins and times over the real grid's
 configurations): the real table takes hours of trials, and these checks are about the replay's arithmetic, not about
 which sampler wins."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks" / "samplers"))
 
 pytest.importorskip("scipy")  # the replay's Mann-Whitney test; GPSampler needs it too
 

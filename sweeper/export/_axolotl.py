@@ -77,7 +77,7 @@ def render_axolotl(s: ExportSettings, data: ExportData | None = None) -> str:
 
 #: The axolotl file's line on axolotl's telemetry: on by default (opt-out), read in axolotl 0.21.0's
 #: ``axolotl/telemetry/manager.py`` (``TelemetryManager._check_telemetry_enabled``); this project's own runs of axolotl
-#: (tests/export/test_export_tools.py, benchmarks/export_peak.py) set the variable.
+#: (tests/export/test_export_tools.py, benchmarks/memory/export_peak.py) set the variable.
 AXOLOTL_TELEMETRY = (
     "axolotl sends usage telemetry (PostHog) unless its run starts with AXOLOTL_DO_NOT_TRACK=1 (or DO_NOT_TRACK=1): "
     "`AXOLOTL_DO_NOT_TRACK=1 axolotl train <this file>` where the run must not report to it "

@@ -83,7 +83,7 @@ def _batch_sentence(s: ExportSettings) -> str:
 #: The ``memory_kind`` of a peak measured on the CPU (:mod:`sweeper.trial`): the process's peak resident set.
 CPU_PEAK_KIND = "cpu_peak_rss"
 #: The header's line under a CPU trial's peak: what it counts, and that a card's peak is another figure. The
-#: figures: benchmarks/results/export_imports_2026-12-06.txt (VmRSS 0.50-0.56 GiB after importing torch,
+#: figures: benchmarks/memory/results/export_imports.txt (VmRSS 0.50-0.56 GiB after importing torch,
 #: transformers, peft, bitsandbytes and datasets, of which RssFile 0.14-0.19).
 CPU_PEAK_LINE = (
     "On the CPU the peak is the trial process's resident memory on the host, the interpreter and its libraries "

@@ -25,7 +25,7 @@ LLAMA_FACTORY_DTYPES = (
 
 #: What LLaMA-Factory 0.9.5 holds the weights outside the 4-bit layers in (``model/loader.py``: ``torch_dtype:
 #: auto``; no call of peft's ``prepare_model_for_kbit_training``, which the trial's recipe makes), read and run
-#: (``benchmarks/export_peak.py``: the embeddings and norms of a float16 checkpoint stayed float16).
+#: (``benchmarks/memory/export_peak.py``: the embeddings and norms of a float16 checkpoint stayed float16).
 LLAMA_FACTORY_FROZEN = (
     "LLaMA-Factory keeps the embeddings and lm_head in the checkpoint's dtype (it does not call peft's "
     "prepare_model_for_kbit_training, which upcast them to float32 in the trial): with a 16-bit checkpoint it holds "

@@ -1,10 +1,10 @@
 """What each format's exported run peaked at in its own tool against the trial it was exported from (issue 57).
 
-Measured by ``benchmarks/export_peak.py --repeats 4`` on this project's CPU machine (:data:`EXPORT_PEAK_RESULTS`):
-the demo's trial #2 configuration (SmolLM2-135M-Instruct, r 16, fp4 with double quant, batch 2 x 64, float32
-compute, gradient checkpointing, paged AdamW 8-bit) as a one-trial study, its export trained in each tool for 2
-optimizer steps at the export's accumulation, counted as the trial counts on the CPU (the resident set's peak once
-the model is loaded and adapted, the free heap handed back first). ``tests/export/test_export.py`` holds
+Measured by ``benchmarks/memory/export_peak.py --repeats 4`` on this project's CPU machine
+(:data:`EXPORT_PEAK_RESULTS`): the demo's trial #2 configuration (SmolLM2-135M-Instruct, r 16, fp4 with double quant,
+batch 2 x 64, float32 compute, gradient checkpointing, paged AdamW 8-bit) as a one-trial study, its export trained in
+each tool for 2 optimizer steps at the export's accumulation, counted as the trial counts on the CPU (the resident set's
+peak once the model is loaded and adapted, the free heap handed back first). ``tests/export/test_export.py`` holds
 :data:`EXPORT_PEAKS` to that file's medians, and every format's file to :func:`measured_peak_line`.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: The committed measurement the figures below come from (relative to the repository).
-EXPORT_PEAK_RESULTS = "benchmarks/results/export_peak_4.txt"
+EXPORT_PEAK_RESULTS = "benchmarks/memory/results/export_peak.txt"
 #: The trial's stated memory noise between runs on the CPU, GiB (``sweep run``'s memory line: "+-0.1 GiB").
 CPU_MEMORY_NOISE_GIB = 0.1
 

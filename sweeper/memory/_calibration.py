@@ -10,7 +10,7 @@ it is a **Theil-Sen line** ``measured = a + b * predicted`` (the median of the p
 (built-in model, CPU) the fixed part (the process, the weights) is under-predicted by about 1.4x and the part that
 grows with tokens by 2x (bf16) to 5x (fp32). A group not measured yet borrows the smallest ratio of the groups that
 were, so a setting is never pruned on another setting's larger error. Medians need few points and ignore an outlier
-among three (``benchmarks/preflight_calibration.py`` prints the figures on a study).
+among three (``benchmarks/memory/preflight_calibration.py`` prints the figures on a study).
 
 Only ``complete`` trials are points: an ``oom`` trial's peak is where it died, a lower bound, and a ``nan`` or
 ``diverged`` trial may stop before the step's peak. Predictions are recomputed from each trial's stored config with

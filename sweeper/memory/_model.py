@@ -37,8 +37,8 @@ BLOCKSIZE_8BIT_OPTIM = 256
 #: off the card's size instead (:mod:`sweeper.trial._card`). Weights and optimizer state are reserved as held (a
 #: fitted constant came out at 0.05 GiB, and the fixed terms matched the rows' intercept within 0.04 GiB). What the
 #: bytes the CPU tests count get wrong on a GPU is in the parts that grow with tokens, fitted on an H200
-#: (``benchmarks/fit_cuda_memory.py`` on ``benchmarks/results/gpu-h200-2026-12-04-train``: fitted on the 8 rows at
-#: r 16; on the 7 rows at r 64, held out, median error 1.2%, largest 3.5%, against 16.6% and 29.0% before): the
+#: (``benchmarks/gpu/fit_cuda_memory.py`` on ``benchmarks/gpu/results/gpu-h200-2026-12-04-train``: fitted on the 8 rows
+#: at r 16; on the 7 rows at r 64, held out, median error 1.2%, largest 3.5%, against 16.6% and 29.0% before): the
 #: tensors saved for backward, activations and the recomputed layer, times this factor (the caching allocator held
 #: 25% less than the tensors autograd saves on the CPU) ...
 CUDA_ACTIVATION_FACTOR = 0.748

@@ -87,7 +87,7 @@ class ModelShape:
         }
 
 
-#: Llama-3 and 3.1 8B (``meta-llama/Llama-3.1-8B``'s ``config.json``; ``benchmarks/llama-3.1-8b-config.json``).
+#: Llama-3 and 3.1 8B (``meta-llama/Llama-3.1-8B``'s ``config.json``; ``benchmarks/gpu/llama-3.1-8b-config.json``).
 _LLAMA3_8B: dict[str, Any] = {
     "hidden_size": 4096,
     "intermediate_size": 14336,

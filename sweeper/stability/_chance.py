@@ -2,9 +2,9 @@
 the edge rate (``predicted_max_lr``) and the safe rate on the measured rate scale.
 
 The model and every number here are pre-registered in docs/validity.md ("The chance of diverging within the run:
-pre-registration (issue 66)") and fitted by ``benchmarks/divergence_chance.py --fit``
-(``benchmarks/results/divergence_chance_fit.json``) on the 102 stored 200-step runs of the built-in model whose short
-trial completed. The step ``T`` at which a constant-rate run first fails is log-logistic in the margin ``m``
+pre-registration (issue 66)") and fitted by ``benchmarks/stability/divergence_chance.py --fit``
+(``benchmarks/stability/results/divergence_chance_fit.json``) on the 102 stored 200-step runs of the built-in model
+whose short trial completed. The step ``T`` at which a constant-rate run first fails is log-logistic in the margin ``m``
 (an accelerated-failure-time model, Kalbfleisch & Prentice 2002, "The Statistical Analysis of Failure Time Data",
 sec. 2.2.6)::
 
@@ -41,7 +41,7 @@ DEFAULT_HORIZON_STEPS = 400
 
 #: The seed noise of one short trial's margin, in ladder steps (factors of 1.8): the pooled standard deviation of
 #: ``log_1.8(margin)`` over seeds of one configuration at one rate (29 groups of the equal-step block,
-#: ``margin_seed_sd_steps`` in ``benchmarks/results/divergence_chance_fit.json``). A margin's 95% interval is
+#: ``margin_seed_sd_steps`` in ``benchmarks/stability/results/divergence_chance_fit.json``). A margin's 95% interval is
 #: ``m */ 1.8**(1.96 x 0.404)`` (``*/ 1.59``).
 MARGIN_SEED_SD_STEPS = 0.404
 
@@ -132,7 +132,8 @@ class DivergenceModel:
         return math.exp(ln_m50), math.exp(ln_m50 - Z95 * sd), math.exp(ln_m50 + Z95 * sd)
 
 
-#: The model as fitted and registered (``benchmarks/results/divergence_chance_fit.json``; a test checks they agree).
+#: The model as fitted and registered (``benchmarks/stability/results/divergence_chance_fit.json``; a test checks they
+#: agree).
 DIVERGENCE_MODEL = DivergenceModel(
     mu=3.058228830183702,
     gamma=1.2019660834764505,

@@ -49,14 +49,15 @@ PROBE_SHARE = 0.10
 #: step at batch 1 (9.3% of training, probing every 4 steps) and 0.20 at batch 4 (20.4%, probing every step). In
 #: float32 on the CPU it costs about 0.5 of a step (a median 15-16% of the constant phase at batch 1:
 #: ``docs/validity.md``); the schedule is kept there because probing less often loses most of what the instability
-#: foretells (``benchmarks/probe_schedule.py``: AUC 0.86 every 4 steps, 0.62 every 16).
+#: foretells (``benchmarks/stability/probe_schedule.py``: AUC 0.86 every 4 steps, 0.62 every 16).
 PROBE_COST = 0.4
 
 #: The probe loss at this multiple of its value before the first step (or non-finite) is a divergence once it stays
 #: there: at the next probe, or at the last probe of the run. Measured against the start, not the best value: a run
 #: that learned and then lost part of it is unstable (scored by :func:`probe_rebound`) but has not diverged. In
-#: ``benchmarks/results/validity.md`` configuration 4 went from its best 2.06 to 7.60 (1.67x its start) at one probe,
-#: fell back at the next and completed 300 steps at 0.79x its start, while every run that failed ended at 1.7-7.4x.
+#: ``benchmarks/stability/results/validity.md`` configuration 4 went from its best 2.06 to 7.60 (1.67x its start) at one
+#: probe, fell back at the next and completed 300 steps at 0.79x its start, while every run that failed ended at
+#: 1.7-7.4x.
 DIVERGED_RATIO = 1.5
 
 #: Steps of loss history a spike is measured against (a median over them, so one noisy batch does not set the base).

@@ -33,12 +33,13 @@ STRESS_STEPS = 11
 STRESS_CAP = STRESS_GROWTH**STRESS_STEPS
 
 #: Largest constant learning rate a long run holds at, over the short trial's ``lr_ceiling``: the calibration factor
-#: that makes ``predicted_max_lr``. Measured by ``benchmarks/validity.py`` (``benchmarks/results/validity.md``,
-#: ``calibration_factor``) on the built-in model: the geometric mean over the 8 configurations (learning rates 1e-4 to
-#: 5e-4, lora_alpha/r 0.25 to 32) whose 300-step edge was bisected to a factor of 2, each edge taken as the geometric
-#: mean of the largest multiple that held and the smallest that failed. Spread: 0.083 to 0.28 (geometric SD 1.51), so
-#: a ``predicted_max_lr`` is good to about a factor of 2 either way. A range test's ceiling lies far above the
-#: constant-rate edge: the rate grows 1.8x a step while the probe is still catching up.
+#: that makes ``predicted_max_lr``. Measured by ``benchmarks/stability/validity.py``
+#: (``benchmarks/stability/results/validity.md``, ``calibration_factor``) on the built-in model: the geometric mean over
+#: the 8 configurations (learning rates 1e-4 to 5e-4, lora_alpha/r 0.25 to 32) whose 300-step edge was bisected to a
+#: factor of 2, each edge taken as the geometric mean of the largest multiple that held and the smallest that failed.
+#: Spread: 0.083 to 0.28 (geometric SD 1.51), so a ``predicted_max_lr`` is good to about a factor of 2 either way. A
+#: range test's ceiling lies far above the constant-rate edge: the rate grows 1.8x a step while the probe is still
+#: catching up.
 LONG_RUN_FACTOR = 0.144
 
 #: How a stress phase ended (``stress_stop``): the probe diverged, a loss or gradient norm went non-finite, the fp16
@@ -54,7 +55,7 @@ def stress_lr(learning_rate: float, stress_step: int, growth: float = STRESS_GRO
 
 #: The seed noise of one short trial's margin, in ladder steps (factors of :data:`STRESS_GROWTH`): the pooled standard
 #: deviation of ``log_1.8(margin)`` over seeds of one configuration at one rate (29 groups of the equal-step block's
-#: short trials, ``margin_seed_sd_steps`` in ``benchmarks/results/divergence_chance_fit.json``, issue 66).
+#: short trials, ``margin_seed_sd_steps`` in ``benchmarks/stability/results/divergence_chance_fit.json``, issue 66).
 MARGIN_SEED_SD_STEPS = 0.404
 
 #: A margin's 95% interval in ladder steps each side, from its measured seed noise: ``1.96 x``

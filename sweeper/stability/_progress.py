@@ -36,14 +36,15 @@ def barely_learns(progress: float | None, best: float | None) -> bool:
 
 #: The seed noise of a short trial's ``learning_progress`` (absolute, a fraction) away from its edge: the
 #: ``learning_progress`` objective's interval is ``value +/- LEARNING_PROGRESS_NOISE`` for a trial whose headroom is
-#: safe. Measured by ``benchmarks/seed_noise.py`` (the built-in model at 2e-4, 12 steps, 3 seeds, two
-#: configurations: standard deviations 0.0008 and 0.0006, ``benchmarks/results/seed_noise.json``); 0.01 leaves room
-#: for other models and data, on which it is not measured.
+#: safe. Measured by ``benchmarks/stability/seed_noise.py`` (the built-in model at 2e-4, 12 steps, 3 seeds, two
+#: configurations: standard deviations 0.0008 and 0.0006, ``benchmarks/stability/results/seed_noise.json``); 0.01 leaves
+#: room for other models and data, on which it is not measured.
 LEARNING_PROGRESS_NOISE = 0.01
 
 #: The same near the edge (a trial whose headroom is :attr:`Headroom.near_edge`, or whose margin was not measured):
-#: the pooled standard deviation over seeds of 11 configurations at 3 seeds in ``benchmarks/validity_block.py``, all
-#: near their edge, where runs also unlearn (progress from -0.85 to 0.41).
+#: the pooled standard deviation over seeds of 11 configurations at 3 seeds in
+#: ``benchmarks/stability/validity_block.py``, all near their edge, where runs also unlearn (progress from -0.85 to
+#: 0.41).
 LEARNING_PROGRESS_NOISE_NEAR_EDGE = 0.14
 
 

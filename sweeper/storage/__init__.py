@@ -20,7 +20,7 @@ from sweeper.storage._identity import (
 from sweeper.storage._journal import dashboard_storage, journal_file
 from sweeper.storage._machine import check_disk, check_writable
 from sweeper.storage._open import open_storage, read_storage, storage_url_of
-from sweeper.storage._optuna_private import heartbeat_interval, hypervolume, storage_of, trial_id, unnoted_trials
+from sweeper.storage._optuna_private import heartbeat_interval, storage_of, trial_id, unnoted_trials, wfg_hypervolume
 from sweeper.storage._recovery import fail_stale_trials, retry, stale_running
 from sweeper.storage._urls import redact_url
 
@@ -40,7 +40,6 @@ __all__ = [
     "fail_stale_trials",
     "heartbeat_interval",
     "heartbeat_interval_s",
-    "hypervolume",
     "in_memory",
     "journal_file",
     "open_storage",
@@ -56,5 +55,6 @@ __all__ = [
     "study_identity",
     "trial_dir",
     "unnoted_trials",
+    "wfg_hypervolume",
     "write_owner",
 ]

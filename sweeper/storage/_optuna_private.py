@@ -123,20 +123,11 @@ def dashboard_note(system_attrs: dict[str, Any], trial_storage_id: int) -> str:
     return str(get_note_from_system_attrs(system_attrs, trial_storage_id)["body"])
 
 
-def hypervolume(points: Sequence[Sequence[float]], reference: Sequence[float]) -> float:
-    """The hypervolume dominated by ``points`` (each objective minimized) and bounded by ``reference``: Optuna's
-    ``optuna._hypervolume.compute_hypervolume`` (WFG; While et al. 2012), which its own hypervolume-history plot and
-    NSGA-III use; Optuna exposes no public function for it. Points not better than ``reference`` on every objective
-    add nothing (0.0 when none is).
-
-    Args:
-        points: One row per trial, one column per objective, in the objectives' units.
-        reference: One value per objective, worse than every point that should count.
-    """
-    import numpy as np
+def wfg_hypervolume(points: Any, reference: Any) -> float:
+    """Optuna's ``optuna._hypervolume.compute_hypervolume`` (WFG; While et al. 2012): the hypervolume that ``points``
+    (a 2-D float array, one row per point, each objective minimized, every point better than ``reference`` on every
+    objective) dominate, bounded by ``reference`` (a 1-D float array). Optuna exposes no public function for it; the
+    arithmetic around it (which points count, the reference point) is :mod:`sweeper.study._pareto`'s."""
     from optuna._hypervolume import compute_hypervolume
 
-    inside = [list(p) for p in points if all(x < r for x, r in zip(p, reference))]
-    if not inside:
-        return 0.0
-    return float(compute_hypervolume(np.asarray(inside, dtype=float), np.asarray(reference, dtype=float)))
+    return float(compute_hypervolume(points, reference))

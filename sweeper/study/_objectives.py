@@ -130,10 +130,10 @@ def _edge_proximity_interval(result: TrialResult) -> tuple[float, float]:
 
 #: Two peaks within this share of each other are the same memory to the ``safe`` pick (which then prefers the one
 #: that learns most): the seed alone (LoRA's initialisation and the data order) moves a trial's measured peak by up to
-#: it. Measured by ``benchmarks/seed_noise.py`` on the CPU (peak RSS; the built-in model in float32 at 2e-4, 3 seeds):
-#: 8.3% at batch 1 and 64 tokens and 1.9% at batch 2 and 128 over 12 steps (``benchmarks/results/seed_noise.json``);
-#: 6.5% and 9.7% in a first run of 6 steps. CUDA's peak reserved memory is not measured here; the CPU's figure
-#: stands for it until it is.
+#: it. Measured by ``benchmarks/stability/seed_noise.py`` on the CPU (peak RSS; the built-in model in float32 at 2e-4, 3
+#: seeds): 8.3% at batch 1 and 64 tokens and 1.9% at batch 2 and 128 over 12 steps
+#: (``benchmarks/stability/results/seed_noise.json``); 6.5% and 9.7% in a first run of 6 steps. CUDA's peak reserved
+#: memory is not measured here; the CPU's figure stands for it until it is.
 MEMORY_NOISE_SHARE = 0.10
 
 #: Peak memory (GiB): the peak reserved memory on CUDA, the peak RSS on the CPU (``TrialResult.memory.memory_kind``).

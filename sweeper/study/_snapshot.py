@@ -24,10 +24,11 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.stability import LrCalibration, barely_learns, lr_calibration_of
-from sweeper.storage import StudyAttr, hypervolume, stale_running
+from sweeper.storage import StudyAttr, stale_running
 from sweeper.study._confirmation import Confirmation, confirmations_in
 from sweeper.study._front import non_dominated, tied_on_stability, ties_on_stability
 from sweeper.study._objectives import MEMORY_NOISE_SHARE, Objective, study_objectives
+from sweeper.study._pareto import FrontProgress, front_progress
 from sweeper.study._setups import differences, stored_setups, trial_setup
 from sweeper.study._stored import PredictionError, StoredTrial, prediction_errors_of, stored_trial
 from sweeper.trial import TrialStatus
@@ -35,54 +36,6 @@ from sweeper.trial import TrialStatus
 
 def _int_or_none(raw: Any) -> int | None:
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
-
-
-@dataclass(frozen=True)
-class FrontProgress:
-    """How far a study's last trials moved its front: the hypervolume (:func:`sweeper.storage._optuna_private.
-    hypervolume`) of the complete trials' front before them and after them, against one reference point: each
-    objective's worst value among the trials plus a tenth of its range, so that every trial counts, the worst too.
-
-    Attributes:
-        complete: Complete trials counted (repeats once).
-        last: How many of them, the latest by number, the move is over.
-        first_number: The number of the first of those ``last`` trials.
-        moved: ``(after - before) / after``, in [0, 1]: 0 when the last trials found nothing beyond the front.
-    """
-
-    complete: int
-    last: int
-    first_number: int
-    moved: float
-
-
-def reference_point(signed: Sequence[Sequence[float]]) -> list[float]:
-    """The hypervolume's reference point for minimized ``signed`` values (one row per trial): each objective's worst
-    value plus a tenth of its range, so that every trial counts, the worst too."""
-    worst = [max(col) for col in zip(*signed)]
-    best = [min(col) for col in zip(*signed)]
-    return [w + 0.1 * max(w - b, 1e-12) for w, b in zip(worst, best)]
-
-
-def front_progress(
-    trials: Sequence[tuple[int, Sequence[float]]], objectives: Sequence[Objective]
-) -> FrontProgress | None:
-    """:class:`FrontProgress` over the latest quarter of ``trials`` (3 to 10 of them), or None with fewer than 6.
-
-    Args:
-        trials: ``(number, values)`` of each complete trial, values in ``objectives``' order and units.
-        objectives: The study's objectives (their directions sign the values).
-    """
-    ordered = sorted(trials, key=lambda t: t[0])
-    if len(ordered) < 6:
-        return None
-    last = max(3, min(10, len(ordered) // 4))
-    signed = [[o.better(v) for o, v in zip(objectives, values)] for _, values in ordered]
-    reference = reference_point(signed)
-    after = hypervolume(signed, reference)
-    before = hypervolume(signed[:-last], reference)
-    moved = (after - before) / after if after > 0 else 0.0
-    return FrontProgress(complete=len(ordered), last=last, first_number=ordered[-last][0], moved=moved)
 
 
 @dataclass(frozen=True, eq=False)

@@ -23,7 +23,7 @@ from sweeper.trial._devices import cuda_visible
 #: allocator and so outside both the measured peak and the cap. Torch 2.x with lazy module loading holds 0.3-0.6 GiB
 #: of context on current cards (e68ad80's ``CUDA_CONTEXT_GIB`` guessed 0.5; training receipts of other projects read
 #: 0.13 GiB on an RTX A2000 and 0.62 GiB on an RTX 5090); ``sweep run`` warns when more than this was in use when
-#: the card was read. ``benchmarks/gpu_check.sh`` records the context as read on the GPU it runs on.
+#: the card was read. ``benchmarks/gpu/gpu_check.sh`` records the context as read on the GPU it runs on.
 CUDA_RESERVE_GIB = 0.5
 #: What ``auto`` keeps free on the CPU, in GiB: the sweep's own process and its zygote (0.5 GiB resident each,
 #: measured on this project's CPU machine with ``ps`` during a sweep of the built-in model).

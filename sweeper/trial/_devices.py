@@ -92,7 +92,7 @@ def cpu_has_bfloat16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
 
     Without them torch computes a bfloat16 matmul through conversions: measured on an AMD EPYC with AVX2 only
     (torch 2.13), a bfloat16 training step of the built-in model took 17.7 s against 2.4 s in float32
-    (``benchmarks/validity_block.py``), and a lone 512x576x1536 matmul 5-100x longer.
+    (``benchmarks/stability/validity_block.py``), and a lone 512x576x1536 matmul 5-100x longer.
 
     Returns:
         True or False; None when ``cpuinfo`` cannot be read or lists no flags (not Linux), so that nothing is claimed.

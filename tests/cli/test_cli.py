@@ -160,7 +160,7 @@ def test_trial_json_with_set(tiny_model, workdir):
     assert result["status"] == "complete" and result["config"]["r"] == 8
     assert result["config"]["bnb_4bit_quant_type"] == "nf4" and result["config"]["bnb_4bit_use_double_quant"] is False
     assert len(result["loss_trace"]) == 3 and result["lora_alpha"] == 16  # the trial process's own: r 8, not 4
-    # The stress phase's margin, as the held-back checks of benchmarks/validity.py read it.
+    # The stress phase's margin, as the held-back checks of benchmarks/stability/validity.py read it.
     assert result["stability_margin"] > 1 and result["stress_stop"] in ("diverged", "nan", "overflow", "cap")
     assert result["predicted_max_lr"] > 0 and ("lr_ceiling" in result) and result["stress_steps"] >= 1
     # the chance of diverging within the run (issue 66): at 400 steps where the space names no horizon

@@ -839,8 +839,8 @@ def test_every_format_runs_with_the_allocator_options_the_trial_ran_under(
 
 
 def test_each_formats_file_carries_its_runs_measured_peak_as_the_committed_measurement_says(study_and_knee, tmp_path):
-    # issue 57: the exported runs' peaks measured in their tools (benchmarks/export_peak.py, committed results): each
-    # training format's file says its run's median difference from the trial's, within or beyond the trial's noise,
+    # issue 57: the exported runs' peaks measured in their tools (benchmarks/memory/export_peak.py, committed results):
+    # each training format's file says its run's median difference from the trial's, within or beyond the trial's noise,
     # and how much of it the tool's process held before training began and its steps beyond the hf run's. A check of
     # the committed measurement (the runs take ~35 minutes), which fails when a new measurement is committed without
     # the figures the files print, or a file stops printing them.

@@ -1,6 +1,6 @@
 """The memory model's CUDA factors against the H200 rows they were fitted on and the rows held out
-(``benchmarks/fit_cuda_memory.py``, ``benchmarks/results/gpu-h200-2026-12-04-train``): measured GPU peaks, read from
-the committed file (no GPU needed)."""
+(``benchmarks/gpu/fit_cuda_memory.py``, ``benchmarks/gpu/results/gpu-h200-2026-12-04-train``): measured GPU peaks, read
+from the committed file (no GPU needed)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks" / "gpu"))
 
 import fit_cuda_memory
 

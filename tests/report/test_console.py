@@ -634,7 +634,7 @@ def test_sweep_report_lines(tmp_path):
 
 def test_front_progress_is_the_hypervolume_the_latest_trials_added():
     from sweeper.study._objectives import DEFAULT_OBJECTIVES
-    from sweeper.study._snapshot import front_progress
+    from sweeper.study._pareto import front_progress
 
     # (number, (peak GiB, edge proximity)); both minimized
     early = [(0, (1.0, 0.5)), (1, (2.0, 0.1)), (2, (1.5, 0.3))]

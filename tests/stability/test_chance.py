@@ -10,7 +10,7 @@ import pytest
 
 from sweeper.stability._chance import DIVERGENCE_MODEL, SAFE_UPPER, call_of, divergence_chance
 
-FIT = Path(__file__).parents[2] / "benchmarks" / "results" / "divergence_chance_fit.json"
+FIT = Path(__file__).parents[2] / "benchmarks" / "stability" / "results" / "divergence_chance_fit.json"
 
 
 def test_the_frozen_model_is_the_registered_fit():

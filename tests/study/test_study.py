@@ -248,7 +248,7 @@ def test_a_trial_at_the_edge_of_the_cap_ends_in_a_result_never_a_crash(tiny_mode
     # memory at a named step, as a result (oneDNN's "could not create a primitive" under the cap included); it must
     # never die or end as an error (issue 53: with glibc's mmap threshold pinned, a SIGSEGV inside oneDNN in 1 of 6
     # runs here and that RuntimeError, then an error, in 2).
-    # benchmarks/trial_speed.py --edge-runs 4 runs it 4 times.
+    # benchmarks/speed/trial_speed.py --edge-runs 4 runs it 4 times.
     edge = _oom_dominated_then_batch_1(tiny_model, workdir, 0.75)[2]
     assert edge.user_attrs["status"] in ("complete", "oom"), edge.user_attrs["reason"]
     if edge.user_attrs["status"] == "oom":

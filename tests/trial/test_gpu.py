@@ -1,5 +1,5 @@
 """The CUDA path, on a real GPU: the memory cap, the peak that decides OOM, fp16 loss-scaler skips, and a warm trial
-process's own peak. Skipped where no CUDA device is visible (``conftest.py``); run by ``benchmarks/gpu_check.sh``.
+process's own peak. Skipped where no CUDA device is visible (``conftest.py``); run by ``benchmarks/gpu/gpu_check.sh``.
 
 Real trials of the tiny Llama (``sweeper.testing.build_tiny_model``) on ``cuda:0``:
 ``set_per_process_memory_fraction`` turns a real allocation past ``memory_limit_gib`` into ``torch.OutOfMemoryError``,
@@ -52,7 +52,7 @@ def test_fp16_steps_the_scaler_skips_are_counted_not_nan(tiny_model, tmp_path):
     # A step the fp16 loss scaler skips (its gradients overflowed) is counted, not taken for a NaN: a complete trial's
     # skipped steps are exactly its steps without a finite gradient norm. This test assumed until 2026-12-04 that
     # the scaler's first scale (65536) always overflows; on an H200 it overflowed nothing at the tiny model's
-    # gradients (norm ~0.3) and no step was skipped (benchmarks/results/gpu-2026-12-04): both outcomes pass now.
+    # gradients (norm ~0.3) and no step was skipped (benchmarks/gpu/results/gpu-2026-12-04): both outcomes pass now.
     result = run_trial(
         _config(tiny_model, bnb_4bit_compute_dtype="float16", max_steps=24, learning_rate=1e-4),
         tmp_path,

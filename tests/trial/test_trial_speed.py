@@ -57,5 +57,5 @@ def test_a_trial_spends_little_of_its_time_in_the_kernel(tiny_model, tmp_path):
     assert system_s <= MAX_SYSTEM_SHARE * user_s, (
         f"the trial spent {system_s:.2f} s in the kernel against {user_s:.2f} s of user time "
         f"({system_s / user_s:.2f} > {MAX_SYSTEM_SHARE}): something on the trial path makes a system call or a page "
-        "fault per tensor (benchmarks/trial_speed.py measures it)"
+        "fault per tensor (benchmarks/speed/trial_speed.py measures it)"
     )

@@ -3,7 +3,7 @@ gives the same result as in a fresh process (forked by the zygote, :mod:`sweeper
 ``python -m``), and the process is replaced after what could leave it changed.
 
 Real trials on the tiny Llama; the comparisons are bitwise on the CPU (same kernels, same seed), and were on an H200
-(``benchmarks/results/gpu-2026-12-04``)."""
+(``benchmarks/gpu/results/gpu-2026-12-04``)."""
 
 import dataclasses
 import os
