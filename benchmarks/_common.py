@@ -71,3 +71,20 @@ def cpu_counting_source() -> str:
         "    ctypes.CDLL(None).malloc_trim(0)\n"
         "    reset_cpu_peak()\n"
     )
+
+
+def run_trial(config, folder, *, stress=True, experimental=(), **kwargs):
+    """``sweeper.trial.run_trial`` with the stress phase on (True, the default settings), off (False: a constant-rate
+    run) or at these ``StressSettings``, and the experimental instruments named, as the job's
+    :class:`sweeper.trial.Measures`; on a checkout from before issue 69 (no ``Measures``: ``collation.py`` runs an
+    older commit's code), its ``stress=`` and ``line_search=`` keywords. Returns the ``TrialResult``."""
+    from sweeper import trial
+
+    try:
+        measures_type = trial.Measures
+    except AttributeError:  # before issue 69
+        extra = {"line_search": True} if "critical_lr" in experimental else {}
+        return trial.run_trial(config, folder, stress=stress, **extra, **kwargs)
+    settings = {} if stress is True else {"stress": None if stress is False else stress}
+    measures = measures_type(**settings, experimental=tuple(experimental))
+    return trial.run_trial(config, folder, measures=measures, **kwargs)

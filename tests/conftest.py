@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
     ``network`` tests first (the sort is stable: the rest keep their order); skip the tests marked ``gpu``
     where no CUDA device is visible (CI, this project's CPU machines): they run in ``benchmarks/gpu/gpu_check.sh`` on a
     GPU. Whether CUDA is visible is asked of the driver without importing torch."""
-    from sweeper.trial import cuda_visible
+    from sweeper.devices import cuda_visible
 
     for item in items:
         if any(mark in item.keywords for mark in _COSTLY):

@@ -24,6 +24,7 @@ HEAVY = ("torch", "transformers", "peft", "bitsandbytes", "datasets")
         "sweeper.export",
         "sweeper.space",
         "sweeper.trial",
+        "sweeper.devices",
         "sweeper.memory",
         "sweeper.checkpoint",
         "sweeper.audit",
@@ -111,6 +112,7 @@ def test_the_trial_process_never_loads_the_sweeps_side(tiny_model, tmp_path):
 SMALL_FACES = (
     "sweeper.audit",
     "sweeper.data",
+    "sweeper.devices",
     "sweeper.export",
     "sweeper.memory",
     "sweeper.report",

@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common puts this checkout on sys.path
-import _common  # noqa: F401
+import _common
 
 from sweeper.memory import GIB
 
@@ -58,7 +58,6 @@ def used_by_pid() -> dict[int, int]:
 def trial_context_gib(model: Path, work: Path) -> dict:
     """Run one real trial on ``cuda:0`` while polling its process's use; its context in GiB, with the figures."""
     from sweeper.testing import tiny_trial_config
-    from sweeper.trial import run_trial
 
     pid: list[int] = []
     most = [0]
@@ -73,7 +72,7 @@ def trial_context_gib(model: Path, work: Path) -> dict:
     watcher.start()
     config = tiny_trial_config(model, max_steps=4, memory_limit_gib=8.0, trial_timeout_s=300.0)
     try:
-        result = run_trial(config, work / "trial", model_path=str(model), on_start=pid.append, stress=False)
+        result = _common.run_trial(config, work / "trial", model_path=str(model), on_start=pid.append, stress=False)
     finally:
         done.set()
         watcher.join()
@@ -92,7 +91,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--model", type=Path, help="a tiny checkpoint folder (default: built here)")
     args = parser.parse_args()
-    from sweeper.trial import CardError, cuda_visible, read_cards
+    from sweeper.devices import CardError, cuda_visible, read_cards
 
     if not cuda_visible() or shutil.which("nvidia-smi") is None:
         print("cuda_context: no CUDA device or no nvidia-smi here: nothing to measure (the dry run on the CPU)")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common puts this checkout on sys.path
+import _common
 from _common import REPO as ROOT
 
 RESULTS = Path(__file__).parent / "results" / "collation.json"
@@ -76,7 +77,6 @@ def _trial(overrides: dict[str, Any], *, stress: bool) -> dict[str, Any]:
     import sweeper
     from sweeper.model import resolve_model
     from sweeper.space import load_space
-    from sweeper.trial import run_trial
 
     fixed = {"memory_limit_gib": 16, "trial_timeout": "3h", **overrides}  # no cap or timeout gets in the way
     space = load_space(str(SPACE), [f"{k}={v}" for k, v in fixed.items()])
@@ -84,7 +84,7 @@ def _trial(overrides: dict[str, Any], *, stress: bool) -> dict[str, Any]:
     model_path = resolve_model(space.model)
     with tempfile.TemporaryDirectory() as scratch:
         start = time.monotonic()
-        result = run_trial(config, Path(scratch) / "t", model_path=model_path, stress=stress)
+        result = _common.run_trial(config, Path(scratch) / "t", model_path=model_path, stress=stress)
         wall = time.monotonic() - start
     out = result.to_dict()
     out["bench_wall_s"] = wall

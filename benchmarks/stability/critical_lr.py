@@ -1,4 +1,4 @@
-"""Issue 54: does the critical learning rate (sweeper.stability._critical) tell a long run that fails from one that
+"""Issue 54: does the critical learning rate (sweeper.stability.experimental) tell a long run that fails from one that
 holds better than the stability margin? The comparison is pre-registered in docs/validity.md ("The critical learning
 rate against the long runs: pre-registration"), committed before any outcome below was computed.
 
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common puts this checkout on sys.path
-import _common  # noqa: F401
+import _common
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -47,8 +47,8 @@ from validity_block import BLOCK, BlockCase, _nulls, edge_of
 
 from sweeper.benchmarking import StressOutcome
 from sweeper.model import resolve_model
-from sweeper.stability import critical_rate_of, headroom_of
-from sweeper.trial import run_trial
+from sweeper.stability import headroom_of
+from sweeper.stability.experimental import critical_rate_of
 
 RESULTS = Path(__file__).parent / "results"
 SHORT_STEPS = 30
@@ -141,9 +141,11 @@ class Runner:
             return
         start = time.monotonic()
         config = case.config(SHORT_STEPS, seed, multiple)
-        result = run_trial(config, self.work / key.replace(" ", "_").replace("/", "_").replace("|", ""),
-                           model_path=str(self._model), env=self.env, line_search=True)  # fmt: skip
-        data = {k: result.to_dict().get(k) for k in KEEP}
+        result = _common.run_trial(config, self.work / key.replace(" ", "_").replace("/", "_").replace("|", ""),
+                           model_path=str(self._model), env=self.env, experimental=("critical_lr",))  # fmt: skip
+        stored = result.to_dict()
+        stored.update(stored.get("experimental", {}).get("critical_lr", {}))  # outside the stable names (issue 69)
+        data = {k: stored.get(k) for k in KEEP}
         data["learning_rate"] = config.learning_rate
         data["wall_s"] = round(time.monotonic() - start, 1)
         print(f"{key}: {result.status} critical={data['critical_lr_multiple']} margin={data['stability_margin']} "
@@ -158,8 +160,9 @@ class Runner:
         if not self._pending(key):
             return
         start = time.monotonic()
-        result = run_trial(case.config(LONG_STEPS, seed, multiple), self.work / key.replace(" ", "_").replace("|", ""),
-                           model_path=str(self._model), env=self.env, stress=False)  # fmt: skip
+        folder = self.work / key.replace(" ", "_").replace("|", "")
+        result = _common.run_trial(case.config(LONG_STEPS, seed, multiple), folder,
+                                   model_path=str(self._model), env=self.env, stress=False)  # fmt: skip
         data = {k: result.to_dict().get(k) for k in ("status", "reason", "fail_step", "steps_done", "train_time_s")}
         data["wall_s"] = round(time.monotonic() - start, 1)
         print(f"{key}: {result.status} step {result.fail_step or result.constant.steps_done} ({data['wall_s']:.0f} s)",

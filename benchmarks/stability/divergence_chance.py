@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common puts this checkout on sys.path
-import _common  # noqa: F401
+import _common
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -54,7 +54,6 @@ from validity import FAILED
 from validity_block import STEP, BlockCase, edge_of
 
 from sweeper.model import resolve_model
-from sweeper.trial import run_trial
 
 RESULTS = Path(__file__).parent / "results"
 FIT = RESULTS / "divergence_chance_fit.json"
@@ -246,7 +245,7 @@ class Validation:
         short = phase == "short"
         start = time.monotonic()
         config = case.config(SHORT_STEPS if short else LONG_STEPS, seed, multiple)
-        result = run_trial(config, self.work / key.replace(" ", "_").replace("|", ""), model_path=self._model,
+        result = _common.run_trial(config, self.work / key.replace(" ", "_").replace("|", ""), model_path=self._model,
                            env=self.env, stress=short)  # fmt: skip
         data = {k: result.to_dict().get(k) for k in (SHORT_KEEP if short else LONG_KEEP)}
         data["learning_rate"] = config.learning_rate

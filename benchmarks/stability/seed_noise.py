@@ -26,14 +26,13 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common puts this checkout on sys.path
-import _common  # noqa: F401
+import _common
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from validity import BASE
 
 from sweeper.model import resolve_model
-from sweeper.trial import run_trial
 
 #: What differs from the validity benchmark's base (r 8, bfloat16, nf4, double quant, batch 1, 64 tokens) in each
 #: configuration measured: float32 compute (on a CPU without AVX512-BF16 a bfloat16 step is 7x slower), a larger
@@ -62,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         progress: list[float] = []
         for seed in range(args.seeds):
             config = replace(BASE, max_steps=args.steps, learning_rate=2e-4, seed=seed, **change)  # type: ignore[arg-type]
-            result = run_trial(config, work / f"{len(rows)}-{seed}", model_path=model, stress=False)
+            result = _common.run_trial(config, work / f"{len(rows)}-{seed}", model_path=model, stress=False)
             peak, learned = result.memory.peak_memory_gib, result.constant.learning_progress
             print(f"{name} seed {seed}: {result.status}, peak {peak} GiB ({result.memory.memory_kind}), learning "
                   f"progress {learned}", flush=True)  # fmt: skip

@@ -45,12 +45,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common puts this checkout on sys.path
-import _common  # noqa: F401
+import _common
 
 from sweeper.benchmarking import LONG_RUN_FACTOR, STRESS_CAP
 from sweeper.model import resolve_model
 from sweeper.space import DatasetSpec, ModelSpec, TrialConfig
-from sweeper.trial import run_trial
 
 
 @dataclass(frozen=True)
@@ -293,7 +292,7 @@ class Runner:
 
     def run(self, config: TrialConfig, name: str, stress: bool) -> dict[str, Any]:
         start = time.monotonic()
-        result = run_trial(config, self.work / name, model_path=self.model_path, env=self.env, stress=stress)
+        result = _common.run_trial(config, self.work / name, model_path=self.model_path, env=self.env, stress=stress)
         data = {k: result.to_dict().get(k) for k in KEEP}
         data["wall_s"] = round(time.monotonic() - start, 1)
         print(

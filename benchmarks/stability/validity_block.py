@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common puts this checkout on sys.path
-import _common  # noqa: F401
+import _common
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -54,7 +54,6 @@ from validity import BASE, FAILED, auc, bootstrap, loss_trend, spearman
 from sweeper.model import resolve_model
 from sweeper.space import TrialConfig
 from sweeper.stability import STRESS_GROWTH
-from sweeper.trial import run_trial
 
 #: The product every configuration of the block shares: learning_rate x lora_alpha = 4e-3 x 64. Near the built-in
 #: model's 200-step edge at float32 compute (the first benchmark: 3e-3 x 64 held with a margin of 19x, 1e-2 x 64
@@ -153,7 +152,7 @@ class Block:
         if done is not None and done["status"] not in ("crash", "timeout", "error"):
             return done
         start = time.monotonic()
-        result = run_trial(config, self.work / key.replace(" ", "_").replace("/", "_"),
+        result = _common.run_trial(config, self.work / key.replace(" ", "_").replace("/", "_"),
                            model_path=self.model_path, env=self.env, stress=stress)  # fmt: skip
         data = {k: result.to_dict().get(k) for k in KEEP}
         data["wall_s"] = round(time.monotonic() - start, 1)

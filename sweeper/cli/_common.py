@@ -147,7 +147,7 @@ def _missing_devices(devices: list[str]) -> list[str]:
     would run on the CPU whatever it says), or an index at or above the count of ``/dev/nvidiaN``."""
     from pathlib import Path
 
-    from sweeper.trial import cuda_visible
+    from sweeper.devices import cuda_visible
 
     if not cuda_visible():
         return [

@@ -13,9 +13,9 @@ from sweeper.errors import SpaceError, SweeperError
 from sweeper.report import format_cap, format_params, format_same_rows
 
 if TYPE_CHECKING:
+    from sweeper.devices import Card
     from sweeper.memory import ModelShape
     from sweeper.space import SearchSpace
-    from sweeper.trial import Card
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:

@@ -24,8 +24,8 @@ from sweeper.storage import StudyAttr
 if TYPE_CHECKING:
     from sweeper.audit import DataProfile
     from sweeper.data import FileLengths
+    from sweeper.devices import Card
     from sweeper.sweep import SweepPlan
-    from sweeper.trial import Card
 
 
 def _data_warnings(space: SearchSpace, profile: DataProfile) -> list[str]:
@@ -114,8 +114,9 @@ def _planned(
 ) -> tuple[SweepPlan, list[str]]:
     """The sweep's plan (:func:`sweeper.sweep.plan_sweep`) on the card it reads and the data it checks, with the
     lines that say what it will train. Data that cannot train is refused before the storage is opened."""
+    from sweeper.devices import cuda_visible
     from sweeper.sweep import plan_sweep, with_card
-    from sweeper.trial import cuda_visible, prestart
+    from sweeper.trial import prestart
 
     if workers == 1 and not devices:  # the trial processes' imports run while the data is read and audited
         prestart()

@@ -12,7 +12,7 @@ from sweeper.stability import STRESS_GROWTH, STRESS_STEPS, probe_interval_steps
 
 if TYPE_CHECKING:
     from sweeper.audit import DataProfile
-    from sweeper.trial import Card
+    from sweeper.devices import Card
 
 
 def _describe_setup(space: SearchSpace, model_path: str, n_samples: int, card: Card | None = None) -> str:
@@ -57,9 +57,9 @@ def _describe_setup(space: SearchSpace, model_path: str, n_samples: int, card: C
 
 def _slow_on_this_cpu(space: SearchSpace) -> str | None:
     """A note when trials will run on a CPU without bfloat16 instructions and the space computes in bfloat16 or
-    float16 (:func:`sweeper.trial.cpu_has_bfloat16`): those trials run several times slower than float32 ones, which
+    float16 (:func:`sweeper.devices.cpu_has_bfloat16`): those trials run several times slower than float32 ones, which
     a user on such a CPU (most laptops) would otherwise only see as trials killed by ``trial_timeout``."""
-    from sweeper.trial import cpu_has_bfloat16, cuda_visible
+    from sweeper.devices import cpu_has_bfloat16, cuda_visible
 
     half = [d for d in space.values_of("bnb_4bit_compute_dtype") if d in ("bfloat16", "float16")]
     if not half or cuda_visible() or cpu_has_bfloat16() is not False:

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
+from sweeper.devices import cuda_visible
 from sweeper.memory import median_abs
 from sweeper.report import LiveProgress
 from sweeper.report.text import (
@@ -27,7 +28,7 @@ from sweeper.report.text import format_trial_line as _trial_line
 from sweeper.storage import TrialAttr, redact_url
 from sweeper.study import StoredTrial, StudySnapshot, current_calibration, snapshot
 from sweeper.sweep import SweepCallback, SweepEvent, SweepPlan
-from sweeper.trial import FAIL_STATUSES, TrialProgress, TrialStatus, cuda_visible
+from sweeper.trial import FAIL_STATUSES, TrialProgress, TrialStatus
 
 
 def sweep_header(plan: SweepPlan) -> list[str]:

@@ -38,6 +38,7 @@ def manual_trial_folder(parent: Path) -> Path:
 
 def cmd_trial(args: argparse.Namespace) -> int:
     """``sweep trial SPACE.yaml --set key=value``: one trial in the foreground, its trace, and optionally JSON."""
+    from sweeper.devices import cuda_visible
     from sweeper.report import (
         LiveProgress,
         format_file_rows,
@@ -48,7 +49,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from sweeper.stability import derive_margin_figures
     from sweeper.storage import study_dir
     from sweeper.sweep import check_setup, with_card
-    from sweeper.trial import Measures, cuda_visible, run_trial
+    from sweeper.trial import Measures, run_trial
 
     _check_trial_environment()  # a bad SWEEPER_TRIAL_START or SWEEPER_WARM is one line, never ignored
     space, card, card_warnings = with_card(_load(args), "cuda" if cuda_visible() else "cpu")

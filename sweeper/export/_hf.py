@@ -218,7 +218,7 @@ def _environment(s: ExportSettings) -> list[str]:
     warning where the user's environment said otherwise; none when it sets nothing."""
     if not s.environment:
         return []
-    from sweeper.trial import ALLOC_CONF_VAR, CUDA_ALLOC_CONF_VAR
+    from sweeper.devices import ALLOC_CONF_VAR, CUDA_ALLOC_CONF_VAR
 
     lines = ["import os", "import warnings", "", "# As the trial ran; the CUDA allocator reads it when torch starts."]
     for name, value in s.environment.items():

@@ -9,7 +9,6 @@ import math
 from sweeper.errors import StudyError
 from sweeper.export._registry import EXPORT_FORMATS, export_format
 from sweeper.notation import format_margin
-from sweeper.storage import TrialAttr
 from sweeper.study import StoredTrial, StudySnapshot
 from sweeper.study.picks import Pick, PickOutcome, Within, choose, complete_trials, confirmation_refusal, objectives
 from sweeper.trial import TrialStatus
@@ -117,7 +116,7 @@ def _numbered_trial(study: StudySnapshot, number: int, fmt: str | None) -> Store
     if t.repeat_of is not None:  # a repeat reused an earlier trial's result: that one was measured
         t = trials[t.repeat_of]
     if t.status != TrialStatus.COMPLETE or t.values is None:
-        reason = t.user_attrs.get(TrialAttr.REASON, "no result")
+        reason = t.stored_reason if t.stored_reason is not None else "no result"
         raise StudyError(
             f"{name}: --trial: trial {number} did not complete ({t.status_name}: {reason}); export a "
             "complete trial, e.g. --pick knee"

@@ -319,8 +319,9 @@ def run_environment(cuda_alloc_conf: str | None, expandable_segments: bool) -> d
     trial recorded it on CUDA (``cuda_alloc_conf``, :attr:`sweeper.trial.Provenance.cuda_alloc_conf`; ``""``, the
     allocator's defaults, sets nothing); for a trial on the CPU or of an older version, which recorded no CUDA
     options, the trial's own ``expandable_segments`` (:attr:`sweeper.space.TrialConfig.expandable_segments`)."""
-    from sweeper.trial import CUDA_ALLOC_CONF_NOT_APPLICABLE, CUDA_ALLOC_CONF_VAR
-    from sweeper.trial import cuda_alloc_conf as trial_conf
+    from sweeper.devices import CUDA_ALLOC_CONF_VAR
+    from sweeper.devices import cuda_alloc_conf as trial_conf
+    from sweeper.trial import CUDA_ALLOC_CONF_NOT_APPLICABLE
 
     conf = cuda_alloc_conf
     if conf is None or conf == CUDA_ALLOC_CONF_NOT_APPLICABLE:

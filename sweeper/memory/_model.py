@@ -34,7 +34,7 @@ MIN_8BIT_SIZE = 4096
 BLOCKSIZE_8BIT_OPTIM = 256
 #: On CUDA the peak is ``torch.cuda.max_memory_reserved()``. The CUDA context lives outside the caching allocator, so
 #: it is in neither that peak nor the cap of ``set_per_process_memory_fraction``: ``memory_limit_gib: auto`` keeps it
-#: off the card's size instead (:mod:`sweeper.trial._card`). Weights and optimizer state are reserved as held (a
+#: off the card's size instead (:mod:`sweeper.devices._card`). Weights and optimizer state are reserved as held (a
 #: fitted constant came out at 0.05 GiB, and the fixed terms matched the rows' intercept within 0.04 GiB). What the
 #: bytes the CPU tests count get wrong on a GPU is in the parts that grow with tokens, fitted on an H200
 #: (``benchmarks/gpu/fit_cuda_memory.py`` on ``benchmarks/gpu/results/gpu-h200-2026-12-04-train``: fitted on the 8 rows

@@ -22,7 +22,6 @@ from sweeper.report._front_text import other_setups_line
 from sweeper.report._importance import importance_data
 from sweeper.report._picks_data import pick_choices, pick_lines, pick_outcomes, picked_off_front, picks
 from sweeper.report._records import FrontData, FrontRow, Report, TrialRecord
-from sweeper.storage import TrialAttr
 from sweeper.study import Objective, StoredTrial, StudySnapshot
 from sweeper.trial import TrialStatus
 
@@ -76,7 +75,7 @@ def trial_record(
     return TrialRecord(
         number=trial.number,
         state=trial.state.name,
-        status=trial.user_attrs.get(TrialAttr.STATUS),
+        status=trial.stored_status,
         label=trial_label(trial),
         nan_cause=r.nan.cause,
         nan_samples=tuple(r.nan.samples or ()),

@@ -42,7 +42,7 @@ class SearchSpace:
         overridden: The keys ``--set`` gave (``dataset.path``, ``training.max_steps``, ...).
         set_items: The ``--set KEY=VALUE`` items as given, in order (for the commands hints print: :meth:`command`).
         memory_limit_auto: ``memory_limit_gib: auto``: the cap is the device's own size less a reserve
-            (:class:`sweeper.trial.Card`); until :meth:`with_memory_limit` sets it from the device,
+            (:class:`sweeper.devices.Card`); until :meth:`with_memory_limit` sets it from the device,
             ``base.memory_limit_gib`` holds the schema's default, which no command uses as the cap.
     """
 

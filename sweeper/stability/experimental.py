@@ -3,8 +3,8 @@ own next update the loss keeps falling. Its registered comparison with the stabi
 docs/validity.md) found it the weaker predictor of the long run (AUC 0.752/0.870 against 0.945/0.998) at 13-37% of
 the constant phase, so no trial reads it unless its job asks (``Measures(experimental=("critical_lr",))``, which
 warns :class:`sweeper.errors.ExperimentalWarning`), and its figures are stored under ``experimental`` outside the
-stable stored attributes (docs/contract.md). ``benchmarks/`` holds its registered results.
-
+stable stored attributes (docs/contract.md). ``benchmarks/stability/critical_lr.py`` and its results hold the
+registered comparison.
 
 Kalra et al., "A scalable measure of loss landscape curvature" (arXiv 2601.16979, 2026): the critical learning rate
 is the smallest step along the optimizer's update direction at which the loss rises after the step. It is found by a

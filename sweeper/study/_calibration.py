@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterable, Mapping
 
 import optuna
 
+from sweeper.devices import device_kind
 from sweeper.memory import BASELINE_NUMBER, Calibration, CalibrationPoint, fit_calibration, group_of
 from sweeper.space import TrialConfig
 from sweeper.storage import StudyAttr
 from sweeper.study._snapshot import StudyLike, StudySnapshot, snapshot, stored_trials
 from sweeper.study._stored import PredictionError, StoredTrial, TrialStatus
-from sweeper.trial import device_kind
 
 
 def calibration_points(

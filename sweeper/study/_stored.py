@@ -128,6 +128,19 @@ class StoredTrial:
         )
 
     @property
+    def stored_status(self) -> str | None:
+        """The status as stored (``complete``, ``nan``, ...), None for a trial that stored none (running, queued,
+        not made by sweeper)."""
+        value = self.user_attrs.get(TrialAttr.STATUS)
+        return None if value is None else str(value)
+
+    @property
+    def stored_reason(self) -> str | None:
+        """The one-line reason as stored, None for a trial that stored no result."""
+        value = self.user_attrs.get(TrialAttr.REASON)
+        return None if value is None else str(value)
+
+    @property
     def status_name(self) -> str:
         """The status as stored (``complete``, ``nan``, ...), or Optuna's state in lower case for a trial without
         one (``running``, ``waiting``, ``fail``)."""

@@ -3,26 +3,26 @@ refused and one above the machine or a card in use warned of; for every command 
 
 from __future__ import annotations
 
+from sweeper.devices import Card
 from sweeper.errors import SpaceError
 from sweeper.space import SearchSpace
-from sweeper.trial import Card
 
 
 def with_card(
     space: SearchSpace, device: str, devices: list[str] | None = None, card_gib: float | None = None
 ) -> tuple[SearchSpace, Card | None, list[str]]:
-    """The device the trials run on, read once (:func:`sweeper.trial.read_cards`; on CUDA the smallest of
+    """The device the trials run on, read once (:func:`sweeper.devices.read_cards`; on CUDA the smallest of
     ``devices``), the space with ``memory_limit_gib: auto`` set from it, and the warnings it calls for.
 
     The card policy of ``sweep run``, ``sweep trial`` and ``sweep estimate``. ``card_gib`` (``sweep estimate
-    --card-gib``) stands for a card that is not on this machine (:attr:`sweeper.trial.Card.given`). A CUDA device that
+    --card-gib``) stands for a card that is not on this machine (:attr:`sweeper.devices.Card.given`). A CUDA device that
     cannot be read leaves a numeric cap unchecked (``sweep estimate`` plans for cards elsewhere) and refuses ``auto``.
 
     Raises:
         SpaceError: ``auto`` and no card to read; a cap above the card's size (CUDA: one line naming the file, the
             key and the fix).
     """
-    from sweeper.trial import Card, CardError, read_cards, smallest_card
+    from sweeper.devices import Card, CardError, read_cards, smallest_card
 
     card: Card | None = None
     allocator = _allocator_warnings(space, device)
@@ -77,7 +77,7 @@ def _allocator_warnings(space: SearchSpace, device: str) -> list[str]:
     same, and the sweep reuses one as the other's repeat), and the allocator options the environment gives under
     either of torch's names (none reaches a CPU trial, and the exports carry only the trial's
     ``expandable_segments``: issue 68)."""
-    from sweeper.trial import environment_alloc_conf, environment_expandable_segments
+    from sweeper.devices import environment_alloc_conf, environment_expandable_segments
 
     values = space.values_of("expandable_segments")
     if device == "cuda" and (given := environment_expandable_segments()) is not None:

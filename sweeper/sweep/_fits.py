@@ -11,11 +11,12 @@ from collections.abc import Callable
 
 import optuna
 
+from sweeper.devices import device_kind
 from sweeper.memory import nothing_fits, smallest_predicted
 from sweeper.space import SearchSpace, TrialConfig
 from sweeper.study import store_baseline, stored_calibration
 from sweeper.sweep._preflight import known_memory, trial_device
-from sweeper.trial import TrialStatus, device_kind
+from sweeper.trial import TrialStatus
 
 #: On the CPU, a cap within this factor of the smallest predicted peak is measured before the first trial: the
 #: uncorrected model under-predicted the built-in model's trials by up to 1.7x (0.66 GiB predicted, 1.1 measured), so
@@ -124,9 +125,9 @@ class _MeasuredOnce:
 
 def machine_available_gib() -> float:
     """What this machine has free for a measurement, in GiB: its card's size less what is in use (``MemTotal`` and
-    ``MemAvailable``, read once, by :func:`sweeper.trial.read_cards`; its physical memory where there is no
+    ``MemAvailable``, read once, by :func:`sweeper.devices.read_cards`; its physical memory where there is no
     ``/proc/meminfo``)."""
-    from sweeper.trial import read_cards
+    from sweeper.devices import read_cards
 
     [machine] = read_cards("cpu")
     return machine.total_memory_gib - (machine.in_use_gib or 0.0)

@@ -4,13 +4,13 @@ the dominance rule and the preflight of :mod:`sweeper.memory`), and the device t
 
 from __future__ import annotations
 
+from sweeper.devices import cuda_visible
 from sweeper.memory import Known
 from sweeper.study import StudyLike, snapshot
-from sweeper.trial import cuda_visible
 
 
 def trial_device() -> str:
-    """``cuda`` when the trials of this machine run on a GPU, else ``cpu`` (:func:`sweeper.trial.cuda_visible`)."""
+    """``cuda`` when the trials of this machine run on a GPU, else ``cpu`` (:func:`sweeper.devices.cuda_visible`)."""
     return "cuda" if cuda_visible() else "cpu"
 
 

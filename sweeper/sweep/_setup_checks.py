@@ -32,8 +32,8 @@ from sweeper.checkpoint import (
     unmatched_targets,
     weight_files,
 )
+from sweeper.devices import cuda_visible
 from sweeper.space import SearchSpace, yaml_value
-from sweeper.trial import cuda_visible
 
 #: The searched quantization keys and, for a bitsandbytes 4-bit ``quantization_config``, its key and default there
 #: (``transformers.BitsAndBytesConfig``).

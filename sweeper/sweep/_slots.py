@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from sweeper.trial import visible_gpus
+from sweeper.devices import visible_gpus
 
 
 def slot_devices(workers: int, devices: list[str] | None) -> list[str | None]:

@@ -16,6 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from sweeper.devices import device_kind
 from sweeper.errors import STOP_CAUSE, RunError
 from sweeper.memory import preflight
 from sweeper.notation import repeat_reason
@@ -45,16 +46,7 @@ from sweeper.study import (
 from sweeper.sweep._preflight import known_memory, trial_device
 from sweeper.sweep._slots import slot_env
 from sweeper.sweep._state import POLL_S, RunningSweep, SweepStop
-from sweeper.trial import (
-    Measures,
-    MemoryReading,
-    Provenance,
-    TrialProcess,
-    TrialResult,
-    TrialStartError,
-    TrialStatus,
-    device_kind,
-)
+from sweeper.trial import Measures, MemoryReading, Provenance, TrialProcess, TrialResult, TrialStartError, TrialStatus
 
 #: Settings that move only the CUDA allocator: on the CPU two configurations that differ in them alone are one
 #: measurement (issue 68: ``expandable_segments`` searched on the CPU was warned about, then measured twice).

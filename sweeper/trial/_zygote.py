@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-from sweeper.trial._devices import cuda_visible
+from sweeper.devices import cuda_visible
 from sweeper.trial._zygote_protocol import (
     ZYGOTE_FD_ENV,
     ForkRequest,

@@ -7,8 +7,8 @@ import hashlib
 import pytest
 import yaml
 
+from sweeper.devices import cuda_visible
 from sweeper.testing import run_cli, sweep, tiny_space, write_jsonl, write_space
-from sweeper.trial import cuda_visible
 
 pytestmark = pytest.mark.slow
 

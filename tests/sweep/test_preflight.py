@@ -241,11 +241,11 @@ def test_on_the_cpu_no_compute_dtype_is_always_larger(tiny_model, tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_learns_its_correction_and_a_stored_one_prunes_before_running(tiny_model, workdir):
+    from sweeper.devices import device_kind
     from sweeper.space import load_space
     from sweeper.study._storage import open_study
     from sweeper.sweep import plan_sweep, run_study
     from sweeper.testing import tiny_space, write_space
-    from sweeper.trial import device_kind
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     kind = device_kind()
@@ -299,12 +299,12 @@ def test_the_loop_reads_the_study_once_a_trial(tiny_model, workdir, monkeypatch)
     preflight (a stored correction puts every configuration over the cap), so nothing trains."""
     import traceback
 
+    from sweeper.devices import device_kind
     from sweeper.space import load_space
     from sweeper.study import _snapshot
     from sweeper.study._storage import open_study
     from sweeper.sweep import plan_sweep, run_study
     from sweeper.testing import tiny_space, write_space
-    from sweeper.trial import device_kind
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(

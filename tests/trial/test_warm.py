@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from sweeper.devices import cuda_visible
 from sweeper.space import TrialConfig
 from sweeper.testing import OUTLASTS_ANY_TIMEOUT, tiny_trial_config
-from sweeper.trial import TrialProcess, TrialResult, cuda_visible, run_trial
+from sweeper.trial import TrialProcess, TrialResult, run_trial
 
 pytestmark = pytest.mark.slow
 

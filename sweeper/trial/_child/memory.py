@@ -66,10 +66,10 @@ def set_cpu_memory_cap(limit_gib: float) -> None:
     ended as a result (OOMs at step 3, one through oneDNN); under 0.85 GiB, pinned 8 of 8 completed, unpinned 4 of 5
     completed and 1 died of SIGSEGV in a backward (pinned at 4 MiB: 2 of 10 died). A trial whose data segment comes
     within a step of the cap can die of it unpinned; the tests keep their batch-1 trials under 1 GiB, and
-    ``benchmarks/trial_speed.py`` measures the speed and how the edge trial ends. The lasting fix is a cap that binds
-    what the peak measures: :meth:`PhasePeaks.check_cap` makes a step whose resident set passed the cap an OOM at the
-    step's end, so the data segment reaches the cap only within a step that overshoots it by the shared libraries'
-    share.
+    ``benchmarks/speed/trial_speed.py`` measures the speed and how the edge trial ends. The lasting fix is a cap that
+    binds what the peak measures: :meth:`PhasePeaks.check_cap` makes a step whose resident set passed the cap an OOM
+    at the step's end, so the data segment reaches the cap only within a step that overshoots it by the shared
+    libraries' share.
 
     Raises:
         ValueError: ``limit_gib <= 0``.
@@ -93,9 +93,9 @@ def lift_cpu_memory_cap() -> None:
 def set_cuda_allocator(expandable_segments: bool) -> str:
     """Give the CUDA caching allocator the trial's ``expandable_segments`` (:attr:`sweeper.space.TrialConfig.
     expandable_segments`) before the trial allocates on the card, keeping the environment's other options (from
-    ``PYTORCH_CUDA_ALLOC_CONF`` and torch's newer ``PYTORCH_ALLOC_CONF`` both, :func:`sweeper.trial._devices.
+    ``PYTORCH_CUDA_ALLOC_CONF`` and torch's newer ``PYTORCH_ALLOC_CONF`` both, :func:`sweeper.devices.
     environment_alloc_conf`, and written to both, so that no option is dropped whichever name this torch reads); returns
-    the ``PYTORCH_CUDA_ALLOC_CONF`` the trial runs under (:func:`sweeper.trial._devices.cuda_alloc_conf`), which this
+    the ``PYTORCH_CUDA_ALLOC_CONF`` the trial runs under (:func:`sweeper.devices.cuda_alloc_conf`), which this
     process's environment then holds (what the trial records as ``cuda_alloc_conf``).
 
     The option is also set at run time (``torch._C._accelerator_setAllocatorSettings``, torch's own way to switch it,
@@ -106,7 +106,7 @@ def set_cuda_allocator(expandable_segments: bool) -> str:
 
     import torch
 
-    from sweeper.trial._devices import ALLOC_CONF_VAR, CUDA_ALLOC_CONF_VAR, cuda_alloc_conf, environment_alloc_conf
+    from sweeper.devices import ALLOC_CONF_VAR, CUDA_ALLOC_CONF_VAR, cuda_alloc_conf, environment_alloc_conf
 
     conf = cuda_alloc_conf(environment_alloc_conf(), expandable_segments)
     for var in (CUDA_ALLOC_CONF_VAR, ALLOC_CONF_VAR):  # both: whichever this torch reads holds what is recorded

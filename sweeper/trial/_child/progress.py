@@ -4,8 +4,9 @@ the pipe its :class:`~sweeper.trial._job.TrialDone` line also travels on.
 
 A line costs one ``os.write`` of about 100 bytes and one read of ``/proc/self/status`` (CPU) or of the CUDA
 allocator's counters; lines within :data:`MIN_INTERVAL_S` of the last are skipped (a phase change is always sent), so
-a trial sends at most a few lines a second whatever its step time (``benchmarks/progress_overhead.py`` measures the
-cost). The parent side reads them as they come (:class:`sweeper.trial.TrialProcess`), so the pipe never fills.
+a trial sends at most a few lines a second whatever its step time (``benchmarks/speed/progress_overhead.py``
+measures the cost). The parent side reads them as they come (:class:`sweeper.trial.TrialProcess`), so the pipe never
+fills.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ import time
 import traceback
 from pathlib import Path
 
+from sweeper.devices import cuda_visible
 from sweeper.space import TrialConfig
 from sweeper.trial._child.checks import SetupCheckError
 from sweeper.trial._child.context import TrialContext
@@ -57,7 +58,6 @@ from sweeper.trial._child.outcome import outcome_of
 from sweeper.trial._child.progress import ProgressSender
 from sweeper.trial._child.record import DivergedError, NonFiniteError, TrainingRecord, finite_or_none
 from sweeper.trial._child.warm import WarmState, release_memory
-from sweeper.trial._devices import cuda_visible
 from sweeper.trial._job import DEFAULT_MEASURES, Measures, TrialDone, TrialJob
 from sweeper.trial._result import CUDA_ALLOC_CONF_NOT_APPLICABLE, Provenance, TrialResult
 from sweeper.trial._status import TrialStatus

@@ -64,9 +64,9 @@ class WorstCase(Instrument):
         """One forward and backward of :attr:`batch`, then undone: its gradients are dropped before any optimizer
         step, the random number generators (dropout's) are restored, and nothing is recorded in the traces, so the
         trial trains exactly as it would without it. Run after step 1, once the optimizer's state exists, so that
-        its peak holds everything a training step of that shape holds. Sets :attr:`shape`,
-        :attr:`supervised_tokens` and :attr:`time_s` (seconds, memory phase changes included: what the trial's
-        ``train_time_s`` leaves out, as the step leaves out its training).
+        its peak holds everything a training step of that shape holds. Sets ``shape``, ``supervised_tokens`` and
+        ``time_s`` (seconds, memory phase changes included: what the trial's ``train_time_s`` leaves out, as the step
+        leaves out its training).
 
         Raises:
             Exception: What the step raises (an out-of-memory error under the cap: the configuration's OOM, named

@@ -1,4 +1,4 @@
-"""``memory_limit_gib: auto``: the device read from the machine (:mod:`sweeper.trial._card`), the space that keeps
+"""``memory_limit_gib: auto``: the device read from the machine (:mod:`sweeper.devices._card`), the space that keeps
 the word until the device is read, and the cap it stands for."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
+from sweeper.devices import Card, CardError, cuda_visible, read_cards, smallest_card
 from sweeper.errors import SpaceError
-from sweeper.trial import Card, CardError, cuda_visible, read_cards, smallest_card
 
 
 def test_auto_is_the_card_less_its_reserve_rounded_down():
@@ -78,10 +78,10 @@ def test_the_trials_allocator_options_keep_the_environments_others_and_say_what_
     # issue 57: expandable_segments is a training key; the trial process replaces only that option of the
     # environment's PYTORCH_CUDA_ALLOC_CONF, and the sweep says where that overrides the environment (on CUDA) or
     # where searching it measures nothing (on the CPU)
+    from sweeper.devices import cuda_alloc_conf, environment_expandable_segments
     from sweeper.space import load_space
     from sweeper.sweep._cards import with_card
     from sweeper.testing import tiny_space, write_space
-    from sweeper.trial import cuda_alloc_conf, environment_expandable_segments
 
     assert cuda_alloc_conf(None, False) == "" and cuda_alloc_conf("", True) == "expandable_segments:True"
     assert cuda_alloc_conf("max_split_size_mb:128, expandable_segments:False", True) == (
@@ -131,7 +131,7 @@ def test_auto_keeps_the_cuda_context_as_read_where_it_is_more_than_the_default(t
     import subprocess
     import sys
 
-    from sweeper.trial._card import _READ_CUDA, CUDA_RESERVE_GIB
+    from sweeper.devices._card import _READ_CUDA, CUDA_RESERVE_GIB
 
     card = Card(device="cuda", name="RTX 5090", total_memory_gib=31.36, context_gib=0.62)
     assert card.reserve_gib == 0.65 and card.auto_memory_limit_gib == 30.71
@@ -159,8 +159,8 @@ def test_the_trials_allocator_keeps_the_options_given_under_either_name(monkeypa
     # torch reads PYTORCH_CUDA_ALLOC_CONF or its newer name PYTORCH_ALLOC_CONF, which first depends on its version:
     # the trial process composes the options of both with its own expandable_segments and writes the result under
     # both, so an option given under either name is neither dropped nor left out of the recorded cuda_alloc_conf.
+    from sweeper.devices import environment_alloc_conf
     from sweeper.trial._child.memory import set_cuda_allocator
-    from sweeper.trial._devices import environment_alloc_conf
 
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:64,expandable_segments:False")

@@ -15,8 +15,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from sweeper.devices._cuda import cuda_visible
 from sweeper.memory import GIB
-from sweeper.trial._devices import cuda_visible
 
 #: What ``auto`` keeps free on a card, in GiB, where the context cannot be read (:attr:`Card.context_gib`): the trial
 #: process's own CUDA context (torch's kernels, cuBLAS and bitsandbytes' module), which lives outside the caching

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from sweeper.cli._setup_text import _slow_on_this_cpu
+from sweeper.devices import cpu_has_bfloat16
 from sweeper.space import load_space
-from sweeper.trial import cpu_has_bfloat16
 
 AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
 SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
@@ -36,8 +36,8 @@ def test_an_unreadable_cpuinfo_claims_nothing(tmp_path):
 # replaced here (the parsing above runs on real cpuinfo text).
 @pytest.fixture
 def cpu_without_bfloat16(monkeypatch):
-    monkeypatch.setattr("sweeper.trial.cuda_visible", lambda: False)
-    monkeypatch.setattr("sweeper.trial.cpu_has_bfloat16", lambda: False)
+    monkeypatch.setattr("sweeper.devices.cuda_visible", lambda: False)
+    monkeypatch.setattr("sweeper.devices.cpu_has_bfloat16", lambda: False)
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_a_bfloat16_space_on_a_cpu_without_it_is_told_how_to_sweep_quickly(cpu_w
 
 def test_no_note_where_bfloat16_is_fast_or_unknown(monkeypatch, bfloat16_space):
     space = load_space(bfloat16_space)
-    monkeypatch.setattr("sweeper.trial.cuda_visible", lambda: False)
+    monkeypatch.setattr("sweeper.devices.cuda_visible", lambda: False)
     for answer in (True, None):
-        monkeypatch.setattr("sweeper.trial.cpu_has_bfloat16", lambda answer=answer: answer)
+        monkeypatch.setattr("sweeper.devices.cpu_has_bfloat16", lambda answer=answer: answer)
         assert _slow_on_this_cpu(space) is None
