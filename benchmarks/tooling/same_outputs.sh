@@ -33,7 +33,7 @@ outputs() {  # $1: side folder, then the command that runs sweep
   "$@" report "$STUDY" > report.txt 2>&1
   "$@" report "$STUDY" --json > report.json 2>&1
   "$@" report "$STUDY" --html report.html > report_html.txt 2>&1
-  for format in hf trl axolotl llama-factory json; do
+  for format in hf trl axolotl llama-factory json policy; do
     "$@" export "$STUDY" --format "$format" -o "export-$format" > "export-$format.txt" 2>&1
   done
   cd "$REPO"
