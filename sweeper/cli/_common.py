@@ -100,7 +100,7 @@ def _profile(space: SearchSpace, model_path: str, samples: list[Any], *, audit: 
 
 #: The environment switches of the trial processes, and the values each takes (a typo is one line, never ignored):
 #: ``SWEEPER_TRIAL_START=exec`` starts every trial process with ``python -m`` (sweeper.trial._zygote.START_ENV);
-#: ``SWEEPER_WARM=0`` starts a fresh process for every trial (sweeper.sweep._state).
+#: ``SWEEPER_WARM=0`` starts a fresh process for every trial (sweeper.sweep._running).
 TRIAL_ENVIRONMENT = {
     "SWEEPER_TRIAL_START": ("exec", "unset it (trial processes forked from a zygote where they can be), or give exec"),
     "SWEEPER_WARM": ("0", "unset it or give 1 (warm trial processes), or give 0 (a fresh process per trial)"),

@@ -12,6 +12,7 @@ It records on the study through :mod:`sweeper.study` and shares it with other sw
 (locks, heartbeats, stale-trial recovery); the readers (report, export) never import it.
 """
 
+from sweeper.sweep._callbacks import SweepCallback, SweepEvent
 from sweeper.sweep._cards import with_card
 from sweeper.sweep._confirm import (
     ConfirmCallback,
@@ -25,7 +26,6 @@ from sweeper.sweep._loop import run_study
 from sweeper.sweep._lr_calibration import CalibrationCallback, EdgeRun, calibrate_study
 from sweeper.sweep._plan import SweepPlan, plan_sweep
 from sweeper.sweep._setup_checks import check_setup
-from sweeper.sweep._state import SweepCallback, SweepEvent
 
 __all__ = [
     "CalibrationCallback",

@@ -24,9 +24,9 @@ import optuna
 
 from sweeper.storage import StudyAttr
 from sweeper.study import make_sampler
+from sweeper.sweep._callbacks import SweepCallback
 from sweeper.sweep._plan import SweepPlan
-from sweeper.sweep._state import RunningSweep, SweepCallback
-from sweeper.sweep._trial_steps import run_slot, slot_main
+from sweeper.sweep._running import RunningSweep, run_slot, slot_main
 
 
 def run_study(plan: SweepPlan, callbacks: Sequence[SweepCallback] = ()) -> optuna.Study:

@@ -4,7 +4,7 @@ more than ``n_trials`` trials between several sweep processes), the heartbeat th
 trials (a sweep gone on this host, a sweep that went silent anywhere, a sweep that beats less often left alone).
 
 Everything is real: SQLite storages in the test's folder, trials asked from Optuna studies, sweep processes (forked
-processes that open the study and ask as ``sweep run`` does, :class:`sweeper.sweep._state.RunningSweep`). A trial
+processes that open the study and ask as ``sweep run`` does, :class:`sweeper.sweep._running.RunningSweep`). A trial
 whose sweep went silent is made by moving its last heartbeat back in the database, as if it were a minute old,
 instead of waiting out a grace period. The end-to-end tests with real trials are in test_parallel.py, test_study.py
 and test_faults.py.
@@ -36,8 +36,9 @@ from sweeper.storage._optuna_private import heartbeat_interval, stale_trial_ids,
 from sweeper.storage._recovery import StaleTrial, _fail_running, fail_stale_trials, stale_running
 from sweeper.study._snapshot import count_finished
 from sweeper.study._storage import load_existing_study, open_study
+from sweeper.sweep._callbacks import SweepStop
 from sweeper.sweep._plan import SweepPlan
-from sweeper.sweep._state import RunningSweep, SweepStop
+from sweeper.sweep._running import RunningSweep
 
 SEARCH = {"r": [4, 8, 16, 32, 64, 128]}
 
@@ -507,7 +508,7 @@ def test_a_trial_that_waited_for_the_same_configuration_reuses_its_result(db):
     reads the study again and reuses its result instead of measuring it a second time (its view as read at the ask
     did not hold the result: it was measured twice, found by a helper running two machines at once)."""
     from sweeper.study._storage import record_result
-    from sweeper.sweep._trial_steps import settle_repeat, wait_for_same
+    from sweeper.sweep._running import settle_repeat, wait_for_same
     from sweeper.trial import TrialResult
 
     url = f"sqlite:///{db}"
