@@ -335,7 +335,7 @@ def test_a_repeat_is_reused_only_when_measured_with_the_same_fixed_settings():
 
     from sweeper.space import TrialConfig
     from sweeper.study._stored import stored_trial
-    from sweeper.sweep._running import find_duplicate
+    from sweeper.sweep._duplicates import find_duplicate
     from sweeper.testing import add_trial
 
     study = optuna.create_study(directions=["minimize", "minimize"])
@@ -375,7 +375,7 @@ def test_max_seq_lengths_at_or_above_the_longest_sample_are_one_configuration():
     micro-batch padded to its longest row): a trial at 128 is a repeat of the one at 64. Below the longest sample
     (truncation differs), with packing (rows fill up to max_seq_length) or with the data unknown, it is not."""
     from sweeper.study._stored import stored_trial
-    from sweeper.sweep._running import find_duplicate
+    from sweeper.sweep._duplicates import find_duplicate
     from sweeper.testing import add_trial
 
     study = optuna.create_study(directions=["minimize", "minimize"])
@@ -395,7 +395,7 @@ def test_on_the_cpu_an_allocator_only_setting_is_one_measurement():
     """Issue 68: expandable_segments searched on the CPU (which the sweep warns moves nothing there) was measured as
     two trials; on the CPU the second is a repeat of the first, on a card it is measured."""
     from sweeper.study._stored import stored_trial
-    from sweeper.sweep._running import find_duplicate
+    from sweeper.sweep._duplicates import find_duplicate
     from sweeper.testing import add_trial
 
     study = optuna.create_study(directions=["minimize", "minimize"])
@@ -503,7 +503,7 @@ def test_a_resume_with_other_run_policy_reuses_what_was_measured():
 
     from sweeper.space import TrialConfig
     from sweeper.study._storage import record_result
-    from sweeper.sweep._running import find_duplicate
+    from sweeper.sweep._duplicates import find_duplicate
     from sweeper.trial import MemoryReading, TrialResult, TrialStatus
     from sweeper.trial._result import ConstantPhase
 

@@ -118,8 +118,8 @@ def make_trainer(
     transformers' own): it records every optimizer step's raw loss, pre-clip gradient norm and supervised tokens,
     keeps the step's rows, and raises :class:`NonFiniteError` at the first non-finite value, before the optimizer
     applies it (so the weights stay those the step failed on; with an fp16 loss scaler, a skipped step is not a
-    failure). The instruments are armed (:meth:`~sweeper.trial._child.instruments.Instrument.arm`) and
-    ``args.max_steps`` includes the steps they add."""
+    failure). The instruments come armed (:meth:`~sweeper.trial._child.instruments.Instrument.arm`, by the recipe),
+    and ``args.max_steps`` already includes the steps they add; the trainer is set on each here."""
     schedule = next((s for s in (i.schedule() for i in instruments) if s is not None), None)
     trainer = TracingTrainer(
         model=model,
