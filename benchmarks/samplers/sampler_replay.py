@@ -64,7 +64,7 @@ from sweeper.benchmarking import (  # the product's, as sweep run tells them and
 )
 from sweeper.memory import CalibrationPoint, Known, fit_calibration, group_of, preflight
 from sweeper.space import SearchSpace
-from sweeper.study import Objective, make_sampler, objective_values, to_distributions
+from sweeper.study import Objective, make_sampler, to_distributions
 from sweeper.trial import TrialResult
 
 BUDGETS = (10, 20, 40, 80)
@@ -120,7 +120,7 @@ class Table:
         }
         self.results = {k: TrialResult.from_dict(r) for k, r in self.rows.items()}
         self.values = {
-            k: minimized(objective_values(OBJECTIVES, r))
+            k: minimized([o.value_of(r) for o in OBJECTIVES])
             for k, r in self.results.items()
             if r.status.value == "complete"
         }

@@ -26,7 +26,7 @@ from sweeper.report.text import (
 )
 from sweeper.report.text import format_trial_line as _trial_line
 from sweeper.storage import TrialAttr, redact_url
-from sweeper.study import StoredTrial, StudySnapshot, current_calibration, snapshot
+from sweeper.study import StoredTrial, StudySnapshot, snapshot, stored_calibration
 from sweeper.sweep import SweepCallback, SweepEvent, SweepPlan
 from sweeper.trial import FAIL_STATUSES, TrialProgress, TrialStatus
 
@@ -329,7 +329,7 @@ def memory_line(study: StudySnapshot) -> str | None:
     if error is not None:
         plural = "s" if len(corrected) != 1 else ""
         line += f", {100 * error:.0f}% corrected ({len(corrected)} trial{plural} predicted with the correction)"
-    calibration = current_calibration(study)
+    calibration = stored_calibration(study)
     if calibration is not None:
         shown = [
             f"{g} {calibration.lines[g][0]:+.2f} + {calibration.lines[g][1]:.2f} x predicted"

@@ -13,7 +13,7 @@ result fields that are written or read without a ``TrialResult`` (a repeat's rea
 
 from __future__ import annotations
 
-from typing import Final
+from typing import ClassVar, Final
 
 
 class StudyAttr:
@@ -59,7 +59,7 @@ class StudyAttr:
 class TrialAttr:
     """A trial's user attributes that are not its measurement (keys of ``trial.user_attrs``).
 
-    Those in :data:`BOOKKEEPING` describe one run of a trial rather than its configuration's result: a repeat of a
+    Those in :attr:`BOOKKEEPING` describe one run of a trial rather than its configuration's result: a repeat of a
     configuration copies the result, never these.
     """
 
@@ -97,21 +97,20 @@ class TrialAttr:
     #: The number of the trial whose result this repeat of its configuration copies (it does not count).
     DUPLICATE_OF: Final = "duplicate_of"
 
-
-#: The :class:`TrialAttr` keys that describe one run of a trial (who ran it, where, its place among retries and
-#: repeats): a repeat of a configuration copies the result, never these.
-BOOKKEEPING: Final = frozenset(
-    {
-        TrialAttr.SETUP,
-        TrialAttr.SWEEP_HOST,
-        TrialAttr.SWEEP_PID,
-        TrialAttr.WORKER_PID,
-        TrialAttr.CUDA_VISIBLE_DEVICES,
-        TrialAttr.HEARTBEAT_INTERVAL_S,
-        TrialAttr.RETRY_OF,
-        TrialAttr.RETRY_ATTEMPT,
-        TrialAttr.RETRIED,
-        TrialAttr.INTERRUPTED,
-        TrialAttr.DUPLICATE_OF,
-    }
-)
+    #: The keys that describe one run of a trial (who ran it, where, its place among retries and repeats): a repeat
+    #: of a configuration copies the result, never these.
+    BOOKKEEPING: ClassVar[frozenset[str]] = frozenset(
+        {
+            SETUP,
+            SWEEP_HOST,
+            SWEEP_PID,
+            WORKER_PID,
+            CUDA_VISIBLE_DEVICES,
+            HEARTBEAT_INTERVAL_S,
+            RETRY_OF,
+            RETRY_ATTEMPT,
+            RETRIED,
+            INTERRUPTED,
+            DUPLICATE_OF,
+        }
+    )

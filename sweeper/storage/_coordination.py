@@ -34,7 +34,7 @@ from optuna.storages import BaseStorage
 
 from sweeper.errors import StudyError
 from sweeper.storage._journal import journal_file
-from sweeper.storage._optuna_private import heartbeat_interval, record_heartbeat
+from sweeper.storage._optuna_private import heartbeat_interval, record_heartbeat, storage_of, trial_id
 
 # sweeper drives the study with ask/tell and records heartbeats itself (Heartbeat); Optuna warns at every ask that
 # heartbeats are meant for Study.optimize. Set once here: warnings.catch_warnings is not thread-safe.
@@ -127,6 +127,16 @@ class Heartbeat:
             self._interval = heartbeat_interval(storage)
             self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{trial_id}", daemon=True)
             self._thread.start()
+
+    @classmethod
+    def of(cls, study: optuna.Study, trial: optuna.Trial) -> Heartbeat:
+        """The heartbeat of ``trial`` of ``study``, started."""
+        return cls(storage_of(study), trial_id(trial))
+
+    @staticmethod
+    def interval_s(study: optuna.Study) -> int | None:
+        """Seconds between the heartbeats of ``study``'s trials, or None when its storage records none."""
+        return heartbeat_interval(storage_of(study))
 
     def _beat(self) -> None:
         while True:

@@ -12,18 +12,17 @@ to avoid their region. Timeouts, crashes and errors are FAIL.
 
 from sweeper.study._artifacts import artifact_store, loss_curve_svg, upload_trial_artifacts
 from sweeper.study._calibration import (
-    current_calibration,
     store_baseline,
     stored_calibration,
     update_calibration,
 )
 from sweeper.study._confirmation import Confirmation
 from sweeper.study._front import by_knee_distance, ties_on_stability
-from sweeper.study._objectives import Objective, objective_values, study_objectives
-from sweeper.study._sampling import make_sampler, set_failure_constraint, to_distributions
-from sweeper.study._setups import choose_setup, stored_setups, unapplied_settings
+from sweeper.study._objectives import Objective, study_objectives
+from sweeper.study._sampling import make_sampler, to_distributions
+from sweeper.study._setups import run_setup
 from sweeper.study._snapshot import StudyLike, StudySnapshot, count_finished, snapshot, stored_trials
-from sweeper.study._storage import load_existing_study, open_study, record_result
+from sweeper.study._storage import load_existing_study, open_study, record_repeat, record_result
 from sweeper.study._stored import PredictionError, StoredTrial, stored_trial
 
 __all__ = [
@@ -35,24 +34,20 @@ __all__ = [
     "StudySnapshot",
     "artifact_store",
     "by_knee_distance",
-    "choose_setup",
-    "current_calibration",
     "load_existing_study",
     "loss_curve_svg",
     "make_sampler",
-    "objective_values",
     "open_study",
+    "record_repeat",
     "record_result",
-    "set_failure_constraint",
+    "run_setup",
     "snapshot",
     "store_baseline",
     "stored_calibration",
-    "stored_setups",
     "stored_trial",
     "study_objectives",
     "ties_on_stability",
     "to_distributions",
-    "unapplied_settings",
     "update_calibration",
     "upload_trial_artifacts",
 ]

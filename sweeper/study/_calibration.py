@@ -47,17 +47,14 @@ def calibration_points(
     return out
 
 
-def stored_calibration(study: StudyLike, kind: str) -> Calibration | None:
-    """The correction stored on the study (or as a snapshot read it) for memory kind ``kind``, or None."""
+def stored_calibration(study: StudyLike, kind: str | None = None) -> Calibration | None:
+    """The correction stored on the study (or as a snapshot read it) for memory kind ``kind`` (None: this machine's,
+    :func:`device_kind`), or None when it has none."""
+    kind = device_kind() if kind is None else kind
     data = study.calibration if isinstance(study, StudySnapshot) else study.user_attrs.get(StudyAttr.MEMORY_CALIBRATION)
     if not isinstance(data, Mapping) or not isinstance(data.get(kind), Mapping):
         return None
     return Calibration.from_dict(kind, data[kind])
-
-
-def current_calibration(study: StudyLike) -> Calibration | None:
-    """The correction stored on the study for this machine's memory kind (:func:`device_kind`), or None."""
-    return stored_calibration(study, device_kind())
 
 
 def update_calibration(

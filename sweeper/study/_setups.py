@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 
@@ -248,6 +248,46 @@ def unapplied_settings(study: optuna.Study, space: SearchSpace) -> tuple[int | N
     current = current_setup(study)
     index = current if current is not None and current < len(setups) else len(setups) - 1
     return index, differences(setups[index], space_settings(space), word="measured")
+
+
+class RunSetup(NamedTuple):
+    """The setup a ``sweep run`` measures under (:func:`run_setup`).
+
+    Attributes:
+        known: How many setups the study had when the run opened it.
+        setup: The setup's index in :data:`StudyAttr.SETUPS` (None for a study written before setups).
+        unapplied: The settings of the space this run did not apply, ``key new (measured old)``; empty unless the
+            run has nothing to run.
+    """
+
+    known: int
+    setup: int | None
+    unapplied: list[str]
+
+
+def run_setup(
+    study: optuna.Study, space: SearchSpace, url: str, *, finished: int, target: int, new_setup: bool = False
+) -> RunSetup:
+    """The setup a ``sweep run`` of ``space`` measures under: when its study already has ``target`` finished trials
+    (nothing to run) and a setup, the current one unchanged with the settings of ``space`` it leaves unapplied
+    (:func:`unapplied_settings`: what report and export compare stays as it is); else :func:`choose_setup`'s.
+
+    Args:
+        study: The opened study.
+        space: The space about to run.
+        url: The storage URL, for the message.
+        finished: The study's finished trials.
+        target: The run's ``n_trials``.
+        new_setup: ``sweep run --new-setup``.
+
+    Raises:
+        StudyError: As :func:`choose_setup`.
+    """
+    known = len(stored_setups(study))
+    if finished >= target and known > 0:
+        index, unapplied = unapplied_settings(study, space)
+        return RunSetup(known, index, unapplied)
+    return RunSetup(known, choose_setup(study, space, url, new_setup=new_setup), [])
 
 
 def _measured_under(study: optuna.Study, index: int) -> bool:

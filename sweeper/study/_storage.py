@@ -11,35 +11,27 @@ learns to avoid their region. Timeouts, crashes and errors are FAIL. The loop th
 
 from __future__ import annotations
 
-import uuid
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.trial import FrozenTrial
 
 from sweeper.errors import StudyError
 from sweeper.space import SearchSpace, TrialConfig
 from sweeper.stability import RECORDED_COMPONENTS
 from sweeper.storage import (
-    OWNER_FILE,
-    StudyAttr,
     TrialAttr,
-    check_study_dir,
+    claim_study,
     default_storage,
-    journal_file,
-    open_storage,
-    read_storage,
+    locate_study,
+    open_for_writing,
     redact_url,
-    storage_file,
-    storage_url_of,
-    study_identity,
-    write_owner,
 )
 from sweeper.study._objectives import DEFAULT_OBJECTIVES, Objective, is_sweeper_study, resolve_objectives
-from sweeper.study._sampling import make_sampler, to_distributions
+from sweeper.study._sampling import make_sampler, set_failure_constraint, to_distributions
 from sweeper.trial import TrialResult
 
 
@@ -63,7 +55,8 @@ def open_study(
 
     Raises:
         StudyError: The storage cannot be created or written, an existing study of that name has other directions, or
-            ``studies/<name>/`` holds the trials of a study of that name in another storage (:func:`check_study_dir`).
+            ``studies/<name>/`` holds the trials of a study of that name in another storage
+            (:func:`sweeper.storage.open_for_writing`).
     """
     name = study_name or space.study.name
     url = storage or space.study.storage or default_storage(name)
@@ -71,7 +64,7 @@ def open_study(
         objectives = space.study.objectives
     wanted = DEFAULT_OBJECTIVES if objectives is None else resolve_objectives(objectives, str(space.path))
     sampler = make_sampler(space.study, n_trials or space.study.n_trials)
-    opened = _opened_for(name, url)
+    opened = open_for_writing(name, url)
     try:
         study = optuna.create_study(
             study_name=name,
@@ -92,38 +85,8 @@ def open_study(
         study.enqueue_trial(space.first_choices(), skip_if_exists=True)
     _check_same_objectives(study, wanted if objectives is not None else None, url)
     _check_same_search(study, space, url)
-    identity = study_identity(study)
-    if identity is None:
-        identity = uuid.uuid4().hex
-        study.set_user_attr(StudyAttr.STUDY_ID, identity)
-    write_owner(name, url, identity)  # checked before the study was created
+    claim_study(study, url)  # its folder was checked before the study was created
     return study
-
-
-def _opened_for(name: str, url: str) -> optuna.storages.BaseStorage:
-    """The storage at ``url``, opened (a storage that cannot be opened is the first thing to say), after checking
-    that ``studies/<name>/`` does not hold another study's trials (:func:`check_study_dir`, before anything is
-    created); a refused command leaves no new empty database or journal (or its locks) behind.
-
-    Raises:
-        StudyError: The storage cannot be opened, or the folder belongs to another study.
-    """
-    database = storage_file(url)
-    fresh = database is not None and not Path(database).exists()
-    opened = open_storage(url)
-    existing = None
-    if name in optuna.get_all_study_names(opened):
-        existing = optuna.load_study(study_name=name, storage=opened)
-    try:
-        check_study_dir(
-            name, url, study_identity(existing) if existing is not None else None, exists=existing is not None
-        )
-    except StudyError:
-        if fresh and database is not None:
-            for leftover in (Path(database), Path(f"{database}.lock"), Path(f"{database}.ask.lock")):
-                leftover.unlink(missing_ok=True)
-        raise
-    return opened
 
 
 def _check_same_objectives(study: optuna.Study, wanted: Sequence[Objective] | None, url: str) -> None:
@@ -185,16 +148,32 @@ def _describe(dist: BaseDistribution) -> str:
 
 def record_result(trial: optuna.Trial | Any, result: TrialResult, config: TrialConfig) -> None:
     """Store a result as the trial's user attributes (``docs/contract.md``): every field, the instability components
-    flattened, and the trial's settings as ``config`` (the one place a config becomes a dict)."""
+    flattened, and the trial's settings as ``config`` (the one place a config becomes a dict); and mark the trial
+    infeasible for the sampler when the result is a NaN or an OOM (:func:`set_failure_constraint`)."""
     data = result.to_dict()
     measured = data.pop("instability_components") or {}
     components = {name: measured.get(name) for name in RECORDED_COMPONENTS}
     for key, value in {**data, **components, TrialAttr.CONFIG: config.to_dict()}.items():
         trial.set_user_attr(key, value)
+    set_failure_constraint(trial, result.status)
+
+
+def record_repeat(trial: optuna.Trial, same: FrozenTrial, reason: str) -> None:
+    """Store on ``trial`` the result of ``same``, the finished trial that measured its configuration: every user
+    attribute but a trial's own bookkeeping (:attr:`TrialAttr.BOOKKEEPING`: its process, host, heartbeat), marked
+    :data:`TrialAttr.DUPLICATE_OF` with ``reason`` and no wall time, and the same constraint for the sampler.
+    The caller tells it with ``same``'s state and values."""
+    for key, value in same.user_attrs.items():
+        if key not in TrialAttr.BOOKKEEPING:
+            trial.set_user_attr(key, value)
+    trial.set_user_attr(TrialAttr.DUPLICATE_OF, same.number)
+    trial.set_user_attr(TrialAttr.REASON, reason)
+    trial.set_user_attr(TrialAttr.WALL_TIME_S, 0.0)
+    set_failure_constraint(trial, same.user_attrs[TrialAttr.STATUS])
 
 
 def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
-    """The study a command names (:func:`sweeper.storage.storage_url_of`): a study name (``studies/<name>.db``, or
+    """The study a command names (:func:`sweeper.storage.locate_study`): a study name (``studies/<name>.db``, or
     the storage its folder names), a ``.db`` or journal ``.log`` path, or a storage URL; a path or URL must hold
     exactly one study or name one after a ``#`` (``journal:///night.log#night-2``).
 
@@ -204,25 +183,7 @@ def load_existing_study(ref: str) -> tuple[optuna.Study, str]:
     Raises:
         StudyError: No such study file or study, or the storage holds several studies (their names are listed).
     """
-    url, name = storage_url_of(ref)
-    storage, names = read_storage(url)
-    journal = journal_file(url)
-    if name is None:
-        if len(names) != 1:
-            raise StudyError(
-                f"{redact_url(url)}: STUDY: holds {len(names)} studies ({', '.join(names) or 'none'}); "
-                f"give one after a '#' ('sweep report {redact_url(url)}#{names[0] if names else 'NAME'}'), or by name "
-                f"alone in the folder its sweep ran in (its studies/NAME/{OWNER_FILE} says where the study is)"
-            )
-        name = names[0]
-    elif name not in names:
-        # a database file renamed or copied under another name still holds the study of its first name: its path
-        # reads that one (issue 55)
-        path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else journal
-        by_path = f"; its path reads the one it holds: 'sweep report {path}'" if path and len(names) == 1 else ""
-        raise StudyError(
-            f"{redact_url(url)}: STUDY: no study '{name}' in it (it holds {', '.join(names) or 'none'}){by_path}"
-        )
+    storage, name, url = locate_study(ref)
     study = optuna.load_study(study_name=name, storage=storage)
     if not is_sweeper_study(study):
         raise StudyError(

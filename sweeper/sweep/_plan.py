@@ -6,7 +6,6 @@ same way.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,20 +17,16 @@ from sweeper.errors import SpaceError, SweeperError
 from sweeper.memory import memory_predictor
 from sweeper.space import SearchSpace, TrialConfig
 from sweeper.storage import (
-    OWNER_FILE,
+    BeforeRun,
     StudyAttr,
     check_disk,
+    check_storage_url,
     check_writable,
     default_storage,
-    heartbeat_interval_s,
-    in_memory,
-    redact_url,
-    sqlite_file,
-    storage_of,
     study_dir,
     trial_dir,
 )
-from sweeper.study import choose_setup, open_study, snapshot, stored_setups, unapplied_settings
+from sweeper.study import open_study, run_setup, snapshot
 from sweeper.sweep._fits import nothing_fits_line
 from sweeper.sweep._preflight import trial_device
 from sweeper.sweep._setup_checks import check_setup
@@ -60,11 +55,11 @@ class SweepPlan:
         predict_peak_gib: The memory model for this space on this machine's trial device
             (:func:`sweeper.memory.memory_predictor`): a trial config to its predicted peak in GiB, uncorrected; None
             where the model's shape is unknown.
-        setup: The study's setup this run measures (:func:`sweeper.study._setups.choose_setup`), stored on each of
+        setup: The study's setup this run measures (:func:`sweeper.study.run_setup`), stored on each of
             its trials; None for a plan made without one (tests that build a plan by hand).
         new_setup: The setup was first recorded by this run, in a study that already held trials.
         unapplied: With nothing to run, the settings of the space that differ from the study's current setup, which
-            this run did not record (:func:`sweeper.study._setups.unapplied_settings`): ``key new (measured old)``.
+            this run did not record (:func:`sweeper.study.run_setup`): ``key new (measured old)``.
         max_consecutive_repeats: Repeats of measured configurations in a row after which the sweep stops: the
             sampler has nothing new to offer.
         longest_sample_tokens: The data's longest tokenized sample (as the trials tokenize it), None when unknown:
@@ -136,7 +131,7 @@ def plan_sweep(
     setting, a storage the workers cannot share, the setup checks of the model and space
     (:func:`sweeper.sweep._setup_checks.check_setup`), a studies folder that cannot be written or whose disk is full,
     the storage (opened or created: :func:`sweeper.study.open_study`), the settings the study was measured under
-    (:func:`sweeper.study._setups.choose_setup`), and whether any configuration is predicted to fit its cap.
+    (:func:`sweeper.study.run_setup`), and whether any configuration is predicted to fit its cap.
 
     Args:
         space: The validated space.
@@ -224,19 +219,19 @@ def _open_checked(
 ) -> tuple[optuna.Study, _Opened]:
     """Of :func:`plan_sweep`: open (or create) the study and run the checks that need it; a study this call created
     is removed again when a check fails, so that bad input leaves nothing behind."""
-    had = _existing(url, name)
+    before = BeforeRun.of(url, name)
     check_writable(study_dir(name))  # before the storage is touched
     study = None
     try:
         study = open_study(space, url, name, target)  # a storage problem is one line before any output
         created = not study.trials and set(study.user_attrs) <= {StudyAttr.STUDY_ID}
-        known, finished = len(stored_setups(study)), snapshot(study, stale=False).finished
-        setup, unapplied = _setup_of(study, space, url, finished >= target and known > 0, new_setup)
+        finished = snapshot(study, stale=False).finished
+        known, setup, unapplied = run_setup(study, space, url, finished=finished, target=target, new_setup=new_setup)
         check_disk(study_dir(name), storage=url)  # before any trial starts, and again before each
         check = refuse_if_nothing_fits and finished < target  # a run with nothing to run measures nothing
         predict = _checked_predictor(space, model_path, study, check, on_measure, longest_sample_tokens, data_tokens)
     except SweeperError:
-        _forget_created(study if study is not None and created else None, url, name, had)
+        before.forget(study if study is not None and created else None)
         raise
     return study, _Opened(known, finished, setup, list(unapplied), predict)
 
@@ -279,17 +274,6 @@ def _checked_predictor(
     return predict
 
 
-def _setup_of(
-    study: optuna.Study, space: SearchSpace, url: str, nothing_to_run: bool, new_setup: bool
-) -> tuple[int | None, list[str]]:
-    """Of :func:`plan_sweep`: the study's setup this run measures under (:func:`choose_setup`), and, when there is
-    nothing to run, the current one unchanged with the settings of ``space`` it leaves unapplied
-    (:func:`unapplied_settings`): what report and export compare stays as it is."""
-    if nothing_to_run:
-        return unapplied_settings(study, space)
-    return choose_setup(study, space, url, new_setup=new_setup), []
-
-
 def _check_before_opening(space: SearchSpace, model_path: str, url: str, name: str, workers: int) -> None:
     """What :func:`plan_sweep` refuses before it touches the storage: a bad heartbeat setting, an in-memory storage
     (the sweep would keep nothing), and the setup checks of the model and space (what would fail every trial the
@@ -298,37 +282,7 @@ def _check_before_opening(space: SearchSpace, model_path: str, url: str, name: s
     Raises:
         SpaceError, StudyError: One line each.
     """
-    heartbeat_interval_s()  # a bad SWEEPER_HEARTBEAT_INTERVAL_S is one line before anything runs
-    if in_memory(url):
-        raise SpaceError(
-            f"{redact_url(url)}: study.storage: an in-memory database keeps nothing after the run (no report, no "
-            f"export, no resume); keep the study in a file: leave --storage out (sqlite:///studies/{name}.db) or give "
-            f"--storage sqlite:///studies/{name}.db"
-        )
+    check_storage_url(url, name)
     problem = check_setup(space, model_path)
     if problem:
         raise SpaceError(problem)
-
-
-def _existing(url: str, name: str) -> dict[str, bool]:
-    """Whether the SQLite file of ``url`` and the study folder exist, before this run creates them."""
-    database = sqlite_file(url)
-    return {"database": database is not None and Path(database).exists(), "folder": study_dir(name).exists()}
-
-
-def _forget_created(study: optuna.Study | None, url: str, name: str, had: dict[str, bool]) -> None:
-    """Undo what this refused run created: the study it created (``study``; None when it created none), a
-    database file and a study folder that were not there before, so that a refused ``sweep run`` leaves nothing
-    ``sweep report`` would list."""
-    if study is not None:
-        try:
-            optuna.delete_study(study_name=name, storage=storage_of(study))
-        except Exception:  # the refusal is what the user needs to see; a leftover empty study is harmless
-            return
-    database = sqlite_file(url)
-    if study is not None and database is not None and not had["database"]:
-        for leftover in (Path(database), Path(f"{database}.lock")):
-            leftover.unlink(missing_ok=True)
-    folder = study_dir(name)
-    if not had["folder"] and folder.is_dir() and {p.name for p in folder.iterdir()} <= {OWNER_FILE}:
-        shutil.rmtree(folder, ignore_errors=True)

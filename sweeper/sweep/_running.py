@@ -25,13 +25,11 @@ from sweeper.memory import preflight
 from sweeper.notation import repeat_reason
 from sweeper.space import TrialConfig
 from sweeper.storage import (
-    BOOKKEEPING,
     AskLock,
     Heartbeat,
     TrialAttr,
     check_disk,
     fail_stale_trials,
-    heartbeat_interval,
     retry,
     storage_of,
     study_dir,
@@ -41,9 +39,8 @@ from sweeper.storage import (
 from sweeper.study import (
     StudySnapshot,
     artifact_store,
-    objective_values,
+    record_repeat,
     record_result,
-    set_failure_constraint,
     snapshot,
     stored_calibration,
     stored_trial,
@@ -104,7 +101,7 @@ class RunningSweep:
     def objective_values(self, result: TrialResult) -> list[float]:
         """What a complete trial tells Optuna: each of the study's objectives (:mod:`sweeper.study._objectives`)
         computed from its result."""
-        return objective_values(self.objectives, result)
+        return [o.value_of(result) for o in self.objectives]
 
     # -- reporting ----------------------------------------------------------------------------------------------
 
@@ -206,7 +203,7 @@ class RunningSweep:
             trial.set_user_attr(TrialAttr.SWEEP_PID, os.getpid())
             if device is not None:
                 trial.set_user_attr(TrialAttr.CUDA_VISIBLE_DEVICES, device)
-            interval = heartbeat_interval(storage_of(self.study))
+            interval = Heartbeat.interval_s(self.study)
             if interval is not None:
                 trial.set_user_attr(TrialAttr.HEARTBEAT_INTERVAL_S, interval)
             return trial
@@ -294,18 +291,12 @@ def settle_repeat(sweep: RunningSweep, trial: optuna.Trial, view: StudySnapshot)
         sweep.repeats = sweep.repeats + 1 if same is not None else 0
     if same is None:
         return False
-    for key, value in same.user_attrs.items():
-        if key not in BOOKKEEPING:
-            trial.set_user_attr(key, value)
-    trial.set_user_attr(TrialAttr.DUPLICATE_OF, same.number)
     mine, theirs = trial.params.get("max_seq_length"), same.params.get("max_seq_length")
     reason = repeat_reason(same.number, mine, theirs, longest)
     moved = [k for k in CUDA_ONLY_KEYS if trial.params.get(k) != same.params.get(k)]
     if cpu and moved:  # the same measurement on the CPU: say why, not "the same configuration"
         reason = f"{', '.join(moved)} moves only the CUDA allocator, nothing on the CPU: " + reason
-    trial.set_user_attr(TrialAttr.REASON, reason)
-    trial.set_user_attr(TrialAttr.WALL_TIME_S, 0.0)
-    set_failure_constraint(trial, same.user_attrs[TrialAttr.STATUS])
+    record_repeat(trial, same, reason)
     frozen = sweep.study.tell(trial, same.values if same.state == TrialState.COMPLETE else None, state=same.state)
     sweep.emit(frozen)
     return True
@@ -337,7 +328,6 @@ def settle_prediction(
         ),
     )
     record_result(trial, result, config)
-    set_failure_constraint(trial, result.status)
     sweep.emit(sweep.study.tell(trial, state=TrialState.PRUNED))
     return True
 
@@ -410,7 +400,6 @@ def tell(sweep: RunningSweep, trial: optuna.Trial, config: TrialConfig, result: 
     try:
         record_result(trial, result, config)
         _upload_artifacts(sweep.name, trial, result)
-        set_failure_constraint(trial, result.status)
         if result.status == TrialStatus.COMPLETE:
             frozen = sweep.study.tell(trial, sweep.objective_values(result))
         elif result.status.pruned:
@@ -456,7 +445,7 @@ def run_slot(sweep: RunningSweep, slot: int) -> None:
             if trial is None:
                 sweep.stop.wait(POLL_S)
                 continue
-            heartbeat = Heartbeat(storage_of(sweep.study), trial_id(trial))
+            heartbeat = Heartbeat.of(sweep.study, trial)
             try:
                 run_one(sweep, trial)
             finally:

@@ -24,7 +24,6 @@ from sweeper.storage import StudyAttr
 # The test helpers build studies as the sweep records them, from the study package's own modules (optuna.testing's
 # shape): pyproject's private-modules contract lets sweeper.testing, and only it, import them.
 from sweeper.study._objectives import stability_objective, study_objectives
-from sweeper.study._sampling import FAILURE_CONSTRAINT, failure_constraint
 from sweeper.study._storage import open_study, record_result
 from sweeper.trial import TrialResult, TrialStatus
 
@@ -41,9 +40,13 @@ class _Attrs:
 
     def __init__(self) -> None:
         self.user_attrs: dict[str, Any] = {}
+        self.system_attrs: dict[str, Any] = {}
 
     def set_user_attr(self, key: str, value: Any) -> None:
         self.user_attrs[key] = value
+
+    def set_constraint(self, key: str, value: float) -> None:
+        self.system_attrs[f"constraints:{key}"] = float(value)  # where optuna.Trial.set_constraint keeps it
 
 
 def _config(r: int, batch: int, seq: int, model: str) -> TrialConfig:
@@ -127,7 +130,7 @@ def add_trial(
             params=params,
             distributions=distributions,
             user_attrs=attrs.user_attrs,
-            system_attrs={f"constraints:{FAILURE_CONSTRAINT}": failure_constraint(result.status)},
+            system_attrs=attrs.system_attrs,
         )
     )
 
