@@ -19,10 +19,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     loaded, url = load_existing_study(args.study)
     if args.onto:
-        return _onto(snapshot(loaded), args)
+        return _onto(loaded, args)
     if not args.output:
         _check_owner(loaded, url, "to write the export elsewhere, give -o PATH")
-    study = snapshot(loaded)
+    study = snapshot(loaded, horizon_steps=args.horizon)
     trial, how = _chosen(study, args)
     _refuse_unmatched_targets(study, trial)
     values = trial.values or (float("nan"), float("nan"))
@@ -45,17 +45,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _onto(study: Any, args: argparse.Namespace) -> int:
+def _onto(loaded: Any, args: argparse.Namespace) -> int:
     """``sweep export STUDY --onto FILE``: the chosen trial's measured keys written onto the user's own config, the
-    diff and what changed printed."""
+    diff and what changed printed; the chance of diverging for the file's own ``max_steps`` (``--horizon`` over it)."""
     from sweeper.errors import StudyError
     from sweeper.export import write_onto
     from sweeper.export.production import ProductionConfigError, read_production
+    from sweeper.study import snapshot
 
     try:  # the trial must be one the file's own tool can express (a packed trial onto axolotl, not hf)
-        tool = read_production(args.onto).tool
+        reading = read_production(args.onto)
     except ProductionConfigError as exc:
         raise StudyError(f"--onto: {exc}") from None
+    tool = reading.tool
+    steps = next(
+        (k.value for k in reading.lines if k.key == "max_steps" and type(k.value) is int and k.value > 0), None
+    )
+    horizon = args.horizon or steps
+    study = snapshot(loaded, horizon_steps=horizon)
     args.format = {"axolotl": "axolotl", "llama-factory": "llama-factory", "trl": "trl"}.get(tool, "json")
     trial, how = _chosen(study, args)
     _refuse_unmatched_targets(study, trial)
@@ -66,6 +73,11 @@ def _onto(study: Any, args: argparse.Namespace) -> int:
         f"export  {how} onto {args.onto}: {done.path}"
         + (f" (the original kept as {done.backup})" if done.backup else "")
         + (f"; changed {changed}" if changed else "; no key changed")
+        + (
+            f"; the chance of diverging is for its max_steps, {steps} steps"
+            if steps is not None and horizon == steps
+            else ""
+        )
     )
     return 0
 

@@ -212,6 +212,7 @@ def _add_report(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="the Pareto front and failures of a study, in the terminal and in HTML",
         parents=[_parent(study=True), html, shared],
     )
+    _add_horizon(report)
     report.set_defaults(func=cmd_report)
 
 
@@ -260,6 +261,7 @@ def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
     export.add_argument(
         "--force", action="store_true", help="replace an earlier export even if it was edited since it was written"
     )
+    _add_horizon(export)
     export.set_defaults(func=cmd_export)
 
 
@@ -288,6 +290,29 @@ def _add_confirm(sub: argparse._SubParsersAction[_Parser]) -> None:
         "(target_effective_batch_size); by default the trial's own, and the line says the difference",
     )
     confirm.set_defaults(func=cmd_confirm)
+
+
+def _steps(text: str) -> int:
+    """A whole number of steps, at least 1 (argparse's ``type``: a bad value is one usage line)."""
+    try:
+        steps = int(text)
+    except ValueError:
+        steps = 0
+    if steps < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of steps, at least 1, got {text!r}")
+    return steps
+
+
+def _add_horizon(parser: argparse.ArgumentParser) -> None:
+    """``--horizon STEPS``: the run length the chance of diverging is for, in ``sweep report`` and ``sweep export``."""
+    parser.add_argument(
+        "--horizon",
+        type=_steps,
+        metavar="STEPS",
+        help="the length of your run in optimizer steps: the chance of diverging, its call and the safe "
+        "learning_rate are for a run this long (default: study.confirm_steps, else 400); a longer run is riskier at "
+        "the same rate",
+    )
 
 
 def _add_steps(parser: argparse.ArgumentParser, run: str) -> None:

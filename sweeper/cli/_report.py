@@ -21,7 +21,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     loaded, url = load_existing_study(args.study)
     if not args.html and not args.json:
         _check_owner(loaded, url, "to write the report elsewhere, give --html PATH")
-    study = snapshot(loaded)  # read once: every part of the report reads this snapshot
+    study = snapshot(loaded, horizon_steps=args.horizon)  # read once: every part of the report reads this snapshot
     html_path = Path(args.html) if args.html else study_dir(study.name) / "report.html"
     if html_path.suffix.lower() not in (".html", ".htm") or html_path.is_dir():
         raise SpaceError(f"{args.html}: --html: the report is an HTML file; give a path ending in .html")

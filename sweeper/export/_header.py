@@ -44,8 +44,8 @@ def _chance_sentence(f: StabilityFigures) -> str:
     return (
         f" Chance a {f.horizon_steps}-step run at this learning rate diverges: {format_chance(f, call=False)} "
         f"(95%), {call}{safe}. The chance grows with the run's length: these figures are for {f.horizon_steps} "
-        "steps (the study's confirm_steps, else 400), a longer run is riskier at the same rate; give the space your "
-        "run's length as study.confirm_steps before sweep run (docs/validity.md: the model and its validation)."
+        "steps (sweep export --horizon, else the study's confirm_steps, else 400), a longer run is riskier at the same "
+        "rate; export again with --horizon YOUR_RUN'S_STEPS (docs/validity.md: the model and its validation)."
     )
 
 

@@ -512,9 +512,12 @@ SCHEDULE: dict[str, str] = {
     "training.warmup_steps (set it to the warmup you want the trials to run)",
     "lr_scheduler": "the trials hold the peak rate constant to probe it; a schedule lowers it later in the run",
     "lr_scheduler_type": "the trials hold the peak rate constant to probe it; a schedule lowers it later in the run",
-    "num_epochs": "the run's length: the chance of diverging is of the study's horizon (study.confirm_steps)",
-    "num_train_epochs": "the run's length: the chance of diverging is of the study's horizon (study.confirm_steps)",
-    "max_steps": "the run's length: the chance of diverging is of the study's horizon (study.confirm_steps)",
+    "num_epochs": "the run's length in epochs: give it in steps for the chance of diverging (sweep export --horizon "
+    "STEPS; else the study's confirm_steps)",
+    "num_train_epochs": "the run's length in epochs: give it in steps for the chance of diverging (sweep export "
+    "--horizon STEPS; else the study's confirm_steps)",
+    "max_steps": "the run's length: sweep export --onto gives the chance of diverging for it (else --horizon STEPS, "
+    "else the study's confirm_steps)",
 }
 
 #: Keys that change what the trials did not measure: noted (a warning in the guard), never a failure, each with why;

@@ -284,17 +284,27 @@ def _make(
     )
 
 
-def snapshot(study: StudyLike, *, stale: bool = True) -> StudySnapshot:
+def snapshot(study: StudyLike, *, stale: bool = True, horizon_steps: int | None = None) -> StudySnapshot:
     """Read ``study`` once: its attributes, every trial with its confirmation, its setups; a snapshot is returned as
     it is (readers pass the one their command built). ``stale`` False leaves :attr:`StudySnapshot.stale_running`
     empty: the sweep's loop fails stale trials itself (:func:`sweeper.storage.fail_stale_trials`) and skips the
-    heartbeat query its read would make."""
+    heartbeat query its read would make. ``horizon_steps``: the run length every trial's chance of diverging, its
+    call and its safe rate are for (``sweep report``/``export --horizon``: the user's run); None: the study's
+    ``confirm_steps``, else 400.
+
+    Raises:
+        ValueError: ``horizon_steps`` is given with a snapshot (its figures are derived already), or below 1.
+    """
+    if horizon_steps is not None and (isinstance(horizon_steps, bool) or horizon_steps < 1):
+        raise ValueError(f"horizon_steps must be at least 1, but got {horizon_steps!r}")
     if isinstance(study, StudySnapshot):
+        if horizon_steps is not None:
+            raise ValueError("a snapshot's figures are derived already: give horizon_steps with the study")
         return study
     attrs = dict(study.user_attrs)
     confirmed = confirmations_in(attrs)
     lr_calibration = lr_calibration_of(attrs.get(StudyAttr.LR_CALIBRATION))
-    horizon = _int_or_none(attrs.get(StudyAttr.CONFIRM_STEPS))
+    horizon = horizon_steps or _int_or_none(attrs.get(StudyAttr.CONFIRM_STEPS))
     trials = tuple(
         stored_trial(t, confirmed.get(t.number), lr_calibration, horizon) for t in study.get_trials(deepcopy=False)
     )

@@ -218,3 +218,31 @@ def test_the_exports_confirmation_note_says_whether_it_ran_as_exported(picks_stu
         assert out.returncode == 0, out.stderr
         notes = [n for n in json.loads((tmp_path / "c.json").read_text())["notes"] if n.startswith("confirmed:")]
         assert len(notes) == 1 and f"completed {said}" in notes[0], notes
+
+
+def test_the_horizon_of_the_users_run_gives_the_chance_call_and_pick_for_that_run(tmp_path, monkeypatch):
+    """``--horizon STEPS`` (report, export) and the ``max_steps`` of the file ``--onto`` writes: the chance of
+    diverging, its call and the safe pick for the user's run length, not the study's 120 steps."""
+    monkeypatch.chdir(tmp_path)
+    space = parse_space({"study": {"name": "h"}, "search": {"r": [4, 8, 16]}}, "space.yaml")
+    study = open_study(space, f"sqlite:///{tmp_path}/h.db", "h", 8)
+    study.set_user_attr("confirm_steps", HORIZON)
+    stress = _stress(6)  # 34x: safe for 120 steps, not for 2000
+    add_trial(study, r=4, batch=1, seq=64, status="complete", peak=1.0, instability=1 / stress["stability_margin"],
+              extra={**stress, "learning_progress": 0.3})  # fmt: skip
+    short = snapshot(study).trials[0].stability
+    long = snapshot(study, horizon_steps=2000).trials[0].stability
+    assert (short.horizon_steps, short.stability_call) == (HORIZON, "safe")
+    assert (long.horizon_steps, long.stability_call) != (2000, "safe") and long.p_diverge > short.p_diverge
+    assert long.safe_learning_rate < LR < short.safe_learning_rate
+    data = json.loads(run_cli("report", str(tmp_path / "h.db"), "--json", "--horizon", "2000", cwd=tmp_path).stdout)
+    assert data["front"][0]["horizon_steps"] == 2000 and data["front"][0]["p_diverge"] == pytest.approx(long.p_diverge)
+    bad = run_cli("report", str(tmp_path / "h.db"), "--horizon", "0", cwd=tmp_path)
+    assert bad.returncode == 2 and "--horizon: expected a whole number of steps, at least 1, got '0'" in bad.stderr
+    user = tmp_path / "run.json"
+    user.write_text(json.dumps({"learning_rate": LR, "max_steps": 2000, "per_device_train_batch_size": 1}))
+    out = run_cli("export", str(tmp_path / "h.db"), "--onto", str(user), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "the chance of diverging is for its max_steps, 2000 steps" in out.stdout
+    # the rate written onto the file is the one safe for its 2000 steps, under the trial's own
+    assert json.loads(user.read_text())["learning_rate"] == pytest.approx(long.safe_learning_rate, rel=0.01)
