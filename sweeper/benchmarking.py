@@ -17,7 +17,8 @@ The names, by what they are for:
 - the trial process's measurements: :func:`peak_memory_gib`, :func:`process_memory_gib`, :func:`reset_cpu_peak` (the
   CPU peak counting), :func:`set_cuda_allocator`, :class:`ProgressSender`, and :class:`StressOutcome`;
 - the stability figures' constants and parts (``benchmarks/stability``): :data:`LONG_RUN_FACTOR`,
-  :data:`STRESS_CAP`, :func:`probe_rebound`, :func:`divergence_chance`;
+  :data:`STRESS_CAP`, :func:`probe_rebound`, :func:`divergence_chance`, :data:`DIVERGENCE_MODEL` (its
+  ``safe_margin`` per horizon);
 - the study's objectives, calibration and front (``benchmarks/samplers``, ``benchmarks/memory``):
   :data:`DEFAULT_OBJECTIVES`, :func:`resolve_objectives`, :func:`calibration_points`, :func:`prediction_errors`,
   :func:`hypervolume`, :func:`reference_point`;
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
         unquantized_weight_bytes,
     )
     from sweeper.memory._shapes import KNOWN_SHAPES
-    from sweeper.stability._chance import divergence_chance
+    from sweeper.stability._chance import DIVERGENCE_MODEL, divergence_chance
     from sweeper.stability._instability import probe_rebound
     from sweeper.stability._margin import LONG_RUN_FACTOR, STRESS_CAP
     from sweeper.study._calibration import calibration_points, prediction_errors
@@ -87,6 +88,7 @@ _HOMES = {
     "STRESS_CAP": "sweeper.stability._margin",
     "probe_rebound": "sweeper.stability._instability",
     "divergence_chance": "sweeper.stability._chance",
+    "DIVERGENCE_MODEL": "sweeper.stability._chance",
     "DEFAULT_OBJECTIVES": "sweeper.study._objectives",
     "resolve_objectives": "sweeper.study._objectives",
     "calibration_points": "sweeper.study._calibration",
@@ -108,6 +110,7 @@ __all__ = [
     "CUDA_ACTIVATION_FACTOR",
     "CUDA_LOGITS_FACTOR",
     "DEFAULT_OBJECTIVES",
+    "DIVERGENCE_MODEL",
     "KNOWN_SHAPES",
     "LONG_RUN_FACTOR",
     "STRESS_CAP",

@@ -7,10 +7,15 @@ result (issue 53).
   ``--ref`` commit's (a ``git worktree`` on ``PYTHONPATH``), alternating, ``--repeats`` times each: the command's wall,
   user and system seconds (its process and the trial's), the trial's ``train_time_s``, ``tokens_per_s`` and
   ``peak_memory_gib``. The figure is the median of the repeats, with their range.
+- ``--set KEY=VALUE`` overrides more of the space (``--set max_steps=40``: the instrument's cost at 40 constant steps,
+  issue 66), and each run also gives the instruments' cost: the stress phase's steps and seconds, the probe's seconds
+  in the constant phase, and ``instrument_share``, the two over the constant phase's own seconds (``train_time_s``
+  less the probe's). ``--ref none`` times this checkout alone.
 - ``edge``: ``tests/study/test_study.py``'s edge-of-the-cap test (batch 1 x 1024 of the tiny model under 0.75 GiB, after
   a trial that ran out of memory) ``--edge-runs`` times: how each run ended (complete, a named OOM, or a crash).
 
-    .venv/bin/python benchmarks/speed/trial_speed.py [--ref e68ad80] [--repeats 2] [--edge-runs 4] [--out FILE]
+    .venv/bin/python benchmarks/speed/trial_speed.py [--ref e68ad80|none] [--repeats 2] [--edge-runs 4] [--set K=V]
+        [--out FILE]
 
 Run nothing else at normal priority meanwhile (2 cores): the system time is what this measures.
 """
@@ -41,22 +46,26 @@ DEMO_TRIAL_2 = {
     "per_device_train_batch_size": "2",
     "max_seq_length": "64",
 }
-FIGURES = ("wall_s", "user_s", "system_s", "train_time_s", "tokens_per_s", "peak_memory_gib")
+FIGURES = (
+    "wall_s", "user_s", "system_s", "train_time_s", "tokens_per_s", "peak_memory_gib", "stress_steps", "stress_time_s",
+    "probe_time_s", "instrument_share",
+)  # fmt: skip
 
 
-def run_once(code: Path) -> dict[str, float]:
+def run_once(code: Path, overrides: dict[str, str] | None = None) -> dict[str, float]:
     """One ``sweep trial --json`` of :data:`DEMO_TRIAL_2` with the code at ``code``; its figures (:data:`FIGURES`).
 
     Raises:
         RuntimeError: the command failed or the trial did not complete.
     """
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1", "SWEEPER_TRIAL_START": "exec"}
-    overrides = [arg for key, value in DEMO_TRIAL_2.items() for arg in ("--set", f"{key}={value}")]
+    settings = {**DEMO_TRIAL_2, **(overrides or {})}
+    overrides_args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
     command = [sys.executable, "-m", "sweeper.cli", "trial", str(REPO / "search_spaces" / "demo.yaml"), "--json"]
     with tempfile.TemporaryDirectory() as folder:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.monotonic()
-        done = subprocess.run(command + overrides, cwd=folder, env=env, capture_output=True, text=True)
+        done = subprocess.run(command + overrides_args, cwd=folder, env=env, capture_output=True, text=True)
         wall_s = time.monotonic() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -71,10 +80,15 @@ def run_once(code: Path) -> dict[str, float]:
         "train_time_s": trial["train_time_s"],
         "tokens_per_s": trial["tokens_per_s"],
         "peak_memory_gib": trial["peak_memory_gib"],
+        "stress_steps": trial["stress_steps"],
+        "stress_time_s": trial["stress_time_s"],
+        "probe_time_s": trial["probe_time_s"],
+        "instrument_share": (trial["stress_time_s"] + trial["probe_time_s"])
+        / (trial["train_time_s"] - trial["probe_time_s"]),
     }
 
 
-def speed(refs: list[str], repeats: int) -> dict[str, list[dict[str, float]]]:
+def speed(refs: list[str], repeats: int, overrides: dict[str, str] | None = None) -> dict[str, list[dict[str, float]]]:
     """:func:`run_once` ``repeats`` times for this checkout (its working tree) and each of ``refs``, alternating."""
     runs: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as trees:
@@ -88,7 +102,7 @@ def speed(refs: list[str], repeats: int) -> dict[str, list[dict[str, float]]]:
         try:
             for _ in range(repeats):
                 for label, code in codes.items():
-                    runs.setdefault(label, []).append(run_once(code))
+                    runs.setdefault(label, []).append(run_once(code, overrides))
                     print(f"  {label}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[label][-1].items()), flush=True)
         finally:
             for ref in refs:
@@ -150,21 +164,31 @@ def main() -> None:
     parser.add_argument("--ref", action="append", default=[], help="a commit to compare with (default e68ad80)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--edge-runs", type=int, default=4)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the space")
     parser.add_argument("--out", help="also write the report to this file")
     args = parser.parse_args()
-    refs = args.ref or ["e68ad80"]
+    refs = [] if args.ref == ["none"] else args.ref or ["e68ad80"]
+    overrides = dict(item.split("=", 1) for item in args.set)
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "sweeper"], capture_output=True, text=True)
-    print(f"speed: the demo's trial #2, one thread, {args.repeats} runs each", flush=True)
-    runs = speed(refs, args.repeats)
+    print(f"speed: the demo's trial #2 {overrides or ''}, one thread, {args.repeats} runs each", flush=True)
+    runs = speed(refs, args.repeats, overrides)
     print(f"edge: tests/study/test_study.py::test_a_trial_at_the_edge_of_the_cap..., {args.edge_runs} runs", flush=True)
     outcomes = edge(args.edge_runs)
+    edge_line = (
+        [
+            f"edge of the cap: {outcomes.count('passed')} of {len(outcomes)} runs passed"
+            + "".join(f"; {o}" for o in outcomes if o != "passed")
+        ]
+        if outcomes
+        else []
+    )
     report = [
         f"# benchmarks/speed/trial_speed.py at {head.stdout.strip()}{' (sweeper/ modified)' if dirty.stdout else ''}, "
-        f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; medians of {args.repeats} runs (range)",
+        f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; the demo's trial #2 {overrides or ''}; medians of "
+        f"{args.repeats} runs (range)",
         *table(runs),
-        f"edge of the cap: {outcomes.count('passed')} of {len(outcomes)} runs passed"
-        + "".join(f"; {o}" for o in outcomes if o != "passed"),
+        *edge_line,
     ]
     print("\n".join(report))
     if args.out:
