@@ -33,7 +33,7 @@ class Envelope:
         predicted_max_lr: The edge: the rate where runs of ``horizon_steps`` fail about half the time.
         safe_learning_rate: The largest constant rate whose chance of diverging within ``horizon_steps`` has its
             upper end at 5%, or None when not measured.
-        horizon_steps: The run length the chance is of (the study's confirm_steps).
+        horizon_steps: The run length the chance is of (sweep export --horizon, else the study's confirm_steps).
         measured_effective_batch_size: The effective batch the trial ran.
         confirmed_effective_batch_size: The effective batch its long confirmation ran, or None.
     """
