@@ -73,12 +73,42 @@ def cpu_counting_source() -> str:
     )
 
 
+def _autogroup_nice() -> int | None:
+    """This process's autogroup nice (``/proc/self/autogroup``: ``/autogroup-N nice K``), None where unreadable."""
+    try:
+        return int(Path("/proc/self/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _same_priority(pid: int) -> None:
+    """Give trial process ``pid`` this process's autogroup nice. A trial process runs in a session of its own (the
+    zygote's ``setsid``), so a long experiment started as ``setsid nice -n 19`` with ``echo 19 > /proc/$PID/autogroup``
+    reaches its runner but not its trials: they ran at autogroup nice 0, level with the session's own work."""
+    nice = _autogroup_nice()
+    if nice:
+        try:
+            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+        except OSError:
+            pass
+
+
 def run_trial(config, folder, *, stress=True, experimental=(), **kwargs):
     """``sweeper.trial.run_trial`` with the stress phase on (True, the default settings), off (False: a constant-rate
     run) or at these ``StressSettings``, and the experimental instruments named, as the job's
     :class:`sweeper.trial.Measures`; on a checkout from before issue 69 (no ``Measures``: ``collation.py`` runs an
-    older commit's code), its ``stress=`` and ``line_search=`` keywords. Returns the ``TrialResult``."""
+    older commit's code), its ``stress=`` and ``line_search=`` keywords. Each trial process gets this process's
+    autogroup nice (:func:`_same_priority`). Returns the ``TrialResult``."""
     from sweeper import trial
+
+    given = kwargs.pop("on_start", None)
+
+    def on_start(pid: int) -> None:
+        _same_priority(pid)
+        if given is not None:
+            given(pid)
+
+    kwargs["on_start"] = on_start
 
     try:
         measures_type = trial.Measures
