@@ -261,7 +261,7 @@ def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
     export.add_argument(
         "--force", action="store_true", help="replace an earlier export even if it was edited since it was written"
     )
-    _add_horizon(export)
+    _add_horizon(export, "the --onto file's max_steps, else study.confirm_steps, else 400")
     export.set_defaults(func=cmd_export)
 
 
@@ -303,15 +303,15 @@ def _steps(text: str) -> int:
     return steps
 
 
-def _add_horizon(parser: argparse.ArgumentParser) -> None:
-    """``--horizon STEPS``: the run length the chance of diverging is for, in ``sweep report`` and ``sweep export``."""
+def _add_horizon(parser: argparse.ArgumentParser, default: str = "study.confirm_steps, else 400") -> None:
+    """``--horizon STEPS``: the run length the chance of diverging is for, in ``sweep report`` and ``sweep export``
+    (``default``: what stands for it when it is not given, as the help says it)."""
     parser.add_argument(
         "--horizon",
         type=_steps,
         metavar="STEPS",
         help="the length of your run in optimizer steps: the chance of diverging, its call and the safe "
-        "learning_rate are for a run this long (default: study.confirm_steps, else 400); a longer run is riskier at "
-        "the same rate",
+        f"learning_rate are for a run this long (default: {default}); a longer run is riskier at the same rate",
     )
 
 
