@@ -45,7 +45,7 @@ def _chance_sentence(f: StabilityFigures) -> str:
         f" Chance a {f.horizon_steps}-step run at this learning rate diverges: {format_chance(f, call=False)} "
         f"(95%), {call}{safe}. The chance grows with the run's length: these figures are for {f.horizon_steps} "
         "steps (sweep export --horizon, else the study's confirm_steps, else 400), a longer run is riskier at the same "
-        "rate; export again with --horizon YOUR_RUN'S_STEPS (docs/validity.md: the model and its validation)."
+        "rate; export again with --horizon set to your run's steps (docs/validity.md: the model and its validation)."
     )
 
 
