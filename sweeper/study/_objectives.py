@@ -264,11 +264,6 @@ def stability_objective(study: optuna.Study) -> str:
     return next(o.name for o in study_objectives(study) if o.role == "stability")
 
 
-def objective_values(objectives: Sequence[Objective], result: TrialResult) -> list[float]:
-    """What a COMPLETE trial with ``result`` tells Optuna: each objective's :attr:`Objective.value_of`, in order."""
-    return [o.value_of(result) for o in objectives]
-
-
 def dominates(a: Sequence[float], b: Sequence[float], objectives: Sequence[Objective]) -> bool:
     """Whether values ``a`` dominate ``b``: no worse on every objective (by its direction) and better on one; the
     definition of ``optuna.study._multi_objective._dominates``."""
